@@ -1,0 +1,1 @@
+"""Server-side model managers: how device updates become the next global model."""

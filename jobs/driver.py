@@ -1,0 +1,120 @@
+"""Runs one job: validate -> check data -> plan workers -> build recipe -> run on the chosen env -> results."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import sys
+import time
+
+import torch
+
+from jobs.config import ConfigError, JobConfig
+from jobs.results import finalize, format_summary
+from processors.data.sources import DatasetError, load_dataset
+from processors.device import resolve_device
+from processors.models import build_model
+from simulation.planner import HardwareProfile, WorkerPlan, estimate_worker_bytes, plan_workers, probe_hardware
+
+
+def environment_info(device: torch.device, hardware: HardwareProfile) -> dict:
+    import nvflare
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "nvflare": nvflare.__version__,
+        "platform": platform.platform(),
+        "compute_device": str(device),
+        "cpu_cores": hardware.cpu_cores,
+        "gpus": [g.name for g in hardware.gpus],
+    }
+
+
+def plan_for(cfg: JobConfig, hardware: HardwareProfile, device: torch.device) -> WorkerPlan:
+    per_worker = estimate_worker_bytes(build_model(cfg.model), cfg.local_batch_size, cfg.optimizer)
+    leaves_on_host = cfg.num_leaf_nodes if cfg.env in ("sim", "poc") else 1
+    return plan_workers(
+        hardware,
+        devices_per_leaf=cfg.devices_per_leaf_per_round,
+        per_worker_bytes=per_worker,
+        leaves_on_host=leaves_on_host,
+        use_gpu=device.type == "cuda",
+        requested=cfg.num_workers,
+    )
+
+
+def make_env(cfg: JobConfig):
+    if cfg.env == "sim":
+        from nvflare.recipe.sim_env import SimEnv
+
+        return SimEnv(
+            num_clients=cfg.num_leaf_nodes,
+            num_threads=cfg.num_leaf_nodes,  # fewer threads than clients leaves some leaves never running
+            workspace_root=os.path.join(os.path.expanduser(cfg.workspace), "simulation"),
+        )
+    if cfg.env == "poc":
+        from nvflare.recipe.poc_env import PocEnv
+
+        return PocEnv(num_clients=cfg.num_leaf_nodes)
+    from nvflare.recipe.prod_env import ProdEnv
+
+    return ProdEnv(startup_kit_location=os.path.expanduser(cfg.startup_kit), username=cfg.username)
+
+
+def prepare(cfg: JobConfig) -> tuple[WorkerPlan, dict, torch.device]:
+    """Everything that can fail fast, before any NVFlare process starts."""
+    cfg.validate()
+    device = resolve_device(cfg.compute_device)
+    load_dataset(cfg.dataset_spec)  # missing / malformed data fails here, with the fix in the message
+    hardware = probe_hardware()
+    plan = plan_for(cfg, hardware, device)
+    run_info = {"config": cfg.to_dict(), "environment": environment_info(device, hardware), "planner": plan.to_dict()}
+    return plan, run_info, device
+
+
+def run(cfg: JobConfig, recipe_cls=None) -> int:
+    """Run (or export) the job a config describes; returns a process exit code."""
+    from jobs.recipe import EdgeSimRecipe
+
+    recipe_cls = recipe_cls or EdgeSimRecipe
+    try:
+        plan, run_info, device = prepare(cfg)
+    except (ConfigError, DatasetError, ValueError) as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        return 2
+    print(f"[edgesim] {cfg.method} on {device}, env {cfg.env}, simulator {cfg.simulator}, seed {cfg.seed}")
+    print(plan.describe())
+    print(plan.reasoning())
+
+    if cfg.export_only:
+        # an exported job writes its results inside the app's run folder, unless --output names a place
+        recipe = recipe_cls(cfg, plan, run_info, results_dir=os.path.abspath(cfg.output) if cfg.output else "")
+        recipe.export(job_dir=cfg.export_only)
+        job_dir = os.path.join(cfg.export_only, cfg.job_name)
+        print(
+            f"[edgesim] exported to {job_dir}; run it with: "
+            f"nvflare simulator {job_dir} -w WORKSPACE -n {cfg.num_leaf_nodes} -t {cfg.num_leaf_nodes}"
+        )
+        return 0
+
+    results_dir = cfg.output_dir if cfg.env in ("sim", "poc") else ""
+    if results_dir:
+        shutil.rmtree(results_dir, ignore_errors=True)
+        os.makedirs(results_dir)
+        print(f"[edgesim] results go to {results_dir}")
+    recipe = recipe_cls(cfg, plan, run_info, results_dir=results_dir)
+    env = make_env(cfg)
+    started = time.time()
+    job_run = recipe.run(env)
+    if cfg.env != "sim":
+        print(f"[edgesim] submitted job {job_run.get_job_id()}; waiting for it to finish")
+        result = job_run.get_result(timeout=0.0)
+        print(f"[edgesim] job result: {result}")
+        if not results_dir:
+            print("[edgesim] metrics.json, global_model.pt and tensorboard/ are in the server's run folder of the job")
+            return 0
+    summary = finalize(results_dir, time.time() - started, cfg.num_updates_for_model)
+    print(format_summary(summary, results_dir))
+    return 0

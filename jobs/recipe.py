@@ -1,0 +1,112 @@
+"""Builds the NVFlare edge recipe for a ``JobConfig``: NVFlare's ``EdgeFedBuffRecipe`` with our device side.
+
+We compose NVFlare's recipe rather than fork it: its server workflow, device manager and leaf aggregation stay
+as they are; we swap the model manager for one that keeps numpy weights (see ``aggregation``), add our
+evaluator, and install our task processor and device runner on every leaf instead of the stock ones.
+"""
+
+from __future__ import annotations
+
+from nvflare.edge.tools.edge_fed_buff_recipe import DeviceManagerConfig, EdgeFedBuffRecipe, ModelManagerConfig
+from nvflare.edge.tools.edge_job import EdgeJob
+
+from aggregation.numpy_model_manager import NumpyBuffModelManager
+from evaluation.global_evaluator import GlobalModelEvaluator
+from jobs.config import JobConfig
+from processors.models import model_class_path
+from processors.task_processor import FedAvgTaskProcessor
+from simulation.planner import WorkerPlan
+from simulation.runner import FastDeviceRunner, StockDeviceRunner
+
+SERVER = "server"
+ALL_CLIENTS = "@ALL"
+
+
+def replace_component(job: EdgeJob, target: str, comp_id: str, component) -> None:
+    """Swap a component the NVFlare recipe already configured (FedJob has no public API for this)."""
+    app_config = job._deploy_map[target].app_config  # noqa: SLF001
+    old = app_config.components[comp_id]
+    app_config.components[comp_id] = component
+    app_config.handlers = [component if h is old else h for h in app_config.handlers]
+
+
+class EdgeSimRecipe(EdgeFedBuffRecipe):
+    def __init__(self, cfg: JobConfig, plan: WorkerPlan, run_info: dict, results_dir: str):
+        self.cfg, self.plan, self.run_info, self.results_dir = cfg, plan, run_info, results_dir
+        super().__init__(
+            job_name=cfg.job_name,
+            model={"class_path": model_class_path(cfg.model), "args": {}},
+            model_manager_config=ModelManagerConfig(
+                max_num_active_model_versions=cfg.max_num_active_model_versions,
+                max_model_version=cfg.max_model_version,
+                update_timeout=cfg.update_timeout,
+                num_updates_for_model=cfg.num_updates_for_model,
+                max_model_history=cfg.max_model_history,
+                global_lr=cfg.global_lr,
+            ),
+            device_manager_config=DeviceManagerConfig(
+                device_selection_size=cfg.device_selection_size,
+                min_hole_to_fill=cfg.min_hole_to_fill,
+                device_reuse=cfg.device_reuse,
+            ),
+            device_wait_timeout=cfg.device_wait_timeout,
+        )
+
+    def make_model_manager(self):
+        """The server's model manager; method-specific recipes override this."""
+        c = self.model_manager_config
+        return NumpyBuffModelManager(
+            num_updates_for_model=c.num_updates_for_model,
+            max_model_history=c.max_model_history,
+            global_lr=c.global_lr,
+            staleness_weight=c.staleness_weight,
+        )
+
+    def make_task_processor(self) -> FedAvgTaskProcessor:
+        cfg = self.cfg
+        return FedAvgTaskProcessor(
+            dataset=cfg.dataset_spec.__dict__ | {},
+            model=cfg.model,
+            subset_size=cfg.subset_size,
+            dirichlet_alpha=cfg.dirichlet_alpha,
+            seed=cfg.seed,
+            local_iters=cfg.local_iters,
+            local_batch_size=cfg.local_batch_size,
+            local_lr=cfg.local_lr,
+            optimizer=cfg.optimizer,
+            compute_device=cfg.compute_device,
+            speed=cfg.speed.to_dict() if cfg.simulator == "stock" else None,
+            sleep_delays=cfg.simulator == "stock" and cfg.speed.enabled,
+        )
+
+    def _configure_job(self, job: EdgeJob) -> None:
+        super()._configure_job(job)
+        cfg = self.cfg
+        replace_component(job, SERVER, "model_manager", self.make_model_manager())
+        job.to_server(
+            GlobalModelEvaluator(
+                model=cfg.model,
+                dataset=cfg.dataset_spec.__dict__ | {},
+                eval_frequency=cfg.eval_frequency,
+                compute_device=cfg.compute_device,
+                results_dir=self.results_dir,
+                max_model_version=cfg.max_model_version,
+                updates_per_version=cfg.num_updates_for_model,
+                run_info=self.run_info,
+            ),
+            id="edgesim_evaluator",
+        )
+        processor_id = job.to_clients(self.make_task_processor(), id="task_processor")
+        if cfg.simulator == "stock":
+            runner = StockDeviceRunner(processor_id, cfg.job_timeout, cfg.devices_per_leaf, self.plan.num_workers)
+        else:
+            runner = FastDeviceRunner(
+                processor_id,
+                job_timeout=cfg.job_timeout,
+                num_devices=cfg.devices_per_leaf,
+                num_workers=self.plan.num_workers,
+                speed=cfg.speed.to_dict(),
+                real_delays=cfg.real_delays,
+                results_dir=self.results_dir,
+            )
+        job.to_clients(runner, id="device_runner")

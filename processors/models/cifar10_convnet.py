@@ -1,0 +1,27 @@
+"""Cifar10ConvNet: the small CNN of NVFlare's edge example (62,006 parameters)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Cifar10ConvNet(nn.Module):
+    """conv 3->6 k5 s2, conv 6->16 k5 s2, fc 400->120->84->10."""
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 6, 5, stride=2)
+        self.conv2 = nn.Conv2d(6, 16, 5, stride=2)
+        self.fc1 = nn.Linear(16 * 5 * 5, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.conv1(x))
+        x = F.relu(self.conv2(x))
+        x = torch.flatten(x, 1)
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        return self.fc3(x)

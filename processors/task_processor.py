@@ -1,0 +1,125 @@
+"""The NVFlare ``DeviceTaskProcessor`` of a simulated device: receive global weights, train on ``DEVICE``,
+return a WEIGHT_DIFF.
+
+NVFlare deep-copies the processor for every simulated device, so instances hold only their small
+configuration; data, global weights and models are cached per process and per worker thread.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+
+import numpy as np
+import torch
+from nvflare.apis.dxo import DXO, DataKind, from_dict
+from nvflare.edge.constants import MsgKey
+from nvflare.edge.simulation.device_task_processor import DeviceTaskProcessor
+from nvflare.edge.web.models.job_response import JobResponse
+from nvflare.edge.web.models.task_response import TaskResponse
+
+from processors.data.partition import device_indices, stable_seed
+from processors.data.sources import Dataset, DatasetSpec, load_dataset
+from processors.device import resolve_device
+from processors.training import LocalTrainingConfig, train_local, worker_model
+from simulation.clock import DeviceSpeedConfig
+
+_lock = threading.Lock()
+_global_params: dict[tuple, dict[str, torch.Tensor]] = {}  # (model version, device) -> weights on device
+_device_buffers: dict[str, dict[str, torch.Tensor]] = {}  # device id -> its own BatchNorm statistics
+
+
+@functools.lru_cache(maxsize=4)
+def _dataset_on(spec: DatasetSpec, device: str) -> Dataset:
+    return load_dataset(spec).to(torch.device(device))
+
+
+def global_params_on(model_data: dict, version: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """The received global weights as tensors on ``device``, converted once per model version per process."""
+    key = (version, str(device))
+    with _lock:
+        cached = _global_params.get(key)
+        if cached is None:
+            cached = {k: torch.as_tensor(np.asarray(v, dtype=np.float32)).to(device) for k, v in model_data.items()}
+            for old in [k for k in _global_params if k[0] < version - 2]:  # keep a few versions for stale tasks
+                del _global_params[old]
+            _global_params[key] = cached
+    return cached
+
+
+class FedAvgTaskProcessor(DeviceTaskProcessor):
+    """Local training of one device for FedAvg / FedBuff / FedRevive (they differ only on the server)."""
+
+    def __init__(
+        self,
+        dataset: dict,
+        model: str = "cifar10_convnet",
+        subset_size: int = 350,
+        dirichlet_alpha: float = 0.5,
+        seed: int = 0,
+        local_iters: int = 25,
+        local_batch_size: int = 32,
+        local_lr: float = 3e-4,
+        optimizer: str = "adam",
+        compute_device: str = "auto",
+        speed: dict | None = None,
+        sleep_delays: bool = False,
+    ):
+        DeviceTaskProcessor.__init__(self)
+        self.dataset = dataset
+        self.model = model
+        self.subset_size = subset_size
+        self.dirichlet_alpha = dirichlet_alpha
+        self.seed = seed
+        # NVFlare serialises a component by reading back attributes named like its constructor arguments.
+        self.local_iters = local_iters
+        self.local_batch_size = local_batch_size
+        self.local_lr = local_lr
+        self.optimizer = optimizer
+        self.compute_device = compute_device
+        self.speed = speed or {}
+        self.sleep_delays = sleep_delays
+        self.tasks_done = 0
+
+    @property
+    def training(self) -> LocalTrainingConfig:
+        return LocalTrainingConfig(self.local_iters, self.local_batch_size, self.local_lr, self.optimizer)
+
+    def setup(self, job: JobResponse) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+    def process_task(self, task: TaskResponse) -> dict:
+        model = from_dict(task.task_data)
+        if not isinstance(model, DXO) or model.data_kind != DataKind.WEIGHTS or not isinstance(model.data, dict):
+            raise ValueError(f"device {self.device.device_id}: expected a WEIGHTS DXO holding a dict")
+        version = int(model.get_meta_prop(MsgKey.MODEL_VERSION, 0) or 0)
+        diff = self.train(self.device.device_id, model.data, version)
+        if self.sleep_delays:  # stock-simulator path: heterogeneity by real sleeping, like NVFlare's example
+            train_s, comm_s = DeviceSpeedConfig.from_dict(self.speed).sample_seconds(
+                self.device.device_id, self.tasks_done
+            )
+            time.sleep(train_s + comm_s)
+        self.tasks_done += 1
+        return DXO(data_kind=DataKind.WEIGHT_DIFF, data={"dict": diff}).to_dict()
+
+    def train(self, device_id: str, model_data: dict, version: int) -> dict[str, np.ndarray]:
+        """Train ``device_id`` from the given global weights; return its WEIGHT_DIFF as numpy arrays."""
+        device = resolve_device(self.compute_device)
+        spec = DatasetSpec(**self.dataset)
+        data = _dataset_on(spec, str(device))
+        labels = load_dataset(spec).y_train.numpy()  # the CPU copy, cached per process
+        indices = device_indices(labels, device_id, self.subset_size, self.dirichlet_alpha, self.seed)
+        idx = torch.from_numpy(indices).to(device)
+        x, y = data.x_train.index_select(0, idx), data.y_train.index_select(0, idx)
+        generator = torch.Generator().manual_seed(stable_seed("train", self.seed, device_id, version) % 2**63)
+        net = worker_model(self.model, device)
+        params = global_params_on(model_data, version, device)
+        diff, buffers = train_local(net, params, x, y, self.training, generator, _device_buffers.get(device_id))
+        if buffers:
+            with _lock:
+                _device_buffers[device_id] = buffers
+        return diff

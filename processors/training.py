@@ -1,0 +1,120 @@
+"""Local training of one simulated device, pfl-research style: one model object reused per worker thread,
+global weights copied in place, data already resident on ``DEVICE``.
+
+The returned WEIGHT_DIFF is ``trained - received``, both on the same device, moved to the CPU as float32
+numpy arrays (numpy, not Python lists: NVFlare's debug f-strings print lists in full, which costs ~0.1 s
+per device). Buffers (e.g. BatchNorm running statistics) are never part of the diff: they stay with the device.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from processors.data.sources import normalize
+from processors.models import build_model
+
+
+@dataclass(frozen=True)
+class LocalTrainingConfig:
+    """The FedRevive paper's reference FedAvg client: Adam, lr 3e-4, 25 iterations of batch 32."""
+
+    local_iters: int = 25
+    batch_size: int = 32
+    lr: float = 3e-4
+    optimizer: str = "adam"  # or "sgd"
+    momentum: float = 0.0  # SGD only
+
+    def make_optimizer(self, params) -> torch.optim.Optimizer:
+        if self.optimizer == "adam":
+            return torch.optim.Adam(params, lr=self.lr)
+        if self.optimizer == "sgd":
+            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum)
+        raise ValueError(f"unknown optimizer {self.optimizer!r}; use adam or sgd")
+
+
+def batch_schedule(num_samples: int, cfg: LocalTrainingConfig, generator: torch.Generator) -> list[torch.Tensor]:
+    """Positions (into a device's own samples) of each local iteration's batch: epochs of a fresh
+    permutation, cut into batches, for exactly ``local_iters`` iterations."""
+    batches: list[torch.Tensor] = []
+    order = torch.empty(0, dtype=torch.int64)
+    batch = min(cfg.batch_size, num_samples)
+    while len(batches) < cfg.local_iters:
+        if len(order) < batch:
+            order = torch.randperm(num_samples, generator=generator)
+        batches.append(order[:batch])
+        order = order[batch:]
+    return batches
+
+
+_worker = threading.local()
+
+
+def worker_model(model_name: str, device: torch.device) -> nn.Module:
+    """This thread's reusable model instance (built once per worker, not per task)."""
+    cache = getattr(_worker, "models", None)
+    if cache is None:
+        cache = _worker.models = {}
+    key = (model_name, str(device))
+    if key not in cache:
+        cache[key] = build_model(model_name).to(device)
+    return cache[key]
+
+
+def train_local(
+    model: nn.Module,
+    global_params: dict[str, torch.Tensor],
+    x_uint8: torch.Tensor,
+    y: torch.Tensor,
+    cfg: LocalTrainingConfig,
+    generator: torch.Generator,
+    local_buffers: dict[str, torch.Tensor] | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]:
+    """Train ``model`` from ``global_params`` on one device's samples; return (diff, buffers after training).
+
+    ``global_params`` and the data must be on the model's device; the diff is computed there, then copied out.
+    """
+    device = next(model.parameters()).device
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, p in params.items():
+            src = global_params[name]
+            if src.device != device:
+                raise ValueError(f"global parameter {name} is on {src.device}, model on {device}")
+            p.copy_(src)
+        for name, b in model.named_buffers():
+            source = local_buffers.get(name) if local_buffers else None
+            if source is None:
+                source = global_params.get(name)
+            if source is not None:
+                b.copy_(source)
+    model.train()
+    optimizer = cfg.make_optimizer(model.parameters())
+    for positions in batch_schedule(len(y), cfg, generator):
+        positions = positions.to(device, non_blocking=True)
+        inputs = normalize(x_uint8.index_select(0, positions))
+        loss = F.cross_entropy(model(inputs), y.index_select(0, positions))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        diff = {name: (p.detach() - global_params[name]).cpu().numpy() for name, p in params.items()}
+        buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    return diff, buffers
+
+
+@torch.no_grad()
+def evaluate_accuracy(model: nn.Module, x_uint8: torch.Tensor, y: torch.Tensor, batch_size: int = 1000) -> float:
+    """Top-1 accuracy of ``model`` on uint8 images (normalised on the fly)."""
+    model.eval()
+    device = next(model.parameters()).device
+    correct = 0
+    for start in range(0, len(y), batch_size):
+        xb = normalize(x_uint8[start : start + batch_size].to(device))
+        correct += (model(xb).argmax(1) == y[start : start + batch_size].to(device)).sum().item()
+    return correct / max(len(y), 1)

@@ -1,0 +1,208 @@
+"""The leaf's device simulator, limited only by training.
+
+It keeps NVFlare's device protocol (job, selection, task and result requests go through the edge events, so
+server and leaf logic stay NVFlare's) but replaces the stock loop's habits:
+
+* tasks for all newly selected devices are requested at once, with no ``sleep(0.5)`` per device; the loop
+  backs off only when there is nothing to do;
+* heterogeneity runs on a virtual clock (``ReleaseQueue``): results are reported in simulated finish order
+  without sleeping, unless ``real_delays`` asks for wall-clock realism;
+* a task that raises is retried, then reported as failed with the device id logged; a GPU out-of-memory error
+  halves the leaf's concurrency for the rest of the run instead of killing it;
+* no debug f-strings that print whole tasks or results.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from nvflare.edge.constants import CookieKey, EdgeApiStatus, SpecialDeviceId
+from nvflare.edge.simulation.simulated_device import DeviceFactory, DeviceState, SimulatedDevice
+from nvflare.edge.simulation.simulator import Simulator
+from nvflare.edge.web.models.job_response import JobResponse
+from nvflare.edge.web.models.result_report import ResultReport
+from nvflare.edge.web.models.task_response import TaskResponse
+from nvflare.security.logging import secure_format_exception
+
+from simulation.clock import DeviceSpeedConfig
+from simulation.concurrency import AdjustableLimit
+from simulation.release_queue import ReleaseQueue
+
+MIN_IDLE_WAIT = 0.02
+MAX_IDLE_WAIT = 0.5
+MAX_ATTEMPTS = 3
+
+
+def is_out_of_memory(ex: BaseException) -> bool:
+    return "out of memory" in str(ex).lower() or type(ex).__name__ == "OutOfMemoryError"
+
+
+class FastSimulator(Simulator):
+    def __init__(
+        self,
+        job_name: str,
+        device_factory: DeviceFactory,
+        device_id_prefix: str,
+        num_devices: int,
+        num_workers: int,
+        get_job_timeout: float,
+        speed: DeviceSpeedConfig,
+        real_delays: bool = False,
+        clock_log: str | None = None,
+    ):
+        super().__init__(job_name, device_factory, num_devices, num_workers, get_job_timeout)
+        self.device_id_prefix = device_id_prefix  # deterministic, so device data and speeds are reproducible
+        self.speed = speed
+        self.real_delays = real_delays
+        self.limit = AdjustableLimit(num_workers)
+        self.clock = ReleaseQueue(self._report)
+        self.clock_log = clock_log
+        self._log_lock = threading.Lock()
+        self._task_counts: dict[str, int] = {}
+        self.failed_tasks = 0
+
+    # -- control loop -------------------------------------------------------------------------------------
+    def _wait_for_job(self) -> JobResponse | None:
+        device = self.device_factory.make_device(SpecialDeviceId.DUMMY)
+        deadline = time.time() + self.get_job_timeout
+        while not self.done:
+            resp = self._ask_for_job(device)
+            if resp and resp.status == EdgeApiStatus.OK:
+                return resp
+            if resp and resp.status not in (EdgeApiStatus.RETRY, EdgeApiStatus.NO_JOB):
+                self.logger.error(f"stopping: bad JobResponse status {resp.status}")
+                return None
+            if time.time() > deadline:
+                self.logger.error(
+                    f"no job within --job-timeout {self.get_job_timeout}s (this is only the wait for the job "
+                    "to reach the leaf); raise --job-timeout on a slow or busy machine"
+                )
+                return None
+            time.sleep(0.2)
+        return None
+
+    def _control_flow(self) -> None:
+        job = self._wait_for_job()
+        if job is None:
+            return
+        selection_id = f"{self.device_id_prefix}{SpecialDeviceId.MAX_INDICATOR}{self.num_devices}"
+        idle_wait = MIN_IDLE_WAIT
+        while not self.done:
+            resp = self._ask_for_selection(job.job_id, selection_id)
+            if resp and resp.status == EdgeApiStatus.NO_JOB:
+                self.logger.info("job is gone: device simulator exiting")
+                return
+            if resp and resp.status == EdgeApiStatus.OK:
+                selection_id = SpecialDeviceId.DUMMY  # the device range is registered once
+            dispatched = 0
+            if resp and resp.selection:
+                for did, sid in self._determine_my_devices(resp.selection).items():
+                    outcome = self._dispatch(job, did, sid)
+                    if outcome == "stop":
+                        return
+                    dispatched += outcome == "dispatched"
+            if dispatched:
+                idle_wait = MIN_IDLE_WAIT
+            else:
+                time.sleep(idle_wait)
+                idle_wait = min(idle_wait * 2, MAX_IDLE_WAIT)
+
+    def _dispatch(self, job: JobResponse, did: str, sid) -> str:
+        device = self.all_devices.get(did) or self._make_new_device(did)
+        device.set_job(job_id=job.job_id, job_name=job.job_name, job_data=job.job_data, method=job.method)
+        resp = self._ask_for_task(device)
+        if resp.status == EdgeApiStatus.NO_JOB:
+            return "stop"
+        if resp.status == EdgeApiStatus.DONE:
+            device.job_id = None
+            return "skipped"
+        if resp.status != EdgeApiStatus.OK:
+            if resp.status != EdgeApiStatus.RETRY:
+                self.logger.error(f"stopping: bad TaskResponse status {resp.status} for device {did}")
+                return "stop"
+            return "skipped"
+        device.state = DeviceState.LEARNING
+        device.cookie = resp.cookie
+        if isinstance(resp.cookie, dict):
+            sid = resp.cookie.get(CookieKey.DEVICE_SELECTION_ID, sid)
+        task_number = self._task_counts.get(did, 0)
+        self._task_counts[did] = task_number + 1
+        train_s, comm_s = self.speed.sample_seconds(did, task_number)
+        ticket, finish = self.clock.dispatch(train_s + comm_s)
+        with self.update_lock:
+            self.busy_devices[did] = sid
+        self.worker_pool.submit(self._run_task, resp, device, sid, ticket, time.time() + train_s + comm_s)
+        return "dispatched"
+
+    # -- one device's task --------------------------------------------------------------------------------
+    def _run_task(self, task: TaskResponse, device: SimulatedDevice, sid, ticket: int, real_finish: float):
+        result, status = {}, EdgeApiStatus.ERROR
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            try:
+                with self.limit:
+                    result = device.do_task(task)
+                status = EdgeApiStatus.OK
+                break
+            except Exception as ex:
+                if is_out_of_memory(ex):
+                    self._free_gpu_cache()
+                    self.logger.warning(
+                        f"device {device.device_id}: out of memory; concurrency lowered to {self.limit.halve()} "
+                        "for the rest of the run"
+                    )
+                else:
+                    self.logger.error(
+                        f"device {device.device_id}: task failed (attempt {attempt}/{MAX_ATTEMPTS}): "
+                        f"{secure_format_exception(ex)}"
+                    )
+        if status != EdgeApiStatus.OK:
+            self.failed_tasks += 1
+        if self.real_delays:
+            time.sleep(max(0.0, real_finish - time.time()))
+        report = ResultReport(
+            device_info=device.get_device_info(),
+            user_info=device.get_user_info(),
+            job_id=task.job_id,
+            task_id=task.task_id,
+            task_name=task.task_name,
+            result=result if isinstance(result, dict) else {},
+            status=status,
+            cookie=device.cookie,
+        )
+        self.clock.complete(ticket, (report, device, sid))
+
+    def _report(self, payload, finish: float) -> None:
+        report, device, sid = payload
+        self._send_request(report, device, None)
+        device.state = DeviceState.IDLE
+        with self.update_lock:
+            self.busy_devices.pop(device.device_id, None)
+            self.used_devices[device.device_id] = sid
+        self._log_clock(device.device_id, report, finish)
+
+    def _log_clock(self, device_id: str, report: ResultReport, finish: float) -> None:
+        if not self.clock_log:
+            return
+        version = report.cookie.get(CookieKey.MODEL_VERSION) if isinstance(report.cookie, dict) else None
+        line = json.dumps({"wall": time.time(), "sim": round(finish, 4), "device": device_id, "version": version})
+        with self._log_lock, open(self.clock_log, "a") as f:
+            f.write(line + "\n")
+
+    @staticmethod
+    def _free_gpu_cache() -> None:
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except Exception:
+            pass
+
+    def start(self) -> None:
+        try:
+            super().start()
+        finally:
+            if self.failed_tasks:
+                self.logger.error(f"{self.failed_tasks} device task(s) failed; see the errors above")

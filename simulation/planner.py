@@ -1,0 +1,174 @@
+"""Worker planner: how many devices a leaf trains at once (its ``ThreadPoolExecutor`` size).
+
+Inputs are measured, not guessed: CPU cores (psutil / affinity), GPUs and their free memory (NVML through
+nvidia-ml-py, else torch), the memory one training worker needs (estimated from the model, batch size and
+optimizer state) and the devices a leaf must train per round (``ceil(selection / leaves)``). Every decision
+comes with the reason, printed once per job.
+
+Why cores bound the CPU path: a worker's training is PyTorch compute; threads beyond the cores available to a
+leaf only time-slice. Why cores also bound the GPU path: each worker launches its kernels from Python under the
+GIL, so more threads than cores add queueing, not throughput.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn as nn
+
+# Per-process CUDA context and allocator slack, not available to workers.
+CUDA_CONTEXT_BYTES = 600 * 2**20
+# Share of free GPU memory the planner hands out (the rest absorbs fragmentation and other processes).
+GPU_MEMORY_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    name: str
+    total_bytes: int
+    free_bytes: int
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    cpu_cores: int
+    gpus: tuple[GpuInfo, ...] = ()
+    source: str = "probe"
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    num_workers: int
+    limited_by: str
+    devices_per_leaf: int  # devices a leaf trains per round
+    per_worker_bytes: int
+    limits: dict = field(default_factory=dict)
+    compute: str = "cpu"
+
+    @property
+    def waves(self) -> float:
+        return self.devices_per_leaf / self.num_workers
+
+    def describe(self) -> str:
+        return (
+            f"Parallel workers: {self.num_workers} per leaf for {self.devices_per_leaf} devices per leaf "
+            f"(limited by {self.limited_by}); ~{self.waves:.1f} waves per round"
+        )
+
+    def reasoning(self) -> str:
+        parts = [f"{k}={'unbounded' if v is None else v}" for k, v in self.limits.items()]
+        return f"  limits per leaf: {', '.join(parts)}; est. {self.per_worker_bytes / 2**20:.1f} MiB per worker"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["waves"] = round(self.waves, 3)
+        return d
+
+
+def probe_hardware() -> HardwareProfile:
+    """Cores available to this process and every visible GPU's memory (NVML first, torch as fallback)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        import psutil
+
+        cores = psutil.cpu_count(logical=True) or 1
+    return HardwareProfile(cpu_cores=cores, gpus=tuple(_probe_gpus()), source="probe")
+
+
+def _probe_gpus() -> list[GpuInfo]:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            count = pynvml.nvmlDeviceGetCount()
+            indices = [int(i) for i in visible.split(",") if i.strip().isdigit()] if visible else range(count)
+            out = []
+            for i in indices:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+                name = pynvml.nvmlDeviceGetName(handle)
+                out.append(GpuInfo(name if isinstance(name, str) else name.decode(), mem.total, mem.free))
+            return out
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver / no NVML: fall back to torch, which also covers "no GPU"
+        pass
+    if not torch.cuda.is_available():
+        return []
+    out = []
+    for i in range(torch.cuda.device_count()):
+        free, total = torch.cuda.mem_get_info(i)
+        out.append(GpuInfo(torch.cuda.get_device_name(i), total, free))
+    return out
+
+
+def estimate_worker_bytes(model: nn.Module, batch_size: int, optimizer: str) -> int:
+    """Memory of one training worker: weights, gradients, optimizer state, the received global copy and the
+    diff, plus activations saved for backward (measured with forward hooks on a one-sample batch, then
+    scaled to the batch size)."""
+    n_params = sum(p.numel() for p in model.parameters())
+    state_copies = {"adam": 2, "sgd": 1}.get(optimizer, 2)
+    param_bytes = 4 * n_params * (1 + 1 + state_copies + 2)
+    activation_elems = 0
+
+    def hook(_module, _inputs, output):
+        nonlocal activation_elems
+        if isinstance(output, torch.Tensor):
+            activation_elems += output.numel()
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if not list(m.children())]
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, 3, 32, 32, device=next(model.parameters()).device))
+    finally:
+        for h in handles:
+            h.remove()
+    # saved activation + its gradient, plus the input batch, float32
+    activation_bytes = 4 * batch_size * (2 * activation_elems + 3 * 32 * 32)
+    return int(1.25 * (param_bytes + activation_bytes))  # allocator rounding and workspace slack
+
+
+def plan_workers(
+    hardware: HardwareProfile,
+    devices_per_leaf: int,
+    per_worker_bytes: int,
+    leaves_on_host: int = 1,
+    use_gpu: bool = False,
+    requested: int | None = None,
+) -> WorkerPlan:
+    """The worker count of each leaf and what limited it."""
+    if devices_per_leaf < 1:
+        raise ValueError("devices_per_leaf must be >= 1")
+    limits: dict[str, int | None] = {"devices": devices_per_leaf}
+    limits["cpu"] = max(1, hardware.cpu_cores // max(leaves_on_host, 1))
+    compute = "cpu"
+    if use_gpu:
+        if not hardware.gpus:
+            raise ValueError("the GPU path was asked for but no GPU is visible; use --compute-device cpu")
+        compute = f"{len(hardware.gpus)} GPU(s)"
+        # leaves are spread over GPUs round-robin; a GPU shared by k leaves gives each 1/k of its free memory
+        leaves_per_gpu = math.ceil(leaves_on_host / len(hardware.gpus))
+        gpus_per_leaf = max(1, len(hardware.gpus) // max(leaves_on_host, 1))
+        usable = min(
+            (g.free_bytes - CUDA_CONTEXT_BYTES * leaves_per_gpu) * GPU_MEMORY_SHARE / leaves_per_gpu
+            for g in hardware.gpus
+        )
+        if usable < per_worker_bytes:
+            raise ValueError(
+                f"one training worker needs ~{per_worker_bytes / 2**20:.0f} MiB but each leaf gets only "
+                f"{max(usable, 0) / 2**20:.0f} MiB of GPU memory; lower --local-batch-size, run fewer leaves "
+                "per GPU, or use --compute-device cpu"
+            )
+        limits["gpu_memory"] = int(usable // per_worker_bytes) * gpus_per_leaf
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"--num-workers {requested}: must be >= 1")
+        return WorkerPlan(requested, "--num-workers", devices_per_leaf, per_worker_bytes, limits, compute)
+    limited_by = min(limits, key=lambda k: limits[k])
+    return WorkerPlan(limits[limited_by], limited_by, devices_per_leaf, per_worker_bytes, limits, compute)
