@@ -1,0 +1,149 @@
+"""Per-device vs. vectorised local training: samples/second for groups of K simulated devices.
+
+Each device: Cifar10ConvNet, ``--iters`` Adam iterations of batch ``--batch-size`` on ``--samples`` synthetic
+images. The per-device engine is a loop of ``train_local`` reusing one model; the vectorised engine is one
+``train_group`` call for all K devices. Both get identically seeded generators, so they train the same batches;
+the maximum |difference| of their diffs is printed as a sanity check.
+
+    .venv/bin/python benchmarks/bench_engine.py --device auto --ks 1,8,32,100 --iters 25
+
+The last line is ``speedup: <X>x`` (vectorised over per-device) for the largest K.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from processors.data.sources import make_synthetic, normalize  # noqa: E402
+from processors.models import build_model  # noqa: E402
+from processors.training import LocalTrainingConfig, train_local, worker_model  # noqa: E402
+from simulation.engine_vectorized import train_group  # noqa: E402
+
+MODEL = "cifar10_convnet"
+# Dense FP32 (non-tensor-core) peak, TFLOP/s, matched against the CUDA device name.
+FP32_PEAK_TFLOPS = {"H200": 67.0, "H100": 67.0, "A100": 19.5, "L40S": 91.6, "A10": 31.2, "L4": 30.3, "V100": 15.7}
+
+
+def flops_per_sample(device: torch.device, batch: int) -> float:
+    """Forward + backward FLOPs of one training sample, counted by torch.utils.flop_counter."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = build_model(MODEL).to(device)
+    x = normalize(torch.zeros(batch, 3, 32, 32, dtype=torch.uint8, device=device))
+    y = torch.zeros(batch, dtype=torch.int64, device=device)
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(x), y).backward()
+    return counter.get_total_flops() / batch
+
+
+def peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, tflops in FP32_PEAK_TFLOPS.items():
+        if key in name:
+            return tflops * 1e12
+    return None
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_per_device(global_params, data, cfg, device):
+    model = worker_model(MODEL, device)
+    gens = [torch.Generator().manual_seed(i) for i in range(len(data))]
+    return [train_local(model, global_params, x, y, cfg, g)[0] for (x, y), g in zip(data, gens, strict=True)]
+
+
+def run_vectorized(global_params, data, cfg, device):
+    gens = [torch.Generator().manual_seed(i) for i in range(len(data))]
+    return train_group(MODEL, global_params, data, cfg, gens, device)
+
+
+def timed(fn, device, *args):
+    sync(device)
+    start = time.perf_counter()
+    out = fn(*args, device)
+    sync(device)
+    return time.perf_counter() - start, out
+
+
+def best_of(repeats: int, fn, device, *args):
+    runs = [timed(fn, device, *args) for _ in range(max(repeats, 1))]
+    return min(t for t, _ in runs), runs[-1][1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--ks", default="1,8,32,100", help="comma-separated group sizes")
+    parser.add_argument("--iters", type=int, default=25, help="local Adam iterations per device")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--samples", type=int, default=350, help="samples per device")
+    parser.add_argument("--repeats", type=int, default=1, help="time each engine this many times, keep the best")
+    args = parser.parse_args()
+
+    if args.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(args.device)
+    ks = [int(k) for k in args.ks.split(",") if k.strip()]
+    cfg = LocalTrainingConfig(local_iters=args.iters, batch_size=args.batch_size, optimizer="adam")
+
+    pool = min(max(ks) * args.samples, 20000)
+    ds = make_synthetic(max(pool, 100), 100, seed=0).to(device)
+    picker = torch.Generator().manual_seed(1234)
+    data_all = []
+    for _ in range(max(ks)):
+        idx = torch.randperm(len(ds.y_train), generator=picker)[: args.samples].to(device)
+        data_all.append((ds.x_train.index_select(0, idx), ds.y_train.index_select(0, idx)))
+    torch.manual_seed(0)
+    global_params = {n: p.detach().to(device) for n, p in build_model(MODEL).named_parameters()}
+
+    fps = flops_per_sample(device, args.batch_size)
+    peak = peak_flops(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"device {name}; {MODEL}; Adam {args.iters} iters x batch {args.batch_size}; {args.samples} samples/device")
+    print(
+        f"train FLOPs/sample (fwd+bwd) {fps / 1e6:.2f} MFLOP; FP32 peak {f'{peak / 1e12:.1f} TFLOP/s' if peak else 'n/a'}"
+    )
+
+    # warm-up: lazy imports, allocator, cuDNN algorithm choice, vmap caches
+    for _ in range(2):
+        run_per_device(global_params, data_all[:2], cfg, device)
+        run_vectorized(global_params, data_all[:2], cfg, device)
+
+    def pct(rate: float) -> str:
+        return f"{100 * rate * fps / peak:.2f}%" if peak else "n/a"
+
+    print(
+        f"{'K':>5} {'per-device s/s':>15} {'vectorised s/s':>15} {'ratio':>7} {'peak% per-dev':>14} {'peak% vec':>10} {'max|diff|':>10}"
+    )
+    speedup = float("nan")
+    for k in ks:
+        data = data_all[:k]
+        samples = k * args.iters * min(args.batch_size, args.samples)
+        t_dev, out_dev = best_of(args.repeats, run_per_device, device, global_params, data, cfg)
+        t_vec, out_vec = best_of(args.repeats, run_vectorized, device, global_params, data, cfg)
+        err = max(float(np.abs(a[n] - b[n]).max()) for a, b in zip(out_dev, out_vec, strict=True) for n in a)
+        rate_dev, rate_vec = samples / t_dev, samples / t_vec
+        speedup = rate_vec / rate_dev
+        print(
+            f"{k:>5} {rate_dev:>15.0f} {rate_vec:>15.0f} {speedup:>6.2f}x {pct(rate_dev):>14} {pct(rate_vec):>10} {err:>10.2e}"
+        )
+    print(f"speedup: {speedup:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

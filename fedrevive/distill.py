@@ -1,0 +1,142 @@
+"""FedReviveDistiller: turns a stale client update into (1 - beta) * delta + beta * delta_KD on the server.
+
+Phases, by the current global version v (an update's staleness is tau = v - base_version):
+
+* ``warm-up`` (v < distill_from_version): nothing runs on the server but bookkeeping; teachers are still
+  buffered and class proportions estimated in ``observe_client_model``. The update passes through unchanged.
+* ``generator-warm-up`` (distill_from_version <= v < kd_train_from_version): every update runs one generator
+  synthesis round (meta-adaptation + Reptile, best batch into the pool) against the buffered teachers, so the
+  generator and pool are ready when KD begins; beta is forced to 0 and the update passes through unchanged.
+* ``distill`` (v >= kd_train_from_version, beta(tau) > 0): one synthesis round, then a student initialised from
+  the current global model is trained ``kd_iters`` Adam steps on pool batches to match the class-weighted
+  teachers; delta_KD = student - global (trainable parameters only) and the update is blended with beta(tau).
+* ``fresh`` (v >= kd_train_from_version, beta(tau) == 0, i.e. tau == 0): the blend would ignore delta_KD, so KD
+  is skipped; a synthesis round still runs to keep the generator tracking the teachers. Update unchanged.
+* ``no-teachers``: no client model observed yet; the update passes through unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from fedrevive.config import FedReviveConfig
+from fedrevive.staleness import beta as staleness_beta
+from fedrevive.staleness import blend_update
+from fedrevive.synthesis import Synthesizer, weighted_kl
+from fedrevive.teachers import ProportionEstimator, Teacher, TeacherBuffer
+from fedrevive.weights import load_weights, parameter_delta
+
+
+def kd_step(
+    student: nn.Module,
+    teachers: list[Teacher],
+    class_weights: torch.Tensor,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    temperature: float,
+) -> float:
+    """One distillation step on a batch; returns the class-weighted KL before the step."""
+    with torch.no_grad():
+        teacher_logits = [t.model(images) for t in teachers]
+    loss = weighted_kl(teacher_logits, student(images), class_weights[:, labels], temperature)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+class FedReviveDistiller:
+    """Server-side state of FedRevive: teacher buffer, proportion estimates, generator and synthetic pool."""
+
+    def __init__(
+        self, cfg: FedReviveConfig, model_builder: Callable[[], nn.Module], device: torch.device, seed: int = 0
+    ):
+        self.cfg = cfg
+        self.model_builder = model_builder
+        self.device = device
+        self.rng = torch.Generator().manual_seed(seed + 1)
+        self.teachers = TeacherBuffer(cfg.teacher_buffer_size, model_builder, device)
+        self.estimator = ProportionEstimator(cfg.num_classes, cfg.probe_temperature)
+        self.synthesizer = Synthesizer(cfg, device, seed)
+        # One fixed probe batch: estimates of different clients are then comparable, and conv-mode teachers
+        # get their feature-statistics reference from the same Gaussian noise (normalised image space).
+        self.probe_noise = torch.randn(cfg.probe_samples, 3, 32, 32, generator=self.rng).to(device)
+
+    def observe_client_model(self, client_id: str, weights: dict[str, np.ndarray]) -> None:
+        """Buffer a returned client model as a teacher; probe its class proportions if among its first two."""
+        teacher = self.teachers.add(client_id, weights, self.probe_noise)
+        self.estimator.observe(client_id, teacher.model, self.probe_noise)
+
+    def phase(self, current_version: int, beta: float) -> str:
+        if current_version < self.cfg.distill_from_version:
+            return "warm-up"
+        if len(self.teachers) == 0:
+            return "no-teachers"
+        if current_version < self.cfg.kd_train_from_version:
+            return "generator-warm-up"
+        return "distill" if beta > 0 else "fresh"
+
+    def process_update(
+        self,
+        global_weights: dict[str, np.ndarray],
+        delta: dict[str, np.ndarray],
+        client_id: str,
+        base_version: int,
+        current_version: int,
+    ) -> tuple[dict[str, np.ndarray], dict]:
+        """Blend ``delta`` (trained from ``base_version``) with a distilled update, as the phase allows."""
+        tau = max(0, current_version - base_version)
+        b = staleness_beta(tau, self.cfg.s_max)
+        phase = self.phase(current_version, b)
+        info: dict = {"client_id": client_id, "tau": tau, "beta": 0.0, "phase": phase, "kd_seconds": 0.0}
+        if phase in ("warm-up", "no-teachers"):
+            return blend_update(delta, None, 0.0), info
+
+        start = time.perf_counter()
+        global_model = self._frozen_model(global_weights)
+        teachers = list(self.teachers)
+        class_weights = self.teachers.class_weights(self.estimator)
+        result = self.synthesizer.synthesize(teachers, class_weights, global_model)
+        info.update(gen_loss=result.loss, pool_size=len(self.synthesizer.pool), n_teachers=len(teachers))
+        delta_kd = None
+        if phase == "distill":
+            delta_kd, losses = self.distill(global_model, global_weights, teachers, class_weights)
+            info.update(beta=b, kd_loss_first=losses[0], kd_loss_last=losses[-1])
+        info["kd_seconds"] = time.perf_counter() - start
+        return blend_update(delta, delta_kd, info["beta"]), info
+
+    def distill(
+        self,
+        global_model: nn.Module,
+        global_weights: dict[str, np.ndarray],
+        teachers: list[Teacher],
+        class_weights: torch.Tensor,
+    ) -> tuple[dict[str, np.ndarray], list[float]]:
+        """Train a copy of the global model on pool batches; return (delta_KD, per-step losses)."""
+        student = copy.deepcopy(global_model)
+        for p in student.parameters():
+            p.requires_grad_(True)
+        # Eval mode: BatchNorm keeps the running statistics of real client data instead of drifting to
+        # synthetic-batch statistics (buffers are not part of delta_KD anyway).
+        student.eval()
+        optimizer = torch.optim.Adam(student.parameters(), lr=self.cfg.kd_lr)
+        batch = self.cfg.synth_per_teacher * len(teachers)
+        losses = []
+        for _ in range(self.cfg.kd_iters):
+            images, labels = self.synthesizer.pool.sample(batch, self.rng)
+            losses.append(kd_step(student, teachers, class_weights, images, labels, optimizer, self.cfg.kd_temperature))
+        reference = {k: v for k, v in global_weights.items() if k in dict(student.named_parameters())}
+        return parameter_delta(student, reference), losses or [float("nan")]
+
+    def _frozen_model(self, weights: dict[str, np.ndarray]) -> nn.Module:
+        model = load_weights(self.model_builder().to(self.device), weights).eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        return model

@@ -1,0 +1,174 @@
+"""Vectorised local training: K simulated devices trained in lock-step by one batched step per iteration.
+
+Why: a simulated edge device trains a tiny model (Cifar10ConvNet has 62k parameters) on batches of 32, so each
+per-device step is a few dozen kernel launches of microseconds each; on a GPU the per-device engine
+(``processors.training.train_local``) is bound by launch and Python overhead, not by arithmetic. Here the K
+devices' parameters are stacked into ``[K, ...]`` tensors and ``torch.func.vmap`` over ``functional_call`` +
+``torch.func.grad`` runs one forward/backward for all K devices (convolutions become grouped convolutions,
+linear layers batched matmuls); Adam / SGD state lives on the same stacked tensors and is updated with
+``torch._foreach_*`` ops, so one iteration costs the same number of launches whatever K is.
+
+Equivalence with the per-device engine: every device keeps its own CPU ``torch.Generator`` and its batches come
+from ``batch_schedule(len(y_i), cfg, generators[i])``, exactly as ``train_local`` would draw them, so the result
+equals K separate ``train_local`` calls up to floating-point summation order.
+
+Unequal batch sizes: ``batch_schedule`` gives a device with fewer than ``batch_size`` samples batches of
+``N_i`` samples. The group's batch is ``B = max_i b_i``; shorter batches are padded with the device's own sample
+0 and masked: each device's loss is ``sum(ce * mask) / b_i``, the mean over its own real samples only, so
+padded samples contribute exactly zero gradient.
+
+Buffers (BatchNorm running statistics) are not supported: such models raise ``NotImplementedError``; train them
+with the per-device engine, which keeps per-device buffers.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, grad, vmap
+
+from processors.data.sources import normalize
+from processors.models import build_model
+from processors.training import LocalTrainingConfig, batch_schedule, worker_model
+from simulation.planner import estimate_worker_bytes
+
+ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam defaults
+ADAM_EPS = 1e-8
+
+
+def train_group(
+    model_name: str,
+    global_params: dict[str, torch.Tensor],
+    device_data: list[tuple[torch.Tensor, torch.Tensor]],
+    cfg: LocalTrainingConfig,
+    generators: list[torch.Generator],
+    device: torch.device,
+) -> list[dict[str, np.ndarray]]:
+    """Train K devices from ``global_params``, all at once; return each device's diff (trained - received) as
+    float32 numpy arrays, the same keys, shapes and values as ``train_local`` would return.
+
+    ``device_data[i]`` is device i's (uint8 images N_i x 3 x 32 x 32, int64 labels N_i), on ``device``;
+    ``generators[i]`` is the CPU generator ``train_local`` would get for device i (it is advanced the same way).
+    """
+    if len(device_data) != len(generators):
+        raise ValueError(f"{len(device_data)} devices but {len(generators)} generators")
+    if cfg.optimizer not in ("adam", "sgd"):
+        raise ValueError(f"unknown optimizer {cfg.optimizer!r}; use adam or sgd")
+    k = len(device_data)
+    if k == 0:
+        return []
+    device = torch.device(device)
+    model = worker_model(model_name, device)
+    if any(True for _ in model.buffers()):
+        raise NotImplementedError(
+            f"model {model_name!r} has buffers (e.g. BatchNorm statistics); the vectorised engine does not keep "
+            "per-device buffers - use the per-device engine (processors.training.train_local) for it"
+        )
+    model.train()
+    names = [name for name, _ in model.named_parameters()]
+    for name in names:
+        if global_params[name].device != device:
+            raise ValueError(f"global parameter {name} is on {global_params[name].device}, engine on {device}")
+
+    # Every device's batch positions, drawn from its own generator exactly as train_local draws them.
+    sizes = [len(y) for _, y in device_data]
+    if min(sizes) == 0:
+        raise ValueError(f"device {sizes.index(0)} has no samples")
+    schedules = [batch_schedule(n, cfg, g) for n, g in zip(sizes, generators, strict=True)]
+    iters = cfg.local_iters
+    batch = max(min(cfg.batch_size, n) for n in sizes)
+    index = torch.zeros(iters, k, batch, dtype=torch.int64)  # into the concatenated data; pads -> device's sample 0
+    mask = torch.zeros(iters, k, batch, dtype=torch.float32)
+    counts = torch.empty(k, dtype=torch.float32)
+    offset = 0
+    for i, (n, schedule) in enumerate(zip(sizes, schedules, strict=True)):
+        b = min(cfg.batch_size, n)
+        index[:, i, :] = offset
+        if iters:
+            index[:, i, :b] += torch.stack(schedule)
+        mask[:, i, :b] = 1.0
+        counts[i] = b
+        offset += n
+    index, mask, counts = index.to(device), mask.to(device), counts.to(device)
+    x_all = torch.cat([x for x, _ in device_data]) if k > 1 else device_data[0][0]
+    y_all = torch.cat([y for _, y in device_data]) if k > 1 else device_data[0][1]
+
+    def device_loss(params: dict[str, torch.Tensor], x, y, m, count) -> torch.Tensor:
+        logits = functional_call(model, params, (x,))
+        return (F.cross_entropy(logits, y, reduction="none") * m).sum() / count
+
+    group_grad = vmap(grad(device_loss))
+
+    # The stacked state of K modules all loaded with the global weights (what stack_module_state would give
+    # for K copies, without building K modules).
+    received = [global_params[name].detach() for name in names]
+    params = [p.unsqueeze(0).expand(k, *p.shape).clone() for p in received]
+    state_a: list[torch.Tensor] = []  # Adam exp_avg / SGD momentum buffer
+    state_b: list[torch.Tensor] = []  # Adam exp_avg_sq
+    if cfg.optimizer == "adam":
+        state_a = [torch.zeros_like(p) for p in params]
+        state_b = [torch.zeros_like(p) for p in params]
+    image_shape = x_all.shape[1:]
+
+    for t in range(iters):
+        flat = index[t].view(-1)
+        xb = normalize(x_all.index_select(0, flat)).view(k, batch, *image_shape)
+        yb = y_all.index_select(0, flat).view(k, batch)
+        grads_by_name = group_grad(dict(zip(names, params, strict=True)), xb, yb, mask[t], counts)
+        grads = [grads_by_name[name] for name in names]
+        with torch.no_grad():
+            if cfg.optimizer == "adam":
+                _adam_step(params, grads, state_a, state_b, t + 1, cfg.lr)
+            elif cfg.momentum != 0:
+                if t == 0:
+                    state_a = [g.clone() for g in grads]
+                else:
+                    torch._foreach_mul_(state_a, cfg.momentum)
+                    torch._foreach_add_(state_a, grads)
+                torch._foreach_add_(params, state_a, alpha=-cfg.lr)
+            else:
+                torch._foreach_add_(params, grads, alpha=-cfg.lr)
+
+    with torch.no_grad():
+        stacked = [(p - r.unsqueeze(0)).cpu().numpy() for p, r in zip(params, received, strict=True)]
+    return [{name: d[i].copy() for name, d in zip(names, stacked, strict=True)} for i in range(k)]
+
+
+def _adam_step(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avg: list[torch.Tensor],
+    exp_avg_sq: list[torch.Tensor],
+    step: int,
+    lr: float,
+) -> None:
+    """torch.optim.Adam's update (defaults: no weight decay, not amsgrad), on stacked per-device tensors. All
+    devices take the same number of steps, so the bias corrections are shared scalars."""
+    beta1, beta2 = ADAM_BETAS
+    torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
+    torch._foreach_mul_(exp_avg_sq, beta2)
+    torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
+    bias_correction1 = 1 - beta1**step
+    bias_correction2 = 1 - beta2**step
+    step_size = lr / bias_correction1
+    denom = torch._foreach_sqrt(exp_avg_sq)
+    torch._foreach_div_(denom, bias_correction2**0.5)
+    torch._foreach_add_(denom, ADAM_EPS)
+    torch._foreach_addcdiv_(params, exp_avg, denom, value=-step_size)
+
+
+def group_bytes(model_name: str, batch_size: int, optimizer: str, k: int, samples_per_device: int = 0) -> int:
+    """Estimated memory of training a group of ``k`` devices with ``train_group``: per device its weights,
+    gradients, optimizer state, diff and activations (the planner's per-worker estimate, which counts exactly
+    these), times k. ``samples_per_device`` > 0 adds the concatenated uint8 copy of the group's images."""
+    per_device = _per_device_bytes(model_name, batch_size, optimizer)
+    data = k * samples_per_device * (3 * 32 * 32 + 8)  # uint8 image + int64 label
+    return int(k * per_device + data)
+
+
+@functools.lru_cache(maxsize=32)
+def _per_device_bytes(model_name: str, batch_size: int, optimizer: str) -> int:
+    return estimate_worker_bytes(build_model(model_name), batch_size, optimizer)

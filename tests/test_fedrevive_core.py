@@ -1,0 +1,210 @@
+"""FedRevive core: staleness weights, blending, KD, proportion probing and the distiller's phases (CPU, small)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedrevive import FedReviveConfig, FedReviveDistiller, beta, blend_update, kd_step
+from fedrevive.feature_stats import FeatureStats, record_reference
+from fedrevive.synthesis import SyntheticPool, weighted_kl
+from fedrevive.teachers import ProportionEstimator, TeacherBuffer
+from processors.data.sources import make_synthetic, normalize
+from processors.models.cifar10_convnet import Cifar10ConvNet
+from processors.models.resnet18 import CifarResNet18
+
+DOMINANT = 3
+CPU = torch.device("cpu")
+
+
+def weights_of(model: torch.nn.Module) -> dict[str, np.ndarray]:
+    return {k: v.detach().numpy().copy() for k, v in model.named_parameters()}
+
+
+def small_cfg(**overrides) -> FedReviveConfig:
+    base = dict(
+        s_max=2.0,
+        teacher_buffer_size=2,
+        kd_iters=2,
+        synth_per_teacher=4,
+        gen_noise_dim=16,
+        gen_width=8,
+        pool_size=64,
+        probe_samples=32,
+        distill_from_version=2,
+        kd_train_from_version=4,
+    )
+    base.update(overrides)
+    return FedReviveConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def skewed_model() -> Cifar10ConvNet:
+    """A Cifar10ConvNet trained briefly on synthetic data that is ~90% one class."""
+    torch.manual_seed(0)
+    data = make_synthetic(3000, 100, seed=0)
+    keep = (data.y_train == DOMINANT).nonzero().flatten()
+    for c in range(10):
+        if c != DOMINANT:
+            keep = torch.cat([keep, (data.y_train == c).nonzero().flatten()[:4]])
+    x, y = normalize(data.x_train[keep]), data.y_train[keep]
+    model = Cifar10ConvNet()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        perm = torch.randperm(len(y))
+        for start in range(0, len(y), 64):
+            idx = perm[start : start + 64]
+            loss = F.cross_entropy(model(x[idx]), y[idx])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return model.eval()
+
+
+def test_beta_is_zero_half_one_at_tau_0_smax_and_twice_smax():
+    assert beta(0, 75) == 0.0
+    assert math.isclose(beta(75, 75), 0.5, abs_tol=1e-12)
+    assert beta(150, 75) == 1.0
+    assert 0.0 < beta(30, 75) < 0.5 < beta(100, 75) < 1.0
+
+
+def test_beta_is_clipped_to_one_beyond_twice_smax():
+    for tau in (151, 200, 300, 10_000):
+        assert beta(tau, 75) == 1.0
+
+
+def test_blend_with_beta_zero_returns_delta():
+    rng = np.random.default_rng(0)
+    delta = {"w": rng.normal(size=(3, 4)).astype(np.float32), "b": rng.normal(size=4).astype(np.float32)}
+    delta_kd = {k: v + 1.0 for k, v in delta.items()}
+    for out in (blend_update(delta, delta_kd, 0.0), blend_update(delta, None, 0.7)):
+        assert out.keys() == delta.keys()
+        for k in delta:
+            np.testing.assert_array_equal(out[k], delta[k])
+            assert out[k] is not delta[k]
+    half = blend_update(delta, {"w": delta_kd["w"]}, 0.5)
+    np.testing.assert_allclose(half["w"], delta["w"] + 0.5, rtol=1e-6)
+    np.testing.assert_array_equal(half["b"], delta["b"])  # absent from delta_kd: kept as the client sent it
+
+
+def test_kd_step_lowers_student_teacher_kl(skewed_model):
+    buffer = TeacherBuffer(2, Cifar10ConvNet, CPU)
+    noise = torch.randn(16, 3, 32, 32)
+    buffer.add("a", weights_of(skewed_model), noise)
+    estimator = ProportionEstimator(10, 0.8)
+    class_weights = buffer.class_weights(estimator)
+    torch.manual_seed(1)
+    student = Cifar10ConvNet()
+    images, labels = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
+    optimizer = torch.optim.Adam(student.parameters(), lr=1e-3)
+    teachers = list(buffer)
+    before = kd_step(student, teachers, class_weights, images, labels, optimizer, 1.0)
+    with torch.no_grad():
+        after = weighted_kl([skewed_model(images)], student(images), class_weights[:, labels], 1.0).item()
+    assert after < before
+
+
+def test_proportion_estimator_recovers_skewed_clients_dominant_class(skewed_model):
+    estimator = ProportionEstimator(10, temperature=0.8)
+    noise = torch.randn(256, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    estimator.observe("skewed", skewed_model, noise)
+    props = estimator.proportions("skewed")
+    assert props.shape == (10,) and math.isclose(props.sum(), 1.0, rel_tol=1e-9)
+    assert int(np.argmax(props)) == DOMINANT
+    # Only the first two uploads count; later ones leave the estimate alone.
+    estimator.observe("skewed", Cifar10ConvNet(), noise)
+    estimator.observe("skewed", Cifar10ConvNet(), noise)
+    assert estimator._counts["skewed"] == 2
+
+
+def test_process_update_before_distill_from_version_returns_delta_unchanged():
+    torch.manual_seed(0)
+    distiller = FedReviveDistiller(small_cfg(), Cifar10ConvNet, CPU, seed=0)
+    global_weights = weights_of(Cifar10ConvNet())
+    distiller.observe_client_model("c0", weights_of(Cifar10ConvNet()))
+    delta = {k: np.full_like(v, 0.01) for k, v in global_weights.items()}
+    out, info = distiller.process_update(global_weights, delta, "c0", base_version=0, current_version=1)
+    assert info["phase"] == "warm-up" and info["beta"] == 0.0 and info["kd_seconds"] == 0.0
+    for k in delta:
+        np.testing.assert_array_equal(out[k], delta[k])
+
+
+def test_generator_warm_up_phase_fills_pool_but_keeps_delta():
+    torch.manual_seed(0)
+    distiller = FedReviveDistiller(small_cfg(), Cifar10ConvNet, CPU, seed=0)
+    global_weights = weights_of(Cifar10ConvNet())
+    distiller.observe_client_model("c0", weights_of(Cifar10ConvNet()))
+    delta = {k: np.full_like(v, 0.01) for k, v in global_weights.items()}
+    gen_before = [p.detach().clone() for p in distiller.synthesizer.generator.parameters()]
+    out, info = distiller.process_update(global_weights, delta, "c0", base_version=0, current_version=3)
+    assert info["phase"] == "generator-warm-up" and info["beta"] == 0.0
+    assert len(distiller.synthesizer.pool) == 4  # synth_per_teacher x 1 teacher
+    moved = any(
+        not torch.equal(a, b) for a, b in zip(gen_before, distiller.synthesizer.generator.parameters(), strict=True)
+    )
+    assert moved  # the Reptile step pulled the persistent generator toward its adapted copy
+    for k in delta:
+        np.testing.assert_array_equal(out[k], delta[k])
+
+
+def test_process_update_after_kd_train_from_version_blends_distilled_update(skewed_model):
+    torch.manual_seed(0)
+    distiller = FedReviveDistiller(small_cfg(), Cifar10ConvNet, CPU, seed=0)
+    distiller.observe_client_model("skewed", weights_of(skewed_model))
+    distiller.observe_client_model("other", weights_of(Cifar10ConvNet()))
+    global_weights = weights_of(Cifar10ConvNet())
+    delta = {k: np.full_like(v, 0.01) for k, v in global_weights.items()}
+    out, info = distiller.process_update(global_weights, delta, "skewed", base_version=3, current_version=5)
+    assert info["phase"] == "distill"
+    assert info["tau"] == 2 and math.isclose(info["beta"], 0.5, abs_tol=1e-9)
+    assert info["kd_seconds"] > 0.0
+    assert out.keys() == delta.keys()
+    assert any(not np.allclose(out[k], delta[k]) for k in delta)
+    assert all(out[k].dtype == np.float32 and out[k].shape == delta[k].shape for k in delta)
+
+
+def test_fresh_update_after_kd_train_from_version_skips_kd():
+    distiller = FedReviveDistiller(small_cfg(), Cifar10ConvNet, CPU, seed=0)
+    distiller.observe_client_model("c0", weights_of(Cifar10ConvNet()))
+    global_weights = weights_of(Cifar10ConvNet())
+    delta = {k: np.full_like(v, 0.01) for k, v in global_weights.items()}
+    out, info = distiller.process_update(global_weights, delta, "c0", base_version=5, current_version=5)
+    assert info["phase"] == "fresh" and info["beta"] == 0.0
+    for k in delta:
+        np.testing.assert_array_equal(out[k], delta[k])
+
+
+def test_feature_stats_hooks_leave_forward_unchanged_and_are_removed():
+    torch.manual_seed(0)
+    x = torch.randn(8, 3, 32, 32)
+    for model in (Cifar10ConvNet().eval(), CifarResNet18().eval()):
+        plain = model(x)
+        reference = record_reference(model, x) if isinstance(model, Cifar10ConvNet) else None
+        with FeatureStats(model, reference) as fs:
+            hooked = model(x)
+            loss = fs.loss()
+        torch.testing.assert_close(hooked, plain)
+        assert fs.mode == ("conv" if isinstance(model, Cifar10ConvNet) else "batchnorm")
+        assert len(fs.stats) == (2 if fs.mode == "conv" else 20)
+        if fs.mode == "conv":
+            assert loss.item() == pytest.approx(0.0, abs=1e-5)  # same batch as the reference
+        else:
+            assert loss.item() > 0.0
+        assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_synthetic_pool_evicts_oldest_first():
+    pool = SyntheticPool(capacity=5)
+    pool.add(torch.zeros(3, 1), torch.tensor([0, 1, 2]))
+    pool.add(torch.ones(4, 1), torch.tensor([3, 4, 5, 6]))
+    assert len(pool) == 5
+    assert sorted(pool._labels.tolist()) == [2, 3, 4, 5, 6]
+
+
+def test_cifar_resnet18_forward_shape():
+    model = CifarResNet18()
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)

@@ -1,0 +1,59 @@
+"""The worker planner on injected hardware profiles: every branch without needing a GPU."""
+
+import pytest
+
+from processors.models import build_model
+from simulation.planner import GpuInfo, HardwareProfile, estimate_worker_bytes, plan_workers
+
+GB = 2**30
+CONVNET_BYTES = estimate_worker_bytes(build_model("cifar10_convnet"), 32, "adam")
+
+
+def test_cpu_only_16_cores_is_limited_by_cores_per_leaf():
+    plan = plan_workers(HardwareProfile(16), devices_per_leaf=50, per_worker_bytes=CONVNET_BYTES, leaves_on_host=2)
+    assert (plan.num_workers, plan.limited_by) == (8, "cpu")
+    assert plan.describe() == (
+        "Parallel workers: 8 per leaf for 50 devices per leaf (limited by cpu); ~6.2 waves per round"
+    )
+
+
+def test_few_devices_per_leaf_limit_workers():
+    plan = plan_workers(HardwareProfile(16), devices_per_leaf=3, per_worker_bytes=CONVNET_BYTES, leaves_on_host=1)
+    assert (plan.num_workers, plan.limited_by) == (3, "devices")
+    assert plan.waves == 1.0
+
+
+def test_one_8gb_gpu_with_a_large_worker_is_limited_by_gpu_memory():
+    hw = HardwareProfile(16, (GpuInfo("fake 8GB", 8 * GB, 8 * GB),))
+    plan = plan_workers(hw, devices_per_leaf=50, per_worker_bytes=2 * GB, leaves_on_host=2, use_gpu=True)
+    # (8 GB - 2 x 600 MiB context) x 0.8 / 2 leaves = ~2.7 GB per leaf -> one 2 GB worker
+    assert (plan.num_workers, plan.limited_by) == (1, "gpu_memory")
+
+
+def test_two_80gb_gpus_small_model_is_limited_by_cpu():
+    hw = HardwareProfile(16, (GpuInfo("fake 80GB", 80 * GB, 79 * GB), GpuInfo("fake 80GB", 80 * GB, 79 * GB)))
+    plan = plan_workers(hw, devices_per_leaf=50, per_worker_bytes=CONVNET_BYTES, leaves_on_host=2, use_gpu=True)
+    assert (plan.num_workers, plan.limited_by) == (8, "cpu")
+    assert plan.limits["gpu_memory"] > 1000
+
+
+def test_model_too_big_for_one_worker_is_refused_with_the_fix():
+    hw = HardwareProfile(16, (GpuInfo("fake 8GB", 8 * GB, 8 * GB),))
+    with pytest.raises(ValueError, match="lower --local-batch-size"):
+        plan_workers(hw, devices_per_leaf=10, per_worker_bytes=20 * GB, leaves_on_host=1, use_gpu=True)
+
+
+def test_gpu_path_without_a_gpu_is_refused():
+    with pytest.raises(ValueError, match="no GPU"):
+        plan_workers(HardwareProfile(4), devices_per_leaf=10, per_worker_bytes=CONVNET_BYTES, use_gpu=True)
+
+
+def test_requested_num_workers_is_honoured():
+    plan = plan_workers(HardwareProfile(2), devices_per_leaf=50, per_worker_bytes=CONVNET_BYTES, requested=13)
+    assert (plan.num_workers, plan.limited_by) == (13, "--num-workers")
+
+
+def test_worker_memory_grows_with_batch_and_optimizer_state():
+    net = build_model("cifar10_convnet")
+    assert estimate_worker_bytes(net, 128, "adam") > estimate_worker_bytes(net, 32, "adam")
+    assert estimate_worker_bytes(net, 32, "adam") > estimate_worker_bytes(net, 32, "sgd")
