@@ -105,6 +105,12 @@ def build_parser(description: str, defaults: JobConfig) -> argparse.ArgumentPars
         help="our device simulator or NVFlare's stock one",
     )
     sim.add_argument(
+        "--wire-format",
+        default=d.wire_format,
+        choices=["numpy", "lists"],
+        help="how weights and diffs travel; 'lists' is NVFlare's example format (slow, for baselines)",
+    )
+    sim.add_argument(
         "--num-workers",
         type=int,
         default=None,

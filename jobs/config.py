@@ -48,6 +48,7 @@ class JobConfig:
     # simulation engine
     simulator: str = "fast"  # fast | stock
     real_delays: bool = False
+    wire_format: str = "numpy"  # numpy | lists (NVFlare's example format, for baselines)
     num_workers: int | None = None
     job_timeout: float = 120.0
     device_wait_timeout: float = 120.0
@@ -146,6 +147,8 @@ class JobConfig:
             raise ConfigError(f"unknown method {self.method!r}")
         if self.simulator not in ("fast", "stock"):
             raise ConfigError(f"--simulator {self.simulator!r}: use fast or stock")
+        if self.wire_format not in ("numpy", "lists"):
+            raise ConfigError(f"--wire-format {self.wire_format!r}: use numpy or lists")
         if self.optimizer not in ("adam", "sgd"):
             raise ConfigError(f"--optimizer {self.optimizer!r}: use adam or sgd")
         if self.env not in ("sim", "poc", "prod"):

@@ -77,12 +77,15 @@ class EdgeSimRecipe(EdgeFedBuffRecipe):
             compute_device=cfg.compute_device,
             speed=cfg.speed.to_dict() if cfg.simulator == "stock" else None,
             sleep_delays=cfg.simulator == "stock" and cfg.speed.enabled,
+            wire_format=cfg.wire_format,
+            torch_threads=self.plan.torch_threads,
         )
 
     def _configure_job(self, job: EdgeJob) -> None:
         super()._configure_job(job)
         cfg = self.cfg
-        replace_component(job, SERVER, "model_manager", self.make_model_manager())
+        if cfg.wire_format == "numpy":  # "lists" keeps NVFlare's own manager, which sends Python lists
+            replace_component(job, SERVER, "model_manager", self.make_model_manager())
         job.to_server(
             GlobalModelEvaluator(
                 model=cfg.model,

@@ -65,6 +65,8 @@ class FedAvgTaskProcessor(DeviceTaskProcessor):
         compute_device: str = "auto",
         speed: dict | None = None,
         sleep_delays: bool = False,
+        wire_format: str = "numpy",
+        torch_threads: int = 0,
     ):
         DeviceTaskProcessor.__init__(self)
         self.dataset = dataset
@@ -80,6 +82,8 @@ class FedAvgTaskProcessor(DeviceTaskProcessor):
         self.compute_device = compute_device
         self.speed = speed or {}
         self.sleep_delays = sleep_delays
+        self.wire_format = wire_format  # "lists" reproduces NVFlare's example (for the stock baseline)
+        self.torch_threads = torch_threads  # 0: leave torch's default
         self.tasks_done = 0
 
     @property
@@ -104,10 +108,14 @@ class FedAvgTaskProcessor(DeviceTaskProcessor):
             )
             time.sleep(train_s + comm_s)
         self.tasks_done += 1
+        if self.wire_format == "lists":
+            diff = {k: v.tolist() for k, v in diff.items()}
         return DXO(data_kind=DataKind.WEIGHT_DIFF, data={"dict": diff}).to_dict()
 
     def train(self, device_id: str, model_data: dict, version: int) -> dict[str, np.ndarray]:
         """Train ``device_id`` from the given global weights; return its WEIGHT_DIFF as numpy arrays."""
+        if self.torch_threads and torch.get_num_threads() != self.torch_threads:
+            torch.set_num_threads(self.torch_threads)
         device = resolve_device(self.compute_device)
         spec = DatasetSpec(**self.dataset)
         data = _dataset_on(spec, str(device))

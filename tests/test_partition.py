@@ -42,4 +42,6 @@ def test_subset_size_is_respected():
 
 
 def test_stable_seed_is_fixed_across_runs():
-    assert stable_seed("partition", 0, "site-1#0") == 10073569167654124714  # golden value: changing it changes every partition
+    assert (
+        stable_seed("partition", 0, "site-1#0") == 10073569167654124714
+    )  # golden value: changing it changes every partition
