@@ -154,7 +154,7 @@ def build_parser(description: str, defaults: JobConfig) -> argparse.ArgumentPars
 
 
 def config_from_args(args: argparse.Namespace, method: str, **extra) -> JobConfig:
-    values = {k: v for k, v in vars(args).items() if k in JobConfig.__dataclass_fields__}
+    values = {k: v for k, v in vars(args).items() if k in JobConfig.__dataclass_fields__ and k != "method"}
     values["speed"] = DeviceSpeedConfig(
         means=args.speed_means,
         stds=args.speed_stds,

@@ -7,6 +7,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 
+from fedrevive.config import FedReviveConfig
 from processors.data.sources import DatasetError, DatasetSpec
 from simulation.clock import DeviceSpeedConfig
 
@@ -45,6 +46,8 @@ class JobConfig:
     compute_device: str = "auto"
     # heterogeneity
     speed: DeviceSpeedConfig = field(default_factory=DeviceSpeedConfig)
+    # FedRevive's server-side distillation (used by method fedrevive only)
+    fedrevive: FedReviveConfig = field(default_factory=FedReviveConfig)
     # simulation engine
     simulator: str = "fast"  # fast | stock
     real_delays: bool = False
@@ -99,12 +102,13 @@ class JobConfig:
             "--local-batch-size": self.local_batch_size,
             "--subset-size": self.subset_size,
             "--eval-frequency": self.eval_frequency,
-            "--max-num-active-model-versions": self.max_num_active_model_versions,
             "--synthetic-size": self.synthetic_size,
         }
         for flag, value in positive.items():
             if value is None or value < 1:
                 raise ConfigError(f"{flag} {value}: must be a positive integer")
+        if self.max_num_active_model_versions < 0:
+            raise ConfigError("--max-num-active-model-versions must be >= 0 (0: keep every active version)")
         if self.num_workers is not None and self.num_workers < 1:
             raise ConfigError(f"--num-workers {self.num_workers}: must be >= 1 (or leave it out to plan it)")
         for flag, value in {
@@ -165,4 +169,5 @@ class JobConfig:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["speed"] = self.speed.to_dict()
+        d["fedrevive"] = self.fedrevive.to_dict() if self.method == "fedrevive" else None
         return d

@@ -19,7 +19,6 @@ from simulation.planner import WorkerPlan
 from simulation.runner import FastDeviceRunner, StockDeviceRunner
 
 SERVER = "server"
-ALL_CLIENTS = "@ALL"
 
 
 def replace_component(job: EdgeJob, target: str, comp_id: str, component) -> None:
@@ -37,7 +36,7 @@ class EdgeSimRecipe(EdgeFedBuffRecipe):
             job_name=cfg.job_name,
             model={"class_path": model_class_path(cfg.model), "args": {}},
             model_manager_config=ModelManagerConfig(
-                max_num_active_model_versions=cfg.max_num_active_model_versions,
+                max_num_active_model_versions=cfg.max_num_active_model_versions or None,
                 max_model_version=cfg.max_model_version,
                 update_timeout=cfg.update_timeout,
                 num_updates_for_model=cfg.num_updates_for_model,

@@ -25,6 +25,9 @@ from processors.device import resolve_device
 from processors.training import LocalTrainingConfig, train_local, worker_model
 from simulation.clock import DeviceSpeedConfig
 
+# result metadata naming the device, so leaves that forward updates individually (FedRevive) can tell them apart
+DEVICE_ID_META = "edgesim_device_id"
+
 _lock = threading.Lock()
 _global_params: dict[tuple, dict[str, torch.Tensor]] = {}  # (model version, device) -> weights on device
 _device_buffers: dict[str, dict[str, torch.Tensor]] = {}  # device id -> its own BatchNorm statistics
@@ -110,7 +113,9 @@ class FedAvgTaskProcessor(DeviceTaskProcessor):
         self.tasks_done += 1
         if self.wire_format == "lists":
             diff = {k: v.tolist() for k, v in diff.items()}
-        return DXO(data_kind=DataKind.WEIGHT_DIFF, data={"dict": diff}).to_dict()
+        result = DXO(data_kind=DataKind.WEIGHT_DIFF, data={"dict": diff})
+        result.set_meta_prop(DEVICE_ID_META, self.device.device_id)
+        return result.to_dict()
 
     def train(self, device_id: str, model_data: dict, version: int) -> dict[str, np.ndarray]:
         """Train ``device_id`` from the given global weights; return its WEIGHT_DIFF as numpy arrays."""
