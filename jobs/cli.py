@@ -71,7 +71,9 @@ def build_parser(description: str, defaults: JobConfig) -> argparse.ArgumentPars
     )
 
     tr = p.add_argument_group("local training")
-    tr.add_argument("--model", default=d.model, help="network trained by the devices")
+    tr.add_argument(
+        "--model", default=d.model, choices=["cifar10_convnet", "resnet18"], help="network trained by the devices"
+    )
     tr.add_argument("--local-iters", type=int, default=d.local_iters, help="local iterations per task")
     tr.add_argument("--local-batch-size", type=int, default=d.local_batch_size, help="local batch size")
     tr.add_argument("--local-lr", type=float, default=d.local_lr, help="local learning rate")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch.nn as nn
 
 from processors.models.cifar10_convnet import Cifar10ConvNet
+from processors.models.resnet18 import CifarResNet18
 
-MODEL_CLASSES = {"cifar10_convnet": Cifar10ConvNet}
+MODEL_CLASSES = {"cifar10_convnet": Cifar10ConvNet, "resnet18": CifarResNet18}
 
 
 def model_class_path(name: str) -> str:
