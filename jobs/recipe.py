@@ -64,7 +64,7 @@ class EdgeSimRecipe(EdgeFedBuffRecipe):
     def make_task_processor(self) -> FedAvgTaskProcessor:
         cfg = self.cfg
         return FedAvgTaskProcessor(
-            dataset=cfg.dataset_spec.to_dict(),
+            dataset=cfg.dataset_spec.__dict__ | {},
             model=cfg.model,
             subset_size=cfg.subset_size,
             dirichlet_alpha=cfg.dirichlet_alpha,
@@ -88,7 +88,7 @@ class EdgeSimRecipe(EdgeFedBuffRecipe):
         job.to_server(
             GlobalModelEvaluator(
                 model=cfg.model,
-                dataset=cfg.dataset_spec.to_dict(),
+                dataset=cfg.dataset_spec.__dict__ | {},
                 eval_frequency=cfg.eval_frequency,
                 compute_device=cfg.compute_device,
                 results_dir=self.results_dir,

@@ -130,7 +130,7 @@ class FastSimulator(Simulator):
         task_number = self._task_counts.get(did, 0)
         self._task_counts[did] = task_number + 1
         train_s, comm_s = self.speed.sample_seconds(did, task_number)
-        ticket, _ = self.clock.dispatch(train_s + comm_s)
+        ticket, finish = self.clock.dispatch(train_s + comm_s)
         with self.update_lock:
             self.busy_devices[did] = sid
         self.worker_pool.submit(self._run_task, resp, device, sid, ticket, time.time() + train_s + comm_s)
