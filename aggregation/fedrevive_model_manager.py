@@ -71,6 +71,7 @@ class FedReviveModelManager(NumpyBuffModelManager):
             del self.history[min(self.history)]
 
     def process_updates(self, model_updates: dict[int, ModelUpdate], fl_ctx: FLContext) -> bool:
+        self.restore_pruned_versions(model_updates, fl_ctx)
         for version, model_update in model_updates.items():
             if version <= 0 or not model_update:
                 continue

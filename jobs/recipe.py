@@ -10,7 +10,9 @@ from __future__ import annotations
 from nvflare.edge.tools.edge_fed_buff_recipe import DeviceManagerConfig, EdgeFedBuffRecipe, ModelManagerConfig
 from nvflare.edge.tools.edge_job import EdgeJob
 
+from aggregation.device_manager import FreshSelectionDeviceManager
 from aggregation.numpy_model_manager import NumpyBuffModelManager
+from aggregation.retaining_updater import RetainingEdgeModelExecutor
 from evaluation.global_evaluator import GlobalModelEvaluator
 from jobs.config import JobConfig
 from processors.models import model_class_path
@@ -27,6 +29,13 @@ def replace_component(job: EdgeJob, target: str, comp_id: str, component) -> Non
     old = app_config.components[comp_id]
     app_config.components[comp_id] = component
     app_config.handlers = [component if h is old else h for h in app_config.handlers]
+
+
+class RetainingEdgeJob(EdgeJob):
+    """NVFlare's edge job whose leaves keep device updates they have not sent yet (see ``retaining_updater``)."""
+
+    def _configure_executor(self, aggr_factory_id, max_model_versions, update_timeout):
+        return RetainingEdgeModelExecutor(aggr_factory_id, max_model_versions, update_timeout)
 
 
 class EdgeSimRecipe(EdgeFedBuffRecipe):
@@ -50,6 +59,9 @@ class EdgeSimRecipe(EdgeFedBuffRecipe):
             ),
             device_wait_timeout=cfg.device_wait_timeout,
         )
+
+    def create_job(self) -> EdgeJob:
+        return RetainingEdgeJob(name=self.job_name, edge_method=self.method_name)
 
     def make_model_manager(self):
         """The server's model manager; method-specific recipes override this."""
@@ -85,6 +97,13 @@ class EdgeSimRecipe(EdgeFedBuffRecipe):
         cfg = self.cfg
         if cfg.wire_format == "numpy":  # "lists" keeps NVFlare's own manager, which sends Python lists
             replace_component(job, SERVER, "model_manager", self.make_model_manager())
+        d = self.device_manager_config
+        replace_component(
+            job,
+            SERVER,
+            "device_manager",
+            FreshSelectionDeviceManager(d.device_selection_size, d.min_hole_to_fill, d.device_reuse),
+        )
         job.to_server(
             GlobalModelEvaluator(
                 model=cfg.model,
