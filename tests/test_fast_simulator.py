@@ -1,0 +1,96 @@
+"""The fast device simulator's failure handling, driven through NVFlare's device protocol objects.
+
+A scripted leaf answers task requests and records result reports, so these tests run the simulator's real
+dispatch and task code without starting NVFlare."""
+
+import threading
+
+import pytest
+from nvflare.edge.constants import CookieKey, EdgeApiStatus
+from nvflare.edge.simulation.simulated_device import DeviceFactory, SimulatedDevice
+from nvflare.edge.web.models.job_response import JobResponse
+from nvflare.edge.web.models.result_report import ResultReport
+from nvflare.edge.web.models.result_response import ResultResponse
+from nvflare.edge.web.models.task_request import TaskRequest
+from nvflare.edge.web.models.task_response import TaskResponse
+
+from simulation.clock import DeviceSpeedConfig
+from simulation.fast_simulator import MAX_ATTEMPTS, FastSimulator
+
+
+class ScriptedDevice(SimulatedDevice):
+    def __init__(self, device_id: str, script):
+        super().__init__(device_id)
+        self.script, self.calls = script, 0
+
+    def do_task(self, task: TaskResponse) -> dict:
+        self.calls += 1
+        return self.script(self)
+
+
+class ScriptedFactory(DeviceFactory):
+    def __init__(self, scripts: dict):
+        self.scripts, self.devices = scripts, {}
+
+    def make_device(self, device_id: str) -> SimulatedDevice:
+        self.devices[device_id] = ScriptedDevice(device_id, self.scripts.get(device_id, lambda d: {"ok": 1}))
+        return self.devices[device_id]
+
+
+class ScriptedLeaf:
+    def __init__(self):
+        self.reports: list[ResultReport] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, req, device, **_):
+        if isinstance(req, TaskRequest):
+            cookie = {CookieKey.MODEL_VERSION: 1, CookieKey.DEVICE_SELECTION_ID: 1}
+            return TaskResponse(EdgeApiStatus.OK, "job", 0, "task-1", "train", {}, cookie)
+        with self.lock:
+            self.reports.append(req)
+        return ResultResponse(EdgeApiStatus.OK, task_id=req.task_id, task_name=req.task_name)
+
+
+def run_devices(scripts: dict, device_ids: list[str], num_workers: int = 4):
+    factory, leaf = ScriptedFactory(scripts), ScriptedLeaf()
+    sim = FastSimulator("job", factory, "site-1", len(device_ids), num_workers, 5.0, DeviceSpeedConfig())
+    sim.set_send_func(leaf)
+    job = JobResponse(EdgeApiStatus.OK, job_id="job", job_name="job", method="edge", job_data={})
+    for did in device_ids:
+        assert sim._dispatch(job, did, 1) == "dispatched"
+    sim.worker_pool.shutdown(wait=True)
+    assert len(leaf.reports) == len(device_ids), "every dispatched device reports exactly once"
+    return sim, factory, {r.get_device_id(): r for r in leaf.reports}
+
+
+def test_a_raising_task_is_retried_then_reported_failed_and_the_others_go_on(caplog):
+    def broken(_device):
+        raise RuntimeError("corrupt sample")
+
+    sim, factory, reports = run_devices({"site-1#1": broken}, ["site-1#0", "site-1#1", "site-1#2"])
+    assert reports["site-1#1"].status == EdgeApiStatus.ERROR
+    assert factory.devices["site-1#1"].calls == MAX_ATTEMPTS
+    assert reports["site-1#0"].status == reports["site-1#2"].status == EdgeApiStatus.OK
+    assert sim.failed_tasks == 1
+    assert "site-1#1" in caplog.text and "corrupt sample" in caplog.text
+    assert not sim.busy_devices, "a failed device is released, not left busy"
+
+
+def test_out_of_memory_halves_concurrency_and_the_task_succeeds_on_retry():
+    def oom_once(device):
+        if device.calls == 1:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return {"ok": 1}
+
+    sim, factory, reports = run_devices({"site-1#0": oom_once}, ["site-1#0", "site-1#1"], num_workers=8)
+    assert reports["site-1#0"].status == EdgeApiStatus.OK
+    assert factory.devices["site-1#0"].calls == 2
+    assert sim.limit.limit == 4
+    assert sim.failed_tasks == 0
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_every_dispatched_device_reports_once_whatever_the_pool_size(workers):
+    ids = [f"site-1#{i}" for i in range(10)]
+    _, _, reports = run_devices({}, ids, num_workers=workers)
+    assert sorted(reports) == sorted(ids)
