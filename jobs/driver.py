@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import shutil
@@ -11,6 +12,7 @@ import time
 import torch
 
 from jobs.config import ConfigError, JobConfig
+from jobs.process_guard import Interrupts, no_orphans
 from jobs.results import finalize, format_summary
 from processors.data.sources import DatasetError, load_dataset
 from processors.device import resolve_device
@@ -107,7 +109,21 @@ def run(cfg: JobConfig, recipe_cls=None) -> int:
     recipe = recipe_cls(cfg, plan, run_info, results_dir=results_dir)
     env = make_env(cfg)
     started = time.time()
-    job_run = recipe.run(env)
+    interrupts = Interrupts()
+    try:
+        # sim: the job's processes are ours to stop. poc: its services are meant to outlive this command
+        # (stop them with `nvflare poc stop`); prod: nothing runs here.
+        with no_orphans() if cfg.env == "sim" else contextlib.nullcontext(interrupts) as interrupts:
+            job_run = recipe.run(env)
+    except BaseException:
+        if interrupts.signum is None:
+            raise
+        print("[edgesim] interrupted; every process of the job was stopped", file=sys.stderr)
+        if results_dir and os.path.exists(os.path.join(results_dir, "metrics.json")):
+            summary = finalize(results_dir, time.time() - started, cfg.num_updates_for_model)
+            print(format_summary(summary, results_dir))
+            print(f"[edgesim] partial results (versions finished before the interrupt) kept in {results_dir}")
+        return interrupts.exit_code
     if cfg.env != "sim":
         print(f"[edgesim] submitted job {job_run.get_job_id()}; waiting for it to finish")
         result = job_run.get_result(timeout=0.0)
