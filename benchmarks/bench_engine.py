@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from processors.data.sources import make_synthetic, normalize  # noqa: E402
 from processors.models import build_model  # noqa: E402
 from processors.training import LocalTrainingConfig, train_local, worker_model  # noqa: E402
-from simulation.engine_vectorized import train_group  # noqa: E402
+from processors.training_vectorized import train_group  # noqa: E402
 
 MODEL = "cifar10_convnet"
 # Dense FP32 (non-tensor-core) peak, TFLOP/s, matched against the CUDA device name.

@@ -78,8 +78,9 @@ def main() -> None:
     if args.delays:
         common += ["--speed-means", "100,200,400", "--speed-stds", "4,4,4", "--comm-delay-mean", "5"]
     work = tempfile.mkdtemp(prefix="bench_simulator_")
-    # NVFlare's example runs the stock simulator with 10 workers; with delays it needs one thread per sleeping device
-    stock_workers = "50" if args.delays else "10"
+    # NVFlare's example runs the stock simulator with 10 workers; with delays we give it one thread per device a
+    # leaf trains per round, so all its sleeps overlap (the most favourable setting for the stock path)
+    stock_workers = str(-(-args.selection // 2)) if args.delays else "10"
     cases = {
         "stock": ["--simulator", "stock", "--wire-format", "lists", "--num-workers", stock_workers],
         "fast": ["--simulator", "fast"],

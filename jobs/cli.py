@@ -119,6 +119,19 @@ def build_parser(description: str, defaults: JobConfig) -> argparse.ArgumentPars
         help="parallel device workers per leaf (default: planned from the hardware)",
     )
     sim.add_argument(
+        "--engine",
+        default=d.engine,
+        choices=["auto", "vectorized", "per-device"],
+        help="how a leaf trains its devices: vectorized trains a group of devices in one batched step "
+        "(torch.func.vmap); auto picks it on a GPU for models without BatchNorm, per-device otherwise",
+    )
+    sim.add_argument(
+        "--group-size",
+        type=int,
+        default=None,
+        help="devices one worker trains together with the vectorized engine (default: planned from memory)",
+    )
+    sim.add_argument(
         "--job-timeout",
         type=float,
         default=d.job_timeout,

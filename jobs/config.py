@@ -53,6 +53,8 @@ class JobConfig:
     real_delays: bool = False
     wire_format: str = "numpy"  # numpy | lists (NVFlare's example format, for baselines)
     num_workers: int | None = None
+    engine: str = "auto"  # auto | vectorized | per-device
+    group_size: int | None = None  # devices one worker trains together (vectorized engine); None: planned
     job_timeout: float = 120.0
     device_wait_timeout: float = 120.0
     update_timeout: float = 10.0
@@ -109,6 +111,12 @@ class JobConfig:
                 raise ConfigError(f"{flag} {value}: must be a positive integer")
         if self.max_num_active_model_versions < 0:
             raise ConfigError("--max-num-active-model-versions must be >= 0 (0: keep every active version)")
+        if self.group_size is not None and self.group_size < 1:
+            raise ConfigError(f"--group-size {self.group_size}: must be >= 1 (or leave it out to plan it)")
+        if self.engine not in ("auto", "vectorized", "per-device"):
+            raise ConfigError(f"--engine {self.engine!r}: use auto, vectorized or per-device")
+        if self.engine == "vectorized" and self.simulator == "stock":
+            raise ConfigError("--engine vectorized needs --simulator fast (the stock simulator runs one device at a time)")
         if self.num_workers is not None and self.num_workers < 1:
             raise ConfigError(f"--num-workers {self.num_workers}: must be >= 1 (or leave it out to plan it)")
         for flag, value in {

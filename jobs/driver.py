@@ -17,7 +17,14 @@ from jobs.results import finalize, format_summary
 from processors.data.sources import DatasetError, load_dataset
 from processors.device import resolve_device
 from processors.models import build_model
-from simulation.planner import HardwareProfile, WorkerPlan, estimate_worker_bytes, plan_workers, probe_hardware
+from simulation.planner import (
+    HardwareProfile,
+    WorkerPlan,
+    estimate_worker_bytes,
+    plan_engine,
+    plan_workers,
+    probe_hardware,
+)
 
 
 def environment_info(device: torch.device, hardware: HardwareProfile) -> dict:
@@ -35,9 +42,10 @@ def environment_info(device: torch.device, hardware: HardwareProfile) -> dict:
 
 
 def plan_for(cfg: JobConfig, hardware: HardwareProfile, device: torch.device) -> WorkerPlan:
-    per_worker = estimate_worker_bytes(build_model(cfg.model), cfg.local_batch_size, cfg.optimizer)
+    model = build_model(cfg.model)
+    per_worker = estimate_worker_bytes(model, cfg.local_batch_size, cfg.optimizer)
     leaves_on_host = cfg.num_leaf_nodes if cfg.env in ("sim", "poc") else 1
-    return plan_workers(
+    plan = plan_workers(
         hardware,
         devices_per_leaf=cfg.devices_per_leaf_per_round,
         per_worker_bytes=per_worker,
@@ -45,6 +53,10 @@ def plan_for(cfg: JobConfig, hardware: HardwareProfile, device: torch.device) ->
         use_gpu=device.type == "cuda",
         requested=cfg.num_workers,
     )
+    if cfg.simulator == "stock":
+        return plan
+    has_buffers = any(True for _ in model.buffers())
+    return plan_engine(plan, cfg.engine, has_buffers, cfg.group_size)
 
 
 def make_env(cfg: JobConfig):

@@ -129,5 +129,6 @@ class EdgeSimRecipe(EdgeFedBuffRecipe):
                 speed=cfg.speed.to_dict(),
                 real_delays=cfg.real_delays,
                 results_dir=self.results_dir,
+                group_size=self.plan.group_size if self.plan.engine == "vectorized" else 1,
             )
         job.to_clients(runner, id="device_runner")

@@ -7,6 +7,7 @@ import json
 import os
 
 from evaluation.global_evaluator import write_json_atomic
+from simulation.monitor import format_summary as format_system_summary
 
 
 def simulated_times(results_dir: str, records: list[dict]) -> None:
@@ -54,7 +55,9 @@ def plot_accuracy(records: list[dict], path: str, title: str) -> None:
 
 
 def finalize(results_dir: str, total_seconds: float, updates_per_version: int) -> dict:
-    """Complete ``metrics.json`` with simulated times and a summary; draw the plot. Returns the summary."""
+    """Complete ``metrics.json`` with simulated times and a summary; draw the plot. Returns the summary, with the
+    evaluator's system summary and warnings under ``system`` when it wrote one (kept only at ``metrics["system"]``
+    in the file)."""
     metrics_path = os.path.join(results_dir, "metrics.json")
     if not os.path.exists(metrics_path):
         raise RuntimeError(f"the job wrote no {metrics_path}: see the NVFlare logs in the workspace")
@@ -80,6 +83,8 @@ def finalize(results_dir: str, total_seconds: float, updates_per_version: int) -
     write_json_atomic(metrics_path, metrics)
     if records:
         plot_accuracy(records, os.path.join(results_dir, "accuracy.png"), metrics.get("config", {}).get("job_name", ""))
+    if metrics.get("system") is not None:
+        return summary | {"system": metrics["system"]}
     return summary
 
 
@@ -93,5 +98,9 @@ def format_summary(summary: dict, results_dir: str) -> str:
     if summary.get("simulated_seconds") is not None:
         lines.append(f"[edgesim] simulated time: {summary['simulated_seconds']:.1f} s")
     lines.append(f"[edgesim] final accuracy {summary['final_accuracy']}, best {summary['best_accuracy']}")
+    system = summary.get("system")
+    if system:
+        lines.append(f"[edgesim] system: {format_system_summary(system) or 'no samples'}")
+        lines += [f"[edgesim] WARNING: {w}" for w in system.get("warnings") or ()]
     lines.append(f"[edgesim] results: {results_dir} (metrics.json, global_model.pt, accuracy.png, tensorboard/)")
     return "\n".join(lines)

@@ -23,6 +23,7 @@ from processors.data.partition import device_indices, stable_seed
 from processors.data.sources import Dataset, DatasetSpec, load_dataset
 from processors.device import resolve_device
 from processors.training import LocalTrainingConfig, train_local, worker_model
+from processors.training_vectorized import train_group
 from simulation.clock import DeviceSpeedConfig
 
 # result metadata naming the device, so leaves that forward updates individually (FedRevive) can tell them apart
@@ -100,25 +101,38 @@ class FedAvgTaskProcessor(DeviceTaskProcessor):
         pass
 
     def process_task(self, task: TaskResponse) -> dict:
-        model = from_dict(task.task_data)
-        if not isinstance(model, DXO) or model.data_kind != DataKind.WEIGHTS or not isinstance(model.data, dict):
-            raise ValueError(f"device {self.device.device_id}: expected a WEIGHTS DXO holding a dict")
-        version = int(model.get_meta_prop(MsgKey.MODEL_VERSION, 0) or 0)
-        diff = self.train(self.device.device_id, model.data, version)
+        version, weights = self._received_model(task)
+        diff = self.train(self.device.device_id, weights, version)
         if self.sleep_delays:  # stock-simulator path: heterogeneity by real sleeping, like NVFlare's example
             train_s, comm_s = DeviceSpeedConfig.from_dict(self.speed).sample_seconds(
                 self.device.device_id, self.tasks_done
             )
             time.sleep(train_s + comm_s)
         self.tasks_done += 1
+        return self._result(self.device.device_id, diff)
+
+    def process_group(self, device_ids: list[str], task: TaskResponse) -> list[dict]:
+        """Train several devices that received the same task together (vectorised engine); one result each, in
+        order, each what ``process_task`` would return for that device."""
+        version, weights = self._received_model(task)
+        diffs = self.train_group(device_ids, weights, version)
+        return [self._result(device_id, diff) for device_id, diff in zip(device_ids, diffs, strict=True)]
+
+    def _received_model(self, task: TaskResponse) -> tuple[int, dict]:
+        model = from_dict(task.task_data)
+        if not isinstance(model, DXO) or model.data_kind != DataKind.WEIGHTS or not isinstance(model.data, dict):
+            raise ValueError(f"device {self.device.device_id}: expected a WEIGHTS DXO holding a dict")
+        return int(model.get_meta_prop(MsgKey.MODEL_VERSION, 0) or 0), model.data
+
+    def _result(self, device_id: str, diff: dict[str, np.ndarray]) -> dict:
         if self.wire_format == "lists":
             diff = {k: v.tolist() for k, v in diff.items()}
         result = DXO(data_kind=DataKind.WEIGHT_DIFF, data={"dict": diff})
-        result.set_meta_prop(DEVICE_ID_META, self.device.device_id)
+        result.set_meta_prop(DEVICE_ID_META, device_id)
         return result.to_dict()
 
-    def train(self, device_id: str, model_data: dict, version: int) -> dict[str, np.ndarray]:
-        """Train ``device_id`` from the given global weights; return its WEIGHT_DIFF as numpy arrays."""
+    def _prepare(self, device_id: str, version: int) -> tuple[torch.device, torch.Tensor, torch.Tensor, torch.Generator]:
+        """This device's samples (on DEVICE) and its training generator, the same for either engine."""
         if self.torch_threads and torch.get_num_threads() != self.torch_threads:
             torch.set_num_threads(self.torch_threads)
         device = resolve_device(self.compute_device)
@@ -129,6 +143,11 @@ class FedAvgTaskProcessor(DeviceTaskProcessor):
         idx = torch.from_numpy(indices).to(device)
         x, y = data.x_train.index_select(0, idx), data.y_train.index_select(0, idx)
         generator = torch.Generator().manual_seed(stable_seed("train", self.seed, device_id, version) % 2**63)
+        return device, x, y, generator
+
+    def train(self, device_id: str, model_data: dict, version: int) -> dict[str, np.ndarray]:
+        """Train ``device_id`` from the given global weights; return its WEIGHT_DIFF as numpy arrays."""
+        device, x, y, generator = self._prepare(device_id, version)
         net = worker_model(self.model, device)
         params = global_params_on(model_data, version, device)
         diff, buffers = train_local(net, params, x, y, self.training, generator, _device_buffers.get(device_id))
@@ -136,3 +155,13 @@ class FedAvgTaskProcessor(DeviceTaskProcessor):
             with _lock:
                 _device_buffers[device_id] = buffers
         return diff
+
+    def train_group(self, device_ids: list[str], model_data: dict, version: int) -> list[dict[str, np.ndarray]]:
+        """Train several devices from the same global weights in one vectorised call (``train_group``); each
+        diff equals what ``train`` gives for that device, up to floating-point summation order."""
+        prepared = [self._prepare(device_id, version) for device_id in device_ids]
+        device = prepared[0][0]
+        params = global_params_on(model_data, version, device)
+        return train_group(
+            self.model, params, [(x, y) for _, x, y, _ in prepared], self.training, [g for *_, g in prepared], device
+        )

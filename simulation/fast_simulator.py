@@ -5,6 +5,9 @@ server and leaf logic stay NVFlare's) but replaces the stock loop's habits:
 
 * tasks for all newly selected devices are requested at once, with no ``sleep(0.5)`` per device; the loop
   backs off only when there is nothing to do;
+* with the vectorised engine, tasks that arrive together for the same model version are trained as groups of
+  up to ``group_size`` devices in one call (``FedAvgTaskProcessor.process_group``); each device still reports
+  its own result;
 * heterogeneity runs on a virtual clock (``ReleaseQueue``): results are reported in simulated finish order
   without sleeping, unless ``real_delays`` asks for wall-clock realism;
 * a task that raises is retried, then reported as failed with the device id logged; a GPU out-of-memory error
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import dataclass
 
 from nvflare.edge.constants import CookieKey, EdgeApiStatus, SpecialDeviceId
 from nvflare.edge.simulation.simulated_device import DeviceFactory, DeviceState, SimulatedDevice
@@ -39,6 +43,30 @@ def is_out_of_memory(ex: BaseException) -> bool:
     return "out of memory" in str(ex).lower() or type(ex).__name__ == "OutOfMemoryError"
 
 
+@dataclass
+class DeviceTask:
+    """A task a device received, waiting to be trained and reported."""
+
+    task: TaskResponse
+    device: SimulatedDevice
+    sid: object
+    ticket: int  # its place on the virtual clock
+    real_finish: float  # wall time it would finish with --real-delays
+    trained_with: int = 1  # devices in the call that trained it (vectorised engine groups)
+
+    @property
+    def model_version(self):
+        return self.task.cookie.get(CookieKey.MODEL_VERSION) if isinstance(self.task.cookie, dict) else None
+
+
+def make_groups(tasks: list[DeviceTask], group_size: int) -> list[list[DeviceTask]]:
+    """Tasks of the same model version, in dispatch order, cut into groups of at most ``group_size``."""
+    by_version: dict[object, list[DeviceTask]] = {}
+    for t in tasks:
+        by_version.setdefault((t.model_version, t.task.task_id), []).append(t)
+    return [same[i : i + group_size] for same in by_version.values() for i in range(0, len(same), group_size)]
+
+
 class FastSimulator(Simulator):
     def __init__(
         self,
@@ -51,12 +79,14 @@ class FastSimulator(Simulator):
         speed: DeviceSpeedConfig,
         real_delays: bool = False,
         clock_log: str | None = None,
+        group_size: int = 1,
     ):
         super().__init__(job_name, device_factory, num_devices, num_workers, get_job_timeout)
         self.device_id_prefix = device_id_prefix  # deterministic, so device data and speeds are reproducible
         self.speed = speed
         self.real_delays = real_delays
         self.limit = AdjustableLimit(num_workers)
+        self.group_size = max(1, group_size)  # > 1: the vectorised engine trains groups of ready tasks
         self.clock = ReleaseQueue(self._report)
         self.clock_log = clock_log
         self._log_lock = threading.Lock()
@@ -96,20 +126,31 @@ class FastSimulator(Simulator):
                 return
             if resp and resp.status == EdgeApiStatus.OK:
                 selection_id = SpecialDeviceId.DUMMY  # the device range is registered once
-            dispatched = 0
+            ready: list[DeviceTask] = []
             if resp and resp.selection:
                 for did, sid in self._determine_my_devices(resp.selection).items():
                     outcome = self._dispatch(job, did, sid)
                     if outcome == "stop":
+                        self._submit(ready)
                         return
-                    dispatched += outcome == "dispatched"
-            if dispatched:
+                    if isinstance(outcome, DeviceTask):
+                        ready.append(outcome)
+            self._submit(ready)
+            if ready:
                 idle_wait = MIN_IDLE_WAIT
             else:
                 time.sleep(idle_wait)
                 idle_wait = min(idle_wait * 2, MAX_IDLE_WAIT)
 
-    def _dispatch(self, job: JobResponse, did: str, sid) -> str:
+    def _submit(self, ready: list[DeviceTask]) -> None:
+        if self.group_size == 1:
+            for t in ready:
+                self.worker_pool.submit(self._run_task, t)
+            return
+        for group in make_groups(ready, self.group_size):
+            self.worker_pool.submit(self._run_group, group)
+
+    def _dispatch(self, job: JobResponse, did: str, sid) -> DeviceTask | str:
         device = self.all_devices.get(did) or self._make_new_device(did)
         device.set_job(job_id=job.job_id, job_name=job.job_name, job_data=job.job_data, method=job.method)
         resp = self._ask_for_task(device)
@@ -130,14 +171,37 @@ class FastSimulator(Simulator):
         task_number = self._task_counts.get(did, 0)
         self._task_counts[did] = task_number + 1
         train_s, comm_s = self.speed.sample_seconds(did, task_number)
-        ticket, finish = self.clock.dispatch(train_s + comm_s)
+        ticket, _ = self.clock.dispatch(train_s + comm_s)
         with self.update_lock:
             self.busy_devices[did] = sid
-        self.worker_pool.submit(self._run_task, resp, device, sid, ticket, time.time() + train_s + comm_s)
-        return "dispatched"
+        return DeviceTask(resp, device, sid, ticket, time.time() + train_s + comm_s)
+
+    # -- a group of devices trained together (vectorised engine) ------------------------------------------
+    def _run_group(self, group: list[DeviceTask]) -> None:
+        if len(group) == 1:
+            return self._run_task(group[0])
+        processor = group[0].device.processor  # every device's processor is a copy of the same configuration
+        try:
+            with self.limit:
+                results = processor.process_group([t.device.device_id for t in group], group[0].task)
+        except Exception as ex:
+            # train them one by one instead: per-device retries, failure reports and OOM handling apply
+            if is_out_of_memory(ex):
+                self._free_gpu_cache()
+                self.group_size = max(1, self.group_size // 2)
+                self.logger.warning(f"group of {len(group)}: out of memory; group size lowered to {self.group_size}")
+            else:
+                self.logger.error(f"group of {len(group)} failed ({secure_format_exception(ex)}); training one by one")
+            for t in group:
+                self._run_task(t)
+            return
+        for t, result in zip(group, results, strict=True):
+            t.trained_with = len(group)
+            self._finish(t, result, EdgeApiStatus.OK)
 
     # -- one device's task --------------------------------------------------------------------------------
-    def _run_task(self, task: TaskResponse, device: SimulatedDevice, sid, ticket: int, real_finish: float):
+    def _run_task(self, t: DeviceTask) -> None:
+        task, device = t.task, t.device
         result, status = {}, EdgeApiStatus.ERROR
         for attempt in range(1, MAX_ATTEMPTS + 1):
             try:
@@ -159,8 +223,12 @@ class FastSimulator(Simulator):
                     )
         if status != EdgeApiStatus.OK:
             self.failed_tasks += 1
+        self._finish(t, result, status)
+
+    def _finish(self, t: DeviceTask, result, status: str) -> None:
+        task, device = t.task, t.device
         if self.real_delays:
-            time.sleep(max(0.0, real_finish - time.time()))
+            time.sleep(max(0.0, t.real_finish - time.time()))
         report = ResultReport(
             device_info=device.get_device_info(),
             user_info=device.get_user_info(),
@@ -171,22 +239,31 @@ class FastSimulator(Simulator):
             status=status,
             cookie=device.cookie,
         )
-        self.clock.complete(ticket, (report, device, sid))
+        self.clock.complete(t.ticket, (report, device, t.sid, t.trained_with))
 
     def _report(self, payload, finish: float) -> None:
-        report, device, sid = payload
+        report, device, sid, trained_with = payload
         self._send_request(report, device, None)
         device.state = DeviceState.IDLE
         with self.update_lock:
             self.busy_devices.pop(device.device_id, None)
             self.used_devices[device.device_id] = sid
-        self._log_clock(device.device_id, report, finish)
+        self._log_clock(device.device_id, report, finish, trained_with)
 
-    def _log_clock(self, device_id: str, report: ResultReport, finish: float) -> None:
+    def _log_clock(self, device_id: str, report: ResultReport, finish: float, trained_with: int) -> None:
         if not self.clock_log:
             return
         version = report.cookie.get(CookieKey.MODEL_VERSION) if isinstance(report.cookie, dict) else None
-        line = json.dumps({"wall": time.time(), "sim": round(finish, 4), "device": device_id, "version": version})
+        line = json.dumps(
+            {
+                "wall": time.time(),
+                "sim": round(finish, 4),
+                "device": device_id,
+                "version": version,
+                "ok": report.status == EdgeApiStatus.OK,
+                "group": trained_with,
+            }
+        )
         with self._log_lock, open(self.clock_log, "a") as f:
             f.write(line + "\n")
 

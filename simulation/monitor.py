@@ -9,9 +9,10 @@
 GPU field NVML cannot read (e.g. utilisation of a MIG device) is ``None`` too. GPU indices are NVML's (physical)
 indices, which ignore ``CUDA_VISIBLE_DEVICES``.
 
-Helpers turn the samples into a ``metrics.json`` summary (``summarize``), a progress-bar string (``format_status``),
-TensorBoard scalars (``write_tensorboard``) and warnings about an under-used GPU (``diagnose``, rules documented
-there).
+Helpers turn the samples into a ``metrics.json`` summary (``summarize``, one line of it: ``format_summary``), the
+figures of one stretch such as a model version's interval (``aggregate``, flattened by ``system_fields``), a
+progress-bar string (``format_status``), TensorBoard scalars (``write_tensorboard``) and warnings about an under-used
+GPU (``diagnose``, rules documented there).
 """
 
 from __future__ import annotations
@@ -176,6 +177,15 @@ class SystemMonitor:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def elapsed(self) -> float:
+        """Seconds since ``start()`` on the clock of the samples' ``t`` (to mark where a stretch of samples ends)."""
+        return time.monotonic() - self._t0
+
+    def samples_between(self, t0: float, t1: float | None = None) -> list[dict[str, Any]]:
+        """Samples with ``t0 < t <= t1`` (``t1=None``: up to now)."""
+        with self._lock:
+            return [s for s in self._samples if s["t"] > t0 and (t1 is None or s["t"] <= t1)]
+
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -240,17 +250,19 @@ def diagnose(
 
     Pass the samples taken during training. A sample is "low" when the busiest GPU's utilisation is below
     ``threshold`` percent; we warn only when at least ``window`` consecutive samples with GPU data are low, and judge
-    the CPU over the longest such run. Rules, each giving one warning (several may apply), checked on ``context``
-    keys that are present:
+    the CPU over the longest such run. Each warning names what was measured, the likely bottleneck and the run flag
+    that addresses it; only ``--compute-device cuda``, ``--engine vectorized`` and ``--num-workers N`` are ever
+    suggested (data always lives on the compute device, so there is no data-placement advice). Rules, checked on the
+    ``context`` keys that are present (``compute_device``, ``engine``, ``num_workers``, ``cpu_cores``):
 
     * ``compute_device`` is ``cpu``: training runs on the CPU while a GPU idles -> ``--compute-device cuda``
       (the only warning then: the rules below assume GPU compute).
-    * mean host CPU > 85%: CPU-bound -> ``--engine vectorized`` or fewer leaves per host (``--num-leaf-nodes``).
-    * ``engine`` is ``per-device``: one small model per device cannot fill a GPU -> ``--engine vectorized``.
-    * ``num_workers`` < 2: devices are trained one at a time -> raise ``--num-workers``.
-    * ``data_device`` is ``cpu`` and ``compute_device`` is CUDA (or ``auto``): batches are copied host-to-GPU every
-      step, data on the wrong device -> ``--data-device cuda``.
-    * none of the above: a generic warning (small batches / model) -> larger ``--local-batch-size``.
+    * mean host CPU > 85%: CPU-bound, the host cannot feed the GPU -> ``--engine vectorized`` (far less CPU work per
+      device) when another engine ran, else fewer workers competing for the cores (``--num-workers N``, N smaller).
+    * ``engine`` is known and not ``vectorized`` (CPU not saturated): one small model per device cannot fill a GPU
+      -> ``--engine vectorized``.
+    * ``num_workers`` < 2 (CPU not saturated): devices are trained one at a time -> ``--num-workers N``, N >= 2.
+    * none of the above: too little work in flight to fill the GPU -> more workers (``--num-workers N``).
     """
     window = max(1, window)
     run = _longest_low_run(samples, threshold)
@@ -266,38 +278,36 @@ def diagnose(
     if compute == "cpu":
         return [f"{head}: training runs on the CPU while a GPU is idle; use --compute-device cuda."]
 
+    engine = context.get("engine")
+    vectorized = engine == "vectorized"
+    num_workers = context.get("num_workers")
+    cores = context.get("cpu_cores")
     warnings = []
     if cpu_mean is not None and cpu_mean > CPU_SATURATED_PERCENT:
-        cores = context.get("cpu_cores")
         cores_text = f" ({cores} cores)" if cores else ""
+        if not vectorized:
+            fix = "use --engine vectorized, which trains a worker's devices together with far less CPU work per device"
+        else:
+            fewer = max(1, int(num_workers) // 2) if num_workers else 1
+            fix = f"lower the number of workers competing for the cores (e.g. --num-workers {fewer})"
+        warnings.append(f"{head}: CPU-bound, the host CPU{cores_text} is saturated and cannot feed the GPU; {fix}.")
+        return warnings
+    if engine is not None and not vectorized:
         warnings.append(
-            f"{head}: CPU-bound, the host CPU{cores_text} is saturated and cannot feed the GPU; "
-            "use --engine vectorized or run fewer leaves per host (--num-leaf-nodes)."
-        )
-    engine = context.get("engine")
-    if engine == "per-device":
-        warnings.append(
-            f"{head}: the per-device engine trains one small model per device and launches too little work to "
+            f"{head}: the {engine} engine trains one small model per device and launches too little work to "
             "fill the GPU; use --engine vectorized."
         )
-    num_workers = context.get("num_workers")
     if num_workers is not None and num_workers < 2:
-        cores = context.get("cpu_cores") or 4
-        suggest = max(2, min(int(cores), 8))
+        suggest = max(2, min(int(cores or 4), 8))
         warnings.append(
             f"{head}: num_workers={num_workers}, devices are trained one at a time; "
-            f"raise --num-workers (e.g. --num-workers {suggest})."
-        )
-    data_device = str(context.get("data_device") or "").lower()
-    if data_device == "cpu" and (compute.startswith("cuda") or compute == "auto"):
-        warnings.append(
-            f"{head}: data on the wrong device, batches live on the CPU and are copied to {compute or 'cuda'} every "
-            "step; use --data-device cuda."
+            f"raise it with --num-workers {suggest}."
         )
     if not warnings:
+        more = max(2, 2 * int(num_workers)) if num_workers else 4
         warnings.append(
-            f"{head}: no host-side bottleneck was measured; the work per step is likely too small "
-            "(try a larger --local-batch-size or more --num-workers)."
+            f"{head}: no host-side bottleneck was measured; too little work is in flight to fill the GPU; "
+            f"train more devices at once with --num-workers {more}."
         )
     return warnings
 
@@ -365,6 +375,87 @@ def summarize(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "gpus": gpus or None,
         "gpu_mem_used_gb_peak": max(vram_peaks) if vram_peaks else None,
     }
+
+
+def aggregate(samples: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """One sample-like dict for a stretch of samples (e.g. one model version's interval), ``None`` for no samples.
+
+    CPU and per-GPU utilisation are means, RAM and per-GPU VRAM use are peaks; ``gpus`` is ``None`` when no sample
+    had GPU data. ``format_status`` accepts the result; ``num_samples`` says how many samples it covers.
+    """
+    if not samples:
+        return None
+    cpus = [s["cpu_percent"] for s in samples if s.get("cpu_percent") is not None]
+    rams = [s["ram_used_gb"] for s in samples if s.get("ram_used_gb") is not None]
+    totals = [s["ram_total_gb"] for s in samples if s.get("ram_total_gb") is not None]
+    per_gpu: dict[int, dict[str, Any]] = {}
+    for s in samples:
+        for g in s.get("gpus") or ():
+            acc = per_gpu.setdefault(g["index"], {"name": g.get("name"), "utils": [], "mems": [], "totals": []})
+            for key, field in (("utils", "util_percent"), ("mems", "mem_used_gb"), ("totals", "mem_total_gb")):
+                if g.get(field) is not None:
+                    acc[key].append(g[field])
+    gpus = [
+        {
+            "index": i,
+            "name": acc["name"],
+            "util_percent": _round(_mean(acc["utils"]), 1),
+            "mem_used_gb": max(acc["mems"]) if acc["mems"] else None,
+            "mem_total_gb": max(acc["totals"]) if acc["totals"] else None,
+        }
+        for i, acc in sorted(per_gpu.items())
+    ]
+    return {
+        "t": samples[-1]["t"],
+        "num_samples": len(samples),
+        "cpu_percent": _round(_mean(cpus), 1),
+        "ram_used_gb": max(rams) if rams else None,
+        "ram_total_gb": max(totals) if totals else None,
+        "gpus": gpus or None,
+    }
+
+
+def system_fields(stretch: dict[str, Any] | None) -> dict[str, Any]:
+    """Flat figures of an ``aggregate`` for a ``metrics.json`` record; GPU fields are ``None`` without GPU data.
+
+    ``gpu_util_percent`` is the mean utilisation of the busiest GPU; ``vram_used_gb`` / ``vram_total_gb`` add up
+    the GPUs' peak use and memory (one GPU: its own figures). All values are ``None`` for no samples.
+    """
+    stretch = stretch or {}
+    gpus = stretch.get("gpus") or []
+    utils = [g["util_percent"] for g in gpus if g.get("util_percent") is not None]
+    mems = [g["mem_used_gb"] for g in gpus if g.get("mem_used_gb") is not None]
+    mem_totals = [g["mem_total_gb"] for g in gpus if g.get("mem_total_gb") is not None]
+    return {
+        "gpu_util_percent": max(utils) if utils else None,
+        "vram_used_gb": _round(sum(mems), 3) if mems else None,
+        "vram_total_gb": _round(sum(mem_totals), 3) if mem_totals else None,
+        "cpu_percent": stretch.get("cpu_percent"),
+        "ram_used_gb": stretch.get("ram_used_gb"),
+        "ram_total_gb": stretch.get("ram_total_gb"),
+        "num_samples": stretch.get("num_samples", 0),
+    }
+
+
+def format_summary(summary: dict[str, Any] | None) -> str:
+    """One line for a ``summarize`` result, e.g. ``GPU0 mean 62% (max 97%), VRAM peak 3.1/80.0 GB | CPU mean 45%
+    (max 90%) | RAM peak 6.2/24.0 GB | 120 samples over 60 s``; GPU parts left out when unknown, ``""`` for none."""
+    if not summary or not summary.get("num_samples"):
+        return ""
+    parts = []
+    for g in summary.get("gpus") or ():
+        text = f"GPU{g['index']}"
+        if g.get("util_percent_mean") is not None:
+            text += f" mean {g['util_percent_mean']:.0f}% (max {g['util_percent_max']:.0f}%)"
+        if g.get("mem_used_gb_peak") is not None and g.get("mem_total_gb") is not None:
+            text += f", VRAM peak {g['mem_used_gb_peak']:.1f}/{g['mem_total_gb']:.1f} GB"
+        parts.append(text)
+    if summary.get("cpu_percent_mean") is not None:
+        parts.append(f"CPU mean {summary['cpu_percent_mean']:.0f}% (max {summary['cpu_percent_max']:.0f}%)")
+    if summary.get("ram_used_gb_peak") is not None and summary.get("ram_total_gb") is not None:
+        parts.append(f"RAM peak {summary['ram_used_gb_peak']:.1f}/{summary['ram_total_gb']:.1f} GB")
+    parts.append(f"{summary['num_samples']} samples over {summary.get('duration_s') or 0:.0f} s")
+    return " | ".join(parts)
 
 
 def format_status(sample: dict[str, Any] | None) -> str:

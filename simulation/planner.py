@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 import torch.nn as nn
@@ -47,6 +47,10 @@ class WorkerPlan:
     per_worker_bytes: int
     limits: dict = field(default_factory=dict)
     compute: str = "cpu"
+    gpu_bytes_per_leaf: int | None = None  # GPU memory this leaf may use (None: CPU path)
+    engine: str = "per-device"  # or "vectorized" (see plan_engine)
+    group_size: int = 1  # devices one worker trains together
+    engine_reason: str = ""
 
     @property
     def torch_threads(self) -> int:
@@ -66,7 +70,12 @@ class WorkerPlan:
 
     def reasoning(self) -> str:
         parts = [f"{k}={'unbounded' if v is None else v}" for k, v in self.limits.items()]
-        return f"  limits per leaf: {', '.join(parts)}; est. {self.per_worker_bytes / 2**20:.1f} MiB per worker"
+        lines = [
+            f"  limits per leaf: {', '.join(parts)}; est. {self.per_worker_bytes / 2**20:.1f} MiB per device trained"
+        ]
+        if self.engine_reason:
+            lines.append(f"  engine: {self.engine}, groups of {self.group_size} device(s) ({self.engine_reason})")
+        return "\n".join(lines)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -173,9 +182,45 @@ def plan_workers(
                 "per GPU, or use --compute-device cpu"
             )
         limits["gpu_memory"] = int(usable // per_worker_bytes) * gpus_per_leaf
+    gpu_bytes = int(usable) * gpus_per_leaf if use_gpu else None
     if requested is not None:
         if requested < 1:
             raise ValueError(f"--num-workers {requested}: must be >= 1")
-        return WorkerPlan(requested, "--num-workers", devices_per_leaf, per_worker_bytes, limits, compute)
+        return WorkerPlan(requested, "--num-workers", devices_per_leaf, per_worker_bytes, limits, compute, gpu_bytes)
     limited_by = min(limits, key=lambda k: limits[k])
-    return WorkerPlan(limits[limited_by], limited_by, devices_per_leaf, per_worker_bytes, limits, compute)
+    return WorkerPlan(limits[limited_by], limited_by, devices_per_leaf, per_worker_bytes, limits, compute, gpu_bytes)
+
+
+def plan_engine(
+    plan: WorkerPlan, requested: str = "auto", model_has_buffers: bool = False, group_size: int | None = None
+) -> WorkerPlan:
+    """Choose the training engine and, for the vectorised one, how many devices a worker trains together.
+
+    A group of g devices needs g times one device's memory (the activations, weights, gradients and optimizer
+    state that ``estimate_worker_bytes`` counts, per device), so on a GPU ``workers x g x per-device bytes`` must fit the leaf's
+    share; and a group never exceeds the devices a worker gets per round (``ceil(devices per leaf / workers)``).
+    """
+    if requested not in ("auto", "vectorized", "per-device"):
+        raise ValueError(f"--engine {requested!r}: use auto, vectorized or per-device")
+    on_gpu = plan.gpu_bytes_per_leaf is not None
+    if requested == "per-device":
+        return replace(plan, engine="per-device", group_size=1, engine_reason="--engine per-device")
+    if model_has_buffers:
+        if requested == "vectorized":
+            raise ValueError(
+                "--engine vectorized cannot keep per-device BatchNorm statistics, which this model has; "
+                "use --engine per-device (or auto)"
+            )
+        reason = "the model has BatchNorm statistics, which only the per-device engine keeps per device"
+        return replace(plan, engine="per-device", group_size=1, engine_reason=reason)
+    limits = {"devices per worker": math.ceil(plan.devices_per_leaf / plan.num_workers)}
+    if on_gpu:
+        limits["gpu_memory"] = max(1, plan.gpu_bytes_per_leaf // (plan.num_workers * plan.per_worker_bytes))
+    chosen = group_size or min(limits.values())
+    why = "--group-size" if group_size else min(limits, key=lambda k: limits[k])
+    # auto: batching pays on CPU as well as on GPU (benchmarks/bench_engine.py prints the ratio per K)
+    source = "--engine vectorized" if requested == "vectorized" else "auto: the model has no BatchNorm"
+    detail = ", ".join(f"{k}={v}" for k, v in limits.items())
+    return replace(
+        plan, engine="vectorized", group_size=chosen, engine_reason=f"{source}; group limited by {why}: {detail}"
+    )

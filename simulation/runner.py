@@ -47,8 +47,10 @@ class FastDeviceRunner(TPORunner):
         speed: dict | None = None,
         real_delays: bool = False,
         results_dir: str = "",
+        group_size: int = 1,
     ):
         super().__init__(task_processor_id, job_timeout, num_devices, num_workers)
+        self.group_size = group_size
         self.speed = speed or {}
         self.real_delays = real_delays
         self.results_dir = results_dir
@@ -69,4 +71,5 @@ class FastDeviceRunner(TPORunner):
             speed=DeviceSpeedConfig.from_dict(self.speed),
             real_delays=self.real_delays,
             clock_log=clock_log,
+            group_size=self.group_size,
         )

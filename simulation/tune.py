@@ -26,7 +26,7 @@ made training 30x slower). Devices per second are therefore per leaf.
 
 Search space: points are ``TrialPoint(workers, group_size)``; ``group_size`` is the number of devices one worker
 trains together. Only the per-device engine exists (group size 1); an engine that trains groups (e.g.
-``simulation.engine_vectorized.train_group``) adds its group sizes to ``candidate_points`` and a branch in
+``processors.training_vectorized.train_group``) adds its group sizes to ``candidate_points`` and a branch in
 ``make_trial_runner``; ``explore`` already treats every group size as its own branch.
 """
 

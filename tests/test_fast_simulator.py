@@ -56,8 +56,8 @@ def run_devices(scripts: dict, device_ids: list[str], num_workers: int = 4):
     sim = FastSimulator("job", factory, "site-1", len(device_ids), num_workers, 5.0, DeviceSpeedConfig())
     sim.set_send_func(leaf)
     job = JobResponse(EdgeApiStatus.OK, job_id="job", job_name="job", method="edge", job_data={})
-    for did in device_ids:
-        assert sim._dispatch(job, did, 1) == "dispatched"
+    ready = [sim._dispatch(job, did, 1) for did in device_ids]
+    sim._submit(ready)
     sim.worker_pool.shutdown(wait=True)
     assert len(leaf.reports) == len(device_ids), "every dispatched device reports exactly once"
     return sim, factory, {r.get_device_id(): r for r in leaf.reports}
@@ -94,3 +94,49 @@ def test_every_dispatched_device_reports_once_whatever_the_pool_size(workers):
     ids = [f"site-1#{i}" for i in range(10)]
     _, _, reports = run_devices({}, ids, num_workers=workers)
     assert sorted(reports) == sorted(ids)
+
+
+class GroupingProcessor:
+    """Trains a group in one call, as FedAvgTaskProcessor.process_group does; can run out of memory."""
+
+    def __init__(self, calls: list, oom_above: int | None = None):
+        self.calls, self.oom_above = calls, oom_above
+
+    def process_group(self, device_ids, task):
+        if self.oom_above is not None and len(device_ids) > self.oom_above:
+            raise RuntimeError("CUDA out of memory")
+        self.calls.append(list(device_ids))
+        return [{"trained": d} for d in device_ids]
+
+
+def run_grouped(n: int, group_size: int, oom_above: int | None = None):
+    calls: list = []
+    factory, leaf = ScriptedFactory({}), ScriptedLeaf()
+
+    def make_device(device_id):
+        device = ScriptedDevice(device_id, lambda d: {"trained": d.device_id})
+        device.processor = GroupingProcessor(calls, oom_above)
+        factory.devices[device_id] = device
+        return device
+
+    factory.make_device = make_device
+    sim = FastSimulator("job", factory, "site-1", n, 2, 5.0, DeviceSpeedConfig(), group_size=group_size)
+    sim.set_send_func(leaf)
+    job = JobResponse(EdgeApiStatus.OK, job_id="job", job_name="job", method="edge", job_data={})
+    sim._submit([sim._dispatch(job, f"site-1#{i}", 1) for i in range(n)])
+    sim.worker_pool.shutdown(wait=True)
+    return sim, calls, leaf.reports
+
+
+def test_ready_tasks_of_one_version_are_trained_in_groups_and_each_device_reports_its_own_result():
+    sim, calls, reports = run_grouped(10, group_size=4)
+    assert sorted(len(c) for c in calls) == [2, 4, 4]
+    assert len(reports) == 10
+    for r in reports:
+        assert r.status == EdgeApiStatus.OK and r.result == {"trained": r.get_device_id()}
+
+
+def test_a_group_that_runs_out_of_memory_halves_the_group_size_and_its_devices_still_report():
+    sim, calls, reports = run_grouped(8, group_size=8, oom_above=4)
+    assert sim.group_size == 4
+    assert len(reports) == 8 and all(r.status == EdgeApiStatus.OK for r in reports)

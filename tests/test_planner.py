@@ -3,7 +3,7 @@
 import pytest
 
 from processors.models import build_model
-from simulation.planner import GpuInfo, HardwareProfile, estimate_worker_bytes, plan_workers
+from simulation.planner import GpuInfo, HardwareProfile, estimate_worker_bytes, plan_engine, plan_workers
 
 GB = 2**30
 CONVNET_BYTES = estimate_worker_bytes(build_model("cifar10_convnet"), 32, "adam")
@@ -57,3 +57,32 @@ def test_worker_memory_grows_with_batch_and_optimizer_state():
     net = build_model("cifar10_convnet")
     assert estimate_worker_bytes(net, 128, "adam") > estimate_worker_bytes(net, 32, "adam")
     assert estimate_worker_bytes(net, 32, "adam") > estimate_worker_bytes(net, 32, "sgd")
+
+
+def test_vectorized_groups_split_a_leafs_devices_over_its_workers_on_cpu():
+    plan = plan_workers(HardwareProfile(4), devices_per_leaf=50, per_worker_bytes=CONVNET_BYTES, leaves_on_host=2)
+    planned = plan_engine(plan, "auto", model_has_buffers=False)
+    assert (planned.engine, planned.num_workers, planned.group_size) == ("vectorized", 2, 25)
+    assert "groups of 25" in planned.reasoning()
+
+
+def test_gpu_memory_bounds_the_group_size():
+    hw = HardwareProfile(4, (GpuInfo("fake 8GB", 8 * GB, 8 * GB),))
+    plan = plan_workers(hw, devices_per_leaf=100, per_worker_bytes=GB // 2, leaves_on_host=1, use_gpu=True)
+    planned = plan_engine(plan, "vectorized")
+    # (8 GB - 600 MiB) x 0.8 = ~5.9 GB for 4 workers of 0.5 GB per device -> groups of 2
+    assert (planned.num_workers, planned.group_size) == (4, 2)
+    assert "gpu_memory" in planned.engine_reason
+
+
+def test_batchnorm_models_use_the_per_device_engine_and_refuse_an_explicit_vectorized():
+    plan = plan_workers(HardwareProfile(4), devices_per_leaf=10, per_worker_bytes=CONVNET_BYTES)
+    assert plan_engine(plan, "auto", model_has_buffers=True).engine == "per-device"
+    with pytest.raises(ValueError, match="--engine per-device"):
+        plan_engine(plan, "vectorized", model_has_buffers=True)
+
+
+def test_requested_group_size_and_per_device_engine_are_honoured():
+    plan = plan_workers(HardwareProfile(4), devices_per_leaf=10, per_worker_bytes=CONVNET_BYTES)
+    assert plan_engine(plan, "auto", group_size=3).group_size == 3
+    assert (plan_engine(plan, "per-device").engine, plan_engine(plan, "per-device").group_size) == ("per-device", 1)

@@ -23,17 +23,13 @@ with the per-device engine, which keeps per-device buffers.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
 from processors.data.sources import normalize
-from processors.models import build_model
 from processors.training import LocalTrainingConfig, batch_schedule, worker_model
-from simulation.planner import estimate_worker_bytes
 
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam defaults
 ADAM_EPS = 1e-8
@@ -158,17 +154,3 @@ def _adam_step(
     torch._foreach_div_(denom, bias_correction2**0.5)
     torch._foreach_add_(denom, ADAM_EPS)
     torch._foreach_addcdiv_(params, exp_avg, denom, value=-step_size)
-
-
-def group_bytes(model_name: str, batch_size: int, optimizer: str, k: int, samples_per_device: int = 0) -> int:
-    """Estimated memory of training a group of ``k`` devices with ``train_group``: per device its weights,
-    gradients, optimizer state, diff and activations (the planner's per-worker estimate, which counts exactly
-    these), times k. ``samples_per_device`` > 0 adds the concatenated uint8 copy of the group's images."""
-    per_device = _per_device_bytes(model_name, batch_size, optimizer)
-    data = k * samples_per_device * (3 * 32 * 32 + 8)  # uint8 image + int64 label
-    return int(k * per_device + data)
-
-
-@functools.lru_cache(maxsize=32)
-def _per_device_bytes(model_name: str, batch_size: int, optimizer: str) -> int:
-    return estimate_worker_bytes(build_model(model_name), batch_size, optimizer)

@@ -1,4 +1,4 @@
-"""The vectorised engine (simulation.engine_vectorized.train_group) must give the same per-device diffs as K
+"""The vectorised engine (processors.training_vectorized.train_group) must give the same per-device diffs as K
 separate per-device ``train_local`` calls; only floating-point summation order differs (grouped vs. plain
 convolutions, masked-sum vs. mean loss), hence atol 1e-5.
 
@@ -16,7 +16,7 @@ import torch.nn as nn
 from processors.data.sources import make_synthetic
 from processors.models import MODEL_CLASSES, build_model
 from processors.training import LocalTrainingConfig, train_local, worker_model
-from simulation.engine_vectorized import group_bytes, train_group
+from processors.training_vectorized import train_group
 
 MODEL = "cifar10_convnet"
 CPU = torch.device("cpu")
@@ -119,9 +119,18 @@ def test_model_with_batchnorm_buffers_raises_not_implemented_naming_per_device_e
         train_group("bn_test_net", params, _device_data(dataset, [40]), LocalTrainingConfig(), _generators(1), CPU)
 
 
-def test_group_bytes_grows_linearly_with_group_size():
-    one = group_bytes(MODEL, 32, "adam", 1)
-    assert one > 4 * 62006 * 4  # at least weights, grads and two Adam moments
-    assert group_bytes(MODEL, 32, "adam", 10) == 10 * one
-    assert group_bytes(MODEL, 32, "sgd", 1) < one
-    assert group_bytes(MODEL, 32, "adam", 2, samples_per_device=100) > 2 * one
+def test_task_processor_group_gives_each_device_the_diff_it_would_get_alone():
+    from processors.task_processor import FedAvgTaskProcessor
+
+    proc = FedAvgTaskProcessor(
+        dataset={"name": "synthetic", "synthetic_size": 1000, "seed": 0},
+        subset_size=40, local_iters=3, local_batch_size=16, seed=0, compute_device="cpu",
+    )  # fmt: skip
+    weights = {k: v.numpy() for k, v in build_model(MODEL).state_dict().items()}
+    devices = ["site-1#0", "site-1#1", "site-2#5"]
+    grouped = proc.train_group(devices, weights, version=3)
+    for device_id, diff in zip(devices, grouped, strict=True):
+        alone = proc.train(device_id, weights, version=3)
+        assert diff.keys() == alone.keys()
+        for k in alone:
+            np.testing.assert_allclose(diff[k], alone[k], rtol=0, atol=ATOL, err_msg=k)
