@@ -30,6 +30,18 @@ def test_fedavg_in_simenv_learns_and_writes_all_outputs(tmp_path):
     assert metrics["config"]["device_selection_size"] == 8 and metrics["planner"]["num_workers"] >= 1
     assert metrics["environment"]["nvflare"].startswith("2.9")
     assert metrics["summary"]["versions_trained"] == 2
+    # the evaluator's system monitor: per-version figures, a summary and (possibly empty) warnings
+    has_gpu = torch.cuda.is_available()
+    for r in versions:
+        assert isinstance(r["system"]["cpu_percent"], float) and isinstance(r["system"]["ram_used_gb"], float)
+        if not has_gpu:
+            assert r["system"]["gpu_util_percent"] is None and r["system"]["vram_used_gb"] is None
+    assert versions[-1]["devices_per_second"] > 0
+    assert metrics["system"]["num_samples"] > 0 and isinstance(metrics["system"]["cpu_percent_mean"], float)
+    assert isinstance(metrics["system"]["warnings"], list)
+    if not has_gpu:
+        assert metrics["system"]["gpus"] is None
+    assert "[edgesim] system: " in out
     model = build_model("cifar10_convnet")
     model.load_state_dict(torch.load(results / "global_model.pt"))
     assert (results / "accuracy.png").stat().st_size > 1000

@@ -18,14 +18,20 @@ from simulation.monitor import (
 )
 from simulation.monitor_fakes import FakeGpuSource, FakeHostSource, NoGpuSource
 
-PER_DEVICE_CTX = {
-    "engine": "per-device",
-    "num_workers": 4,
-    "cpu_cores": 16,
-    "data_device": "cuda",
-    "compute_device": "cuda",
-}
-GOOD_CTX = {"engine": "vectorized", "num_workers": 4, "cpu_cores": 16, "data_device": "cuda", "compute_device": "cuda"}
+PER_DEVICE_CTX = {"engine": "per-device", "num_workers": 4, "cpu_cores": 16, "compute_device": "cuda"}
+GOOD_CTX = {"engine": "vectorized", "num_workers": 4, "cpu_cores": 16, "compute_device": "cuda"}
+
+
+def _flags(warning: str) -> list[str]:
+    """The ``--flags`` a warning names; diagnose may name only --engine, --num-workers and --compute-device."""
+    return [w for w in warning.replace(",", " ").replace(";", " ").replace(")", " ").split() if w.startswith("--")]
+
+
+def _assert_only_real_flags(warnings: list[str]) -> None:
+    for w in warnings:
+        assert _flags(w), f"no flag named: {w}"
+        assert set(_flags(w)) <= {"--engine", "--num-workers", "--compute-device"}, w
+        assert "--data-device" not in w and "--local-batch-size" not in w and "--num-leaf-nodes" not in w
 
 
 def _run(gpu, host, n: int, **kw) -> SystemMonitor:
@@ -41,11 +47,12 @@ def test_low_gpu_util_with_per_device_engine_warns_to_use_vectorized_engine():
     assert len(warnings) == 1
     assert "per-device" in warnings[0] and "--engine vectorized" in warnings[0]
     assert "30%" in warnings[0]
+    _assert_only_real_flags(warnings)
 
 
 def test_high_gpu_util_gives_no_warning():
     mon = _run(FakeGpuSource(util_percent=[85.0, 95.0]), FakeHostSource(cpu_percent=[99.0]), 20, low_util_window=5)
-    assert mon.diagnose(PER_DEVICE_CTX | {"num_workers": 1, "data_device": "cpu"}) == []
+    assert mon.diagnose(PER_DEVICE_CTX | {"num_workers": 1}) == []
 
 
 def test_short_dip_below_the_window_gives_no_warning():
@@ -64,25 +71,57 @@ def test_no_gpu_source_reports_gpus_none_and_no_warning():
     assert summarize(mon.samples())["gpus"] is None
 
 
-def test_cpu_saturation_is_reported_as_cpu_bound():
+def test_cpu_saturation_with_per_device_engine_is_cpu_bound_and_suggests_vectorized():
+    mon = _run(FakeGpuSource(util_percent=[5.0]), FakeHostSource(cpu_percent=[97.0]), 5, low_util_window=5)
+    warnings = mon.diagnose(PER_DEVICE_CTX)
+    assert len(warnings) == 1
+    assert "CPU-bound" in warnings[0] and "(16 cores)" in warnings[0] and "--engine vectorized" in warnings[0]
+    _assert_only_real_flags(warnings)
+
+
+def test_cpu_saturation_with_vectorized_engine_suggests_fewer_workers():
     mon = _run(FakeGpuSource(util_percent=[5.0]), FakeHostSource(cpu_percent=[97.0]), 5, low_util_window=5)
     warnings = mon.diagnose(GOOD_CTX)
-    assert any("CPU-bound" in w and "--engine vectorized" in w and "fewer leaves" in w for w in warnings)
+    assert len(warnings) == 1 and "CPU-bound" in warnings[0] and "--num-workers 2" in warnings[0]
+    assert "--engine" not in warnings[0]
+    _assert_only_real_flags(warnings)
 
 
-def test_single_worker_and_cpu_data_are_reported_with_their_flags():
+def test_single_worker_is_reported_with_num_workers_flag():
     samples = _run(FakeGpuSource(util_percent=[5.0]), FakeHostSource(cpu_percent=[30.0]), 5).samples()
-    ctx = GOOD_CTX | {"num_workers": 1, "data_device": "cpu"}
-    warnings = diagnose(samples, ctx, window=5)
-    assert any("--num-workers" in w for w in warnings)
-    assert any("wrong device" in w and "--data-device cuda" in w for w in warnings)
-    assert not any("per-device" in w for w in warnings)
+    warnings = diagnose(samples, GOOD_CTX | {"num_workers": 1}, window=5)
+    assert len(warnings) == 1 and "--num-workers 8" in warnings[0] and "one at a time" in warnings[0]
+    _assert_only_real_flags(warnings)
+
+
+def test_cpu_data_context_gives_no_data_device_advice():
+    """Data always lives on the compute device: a stale ``data_device`` key must not produce --data-device advice."""
+    samples = _run(FakeGpuSource(util_percent=[5.0]), FakeHostSource(cpu_percent=[30.0]), 5).samples()
+    warnings = diagnose(samples, GOOD_CTX | {"data_device": "cpu"}, window=5)
+    assert len(warnings) == 1 and "--num-workers 8" in warnings[0]  # the generic advice: more work in flight
+    _assert_only_real_flags(warnings)
+
+
+def test_every_rule_names_only_real_flags():
+    samples = _run(FakeGpuSource(util_percent=[3.0]), FakeHostSource(cpu_percent=[20.0]), 5).samples()
+    contexts = [
+        {},
+        {"compute_device": "cpu"},
+        {"compute_device": "cuda:0", "engine": "per-device", "num_workers": 1, "cpu_cores": 2},
+        GOOD_CTX,
+        PER_DEVICE_CTX,
+    ]
+    for ctx in contexts:
+        warnings = diagnose(samples, ctx, window=5)
+        assert warnings, ctx
+        _assert_only_real_flags(warnings)
 
 
 def test_compute_on_cpu_with_idle_gpu_suggests_compute_device_cuda():
     samples = _run(FakeGpuSource(util_percent=[0.0]), FakeHostSource(), 5).samples()
     warnings = diagnose(samples, GOOD_CTX | {"compute_device": "cpu"}, window=5)
     assert len(warnings) == 1 and "--compute-device cuda" in warnings[0]
+    _assert_only_real_flags(warnings)
 
 
 def test_thread_samples_at_the_interval_and_stops_cleanly():
