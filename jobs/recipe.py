@@ -43,7 +43,7 @@ class EdgeSimRecipe(EdgeFedBuffRecipe):
         self.cfg, self.plan, self.run_info, self.results_dir = cfg, plan, run_info, results_dir
         super().__init__(
             job_name=cfg.job_name,
-            model={"class_path": model_class_path(cfg.model), "args": {}},
+            model={"class_path": model_class_path(cfg.model), "args": {"init_seed": cfg.seed}},
             model_manager_config=ModelManagerConfig(
                 max_num_active_model_versions=cfg.max_num_active_model_versions or None,
                 max_model_version=cfg.max_model_version,

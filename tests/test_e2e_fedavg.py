@@ -59,6 +59,8 @@ def test_exported_job_runs_under_nvflare_simulator_cli(tmp_path):
     _run([PYTHON, "jobs/pt_job_fedavg.py", *flags])
     job_dir = export / "edgesim_fedavg"
     assert (job_dir / "meta.json").exists()
+    server_config = next(job_dir.glob("**/config_fed_server.json")).read_text()
+    assert '"init_seed": 0' in server_config and "edgesim_evaluator" in server_config
     nvflare = os.path.join(os.path.dirname(PYTHON), "nvflare")
     workspace = tmp_path / "cli_ws"
     _run([nvflare, "simulator", str(job_dir), "-w", str(workspace), "-n", "2", "-t", "2"])

@@ -6,17 +6,21 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from processors.models.seeding import reset_parameters_seeded
+
 
 class Cifar10ConvNet(nn.Module):
     """conv 3->6 k5 s2, conv 6->16 k5 s2, fc 400->120->84->10."""
 
-    def __init__(self, num_classes: int = 10):
+    def __init__(self, num_classes: int = 10, init_seed: int | None = None):
         super().__init__()
         self.conv1 = nn.Conv2d(3, 6, 5, stride=2)
         self.conv2 = nn.Conv2d(6, 16, 5, stride=2)
         self.fc1 = nn.Linear(16 * 5 * 5, 120)
         self.fc2 = nn.Linear(120, 84)
         self.fc3 = nn.Linear(84, num_classes)
+        if init_seed is not None:
+            reset_parameters_seeded(self, init_seed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.conv1(x))

@@ -6,6 +6,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from processors.models.seeding import reset_parameters_seeded
+
 
 class BasicBlock(nn.Module):
     """Two 3x3 conv-BN layers with an identity (or 1x1 projection) shortcut."""
@@ -32,7 +34,7 @@ class CifarResNet18(nn.Module):
     """ResNet-18 for 32x32 inputs: 3x3 conv stem (no max-pool), BasicBlock stages [2, 2, 2, 2] of width
     64-128-256-512, global average pooling and a linear classifier (11.2M parameters for 10 classes)."""
 
-    def __init__(self, num_classes: int = 10):
+    def __init__(self, num_classes: int = 10, init_seed: int | None = None):
         super().__init__()
         self.conv1 = nn.Conv2d(3, 64, 3, stride=1, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
@@ -43,6 +45,8 @@ class CifarResNet18(nn.Module):
             in_planes = planes
         self.layer1, self.layer2, self.layer3, self.layer4 = layers
         self.linear = nn.Linear(512, num_classes)
+        if init_seed is not None:
+            reset_parameters_seeded(self, init_seed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.relu(self.bn1(self.conv1(x)))
