@@ -1,7 +1,8 @@
 """FedAvg vs FedBuff vs FedRevive under the same simulated-time budget, on the same data, seed and device speeds.
 
 Each method runs as its own ``jobs/pt_job_fedrevive.py --method M`` subprocess (its command is printed) with
-heterogeneous device speeds on the virtual clock. Simulated time is what a method gets: a fast method produces
+heterogeneous device speeds, slept at ``--time-scale`` (default 0.05 wall seconds per simulated second) so that
+asynchronous methods start new tasks at the simulated time the server reacted. Simulated time is what a method gets: a fast method produces
 more global versions within the budget. Each method's ``--max-model-version`` is estimated from the speed
 config so that its run covers ``--sim-budget`` simulated seconds (see ``estimate_max_version``); a run that
 falls short is re-run with an estimate from its own observed simulated seconds per version (``--retries``).
@@ -238,7 +239,7 @@ def job_command(args, method: str, max_version: int, out: str, passthrough: list
         "--speed-means", _csv(args.speed_means), "--speed-stds", _csv(args.speed_stds),
         "--comm-delay-mean", f"{args.comm_delay_mean:g}", "--comm-delay-std", f"{args.comm_delay_std:g}",
         "--workspace", os.path.join(args.output, "workspace"), "--output", out,
-        "--job-name", f"compare_{method}",
+        "--job-name", f"compare_{method}", "--time-scale", f"{args.time_scale:g}",
     ]  # fmt: skip
     if args.speed_probs:
         cmd += ["--speed-probs", _csv(args.speed_probs)]
@@ -352,6 +353,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speed-probs", type=_floats, default=(0.5, 0.3, 0.2))
     p.add_argument("--comm-delay-mean", type=float, default=1.0)
     p.add_argument("--comm-delay-std", type=float, default=0.2)
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=0.05,
+        help="wall seconds per simulated second; 0 runs the pure virtual clock, which lets asynchronous leaves' "
+        "clocks run ahead of the server (see README, 'Simulated time')",
+    )
     p.add_argument("--eval-frequency", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--margin", type=float, default=1.25, help="over-provisioning of the version estimate")

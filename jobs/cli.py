@@ -94,9 +94,15 @@ def build_parser(description: str, defaults: JobConfig) -> argparse.ArgumentPars
     het.add_argument("--comm-delay-mean", type=float, default=0.0, help="mean upload delay in seconds")
     het.add_argument("--comm-delay-std", type=float, default=0.0, help="std of the upload delay")
     het.add_argument(
-        "--real-delays",
-        action="store_true",
-        help="sleep the sampled delays in real time instead of on the virtual clock",
+        "--time-scale",
+        type=float,
+        default=d.time_scale,
+        help="0: virtual clock (no sleeping; exact for synchronous FedAvg). S > 0: sleep each sampled delay x S "
+        "(wall seconds per simulated second), so asynchronous runs start new tasks at the simulated time the "
+        "server reacted; 1 is real time",
+    )
+    het.add_argument(
+        "--real-delays", dest="time_scale", action="store_const", const=1.0, help="same as --time-scale 1"
     )
 
     sim = p.add_argument_group("simulation engine")

@@ -50,7 +50,7 @@ class JobConfig:
     fedrevive: FedReviveConfig = field(default_factory=FedReviveConfig)
     # simulation engine
     simulator: str = "fast"  # fast | stock
-    real_delays: bool = False
+    time_scale: float = 0.0  # 0: virtual clock; > 0: sleep sampled delays x this (1.0 = real time)
     wire_format: str = "numpy"  # numpy | lists (NVFlare's example format, for baselines)
     num_workers: int | None = None
     engine: str = "auto"  # auto | vectorized | per-device
@@ -109,6 +109,10 @@ class JobConfig:
         for flag, value in positive.items():
             if value is None or value < 1:
                 raise ConfigError(f"{flag} {value}: must be a positive integer")
+        if not self.time_scale >= 0:
+            raise ConfigError(f"--time-scale {self.time_scale}: must be >= 0 (0: virtual clock, 1: real time)")
+        if self.time_scale > 0 and self.simulator == "stock":
+            raise ConfigError("--time-scale needs --simulator fast (the stock simulator sleeps the delays in full)")
         if self.max_num_active_model_versions < 0:
             raise ConfigError("--max-num-active-model-versions must be >= 0 (0: keep every active version)")
         if self.group_size is not None and self.group_size < 1:

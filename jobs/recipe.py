@@ -127,7 +127,7 @@ class EdgeSimRecipe(EdgeFedBuffRecipe):
                 num_devices=cfg.devices_per_leaf,
                 num_workers=self.plan.num_workers,
                 speed=cfg.speed.to_dict(),
-                real_delays=cfg.real_delays,
+                time_scale=cfg.time_scale,
                 results_dir=self.results_dir,
                 group_size=self.plan.group_size if self.plan.engine == "vectorized" else 1,
             )

@@ -9,7 +9,9 @@ server and leaf logic stay NVFlare's) but replaces the stock loop's habits:
   up to ``group_size`` devices in one call (``FedAvgTaskProcessor.process_group``); each device still reports
   its own result;
 * heterogeneity runs on a virtual clock (``ReleaseQueue``): results are reported in simulated finish order
-  without sleeping, unless ``real_delays`` asks for wall-clock realism;
+  without sleeping. With ``time_scale`` > 0 the delays are slept instead, scaled (1.0: real time): slower, but
+  new tasks then start at the simulated time the server reacted, which the pure virtual clock cannot know (see
+  README, "Simulated time");
 * a task that raises is retried, then reported as failed with the device id logged; a GPU out-of-memory error
   halves the leaf's concurrency for the rest of the run instead of killing it;
 * no debug f-strings that print whole tasks or results.
@@ -51,7 +53,7 @@ class DeviceTask:
     device: SimulatedDevice
     sid: object
     ticket: int  # its place on the virtual clock
-    real_finish: float  # wall time it would finish with --real-delays
+    real_finish: float  # wall time its result is due with --time-scale > 0
     trained_with: int = 1  # devices in the call that trained it (vectorised engine groups)
 
     @property
@@ -77,14 +79,15 @@ class FastSimulator(Simulator):
         num_workers: int,
         get_job_timeout: float,
         speed: DeviceSpeedConfig,
-        real_delays: bool = False,
+        time_scale: float = 0.0,
         clock_log: str | None = None,
         group_size: int = 1,
     ):
         super().__init__(job_name, device_factory, num_devices, num_workers, get_job_timeout)
         self.device_id_prefix = device_id_prefix  # deterministic, so device data and speeds are reproducible
         self.speed = speed
-        self.real_delays = real_delays
+        self.time_scale = time_scale  # 0: virtual clock; > 0: sleep delays x time_scale
+        self._origin: float | None = None  # wall time of simulated time 0 (scaled mode)
         self.limit = AdjustableLimit(num_workers)
         self.group_size = max(1, group_size)  # > 1: the vectorised engine trains groups of ready tasks
         self.clock = ReleaseQueue(self._report)
@@ -171,10 +174,18 @@ class FastSimulator(Simulator):
         task_number = self._task_counts.get(did, 0)
         self._task_counts[did] = task_number + 1
         train_s, comm_s = self.speed.sample_seconds(did, task_number)
-        ticket, _ = self.clock.dispatch(train_s + comm_s)
+        if self.time_scale > 0:
+            now = time.time()
+            if self._origin is None:
+                self._origin = now
+            ticket, finish = self.clock.dispatch(train_s + comm_s, start=(now - self._origin) / self.time_scale)
+            due = self._origin + finish * self.time_scale
+        else:
+            ticket, _ = self.clock.dispatch(train_s + comm_s)
+            due = 0.0
         with self.update_lock:
             self.busy_devices[did] = sid
-        return DeviceTask(resp, device, sid, ticket, time.time() + train_s + comm_s)
+        return DeviceTask(resp, device, sid, ticket, due)
 
     # -- a group of devices trained together (vectorised engine) ------------------------------------------
     def _run_group(self, group: list[DeviceTask]) -> None:
@@ -227,7 +238,7 @@ class FastSimulator(Simulator):
 
     def _finish(self, t: DeviceTask, result, status: str) -> None:
         task, device = t.task, t.device
-        if self.real_delays:
+        if self.time_scale > 0:
             time.sleep(max(0.0, t.real_finish - time.time()))
         report = ResultReport(
             device_info=device.get_device_info(),

@@ -23,11 +23,11 @@ class ReleaseQueue:
         self._ready: list[tuple[float, int, object]] = []
         self.now = 0.0  # the leaf's simulated clock, seconds
 
-    def dispatch(self, duration: float) -> tuple[int, float]:
-        """Register a task starting now on the simulated clock; returns (ticket, finish time)."""
+    def dispatch(self, duration: float, start: float | None = None) -> tuple[int, float]:
+        """Register a task starting at ``start`` (default: now on the simulated clock); returns (ticket, finish)."""
         with self._lock:
             ticket = next(self._seq)
-            finish = self.now + max(duration, 0.0)
+            finish = (self.now if start is None else start) + max(duration, 0.0)
             self._outstanding[ticket] = finish
             return ticket, finish
 

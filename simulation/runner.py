@@ -45,14 +45,14 @@ class FastDeviceRunner(TPORunner):
         num_devices: int = 100,
         num_workers: int = 2,
         speed: dict | None = None,
-        real_delays: bool = False,
+        time_scale: float = 0.0,
         results_dir: str = "",
         group_size: int = 1,
     ):
         super().__init__(task_processor_id, job_timeout, num_devices, num_workers)
         self.group_size = group_size
         self.speed = speed or {}
-        self.real_delays = real_delays
+        self.time_scale = time_scale
         self.results_dir = results_dir
 
     def create_simulator(self, fl_ctx: FLContext) -> Simulator | None:
@@ -69,7 +69,7 @@ class FastDeviceRunner(TPORunner):
             num_workers=self.num_workers,
             get_job_timeout=self.job_timeout,
             speed=DeviceSpeedConfig.from_dict(self.speed),
-            real_delays=self.real_delays,
+            time_scale=self.time_scale,
             clock_log=clock_log,
             group_size=self.group_size,
         )

@@ -3,7 +3,9 @@
 A scripted leaf answers task requests and records result reports, so these tests run the simulator's real
 dispatch and task code without starting NVFlare."""
 
+import json
 import threading
+import time
 
 import pytest
 from nvflare.edge.constants import CookieKey, EdgeApiStatus
@@ -140,3 +142,26 @@ def test_a_group_that_runs_out_of_memory_halves_the_group_size_and_its_devices_s
     sim, calls, reports = run_grouped(8, group_size=8, oom_above=4)
     assert sim.group_size == 4
     assert len(reports) == 8 and all(r.status == EdgeApiStatus.OK for r in reports)
+
+
+def test_scaled_time_starts_a_later_task_at_its_simulated_dispatch_time(tmp_path):
+    """--time-scale S: a task dispatched 0.3 wall-s after another starts 0.3/S simulated seconds later, so a short
+    task dispatched late can still report before a long one (on the pure virtual clock it would start at the
+    leaf's last reported finish time)."""
+    speed = DeviceSpeedConfig(means=(100.0, 5.0), stds=(0.0, 0.0))
+    ids = [f"site-1#{i}" for i in range(50)]
+    slow = next(d for d in ids if speed.speed_class(d) == 0)
+    fast = next(d for d in ids if speed.speed_class(d) == 1)
+    leaf, log = ScriptedLeaf(), tmp_path / "clock.jsonl"
+    sim = FastSimulator("job", ScriptedFactory({}), "site-1", 2, 2, 5.0, speed, time_scale=0.01, clock_log=str(log))
+    sim.set_send_func(leaf)
+    job = JobResponse(EdgeApiStatus.OK, job_id="job", job_name="job", method="edge", job_data={})
+    sim._submit([sim._dispatch(job, slow, 1)])
+    time.sleep(0.3)
+    sim._submit([sim._dispatch(job, fast, 1)])
+    sim.worker_pool.shutdown(wait=True)
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [e["device"] for e in events] == [fast, slow]
+    by_device = {e["device"]: e["sim"] for e in events}
+    assert by_device[slow] == pytest.approx(100.0, abs=0.5)
+    assert by_device[fast] == pytest.approx(30.0 + 5.0, abs=5.0)  # dispatched ~0.3 s / 0.01 = ~30 sim-s in
