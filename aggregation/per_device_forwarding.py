@@ -6,7 +6,7 @@ client models, class proportions are estimated per client and beta depends on ea
 aggregator keeps a list instead of a sum, and concatenates lists arriving from lower tiers of a hierarchy.
 The base version of every update is the version of the aggregator that holds it (NVFlare keeps one per version).
 
-Cost: a leaf sends one diff per device instead of one per model version; ``benchmarks/compare_methods.py``
+Cost: a leaf sends one diff per device instead of one per model version; ``benchmarks/bench_forwarding.py``
 reports the bytes and time this adds.
 """
 
@@ -33,6 +33,8 @@ class PerDeviceForwardingAggregator(Aggregator):
             raise ValueError(f"expected a WEIGHT_DIFF DXO, got {dxo.data_kind}")
         if "updates" in dxo.data:  # already forwarded by a lower tier
             self.updates.extend(dxo.data["updates"])
+        elif dxo.data.get("count", 1) == 0:
+            pass  # a device whose training failed: nothing to forward (NVFlare still frees its selection slot)
         else:
             diff = {k: np.asarray(v, dtype=np.float32) for k, v in dxo.data["dict"].items()}
             self.updates.append({"device": dxo.get_meta_prop(DEVICE_ID_META), "dict": diff})

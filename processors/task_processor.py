@@ -118,6 +118,16 @@ class FedAvgTaskProcessor(DeviceTaskProcessor):
         diffs = self.train_group(device_ids, weights, version)
         return [self._result(device_id, diff) for device_id, diff in zip(device_ids, diffs, strict=True)]
 
+    def failed_result(self, task: TaskResponse) -> dict:
+        """What a device whose training failed for good reports: an all-zero diff with weight ``count`` 0. NVFlare
+        then removes the device from the selection (a round does not wait for it forever) while the mean over
+        the other devices' updates is unchanged (NVFlare divides the summed diffs by the summed counts)."""
+        _, weights = self._received_model(task)
+        zeros = {k: np.zeros(np.shape(v), dtype=np.float32) for k, v in weights.items()}
+        result = DXO(data_kind=DataKind.WEIGHT_DIFF, data={"dict": zeros, "count": 0})
+        result.set_meta_prop(DEVICE_ID_META, self.device.device_id)
+        return result.to_dict()
+
     def _received_model(self, task: TaskResponse) -> tuple[int, dict]:
         model = from_dict(task.task_data)
         if not isinstance(model, DXO) or model.data_kind != DataKind.WEIGHTS or not isinstance(model.data, dict):

@@ -12,8 +12,10 @@ server and leaf logic stay NVFlare's) but replaces the stock loop's habits:
   without sleeping. With ``time_scale`` > 0 the delays are slept instead, scaled (1.0: real time): slower, but
   new tasks then start at the simulated time the server reacted, which the pure virtual clock cannot know (see
   README, "Simulated time");
-* a task that raises is retried, then reported as failed with the device id logged; a GPU out-of-memory error
-  halves the leaf's concurrency for the rest of the run instead of killing it;
+* a task that raises is retried, then logged with the device id and reported as failed: as a zero-weight
+  update when the processor offers one (``failed_result``), so NVFlare releases the device's slot and the
+  round goes on, else with an error status; a GPU out-of-memory error halves the leaf's concurrency for the
+  rest of the run instead of killing it;
 * no debug f-strings that print whole tasks or results.
 """
 
@@ -55,6 +57,7 @@ class DeviceTask:
     ticket: int  # its place on the virtual clock
     real_finish: float  # wall time its result is due with --time-scale > 0
     trained_with: int = 1  # devices in the call that trained it (vectorised engine groups)
+    failed: bool = False
 
     @property
     def model_version(self):
@@ -234,7 +237,21 @@ class FastSimulator(Simulator):
                     )
         if status != EdgeApiStatus.OK:
             self.failed_tasks += 1
+            t.failed = True
+            result, status = self._failure_report(t)
         self._finish(t, result, status)
+
+    def _failure_report(self, t: DeviceTask) -> tuple[dict, str]:
+        failed_result = getattr(getattr(t.device, "processor", None), "failed_result", None)
+        if failed_result is None:
+            return {}, EdgeApiStatus.ERROR
+        try:
+            result = failed_result(t.task)
+        except Exception as ex:
+            self.logger.error(f"device {t.device.device_id}: no zero-weight report ({secure_format_exception(ex)})")
+            return {}, EdgeApiStatus.ERROR
+        self.logger.error(f"device {t.device.device_id}: reported as a zero-weight update so its round goes on")
+        return result, EdgeApiStatus.OK
 
     def _finish(self, t: DeviceTask, result, status: str) -> None:
         task, device = t.task, t.device
@@ -250,18 +267,18 @@ class FastSimulator(Simulator):
             status=status,
             cookie=device.cookie,
         )
-        self.clock.complete(t.ticket, (report, device, t.sid, t.trained_with))
+        self.clock.complete(t.ticket, (report, device, t.sid, t.trained_with, t.failed))
 
     def _report(self, payload, finish: float) -> None:
-        report, device, sid, trained_with = payload
+        report, device, sid, trained_with, failed = payload
         self._send_request(report, device, None)
         device.state = DeviceState.IDLE
         with self.update_lock:
             self.busy_devices.pop(device.device_id, None)
             self.used_devices[device.device_id] = sid
-        self._log_clock(device.device_id, report, finish, trained_with)
+        self._log_clock(device.device_id, report, finish, trained_with, failed)
 
-    def _log_clock(self, device_id: str, report: ResultReport, finish: float, trained_with: int) -> None:
+    def _log_clock(self, device_id: str, report: ResultReport, finish: float, trained_with: int, failed: bool) -> None:
         if not self.clock_log:
             return
         version = report.cookie.get(CookieKey.MODEL_VERSION) if isinstance(report.cookie, dict) else None
@@ -271,7 +288,7 @@ class FastSimulator(Simulator):
                 "sim": round(finish, 4),
                 "device": device_id,
                 "version": version,
-                "ok": report.status == EdgeApiStatus.OK,
+                "ok": report.status == EdgeApiStatus.OK and not failed,
                 "group": trained_with,
             }
         )

@@ -158,10 +158,42 @@ def test_scaled_time_starts_a_later_task_at_its_simulated_dispatch_time(tmp_path
     job = JobResponse(EdgeApiStatus.OK, job_id="job", job_name="job", method="edge", job_data={})
     sim._submit([sim._dispatch(job, slow, 1)])
     time.sleep(0.3)
+    before = time.time()
     sim._submit([sim._dispatch(job, fast, 1)])
+    after = time.time()
     sim.worker_pool.shutdown(wait=True)
     events = [json.loads(line) for line in log.read_text().splitlines()]
     assert [e["device"] for e in events] == [fast, slow]
     by_device = {e["device"]: e["sim"] for e in events}
     assert by_device[slow] == pytest.approx(100.0, abs=0.5)
-    assert by_device[fast] == pytest.approx(30.0 + 5.0, abs=5.0)  # dispatched ~0.3 s / 0.01 = ~30 sim-s in
+    # started when it was dispatched (~0.3 wall-s / 0.01 = ~30 sim-s in), not at simulated time 0
+    assert (before - sim._origin) / 0.01 + 5.0 <= by_device[fast] <= (after - sim._origin) / 0.01 + 5.0
+
+
+class ZeroReportProcessor:
+    def failed_result(self, task):
+        return {"dict": {"w": [0.0]}, "count": 0}
+
+
+def test_a_device_that_fails_for_good_reports_a_zero_weight_update_so_its_round_goes_on(tmp_path):
+    def broken(_device):
+        raise RuntimeError("corrupt sample")
+
+    factory, leaf, log = ScriptedFactory({}), ScriptedLeaf(), tmp_path / "clock.jsonl"
+
+    def make_device(device_id):
+        device = ScriptedDevice(device_id, broken)
+        device.processor = ZeroReportProcessor()
+        factory.devices[device_id] = device
+        return device
+
+    factory.make_device = make_device
+    sim = FastSimulator("job", factory, "site-1", 1, 1, 5.0, DeviceSpeedConfig(), clock_log=str(log))
+    sim.set_send_func(leaf)
+    job = JobResponse(EdgeApiStatus.OK, job_id="job", job_name="job", method="edge", job_data={})
+    sim._submit([sim._dispatch(job, "site-1#0", 1)])
+    sim.worker_pool.shutdown(wait=True)
+    (report,) = leaf.reports
+    assert report.status == EdgeApiStatus.OK and report.result["count"] == 0
+    assert sim.failed_tasks == 1
+    assert json.loads(log.read_text())["ok"] is False

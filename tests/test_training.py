@@ -79,3 +79,29 @@ def test_processor_trains_on_the_device_it_is_given(small_data, monkeypatch):
     diff = proc.train("site-1#0", weights, version=1)
     assert seen == [{"cpu"}]
     assert set(diff) == set(weights)
+
+
+def test_failed_device_report_is_a_zero_weight_diff_that_leaves_the_mean_unchanged():
+    from nvflare.apis.dxo import DXO, DataKind, from_dict
+    from nvflare.apis.fl_context import FLContext
+    from nvflare.edge.aggregators.model_update_dxo import ModelUpdateDXOAggregator
+    from nvflare.edge.web.models.task_response import TaskResponse
+
+    from processors.models import build_model
+    from processors.task_processor import FedAvgTaskProcessor
+
+    weights = {k: v.numpy() for k, v in build_model("cifar10_convnet").state_dict().items()}
+    task = TaskResponse("OK", "job", 0, "t", "train", DXO(DataKind.WEIGHTS, weights).to_dict(), {})
+    proc = FedAvgTaskProcessor(dataset={"name": "synthetic", "synthetic_size": 500, "seed": 0})
+    proc.device = type("Device", (), {"device_id": "site-1#3"})()
+    failed = from_dict(proc.failed_result(task))
+    assert failed.data["count"] == 0 and failed.data["dict"].keys() == weights.keys()
+    assert all(not v.any() for v in failed.data["dict"].values())
+
+    aggregator = ModelUpdateDXOAggregator()
+    real = {k: np.ones_like(v) for k, v in weights.items()}
+    aggregator.accept(DXO(DataKind.WEIGHT_DIFF, {"dict": real}).to_shareable(), FLContext())
+    aggregator.accept(failed.to_shareable(), FLContext())
+    # the server divides the summed diffs by the summed counts: the failed device adds nothing to either
+    assert aggregator.count == 1
+    assert all(np.array_equal(aggregator.dict[k], real[k]) for k in weights)
