@@ -138,6 +138,13 @@ def build_parser(description: str, defaults: JobConfig) -> argparse.ArgumentPars
         help="devices one worker trains together with the vectorized engine (default: planned from memory)",
     )
     sim.add_argument(
+        "--profile",
+        default=d.profile,
+        help="utilisation profile: conservative (half the workers and groups, half the GPU memory, data on the "
+        "CPU, cache emptied after every task), high (the planner's defaults), aggressive (90%% of free GPU "
+        "memory, tighter memory estimate); the settings it stands for are printed at the start",
+    )
+    sim.add_argument(
         "--job-timeout",
         type=float,
         default=d.job_timeout,

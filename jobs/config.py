@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from fedrevive.config import FedReviveConfig
 from processors.data.sources import DatasetError, DatasetSpec
 from simulation.clock import DeviceSpeedConfig
+from simulation.profiles import DEFAULT_PROFILE, PROFILES
 
 
 class ConfigError(ValueError):
@@ -55,6 +56,7 @@ class JobConfig:
     num_workers: int | None = None
     engine: str = "auto"  # auto | vectorized | per-device
     group_size: int | None = None  # devices one worker trains together (vectorized engine); None: planned
+    profile: str = DEFAULT_PROFILE  # conservative | high | aggressive (simulation.profiles)
     job_timeout: float = 120.0
     device_wait_timeout: float = 120.0
     update_timeout: float = 10.0
@@ -121,6 +123,8 @@ class JobConfig:
             raise ConfigError(f"--engine {self.engine!r}: use auto, vectorized or per-device")
         if self.engine == "vectorized" and self.simulator == "stock":
             raise ConfigError("--engine vectorized needs --simulator fast (the stock simulator runs one device at a time)")
+        if self.profile not in PROFILES:
+            raise ConfigError(f"--profile {self.profile!r}: use {', '.join(PROFILES)} (default {DEFAULT_PROFILE})")
         if self.num_workers is not None and self.num_workers < 1:
             raise ConfigError(f"--num-workers {self.num_workers}: must be >= 1 (or leave it out to plan it)")
         for flag, value in {

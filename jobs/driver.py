@@ -25,6 +25,7 @@ from simulation.planner import (
     plan_workers,
     probe_hardware,
 )
+from simulation.profiles import get_profile
 
 
 def environment_info(device: torch.device, hardware: HardwareProfile) -> dict:
@@ -52,6 +53,7 @@ def plan_for(cfg: JobConfig, hardware: HardwareProfile, device: torch.device) ->
         leaves_on_host=leaves_on_host,
         use_gpu=device.type == "cuda",
         requested=cfg.num_workers,
+        profile=cfg.profile,
     )
     if cfg.simulator == "stock":
         return plan
@@ -84,7 +86,12 @@ def prepare(cfg: JobConfig) -> tuple[WorkerPlan, dict, torch.device]:
     load_dataset(cfg.dataset_spec)  # missing / malformed data fails here, with the fix in the message
     hardware = probe_hardware()
     plan = plan_for(cfg, hardware, device)
-    run_info = {"config": cfg.to_dict(), "environment": environment_info(device, hardware), "planner": plan.to_dict()}
+    run_info = {
+        "config": cfg.to_dict(),
+        "environment": environment_info(device, hardware),
+        "planner": plan.to_dict(),
+        "profile": get_profile(cfg.profile).to_dict(),
+    }
     return plan, run_info, device
 
 
@@ -101,6 +108,7 @@ def run(cfg: JobConfig, recipe_cls=None) -> int:
     print(f"[edgesim] {cfg.method} on {device}, env {cfg.env}, simulator {cfg.simulator}, seed {cfg.seed}")
     print(plan.describe())
     print(plan.reasoning())
+    print(get_profile(cfg.profile).describe())
 
     if cfg.export_only:
         # an exported job writes its results inside the app's run folder, unless --output names a place

@@ -25,10 +25,15 @@ SERVER = "server"
 
 def replace_component(job: EdgeJob, target: str, comp_id: str, component) -> None:
     """Swap a component the NVFlare recipe already configured (FedJob has no public API for this)."""
-    app_config = job._deploy_map[target].app_config  # noqa: SLF001
-    old = app_config.components[comp_id]
-    app_config.components[comp_id] = component
-    app_config.handlers = [component if h is old else h for h in app_config.handlers]
+    app = job._deploy_map[target]  # noqa: SLF001
+    old = app.app_config.components[comp_id]
+    app.app_config.components[comp_id] = component
+    app.app_config.handlers = [component if h is old else h for h in app.app_config.handlers]
+    # FedApp.add_component skips an object whose id() it has seen (nvflare/job_config/api.py). Once `old` is
+    # freed its address, hence its id, can be reused by the next component we add, which NVFlare would then
+    # silently drop (it happened to our evaluator in ~15% of exports): forget the old id, record the new one.
+    app._oid_to_cid.pop(id(old), None)  # noqa: SLF001
+    app._oid_to_cid[id(component)] = comp_id  # noqa: SLF001
 
 
 class RetainingEdgeJob(EdgeJob):
@@ -76,7 +81,7 @@ class EdgeSimRecipe(EdgeFedBuffRecipe):
     def make_task_processor(self) -> FedAvgTaskProcessor:
         cfg = self.cfg
         return FedAvgTaskProcessor(
-            dataset=cfg.dataset_spec.__dict__ | {},
+            dataset=cfg.dataset_spec.to_dict(),
             model=cfg.model,
             subset_size=cfg.subset_size,
             dirichlet_alpha=cfg.dirichlet_alpha,
@@ -90,6 +95,8 @@ class EdgeSimRecipe(EdgeFedBuffRecipe):
             sleep_delays=cfg.simulator == "stock" and cfg.speed.enabled,
             wire_format=cfg.wire_format,
             torch_threads=self.plan.torch_threads,
+            profile=cfg.profile,
+            leaves_per_gpu=self.plan.leaves_per_gpu,
         )
 
     def _configure_job(self, job: EdgeJob) -> None:
@@ -104,10 +111,10 @@ class EdgeSimRecipe(EdgeFedBuffRecipe):
             "device_manager",
             FreshSelectionDeviceManager(d.device_selection_size, d.min_hole_to_fill, d.device_reuse),
         )
-        job.to_server(
+        evaluator_id = job.to_server(
             GlobalModelEvaluator(
                 model=cfg.model,
-                dataset=cfg.dataset_spec.__dict__ | {},
+                dataset=cfg.dataset_spec.to_dict(),
                 eval_frequency=cfg.eval_frequency,
                 compute_device=cfg.compute_device,
                 results_dir=self.results_dir,
@@ -117,6 +124,8 @@ class EdgeSimRecipe(EdgeFedBuffRecipe):
             ),
             id="edgesim_evaluator",
         )
+        if evaluator_id != "edgesim_evaluator":  # never build a job that would write no metrics.json
+            raise RuntimeError(f"NVFlare registered the evaluator as {evaluator_id!r}, not 'edgesim_evaluator'")
         processor_id = job.to_clients(self.make_task_processor(), id="task_processor")
         if cfg.simulator == "stock":
             runner = StockDeviceRunner(processor_id, cfg.job_timeout, cfg.devices_per_leaf, self.plan.num_workers)

@@ -1,5 +1,6 @@
 """Local training of one simulated device, pfl-research style: one model object reused per worker thread,
-global weights copied in place, data already resident on ``DEVICE``.
+global weights copied in place, data resident on ``DEVICE`` (or, with the conservative utilisation profile, kept
+on the CPU with each batch moved over).
 
 The returned WEIGHT_DIFF is ``trained - received``, both on the same device, moved to the CPU as float32
 numpy arrays (numpy, not Python lists: NVFlare's debug f-strings print lists in full, which costs ~0.1 s
@@ -66,6 +67,34 @@ def worker_model(model_name: str, device: torch.device) -> nn.Module:
     return cache[key]
 
 
+_host = threading.local()
+
+
+def copy_to_host(tensors: dict[str, torch.Tensor], pinned: bool = False) -> dict[str, np.ndarray]:
+    """``tensors`` as numpy arrays on the CPU (each its own copy).
+
+    ``pinned`` (CUDA only; ignored on the CPU): through this thread's reusable pinned host buffers with
+    ``non_blocking`` copies on the current stream, which is then synchronised before numpy reads the buffers. A
+    worker training on its own stream thus waits for its own copies only, while other workers keep computing.
+    """
+    first = next(iter(tensors.values()), None)
+    if not pinned or first is None or first.device.type != "cuda":
+        return {name: t.cpu().numpy() for name, t in tensors.items()}
+    cache = getattr(_host, "pinned", None)
+    if cache is None:
+        cache = _host.pinned = {}
+    staged = {}
+    for name, t in tensors.items():
+        key = (name, tuple(t.shape), t.dtype)
+        buf = cache.get(key)
+        if buf is None:
+            buf = cache[key] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        buf.copy_(t, non_blocking=True)
+        staged[name] = buf
+    torch.cuda.current_stream(first.device).synchronize()
+    return {name: buf.numpy().copy() for name, buf in staged.items()}
+
+
 def train_local(
     model: nn.Module,
     global_params: dict[str, torch.Tensor],
@@ -74,10 +103,13 @@ def train_local(
     cfg: LocalTrainingConfig,
     generator: torch.Generator,
     local_buffers: dict[str, torch.Tensor] | None = None,
+    pinned: bool = False,
 ) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]:
     """Train ``model`` from ``global_params`` on one device's samples; return (diff, buffers after training).
 
-    ``global_params`` and the data must be on the model's device; the diff is computed there, then copied out.
+    ``global_params`` must be on the model's device; the data on it too, or on the CPU (each batch is then
+    indexed there and moved over). The diff is computed on the model's device, then copied out
+    (``copy_to_host``, through pinned buffers when ``pinned``).
     """
     device = next(model.parameters()).device
     params = dict(model.named_parameters())
@@ -95,15 +127,18 @@ def train_local(
                 b.copy_(source)
     model.train()
     optimizer = cfg.make_optimizer(model.parameters())
+    data_device = x_uint8.device
     for positions in batch_schedule(len(y), cfg, generator):
-        positions = positions.to(device, non_blocking=True)
-        inputs = normalize(x_uint8.index_select(0, positions))
-        loss = F.cross_entropy(model(inputs), y.index_select(0, positions))
+        positions = positions.to(data_device, non_blocking=True)
+        xb, yb = x_uint8.index_select(0, positions), y.index_select(0, positions)
+        if data_device != device:
+            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+        loss = F.cross_entropy(model(normalize(xb)), yb)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
     with torch.no_grad():
-        diff = {name: (p.detach() - global_params[name]).cpu().numpy() for name, p in params.items()}
+        diff = copy_to_host({name: p.detach() - global_params[name] for name, p in params.items()}, pinned)
         buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     return diff, buffers
 

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
 from processors.data.sources import normalize
-from processors.training import LocalTrainingConfig, batch_schedule, worker_model
+from processors.training import LocalTrainingConfig, batch_schedule, copy_to_host, worker_model
 
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam defaults
 ADAM_EPS = 1e-8
@@ -42,11 +42,13 @@ def train_group(
     cfg: LocalTrainingConfig,
     generators: list[torch.Generator],
     device: torch.device,
+    pinned: bool = False,
 ) -> list[dict[str, np.ndarray]]:
     """Train K devices from ``global_params``, all at once; return each device's diff (trained - received) as
     float32 numpy arrays, the same keys, shapes and values as ``train_local`` would return.
 
-    ``device_data[i]`` is device i's (uint8 images N_i x 3 x 32 x 32, int64 labels N_i), on ``device``;
+    ``device_data[i]`` is device i's (uint8 images N_i x 3 x 32 x 32, int64 labels N_i), on ``device`` or on the
+    CPU (each iteration's batch is then gathered there and moved over); ``pinned``: see ``copy_to_host``;
     ``generators[i]`` is the CPU generator ``train_local`` would get for device i (it is advanced the same way).
     """
     if len(device_data) != len(generators):
@@ -88,9 +90,10 @@ def train_group(
         mask[:, i, :b] = 1.0
         counts[i] = b
         offset += n
-    index, mask, counts = index.to(device), mask.to(device), counts.to(device)
     x_all = torch.cat([x for x, _ in device_data]) if k > 1 else device_data[0][0]
     y_all = torch.cat([y for _, y in device_data]) if k > 1 else device_data[0][1]
+    data_device = x_all.device
+    index, mask, counts = index.to(data_device), mask.to(device), counts.to(device)
 
     def device_loss(params: dict[str, torch.Tensor], x, y, m, count) -> torch.Tensor:
         logits = functional_call(model, params, (x,))
@@ -111,8 +114,11 @@ def train_group(
 
     for t in range(iters):
         flat = index[t].view(-1)
-        xb = normalize(x_all.index_select(0, flat)).view(k, batch, *image_shape)
-        yb = y_all.index_select(0, flat).view(k, batch)
+        xb, yb = x_all.index_select(0, flat), y_all.index_select(0, flat)
+        if data_device != device:
+            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+        xb = normalize(xb).view(k, batch, *image_shape)
+        yb = yb.view(k, batch)
         grads_by_name = group_grad(dict(zip(names, params, strict=True)), xb, yb, mask[t], counts)
         grads = [grads_by_name[name] for name in names]
         with torch.no_grad():
@@ -129,8 +135,9 @@ def train_group(
                 torch._foreach_add_(params, grads, alpha=-cfg.lr)
 
     with torch.no_grad():
-        stacked = [(p - r.unsqueeze(0)).cpu().numpy() for p, r in zip(params, received, strict=True)]
-    return [{name: d[i].copy() for name, d in zip(names, stacked, strict=True)} for i in range(k)]
+        stacked = {name: p - r.unsqueeze(0) for name, p, r in zip(names, params, received, strict=True)}
+        diffs = copy_to_host(stacked, pinned)
+    return [{name: d[i].copy() for name, d in diffs.items()} for i in range(k)]
 
 
 def _adam_step(

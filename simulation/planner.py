@@ -19,10 +19,15 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 import torch.nn as nn
 
+from simulation.profiles import DEFAULT_PROFILE, UtilisationProfile, get_profile
+
 # Per-process CUDA context and allocator slack, not available to workers.
 CUDA_CONTEXT_BYTES = 600 * 2**20
-# Share of free GPU memory the planner hands out (the rest absorbs fragmentation and other processes).
-GPU_MEMORY_SHARE = 0.8
+# The share of free GPU memory the planner hands out is the utilisation profile's ``gpu_memory_share`` (the rest
+# absorbs fragmentation and other processes).
+# Allocator rounding and workspace slack ``estimate_worker_bytes`` puts on its estimate; a profile's
+# ``memory_slack`` replaces it when planning.
+ESTIMATE_SLACK = 1.25
 
 
 @dataclass(frozen=True)
@@ -51,12 +56,15 @@ class WorkerPlan:
     engine: str = "per-device"  # or "vectorized" (see plan_engine)
     group_size: int = 1  # devices one worker trains together
     engine_reason: str = ""
+    profile: str = DEFAULT_PROFILE  # the utilisation profile the plan follows (simulation.profiles)
+    cores_per_leaf: int = 0  # 0: the "cpu" limit (plans made before profiles)
+    leaves_per_gpu: int = 1  # leaves sharing one GPU (each caps its CUDA allocator at share / this)
 
     @property
     def torch_threads(self) -> int:
         """Intra-op threads for each leaf process: its cores shared by its workers. More would make the leaves'
         OpenMP pools fight over the same cores (measured: 30x slower training with 2 leaves on 2 cores)."""
-        return max(1, int(self.limits.get("cpu") or 1) // self.num_workers)
+        return max(1, int(self.cores_per_leaf or self.limits.get("cpu") or 1) // self.num_workers)
 
     @property
     def waves(self) -> float:
@@ -147,7 +155,7 @@ def estimate_worker_bytes(model: nn.Module, batch_size: int, optimizer: str) -> 
             h.remove()
     # saved activation + its gradient, plus the input batch, float32
     activation_bytes = 4 * batch_size * (2 * activation_elems + 3 * 32 * 32)
-    return int(1.25 * (param_bytes + activation_bytes))  # allocator rounding and workspace slack
+    return int(ESTIMATE_SLACK * (param_bytes + activation_bytes))  # allocator rounding and workspace slack
 
 
 def plan_workers(
@@ -157,13 +165,19 @@ def plan_workers(
     leaves_on_host: int = 1,
     use_gpu: bool = False,
     requested: int | None = None,
+    profile: UtilisationProfile | str = DEFAULT_PROFILE,
 ) -> WorkerPlan:
-    """The worker count of each leaf and what limited it."""
+    """The worker count of each leaf and what limited it, under a utilisation profile: its ``workers_per_core``
+    scales the CPU bound, its ``gpu_memory_share`` and ``memory_slack`` the GPU memory bound."""
     if devices_per_leaf < 1:
         raise ValueError("devices_per_leaf must be >= 1")
+    prof = get_profile(profile)
+    per_worker_bytes = int(per_worker_bytes * prof.memory_slack / ESTIMATE_SLACK)
+    cores_per_leaf = max(1, hardware.cpu_cores // max(leaves_on_host, 1))
     limits: dict[str, int | None] = {"devices": devices_per_leaf}
-    limits["cpu"] = max(1, hardware.cpu_cores // max(leaves_on_host, 1))
+    limits["cpu"] = max(1, int(cores_per_leaf * prof.workers_per_core))
     compute = "cpu"
+    leaves_per_gpu = 1
     if use_gpu:
         if not hardware.gpus:
             raise ValueError("the GPU path was asked for but no GPU is visible; use --compute-device cpu")
@@ -172,7 +186,7 @@ def plan_workers(
         leaves_per_gpu = math.ceil(leaves_on_host / len(hardware.gpus))
         gpus_per_leaf = max(1, len(hardware.gpus) // max(leaves_on_host, 1))
         usable = min(
-            (g.free_bytes - CUDA_CONTEXT_BYTES * leaves_per_gpu) * GPU_MEMORY_SHARE / leaves_per_gpu
+            (g.free_bytes - CUDA_CONTEXT_BYTES * leaves_per_gpu) * prof.gpu_memory_share / leaves_per_gpu
             for g in hardware.gpus
         )
         if usable < per_worker_bytes:
@@ -183,23 +197,34 @@ def plan_workers(
             )
         limits["gpu_memory"] = int(usable // per_worker_bytes) * gpus_per_leaf
     gpu_bytes = int(usable) * gpus_per_leaf if use_gpu else None
+    extra = {"profile": prof.name, "cores_per_leaf": cores_per_leaf, "leaves_per_gpu": leaves_per_gpu}
     if requested is not None:
         if requested < 1:
             raise ValueError(f"--num-workers {requested}: must be >= 1")
-        return WorkerPlan(requested, "--num-workers", devices_per_leaf, per_worker_bytes, limits, compute, gpu_bytes)
+        return WorkerPlan(
+            requested, "--num-workers", devices_per_leaf, per_worker_bytes, limits, compute, gpu_bytes, **extra
+        )
     limited_by = min(limits, key=lambda k: limits[k])
-    return WorkerPlan(limits[limited_by], limited_by, devices_per_leaf, per_worker_bytes, limits, compute, gpu_bytes)
+    return WorkerPlan(
+        limits[limited_by], limited_by, devices_per_leaf, per_worker_bytes, limits, compute, gpu_bytes, **extra
+    )
 
 
 def plan_engine(
-    plan: WorkerPlan, requested: str = "auto", model_has_buffers: bool = False, group_size: int | None = None
+    plan: WorkerPlan,
+    requested: str = "auto",
+    model_has_buffers: bool = False,
+    group_size: int | None = None,
+    profile: UtilisationProfile | str | None = None,
 ) -> WorkerPlan:
     """Choose the training engine and, for the vectorised one, how many devices a worker trains together.
 
     A group of g devices needs g times one device's memory (the activations, weights, gradients and optimizer
     state that ``estimate_worker_bytes`` counts, per device), so on a GPU ``workers x g x per-device bytes`` must fit the leaf's
     share; and a group never exceeds the devices a worker gets per round (``ceil(devices per leaf / workers)``).
+    The profile (default: the plan's) scales that group by its ``group_fraction``; ``--group-size`` overrides both.
     """
+    prof = get_profile(profile or plan.profile)
     if requested not in ("auto", "vectorized", "per-device"):
         raise ValueError(f"--engine {requested!r}: use auto, vectorized or per-device")
     on_gpu = plan.gpu_bytes_per_leaf is not None
@@ -216,8 +241,10 @@ def plan_engine(
     limits = {"devices per worker": math.ceil(plan.devices_per_leaf / plan.num_workers)}
     if on_gpu:
         limits["gpu_memory"] = max(1, plan.gpu_bytes_per_leaf // (plan.num_workers * plan.per_worker_bytes))
-    chosen = group_size or min(limits.values())
+    chosen = group_size or max(1, int(min(limits.values()) * prof.group_fraction))
     why = "--group-size" if group_size else min(limits, key=lambda k: limits[k])
+    if not group_size and prof.group_fraction != 1:
+        why += f" x {prof.group_fraction} (profile {prof.name})"
     # auto: batching pays on CPU as well as on GPU (benchmarks/bench_engine.py prints the ratio per K)
     source = "--engine vectorized" if requested == "vectorized" else "auto: the model has no BatchNorm"
     detail = ", ".join(f"{k}={v}" for k, v in limits.items())
