@@ -157,6 +157,13 @@ def build_parser(description: str, defaults: JobConfig) -> argparse.ArgumentPars
         help="seconds the server waits for enough devices before stopping the job",
     )
     sim.add_argument(
+        "--update-interval",
+        type=float,
+        default=d.update_interval,
+        help="seconds between a leaf's syncs with the server (NVFlare's default 1.0); results wait this long "
+        "before the server can react to them",
+    )
+    sim.add_argument(
         "--update-timeout",
         type=float,
         default=d.update_timeout,

@@ -60,6 +60,7 @@ class JobConfig:
     job_timeout: float = 120.0
     device_wait_timeout: float = 120.0
     update_timeout: float = 10.0
+    update_interval: float = 0.25  # seconds between a leaf's syncs with the server (NVFlare's default: 1.0)
     # evaluation and outputs
     eval_frequency: int = 1
     seed: int = 0
@@ -131,6 +132,7 @@ class JobConfig:
             "--job-timeout": self.job_timeout,
             "--device-wait-timeout": self.device_wait_timeout,
             "--update-timeout": self.update_timeout,
+            "--update-interval": self.update_interval,
             "--local-lr": self.local_lr,
             "--global-lr": self.global_lr,
         }.items():

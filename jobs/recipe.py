@@ -37,7 +37,17 @@ def replace_component(job: EdgeJob, target: str, comp_id: str, component) -> Non
 
 
 class RetainingEdgeJob(EdgeJob):
-    """NVFlare's edge job whose leaves keep device updates they have not sent yet (see ``retaining_updater``)."""
+    """NVFlare's edge job whose leaves keep device updates they have not sent yet (see ``retaining_updater``),
+    and sync with the server every ``update_interval`` seconds instead of NVFlare's fixed 1 s: that interval
+    (plus up to 0.5 s of jitter) is how long finished results wait before the server can react to them."""
+
+    def __init__(self, name: str, edge_method: str, update_interval: float = 1.0):
+        super().__init__(name=name, edge_method=edge_method)
+        self.update_interval = update_interval
+
+    def configure_server(self, assessor, num_rounds=1, task_name="train", assess_interval=0.5, update_interval=1.0):
+        interval = self.update_interval
+        super().configure_server(assessor, num_rounds, task_name, min(assess_interval, interval), interval)
 
     def _configure_executor(self, aggr_factory_id, max_model_versions, update_timeout):
         return RetainingEdgeModelExecutor(aggr_factory_id, max_model_versions, update_timeout)
@@ -66,7 +76,7 @@ class EdgeSimRecipe(EdgeFedBuffRecipe):
         )
 
     def create_job(self) -> EdgeJob:
-        return RetainingEdgeJob(name=self.job_name, edge_method=self.method_name)
+        return RetainingEdgeJob(self.job_name, self.method_name, update_interval=self.cfg.update_interval)
 
     def make_model_manager(self):
         """The server's model manager; method-specific recipes override this."""
