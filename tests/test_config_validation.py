@@ -30,6 +30,12 @@ def no_nvflare(monkeypatch):
         (["--num-workers", "0"], "--num-workers 0"),
         (["--job-timeout", "0"], "--job-timeout 0"),
         (["--subset-size", "10"], "smaller than --local-batch-size"),
+        (["--time-scale", "-0.5"], "--time-scale -0.5: must be >= 0"),
+        (["--simulator", "stock", "--time-scale", "1"], "--time-scale needs --simulator fast"),
+        (["--simulator", "stock", "--engine", "vectorized"], "--engine vectorized needs --simulator fast"),
+        (["--model", "resnet18", "--engine", "vectorized"], "use --engine per-device"),
+        (["--group-size", "0"], "--group-size 0"),
+        (["--update-interval", "0"], "--update-interval 0"),
     ],
 )
 def test_invalid_config_is_refused_early(flags, message, capsys):
