@@ -335,24 +335,28 @@ def _longest_low_run(samples: Iterable[dict[str, Any]], threshold: float) -> lis
 
 
 # -- summary, status, TensorBoard --------------------------------------------------------------------------------------
-def summarize(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Summary for ``metrics.json``: mean/peak CPU, peak RAM, and per GPU mean/peak utilisation and peak VRAM.
-
-    GPU entries are ``None`` when no sample had GPU data; ``gpu_mem_used_gb_peak`` is the highest per-GPU peak.
-    """
+def _collect(samples: Sequence[dict[str, Any]]) -> tuple[list, list, list, dict[int, dict[str, Any]]]:
+    """The non-null CPU %, RAM used and RAM total values of ``samples``, and per GPU index its name and its
+    utilisation, VRAM used and VRAM total values (shared by ``summarize`` and ``aggregate``)."""
     cpus = [s["cpu_percent"] for s in samples if s.get("cpu_percent") is not None]
     rams = [s["ram_used_gb"] for s in samples if s.get("ram_used_gb") is not None]
     totals = [s["ram_total_gb"] for s in samples if s.get("ram_total_gb") is not None]
     per_gpu: dict[int, dict[str, Any]] = {}
     for s in samples:
         for g in s.get("gpus") or ():
-            acc = per_gpu.setdefault(g["index"], {"name": g.get("name"), "utils": [], "mems": [], "total": None})
-            if g.get("util_percent") is not None:
-                acc["utils"].append(g["util_percent"])
-            if g.get("mem_used_gb") is not None:
-                acc["mems"].append(g["mem_used_gb"])
-            if g.get("mem_total_gb") is not None:
-                acc["total"] = g["mem_total_gb"]
+            acc = per_gpu.setdefault(g["index"], {"name": g.get("name"), "utils": [], "mems": [], "totals": []})
+            for key, field in (("utils", "util_percent"), ("mems", "mem_used_gb"), ("totals", "mem_total_gb")):
+                if g.get(field) is not None:
+                    acc[key].append(g[field])
+    return cpus, rams, totals, per_gpu
+
+
+def summarize(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Summary for ``metrics.json``: mean/peak CPU, peak RAM, and per GPU mean/peak utilisation and peak VRAM.
+
+    GPU entries are ``None`` when no sample had GPU data; ``gpu_mem_used_gb_peak`` is the highest per-GPU peak.
+    """
+    cpus, rams, totals, per_gpu = _collect(samples)
     gpus = [
         {
             "index": i,
@@ -360,7 +364,7 @@ def summarize(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "util_percent_mean": _round(_mean(acc["utils"]), 1),
             "util_percent_max": max(acc["utils"]) if acc["utils"] else None,
             "mem_used_gb_peak": max(acc["mems"]) if acc["mems"] else None,
-            "mem_total_gb": acc["total"],
+            "mem_total_gb": acc["totals"][-1] if acc["totals"] else None,
         }
         for i, acc in sorted(per_gpu.items())
     ]
@@ -385,16 +389,7 @@ def aggregate(samples: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """
     if not samples:
         return None
-    cpus = [s["cpu_percent"] for s in samples if s.get("cpu_percent") is not None]
-    rams = [s["ram_used_gb"] for s in samples if s.get("ram_used_gb") is not None]
-    totals = [s["ram_total_gb"] for s in samples if s.get("ram_total_gb") is not None]
-    per_gpu: dict[int, dict[str, Any]] = {}
-    for s in samples:
-        for g in s.get("gpus") or ():
-            acc = per_gpu.setdefault(g["index"], {"name": g.get("name"), "utils": [], "mems": [], "totals": []})
-            for key, field in (("utils", "util_percent"), ("mems", "mem_used_gb"), ("totals", "mem_total_gb")):
-                if g.get(field) is not None:
-                    acc[key].append(g[field])
+    cpus, rams, totals, per_gpu = _collect(samples)
     gpus = [
         {
             "index": i,
