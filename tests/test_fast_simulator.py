@@ -31,12 +31,18 @@ class ScriptedDevice(SimulatedDevice):
 
 
 class ScriptedFactory(DeviceFactory):
-    def __init__(self, scripts: dict):
-        self.scripts, self.devices = scripts, {}
+    """Devices that run ``scripts[device_id]`` (default ``default``); ``processor()`` gives each device a processor
+    (what NVFlare's TaskProcessingDevice carries), for the simulator's group and failure paths."""
+
+    def __init__(self, scripts: dict, default=lambda d: {"ok": 1}, processor=None):
+        self.scripts, self.default, self.processor, self.devices = scripts, default, processor, {}
 
     def make_device(self, device_id: str) -> SimulatedDevice:
-        self.devices[device_id] = ScriptedDevice(device_id, self.scripts.get(device_id, lambda d: {"ok": 1}))
-        return self.devices[device_id]
+        device = ScriptedDevice(device_id, self.scripts.get(device_id, self.default))
+        if self.processor is not None:
+            device.processor = self.processor()
+        self.devices[device_id] = device
+        return device
 
 
 class ScriptedLeaf:
@@ -53,13 +59,24 @@ class ScriptedLeaf:
         return ResultResponse(EdgeApiStatus.OK, task_id=req.task_id, task_name=req.task_name)
 
 
+JOB = JobResponse(EdgeApiStatus.OK, job_id="job", job_name="job", method="edge", job_data={})
+
+
+def make_simulator(factory, leaf, num_devices: int, num_workers: int, speed=None, **kwargs) -> FastSimulator:
+    sim = FastSimulator("job", factory, "site-1", num_devices, num_workers, 5.0, speed or DeviceSpeedConfig(), **kwargs)
+    sim.set_send_func(leaf)
+    return sim
+
+
+def dispatch(sim: FastSimulator, device_ids: list[str]) -> None:
+    """Request the devices' tasks at once and hand them to the pool, as the control loop does."""
+    sim._submit([sim._dispatch(JOB, did, 1) for did in device_ids])
+
+
 def run_devices(scripts: dict, device_ids: list[str], num_workers: int = 4):
     factory, leaf = ScriptedFactory(scripts), ScriptedLeaf()
-    sim = FastSimulator("job", factory, "site-1", len(device_ids), num_workers, 5.0, DeviceSpeedConfig())
-    sim.set_send_func(leaf)
-    job = JobResponse(EdgeApiStatus.OK, job_id="job", job_name="job", method="edge", job_data={})
-    ready = [sim._dispatch(job, did, 1) for did in device_ids]
-    sim._submit(ready)
+    sim = make_simulator(factory, leaf, len(device_ids), num_workers)
+    dispatch(sim, device_ids)
     sim.worker_pool.shutdown(wait=True)
     assert len(leaf.reports) == len(device_ids), "every dispatched device reports exactly once"
     return sim, factory, {r.get_device_id(): r for r in leaf.reports}
@@ -113,19 +130,12 @@ class GroupingProcessor:
 
 def run_grouped(n: int, group_size: int, oom_above: int | None = None):
     calls: list = []
-    factory, leaf = ScriptedFactory({}), ScriptedLeaf()
-
-    def make_device(device_id):
-        device = ScriptedDevice(device_id, lambda d: {"trained": d.device_id})
-        device.processor = GroupingProcessor(calls, oom_above)
-        factory.devices[device_id] = device
-        return device
-
-    factory.make_device = make_device
-    sim = FastSimulator("job", factory, "site-1", n, 2, 5.0, DeviceSpeedConfig(), group_size=group_size)
-    sim.set_send_func(leaf)
-    job = JobResponse(EdgeApiStatus.OK, job_id="job", job_name="job", method="edge", job_data={})
-    sim._submit([sim._dispatch(job, f"site-1#{i}", 1) for i in range(n)])
+    factory = ScriptedFactory(
+        {}, default=lambda d: {"trained": d.device_id}, processor=lambda: GroupingProcessor(calls, oom_above)
+    )
+    leaf = ScriptedLeaf()
+    sim = make_simulator(factory, leaf, n, 2, group_size=group_size)
+    dispatch(sim, [f"site-1#{i}" for i in range(n)])
     sim.worker_pool.shutdown(wait=True)
     return sim, calls, leaf.reports
 
@@ -153,13 +163,11 @@ def test_scaled_time_starts_a_later_task_at_its_simulated_dispatch_time(tmp_path
     slow = next(d for d in ids if speed.speed_class(d) == 0)
     fast = next(d for d in ids if speed.speed_class(d) == 1)
     leaf, log = ScriptedLeaf(), tmp_path / "clock.jsonl"
-    sim = FastSimulator("job", ScriptedFactory({}), "site-1", 2, 2, 5.0, speed, time_scale=0.01, clock_log=str(log))
-    sim.set_send_func(leaf)
-    job = JobResponse(EdgeApiStatus.OK, job_id="job", job_name="job", method="edge", job_data={})
-    sim._submit([sim._dispatch(job, slow, 1)])
+    sim = make_simulator(ScriptedFactory({}), leaf, 2, 2, speed, time_scale=0.01, clock_log=str(log))
+    dispatch(sim, [slow])
     time.sleep(0.3)
     before = time.time()
-    sim._submit([sim._dispatch(job, fast, 1)])
+    dispatch(sim, [fast])
     after = time.time()
     sim.worker_pool.shutdown(wait=True)
     events = [json.loads(line) for line in log.read_text().splitlines()]
@@ -179,19 +187,10 @@ def test_a_device_that_fails_for_good_reports_a_zero_weight_update_so_its_round_
     def broken(_device):
         raise RuntimeError("corrupt sample")
 
-    factory, leaf, log = ScriptedFactory({}), ScriptedLeaf(), tmp_path / "clock.jsonl"
-
-    def make_device(device_id):
-        device = ScriptedDevice(device_id, broken)
-        device.processor = ZeroReportProcessor()
-        factory.devices[device_id] = device
-        return device
-
-    factory.make_device = make_device
-    sim = FastSimulator("job", factory, "site-1", 1, 1, 5.0, DeviceSpeedConfig(), clock_log=str(log))
-    sim.set_send_func(leaf)
-    job = JobResponse(EdgeApiStatus.OK, job_id="job", job_name="job", method="edge", job_data={})
-    sim._submit([sim._dispatch(job, "site-1#0", 1)])
+    factory = ScriptedFactory({}, default=broken, processor=ZeroReportProcessor)
+    leaf, log = ScriptedLeaf(), tmp_path / "clock.jsonl"
+    sim = make_simulator(factory, leaf, 1, 1, clock_log=str(log))
+    dispatch(sim, ["site-1#0"])
     sim.worker_pool.shutdown(wait=True)
     (report,) = leaf.reports
     assert report.status == EdgeApiStatus.OK and report.result["count"] == 0
