@@ -9,7 +9,8 @@ server and leaf logic stay NVFlare's) but replaces the stock loop's habits:
   up to ``group_size`` devices in one call (``FedAvgTaskProcessor.process_group``); each device still reports
   its own result;
 * heterogeneity runs on a virtual clock (``ReleaseQueue``): results are reported in simulated finish order
-  without sleeping. With ``time_scale`` > 0 the delays are slept instead, scaled (1.0: real time): slower, but
+  without sleeping. With ``time_scale`` > 0 results are held until their scaled delay has passed (1.0: real
+  time; the worker is freed at once, see ``due_timer``): slower, but
   new tasks then start at the simulated time the server reacted, which the pure virtual clock cannot know (see
   README, "Simulated time");
 * a task that raises is retried, then logged with the device id and reported as failed: as a zero-weight
@@ -36,6 +37,7 @@ from nvflare.security.logging import secure_format_exception
 
 from simulation.clock import DeviceSpeedConfig
 from simulation.concurrency import AdjustableLimit
+from simulation.due_timer import DueTimer
 from simulation.release_queue import ReleaseQueue
 
 MIN_IDLE_WAIT = 0.02
@@ -89,8 +91,9 @@ class FastSimulator(Simulator):
         super().__init__(job_name, device_factory, num_devices, num_workers, get_job_timeout)
         self.device_id_prefix = device_id_prefix  # deterministic, so device data and speeds are reproducible
         self.speed = speed
-        self.time_scale = time_scale  # 0: virtual clock; > 0: sleep delays x time_scale
+        self.time_scale = time_scale  # 0: virtual clock; > 0: delays take delay x time_scale wall seconds
         self._origin: float | None = None  # wall time of simulated time 0 (scaled mode)
+        self._due = DueTimer()  # scaled mode: hands each result over at its due time without holding a worker
         self.limit = AdjustableLimit(num_workers)
         self.group_size = max(1, group_size)  # > 1: the vectorised engine trains groups of ready tasks
         self.clock = ReleaseQueue(self._report)
@@ -255,8 +258,6 @@ class FastSimulator(Simulator):
 
     def _finish(self, t: DeviceTask, result, status: str) -> None:
         task, device = t.task, t.device
-        if self.time_scale > 0:
-            time.sleep(max(0.0, t.real_finish - time.time()))
         report = ResultReport(
             device_info=device.get_device_info(),
             user_info=device.get_user_info(),
@@ -267,7 +268,16 @@ class FastSimulator(Simulator):
             status=status,
             cookie=device.cookie,
         )
-        self.clock.complete(t.ticket, (report, device, t.sid, t.trained_with, t.failed))
+        payload = (report, device, t.sid, t.trained_with, t.failed)
+        if self.time_scale > 0:
+            self._due.call_at(t.real_finish, self.clock.complete, t.ticket, payload)
+        else:
+            self.clock.complete(t.ticket, payload)
+
+    def wait_until_reported(self, timeout: float = 60.0) -> bool:
+        """Wait for every submitted task to be trained and reported (tests, and a clean end of the loop)."""
+        self.worker_pool.shutdown(wait=True)
+        return self._due.wait_idle(timeout)
 
     def _report(self, payload, finish: float) -> None:
         report, device, sid, trained_with, failed = payload

@@ -77,7 +77,7 @@ def run_devices(scripts: dict, device_ids: list[str], num_workers: int = 4):
     factory, leaf = ScriptedFactory(scripts), ScriptedLeaf()
     sim = make_simulator(factory, leaf, len(device_ids), num_workers)
     dispatch(sim, device_ids)
-    sim.worker_pool.shutdown(wait=True)
+    assert sim.wait_until_reported()
     assert len(leaf.reports) == len(device_ids), "every dispatched device reports exactly once"
     return sim, factory, {r.get_device_id(): r for r in leaf.reports}
 
@@ -136,7 +136,7 @@ def run_grouped(n: int, group_size: int, oom_above: int | None = None):
     leaf = ScriptedLeaf()
     sim = make_simulator(factory, leaf, n, 2, group_size=group_size)
     dispatch(sim, [f"site-1#{i}" for i in range(n)])
-    sim.worker_pool.shutdown(wait=True)
+    assert sim.wait_until_reported()
     return sim, calls, leaf.reports
 
 
@@ -169,7 +169,7 @@ def test_scaled_time_starts_a_later_task_at_its_simulated_dispatch_time(tmp_path
     before = time.time()
     dispatch(sim, [fast])
     after = time.time()
-    sim.worker_pool.shutdown(wait=True)
+    assert sim.wait_until_reported()
     events = [json.loads(line) for line in log.read_text().splitlines()]
     assert [e["device"] for e in events] == [fast, slow]
     by_device = {e["device"]: e["sim"] for e in events}
@@ -191,8 +191,30 @@ def test_a_device_that_fails_for_good_reports_a_zero_weight_update_so_its_round_
     leaf, log = ScriptedLeaf(), tmp_path / "clock.jsonl"
     sim = make_simulator(factory, leaf, 1, 1, clock_log=str(log))
     dispatch(sim, ["site-1#0"])
-    sim.worker_pool.shutdown(wait=True)
+    assert sim.wait_until_reported()
     (report,) = leaf.reports
     assert report.status == EdgeApiStatus.OK and report.result["count"] == 0
     assert sim.failed_tasks == 1
     assert json.loads(log.read_text())["ok"] is False
+
+
+def test_scaled_delays_do_not_hold_the_worker_and_results_leave_in_due_order(tmp_path):
+    """One worker, a group trained together: with the delays held outside the worker, a later short task is
+    trained and reported while the group's slow device is still waiting out its delay."""
+    speed = DeviceSpeedConfig(means=(100.0, 5.0), stds=(0.0, 0.0))
+    ids = [f"site-1#{i}" for i in range(50)]
+    slow = next(d for d in ids if speed.speed_class(d) == 0)
+    fast = [d for d in ids if speed.speed_class(d) == 1][:2]
+    leaf, log = ScriptedLeaf(), tmp_path / "clock.jsonl"
+    factory = ScriptedFactory({}, processor=lambda: GroupingProcessor([]))
+    sim = make_simulator(factory, leaf, 3, 1, speed, time_scale=0.01, clock_log=str(log), group_size=2)
+    dispatch(sim, [slow, fast[0]])  # one group: due after 1.0 s and 0.05 s of wall time
+    time.sleep(0.2)
+    dispatch(sim, [fast[1]])  # the only worker must be free for it
+    assert sim.wait_until_reported()
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [e["device"] for e in events] == [fast[0], fast[1], slow]
+    wall = {e["device"]: e["wall"] for e in events}
+    slow_due = sim._origin + 1.0
+    assert wall[fast[0]] < slow_due and wall[fast[1]] < slow_due, "fast devices waited for the slow one's delay"
+    assert wall[slow] >= slow_due - 0.01
