@@ -304,22 +304,13 @@ def _stop(proc: subprocess.Popen) -> None:
     sessions, so a process-group signal would miss them): SIGTERM, then SIGKILL for what is left."""
     import psutil
 
+    from jobs.process_guard import stop_processes
+
     try:
         tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
     except psutil.NoSuchProcess:
         return
-    for p in tree:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(tree, timeout=15)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=5)
+    stop_processes(tree, grace_seconds=15)
 
 
 def load_records(out: str) -> list[dict]:

@@ -18,21 +18,27 @@ from contextlib import contextmanager
 import psutil
 
 
-def stop_descendants(grace_seconds: float = 10.0) -> int:
-    """Terminate (then kill) every descendant of this process; returns how many there were."""
-    children = psutil.Process().children(recursive=True)  # listed before any dies, so none is re-parented away
-    for child in children:
+def stop_processes(processes: list[psutil.Process], grace_seconds: float = 10.0) -> None:
+    """SIGTERM every process, then SIGKILL those still running after ``grace_seconds``. List a whole tree before
+    calling this, so no process is re-parented away when its parent dies."""
+    for p in processes:
         try:
-            child.terminate()
+            p.terminate()
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(children, timeout=grace_seconds)
-    for child in alive:
+    _, alive = psutil.wait_procs(processes, timeout=grace_seconds)
+    for p in alive:
         try:
-            child.kill()
+            p.kill()
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(alive, timeout=grace_seconds)
+
+
+def stop_descendants(grace_seconds: float = 10.0) -> int:
+    """Terminate (then kill) every descendant of this process; returns how many there were."""
+    children = psutil.Process().children(recursive=True)
+    stop_processes(children, grace_seconds)
     return len(children)
 
 
