@@ -266,27 +266,30 @@ class PeakSampler:
 
 
 def make_device_trainer(cfg, device: torch.device) -> Callable[[str], None]:
-    """``train(device_id)``: one simulated device's local training exactly as ``FedAvgTaskProcessor.train`` does it
-    (its partition, its seeded batch order, a per-thread reusable model), from a fixed initial global model.
+    """``train(device_id)``: one simulated device's local training by the job's own ``FedAvgTaskProcessor`` (its
+    partition, seeded batch order, per-thread model and utilisation profile), from a fixed initial global model.
     Loads the data and warms torch up (first-call initialisation) before returning."""
-    from processors.data.partition import device_indices, stable_seed
-    from processors.data.sources import load_dataset
-    from processors.models import build_model
-    from processors.training import LocalTrainingConfig, train_local, worker_model
+    from processors.models import MODEL_CLASSES
+    from processors.task_processor import FedAvgTaskProcessor
 
-    data = load_dataset(cfg.dataset_spec)
-    labels = data.y_train.numpy()
-    on_device = data.to(device)
-    torch.manual_seed(cfg.seed)
-    global_params = {k: v.detach().to(device) for k, v in build_model(cfg.model).state_dict().items()}
-    training = LocalTrainingConfig(cfg.local_iters, cfg.local_batch_size, cfg.local_lr, cfg.optimizer)
+    processor = FedAvgTaskProcessor(
+        dataset=cfg.dataset_spec.to_dict(),
+        model=cfg.model,
+        subset_size=cfg.subset_size,
+        dirichlet_alpha=cfg.dirichlet_alpha,
+        seed=cfg.seed,
+        local_iters=cfg.local_iters,
+        local_batch_size=cfg.local_batch_size,
+        local_lr=cfg.local_lr,
+        optimizer=cfg.optimizer,
+        compute_device=str(device),
+        profile=cfg.profile,
+    )  # torch_threads 0: each trial sets its own
+    initial = MODEL_CLASSES[cfg.model](init_seed=cfg.seed)  # the job's initial global model
+    weights = {k: v.numpy() for k, v in initial.state_dict().items()}
 
     def train(device_id: str) -> None:
-        indices = device_indices(labels, device_id, cfg.subset_size, cfg.dirichlet_alpha, cfg.seed)
-        idx = torch.from_numpy(indices).to(device)
-        x, y = on_device.x_train.index_select(0, idx), on_device.y_train.index_select(0, idx)
-        generator = torch.Generator().manual_seed(stable_seed("train", cfg.seed, device_id, 1) % 2**63)
-        train_local(worker_model(cfg.model, device), global_params, x, y, training, generator)
+        processor.train(device_id, weights, version=1)
 
     train("tune#warmup")  # lazy initialisation (oneDNN / cuDNN / allocator) is no part of any trial
     return train
