@@ -25,9 +25,9 @@ intra-op threads to ``max(1, cores // W)`` (``WorkerPlan.torch_threads``'s rule:
 made training 30x slower). Devices per second are therefore per leaf.
 
 Search space: points are ``TrialPoint(workers, group_size)``; ``group_size`` is the number of devices one worker
-trains together. Only the per-device engine exists (group size 1); an engine that trains groups (e.g.
-``processors.training_vectorized.train_group``) adds its group sizes to ``candidate_points`` and a branch in
-``make_trial_runner``; ``explore`` already treats every group size as its own branch.
+trains together (1: the per-device engine; more: the vectorised engine, ``FedAvgTaskProcessor.train_group``).
+When the planner picks the vectorised engine, the tuner tries group size 1 and the planned group size, each a
+branch of its own over worker counts, and recommends ``--engine`` and ``--group-size`` with the workers.
 """
 
 from __future__ import annotations
@@ -96,9 +96,14 @@ class Recommendation:
     job_timeout: float | None  # None: not measured (keep the job's default)
     first_task_seconds: float | None
     reason: str
+    engine: str | None = None  # set when trials compared engines (group size 1 vs larger groups)
 
     def flags(self) -> str:
         parts = []
+        if self.engine is not None:
+            parts.append(f"--engine {self.engine}")
+        if self.group_size is not None and self.group_size > 1:
+            parts.append(f"--group-size {self.group_size}")
         if self.num_workers is not None:
             parts.append(f"--num-workers {self.num_workers}")
         if self.job_timeout is not None:
@@ -189,11 +194,17 @@ def recommend(
     tied = [t for t in measured if t.devices_per_s >= top * (1 - tolerance)]
     pick = min(tied, key=lambda t: (t.workers, t.group_size))
     reason = f"{pick.devices_per_s:.2f} devices/s with {pick.workers} worker(s)"
+    if pick.group_size > 1:
+        reason += f" in groups of {pick.group_size}"
+    engines_compared = len({t.group_size > 1 for t in measured}) > 1
+    engine = ("vectorized" if pick.group_size > 1 else "per-device") if engines_compared else None
     if pick.devices_per_s < top:
         reason += f" (within {tolerance:.0%} of the best, {top:.2f}, with fewer workers)"
     if any(t.status == OOM for t in trials):
         reason += f"; out of memory at W={min(t.workers for t in trials if t.status == OOM)}"
-    return Recommendation(pick.workers, pick.group_size, pick.devices_per_s, timeout, first_task_seconds, reason)
+    return Recommendation(
+        pick.workers, pick.group_size, pick.devices_per_s, timeout, first_task_seconds, reason, engine
+    )
 
 
 def _mib(value: int | None) -> str:
@@ -265,8 +276,9 @@ class PeakSampler:
         self._take()
 
 
-def make_device_trainer(cfg, device: torch.device) -> Callable[[str], None]:
-    """``train(device_id)``: one simulated device's local training by the job's own ``FedAvgTaskProcessor`` (its
+def make_device_trainer(cfg, device: torch.device) -> Callable[[Sequence[str]], None]:
+    """``train(device_ids)``: local training of a group of simulated devices by the job's own ``FedAvgTaskProcessor``
+    (one device: ``train``, the per-device engine; more: ``train_group``, the vectorised engine; each with its
     partition, seeded batch order, per-thread model and utilisation profile), from a fixed initial global model.
     Loads the data and warms torch up (first-call initialisation) before returning."""
     from processors.models import MODEL_CLASSES
@@ -288,10 +300,13 @@ def make_device_trainer(cfg, device: torch.device) -> Callable[[str], None]:
     initial = MODEL_CLASSES[cfg.model](init_seed=cfg.seed)  # the job's initial global model
     weights = {k: v.numpy() for k, v in initial.state_dict().items()}
 
-    def train(device_id: str) -> None:
-        processor.train(device_id, weights, version=1)
+    def train(device_ids: Sequence[str]) -> None:
+        if len(device_ids) == 1:
+            processor.train(device_ids[0], weights, version=1)
+        else:
+            processor.train_group(list(device_ids), weights, version=1)
 
-    train("tune#warmup")  # lazy initialisation (oneDNN / cuDNN / allocator) is no part of any trial
+    train(["tune#warmup"])  # lazy initialisation (oneDNN / cuDNN / allocator) is no part of any trial
     return train
 
 
@@ -303,15 +318,15 @@ def measure_trial(
     device: torch.device | None = None,
     read_memory: Callable[[], float] | None = None,
 ) -> TrialResult:
-    """Train ``device_ids`` on a pool of ``point.workers`` threads and time it.
+    """Train ``device_ids`` on a pool of ``point.workers`` threads, ``point.group_size`` devices per call of
+    ``train_one``, and time it.
 
     Each worker first trains one untimed warm-up device (all W threads are started and hold their model before
     the clock starts); the timed part is the real devices. torch intra-op threads: ``max(1, cores // W)``.
     Exceptions (out of memory included) propagate; ``explore`` records them.
     """
-    if point.group_size != 1:
-        raise ValueError(f"group size {point.group_size}: only the per-device engine (group size 1) exists")
-    workers = point.workers
+    workers, g = point.workers, point.group_size
+    groups = [tuple(device_ids[i : i + g]) for i in range(0, len(device_ids), g)]
     threads = max(1, cores // workers)
     torch.set_num_threads(threads)
     cuda = device is not None and device.type == "cuda"
@@ -322,7 +337,7 @@ def measure_trial(
 
     def warm(i: int) -> None:
         ready.wait(timeout=300)  # one warm-up per thread: every worker exists before timing starts
-        train_one(f"tune#warm{i}")
+        train_one([f"tune#warm{i}-{j}" for j in range(g)])
 
     pool = ThreadPoolExecutor(workers, thread_name_prefix="tune")
     try:
@@ -331,7 +346,7 @@ def measure_trial(
             if cuda:
                 torch.cuda.synchronize(device)
             start = time.perf_counter()
-            list(pool.map(train_one, device_ids))
+            list(pool.map(train_one, groups))
             if cuda:
                 torch.cuda.synchronize(device)
             seconds = time.perf_counter() - start
@@ -372,7 +387,8 @@ def pinned_cores(count: int) -> Iterator[int]:
 
 
 def make_trial_runner(cfg, device: torch.device, trial_devices: int, cores: int) -> Callable[[TrialPoint], TrialResult]:
-    """The real trial function ``explore`` calls: per-device engine, ``trial_devices`` devices per trial."""
+    """The real trial function ``explore`` calls: ``trial_devices`` devices per trial, in groups of the point's
+    group size."""
     train_one = make_device_trainer(cfg, device)
     device_ids = [f"tune#{i}" for i in range(trial_devices)]
     return lambda point: measure_trial(point, train_one, device_ids, cores, device)
@@ -539,7 +555,8 @@ def main(argv: list[str] | None = None) -> int:
     leaves_on_host = cfg.num_leaf_nodes if cfg.env in ("sim", "poc") else 1
     cores = args.trial_cores or max(1, host_cores // leaves_on_host)
     cap = args.max_workers or (32 if device.type == "cuda" else max(2, 2 * cores))
-    trial_devices = args.trial_devices or max(32, 4 * cap)
+    group_sizes = (1, plan.group_size) if plan.engine == "vectorized" and plan.group_size > 1 else (1,)
+    trial_devices = args.trial_devices or max(32, 4 * cap, 2 * group_sizes[-1])
     for flag, value in (("--trial-cores", cores), ("--max-workers", cap), ("--trial-devices", trial_devices)):
         if value < 1:
             parser.error(f"{flag} {value}: must be >= 1")
@@ -555,10 +572,11 @@ def main(argv: list[str] | None = None) -> int:
         runner = make_trial_runner(cfg, device, trial_devices, cores)
         trials = explore(
             runner,
-            candidate_points(cap),
+            candidate_points(cap, group_sizes),
             args.min_gain,
             log=lambda t: print(
-                f"[tune] W={t.workers}: {t.devices_per_s:.2f} devices/s, {t.status} {t.detail}".rstrip()
+                f"[tune] W={t.workers}, group {t.group_size}: {t.devices_per_s:.2f} devices/s, {t.status} "
+                f"{t.detail}".rstrip()
             ),
         )
     torch.set_num_threads(threads_before)

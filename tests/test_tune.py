@@ -201,7 +201,8 @@ def test_cli_without_job_probe_prints_a_table_and_writes_json(tmp_path, capsys):
     try:
         rc = tune.main(["--synthetic-size", "500", "--subset-size", "16", "--local-batch-size", "8",
                         "--local-iters", "2", "--compute-device", "cpu", "--trial-devices", "2", "--max-workers", "2",
-                        "--min-gain", "-1", "--skip-job-probe", "--json", str(out)])  # fmt: skip
+                        "--min-gain", "-1", "--skip-job-probe", "--json", str(out),
+                        "--engine", "per-device"])  # fmt: skip
     finally:
         torch.set_num_threads(threads)
     text = capsys.readouterr().out
@@ -221,7 +222,8 @@ def test_cli_refuses_a_bad_job_configuration(capsys):
 def test_measure_trial_out_of_memory_cancels_queued_devices_and_is_recorded():
     started = []
 
-    def train_one(device_id: str) -> None:
+    def train_one(device_ids) -> None:
+        (device_id,) = device_ids  # group size 1: one device per call
         started.append(device_id)
         time.sleep(0.01)  # 200 devices would take ~1 s on 2 workers: enough to see the cancellation
         if device_id == "d3":
@@ -240,3 +242,20 @@ def test_measure_trial_out_of_memory_cancels_queued_devices_and_is_recorded():
         .splitlines()[1]
         .endswith("oom RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB")
     )
+
+
+def test_group_trials_train_groups_per_call_and_the_recommendation_names_the_engine():
+    calls = []
+    threads = torch.get_num_threads()
+    try:
+        ids = [f"d{i}" for i in range(10)]
+        result = tune.measure_trial(TrialPoint(1, 4), lambda group: calls.append(len(group)), ids, cores=1)
+    finally:
+        torch.set_num_threads(threads)
+    assert calls == [4, 4, 4, 2] and result.devices == 10  # one warm-up group, then the 10 devices in groups of 4
+    per_device = TrialResult(1, 1, devices=10, seconds=1.0, devices_per_s=10.0)
+    grouped = TrialResult(1, 8, devices=10, seconds=0.5, devices_per_s=20.0)
+    assert recommend([per_device, grouped]).flags() == "--engine vectorized --group-size 8 --num-workers 1"
+    assert recommend([per_device]).flags() == "--num-workers 1"  # no engines compared: no engine flag
+    slower = TrialResult(1, 8, devices=10, seconds=2.0, devices_per_s=5.0)
+    assert recommend([per_device, slower]).flags() == "--engine per-device --num-workers 1"
