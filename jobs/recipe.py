@@ -119,7 +119,7 @@ class EdgeSimRecipe(EdgeFedBuffRecipe):
             job,
             SERVER,
             "device_manager",
-            FreshSelectionDeviceManager(d.device_selection_size, d.min_hole_to_fill, d.device_reuse),
+            FreshSelectionDeviceManager(d.device_selection_size, d.min_hole_to_fill, d.device_reuse, seed=cfg.seed),
         )
         evaluator_id = job.to_server(
             GlobalModelEvaluator(

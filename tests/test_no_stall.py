@@ -126,3 +126,24 @@ def test_configuration_that_stalls_stock_nvflare_finishes(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["versions"][-1]["version"] >= 6
+
+
+def test_device_selection_depends_on_the_seed_and_is_balanced_over_leaves():
+    def selections(seed: int, order: list[str]) -> list[list[str]]:
+        ctx = FLContext()
+        manager = FreshSelectionDeviceManager(device_selection_size=6, min_hole_to_fill=6, seed=seed)
+        manager.update_available_devices({d: FakeDevice(d.split("#")[0]) for d in order}, ctx)
+        picked = []
+        for version in (1, 2, 3):
+            manager.fill_selection(version, ctx)
+            picked.append(sorted(manager.current_selection))
+            manager.remove_devices_from_selection(set(manager.current_selection), ctx)
+            manager.remove_devices_from_used(set(manager.used_devices), ctx)
+        return picked
+
+    devices = [f"site-{leaf}#{i}" for leaf in (1, 2) for i in range(10)]
+    first = selections(0, devices)
+    assert selections(0, list(reversed(devices))) == first  # not the order the devices were reported in
+    assert selections(1, devices) != first
+    for chosen in first:
+        assert sum(d.startswith("site-1#") for d in chosen) == 3  # 6 devices over 2 leaves: 3 each
