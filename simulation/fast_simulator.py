@@ -30,8 +30,12 @@ from dataclasses import dataclass
 from nvflare.edge.constants import CookieKey, EdgeApiStatus, SpecialDeviceId
 from nvflare.edge.simulation.simulated_device import DeviceFactory, DeviceState, SimulatedDevice
 from nvflare.edge.simulation.simulator import Simulator
+from nvflare.edge.web.models.job_request import JobRequest
 from nvflare.edge.web.models.job_response import JobResponse
 from nvflare.edge.web.models.result_report import ResultReport
+from nvflare.edge.web.models.selection_request import SelectionRequest
+from nvflare.edge.web.models.selection_response import SelectionResponse
+from nvflare.edge.web.models.task_request import TaskRequest
 from nvflare.edge.web.models.task_response import TaskResponse
 from nvflare.security.logging import secure_format_exception
 
@@ -101,6 +105,20 @@ class FastSimulator(Simulator):
         self._log_lock = threading.Lock()
         self._task_counts: dict[str, int] = {}
         self.failed_tasks = 0
+
+    # -- requests to the leaf, without NVFlare's debug f-strings (they render whole models: ~15 ms each) -------
+    def _ask_for_task(self, device: SimulatedDevice) -> TaskResponse:
+        req = TaskRequest(device.get_device_info(), device.get_user_info(), device.get_job_id(), device.cookie)
+        return self._send_request(req, device, TaskResponse(EdgeApiStatus.RETRY))
+
+    def _ask_for_selection(self, job_id: str, device_id) -> SelectionResponse:
+        device = self.device_factory.make_device(device_id)
+        req = SelectionRequest(device.get_device_info(), job_id)
+        return self._send_request(req, device, SelectionResponse(EdgeApiStatus.RETRY))
+
+    def _ask_for_job(self, device: SimulatedDevice) -> JobResponse:
+        req = JobRequest(self.job_name, device.get_device_info(), device.get_user_info(), device.get_capabilities())
+        return self._send_request(req, device, JobResponse(EdgeApiStatus.RETRY))
 
     # -- control loop -------------------------------------------------------------------------------------
     def _wait_for_job(self) -> JobResponse | None:

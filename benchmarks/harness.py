@@ -1,0 +1,130 @@
+"""Runs one job as a subprocess and measures it from outside: the one job runner every benchmark uses.
+
+While the job runs, a sampler thread reads the job's process tree every ``sample_s`` seconds with psutil: the peak
+resident memory of the whole tree, and each process's CPU seconds by role. In SimEnv the driver (``jobs/...``)
+starts NVFlare's simulator, whose main process runs the server and whose child processes run one leaf each, so
+the roles are ``driver``, ``server`` and ``leaves``. Each time ``metrics.json`` gains an evaluated version the
+sampler records the CPU seconds of every role at that moment, so a benchmark can take the CPU spent between two
+versions (steady state, without start-up) and divide it by the devices trained in between.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROLES = ("driver", "server", "leaves")
+
+
+@dataclass
+class JobResult:
+    metrics: dict
+    output: str  # the job's stdout and stderr
+    process_seconds: float
+    peak_rss_bytes: int
+    cpu_at_version: dict[int, dict[str, float]] = field(default_factory=dict)  # version -> role -> CPU seconds
+
+    @property
+    def versions(self) -> list[dict]:
+        return self.metrics.get("versions", [])
+
+    def steady_state(self, first: int | None = None) -> dict:
+        """Wall seconds, devices trained and CPU seconds by role between the evaluation of version ``first``
+        (default: the second evaluated version, i.e. after start-up and the first round) and the last one."""
+        records = {r["version"]: r for r in self.versions if r["version"] in self.cpu_at_version}
+        if len(records) < 2:
+            raise RuntimeError("fewer than two versions were evaluated while the job was sampled")
+        ordered = sorted(records)
+        start = first if first in records else ordered[min(1, len(ordered) - 2)]
+        end = ordered[-1]
+        config = self.metrics["config"]
+        per_version = config.get("federation", config)["num_updates_for_model"]
+        devices = per_version * (end - start)
+        cpu = {role: self.cpu_at_version[end][role] - self.cpu_at_version[start][role] for role in ROLES}
+        wall = records[end]["wall_seconds"] - records[start]["wall_seconds"]
+        return {"from_version": start, "to_version": end, "wall_seconds": wall, "devices": devices, "cpu": cpu}
+
+
+def role_of(proc: psutil.Process, root: psutil.Process) -> str:
+    """driver (the job script), server (NVFlare's simulator main process) or leaves (its children)."""
+    if proc.pid == root.pid:
+        return "driver"
+    try:
+        parent = proc.parent()
+    except psutil.Error:
+        return "leaves"
+    return "server" if parent is not None and parent.pid == root.pid else "leaves"
+
+
+def run_job(script: str, flags: list[str], out: str, sample_s: float = 0.2, timeout: float | None = None) -> JobResult:
+    """Run ``python <script> <flags> --output <out>`` from the repository root and measure it; exit with the
+    job's output if it fails."""
+    started = time.time()
+    popen = subprocess.Popen(
+        [sys.executable, os.path.join(REPO, script), *flags, "--output", out],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    root = psutil.Process(popen.pid)
+    cpu_by_pid: dict[int, tuple[str, float]] = {}
+    cpu_at_version: dict[int, dict[str, float]] = {}
+    peak = 0
+    stop = threading.Event()
+    metrics_path = os.path.join(out, "metrics.json")
+
+    def totals() -> dict[str, float]:
+        sums = dict.fromkeys(ROLES, 0.0)
+        for role, seconds in cpu_by_pid.values():
+            sums[role] += seconds
+        return sums
+
+    def sample() -> None:
+        nonlocal peak
+        seen_versions: set[int] = set()
+        while not stop.is_set():
+            try:
+                procs = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                procs = []
+            rss = 0
+            for p in procs:
+                try:
+                    with p.oneshot():
+                        rss += p.memory_info().rss
+                        times = p.cpu_times()
+                        cpu_by_pid[p.pid] = (role_of(p, root), times.user + times.system)
+                except psutil.Error:
+                    pass
+            peak = max(peak, rss)
+            try:
+                with open(metrics_path) as f:
+                    versions = [r["version"] for r in json.load(f).get("versions", [])]
+            except (OSError, ValueError):
+                versions = []
+            for v in versions:
+                if v not in seen_versions:
+                    seen_versions.add(v)
+                    cpu_at_version[v] = totals()
+            stop.wait(sample_s)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        output = popen.communicate(timeout=timeout)[0]
+    finally:
+        stop.set()
+        sampler.join()
+        if popen.poll() is None:
+            popen.kill()
+    if popen.returncode:
+        sys.exit(f"job failed ({script} {' '.join(flags)}):\n{output[-3000:]}")
+    with open(metrics_path) as f:
+        metrics = json.load(f)
+    return JobResult(metrics, output, time.time() - started, peak, cpu_at_version)
