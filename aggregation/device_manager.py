@@ -18,7 +18,7 @@ import random
 from nvflare.apis.fl_context import FLContext
 from nvflare.edge.assessors.buff_device_manager import BuffDeviceManager
 
-from processors.data.partition import stable_seed
+from common.seeds import stable_seed
 
 
 class FreshSelectionDeviceManager(BuffDeviceManager):

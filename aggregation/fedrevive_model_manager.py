@@ -9,18 +9,18 @@ Per-update distillation times go to ``fedrevive_log.jsonl`` in the results folde
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
 import numpy as np
 from nvflare.apis.dxo import DXO, DataKind, from_shareable
 from nvflare.apis.event_type import EventType
-from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.edge.mud import ModelUpdate
 
 from aggregation.numpy_model_manager import NumpyBuffModelManager, as_float32_arrays
+from common.jsonio import JsonlWriter
+from common.output import output_dir
 from fedrevive.config import FedReviveConfig
 from fedrevive.distill import FedReviveDistiller
 from processors.device import resolve_device
@@ -50,7 +50,7 @@ class FedReviveModelManager(NumpyBuffModelManager):
         self.results_dir = results_dir
         self.distiller: FedReviveDistiller | None = None
         self.history: dict[int, dict[str, np.ndarray]] = {}
-        self._log_path = None
+        self._log: JsonlWriter | None = None
         self.register_event_handler(EventType.START_RUN, self._start_distiller)
 
     def _start_distiller(self, _event: str, fl_ctx: FLContext) -> None:
@@ -58,9 +58,7 @@ class FedReviveModelManager(NumpyBuffModelManager):
         self.distiller = FedReviveDistiller(
             cfg, lambda: build_model(self.model), resolve_device(self.compute_device), self.seed
         )
-        out = self.results_dir or fl_ctx.get_prop(FLContextKey.APP_ROOT)
-        os.makedirs(out, exist_ok=True)
-        self._log_path = os.path.join(out, "fedrevive_log.jsonl")
+        self._log = JsonlWriter(os.path.join(output_dir(self.results_dir, fl_ctx), "fedrevive_log.jsonl"))
 
     def generate_new_model(self, fl_ctx: FLContext) -> None:
         super().generate_new_model(fl_ctx)
@@ -102,5 +100,4 @@ class FedReviveModelManager(NumpyBuffModelManager):
         state.accept(ModelUpdate(version, update, {device: time.time()}), fl_ctx)
         self.num_updates_counter += 1
         info = {k: v for k, v in info.items() if isinstance(v, (int, float, str))}
-        with open(self._log_path, "a") as f:
-            f.write(json.dumps({"version": self.current_model_version, "base_version": version, **info}) + "\n")
+        self._log.write({"version": self.current_model_version, "base_version": version, **info})

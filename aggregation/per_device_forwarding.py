@@ -19,7 +19,7 @@ from nvflare.apis.shareable import Shareable
 from nvflare.app_common.abstract.aggregator import Aggregator
 from nvflare.edge.updaters.emd import AggregatorFactory
 
-from processors.task_processor import DEVICE_ID_META
+from common.protocol import DEVICE_ID_META
 
 
 class PerDeviceForwardingAggregator(Aggregator):

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from processors.data.sources import make_synthetic, normalize  # noqa: E402
 from processors.models import build_model  # noqa: E402
-from processors.training import LocalTrainingConfig, train_local, worker_model  # noqa: E402
+from processors.training import TrainingConfig, train_local, worker_model  # noqa: E402
 from processors.training_vectorized import train_group  # noqa: E402
 
 MODEL = "cifar10_convnet"
@@ -99,7 +99,7 @@ def main() -> None:
     else:
         device = torch.device(args.device)
     ks = [int(k) for k in args.ks.split(",") if k.strip()]
-    cfg = LocalTrainingConfig(local_iters=args.iters, batch_size=args.batch_size, optimizer="adam")
+    cfg = TrainingConfig(local_iters=args.iters, local_batch_size=args.batch_size, optimizer="adam")
 
     pool = min(max(ks) * args.samples, 20000)
     ds = make_synthetic(max(pool, 100), 100, seed=0).to(device)

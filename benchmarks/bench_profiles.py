@@ -81,7 +81,7 @@ def ratio(value, base) -> str:
 
 
 def main() -> None:
-    from simulation.profiles import PROFILES
+    from common.profiles import PROFILES
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--devices-per-leaf", type=int, default=20)

@@ -36,13 +36,14 @@ def job_flags(args, devices_per_leaf: int, selection: int) -> list[str]:
 
 def training_floor_ms(devices: int, seed: int, synthetic_size: int, group: int) -> float:
     """CPU milliseconds per device of the job's own training step alone (task processor, groups of ``group``)."""
+    from processors.data.config import DataConfig
     from processors.models import build_model
-    from processors.task_processor import FedAvgTaskProcessor
+    from processors.task_processor import TrainingTaskProcessor
+    from processors.training import TrainingConfig
 
-    proc = FedAvgTaskProcessor(
-        dataset={"name": "synthetic", "synthetic_size": synthetic_size, "seed": seed},
-        seed=seed, local_iters=1, local_batch_size=8, subset_size=32, torch_threads=1,
-    )  # fmt: skip
+    data = DataConfig(synthetic_size=synthetic_size, subset_size=32)
+    training = TrainingConfig(local_iters=1, local_batch_size=8)
+    proc = TrainingTaskProcessor(data=data.to_dict(), training=training.to_dict(), seed=seed, torch_threads=1)
     weights = {k: v.numpy() for k, v in build_model("cifar10_convnet").state_dict().items()}
     proc.train_group([f"warmup#{i}" for i in range(group)], weights, version=1)
     ids = [f"site-{i % 2 + 1}#{i}" for i in range(devices)]

@@ -43,11 +43,13 @@ def compute_floor(devices: int, seed: int, synthetic_size: int) -> float:
     """Seconds to train ``devices`` devices one after another in-process (no NVFlare): the floor per version."""
     import torch
 
+    from processors.data.config import DataConfig
     from processors.models import build_model
-    from processors.task_processor import FedAvgTaskProcessor
+    from processors.task_processor import TrainingTaskProcessor
+    from processors.training import TrainingConfig
 
-    proc = FedAvgTaskProcessor(dataset={"name": "synthetic", "synthetic_size": synthetic_size, "seed": seed},
-                               seed=seed, compute_device="auto")  # fmt: skip
+    data, training = DataConfig(synthetic_size=synthetic_size), TrainingConfig()
+    proc = TrainingTaskProcessor(data=data.to_dict(), training=training.to_dict(), seed=seed)
     weights = {k: v.numpy() for k, v in build_model("cifar10_convnet").state_dict().items()}
     proc.train("warmup#0", weights, version=1)
     if torch.cuda.is_available():
@@ -76,13 +78,13 @@ def main() -> None:
         "--synthetic-size", str(args.synthetic_size), "--seed", str(args.seed),
     ]  # fmt: skip
     if args.delays:
-        common += ["--speed-means", "100,200,400", "--speed-stds", "4,4,4", "--comm-delay-mean", "5"]
+        common += ["--delays", "edge-example"]
     work = tempfile.mkdtemp(prefix="bench_simulator_")
     # NVFlare's example runs the stock simulator with 10 workers; with delays we give it one thread per device a
     # leaf trains per round, so all its sleeps overlap (the most favourable setting for the stock path)
     stock_workers = str(-(-args.selection // 2)) if args.delays else "10"
     cases = {
-        "stock": ["--simulator", "stock", "--wire-format", "lists", "--num-workers", stock_workers],
+        "stock": ["--simulator", "stock", "--num-workers", stock_workers],
         "fast": ["--simulator", "fast"],
     }
     results = {}

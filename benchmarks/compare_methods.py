@@ -237,7 +237,7 @@ def job_command(args, method: str, max_version: int, out: str, passthrough: list
         "--local-iters", str(args.local_iters), "--local-batch-size", str(args.local_batch_size),
         "--local-lr", str(args.local_lr),
         "--speed-means", _csv(args.speed_means), "--speed-stds", _csv(args.speed_stds),
-        "--comm-delay-mean", f"{args.comm_delay_mean:g}", "--comm-delay-std", f"{args.comm_delay_std:g}",
+        "--upload-delays", f"{args.comm_delay_mean:g}", "--upload-jitter", f"{args.comm_delay_std:g}",
         "--workspace", os.path.join(args.output, "workspace"), "--output", out,
         "--job-name", f"compare_{method}", "--time-scale", f"{args.time_scale:g}",
     ]  # fmt: skip

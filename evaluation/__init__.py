@@ -1,1 +1,10 @@
-"""Server-side evaluation of each global model version and the run's result files."""
+"""Server-side results: evaluate each global model and record the run, one concern per NVFlare component.
+
+The chain of one evaluated version (events in ``evaluation.events``)::
+
+    model manager --GLOBAL_WEIGHTS_UPDATED--> GlobalModelEvaluator --VERSION_EVALUATED--> RunRecorder
+        --VERSION_RECORDED--> ProgressReporter, TensorBoardWriter, GlobalModelSaver
+
+``SystemMonitorComponent`` samples the machine; the recorder reads its figures for each version, and at the end
+of the run it fires SYSTEM_SUMMARY (recorded, printed). ``RunRecorder`` is the one writer of ``metrics.json``.
+"""

@@ -26,7 +26,7 @@ class FedReviveConfig:
     gen_noise_dim: int = 256
     gen_width: int = 64  # DCGAN base width (channels at 32x32); the 32x32 convs dominate synthesis cost
     gen_adapt_steps: int = 2
-    gen_lr: float = 1e-3  # Adam lr of the fast copy; not stated in the brief, the common DFKD value
+    gen_lr: float = 1e-3  # Adam lr of the fast copy; the common DFKD value
     gen_reptile_lr: float = 0.5  # persistent <- persistent + lr * (adapted - persistent); our choice
     bn_weight: float = 0.003  # feature-statistics matching (DeepInversion-style) weight
     adv_weight: float = 0.1  # adversarial teacher-student disagreement weight (maximised)

@@ -1,201 +1,178 @@
-"""Command-line flags shared by every job, and their translation into one ``JobConfig``."""
+"""Command-line flags of every job, grouped like the config parts, and their translation into one ``JobConfig``.
+
+Each group's defaults come from its part's dataclass and each choice from its ``Literal``, so a default or a
+valid value is written once (in the part). ``None`` defaults mean "not given": the part's (or the method's
+preset) value then applies.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
-from jobs.config import JobConfig
-from simulation.clock import DeviceSpeedConfig
+from common.choices import ConfigError, literal_choices
+from common.delays import DelayConfig, DelayPreset, SpeedDistribution
+from common.profiles import ProfileName
+from fedrevive.config import FedReviveConfig
+from jobs.config import EnvName, FederationConfig, JobConfig, RunConfig
+from jobs.methods import METHODS, MethodName
+from processors.data.config import DataConfig
+from processors.training import Optimizer, TrainingConfig
+from simulation.config import EngineConfig, EngineName, SimulatorName
 
 
 def _floats(text: str) -> tuple[float, ...]:
     return tuple(float(v) for v in text.split(",") if v.strip()) if text else ()
 
 
-def build_parser(description: str, defaults: JobConfig) -> argparse.ArgumentParser:
-    d = defaults
+def _defaults(part) -> dict:
+    return {f.name: f.default for f in dataclasses.fields(part) if f.default is not dataclasses.MISSING}
+
+
+def build_parser(description: str, method_choice: bool = False) -> argparse.ArgumentParser:
+    """Every job flag; ``method_choice`` adds ``--method`` (with presets) and the ``--fr-*`` FedRevive flags."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    d = _defaults(DataConfig)
     data = p.add_argument_group("data")
-    data.add_argument(
-        "--dataset", default=d.dataset, help="cifar10, synthetic, or PATH.npz (x_train, y_train, x_test, y_test)"
-    )
-    data.add_argument("--data-root", default=d.data_root, help="where torchvision's CIFAR-10 lives / is downloaded")
-    data.add_argument(
-        "--synthetic-size", type=int, default=d.synthetic_size, help="training images of the synthetic dataset"
-    )
-    data.add_argument("--subset-size", type=int, default=d.subset_size, help="training samples per device")
-    data.add_argument(
-        "--dirichlet-alpha", type=float, default=d.dirichlet_alpha, help="non-IID label skew; <= 0 means IID"
-    )
+    data.add_argument("--dataset", default=d["dataset"],
+                      help="cifar10, synthetic, or PATH.npz (x_train, y_train, x_test, y_test)")  # fmt: skip
+    data.add_argument("--data-root", default=d["data_root"], help="where torchvision's CIFAR-10 lives / is downloaded")
+    data.add_argument("--synthetic-size", type=int, default=d["synthetic_size"], help="training images of the synthetic dataset")
+    data.add_argument("--subset-size", type=int, default=d["subset_size"], help="training samples per device")
+    data.add_argument("--dirichlet-alpha", type=float, default=d["dirichlet_alpha"], help="non-IID label skew; <= 0 means IID")
 
+    d = _defaults(FederationConfig)
     fl = p.add_argument_group("federation")
-    fl.add_argument(
-        "--num-leaf-nodes", type=int, default=d.num_leaf_nodes, help="leaf clients (simulator clients in sim)"
-    )
-    fl.add_argument("--devices-per-leaf", type=int, default=d.devices_per_leaf, help="simulated devices on each leaf")
-    fl.add_argument(
-        "--device-selection-size",
-        type=int,
-        default=d.device_selection_size,
-        help="devices training at once (concurrency)",
-    )
-    fl.add_argument(
-        "--num-updates-for-model",
-        type=int,
-        default=None,
-        help="updates buffered per new global model (default: the selection size)",
-    )
-    fl.add_argument(
-        "--min-hole-to-fill",
-        type=int,
-        default=None,
-        help="finished devices before new ones are selected (default: the selection size)",
-    )
-    fl.add_argument(
-        "--global-lr", type=float, default=d.global_lr, help="server learning rate applied to the mean update"
-    )
-    fl.add_argument(
-        "--max-model-version",
-        type=int,
-        default=d.max_model_version,
-        help="stop after this global model version (1 is the initial model)",
-    )
-    fl.add_argument(
-        "--max-num-active-model-versions",
-        type=int,
-        default=d.max_num_active_model_versions,
-        help="model versions a leaf keeps aggregators for",
-    )
-    fl.add_argument(
-        "--no-device-reuse", dest="device_reuse", action="store_false", help="select every device at most once"
-    )
+    fl.add_argument("--num-leaf-nodes", type=int, default=d["num_leaf_nodes"], help="leaf clients (simulator clients in sim)")
+    fl.add_argument("--devices-per-leaf", type=int, default=d["devices_per_leaf"], help="simulated devices on each leaf")
+    fl.add_argument("--device-selection-size", type=int, default=None,
+                    help=f"devices training at once (default {d['device_selection_size']}, or the method's preset)")
+    fl.add_argument("--num-updates-for-model", type=int, default=None,
+                    help="updates buffered per new global model (default: the selection size, or the method's preset)")
+    fl.add_argument("--min-hole-to-fill", type=int, default=None,
+                    help="finished devices before new ones are selected (default: the selection size, or the preset)")
+    fl.add_argument("--global-lr", type=float, default=None,
+                    help=f"server learning rate applied to the mean update (default {d['global_lr']}, or the preset)")
+    fl.add_argument("--max-model-version", type=int, default=d["max_model_version"],
+                    help="stop after this global model version (1 is the initial model)")
+    fl.add_argument("--max-num-active-model-versions", type=int, default=None,
+                    help="model versions a leaf keeps aggregators for (default 3 for FedAvg; 0 = all, for async)")
+    fl.add_argument("--no-device-reuse", dest="device_reuse", action="store_false", help="select every device at most once")
+    fl.add_argument("--device-wait-timeout", type=float, default=d["device_wait_timeout"],
+                    help="seconds the server waits for enough devices before stopping the job")
 
+    d = _defaults(TrainingConfig)
     tr = p.add_argument_group("local training")
-    tr.add_argument(
-        "--model", default=d.model, choices=["cifar10_convnet", "resnet18"], help="network trained by the devices"
-    )
-    tr.add_argument("--local-iters", type=int, default=d.local_iters, help="local iterations per task")
-    tr.add_argument("--local-batch-size", type=int, default=d.local_batch_size, help="local batch size")
-    tr.add_argument("--local-lr", type=float, default=d.local_lr, help="local learning rate")
-    tr.add_argument("--optimizer", default=d.optimizer, choices=["adam", "sgd"], help="local optimizer")
-    tr.add_argument("--compute-device", default=d.compute_device, help="auto (CUDA when present), cpu, cuda, cuda:N")
+    tr.add_argument("--model", default=d["model"],
+                    help="cifar10_convnet, resnet18, or an nn.Module class as package.module:Class")  # fmt: skip
+    tr.add_argument("--local-iters", type=int, default=d["local_iters"], help="local iterations per task")
+    tr.add_argument("--local-batch-size", type=int, default=d["local_batch_size"], help="local batch size")
+    tr.add_argument("--local-lr", type=float, default=d["local_lr"], help="local learning rate")
+    tr.add_argument("--optimizer", default=d["optimizer"], choices=literal_choices(Optimizer), help="local optimizer")
+    tr.add_argument("--compute-device", default=d["compute_device"], help="auto (CUDA when present), cpu, cuda, cuda:N")
 
-    het = p.add_argument_group("device heterogeneity (virtual clock; default off)")
-    het.add_argument(
-        "--speed-means",
-        type=_floats,
-        default=(),
-        help="comma-separated mean training seconds per speed class, e.g. 100,200,400",
-    )
-    het.add_argument("--speed-stds", type=_floats, default=(), help="comma-separated std of each speed class")
-    het.add_argument(
-        "--speed-probs", type=_floats, default=(), help="comma-separated class probabilities (default equal)"
-    )
-    het.add_argument("--comm-delay-mean", type=float, default=0.0, help="mean upload delay in seconds")
-    het.add_argument("--comm-delay-std", type=float, default=0.0, help="std of the upload delay")
-    het.add_argument(
-        "--time-scale",
-        type=float,
-        default=d.time_scale,
-        help="0: virtual clock (no sleeping; exact for synchronous FedAvg). S > 0: sleep each sampled delay x S "
-        "(wall seconds per simulated second), so asynchronous runs start new tasks at the simulated time the "
-        "server reacted; 1 is real time",
-    )
-    het.add_argument(
-        "--real-delays", dest="time_scale", action="store_const", const=1.0, help="same as --time-scale 1"
-    )
+    het = p.add_argument_group("device heterogeneity: simulated delays (a preset, any field overridden)")
+    het.add_argument("--delays", default="none", choices=literal_choices(DelayPreset),
+                     help="paper: the FedRevive paper's exponential speeds 1.0/1.3/1.6 (p 0.25/0.5/0.25), download "
+                          "0.1, upload 0.15 or 0.25 +-0.02; paper-shifted: mean 0.1, download 0.02, upload 0.05 or "
+                          "0.10 +-0.01; edge-example: NVFlare's 100/200/400 s (std 4), upload 5 s")  # fmt: skip
+    het.add_argument("--speed-means", type=_floats, default=None, help="mean training time of each speed class, e.g. 1,1.3,1.6")
+    het.add_argument("--speed-stds", type=_floats, default=None, help="std of each speed class (normal distribution)")
+    het.add_argument("--speed-probs", type=_floats, default=None, help="class probabilities (default equal)")
+    het.add_argument("--speed-distribution", default=None, choices=literal_choices(SpeedDistribution),
+                     help="training time distribution around the class mean")  # fmt: skip
+    het.add_argument("--download-delay", type=float, default=None, help="constant time from selection to training")
+    het.add_argument("--upload-delays", type=_floats, default=None, help="per-device upload means (one drawn per device)")
+    het.add_argument("--upload-jitter", type=float, default=None, help="uniform half-width around a device's upload mean")
 
+    d = _defaults(EngineConfig)
     sim = p.add_argument_group("simulation engine")
-    sim.add_argument(
-        "--simulator",
-        default=d.simulator,
-        choices=["fast", "stock"],
-        help="our device simulator or NVFlare's stock one",
-    )
-    sim.add_argument(
-        "--wire-format",
-        default=d.wire_format,
-        choices=["numpy", "lists"],
-        help="how weights and diffs travel; 'lists' is NVFlare's example format (slow, for baselines)",
-    )
-    sim.add_argument(
-        "--num-workers",
-        type=int,
-        default=None,
-        help="parallel device workers per leaf (default: planned from the hardware)",
-    )
-    sim.add_argument(
-        "--engine",
-        default=d.engine,
-        choices=["auto", "vectorized", "per-device"],
-        help="how a leaf trains its devices: vectorized trains a group of devices in one batched step "
-        "(torch.func.vmap); auto picks it on a GPU for models without BatchNorm, per-device otherwise",
-    )
-    sim.add_argument(
-        "--group-size",
-        type=int,
-        default=None,
-        help="devices one worker trains together with the vectorized engine (default: planned from memory)",
-    )
-    sim.add_argument(
-        "--profile",
-        default=d.profile,
-        help="utilisation profile: conservative (half the workers and groups, half the GPU memory, data on the "
-        "CPU, cache emptied after every task), high (the planner's defaults), aggressive (90%% of free GPU "
-        "memory, tighter memory estimate); the settings it stands for are printed at the start",
-    )
-    sim.add_argument(
-        "--job-timeout",
-        type=float,
-        default=d.job_timeout,
-        help="seconds a leaf's device simulator waits for the job to reach it (not a limit on the job)",
-    )
-    sim.add_argument(
-        "--device-wait-timeout",
-        type=float,
-        default=d.device_wait_timeout,
-        help="seconds the server waits for enough devices before stopping the job",
-    )
-    sim.add_argument(
-        "--update-interval",
-        type=float,
-        default=d.update_interval,
-        help="seconds between a leaf's syncs with the server (NVFlare's default 1.0); results wait this long "
-        "before the server can react to them",
-    )
-    sim.add_argument(
-        "--update-timeout",
-        type=float,
-        default=d.update_timeout,
-        help="seconds a leaf waits for its parent to take an update",
-    )
+    sim.add_argument("--simulator", default=d["simulator"], choices=literal_choices(SimulatorName),
+                     help="our device simulator and server components, or NVFlare's stock path (baseline)")  # fmt: skip
+    sim.add_argument("--engine", default=d["engine"], choices=literal_choices(EngineName),
+                     help="vectorized trains a group of devices in one batched step (torch.func.vmap); per-device one "
+                          "at a time; auto = vectorized unless the model has BatchNorm")  # fmt: skip
+    sim.add_argument("--num-workers", type=int, default=None, help="device workers per leaf (default: planned)")
+    sim.add_argument("--group-size", type=int, default=None, help="devices a worker trains together (default: planned)")
+    sim.add_argument("--profile", default=d["profile"], choices=literal_choices(ProfileName),
+                     help="utilisation profile: conservative (half the workers and groups, half the GPU memory, data "
+                          "on the CPU, cache emptied after every task), high (the planner's defaults), aggressive "
+                          "(90%% of free GPU memory, tighter memory estimate); printed at the start")  # fmt: skip
+    sim.add_argument("--time-scale", type=float, default=d["time_scale"],
+                     help="0: virtual clock (no sleeping; exact for synchronous FedAvg). S > 0: sleep each sampled "
+                          "delay x S (wall seconds per simulated second); 1 is real time")  # fmt: skip
+    sim.add_argument("--real-delays", dest="time_scale", action="store_const", const=1.0, help="same as --time-scale 1")
+    sim.add_argument("--job-timeout", type=float, default=d["job_timeout"],
+                     help="seconds a leaf's device simulator waits for the job to reach it (not a limit on the job)")
+    sim.add_argument("--update-interval", type=float, default=d["update_interval"],
+                     help="seconds between a leaf's syncs with the server (NVFlare's default 1.0)")
+    sim.add_argument("--update-timeout", type=float, default=d["update_timeout"],
+                     help="seconds a leaf waits for its parent to take an update")
 
+    d = _defaults(RunConfig)
     run = p.add_argument_group("run")
-    run.add_argument("--eval-frequency", type=int, default=d.eval_frequency, help="evaluate every N model versions")
-    run.add_argument("--seed", type=int, default=d.seed, help="fixes data, partition, device speeds and local sampling")
-    run.add_argument("--env", default=d.env, choices=["sim", "poc", "prod"], help="NVFlare SimEnv, PocEnv or ProdEnv")
+    run.add_argument("--eval-frequency", type=int, default=d["eval_frequency"], help="evaluate every N model versions")
+    run.add_argument("--seed", type=int, default=d["seed"],
+                     help="fixes model, data, partition, device delays, local sampling and selection")  # fmt: skip
+    run.add_argument("--env", default=d["env"], choices=literal_choices(EnvName), help="NVFlare SimEnv, PocEnv or ProdEnv")
     run.add_argument("--startup-kit", default=None, help="admin startup kit (--env prod)")
     run.add_argument("--username", default=None, help="admin user name (--env prod)")
-    run.add_argument("--workspace", default=d.workspace, help="NVFlare simulation workspace and default results root")
+    run.add_argument("--workspace", default=d["workspace"], help="NVFlare simulation workspace and default results root")
     run.add_argument("--output", default=None, help="results directory (default: WORKSPACE/results/JOB_NAME)")
-    run.add_argument(
-        "--export-only",
-        default=None,
-        metavar="DIR",
-        help="export the job to DIR and exit (run it with: nvflare simulator DIR/JOB -n L -t L)",
-    )
-    run.add_argument("--job-name", default=d.job_name, help="NVFlare job name")
-    return p
+    run.add_argument("--export-only", default=None, metavar="DIR",
+                     help="export the job to DIR and exit (run it with: nvflare simulator DIR/JOB -n L -t L)")
+    run.add_argument("--job-name", default="", help="NVFlare job name (default edgesim_<method>)")
+
+    if method_choice:
+        p.add_argument("--method", default="fedrevive", choices=literal_choices(MethodName),
+                       help="FL method (its preset fills the federation flags not given)")  # fmt: skip
+        fr = p.add_argument_group("FedRevive (server-side data-free distillation)")
+        for f in dataclasses.fields(FedReviveConfig):
+            fr.add_argument(f"--fr-{f.name.replace('_', '-')}", dest=f"fr_{f.name}", type=type(f.default),
+                            default=f.default, help=f"FedReviveConfig.{f.name}")  # fmt: skip
+    return p  # fmt: skip
 
 
-def config_from_args(args: argparse.Namespace, method: str, **extra) -> JobConfig:
-    values = {k: v for k, v in vars(args).items() if k in JobConfig.__dataclass_fields__ and k != "method"}
-    values["speed"] = DeviceSpeedConfig(
-        means=args.speed_means,
-        stds=args.speed_stds,
-        probs=args.speed_probs,
-        comm_mean=args.comm_delay_mean,
-        comm_std=args.comm_delay_std,
-        seed=args.seed,
-    )
-    return JobConfig(method=method, **values, **extra)
+def _given(args: argparse.Namespace, names: tuple[str, ...]) -> dict:
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+
+
+def delays_from_args(args: argparse.Namespace) -> DelayConfig:
+    overrides = _given(args, ("speed_means", "speed_stds", "speed_probs", "speed_distribution", "download_delay",
+                              "upload_delays", "upload_jitter"))  # fmt: skip
+    if overrides.get("speed_distribution") == "exponential" and "speed_stds" not in overrides:
+        overrides["speed_stds"] = ()
+    return DelayConfig.preset(args.delays, **overrides)
+
+
+def config_from_args(args: argparse.Namespace, method: str, presets: bool = False) -> JobConfig:
+    """The ``JobConfig`` a parsed command line describes. ``presets``: the method's federation presets fill every
+    federation flag not given. Raises ``ConfigError`` (a ``ValueError``) naming the fix."""
+    federation = _given(args, ("device_selection_size", "num_updates_for_model", "min_hole_to_fill", "global_lr",
+                               "max_num_active_model_versions"))  # fmt: skip
+    if presets:
+        federation = METHODS[method].presets | federation
+        if "max_num_active_model_versions" not in federation and not METHODS[method].synchronous:
+            # async leaves keep aggregators for every version a device may still report on (0 = no limit):
+            # NVFlare's default of 3 drops late updates and can stall the job
+            federation["max_num_active_model_versions"] = 0
+    fr = {f.name: getattr(args, f"fr_{f.name}") for f in dataclasses.fields(FedReviveConfig) if hasattr(args, f"fr_{f.name}")}
+    try:
+        return JobConfig(
+            method=method,
+            data=DataConfig(**{k: getattr(args, k) for k in _defaults(DataConfig)}),
+            federation=FederationConfig(
+                num_leaf_nodes=args.num_leaf_nodes, devices_per_leaf=args.devices_per_leaf,
+                device_reuse=args.device_reuse, max_model_version=args.max_model_version,
+                device_wait_timeout=args.device_wait_timeout, **federation,
+            ),
+            training=TrainingConfig(**{k: getattr(args, k) for k in _defaults(TrainingConfig) if hasattr(args, k)}),
+            engine=EngineConfig(**{k: getattr(args, k) for k in _defaults(EngineConfig)}),
+            delays=delays_from_args(args),
+            run=RunConfig(**{k: getattr(args, k) for k in _defaults(RunConfig)}),
+            fedrevive=FedReviveConfig(**fr),
+        )  # fmt: skip
+    except ConfigError:
+        raise
+    except ValueError as ex:  # a part's own check outside ConfigError (e.g. FedReviveConfig)
+        raise ConfigError(str(ex)) from ex

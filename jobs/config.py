@@ -1,143 +1,84 @@
-"""One configuration object per run: built once from flags, validated once before any process starts,
-passed everywhere, and written whole into ``metrics.json``."""
+"""A job's whole configuration: one frozen part per concern, each validating itself, assembled in ``JobConfig``.
+
+The parts match the command line's flag groups; each lives with the layer that uses it:
+
+==========================  ==============================  ===========================================
+part                        class                           used by
+==========================  ==============================  ===========================================
+data                        ``processors.data.config``      task processor, evaluator
+federation                  ``FederationConfig`` (here)     server components (selection, aggregation)
+local training              ``processors.training``         task processor, planner, evaluator
+engine                      ``simulation.config``           planner, device simulator
+heterogeneity (delays)      ``common.delays``               the simulated-time schedule, device simulator
+run/output                  ``RunConfig`` (here)            driver, results
+FedRevive                   ``fedrevive.config``            FedRevive's model manager
+==========================  ==============================  ===========================================
+
+``JobConfig`` checks what spans parts (a selection larger than the pool, a batch larger than a device's data, a
+method the engine cannot run), builds once before any process starts, and is written whole into
+``metrics.json`` (``to_dict``).
+"""
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from typing import Literal
 
+from common.choices import ConfigError, check_choice, check_positive
+from common.delays import DelayConfig
 from fedrevive.config import FedReviveConfig
-from processors.data.sources import DatasetError, DatasetSpec
-from simulation.clock import DeviceSpeedConfig
-from simulation.profiles import DEFAULT_PROFILE, PROFILES
+from jobs.methods import METHODS, MethodName
+from processors.data.config import DataConfig
+from processors.models import build_model
+from processors.training import TrainingConfig
+from simulation.config import EngineConfig
+
+EnvName = Literal["sim", "poc", "prod"]
 
 
-class ConfigError(ValueError):
-    """A configuration NVFlare would hang on or misbehave with; the message names the fix."""
+@dataclass(frozen=True)
+class FederationConfig:
+    """Attributes:
+    num_leaf_nodes: leaf clients (NVFlare simulator clients in ``sim``).
+    devices_per_leaf: simulated devices on each leaf.
+    device_selection_size: devices training at once (concurrency, K).
+    num_updates_for_model: device updates buffered per new global model (B); default: the selection size.
+    min_hole_to_fill: finished devices before new ones are selected; default: the selection size.
+    max_num_active_model_versions: model versions a leaf keeps aggregators for (0: all).
+    device_reuse: a device may be selected again after it reported.
+    global_lr: server learning rate applied to the mean update.
+    max_model_version: the last global model version (1 is the initial model).
+    device_wait_timeout: seconds the server waits for enough devices before it stops the job.
+    """
 
-
-@dataclass
-class JobConfig:
-    method: str = "fedavg"  # fedavg | fedbuff | fedrevive
-    job_name: str = ""
-    # data
-    dataset: str = "synthetic"
-    data_root: str = "~/.cache/edgesim-flare/data"
-    synthetic_size: int = 20000
-    subset_size: int = 350
-    dirichlet_alpha: float = 0.5  # <= 0 means IID
-    # hierarchy and devices
     num_leaf_nodes: int = 2
     devices_per_leaf: int = 100
     device_selection_size: int = 100
-    num_updates_for_model: int | None = None  # default: the selection size (synchronous)
-    min_hole_to_fill: int | None = None  # default: the selection size (synchronous)
+    num_updates_for_model: int | None = None
+    min_hole_to_fill: int | None = None
     max_num_active_model_versions: int = 3
-    max_model_history: int | None = None
     device_reuse: bool = True
     global_lr: float = 1.0
     max_model_version: int = 10
-    # local training
-    model: str = "cifar10_convnet"
-    local_iters: int = 25
-    local_batch_size: int = 32
-    local_lr: float = 3e-4
-    optimizer: str = "adam"
-    compute_device: str = "auto"
-    # heterogeneity
-    speed: DeviceSpeedConfig = field(default_factory=DeviceSpeedConfig)
-    # FedRevive's server-side distillation (used by method fedrevive only)
-    fedrevive: FedReviveConfig = field(default_factory=FedReviveConfig)
-    # simulation engine
-    simulator: str = "fast"  # fast | stock
-    time_scale: float = 0.0  # 0: virtual clock; > 0: sleep sampled delays x this (1.0 = real time)
-    wire_format: str = "numpy"  # numpy | lists (NVFlare's example format, for baselines)
-    num_workers: int | None = None
-    engine: str = "auto"  # auto | vectorized | per-device
-    group_size: int | None = None  # devices one worker trains together (vectorized engine); None: planned
-    profile: str = DEFAULT_PROFILE  # conservative | high | aggressive (simulation.profiles)
-    job_timeout: float = 120.0
     device_wait_timeout: float = 120.0
-    update_timeout: float = 10.0
-    update_interval: float = 0.25  # seconds between a leaf's syncs with the server (NVFlare's default: 1.0)
-    # evaluation and outputs
-    eval_frequency: int = 1
-    seed: int = 0
-    env: str = "sim"  # sim | poc | prod
-    startup_kit: str | None = None
-    username: str | None = None
-    workspace: str = "~/.cache/edgesim-flare/workspace"
-    output: str | None = None
-    export_only: str | None = None
 
     def __post_init__(self) -> None:
         if self.num_updates_for_model is None:
-            self.num_updates_for_model = self.device_selection_size
+            object.__setattr__(self, "num_updates_for_model", self.device_selection_size)
         if self.min_hole_to_fill is None:
-            self.min_hole_to_fill = self.device_selection_size
-        if not self.job_name:
-            self.job_name = f"edgesim_{self.method}"
-
-    @property
-    def dataset_spec(self) -> DatasetSpec:
-        name = self.dataset if self.dataset in ("cifar10", "synthetic") else os.path.abspath(self.dataset)
-        return DatasetSpec(name, os.path.expanduser(self.data_root), self.synthetic_size, self.seed)
-
-    @property
-    def devices_per_leaf_per_round(self) -> int:
-        """Devices a leaf trains at once: the selection spread over the leaves."""
-        return math.ceil(self.device_selection_size / self.num_leaf_nodes)
-
-    @property
-    def output_dir(self) -> str:
-        return os.path.abspath(
-            os.path.expanduser(self.output or os.path.join(self.workspace, "results", self.job_name))
-        )
-
-    def validate(self) -> None:
-        """Refuse, before anything starts, every configuration NVFlare would hang on or reject late."""
-        positive = {
+            object.__setattr__(self, "min_hole_to_fill", self.device_selection_size)
+        check_positive({
             "--num-leaf-nodes": self.num_leaf_nodes,
             "--devices-per-leaf": self.devices_per_leaf,
             "--device-selection-size": self.device_selection_size,
             "--num-updates-for-model": self.num_updates_for_model,
             "--min-hole-to-fill": self.min_hole_to_fill,
-            "--local-iters": self.local_iters,
-            "--local-batch-size": self.local_batch_size,
-            "--subset-size": self.subset_size,
-            "--eval-frequency": self.eval_frequency,
-            "--synthetic-size": self.synthetic_size,
-        }
-        for flag, value in positive.items():
-            if value is None or value < 1:
-                raise ConfigError(f"{flag} {value}: must be a positive integer")
-        if not self.time_scale >= 0:
-            raise ConfigError(f"--time-scale {self.time_scale}: must be >= 0 (0: virtual clock, 1: real time)")
-        if self.time_scale > 0 and self.simulator == "stock":
-            raise ConfigError("--time-scale needs --simulator fast (the stock simulator sleeps the delays in full)")
+        })  # fmt: skip
+        check_positive({"--global-lr": self.global_lr, "--device-wait-timeout": self.device_wait_timeout}, integer=False)
         if self.max_num_active_model_versions < 0:
             raise ConfigError("--max-num-active-model-versions must be >= 0 (0: keep every active version)")
-        if self.group_size is not None and self.group_size < 1:
-            raise ConfigError(f"--group-size {self.group_size}: must be >= 1 (or leave it out to plan it)")
-        if self.engine not in ("auto", "vectorized", "per-device"):
-            raise ConfigError(f"--engine {self.engine!r}: use auto, vectorized or per-device")
-        if self.engine == "vectorized" and self.simulator == "stock":
-            raise ConfigError("--engine vectorized needs --simulator fast (the stock simulator runs one device at a time)")
-        if self.profile not in PROFILES:
-            raise ConfigError(f"--profile {self.profile!r}: use {', '.join(PROFILES)} (default {DEFAULT_PROFILE})")
-        if self.num_workers is not None and self.num_workers < 1:
-            raise ConfigError(f"--num-workers {self.num_workers}: must be >= 1 (or leave it out to plan it)")
-        for flag, value in {
-            "--job-timeout": self.job_timeout,
-            "--device-wait-timeout": self.device_wait_timeout,
-            "--update-timeout": self.update_timeout,
-            "--update-interval": self.update_interval,
-            "--local-lr": self.local_lr,
-            "--global-lr": self.global_lr,
-        }.items():
-            if not value > 0:
-                raise ConfigError(f"{flag} {value}: must be > 0")
         if self.max_model_version < 2:
             raise ConfigError(
                 f"--max-model-version {self.max_model_version}: must be >= 2 (version 1 is the initial model, "
@@ -160,32 +101,98 @@ class JobConfig:
                 f"--min-hole-to-fill {self.min_hole_to_fill} must be <= --device-selection-size "
                 f"{self.device_selection_size}"
             )
-        if self.subset_size < self.local_batch_size:
-            raise ConfigError(
-                f"--subset-size {self.subset_size} is smaller than --local-batch-size {self.local_batch_size}; "
-                "raise --subset-size or lower the batch size"
-            )
-        if self.method not in ("fedavg", "fedbuff", "fedrevive"):
-            raise ConfigError(f"unknown method {self.method!r}")
-        if self.simulator not in ("fast", "stock"):
-            raise ConfigError(f"--simulator {self.simulator!r}: use fast or stock")
-        if self.wire_format not in ("numpy", "lists"):
-            raise ConfigError(f"--wire-format {self.wire_format!r}: use numpy or lists")
-        if self.optimizer not in ("adam", "sgd"):
-            raise ConfigError(f"--optimizer {self.optimizer!r}: use adam or sgd")
-        if self.env not in ("sim", "poc", "prod"):
-            raise ConfigError(f"--env {self.env!r}: use sim, poc or prod")
+
+    @property
+    def devices_per_leaf_per_round(self) -> int:
+        """Devices a leaf trains at once: the selection spread over the leaves."""
+        return math.ceil(self.device_selection_size / self.num_leaf_nodes)
+
+    @property
+    def synchronous(self) -> bool:
+        """Every selected device's update goes into the next model and nobody is selected before it exists."""
+        return self.num_updates_for_model == self.min_hole_to_fill == self.device_selection_size
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Attributes:
+    seed: fixes the initial model, data, partition, device delays, local sampling and device selection.
+    eval_frequency: evaluate every N global model versions (and always the last).
+    env: ``sim`` (NVFlare's SimEnv), ``poc`` (PocEnv) or ``prod`` (ProdEnv on a provisioned hierarchy).
+    startup_kit: the admin's startup kit folder (``prod``).
+    username: the admin user name (``prod``).
+    workspace: NVFlare simulation workspace and default results root.
+    output: the results folder (default: ``WORKSPACE/results/JOB_NAME``).
+    export_only: write the NVFlare job to this folder and exit.
+    job_name: NVFlare job name (default ``edgesim_<method>``).
+    """
+
+    seed: int = 0
+    eval_frequency: int = 1
+    env: EnvName = "sim"
+    startup_kit: str | None = None
+    username: str | None = None
+    workspace: str = "~/.cache/edgesim-flare/workspace"
+    output: str | None = None
+    export_only: str | None = None
+    job_name: str = ""
+
+    def __post_init__(self) -> None:
+        check_positive({"--eval-frequency": self.eval_frequency})
+        check_choice("--env", self.env, EnvName)
         if self.env == "prod" and not (self.startup_kit and self.username):
             raise ConfigError("--env prod needs --startup-kit DIR (the admin's startup kit) and --username NAME")
         if self.env == "prod" and not os.path.isdir(os.path.expanduser(self.startup_kit)):
             raise ConfigError(f"--startup-kit {self.startup_kit}: no such directory")
-        try:
-            _ = self.dataset_spec.kind  # raises for a name that is no known source
-        except DatasetError as ex:
-            raise ConfigError(str(ex)) from ex
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["speed"] = self.speed.to_dict()
-        d["fedrevive"] = self.fedrevive.to_dict() if self.method == "fedrevive" else None
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """One run: the method and one part per concern (see the module docstring)."""
+
+    method: MethodName = "fedavg"
+    data: DataConfig = field(default_factory=DataConfig)
+    federation: FederationConfig = field(default_factory=FederationConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    delays: DelayConfig = field(default_factory=DelayConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    fedrevive: FedReviveConfig = field(default_factory=FedReviveConfig)
+
+    def __post_init__(self) -> None:
+        check_choice("--method", self.method, MethodName)
+        if not self.run.job_name:
+            object.__setattr__(self, "run", replace(self.run, job_name=f"edgesim_{self.method}"))
+        if self.data.subset_size < self.training.local_batch_size:
+            raise ConfigError(
+                f"--subset-size {self.data.subset_size} is smaller than --local-batch-size "
+                f"{self.training.local_batch_size}; raise --subset-size or lower the batch size"
+            )
+        METHODS[self.method].check(self.federation, self.engine)
+        if self.engine.engine == "vectorized" and any(True for _ in build_model(self.training.model).buffers()):
+            raise ConfigError(
+                "--engine vectorized cannot keep per-device BatchNorm statistics, which this model has; "
+                "use --engine per-device (or auto)"
+            )
+
+    @property
+    def spec(self):
+        """The ``DataConfig`` method's ``DatasetSpec`` for this run's seed."""
+        return self.data.spec(self.run.seed)
+
+    @property
+    def output_dir(self) -> str:
+        run = self.run
+        return os.path.abspath(os.path.expanduser(run.output or os.path.join(run.workspace, "results", run.job_name)))
+
+    def to_dict(self) -> dict:
+        parts = ("data", "federation", "training", "engine", "delays", "run")
+        d = {"method": self.method} | {name: getattr(self, name).to_dict() for name in parts}
+        d["fedrevive"] = self.fedrevive.to_dict() if METHODS[self.method].distills else None
         return d

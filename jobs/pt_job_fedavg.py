@@ -8,23 +8,18 @@ from __future__ import annotations
 
 import sys
 
+from common.choices import ConfigError
 from jobs.cli import build_parser, config_from_args
-from jobs.config import JobConfig
 from jobs.driver import run
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser(__doc__.splitlines()[0], JobConfig(method="fedavg"))
+    parser = build_parser(__doc__.splitlines()[0])
     args = parser.parse_args(argv)
     try:
         cfg = config_from_args(args, "fedavg")
-    except ValueError as ex:
+    except ConfigError as ex:
         parser.error(str(ex))
-    if cfg.num_updates_for_model != cfg.device_selection_size or cfg.min_hole_to_fill != cfg.device_selection_size:
-        parser.error(
-            "synchronous FedAvg waits for every selected device: leave --num-updates-for-model and "
-            "--min-hole-to-fill at the selection size, or use jobs/pt_job_fedrevive.py --method fedbuff for async"
-        )
     return run(cfg)
 
 

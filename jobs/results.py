@@ -6,8 +6,9 @@ import glob
 import json
 import os
 
-from evaluation.global_evaluator import write_json_atomic
-from simulation.monitor import format_summary as format_system_summary
+from common.jsonio import write_json_atomic
+from evaluation.monitor import format_summary as format_system_summary
+from evaluation.run_recorder import run_summary
 
 
 def simulated_times(results_dir: str, records: list[dict]) -> None:
@@ -65,24 +66,12 @@ def finalize(results_dir: str, total_seconds: float, updates_per_version: int) -
         metrics = json.load(f)
     records = metrics.get("versions", [])
     simulated_times(results_dir, records)
-    trained = max((r["version"] for r in records), default=1) - 1
-    summary = {
-        "total_seconds": round(total_seconds, 2),
-        "versions_trained": trained,
-        "final_accuracy": records[-1]["accuracy"] if records else None,
-        "best_accuracy": max((r["accuracy"] for r in records), default=None),
-    }
-    if len(records) >= 2 and trained:
-        span = records[-1]["wall_seconds"] - records[0]["wall_seconds"]
-        steps = records[-1]["version"] - records[0]["version"]
-        summary["seconds_per_version"] = round(span / steps, 3)
-        summary["devices_per_second"] = round(updates_per_version * steps / span, 3) if span > 0 else None
-    if records and "sim_seconds" in records[-1]:
-        summary["simulated_seconds"] = records[-1]["sim_seconds"]
+    summary = {"total_seconds": round(total_seconds, 2)} | run_summary(records, updates_per_version)
     metrics["summary"] = summary
     write_json_atomic(metrics_path, metrics)
     if records:
-        plot_accuracy(records, os.path.join(results_dir, "accuracy.png"), metrics.get("config", {}).get("job_name", ""))
+        title = (metrics.get("config", {}).get("run") or {}).get("job_name", "")
+        plot_accuracy(records, os.path.join(results_dir, "accuracy.png"), title)
     if metrics.get("system") is not None:
         return summary | {"system": metrics["system"]}
     return summary

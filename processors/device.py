@@ -1,4 +1,4 @@
-"""The one place that decides which torch device (``DEVICE``) simulated devices train on.
+"""The one place that decides which torch device simulated devices train on (the "compute device").
 
 ``auto`` means CUDA when present, else CPU. Asking for CUDA explicitly on a machine without it is an
 error, never a silent fallback to the CPU.
@@ -28,5 +28,3 @@ def resolve_device(name: str | None = "auto") -> torch.device:
         raise ValueError(f"--compute-device {name}: unsupported device type {device.type!r}; use auto, cpu or cuda[:N]")
     return device
 
-
-DEVICE: torch.device = resolve_device("auto")

@@ -1,10 +1,10 @@
-"""The NVFlare ``DeviceTaskProcessor`` of a simulated device: receive global weights, train on ``DEVICE``,
+"""The NVFlare ``DeviceTaskProcessor`` of a simulated device: receive global weights, train on the compute device,
 return a WEIGHT_DIFF.
 
-NVFlare deep-copies the processor for every simulated device, so instances hold only their small
-configuration; data, global weights and models are cached per process and per worker thread.
+Instances hold only their small configuration (NVFlare deep-copies the processor for every simulated device);
+data, global weights and models are cached per process and per worker thread.
 
-The utilisation profile (``simulation.profiles``, by name) sets, on CUDA only: the cap on this process's CUDA
+The utilisation profile (``common.profiles``, by name) sets, on CUDA only: the cap on this process's CUDA
 caching allocator, a stream per worker thread with pinned copies of the diffs, whether the data stays on the
 GPU, how many global-model versions stay converted there, and when the allocator's cache is emptied.
 """
@@ -24,16 +24,16 @@ from nvflare.edge.simulation.device_task_processor import DeviceTaskProcessor
 from nvflare.edge.web.models.job_response import JobResponse
 from nvflare.edge.web.models.task_response import TaskResponse
 
-from processors.data.partition import device_indices, stable_seed
+from common.delays import DelayConfig, DeviceDelays
+from common.profiles import DEFAULT_PROFILE, UtilisationProfile, get_profile
+from common.protocol import DEVICE_ID_META
+from common.seeds import stable_seed
+from processors.data.config import DataConfig
+from processors.data.partition import device_indices
 from processors.data.sources import Dataset, DatasetSpec, load_dataset
 from processors.device import resolve_device
-from processors.training import LocalTrainingConfig, train_local, worker_model
+from processors.training import TrainingConfig, train_local, worker_model
 from processors.training_vectorized import train_group
-from simulation.clock import DeviceSpeedConfig
-from simulation.profiles import DEFAULT_PROFILE, PROFILES, UtilisationProfile
-
-# result metadata naming the device, so leaves that forward updates individually (FedRevive) can tell them apart
-DEVICE_ID_META = "edgesim_device_id"
 
 _lock = threading.Lock()
 _global_params: dict[tuple, dict[str, torch.Tensor]] = {}  # (model version, device) -> weights on device
@@ -103,61 +103,70 @@ def compute_context(device: torch.device, profile: UtilisationProfile, leaves_pe
         yield
     if stream is not None:
         stream.synchronize()
-    if profile.empty_cache == "every-task":
+    if profile.empty_cache_every_task:
         torch.cuda.empty_cache()
 
 
-class FedAvgTaskProcessor(DeviceTaskProcessor):
-    """Local training of one device for FedAvg / FedBuff / FedRevive (they differ only on the server)."""
+def received_model(task: TaskResponse) -> tuple[int, dict]:
+    """(model version, weights) of a task: the WEIGHTS DXO NVFlare's leaf executor hands a device."""
+    model = from_dict(task.task_data)
+    if not isinstance(model, DXO) or model.data_kind != DataKind.WEIGHTS or not isinstance(model.data, dict):
+        raise ValueError("expected a task holding a WEIGHTS DXO with a dict of weights")
+    return int(model.get_meta_prop(MsgKey.MODEL_VERSION, 0) or 0), model.data
+
+
+def weight_diff_result(device_id: str, diff: dict[str, np.ndarray], count: int = 1, stock_lists: bool = False) -> dict:
+    """A device's result: its WEIGHT_DIFF DXO (as a dict), with its id in the metadata. ``stock_lists``: weights as
+    Python lists, the format of NVFlare's example (the stock baseline)."""
+    if stock_lists:
+        diff = {k: v.tolist() for k, v in diff.items()}
+    result = DXO(data_kind=DataKind.WEIGHT_DIFF, data={"dict": diff, "count": count})
+    result.set_meta_prop(DEVICE_ID_META, device_id)
+    return result.to_dict()
+
+
+class TrainingTaskProcessor(DeviceTaskProcessor):
+    """Local training of simulated devices, for every method (FedAvg, FedBuff and FedRevive differ only on the
+    server): receive the global weights of a version, train on the compute device, return a WEIGHT_DIFF.
+
+    It serves NVFlare's per-device path (``process_task``, one deep copy per device, as ``TPODeviceFactory``
+    makes them) and our device simulator's ``process_group`` (many devices of one task in one call, on the
+    shared instance). Constructor arguments are plain dicts and values, because NVFlare writes a component into
+    the job config by reading back the attributes named like its constructor arguments.
+
+    Args:
+        data: ``DataConfig.to_dict()``: the dataset and its split over devices.
+        training: ``TrainingConfig.to_dict()``: model, optimizer, iterations, batch size, learning rate, device.
+        seed: the run seed (data partition, batch order).
+        profile: a utilisation profile name (``common.profiles``): the CUDA knobs.
+        torch_threads: intra-op threads of this leaf process (0: torch's default).
+        leaves_per_gpu: leaves sharing this leaf's GPU (they split its memory share).
+        stock_delays: ``DelayConfig.to_dict()`` to sleep each task's delays after training, as NVFlare's example
+            does (the stock-simulator baseline only); ``None``: no sleeping.
+    """
 
     def __init__(
         self,
-        dataset: dict,
-        model: str = "cifar10_convnet",
-        subset_size: int = 350,
-        dirichlet_alpha: float = 0.5,
+        data: dict,
+        training: dict,
         seed: int = 0,
-        local_iters: int = 25,
-        local_batch_size: int = 32,
-        local_lr: float = 3e-4,
-        optimizer: str = "adam",
-        compute_device: str = "auto",
-        speed: dict | None = None,
-        sleep_delays: bool = False,
-        wire_format: str = "numpy",
-        torch_threads: int = 0,
         profile: str = DEFAULT_PROFILE,
+        torch_threads: int = 0,
         leaves_per_gpu: int = 1,
+        stock_delays: dict | None = None,
     ):
         DeviceTaskProcessor.__init__(self)
-        self.dataset = dataset
-        self.model = model
-        self.subset_size = subset_size
-        self.dirichlet_alpha = dirichlet_alpha
+        self.data = data
+        self.training = training
         self.seed = seed
-        # NVFlare serialises a component by reading back attributes named like its constructor arguments.
-        self.local_iters = local_iters
-        self.local_batch_size = local_batch_size
-        self.local_lr = local_lr
-        self.optimizer = optimizer
-        self.compute_device = compute_device
-        self.speed = speed or {}
-        self.sleep_delays = sleep_delays
-        self.wire_format = wire_format  # "lists" reproduces NVFlare's example (for the stock baseline)
-        self.torch_threads = torch_threads  # 0: leave torch's default
-        self.profile = profile  # a name in simulation.profiles.PROFILES
-        self.leaves_per_gpu = leaves_per_gpu  # leaves sharing this leaf's GPU (they split its memory share)
+        self.profile = profile
+        self.torch_threads = torch_threads
+        self.leaves_per_gpu = leaves_per_gpu
+        self.stock_delays = stock_delays
+        self._data = DataConfig(**data)
+        self._training = TrainingConfig(**training)
+        self._settings = get_profile(profile)
         self.tasks_done = 0
-
-    @property
-    def training(self) -> LocalTrainingConfig:
-        return LocalTrainingConfig(self.local_iters, self.local_batch_size, self.local_lr, self.optimizer)
-
-    @property
-    def settings(self) -> UtilisationProfile:
-        if self.profile not in PROFILES:
-            raise ValueError(f"unknown utilisation profile {self.profile!r}; use {', '.join(PROFILES)}")
-        return PROFILES[self.profile]
 
     def setup(self, job: JobResponse) -> None:
         pass
@@ -166,57 +175,45 @@ class FedAvgTaskProcessor(DeviceTaskProcessor):
         pass
 
     def process_task(self, task: TaskResponse) -> dict:
-        version, weights = self._received_model(task)
-        diff = self.train(self.device.device_id, weights, version)
-        if self.sleep_delays:  # stock-simulator path: heterogeneity by real sleeping, like NVFlare's example
-            train_s, comm_s = DeviceSpeedConfig.from_dict(self.speed).sample_seconds(
-                self.device.device_id, self.tasks_done
-            )
-            time.sleep(train_s + comm_s)
+        """NVFlare's per-device entry point: this copy's device trains the task."""
+        device_id = self.device.device_id
+        version, weights = received_model(task)
+        diff = self.train(device_id, weights, version)
+        if self.stock_delays is not None:  # the stock baseline: heterogeneity by real sleeping, like NVFlare's example
+            time.sleep(DeviceDelays(DelayConfig.from_dict(self.stock_delays), self.seed).durations(
+                device_id, self.tasks_done).total)  # fmt: skip
         self.tasks_done += 1
-        return self._result(self.device.device_id, diff)
+        return weight_diff_result(device_id, diff, stock_lists=self.stock_delays is not None)
 
     def process_group(self, device_ids: list[str], task: TaskResponse) -> list[dict]:
-        """Train several devices that received the same task together (vectorised engine); one result each, in
-        order, each what ``process_task`` would return for that device."""
-        version, weights = self._received_model(task)
-        diffs = self.train_group(device_ids, weights, version)
-        return [self._result(device_id, diff) for device_id, diff in zip(device_ids, diffs, strict=True)]
+        """Train the devices that received the same task; one result each, in order. One device trains with the
+        per-device engine, several together with the vectorised one (equal up to float summation order)."""
+        version, weights = received_model(task)
+        if len(device_ids) == 1:
+            diffs = [self.train(device_ids[0], weights, version)]
+        else:
+            diffs = self.train_group(device_ids, weights, version)
+        return [weight_diff_result(d, diff) for d, diff in zip(device_ids, diffs, strict=True)]
 
-    def failed_result(self, task: TaskResponse) -> dict:
-        """What a device whose training failed for good reports: an all-zero diff with weight ``count`` 0. NVFlare
-        then removes the device from the selection (a round does not wait for it forever) while the mean over
-        the other devices' updates is unchanged (NVFlare divides the summed diffs by the summed counts)."""
-        _, weights = self._received_model(task)
+    def failed_result(self, device_id: str, task: TaskResponse) -> dict:
+        """What a device whose training failed for good reports: an all-zero diff with weight ``count`` 0. The
+        server then frees the device's slot while the mean over the other updates is unchanged (the mean divides
+        the summed diffs by the summed counts)."""
+        _, weights = received_model(task)
         zeros = {k: np.zeros(np.shape(v), dtype=np.float32) for k, v in weights.items()}
-        result = DXO(data_kind=DataKind.WEIGHT_DIFF, data={"dict": zeros, "count": 0})
-        result.set_meta_prop(DEVICE_ID_META, self.device.device_id)
-        return result.to_dict()
-
-    def _received_model(self, task: TaskResponse) -> tuple[int, dict]:
-        model = from_dict(task.task_data)
-        if not isinstance(model, DXO) or model.data_kind != DataKind.WEIGHTS or not isinstance(model.data, dict):
-            raise ValueError(f"device {self.device.device_id}: expected a WEIGHTS DXO holding a dict")
-        return int(model.get_meta_prop(MsgKey.MODEL_VERSION, 0) or 0), model.data
-
-    def _result(self, device_id: str, diff: dict[str, np.ndarray]) -> dict:
-        if self.wire_format == "lists":
-            diff = {k: v.tolist() for k, v in diff.items()}
-        result = DXO(data_kind=DataKind.WEIGHT_DIFF, data={"dict": diff})
-        result.set_meta_prop(DEVICE_ID_META, device_id)
-        return result.to_dict()
+        return weight_diff_result(device_id, zeros, count=0)
 
     def _prepare(self, device_id: str, version: int) -> tuple[torch.device, torch.Tensor, torch.Tensor, torch.Generator]:
         """This device's samples (on DEVICE, or on the CPU when the profile keeps data off it) and its training
         generator, the same for either engine."""
         if self.torch_threads and torch.get_num_threads() != self.torch_threads:
             torch.set_num_threads(self.torch_threads)
-        device = resolve_device(self.compute_device)
-        data_device = device if self.settings.data_resident else torch.device("cpu")
-        spec = DatasetSpec(**self.dataset)
+        device = resolve_device(self._training.compute_device)
+        data_device = device if self._settings.data_resident else torch.device("cpu")
+        spec = self._data.spec(self.seed)
         data = _dataset_on(spec, str(data_device))
         labels = load_dataset(spec).y_train.numpy()  # the CPU copy, cached per process
-        indices = device_indices(labels, device_id, self.subset_size, self.dirichlet_alpha, self.seed)
+        indices = device_indices(labels, device_id, self._data.subset_size, self._data.dirichlet_alpha, self.seed)
         idx = torch.from_numpy(indices).to(data_device)
         x, y = data.x_train.index_select(0, idx), data.y_train.index_select(0, idx)
         generator = torch.Generator().manual_seed(stable_seed("train", self.seed, device_id, version) % 2**63)
@@ -224,13 +221,13 @@ class FedAvgTaskProcessor(DeviceTaskProcessor):
 
     def train(self, device_id: str, model_data: dict, version: int) -> dict[str, np.ndarray]:
         """Train ``device_id`` from the given global weights; return its WEIGHT_DIFF as numpy arrays."""
-        settings = self.settings
-        with compute_context(resolve_device(self.compute_device), settings, self.leaves_per_gpu):
+        settings = self._settings
+        with compute_context(resolve_device(self._training.compute_device), settings, self.leaves_per_gpu):
             device, x, y, generator = self._prepare(device_id, version)
-            net = worker_model(self.model, device)
+            net = worker_model(self._training.model, device)
             params = global_params_on(model_data, version, device, settings.cached_versions)
             diff, buffers = train_local(
-                net, params, x, y, self.training, generator, _device_buffers.get(device_id), settings.pinned_streams
+                net, params, x, y, self._training, generator, _device_buffers.get(device_id), settings.pinned_streams
             )
         if buffers:
             with _lock:
@@ -240,16 +237,16 @@ class FedAvgTaskProcessor(DeviceTaskProcessor):
     def train_group(self, device_ids: list[str], model_data: dict, version: int) -> list[dict[str, np.ndarray]]:
         """Train several devices from the same global weights in one vectorised call (``train_group``); each
         diff equals what ``train`` gives for that device, up to floating-point summation order."""
-        settings = self.settings
-        with compute_context(resolve_device(self.compute_device), settings, self.leaves_per_gpu):
+        settings = self._settings
+        with compute_context(resolve_device(self._training.compute_device), settings, self.leaves_per_gpu):
             prepared = [self._prepare(device_id, version) for device_id in device_ids]
             device = prepared[0][0]
             params = global_params_on(model_data, version, device, settings.cached_versions)
             return train_group(
-                self.model,
+                self._training.model,
                 params,
                 [(x, y) for _, x, y, _ in prepared],
-                self.training,
+                self._training,
                 [g for *_, g in prepared],
                 device,
                 settings.pinned_streams,

@@ -10,41 +10,68 @@ per device). Buffers (e.g. BatchNorm running statistics) are never part of the d
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from common.choices import ConfigError, check_choice, check_positive
 from processors.data.sources import normalize
-from processors.models import build_model
+from processors.models import build_model, model_class
+
+Optimizer = Literal["adam", "sgd"]
 
 
 @dataclass(frozen=True)
-class LocalTrainingConfig:
-    """The FedRevive paper's reference FedAvg client: Adam, lr 3e-4, 25 iterations of batch 32."""
+class TrainingConfig:
+    """Local training of one simulated device. Defaults: the FedRevive paper's reference FedAvg client (Adam,
+    lr 3e-4, 25 iterations of batch 32).
 
+    Attributes:
+        model: network the devices train, a name in ``processors.models.MODEL_CLASSES``.
+        local_iters: optimizer steps per task.
+        local_batch_size: samples per step (a device with fewer samples uses them all).
+        local_lr: local learning rate.
+        optimizer: ``adam`` or ``sgd``.
+        momentum: SGD momentum.
+        compute_device: torch device that trains: ``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N``.
+    """
+
+    model: str = "cifar10_convnet"
     local_iters: int = 25
-    batch_size: int = 32
-    lr: float = 3e-4
-    optimizer: str = "adam"  # or "sgd"
-    momentum: float = 0.0  # SGD only
+    local_batch_size: int = 32
+    local_lr: float = 3e-4
+    optimizer: Optimizer = "adam"
+    momentum: float = 0.0
+    compute_device: str = "auto"
+
+    def __post_init__(self) -> None:
+        check_positive({"--local-iters": self.local_iters, "--local-batch-size": self.local_batch_size})
+        check_positive({"--local-lr": self.local_lr}, integer=False)
+        check_choice("--optimizer", self.optimizer, Optimizer)
+        try:
+            model_class(self.model)
+        except ValueError as ex:
+            raise ConfigError(str(ex)) from ex
 
     def make_optimizer(self, params) -> torch.optim.Optimizer:
         if self.optimizer == "adam":
-            return torch.optim.Adam(params, lr=self.lr)
-        if self.optimizer == "sgd":
-            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum)
-        raise ValueError(f"unknown optimizer {self.optimizer!r}; use adam or sgd")
+            return torch.optim.Adam(params, lr=self.local_lr)
+        return torch.optim.SGD(params, lr=self.local_lr, momentum=self.momentum)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
-def batch_schedule(num_samples: int, cfg: LocalTrainingConfig, generator: torch.Generator) -> list[torch.Tensor]:
+def batch_schedule(num_samples: int, cfg: TrainingConfig, generator: torch.Generator) -> list[torch.Tensor]:
     """Positions (into a device's own samples) of each local iteration's batch: epochs of a fresh
     permutation, cut into batches, for exactly ``local_iters`` iterations."""
     batches: list[torch.Tensor] = []
     order = torch.empty(0, dtype=torch.int64)
-    batch = min(cfg.batch_size, num_samples)
+    batch = min(cfg.local_batch_size, num_samples)
     while len(batches) < cfg.local_iters:
         if len(order) < batch:
             order = torch.randperm(num_samples, generator=generator)
@@ -100,7 +127,7 @@ def train_local(
     global_params: dict[str, torch.Tensor],
     x_uint8: torch.Tensor,
     y: torch.Tensor,
-    cfg: LocalTrainingConfig,
+    cfg: TrainingConfig,
     generator: torch.Generator,
     local_buffers: dict[str, torch.Tensor] | None = None,
     pinned: bool = False,

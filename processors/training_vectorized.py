@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
 from processors.data.sources import normalize
-from processors.training import LocalTrainingConfig, batch_schedule, copy_to_host, worker_model
+from processors.training import TrainingConfig, batch_schedule, copy_to_host, worker_model
 
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam defaults
 ADAM_EPS = 1e-8
@@ -39,7 +39,7 @@ def train_group(
     model_name: str,
     global_params: dict[str, torch.Tensor],
     device_data: list[tuple[torch.Tensor, torch.Tensor]],
-    cfg: LocalTrainingConfig,
+    cfg: TrainingConfig,
     generators: list[torch.Generator],
     device: torch.device,
     pinned: bool = False,
@@ -77,13 +77,13 @@ def train_group(
         raise ValueError(f"device {sizes.index(0)} has no samples")
     schedules = [batch_schedule(n, cfg, g) for n, g in zip(sizes, generators, strict=True)]
     iters = cfg.local_iters
-    batch = max(min(cfg.batch_size, n) for n in sizes)
+    batch = max(min(cfg.local_batch_size, n) for n in sizes)
     index = torch.zeros(iters, k, batch, dtype=torch.int64)  # into the concatenated data; pads -> device's sample 0
     mask = torch.zeros(iters, k, batch, dtype=torch.float32)
     counts = torch.empty(k, dtype=torch.float32)
     offset = 0
     for i, (n, schedule) in enumerate(zip(sizes, schedules, strict=True)):
-        b = min(cfg.batch_size, n)
+        b = min(cfg.local_batch_size, n)
         index[:, i, :] = offset
         if iters:
             index[:, i, :b] += torch.stack(schedule)
@@ -123,16 +123,16 @@ def train_group(
         grads = [grads_by_name[name] for name in names]
         with torch.no_grad():
             if cfg.optimizer == "adam":
-                _adam_step(params, grads, state_a, state_b, t + 1, cfg.lr)
+                _adam_step(params, grads, state_a, state_b, t + 1, cfg.local_lr)
             elif cfg.momentum != 0:
                 if t == 0:
                     state_a = [g.clone() for g in grads]
                 else:
                     torch._foreach_mul_(state_a, cfg.momentum)
                     torch._foreach_add_(state_a, grads)
-                torch._foreach_add_(params, state_a, alpha=-cfg.lr)
+                torch._foreach_add_(params, state_a, alpha=-cfg.local_lr)
             else:
-                torch._foreach_add_(params, grads, alpha=-cfg.lr)
+                torch._foreach_add_(params, grads, alpha=-cfg.local_lr)
 
     with torch.no_grad():
         stacked = {name: p - r.unsqueeze(0) for name, p, r in zip(names, params, received, strict=True)}

@@ -6,16 +6,16 @@ server and leaf logic stay NVFlare's) but replaces the stock loop's habits:
 * tasks for all newly selected devices are requested at once, with no ``sleep(0.5)`` per device; the loop
   backs off only when there is nothing to do;
 * with the vectorised engine, tasks that arrive together for the same model version are trained as groups of
-  up to ``group_size`` devices in one call (``FedAvgTaskProcessor.process_group``); each device still reports
-  its own result;
+  up to ``group_size`` devices in one call of the leaf's ``GroupTrainer`` (``simulation.trainer``); each
+  device still reports its own result;
 * heterogeneity runs on a virtual clock (``ReleaseQueue``): results are reported in simulated finish order
   without sleeping. With ``time_scale`` > 0 results are held until their scaled delay has passed (1.0: real
   time; the worker is freed at once, see ``due_timer``): slower, but
   new tasks then start at the simulated time the server reacted, which the pure virtual clock cannot know (see
   README, "Simulated time");
 * a task that raises is retried, then logged with the device id and reported as failed: as a zero-weight
-  update when the processor offers one (``failed_result``), so NVFlare releases the device's slot and the
-  round goes on, else with an error status; a GPU out-of-memory error halves the leaf's concurrency for the
+  update when the trainer offers one (``failed_result``), so the device's slot is released and the round goes
+  on, else with an error status; a GPU out-of-memory error halves the leaf's concurrency for the
   rest of the run instead of killing it;
 * no debug f-strings that print whole tasks or results.
 """
@@ -39,10 +39,11 @@ from nvflare.edge.web.models.task_request import TaskRequest
 from nvflare.edge.web.models.task_response import TaskResponse
 from nvflare.security.logging import secure_format_exception
 
-from simulation.clock import DeviceSpeedConfig
+from common.delays import DeviceDelays
 from simulation.concurrency import AdjustableLimit
 from simulation.due_timer import DueTimer
 from simulation.release_queue import ReleaseQueue
+from simulation.trainer import GroupTrainer
 
 MIN_IDLE_WAIT = 0.02
 MAX_IDLE_WAIT = 0.5
@@ -87,19 +88,21 @@ class FastSimulator(Simulator):
         num_devices: int,
         num_workers: int,
         get_job_timeout: float,
-        speed: DeviceSpeedConfig,
+        delays: DeviceDelays,
+        trainer: GroupTrainer | None = None,
         time_scale: float = 0.0,
         clock_log: str | None = None,
         group_size: int = 1,
     ):
         super().__init__(job_name, device_factory, num_devices, num_workers, get_job_timeout)
         self.device_id_prefix = device_id_prefix  # deterministic, so device data and speeds are reproducible
-        self.speed = speed
+        self.delays = delays
         self.time_scale = time_scale  # 0: virtual clock; > 0: delays take delay x time_scale wall seconds
         self._origin: float | None = None  # wall time of simulated time 0 (scaled mode)
         self._due = DueTimer()  # scaled mode: hands each result over at its due time without holding a worker
         self.limit = AdjustableLimit(num_workers)
-        self.group_size = max(1, group_size)  # > 1: the vectorised engine trains groups of ready tasks
+        self.trainer = trainer  # trains groups and reports failures; None: each device's own processor copy trains
+        self.group_size = max(1, group_size) if trainer is not None else 1
         self.clock = ReleaseQueue(self._report)
         self.clock_log = clock_log
         self._log_lock = threading.Lock()
@@ -197,15 +200,15 @@ class FastSimulator(Simulator):
             sid = resp.cookie.get(CookieKey.DEVICE_SELECTION_ID, sid)
         task_number = self._task_counts.get(did, 0)
         self._task_counts[did] = task_number + 1
-        train_s, comm_s = self.speed.sample_seconds(did, task_number)
+        seconds = self.delays.durations(did, task_number).total
         if self.time_scale > 0:
             now = time.time()
             if self._origin is None:
                 self._origin = now
-            ticket, finish = self.clock.dispatch(train_s + comm_s, start=(now - self._origin) / self.time_scale)
+            ticket, finish = self.clock.dispatch(seconds, start=(now - self._origin) / self.time_scale)
             due = self._origin + finish * self.time_scale
         else:
-            ticket, _ = self.clock.dispatch(train_s + comm_s)
+            ticket, _ = self.clock.dispatch(seconds)
             due = 0.0
         with self.update_lock:
             self.busy_devices[did] = sid
@@ -213,12 +216,13 @@ class FastSimulator(Simulator):
 
     # -- a group of devices trained together (vectorised engine) ------------------------------------------
     def _run_group(self, group: list[DeviceTask]) -> None:
-        if len(group) == 1:
-            return self._run_task(group[0])
-        processor = group[0].device.processor  # every device's processor is a copy of the same configuration
+        if len(group) == 1 or self.trainer is None:
+            for t in group:
+                self._run_task(t)
+            return
         try:
             with self.limit:
-                results = processor.process_group([t.device.device_id for t in group], group[0].task)
+                results = self.trainer.process_group([t.device.device_id for t in group], group[0].task)
         except Exception as ex:
             # train them one by one instead: per-device retries, failure reports and OOM handling apply
             if is_out_of_memory(ex):
@@ -241,7 +245,10 @@ class FastSimulator(Simulator):
         for attempt in range(1, MAX_ATTEMPTS + 1):
             try:
                 with self.limit:
-                    result = device.do_task(task)
+                    if self.trainer is not None:
+                        result = self.trainer.process_group([device.device_id], task)[0]
+                    else:
+                        result = device.do_task(task)
                 status = EdgeApiStatus.OK
                 break
             except Exception as ex:
@@ -263,11 +270,10 @@ class FastSimulator(Simulator):
         self._finish(t, result, status)
 
     def _failure_report(self, t: DeviceTask) -> tuple[dict, str]:
-        failed_result = getattr(getattr(t.device, "processor", None), "failed_result", None)
-        if failed_result is None:
+        if self.trainer is None:
             return {}, EdgeApiStatus.ERROR
         try:
-            result = failed_result(t.task)
+            result = self.trainer.failed_result(t.device.device_id, t.task)
         except Exception as ex:
             self.logger.error(f"device {t.device.device_id}: no zero-weight report ({secure_format_exception(ex)})")
             return {}, EdgeApiStatus.ERROR
@@ -292,8 +298,9 @@ class FastSimulator(Simulator):
         else:
             self.clock.complete(t.ticket, payload)
 
-    def wait_until_reported(self, timeout: float = 60.0) -> bool:
-        """Wait for every submitted task to be trained and reported (tests, and a clean end of the loop)."""
+    def drain(self, timeout: float = 60.0) -> bool:
+        """Wait for every submitted task to be trained and reported (a test's way to run tasks to completion
+        without the control loop); False if ``timeout`` passed first."""
         self.worker_pool.shutdown(wait=True)
         return self._due.wait_idle(timeout)
 
@@ -335,7 +342,12 @@ class FastSimulator(Simulator):
 
     def start(self) -> None:
         try:
-            super().start()
+            self._control_flow()
+            # the job is over: tasks still queued would train for nothing, running ones finish
+            self.worker_pool.shutdown(wait=True, cancel_futures=True)
+            for d in self.all_devices.values():
+                d.shutdown()
+            self.device_factory.shutdown()
         finally:
             if self.failed_tasks:
                 self.logger.error(f"{self.failed_tasks} device task(s) failed; see the errors above")

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 import torch.nn as nn
 
-from simulation.profiles import DEFAULT_PROFILE, UtilisationProfile, get_profile
+from common.profiles import DEFAULT_PROFILE, UtilisationProfile, get_profile
 
 # Per-process CUDA context and allocator slack, not available to workers.
 CUDA_CONTEXT_BYTES = 600 * 2**20
@@ -41,7 +41,6 @@ class GpuInfo:
 class HardwareProfile:
     cpu_cores: int
     gpus: tuple[GpuInfo, ...] = ()
-    source: str = "probe"
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,7 @@ class WorkerPlan:
     engine: str = "per-device"  # or "vectorized" (see plan_engine)
     group_size: int = 1  # devices one worker trains together
     engine_reason: str = ""
-    profile: str = DEFAULT_PROFILE  # the utilisation profile the plan follows (simulation.profiles)
+    profile: str = DEFAULT_PROFILE  # the utilisation profile the plan follows (common.profiles)
     cores_per_leaf: int = 0  # 0: the "cpu" limit (plans made before profiles)
     leaves_per_gpu: int = 1  # leaves sharing one GPU (each caps its CUDA allocator at share / this)
 
@@ -100,7 +99,7 @@ def probe_hardware() -> HardwareProfile:
         import psutil
 
         cores = psutil.cpu_count(logical=True) or 1
-    return HardwareProfile(cpu_cores=cores, gpus=tuple(_probe_gpus()), source="probe")
+    return HardwareProfile(cpu_cores=cores, gpus=tuple(_probe_gpus()))
 
 
 def _probe_gpus() -> list[GpuInfo]:

@@ -1,4 +1,8 @@
-"""Shared fixtures: small synthetic data, and helpers to run the real job entry points."""
+"""Shared fixtures: small synthetic data, a task processor factory, and helpers to run the real job entry points.
+
+Every test under ``tests/e2e`` runs real NVFlare jobs for tens of seconds each: it is marked ``slow`` here, so
+``pytest -m "not slow"`` is the fast subset (CI runs everything).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,14 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYTHON = sys.executable
+E2E_DIR = os.path.join(REPO, "tests", "e2e")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if str(item.path).startswith(E2E_DIR):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -15,6 +27,18 @@ def small_data():
     from processors.data.sources import make_synthetic
 
     return make_synthetic(2000, 400, seed=0)
+
+
+def make_processor(synthetic_size: int = 2000, seed: int = 0, subset_size: int = 350, profile: str = "high",
+                   **training):  # fmt: skip
+    """The job's task processor on synthetic data and the CPU; ``training`` overrides ``TrainingConfig`` fields."""
+    from processors.data.config import DataConfig
+    from processors.task_processor import TrainingTaskProcessor
+    from processors.training import TrainingConfig
+
+    data = DataConfig(synthetic_size=synthetic_size, subset_size=subset_size)
+    training = TrainingConfig(**({"compute_device": "cpu"} | training))
+    return TrainingTaskProcessor(data=data.to_dict(), training=training.to_dict(), seed=seed, profile=profile)
 
 
 def job_args(tmp_path, *extra: str, output: bool = True) -> list[str]:
@@ -28,6 +52,3 @@ def job_args(tmp_path, *extra: str, output: bool = True) -> list[str]:
         "--workspace", str(tmp_path / "ws"),
         *extra,
     ]  # fmt: skip
-
-
-PYTHON = sys.executable

@@ -8,15 +8,10 @@ Seeds come from SHA-256, never from Python's per-process salted ``hash()``.
 from __future__ import annotations
 
 import functools
-import hashlib
 
 import numpy as np
 
-
-def stable_seed(*parts: object) -> int:
-    """A 64-bit seed from any printable parts, identical across processes and machines."""
-    digest = hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "little")
+from common.seeds import stable_seed
 
 
 @functools.lru_cache(maxsize=8)

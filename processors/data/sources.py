@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+BUILTIN_DATASETS = ("cifar10", "synthetic")
 NUM_CLASSES = 10
 IMAGE_SHAPE = (3, 32, 32)
 # CIFAR-10 channel statistics (on [0, 1] pixels), applied on the fly.
@@ -36,7 +37,7 @@ class DatasetSpec:
 
     @property
     def kind(self) -> str:
-        if self.name in ("cifar10", "synthetic"):
+        if self.name in BUILTIN_DATASETS:
             return self.name
         if self.name.endswith(".npz"):
             return "npz"

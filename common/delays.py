@@ -1,0 +1,158 @@
+"""How long a simulated device takes: download, training and upload delays, a seeded function of the device.
+
+The model follows the FedRevive reference simulator (ZiyueXu77/NVFlare ``research/fed-revive/codes/client.py``,
+``Client._create_delay_generator``; NVIDIA's port ``research/fedrevive/data.py``, ``DELAY_SCHEDULES``):
+
+* once per device: a speed class k (probabilities ``speed_probs``, default equal) and an upload mean, one of
+  ``upload_delays`` with equal probability;
+* per task: training time ~ Exponential(mean ``speed_means[k]``) or ~ max(0, Normal(``speed_means[k]``,
+  ``speed_stds[k]``)), upload time ~ Uniform(max(0, m - ``upload_jitter``), m + ``upload_jitter``) around the
+  device's upload mean m, and the constant ``download_delay``.
+
+Every draw comes from a generator seeded by SHA-256 of (run seed, device id[, task number]), never from a shared
+stream, so the server, a leaf and the pure reference schedule all compute the same durations for the same device
+and task, in any order and in any process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Literal
+
+import numpy as np
+
+from common.choices import ConfigError, check_choice
+from common.seeds import stable_seed
+
+SpeedDistribution = Literal["normal", "exponential"]
+DelayPreset = Literal["none", "paper", "paper-shifted", "edge-example"]
+
+
+@dataclass(frozen=True)
+class DelayConfig:
+    """Device heterogeneity: the delay model of every simulated device (all zero: no heterogeneity).
+
+    Attributes:
+        speed_means: mean training time of each speed class (simulated seconds); empty: training takes 0.
+        speed_stds: standard deviation of each class (``normal`` only).
+        speed_probs: probability of each class; empty: equally likely.
+        speed_distribution: ``exponential`` (the FedRevive paper) or ``normal`` (NVFlare's edge example).
+        download_delay: constant time from selection to the start of training.
+        upload_delays: per-device upload means, one drawn per device with equal probability; empty: 0.
+        upload_jitter: half-width of the uniform noise around a device's upload mean, per task.
+    """
+
+    speed_means: tuple[float, ...] = ()
+    speed_stds: tuple[float, ...] = ()
+    speed_probs: tuple[float, ...] = ()
+    speed_distribution: SpeedDistribution = "normal"
+    download_delay: float = 0.0
+    upload_delays: tuple[float, ...] = ()
+    upload_jitter: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("speed_means", "speed_stds", "speed_probs", "upload_delays"):
+            object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
+        check_choice("--speed-distribution", self.speed_distribution, SpeedDistribution)
+        if self.speed_distribution == "normal" and len(self.speed_stds) != len(self.speed_means):
+            raise ConfigError(
+                f"--speed-means has {len(self.speed_means)} values but --speed-stds has {len(self.speed_stds)}: "
+                "normal training times need one std per speed class"
+            )
+        if self.speed_distribution == "exponential" and self.speed_stds:
+            raise ConfigError("--speed-stds is for --speed-distribution normal; exponential times have no std")
+        if self.speed_probs and len(self.speed_probs) != len(self.speed_means):
+            raise ConfigError(f"--speed-probs has {len(self.speed_probs)} values; it needs one per speed class")
+        if self.speed_probs and (any(p < 0 for p in self.speed_probs) or abs(sum(self.speed_probs) - 1) > 1e-6):
+            raise ConfigError(f"--speed-probs {list(self.speed_probs)} must be non-negative and sum to 1")
+        values = (*self.speed_means, *self.speed_stds, *self.upload_delays, self.download_delay, self.upload_jitter)
+        if any(v < 0 for v in values):
+            raise ConfigError("speeds and delays must be >= 0 (a negative delay makes no sense)")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.speed_means) or self.download_delay > 0 or any(self.upload_delays)
+
+    def to_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> DelayConfig:
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in (d or {}).items()})
+
+    @classmethod
+    def preset(cls, name: DelayPreset, **overrides) -> DelayConfig:
+        """A named delay model, with any field overridden."""
+        check_choice("--delays", name, DelayPreset)
+        return replace(DELAY_PRESETS[name], **overrides)
+
+
+DELAY_PRESETS: dict[str, DelayConfig] = {
+    "none": DelayConfig(),
+    # the FedRevive paper's main setting (reference simulator's SampleConfigFiles/cifar10/*.json)
+    "paper": DelayConfig(
+        speed_means=(1.0, 1.3, 1.6),
+        speed_probs=(0.25, 0.5, 0.25),
+        speed_distribution="exponential",
+        download_delay=0.1,
+        upload_delays=(0.15, 0.25),
+        upload_jitter=0.02,
+    ),
+    # its shifted schedule (NVIDIA's port, DELAY_SCHEDULES["shifted"]): ten times faster training
+    "paper-shifted": DelayConfig(
+        speed_means=(0.1,),
+        speed_distribution="exponential",
+        download_delay=0.02,
+        upload_delays=(0.05, 0.10),
+        upload_jitter=0.01,
+    ),
+    # NVFlare's edge example: speeds 100/200/400 s (std 4), 5 s upload
+    "edge-example": DelayConfig(
+        speed_means=(100.0, 200.0, 400.0), speed_stds=(4.0, 4.0, 4.0), upload_delays=(5.0,)
+    ),
+}
+
+
+@dataclass(frozen=True)
+class TaskDurations:
+    download: float
+    train: float
+    upload: float
+
+    @property
+    def total(self) -> float:
+        return self.download + self.train + self.upload
+
+
+class DeviceDelays:
+    """The delay model of one run: ``durations(device_id, task_number)`` is a pure function of its arguments."""
+
+    def __init__(self, config: DelayConfig, seed: int):
+        self.config = config
+        self.seed = seed
+
+    def device_traits(self, device_id: str) -> tuple[int, float]:
+        """(speed class, upload mean) of a device, drawn once from the seed and its id."""
+        c = self.config
+        rng = np.random.default_rng(stable_seed("delay-traits", self.seed, device_id))
+        k = int(rng.choice(len(c.speed_means), p=np.asarray(c.speed_probs) if c.speed_probs else None)) if c.speed_means else 0
+        upload = float(c.upload_delays[int(rng.integers(len(c.upload_delays)))]) if c.upload_delays else 0.0
+        return k, upload
+
+    def durations(self, device_id: str, task_number: int) -> TaskDurations:
+        """Download, training and upload time of the device's ``task_number``-th task (0-based)."""
+        c = self.config
+        if not c.enabled:
+            return TaskDurations(0.0, 0.0, 0.0)
+        k, upload_mean = self.device_traits(device_id)
+        rng = np.random.default_rng(stable_seed("delay-task", self.seed, device_id, task_number))
+        train = 0.0
+        if c.speed_means:
+            if c.speed_distribution == "exponential":
+                train = float(rng.exponential(c.speed_means[k]))
+            else:
+                train = max(0.0, float(rng.normal(c.speed_means[k], c.speed_stds[k])))
+        upload = upload_mean
+        if c.upload_jitter:
+            upload = float(rng.uniform(max(0.0, upload_mean - c.upload_jitter), upload_mean + c.upload_jitter))
+        return TaskDurations(c.download_delay, train, upload)

@@ -1,0 +1,34 @@
+"""Writing result files so that a reader (or a crash) never sees half of one."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+
+def write_json_atomic(path: str, payload: dict) -> None:
+    """Write ``payload`` to a temporary file beside ``path``, then rename it over ``path``."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=2)
+    os.replace(tmp, path)
+
+
+class JsonlWriter:
+    """Appends one JSON object per line to a file kept open (thread-safe), flushing each line."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._lock = threading.Lock()
+        self._file = open(path, "a")  # noqa: SIM115 - kept open for the writer's lifetime, closed in close()
+
+    def write(self, record: dict) -> None:
+        line = json.dumps(record) + "\n"
+        with self._lock:
+            self._file.write(line)
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()

@@ -1,0 +1,112 @@
+"""Scores every scheduled global model version on the test split of the devices' own dataset source.
+
+Unlike NVFlare's ``GlobalEvaluator`` it neither embeds data in the job config nor downloads: it loads the same
+``DataConfig`` the devices use. For each evaluated version it fires ``VERSION_EVALUATED`` with a record::
+
+    {"version", "accuracy", "eval_seconds", "wall_seconds" (since the run started), "epoch" (wall clock),
+     "sim_seconds" (simulated time of the version, when the model manager reports one)}
+
+Versions evaluated: 1, then every ``eval_frequency``-th, and always ``max_model_version``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+from nvflare.apis.event_type import EventType
+from nvflare.apis.fl_component import FLComponent
+from nvflare.apis.fl_context import FLContext
+from nvflare.app_common.app_constant import AppConstants
+from nvflare.app_common.app_event_type import AppEventType
+
+from evaluation.events import SIM_TIME, VERSION_EVALUATED, VERSION_RECORD
+from processors.data.config import DataConfig
+from processors.data.sources import load_dataset
+from processors.device import resolve_device
+from processors.models import build_model
+from processors.training import evaluate_accuracy
+
+
+def global_weights(fl_ctx: FLContext) -> dict:
+    """The new global model's weights (name -> array) from the context of GLOBAL_WEIGHTS_UPDATED."""
+    learnable = fl_ctx.get_prop(AppConstants.GLOBAL_MODEL)
+    return learnable["weights"] if "weights" in learnable else learnable
+
+
+def load_into(net: torch.nn.Module, weights: dict) -> torch.nn.Module:
+    """Copy ``weights`` into ``net`` (entries it lacks keep the net's own values), with each tensor's own dtype."""
+    device = next(net.parameters()).device
+    own = net.state_dict()
+    state = {
+        k: torch.as_tensor(np.asarray(weights[k])).to(device=device, dtype=own[k].dtype).view_as(own[k])
+        if k in weights
+        else own[k]
+        for k in own
+    }
+    net.load_state_dict(state)
+    return net
+
+
+def is_scheduled(version: int, eval_frequency: int, max_model_version: int) -> bool:
+    return (version - 1) % eval_frequency == 0 or (max_model_version and version >= max_model_version)
+
+
+class GlobalModelEvaluator(FLComponent):
+    """Args:
+    model: model name (``processors.models``).
+    data: ``DataConfig.to_dict()``.
+    seed: the run seed (the synthetic dataset depends on it).
+    compute_device: torch device the evaluation runs on.
+    eval_frequency: evaluate every N versions.
+    max_model_version: the last version, always evaluated.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        data: dict,
+        seed: int = 0,
+        compute_device: str = "auto",
+        eval_frequency: int = 1,
+        max_model_version: int = 0,
+    ):
+        super().__init__()
+        self.model = model
+        self.data = data
+        self.seed = seed
+        self.compute_device = compute_device
+        self.eval_frequency = eval_frequency
+        self.max_model_version = max_model_version
+        self._net = None
+        self._test = None
+        self._start = 0.0
+        self.register_event_handler(EventType.START_RUN, self._start_run)
+        self.register_event_handler(AppEventType.GLOBAL_WEIGHTS_UPDATED, self._evaluate)
+
+    def _start_run(self, _event: str, fl_ctx: FLContext) -> None:
+        self._start = time.time()
+        device = resolve_device(self.compute_device)
+        self._net = build_model(self.model).to(device)
+        data = load_dataset(DataConfig(**self.data).spec(self.seed))
+        self._test = (data.x_test.to(device), data.y_test.to(device))
+
+    def _evaluate(self, _event: str, fl_ctx: FLContext) -> None:
+        version = int(fl_ctx.get_prop(AppConstants.CURRENT_ROUND) or 0)
+        if not is_scheduled(version, self.eval_frequency, self.max_model_version):
+            return
+        started = time.time()
+        accuracy = evaluate_accuracy(load_into(self._net, global_weights(fl_ctx)), *self._test)
+        now = time.time()
+        record = {
+            "version": version,
+            "accuracy": round(accuracy, 5),
+            "wall_seconds": round(now - self._start, 3),
+            "eval_seconds": round(now - started, 3),
+            "epoch": round(now, 3),
+        }
+        sim_time = fl_ctx.get_prop(SIM_TIME)
+        if sim_time is not None:
+            record["sim_seconds"] = round(float(sim_time), 6)
+        self.fire_event_with_data(VERSION_EVALUATED, fl_ctx, VERSION_RECORD, record)

@@ -1,0 +1,24 @@
+"""The events and FLContext keys the result components use to hand a version's record along."""
+
+from typing import NamedTuple
+
+# fired by GlobalModelEvaluator after scoring a version; fl_ctx[VERSION_RECORD] is its record (a dict)
+VERSION_EVALUATED = "edgesim.version_evaluated"
+# fired by RunRecorder once the record is complete and written; fl_ctx[VERSION_RECORD], fl_ctx[SYSTEM_SAMPLES]
+VERSION_RECORDED = "edgesim.version_recorded"
+# fired by SystemMonitorComponent at the end of the run; fl_ctx[SYSTEM_SUMMARY] is the summary with its warnings
+SYSTEM_SUMMARY_READY = "edgesim.system_summary_ready"
+
+VERSION_RECORD = "edgesim.version_record"
+SYSTEM_SAMPLES = "edgesim.system_samples"
+SYSTEM_SUMMARY = "edgesim.system_summary"
+# set by the server's model manager next to AppConstants.GLOBAL_MODEL: the simulated time the version was made at
+SIM_TIME = "edgesim.sim_time"
+
+
+class SystemStretch(NamedTuple):
+    """The system samples of one version's interval (fl_ctx[SYSTEM_SAMPLES] with VERSION_RECORDED)."""
+
+    samples: list  # raw samples, ``t`` in seconds since ``start_walltime``
+    start_walltime: float | None
+    aggregate: dict | None  # ``evaluation.monitor.aggregate(samples)``

@@ -1,0 +1,141 @@
+"""The one writer of ``metrics.json``: the run's configuration, every evaluated version and the run's summary.
+
+At START_RUN it writes ``run_info`` (config, environment, plan, profile: whatever the driver knew). For each
+VERSION_EVALUATED it completes the record with the system figures of the version's stretch (from the
+``SystemMonitorComponent`` named by ``monitor_id``) and the throughput since the previously recorded version,
+rewrites the file atomically (so a run that dies keeps what it measured) and fires VERSION_RECORDED. The system
+summary (SYSTEM_SUMMARY_READY) and, at END_RUN, the run summary are added the same way.
+
+A record (see ``version_record``)::
+
+    {"version", "accuracy", "wall_seconds", "eval_seconds", "epoch", ["sim_seconds"],
+     "seconds_per_version", "devices_per_second", "system": {GPU %, VRAM, CPU %, RAM of the stretch}}
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from nvflare.apis.event_type import EventType
+from nvflare.apis.fl_component import FLComponent
+from nvflare.apis.fl_context import FLContext
+
+from common.jsonio import write_json_atomic
+from common.output import output_dir
+from evaluation.events import (
+    SYSTEM_SAMPLES,
+    SYSTEM_SUMMARY,
+    SYSTEM_SUMMARY_READY,
+    VERSION_EVALUATED,
+    VERSION_RECORD,
+    VERSION_RECORDED,
+    SystemStretch,
+)
+from evaluation.monitor import aggregate, system_fields
+
+
+def version_record(evaluated: dict, previous: dict | None, updates_per_version: int, stretch: dict | None) -> dict:
+    """The ``metrics.json`` record of one evaluated version.
+
+    ``previous`` is the record of the version recorded before (``None`` for the first): ``seconds_per_version`` and
+    ``devices_per_second`` (``updates_per_version`` per version over those seconds) cover the versions since then
+    and are ``None`` for the first. ``stretch`` is ``evaluation.monitor.aggregate`` of the samples since the
+    previous record; its figures go under ``system`` (GPU fields ``None`` without GPU data).
+    """
+    seconds = devices = None
+    version, wall = evaluated["version"], evaluated["wall_seconds"]
+    if previous is not None and version > previous["version"]:
+        steps = version - previous["version"]
+        span = wall - previous["wall_seconds"]
+        seconds = round(span / steps, 3)
+        if updates_per_version and span > 0:
+            devices = round(updates_per_version * steps / span, 3)
+    return evaluated | {"seconds_per_version": seconds, "devices_per_second": devices, "system": system_fields(stretch)}
+
+
+def run_summary(records: list[dict], updates_per_version: int) -> dict:
+    """Versions trained, final and best accuracy, seconds per version and devices per second over the run."""
+    trained = max((r["version"] for r in records), default=1) - 1
+    summary = {
+        "versions_trained": trained,
+        "final_accuracy": records[-1]["accuracy"] if records else None,
+        "best_accuracy": max((r["accuracy"] for r in records), default=None),
+    }
+    if len(records) >= 2 and trained:
+        span = records[-1]["wall_seconds"] - records[0]["wall_seconds"]
+        steps = records[-1]["version"] - records[0]["version"]
+        summary["seconds_per_version"] = round(span / steps, 3)
+        summary["devices_per_second"] = round(updates_per_version * steps / span, 3) if span > 0 else None
+    if records and records[-1].get("sim_seconds") is not None:
+        summary["simulated_seconds"] = records[-1]["sim_seconds"]
+    return summary
+
+
+class RunRecorder(FLComponent):
+    """Args:
+    results_dir: where ``metrics.json`` goes ("": the server app's run folder).
+    run_info: what the driver knew before the run (config, environment, plan, profile).
+    updates_per_version: device updates in one global version (for devices per second).
+    monitor_id: component id of the run's ``SystemMonitorComponent`` ("": no system figures).
+    """
+
+    def __init__(self, results_dir: str = "", run_info: dict | None = None, updates_per_version: int = 0,
+                 monitor_id: str = ""):  # fmt: skip
+        super().__init__()
+        self.results_dir = results_dir
+        self.run_info = run_info or {}
+        self.updates_per_version = updates_per_version
+        self.monitor_id = monitor_id
+        self._monitor = None
+        self._out = ""
+        self._records: list[dict] = []
+        self._system: dict | None = None
+        self._summary: dict | None = None
+        self._lock = threading.Lock()
+        self.register_event_handler(EventType.START_RUN, self._start)
+        self.register_event_handler(VERSION_EVALUATED, self._record_version)
+        self.register_event_handler(SYSTEM_SUMMARY_READY, self._record_system)
+        self.register_event_handler(EventType.END_RUN, self._end)
+
+    @property
+    def metrics_path(self) -> str:
+        return os.path.join(self._out, "metrics.json")
+
+    def _start(self, _event: str, fl_ctx: FLContext) -> None:
+        self._out = output_dir(self.results_dir, fl_ctx)
+        if self.monitor_id:
+            self._monitor = fl_ctx.get_engine().get_component(self.monitor_id)
+        self._write()
+
+    def _record_version(self, _event: str, fl_ctx: FLContext) -> None:
+        evaluated = fl_ctx.get_prop(VERSION_RECORD)
+        samples = self._monitor.take_stretch() if self._monitor is not None else []
+        with self._lock:
+            previous = self._records[-1] if self._records else None
+            stretch = aggregate(samples)
+            record = version_record(evaluated, previous, self.updates_per_version, stretch)
+            self._records.append(record)
+            self._write()
+        start = self._monitor.start_walltime if self._monitor is not None else None
+        fl_ctx.set_prop(SYSTEM_SAMPLES, SystemStretch(samples, start, stretch), private=True, sticky=False)
+        self.fire_event_with_data(VERSION_RECORDED, fl_ctx, VERSION_RECORD, record)
+
+    def _record_system(self, _event: str, fl_ctx: FLContext) -> None:
+        with self._lock:
+            self._system = fl_ctx.get_prop(SYSTEM_SUMMARY)
+            self._write()
+
+    def _end(self, _event: str, fl_ctx: FLContext) -> None:
+        with self._lock:
+            self._summary = run_summary(self._records, self.updates_per_version)
+            self._write()
+
+    def _write(self) -> None:
+        payload = dict(self.run_info)
+        payload["versions"] = self._records
+        if self._system is not None:
+            payload["system"] = self._system
+        if self._summary is not None:
+            payload["summary"] = self._summary
+        write_json_atomic(self.metrics_path, payload)

@@ -1,0 +1,60 @@
+"""TensorBoard events for a run: accuracy per version, the version's system figures, and the raw system samples.
+
+Tags: ``accuracy`` (step = version), ``accuracy_vs_wall_seconds``, ``system/*`` (the record's ``system`` fields,
+``seconds_per_version``, ``devices_per_second``; step = version) and ``system_samples/*`` (every sample at its own
+wall time).
+"""
+
+from __future__ import annotations
+
+import os
+
+from nvflare.apis.event_type import EventType
+from nvflare.apis.fl_component import FLComponent
+from nvflare.apis.fl_context import FLContext
+from torch.utils.tensorboard import SummaryWriter
+
+from common.output import output_dir
+from evaluation.events import SYSTEM_SAMPLES, VERSION_RECORD, VERSION_RECORDED
+from evaluation.monitor import write_tensorboard
+
+
+class TensorBoardWriter(FLComponent):
+    """Args:
+    results_dir: the run's results folder; events go to its ``tensorboard/``.
+    """
+
+    def __init__(self, results_dir: str = ""):
+        super().__init__()
+        self.results_dir = results_dir
+        self._writer: SummaryWriter | None = None
+        self.register_event_handler(EventType.START_RUN, self._start)
+        self.register_event_handler(VERSION_RECORDED, self._write_version)
+        self.register_event_handler(EventType.END_RUN, self._close)
+
+    def _start(self, _event: str, fl_ctx: FLContext) -> None:
+        self._writer = SummaryWriter(log_dir=os.path.join(output_dir(self.results_dir, fl_ctx), "tensorboard"))
+
+    def _write_version(self, _event: str, fl_ctx: FLContext) -> None:
+        if self._writer is None:
+            return
+        record = fl_ctx.get_prop(VERSION_RECORD)
+        version = record["version"]
+        self._writer.add_scalar("accuracy", record["accuracy"], version)
+        self._writer.add_scalar("accuracy_vs_wall_seconds", record["accuracy"], int(record["wall_seconds"]))
+        values = {k: v for k, v in record["system"].items() if k != "num_samples"}
+        values["seconds_per_version"] = record["seconds_per_version"]
+        values["devices_per_second"] = record["devices_per_second"]
+        for tag, value in values.items():
+            if value is not None:
+                self._writer.add_scalar(f"system/{tag}", float(value), version)
+        stretch = fl_ctx.get_prop(SYSTEM_SAMPLES)
+        if stretch is not None and stretch.samples:
+            write_tensorboard(stretch.samples, self._writer, prefix="system_samples/",
+                              start_walltime=stretch.start_walltime)  # fmt: skip
+        self._writer.flush()
+
+    def _close(self, _event: str, fl_ctx: FLContext) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None

@@ -1,0 +1,93 @@
+"""One factory per job component: every caller (the recipe, the tuner, the benchmarks) builds it here.
+
+Each factory takes the ``JobConfig`` (and what the driver decided: the worker plan, the results folder) and gives
+the component the config parts it needs, as the plain values NVFlare writes into the job's config files.
+"""
+
+from __future__ import annotations
+
+from aggregation.device_manager import FreshSelectionDeviceManager
+from evaluation.evaluator import GlobalModelEvaluator
+from evaluation.model_saver import GlobalModelSaver
+from evaluation.progress import ProgressReporter
+from evaluation.run_recorder import RunRecorder
+from evaluation.system_monitor import SystemMonitorComponent
+from evaluation.tensorboard_writer import TensorBoardWriter
+from jobs.config import JobConfig
+from jobs.methods import METHODS
+from processors.task_processor import TrainingTaskProcessor
+from simulation.leaf_runner import FastDeviceRunner, StockDeviceRunner
+from simulation.planner import WorkerPlan
+
+MONITOR_ID = "edgesim_monitor"
+
+
+def make_task_processor(cfg: JobConfig, plan: WorkerPlan, torch_threads: int | None = None) -> TrainingTaskProcessor:
+    """The device-side trainer; ``torch_threads`` overrides the plan's (0: leave torch's default)."""
+    stock = cfg.engine.simulator == "stock"
+    return TrainingTaskProcessor(
+        data=cfg.data.to_dict(),
+        training=cfg.training.to_dict(),
+        seed=cfg.run.seed,
+        profile=cfg.engine.profile,
+        torch_threads=plan.torch_threads if torch_threads is None else torch_threads,
+        leaves_per_gpu=plan.leaves_per_gpu,
+        stock_delays=cfg.delays.to_dict() if stock else None,
+    )
+
+
+def make_leaf_runner(cfg: JobConfig, plan: WorkerPlan, processor_id: str, results_dir: str):
+    """The widget that starts each leaf's device simulator: ours, or NVFlare's stock one (the baseline)."""
+    e = cfg.engine
+    if e.simulator == "stock":
+        return StockDeviceRunner(processor_id, e.job_timeout, cfg.federation.devices_per_leaf, plan.num_workers)
+    return FastDeviceRunner(
+        processor_id,
+        job_timeout=e.job_timeout,
+        num_devices=cfg.federation.devices_per_leaf,
+        num_workers=plan.num_workers,
+        delays=cfg.delays.to_dict(),
+        seed=cfg.run.seed,
+        time_scale=e.time_scale,
+        results_dir=results_dir,
+        group_size=plan.group_size if plan.engine == "vectorized" else 1,
+    )
+
+
+def make_model_manager(cfg: JobConfig, results_dir: str):
+    """The server's model manager of the job's method (``jobs.methods``)."""
+    return METHODS[cfg.method].model_manager(cfg, results_dir)
+
+
+def make_device_manager(cfg: JobConfig) -> FreshSelectionDeviceManager:
+    f = cfg.federation
+    return FreshSelectionDeviceManager(f.device_selection_size, f.min_hole_to_fill, f.device_reuse, seed=cfg.run.seed)
+
+
+def diagnose_context(run_info: dict, cfg: JobConfig) -> dict:
+    """What the low-GPU-use diagnosis needs about the run, from the driver's plan and environment."""
+    planner = run_info.get("planner") or {}
+    engine = planner.get("engine") or cfg.engine.engine
+    return {
+        "compute_device": (run_info.get("environment") or {}).get("compute_device") or cfg.training.compute_device,
+        "engine": None if engine == "auto" else engine,  # "auto": we cannot tell which one ran
+        "num_workers": planner.get("num_workers", cfg.engine.num_workers),
+        "cpu_cores": (run_info.get("environment") or {}).get("cpu_cores"),
+    }
+
+
+def make_result_components(cfg: JobConfig, run_info: dict, results_dir: str) -> dict:
+    """The server's result components by id (``evaluation``): evaluator, monitor, recorder, reporters, saver."""
+    f = cfg.federation
+    return {
+        "edgesim_evaluator": GlobalModelEvaluator(
+            model=cfg.training.model, data=cfg.data.to_dict(), seed=cfg.run.seed,
+            compute_device=cfg.training.compute_device, eval_frequency=cfg.run.eval_frequency,
+            max_model_version=f.max_model_version,
+        ),
+        MONITOR_ID: SystemMonitorComponent(diagnose_context(run_info, cfg)),
+        "edgesim_recorder": RunRecorder(results_dir, run_info, f.num_updates_for_model, monitor_id=MONITOR_ID),
+        "edgesim_progress": ProgressReporter(f.max_model_version),
+        "edgesim_tensorboard": TensorBoardWriter(results_dir),
+        "edgesim_model_saver": GlobalModelSaver(cfg.training.model, results_dir),
+    }  # fmt: skip

@@ -1,0 +1,41 @@
+"""The data part of a job's configuration: which dataset, and how it is split over the simulated devices."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+from common.choices import ConfigError, check_positive
+from processors.data.sources import BUILTIN_DATASETS, DatasetError, DatasetSpec
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Attributes:
+    dataset: ``cifar10``, ``synthetic`` (seeded, class-structured images) or a path to an ``.npz`` file.
+    data_root: where torchvision's CIFAR-10 lives (downloaded there when the network allows).
+    synthetic_size: training images of the synthetic dataset (its test split is a fifth of it).
+    subset_size: training samples each device holds.
+    dirichlet_alpha: label skew of each device's samples (Dirichlet concentration); <= 0 means IID.
+    """
+
+    dataset: str = "synthetic"
+    data_root: str = "~/.cache/edgesim-flare/data"
+    synthetic_size: int = 20000
+    subset_size: int = 350
+    dirichlet_alpha: float = 0.5
+
+    def __post_init__(self) -> None:
+        check_positive({"--subset-size": self.subset_size, "--synthetic-size": self.synthetic_size})
+        try:
+            _ = self.spec(0).kind  # a name that is no known source fails here
+        except DatasetError as ex:
+            raise ConfigError(str(ex)) from ex
+
+    def spec(self, seed: int) -> DatasetSpec:
+        """What to load: the dataset with absolute paths, and the seed of the synthetic source."""
+        name = self.dataset if self.dataset in BUILTIN_DATASETS else os.path.abspath(os.path.expanduser(self.dataset))
+        return DatasetSpec(name, os.path.abspath(os.path.expanduser(self.data_root)), self.synthetic_size, seed)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,62 @@
+"""The engine part of a job's configuration: how each leaf simulates its devices."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from common.choices import ConfigError, check_choice, check_positive
+from common.profiles import DEFAULT_PROFILE, ProfileName
+
+SimulatorName = Literal["fast", "stock"]
+EngineName = Literal["auto", "vectorized", "per-device"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Attributes:
+    simulator: ``fast`` (our device simulator and server components) or ``stock`` (NVFlare's own simulator,
+        model manager and Python-list weights, as in NVFlare's edge example: the baseline benchmarks compare to).
+    engine: how a leaf trains its devices: ``vectorized`` (a group of devices in one batched step), ``per-device``,
+        or ``auto`` (vectorized unless the model has BatchNorm statistics).
+    num_workers: device workers per leaf (its thread pool); ``None``: planned from the hardware.
+    group_size: devices one worker trains together with the vectorized engine; ``None``: planned.
+    profile: utilisation profile (``common.profiles``).
+    time_scale: 0: exact simulated time, nothing sleeps. S > 0: real-time mode for load tests, each result is held
+        for its delays x S wall seconds before the leaf reports it.
+    job_timeout: seconds a leaf's device simulator waits for the job to reach it (only that).
+    update_interval: seconds between a leaf's syncs with its parent (NVFlare's default: 1.0).
+    update_timeout: seconds a leaf waits for its parent to take an update.
+    """
+
+    simulator: SimulatorName = "fast"
+    engine: EngineName = "auto"
+    num_workers: int | None = None
+    group_size: int | None = None
+    profile: ProfileName = DEFAULT_PROFILE
+    time_scale: float = 0.0
+    job_timeout: float = 120.0
+    update_interval: float = 0.25
+    update_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        check_choice("--simulator", self.simulator, SimulatorName)
+        check_choice("--engine", self.engine, EngineName)
+        check_choice("--profile", self.profile, ProfileName)
+        if self.num_workers is not None:
+            check_positive({"--num-workers": self.num_workers})
+        if self.group_size is not None:
+            check_positive({"--group-size": self.group_size})
+        check_positive(
+            {"--job-timeout": self.job_timeout, "--update-interval": self.update_interval,
+             "--update-timeout": self.update_timeout}, integer=False,
+        )  # fmt: skip
+        if not self.time_scale >= 0:
+            raise ConfigError(f"--time-scale {self.time_scale}: must be >= 0 (0: exact simulated time)")
+        if self.simulator == "stock" and self.time_scale > 0:
+            raise ConfigError("--time-scale needs --simulator fast (the stock simulator sleeps the delays in full)")
+        if self.simulator == "stock" and self.engine == "vectorized":
+            raise ConfigError("--engine vectorized needs --simulator fast (the stock simulator runs one device at a time)")
+
+    def to_dict(self) -> dict:
+        return asdict(self)

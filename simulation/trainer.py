@@ -1,0 +1,23 @@
+"""The contract between the device simulator and a task processor that can train many devices in one call.
+
+``FastSimulator`` holds one such trainer per leaf (the job's task processor component itself, not a per-device
+copy) and gives it groups of devices that received the same task. A processor without these methods (any NVFlare
+``DeviceTaskProcessor``) still works: each device then trains through its own copy's ``process_task``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from nvflare.edge.web.models.task_response import TaskResponse
+
+
+@runtime_checkable
+class GroupTrainer(Protocol):
+    def process_group(self, device_ids: list[str], task: TaskResponse) -> list[dict]:
+        """Train every device in ``device_ids`` on ``task``; one result dict each, in order."""
+        ...
+
+    def failed_result(self, device_id: str, task: TaskResponse) -> dict:
+        """The result a device reports when its training failed for good (a zero-weight update)."""
+        ...

@@ -1,0 +1,27 @@
+"""A stand-in for NVFlare's engine: delivers fired events to components and finds components by id.
+
+Component tests use it to run NVFlare ``FLComponent`` event handlers together, in one process, without a job.
+"""
+
+from __future__ import annotations
+
+from nvflare.apis.fl_component import FLComponent
+from nvflare.apis.fl_constant import ReservedKey
+from nvflare.apis.fl_context import FLContext
+from nvflare.apis.utils.event import fire_event_to_components
+
+
+class EventEngine:
+    def __init__(self, components: dict[str, FLComponent]):
+        self.components = components
+
+    def fire_event(self, event_type: str, fl_ctx: FLContext) -> None:
+        fire_event_to_components(event_type, list(self.components.values()), fl_ctx)
+
+    def get_component(self, component_id: str):
+        return self.components.get(component_id)
+
+    def new_context(self) -> FLContext:
+        ctx = FLContext()
+        ctx.set_prop(ReservedKey.ENGINE, self, private=True, sticky=False)
+        return ctx

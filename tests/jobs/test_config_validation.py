@@ -1,0 +1,82 @@
+"""Bad configurations are refused before any NVFlare process starts, with a message that names the fix."""
+
+import pytest
+
+from jobs import driver
+from jobs.pt_job_fedavg import main
+
+
+@pytest.fixture(autouse=True)
+def no_nvflare(monkeypatch):
+    """Fail the test if validation lets a bad config reach the point where NVFlare would start."""
+
+    def boom(*_a, **_k):
+        raise AssertionError("NVFlare environment was created for an invalid config")
+
+    monkeypatch.setattr(driver, "make_env", boom)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--device-selection-size", "50", "--devices-per-leaf", "10"], "larger than the device pool"),
+        (["--num-leaf-nodes", "0"], "--num-leaf-nodes 0: must be a positive integer"),
+        (["--local-iters", "0"], "--local-iters 0"),
+        (["--max-model-version", "1"], "--max-model-version 1: must be >= 2"),
+        (["--upload-delays", "-1"], "must be >= 0"),
+        (["--speed-means", "1,2", "--speed-stds", "1"], "one std per speed class"),
+        (["--delays", "paper", "--speed-stds", "1,1,1"], "exponential times have no std"),
+        (["--speed-means", "1,2", "--speed-stds", "1,1", "--speed-probs", "0.3,0.3"], "sum to 1"),
+        (["--dataset", "/nonexistent/data.npz"], "no such file"),
+        (["--dataset", "imagenet"], "use cifar10, synthetic"),
+        (["--env", "prod"], "--startup-kit"),
+        (["--num-workers", "0"], "--num-workers 0"),
+        (["--job-timeout", "0"], "--job-timeout 0"),
+        (["--subset-size", "10"], "smaller than --local-batch-size"),
+        (["--time-scale", "-0.5"], "--time-scale -0.5: must be >= 0"),
+        (["--simulator", "stock", "--time-scale", "1"], "--time-scale needs --simulator fast"),
+        (["--simulator", "stock", "--engine", "vectorized"], "--engine vectorized needs --simulator fast"),
+        (["--model", "resnet18", "--engine", "vectorized"], "use --engine per-device"),
+        (["--group-size", "0"], "--group-size 0"),
+        (["--update-interval", "0"], "--update-interval 0"),
+    ],
+)
+def test_invalid_config_is_refused_early(flags, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        code = main(flags)
+        raise SystemExit(code)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_fedavg_refuses_async_buffer_settings(capsys):
+    with pytest.raises(SystemExit):
+        main(["--device-selection-size", "10", "--num-updates-for-model", "5"])
+    assert "fedavg is synchronous" in capsys.readouterr().err
+
+
+def test_a_method_the_engine_cannot_run_is_refused_from_the_methods_table(capsys):
+    from jobs.pt_job_fedrevive import main as async_main
+
+    with pytest.raises(SystemExit):
+        async_main(["--method", "fedrevive", "--simulator", "stock"])
+    assert "--method fedrevive needs each device's update" in capsys.readouterr().err
+
+
+def test_missing_cifar10_stops_before_nvflare(tmp_path, capsys):
+    code = main(["--dataset", "cifar10", "--data-root", str(tmp_path / "no-cifar")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "no-cifar") in err and "--dataset synthetic" in err
+
+
+def test_help_lists_every_flag_with_its_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    for flag in ["--dataset", "--data-root", "--num-leaf-nodes", "--devices-per-leaf", "--device-selection-size",
+                 "--max-model-version", "--local-iters", "--local-batch-size", "--local-lr", "--subset-size",
+                 "--dirichlet-alpha", "--num-workers", "--job-timeout", "--device-wait-timeout", "--eval-frequency",
+                 "--seed", "--env", "--startup-kit", "--username", "--output", "--export-only", "--simulator"]:  # fmt: skip
+        assert flag in out
+    assert "(default: synthetic)" in out

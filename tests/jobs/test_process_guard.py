@@ -1,0 +1,24 @@
+"""The process guard stops a whole process tree, grandchildren in their own sessions included."""
+
+import subprocess
+import sys
+import time
+
+import psutil
+
+from jobs.process_guard import stop_descendants
+
+
+def test_stop_descendants_reaches_grandchildren_in_their_own_session():
+    # like NVFlare's leaf workers: a grandchild in its own session never gets the terminal's Ctrl-C
+    code = "import subprocess,sys,time; subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)'], " \
+           "start_new_session=True); time.sleep(60)"  # fmt: skip
+    child = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.time() + 20
+    while len(psutil.Process().children(recursive=True)) < 2 and time.time() < deadline:
+        time.sleep(0.1)
+    tree = psutil.Process().children(recursive=True)
+    assert len(tree) == 2
+    assert stop_descendants(grace_seconds=5) == 2
+    child.wait(timeout=5)
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree)

@@ -1,0 +1,59 @@
+"""The recipe assembles the right components for each method and engine, and NVFlare writes every one of them
+into the exported job's config (checked in the exported files, the form a deployment runs)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jobs.cli import build_parser, config_from_args
+from jobs.driver import prepare
+from jobs.recipe import EdgeSimRecipe
+
+RESULT_COMPONENTS = {"edgesim_evaluator", "edgesim_monitor", "edgesim_recorder", "edgesim_progress",
+                     "edgesim_tensorboard", "edgesim_model_saver"}  # fmt: skip
+
+
+def exported(tmp_path, method: str, *flags: str) -> tuple[dict, dict]:
+    args = build_parser("test", method_choice=True).parse_args(
+        ["--method", method, "--device-selection-size", "4", "--devices-per-leaf", "3", "--synthetic-size", "500",
+         *flags]  # fmt: skip
+    )
+    cfg = config_from_args(args, method, presets=True)
+    plan, run_info, _ = prepare(cfg)
+    EdgeSimRecipe(cfg, plan, run_info, results_dir=str(tmp_path / "out")).export(job_dir=str(tmp_path / "job"))
+    app = tmp_path / "job" / cfg.run.job_name / "app" / "config"
+    server = json.loads((app / "config_fed_server.json").read_text())
+    client = json.loads((app / "config_fed_client.json").read_text())
+    client_parts = {c["id"]: c for c in client["components"]}
+    client_parts["executor"] = client["executors"][0]["executor"]  # the one task executor, under "executors"
+    return {c["id"]: c for c in server["components"]}, client_parts
+
+
+@pytest.mark.parametrize(
+    "method, manager, aggregator",
+    [
+        ("fedavg", "NumpyBuffModelManager", "ModelUpdateDXOAggrFactory"),
+        ("fedbuff", "NumpyBuffModelManager", "ModelUpdateDXOAggrFactory"),
+        ("fedrevive", "FedReviveModelManager", "PerDeviceForwardingAggrFactory"),
+    ],
+)
+def test_each_method_gets_its_model_manager_and_leaf_aggregation(tmp_path, method, manager, aggregator):
+    server, client = exported(tmp_path, method)
+    assert server["model_manager"]["path"].endswith(manager)
+    assert client["aggr_factory"]["path"].endswith(aggregator)
+    assert RESULT_COMPONENTS <= set(server), "a result component is missing from the job"
+    assert server["device_manager"]["path"].endswith("FreshSelectionDeviceManager")
+    assert client["device_runner"]["path"].endswith("FastDeviceRunner")
+    assert client["task_processor"]["path"].endswith("TrainingTaskProcessor")
+    assert server["persistor"]["args"]["model"]["args"] == {"init_seed": 0}
+
+
+def test_stock_simulator_uses_nvflares_own_pieces(tmp_path):
+    server, client = exported(tmp_path, "fedavg", "--simulator", "stock")
+    assert server["model_manager"]["path"] == "nvflare.edge.assessors.buff_model_manager.BuffModelManager"
+    assert client["executor"]["path"] == "nvflare.edge.executors.edge_model_executor.EdgeModelExecutor"
+    assert client["device_runner"]["path"].endswith("StockDeviceRunner")
+    assert client["task_processor"]["args"]["stock_delays"] is not None
+    assert RESULT_COMPONENTS <= set(server)

@@ -1,0 +1,132 @@
+"""The vectorised engine (processors.training_vectorized.train_group) must give the same per-device diffs as K
+separate per-device ``train_local`` calls; only floating-point summation order differs (grouped vs. plain
+convolutions, masked-sum vs. mean loss), hence atol 1e-5.
+
+Adam tests use the reference lr 3e-4: Adam divides by sqrt(v) + 1e-8, so a gradient element that is pure
+cancellation noise (~1e-9) moves by up to ~lr per step whatever its sign, and summation-order noise there shows
+up as a diff error of order lr (seen: 1.5e-5 at lr 3e-3 in 2 of 48,000 fc1 weights; ~1e-6 at lr 3e-4)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from processors.data.sources import make_synthetic
+from processors.models import MODEL_CLASSES, build_model
+from processors.training import TrainingConfig, train_local, worker_model
+from processors.training_vectorized import train_group
+from tests.conftest import make_processor
+
+MODEL = "cifar10_convnet"
+CPU = torch.device("cpu")
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    return make_synthetic(300, 100, seed=3)
+
+
+@pytest.fixture(scope="module")
+def global_params():
+    torch.manual_seed(7)
+    return {name: p.detach().clone() for name, p in build_model(MODEL).named_parameters()}
+
+
+def _device_data(dataset, sizes):
+    out, start = [], 0
+    for n in sizes:
+        out.append((dataset.x_train[start : start + n], dataset.y_train[start : start + n]))
+        start += n
+    return out
+
+
+def _generators(k, seed=11):
+    return [torch.Generator().manual_seed(seed + i) for i in range(k)]
+
+
+def _assert_matches_per_device(global_params, data, cfg):
+    model = worker_model(MODEL, CPU)
+    expected = [
+        train_local(model, global_params, x, y, cfg, g)[0]
+        for (x, y), g in zip(data, _generators(len(data)), strict=True)
+    ]
+    got = train_group(MODEL, global_params, data, cfg, _generators(len(data)), CPU)
+    assert len(got) == len(expected)
+    for want, have in zip(expected, got, strict=True):
+        assert want.keys() == have.keys()
+        for name in want:
+            assert have[name].dtype == np.float32 and have[name].shape == want[name].shape
+            np.testing.assert_allclose(have[name], want[name], rtol=0, atol=ATOL, err_msg=name)
+        # the devices really trained, so the comparison is not vacuous
+        assert max(float(np.abs(d).max()) for d in want.values()) > 20 * ATOL
+
+
+def test_sgd_momentum_group_equals_per_device_training_with_unequal_sample_counts(dataset, global_params):
+    cfg = TrainingConfig(local_iters=6, local_batch_size=32, local_lr=0.05, optimizer="sgd", momentum=0.9)
+    _assert_matches_per_device(global_params, _device_data(dataset, [40, 64, 100]), cfg)
+
+
+def test_adam_group_equals_per_device_training_with_unequal_sample_counts(dataset, global_params):
+    cfg = TrainingConfig(local_iters=6, local_batch_size=32, local_lr=3e-4, optimizer="adam")
+    _assert_matches_per_device(global_params, _device_data(dataset, [40, 64, 100]), cfg)
+
+
+def test_device_smaller_than_batch_is_padded_and_masked_to_its_own_mean_loss(dataset, global_params):
+    # 12 samples -> batches of 12 for that device while the others use 32: the padding must not leak into it
+    cfg = TrainingConfig(local_iters=4, local_batch_size=32, local_lr=3e-4, optimizer="adam")
+    _assert_matches_per_device(global_params, _device_data(dataset, [12, 40, 100]), cfg)
+
+
+def test_plain_sgd_without_momentum_matches_per_device_training(dataset, global_params):
+    cfg = TrainingConfig(local_iters=3, local_batch_size=16, local_lr=0.05, optimizer="sgd")
+    _assert_matches_per_device(global_params, _device_data(dataset, [20, 50]), cfg)
+
+
+def test_generators_are_advanced_exactly_as_per_device_training_advances_them(dataset, global_params):
+    cfg = TrainingConfig(local_iters=5, local_batch_size=32, optimizer="adam")
+    data = _device_data(dataset, [40, 100])
+    model = worker_model(MODEL, CPU)
+    per_device = _generators(2)
+    for (x, y), g in zip(data, per_device, strict=True):
+        train_local(model, global_params, x, y, cfg, g)
+    grouped = _generators(2)
+    train_group(MODEL, global_params, data, cfg, grouped, CPU)
+    for a, b in zip(per_device, grouped, strict=True):
+        assert torch.equal(torch.randint(0, 2**30, (4,), generator=a), torch.randint(0, 2**30, (4,), generator=b))
+
+
+def test_empty_group_returns_no_diffs(global_params):
+    assert train_group(MODEL, global_params, [], TrainingConfig(), [], CPU) == []
+
+
+class _BatchNormNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+        self.fc = nn.Linear(4, 10)
+
+    def forward(self, x):
+        return self.fc(self.bn(self.conv(x)).mean((2, 3)))
+
+
+def test_model_with_batchnorm_buffers_raises_not_implemented_naming_per_device_engine(dataset, monkeypatch):
+    monkeypatch.setitem(MODEL_CLASSES, "bn_test_net", _BatchNormNet)
+    params = {name: p.detach() for name, p in _BatchNormNet().named_parameters()}
+    with pytest.raises(NotImplementedError, match="per-device engine"):
+        train_group("bn_test_net", params, _device_data(dataset, [40]), TrainingConfig(), _generators(1), CPU)
+
+
+def test_task_processor_group_gives_each_device_the_diff_it_would_get_alone():
+    proc = make_processor(synthetic_size=1000, subset_size=40, local_iters=3, local_batch_size=16)
+    weights = {k: v.numpy() for k, v in build_model(MODEL).state_dict().items()}
+    devices = ["site-1#0", "site-1#1", "site-2#5"]
+    grouped = proc.train_group(devices, weights, version=3)
+    for device_id, diff in zip(devices, grouped, strict=True):
+        alone = proc.train(device_id, weights, version=3)
+        assert diff.keys() == alone.keys()
+        for k in alone:
+            np.testing.assert_allclose(diff[k], alone[k], rtol=0, atol=ATOL, err_msg=k)
