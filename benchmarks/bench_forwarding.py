@@ -1,11 +1,13 @@
-"""Cost of FedRevive's per-device forwarding vs NVFlare's summing leaf aggregation (a micro-benchmark).
+"""Cost of per-device forwarding (our leaves, every method) vs NVFlare's summing leaf aggregation (a micro-benchmark).
 
 A leaf collects the WEIGHT_DIFFs of N devices for one model version and emits one message to its parent.
-NVFlare's ``ModelUpdateDXOAggregator`` (FedAvg/FedBuff) sums them: one model-sized payload whatever N is.
-``PerDeviceForwardingAggregator`` (FedRevive) forwards a list: N model-sized payloads, each with its device id.
+NVFlare's ``ModelUpdateDXOAggregator`` sums them: one model-sized payload whatever N is. Our leaf updater
+(``aggregation.versioned_updater``) forwards each device's update (``DeviceUpdate``: device, selection, base version,
+diff): N model-sized payloads. Exact simulated time needs that for every method: the server applies each update at
+its own arrival time, and sums in that order (the same bits every run).
 
-For each N this runs both aggregator classes on the same N device diffs (random float32 arrays shaped like the
-model's ``state_dict``, one DXO Shareable per device, as the leaf receives them) and measures, per emission:
+For each N this runs both on the same N device diffs (random float32 arrays shaped like the model's
+``state_dict``, one DXO Shareable per device, as the leaf receives them) and measures, per emission:
 - bytes: the real serialized size of what the aggregator emits (``fobs.dumps`` of the Shareable, NVFlare's
   wire serializer with its numpy decomposer), and the numpy payload (``nbytes`` summed over all arrays);
 - leaf seconds: ``accept`` x N + ``aggregate``;
@@ -13,10 +15,9 @@ model's ``state_dict``, one DXO Shareable per device, as the leaf receives them)
 Median over ``--repeats``. No NVFlare job runs: the network transfer itself and the server's model manager are
 not in the numbers (bytes / bandwidth gives the transfer time for a given link).
 
-N is the number of device updates a leaf holds for one version when it reports: about
-``concurrency / leaves`` for synchronous FedAvg (one emission per leaf per version), and small for FedBuff /
-FedRevive, whose leaves report every ``--update-timeout``-bounded cycle. Bytes per model version are N x the
-per-update size for forwarding, against one model per leaf message for summing.
+N is the number of device updates a leaf holds when it reports: about ``concurrency / leaves`` for synchronous
+FedAvg, and a few for FedBuff / FedRevive. Bytes per model version are B x the per-update size for forwarding,
+against at most one model per leaf message for summing.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy as np
 def make_device_shareables(template: dict[str, tuple], n: int, seed: int) -> list:
     from nvflare.apis.dxo import DXO, DataKind
 
-    from processors.task_processor import DEVICE_ID_META
+    from common.protocol import DEVICE_ID_META
 
     rng = np.random.default_rng(seed)
     out = []
@@ -55,6 +56,36 @@ def payload_nbytes(obj) -> int:
     return 0
 
 
+class ForwardingLeaf:
+    """Our leaf path with the interface of an NVFlare aggregator: each accepted device result becomes a
+    ``DeviceUpdate`` in the leaf updater (what ``EdgeSimExecutor.accept_device_result`` does), and ``aggregate``
+    is the updater's report to its parent."""
+
+    def __init__(self):
+        from nvflare.apis.fl_context import FLContext
+        from nvflare.edge.mud import BaseState
+
+        from aggregation.versioned_updater import VersionedUpdater
+
+        self.updater = VersionedUpdater()
+        self.updater.start_task(BaseState(0, None, 0, {}).to_shareable(), FLContext())
+
+    def accept(self, shareable, fl_ctx) -> bool:
+        from nvflare.apis.dxo import from_shareable
+        from nvflare.edge.mud import StateUpdateReport
+
+        from common.protocol import DEVICE_ID_META, DEVICE_UPDATES, LOCAL_REPORT, DeviceUpdate
+
+        dxo = from_shareable(shareable)
+        report = StateUpdateReport(0, 0, None, None).to_shareable()
+        report.set_header(LOCAL_REPORT, True)
+        report[DEVICE_UPDATES] = [DeviceUpdate(dxo.get_meta_prop(DEVICE_ID_META), 1, 1, dxo.data["dict"]).to_dict()]
+        return self.updater.process_child_update(report, fl_ctx)[0]
+
+    def aggregate(self, fl_ctx):
+        return self.updater.prepare_update_for_parent(fl_ctx)
+
+
 def measure(aggregator_cls, template: dict, n: int, repeats: int, seed: int) -> dict:
     from nvflare.apis.dxo import from_shareable
     from nvflare.apis.fl_context import FLContext
@@ -75,7 +106,8 @@ def measure(aggregator_cls, template: dict, n: int, repeats: int, seed: int) -> 
         fobs.loads(blob)
         wire.append(time.perf_counter() - started)
         sizes.add(len(blob))
-        payload.add(payload_nbytes(from_shareable(emitted).data))
+        payload.add(payload_nbytes(dict(emitted)) if isinstance(agg, ForwardingLeaf) else
+                    payload_nbytes(from_shareable(emitted).data))  # fmt: skip
     return {
         "bytes": max(sizes),
         "payload_bytes": max(payload),
@@ -107,19 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--updates", default="1,2,5,10,20", help="comma-separated device updates per leaf emission")
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--run-dir",
-        default=None,
-        help="a FedRevive results folder: turn its fedrevive_log.jsonl (updates per version) into bytes per version",
-    )
-    p.add_argument("--leaves", type=int, default=2, help="leaves of that run (summing: <= 1 message per leaf)")
     args = p.parse_args(argv)
 
     import torch
     from nvflare.app_common.decomposers import numpy_decomposers
     from nvflare.edge.aggregators.model_update_dxo import ModelUpdateDXOAggregator
 
-    from aggregation.per_device_forwarding import PerDeviceForwardingAggregator
     from processors.models import build_model
 
     numpy_decomposers.register()
@@ -134,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "n": n,
                 "summing": measure(ModelUpdateDXOAggregator, template, n, args.repeats, args.seed),
-                "forwarding": measure(PerDeviceForwardingAggregator, template, n, args.repeats, args.seed),
+                "forwarding": measure(ForwardingLeaf, template, n, args.repeats, args.seed),
             }
         )
         s, f = rows[-1]["summing"], rows[-1]["forwarding"]
@@ -142,30 +167,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)  # fmt: skip
     print()
     print(format_table(rows))
-    if args.run_dir:
-        print()
-        print(per_version_from_run(args.run_dir, args.leaves, rows))
     return 0
-
-
-def per_version_from_run(run_dir: str, leaves: int, rows: list[dict]) -> str:
-    """Bytes per model version for the update counts a real FedRevive run saw (its ``fedrevive_log.jsonl``):
-    forwarding sends every update (N=1 size each); summing would send at most one model per leaf."""
-    import json
-    import os
-    from collections import Counter
-
-    with open(os.path.join(run_dir, "fedrevive_log.jsonl")) as f:
-        per_version = Counter(json.loads(line)["version"] for line in f if line.strip())
-    updates = sum(per_version.values()) / max(len(per_version), 1)
-    one = next(r for r in rows if r["n"] == 1) if any(r["n"] == 1 for r in rows) else rows[0]
-    fwd = updates * one["forwarding"]["bytes"] / one["n"]
-    summed = min(updates, leaves) * one["summing"]["bytes"]
-    return (
-        f"[bench_forwarding] {run_dir}: {updates:.2f} device updates per model version over {len(per_version)} "
-        f"versions -> forwarding {fwd:,.0f} B/version vs summing <= {summed:,.0f} B/version "
-        f"({fwd / summed:.2f}x; computed from the measured per-update sizes, not measured in the job)"
-    )
 
 
 if __name__ == "__main__":

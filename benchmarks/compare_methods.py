@@ -258,15 +258,11 @@ def job_command(args, method: str, max_version: int, out: str, passthrough: list
 
 
 def sim_seconds_so_far(out: str) -> float:
-    """Simulated time of the newest evaluated version of a running job (from ``metrics.json`` and the leaves'
-    ``simclock_*.jsonl``, as ``jobs.results`` computes it after the run)."""
-    from jobs.results import simulated_times
-
+    """Simulated time of the newest evaluated version of a running job (its ``metrics.json``)."""
     try:
         records = load_records(out)
     except (OSError, ValueError):
         return 0.0
-    simulated_times(out, records)
     return max((r.get("sim_seconds", 0.0) for r in records), default=0.0)
 
 
@@ -414,10 +410,6 @@ def main(argv: list[str] | None = None) -> int:
             stop_at = None if args.no_early_stop else args.sim_budget
             wall, stopped = run_job(cmd, os.path.join(args.output, f"{method}.log"), out, stop_at)
             records = load_records(out)
-            if stopped:  # the job did not finalize: add its simulated times as jobs.results would
-                from jobs.results import simulated_times
-
-                simulated_times(out, records)
             if covers_budget(records, args.sim_budget) or attempt == args.retries:
                 break
             if max_version >= args.max_version_cap:

@@ -1,4 +1,56 @@
-"""Names shared by the device side, the leaves and the server: keys carried inside NVFlare's messages."""
+"""Names shared by the device side, the leaves, the relays and the server: keys carried inside NVFlare's messages.
+
+NVFlare's edge protocol (``nvflare.edge.mud``) carries one model and sums device updates per model version. Exact
+simulated time needs more, added as extra keys of the same messages, which NVFlare's own code ignores:
+
+* up (leaf -> relay -> server, in ``StateUpdateReport`` shareables): ``DEVICE_UPDATES``, each device's own update
+  with the selection it answers and the version it trained; ``DEVICE_RANGES``, the devices a leaf simulates, sent
+  once as ranges (``prefix`` -> count), not as one entry per device on every sync;
+* down (server -> relay -> leaf, in ``StateUpdateReply`` shareables): ``MODELS``, the model versions the child
+  still needs for its selected devices; ``SELECTION_VERSIONS``, the model version of each selection id.
+"""
+
+from __future__ import annotations
 
 # result metadata naming the device, so leaves and the server can tell per-device updates apart
 DEVICE_ID_META = "edgesim_device_id"
+
+DEVICE_UPDATES = "edgesim_device_updates"  # list of DeviceUpdate dicts
+DEVICE_RANGES = "edgesim_device_ranges"  # {prefix: [count, client name]}
+LOCAL_REPORT = "edgesim_local_report"  # header: a leaf executor's report to its own updater
+MODELS = "edgesim_models"  # {model version: WEIGHTS DXO}
+SELECTION_VERSIONS = "edgesim_selection_versions"  # {selection id: model version}
+
+# FLContext key set by the server's model manager next to AppConstants.GLOBAL_MODEL: the simulated time at which
+# the version was made
+SIM_TIME = "edgesim.sim_time"
+
+
+class DeviceUpdate:
+    """One device's answer to one selection: its diff from the version it trained, as it travels up (a dict of
+    plain values and numpy arrays, which FOBS serialises natively).
+
+    Attributes:
+        device: the device id.
+        selection_id: the selection it answers (unique per selection event).
+        base_version: the model version it trained (from its task's cookie).
+        diff: parameter name -> float32 array, trained minus received.
+        count: 1, or 0 for a device whose training failed for good (its diff is zeros and counts nothing).
+    """
+
+    __slots__ = ("device", "selection_id", "base_version", "diff", "count")
+
+    def __init__(self, device: str, selection_id: int, base_version: int, diff: dict, count: int = 1):
+        self.device = device
+        self.selection_id = selection_id
+        self.base_version = base_version
+        self.diff = diff
+        self.count = count
+
+    def to_dict(self) -> dict:
+        return {"device": self.device, "selection_id": self.selection_id, "base_version": self.base_version,
+                "diff": self.diff, "count": self.count}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DeviceUpdate:
+        return cls(d["device"], int(d["selection_id"]), int(d["base_version"]), d["diff"], int(d.get("count", 1)))

@@ -21,7 +21,8 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 
-from evaluation.events import SIM_TIME, VERSION_EVALUATED, VERSION_RECORD
+from common.protocol import SIM_TIME
+from evaluation.events import VERSION_EVALUATED, VERSION_RECORD
 from processors.data.config import DataConfig
 from processors.data.sources import load_dataset
 from processors.device import resolve_device

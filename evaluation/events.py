@@ -12,8 +12,6 @@ SYSTEM_SUMMARY_READY = "edgesim.system_summary_ready"
 VERSION_RECORD = "edgesim.version_record"
 SYSTEM_SAMPLES = "edgesim.system_samples"
 SYSTEM_SUMMARY = "edgesim.system_summary"
-# set by the server's model manager next to AppConstants.GLOBAL_MODEL: the simulated time the version was made at
-SIM_TIME = "edgesim.sim_time"
 
 
 class SystemStretch(NamedTuple):

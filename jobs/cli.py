@@ -55,8 +55,8 @@ def build_parser(description: str, method_choice: bool = False) -> argparse.Argu
                     help=f"server learning rate applied to the mean update (default {d['global_lr']}, or the preset)")
     fl.add_argument("--max-model-version", type=int, default=d["max_model_version"],
                     help="stop after this global model version (1 is the initial model)")
-    fl.add_argument("--max-num-active-model-versions", type=int, default=None,
-                    help="model versions a leaf keeps aggregators for (default 3 for FedAvg; 0 = all, for async)")
+    fl.add_argument("--max-sim-time", type=float, default=None,
+                    help="simulated-time budget: stop before the first update that arrives later (default: none)")
     fl.add_argument("--no-device-reuse", dest="device_reuse", action="store_false", help="select every device at most once")
     fl.add_argument("--device-wait-timeout", type=float, default=d["device_wait_timeout"],
                     help="seconds the server waits for enough devices before stopping the job")
@@ -99,8 +99,9 @@ def build_parser(description: str, method_choice: bool = False) -> argparse.Argu
                           "on the CPU, cache emptied after every task), high (the planner's defaults), aggressive "
                           "(90%% of free GPU memory, tighter memory estimate); printed at the start")  # fmt: skip
     sim.add_argument("--time-scale", type=float, default=d["time_scale"],
-                     help="0: virtual clock (no sleeping; exact for synchronous FedAvg). S > 0: sleep each sampled "
-                          "delay x S (wall seconds per simulated second); 1 is real time")  # fmt: skip
+                     help="0: exact simulated time, nothing sleeps. S > 0: a real-time mode for load-testing a "
+                          "deployment: each result is held for its delays x S wall seconds and the server applies "
+                          "updates as they come (simulated time = wall time / S)")  # fmt: skip
     sim.add_argument("--real-delays", dest="time_scale", action="store_const", const=1.0, help="same as --time-scale 1")
     sim.add_argument("--job-timeout", type=float, default=d["job_timeout"],
                      help="seconds a leaf's device simulator waits for the job to reach it (not a limit on the job)")
@@ -149,13 +150,9 @@ def config_from_args(args: argparse.Namespace, method: str, presets: bool = Fals
     """The ``JobConfig`` a parsed command line describes. ``presets``: the method's federation presets fill every
     federation flag not given. Raises ``ConfigError`` (a ``ValueError``) naming the fix."""
     federation = _given(args, ("device_selection_size", "num_updates_for_model", "min_hole_to_fill", "global_lr",
-                               "max_num_active_model_versions"))  # fmt: skip
+                               "max_sim_time"))  # fmt: skip
     if presets:
         federation = METHODS[method].presets | federation
-        if "max_num_active_model_versions" not in federation and not METHODS[method].synchronous:
-            # async leaves keep aggregators for every version a device may still report on (0 = no limit):
-            # NVFlare's default of 3 drops late updates and can stall the job
-            federation["max_num_active_model_versions"] = 0
     fr = {f.name: getattr(args, f"fr_{f.name}") for f in dataclasses.fields(FedReviveConfig) if hasattr(args, f"fr_{f.name}")}
     try:
         return JobConfig(

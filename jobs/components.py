@@ -6,7 +6,6 @@ the component the config parts it needs, as the plain values NVFlare writes into
 
 from __future__ import annotations
 
-from aggregation.device_manager import FreshSelectionDeviceManager
 from evaluation.evaluator import GlobalModelEvaluator
 from evaluation.model_saver import GlobalModelSaver
 from evaluation.progress import ProgressReporter
@@ -16,6 +15,7 @@ from evaluation.tensorboard_writer import TensorBoardWriter
 from jobs.config import JobConfig
 from jobs.methods import METHODS
 from processors.task_processor import TrainingTaskProcessor
+from scheduling.exact_assessor import ExactTimeAssessor
 from simulation.leaf_runner import FastDeviceRunner, StockDeviceRunner
 from simulation.planner import WorkerPlan
 
@@ -59,9 +59,16 @@ def make_model_manager(cfg: JobConfig, results_dir: str):
     return METHODS[cfg.method].model_manager(cfg, results_dir)
 
 
-def make_device_manager(cfg: JobConfig) -> FreshSelectionDeviceManager:
+def make_assessor(cfg: JobConfig, persistor_id: str, model_manager_id: str, results_dir: str) -> ExactTimeAssessor:
+    """The server's schedule: selection, and applying updates in simulated arrival order."""
     f = cfg.federation
-    return FreshSelectionDeviceManager(f.device_selection_size, f.min_hole_to_fill, f.device_reuse, seed=cfg.run.seed)
+    return ExactTimeAssessor(
+        persistor_id, model_manager_id, num_leaves=f.num_leaf_nodes, selection_size=f.device_selection_size,
+        updates_per_version=f.num_updates_for_model, min_hole_to_fill=f.min_hole_to_fill,
+        device_reuse=f.device_reuse, max_model_version=f.max_model_version, delays=cfg.delays.to_dict(),
+        seed=cfg.run.seed, time_scale=cfg.engine.time_scale, device_wait_timeout=f.device_wait_timeout,
+        max_sim_time=f.max_sim_time, results_dir=results_dir,
+    )  # fmt: skip
 
 
 def diagnose_context(run_info: dict, cfg: JobConfig) -> dict:

@@ -46,11 +46,11 @@ class FederationConfig:
     device_selection_size: devices training at once (concurrency, K).
     num_updates_for_model: device updates buffered per new global model (B); default: the selection size.
     min_hole_to_fill: finished devices before new ones are selected; default: the selection size.
-    max_num_active_model_versions: model versions a leaf keeps aggregators for (0: all).
-    device_reuse: a device may be selected again after it reported.
+    device_reuse: a device may be selected again after its update arrived.
     global_lr: server learning rate applied to the mean update.
     max_model_version: the last global model version (1 is the initial model).
-    device_wait_timeout: seconds the server waits for enough devices before it stops the job.
+    max_sim_time: simulated-time budget: no update arriving later is applied (None: no limit).
+    device_wait_timeout: seconds the server waits for every leaf's devices before it stops the job.
     """
 
     num_leaf_nodes: int = 2
@@ -58,10 +58,10 @@ class FederationConfig:
     device_selection_size: int = 100
     num_updates_for_model: int | None = None
     min_hole_to_fill: int | None = None
-    max_num_active_model_versions: int = 3
     device_reuse: bool = True
     global_lr: float = 1.0
     max_model_version: int = 10
+    max_sim_time: float | None = None
     device_wait_timeout: float = 120.0
 
     def __post_init__(self) -> None:
@@ -77,8 +77,8 @@ class FederationConfig:
             "--min-hole-to-fill": self.min_hole_to_fill,
         })  # fmt: skip
         check_positive({"--global-lr": self.global_lr, "--device-wait-timeout": self.device_wait_timeout}, integer=False)
-        if self.max_num_active_model_versions < 0:
-            raise ConfigError("--max-num-active-model-versions must be >= 0 (0: keep every active version)")
+        if self.max_sim_time is not None and not self.max_sim_time > 0:
+            raise ConfigError(f"--max-sim-time {self.max_sim_time}: must be > 0 (simulated seconds)")
         if self.max_model_version < 2:
             raise ConfigError(
                 f"--max-model-version {self.max_model_version}: must be >= 2 (version 1 is the initial model, "

@@ -138,7 +138,7 @@ def run(cfg: JobConfig) -> int:
             raise
         print("[edgesim] interrupted; every process of the job was stopped", file=sys.stderr)
         if results_dir and os.path.exists(os.path.join(results_dir, "metrics.json")):
-            summary = finalize(results_dir, time.time() - started, cfg.federation.num_updates_for_model)
+            summary = finalize(results_dir, time.time() - started)
             print(format_summary(summary, results_dir))
             print(f"[edgesim] partial results (versions finished before the interrupt) kept in {results_dir}")
         return interrupts.exit_code
@@ -149,6 +149,6 @@ def run(cfg: JobConfig) -> int:
         if not results_dir:
             print("[edgesim] metrics.json, global_model.pt and tensorboard/ are in the server's run folder of the job")
             return 0
-    summary = finalize(results_dir, time.time() - started, cfg.federation.num_updates_for_model)
+    summary = finalize(results_dir, time.time() - started)
     print(format_summary(summary, results_dir))
     return 0

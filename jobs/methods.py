@@ -1,8 +1,10 @@
 """The table of FL methods: what each one changes in a job, in one place.
 
-FedAvg, FedBuff and FedRevive share the device side (local training is the same); they differ in the server's
-model manager, in what the leaves send up, in their presets and in whether they are synchronous. Every other
-module asks this table instead of testing method names.
+FedAvg, FedBuff and FedRevive share the device side (local training is the same) and the leaves (each device's
+update goes up on its own, which exact simulated time needs for every method); they differ in the server's model
+manager, in their presets, in whether they are synchronous, and in whether NVFlare's stock path (which sums
+updates on the leaves) can run them as a baseline. Every other module asks this table instead of testing method
+names.
 """
 
 from __future__ import annotations
@@ -18,15 +20,13 @@ if TYPE_CHECKING:
     from simulation.config import EngineConfig
 
 MethodName = Literal["fedavg", "fedbuff", "fedrevive"]
-LeafAggregation = Literal["summed", "per-device"]
 
 
 def buffered_model_manager(cfg: JobConfig, results_dir: str):
     """FedAvg / FedBuff on the server: the mean of the buffered updates, times the server learning rate."""
-    from aggregation.numpy_model_manager import NumpyBuffModelManager
+    from aggregation.model_manager import BufferedModelManager
 
-    return NumpyBuffModelManager(num_updates_for_model=cfg.federation.num_updates_for_model,
-                                 global_lr=cfg.federation.global_lr)  # fmt: skip
+    return BufferedModelManager(global_lr=cfg.federation.global_lr)
 
 
 def fedrevive_model_manager(cfg: JobConfig, results_dir: str):
@@ -34,7 +34,6 @@ def fedrevive_model_manager(cfg: JobConfig, results_dir: str):
     from aggregation.fedrevive_model_manager import FedReviveModelManager
 
     return FedReviveModelManager(
-        num_updates_for_model=cfg.federation.num_updates_for_model,
         global_lr=cfg.federation.global_lr,
         model=cfg.training.model,
         fedrevive=cfg.fedrevive.to_dict(),
@@ -49,21 +48,20 @@ class MethodSpec:
     """Attributes:
     name: the ``--method`` value.
     synchronous: every selected device's update goes into the next model (updates = min hole = selection).
-    leaf_aggregation: ``summed`` (a leaf sends the sum of its devices' diffs per model version) or
-        ``per-device`` (each device's diff, with its id and base version: FedRevive needs them).
     model_manager: builds the server's model manager from the job config and the results folder.
     presets: federation values of the FedRevive paper's reference runs (concurrency 100), applied by
         ``jobs/pt_job_fedrevive.py`` to whatever is not given as a flag (FedAvg's buffer and min hole follow the
         selection, whatever it is).
     distills: the method runs FedRevive's server-side distillation (its ``--fr-*`` settings apply).
+    stock_baseline: NVFlare's stock path (``--simulator stock``) can run it, for the benchmarks' comparisons.
     """
 
     name: MethodName
     synchronous: bool
-    leaf_aggregation: LeafAggregation
     model_manager: Callable
     presets: dict = field(default_factory=dict)
     distills: bool = False
+    stock_baseline: bool = False
 
     def check(self, federation: FederationConfig, engine: EngineConfig) -> None:
         """Refuse a configuration this method cannot run, naming the fix."""
@@ -72,24 +70,25 @@ class MethodSpec:
                 f"{self.name} is synchronous and waits for every selected device: leave --num-updates-for-model "
                 "and --min-hole-to-fill at the selection size, or use --method fedbuff for buffered asynchronous FL"
             )
-        if engine.simulator == "stock" and self.leaf_aggregation != "summed":
+        if engine.simulator == "stock" and not self.stock_baseline:
             raise ConfigError(
-                f"--method {self.name} needs each device's update on the server, which NVFlare's stock path (it "
-                "sums them on the leaves) does not provide: use --simulator fast"
+                f"--simulator stock is NVFlare's own path, a baseline for synchronous FedAvg; --method {self.name} "
+                "needs our server (each device's update, applied on exact simulated time): use --simulator fast"
             )
 
 
 METHODS: dict[str, MethodSpec] = {
     "fedavg": MethodSpec(
-        "fedavg", True, "summed", buffered_model_manager,
+        "fedavg", True, buffered_model_manager,
         presets={"device_selection_size": 100, "global_lr": 1.4},  # updates and min hole: the selection
+        stock_baseline=True,
     ),
     "fedbuff": MethodSpec(
-        "fedbuff", False, "summed", buffered_model_manager,
+        "fedbuff", False, buffered_model_manager,
         presets={"device_selection_size": 100, "num_updates_for_model": 2, "min_hole_to_fill": 1, "global_lr": 0.05},
     ),
     "fedrevive": MethodSpec(
-        "fedrevive", False, "per-device", fedrevive_model_manager,
+        "fedrevive", False, fedrevive_model_manager,
         presets={"device_selection_size": 100, "num_updates_for_model": 1, "min_hole_to_fill": 1, "global_lr": 0.10},
         distills=True,
     ),

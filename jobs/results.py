@@ -1,35 +1,17 @@
-"""After a run: merge the leaves' simulated clocks into ``metrics.json``, draw ``accuracy.png``, summarise."""
+"""After a run: read ``metrics.json`` (written by the server's ``RunRecorder`` only), draw ``accuracy.png`` and
+summarise for the console."""
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 
-from common.jsonio import write_json_atomic
 from evaluation.monitor import format_summary as format_system_summary
 from evaluation.run_recorder import run_summary
 
 
-def simulated_times(results_dir: str, records: list[dict]) -> None:
-    """Give each evaluated version the simulated time at which it existed: the latest simulated finish time any
-    leaf had reported by the version's wall-clock time (leaves keep separate clocks; we take the furthest)."""
-    events = []
-    for path in glob.glob(os.path.join(results_dir, "simclock_*.jsonl")):
-        with open(path) as f:
-            events += [json.loads(line) for line in f if line.strip()]
-    if not events:
-        return
-    events.sort(key=lambda e: e["wall"])
-    for rec in records:
-        wall = rec.get("epoch")
-        if wall is None:
-            continue
-        done = [e["sim"] for e in events if e["wall"] <= wall]
-        rec["sim_seconds"] = round(max(done), 3) if done else 0.0
-
-
 def plot_accuracy(records: list[dict], path: str, title: str) -> None:
+    """Accuracy against model version, wall seconds and (when the run has it) simulated seconds."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -55,25 +37,22 @@ def plot_accuracy(records: list[dict], path: str, title: str) -> None:
     plt.close(fig)
 
 
-def finalize(results_dir: str, total_seconds: float, updates_per_version: int) -> dict:
-    """Complete ``metrics.json`` with simulated times and a summary; draw the plot. Returns the summary, with the
-    evaluator's system summary and warnings under ``system`` when it wrote one (kept only at ``metrics["system"]``
-    in the file)."""
+def finalize(results_dir: str, total_seconds: float) -> dict:
+    """Draw the plot and return the run's summary (the recorder's, or one computed from the recorded versions when
+    the run was interrupted before it wrote one), with ``total_seconds`` and the system summary under ``system``."""
     metrics_path = os.path.join(results_dir, "metrics.json")
     if not os.path.exists(metrics_path):
         raise RuntimeError(f"the job wrote no {metrics_path}: see the NVFlare logs in the workspace")
     with open(metrics_path) as f:
         metrics = json.load(f)
     records = metrics.get("versions", [])
-    simulated_times(results_dir, records)
-    summary = {"total_seconds": round(total_seconds, 2)} | run_summary(records, updates_per_version)
-    metrics["summary"] = summary
-    write_json_atomic(metrics_path, metrics)
+    config = metrics.get("config") or {}
+    updates = (config.get("federation") or {}).get("num_updates_for_model", 0)
+    summary = {"total_seconds": round(total_seconds, 2)} | (metrics.get("summary") or run_summary(records, updates))
     if records:
-        title = (metrics.get("config", {}).get("run") or {}).get("job_name", "")
-        plot_accuracy(records, os.path.join(results_dir, "accuracy.png"), title)
+        plot_accuracy(records, os.path.join(results_dir, "accuracy.png"), (config.get("run") or {}).get("job_name", ""))
     if metrics.get("system") is not None:
-        return summary | {"system": metrics["system"]}
+        summary["system"] = metrics["system"]
     return summary
 
 
@@ -85,11 +64,13 @@ def format_summary(summary: dict, results_dir: str) -> str:
             f"{summary.get('devices_per_second') or 0:.1f} devices trained per second"
         )
     if summary.get("simulated_seconds") is not None:
-        lines.append(f"[edgesim] simulated time: {summary['simulated_seconds']:.1f} s")
+        lines.append(f"[edgesim] simulated time: {summary['simulated_seconds']:.3f}")
     lines.append(f"[edgesim] final accuracy {summary['final_accuracy']}, best {summary['best_accuracy']}")
     system = summary.get("system")
     if system:
         lines.append(f"[edgesim] system: {format_system_summary(system) or 'no samples'}")
         lines += [f"[edgesim] WARNING: {w}" for w in system.get("warnings") or ()]
-    lines.append(f"[edgesim] results: {results_dir} (metrics.json, global_model.pt, accuracy.png, tensorboard/)")
+    lines.append(
+        f"[edgesim] results: {results_dir} (metrics.json, events.jsonl, global_model.pt, accuracy.png, tensorboard/)"
+    )
     return "\n".join(lines)

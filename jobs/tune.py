@@ -428,10 +428,10 @@ def probe_args(argv: Sequence[str], workdir: str, leaves: int, devices_per_leaf:
 
 
 def first_reports(results_dir: str) -> dict[str, float]:
-    """Wall time of each leaf's first device report, from its ``simclock_<site>.jsonl``."""
+    """Wall time of each leaf's first device report, from its ``leaf_<site>.jsonl``."""
     firsts = {}
-    for path in sorted(glob.glob(os.path.join(results_dir, "simclock_*.jsonl"))):
-        site = os.path.basename(path)[len("simclock_") : -len(".jsonl")]
+    for path in sorted(glob.glob(os.path.join(results_dir, "leaf_*.jsonl"))):
+        site = os.path.basename(path)[len("leaf_") : -len(".jsonl")]
         with open(path) as f:
             walls = [json.loads(line)["wall"] for line in f if line.strip()]
         if walls:

@@ -22,8 +22,8 @@ class EngineConfig:
     num_workers: device workers per leaf (its thread pool); ``None``: planned from the hardware.
     group_size: devices one worker trains together with the vectorized engine; ``None``: planned.
     profile: utilisation profile (``common.profiles``).
-    time_scale: 0: exact simulated time, nothing sleeps. S > 0: real-time mode for load tests, each result is held
-        for its delays x S wall seconds before the leaf reports it.
+    time_scale: 0: exact simulated time, nothing sleeps (``simulation.schedule``). S > 0: real-time mode for load
+        tests: each result is held for its delays x S wall seconds, and updates are applied as they arrive.
     job_timeout: seconds a leaf's device simulator waits for the job to reach it (only that).
     update_interval: seconds between a leaf's syncs with its parent (NVFlare's default: 1.0).
     update_timeout: seconds a leaf waits for its parent to take an update.

@@ -1,35 +1,38 @@
-"""The leaf's device simulator, limited only by training.
+"""The leaf's device simulator: trains its selected devices as fast as the machine allows, through NVFlare's
+device protocol.
 
-It keeps NVFlare's device protocol (job, selection, task and result requests go through the edge events, so
-server and leaf logic stay NVFlare's) but replaces the stock loop's habits:
+Each leaf runs one ``FastSimulator`` (started by ``simulation.leaf_runner.FastDeviceRunner``). It speaks NVFlare's
+edge protocol to the leaf's executor exactly as devices do (job, selection, task and result requests, through the
+send function NVFlare's ``SimulationRunner`` gives it), so server and leaf logic stay NVFlare's. It differs from
+NVFlare's stock ``Simulator`` in what it does between requests:
 
-* tasks for all newly selected devices are requested at once, with no ``sleep(0.5)`` per device; the loop
-  backs off only when there is nothing to do;
-* with the vectorised engine, tasks that arrive together for the same model version are trained as groups of
-  up to ``group_size`` devices in one call of the leaf's ``GroupTrainer`` (``simulation.trainer``); each
-  device still reports its own result;
-* heterogeneity runs on a virtual clock (``ReleaseQueue``): results are reported in simulated finish order
-  without sleeping. With ``time_scale`` > 0 results are held until their scaled delay has passed (1.0: real
-  time; the worker is freed at once, see ``due_timer``): slower, but
-  new tasks then start at the simulated time the server reacted, which the pure virtual clock cannot know (see
-  README, "Simulated time");
-* a task that raises is retried, then logged with the device id and reported as failed: as a zero-weight
-  update when the trainer offers one (``failed_result``), so the device's slot is released and the round goes
-  on, else with an error status; a GPU out-of-memory error halves the leaf's concurrency for the
-  rest of the run instead of killing it;
-* no debug f-strings that print whole tasks or results.
+* the leaf's device range is registered once, with the first selection request;
+* tasks of every newly selected device are requested at once, with no ``sleep(0.5)`` per device; the loop backs
+  off only when there is nothing to do;
+* devices selected together (one selection id, hence one model version) are trained together: sorted by id and
+  cut into groups of ``group_size`` for one call of the leaf's ``GroupTrainer`` (the vectorised engine), so the
+  groups, and the bits of every diff, are the same in every run; each device still reports its own result;
+* nothing waits on simulated time: the server orders the updates (``scheduling.exact_assessor``). Only the
+  real-time mode (``time_scale`` > 0, for load tests) holds each result for its delays x ``time_scale`` wall
+  seconds after dispatch, on a timer (``due_timer``) so the worker is freed at once;
+* a task that raises is retried, then logged with the device id and reported as a zero-weight update when the
+  trainer offers one (its slot is freed, the mean of the others unchanged), else with an error status; a GPU
+  out-of-memory error halves the leaf's concurrency (or group size) for the rest of the run;
+* no request, task or result is ever rendered as text (NVFlare's debug f-strings do, at ~15 ms per device).
+
+Without a ``GroupTrainer`` (any NVFlare ``DeviceTaskProcessor``), each device trains through its own processor
+copy (``device.do_task``), one at a time per worker, as NVFlare's stock simulator does.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from nvflare.edge.constants import CookieKey, EdgeApiStatus, SpecialDeviceId
-from nvflare.edge.simulation.simulated_device import DeviceFactory, DeviceState, SimulatedDevice
-from nvflare.edge.simulation.simulator import Simulator
+from nvflare.edge.simulation.simulated_device import DeviceFactory, SimulatedDevice
 from nvflare.edge.web.models.job_request import JobRequest
 from nvflare.edge.web.models.job_response import JobResponse
 from nvflare.edge.web.models.result_report import ResultReport
@@ -37,12 +40,13 @@ from nvflare.edge.web.models.selection_request import SelectionRequest
 from nvflare.edge.web.models.selection_response import SelectionResponse
 from nvflare.edge.web.models.task_request import TaskRequest
 from nvflare.edge.web.models.task_response import TaskResponse
+from nvflare.fuel.utils.log_utils import get_obj_logger
 from nvflare.security.logging import secure_format_exception
 
 from common.delays import DeviceDelays
+from common.jsonio import JsonlWriter
 from simulation.concurrency import AdjustableLimit
 from simulation.due_timer import DueTimer
-from simulation.release_queue import ReleaseQueue
 from simulation.trainer import GroupTrainer
 
 MIN_IDLE_WAIT = 0.02
@@ -60,10 +64,9 @@ class DeviceTask:
 
     task: TaskResponse
     device: SimulatedDevice
-    sid: object
-    ticket: int  # its place on the virtual clock
-    real_finish: float  # wall time its result is due with --time-scale > 0
-    trained_with: int = 1  # devices in the call that trained it (vectorised engine groups)
+    selection_id: int
+    dispatched: float  # wall time of the task request (the real-time mode's start)
+    trained_with: int = 1  # devices in the call that trained it
     failed: bool = False
 
     @property
@@ -72,14 +75,33 @@ class DeviceTask:
 
 
 def make_groups(tasks: list[DeviceTask], group_size: int) -> list[list[DeviceTask]]:
-    """Tasks of the same model version, in dispatch order, cut into groups of at most ``group_size``."""
-    by_version: dict[object, list[DeviceTask]] = {}
+    """Tasks of one selection (one model version), sorted by device id, cut into groups of at most
+    ``group_size``: the same groups whatever order the tasks were requested in."""
+    by_selection: dict[int, list[DeviceTask]] = {}
     for t in tasks:
-        by_version.setdefault((t.model_version, t.task.task_id), []).append(t)
-    return [same[i : i + group_size] for same in by_version.values() for i in range(0, len(same), group_size)]
+        by_selection.setdefault(t.selection_id, []).append(t)
+    groups = []
+    for sid in sorted(by_selection):
+        same = sorted(by_selection[sid], key=lambda t: t.device.device_id)
+        groups += [same[i : i + group_size] for i in range(0, len(same), group_size)]
+    return groups
 
 
-class FastSimulator(Simulator):
+class FastSimulator:
+    """Args:
+    job_name: the job to ask for.
+    device_factory: makes the simulated devices (with a processor copy each when there is no trainer).
+    device_id_prefix: this leaf's device ids are ``<prefix>#0`` ... ``<prefix>#<num_devices - 1>``.
+    num_devices: devices on this leaf.
+    num_workers: threads that train (the pool's size).
+    get_job_timeout: seconds to wait for the job to reach the leaf.
+    delays: the run's delay model (the real-time mode's holding times).
+    trainer: trains groups and reports failures (``GroupTrainer``); None: each device's own processor trains.
+    time_scale: 0: report at once; S > 0: hold each result for its delays x S wall seconds.
+    report_log: a JSONL file with one line per device report (wall time, device, version, selection, ok, group).
+    group_size: devices a worker trains together (with a trainer).
+    """
+
     def __init__(
         self,
         job_name: str,
@@ -91,44 +113,84 @@ class FastSimulator(Simulator):
         delays: DeviceDelays,
         trainer: GroupTrainer | None = None,
         time_scale: float = 0.0,
-        clock_log: str | None = None,
+        report_log: str | None = None,
         group_size: int = 1,
     ):
-        super().__init__(job_name, device_factory, num_devices, num_workers, get_job_timeout)
-        self.device_id_prefix = device_id_prefix  # deterministic, so device data and speeds are reproducible
+        self.job_name = job_name
+        self.device_factory = device_factory
+        self.device_id_prefix = device_id_prefix
+        self.num_devices = num_devices
+        self.get_job_timeout = get_job_timeout
         self.delays = delays
-        self.time_scale = time_scale  # 0: virtual clock; > 0: delays take delay x time_scale wall seconds
-        self._origin: float | None = None  # wall time of simulated time 0 (scaled mode)
-        self._due = DueTimer()  # scaled mode: hands each result over at its due time without holding a worker
-        self.limit = AdjustableLimit(num_workers)
-        self.trainer = trainer  # trains groups and reports failures; None: each device's own processor copy trains
+        self.trainer = trainer
+        self.time_scale = time_scale
         self.group_size = max(1, group_size) if trainer is not None else 1
-        self.clock = ReleaseQueue(self._report)
-        self.clock_log = clock_log
-        self._log_lock = threading.Lock()
-        self._task_counts: dict[str, int] = {}
+        self.worker_pool = ThreadPoolExecutor(num_workers, thread_name_prefix="device-worker")
+        self.limit = AdjustableLimit(num_workers)
+        self.logger = get_obj_logger(self)
+        self.done = False
         self.failed_tasks = 0
+        self._send_f = None
+        self._send_kwargs: dict = {}
+        self._due = DueTimer()
+        self._lock = threading.Lock()
+        self._busy: set[str] = set()  # dispatched, not yet reported
+        self._reported: dict[str, int] = {}  # device -> the selection id it last reported on
+        self._devices: dict[str, SimulatedDevice] = {}  # kept only for per-device processors (no trainer)
+        self._task_counts: dict[str, int] = {}  # the real-time mode's task numbers
+        self._log = JsonlWriter(report_log) if report_log else None
 
-    # -- requests to the leaf, without NVFlare's debug f-strings (they render whole models: ~15 ms each) -------
+    # -- NVFlare's SimulationRunner contract ----------------------------------------------------------------------
+    def set_send_func(self, send_f, **kwargs) -> None:
+        if not callable(send_f):
+            raise ValueError("send_f is not callable")
+        self._send_f, self._send_kwargs = send_f, kwargs
+
+    def stop(self) -> None:
+        self.done = True
+
+    def start(self) -> None:
+        if self._send_f is None:
+            raise ValueError("send_f has not been set - please call set_send_func before start")
+        try:
+            self._control_flow()
+            # the job is over: tasks still queued would train for nothing, running ones finish
+            self.worker_pool.shutdown(wait=True, cancel_futures=True)
+            for device in self._devices.values():
+                device.shutdown()
+            self.device_factory.shutdown()
+        finally:
+            if self.failed_tasks:
+                self.logger.error(f"{self.failed_tasks} device task(s) failed; see the errors above")
+            if self._log is not None:
+                self._log.close()
+
+    # -- requests to the leaf -----------------------------------------------------------------------------------
+    def _send(self, req, device: SimulatedDevice | None, default):
+        try:
+            return self._send_f(req, device, **self._send_kwargs)
+        except Exception as ex:
+            self.logger.warning(f"exception sending request: {secure_format_exception(ex)}")
+            return default
+
+    def _ask_for_job(self) -> JobResponse:
+        device = self.device_factory.make_device(SpecialDeviceId.DUMMY)
+        req = JobRequest(self.job_name, device.get_device_info(), device.get_user_info(), device.get_capabilities())
+        return self._send(req, device, JobResponse(EdgeApiStatus.RETRY))
+
+    def _ask_for_selection(self, job_id: str, device_id: str) -> SelectionResponse:
+        device = self.device_factory.make_device(device_id)
+        return self._send(SelectionRequest(device.get_device_info(), job_id), device, SelectionResponse(EdgeApiStatus.RETRY))
+
     def _ask_for_task(self, device: SimulatedDevice) -> TaskResponse:
         req = TaskRequest(device.get_device_info(), device.get_user_info(), device.get_job_id(), device.cookie)
-        return self._send_request(req, device, TaskResponse(EdgeApiStatus.RETRY))
+        return self._send(req, device, TaskResponse(EdgeApiStatus.RETRY))
 
-    def _ask_for_selection(self, job_id: str, device_id) -> SelectionResponse:
-        device = self.device_factory.make_device(device_id)
-        req = SelectionRequest(device.get_device_info(), job_id)
-        return self._send_request(req, device, SelectionResponse(EdgeApiStatus.RETRY))
-
-    def _ask_for_job(self, device: SimulatedDevice) -> JobResponse:
-        req = JobRequest(self.job_name, device.get_device_info(), device.get_user_info(), device.get_capabilities())
-        return self._send_request(req, device, JobResponse(EdgeApiStatus.RETRY))
-
-    # -- control loop -------------------------------------------------------------------------------------
+    # -- control loop -------------------------------------------------------------------------------------------
     def _wait_for_job(self) -> JobResponse | None:
-        device = self.device_factory.make_device(SpecialDeviceId.DUMMY)
         deadline = time.time() + self.get_job_timeout
         while not self.done:
-            resp = self._ask_for_job(device)
+            resp = self._ask_for_job()
             if resp and resp.status == EdgeApiStatus.OK:
                 return resp
             if resp and resp.status not in (EdgeApiStatus.RETRY, EdgeApiStatus.NO_JOB):
@@ -143,22 +205,33 @@ class FastSimulator(Simulator):
             time.sleep(0.2)
         return None
 
+    def _my_new_devices(self, selection: dict) -> dict[str, int]:
+        """This leaf's selected devices that are neither training nor already reported for their selection."""
+        mine = {}
+        prefix = self.device_id_prefix + SpecialDeviceId.NUM_INDICATOR
+        with self._lock:
+            for did, sid in selection.items():
+                if did.startswith(prefix) and did not in self._busy and self._reported.get(did) != sid:
+                    mine[did] = sid
+            self._reported = {d: s for d, s in self._reported.items() if d in selection}
+        return mine
+
     def _control_flow(self) -> None:
         job = self._wait_for_job()
         if job is None:
             return
-        selection_id = f"{self.device_id_prefix}{SpecialDeviceId.MAX_INDICATOR}{self.num_devices}"
+        registration = f"{self.device_id_prefix}{SpecialDeviceId.MAX_INDICATOR}{self.num_devices}"
         idle_wait = MIN_IDLE_WAIT
         while not self.done:
-            resp = self._ask_for_selection(job.job_id, selection_id)
+            resp = self._ask_for_selection(job.job_id, registration)
             if resp and resp.status == EdgeApiStatus.NO_JOB:
                 self.logger.info("job is gone: device simulator exiting")
                 return
             if resp and resp.status == EdgeApiStatus.OK:
-                selection_id = SpecialDeviceId.DUMMY  # the device range is registered once
+                registration = SpecialDeviceId.DUMMY  # the device range is registered once
             ready: list[DeviceTask] = []
             if resp and resp.selection:
-                for did, sid in self._determine_my_devices(resp.selection).items():
+                for did, sid in sorted(self._my_new_devices(resp.selection).items()):
                     outcome = self._dispatch(job, did, sid)
                     if outcome == "stop":
                         self._submit(ready)
@@ -172,49 +245,36 @@ class FastSimulator(Simulator):
                 time.sleep(idle_wait)
                 idle_wait = min(idle_wait * 2, MAX_IDLE_WAIT)
 
-    def _submit(self, ready: list[DeviceTask]) -> None:
-        if self.group_size == 1:
-            for t in ready:
-                self.worker_pool.submit(self._run_task, t)
-            return
-        for group in make_groups(ready, self.group_size):
-            self.worker_pool.submit(self._run_group, group)
+    def _device(self, job: JobResponse, did: str) -> SimulatedDevice:
+        device = self._devices.get(did)
+        if device is None:
+            device = self.device_factory.make_device(did)
+            device.set_job(job_id=job.job_id, job_name=job.job_name, job_data=job.job_data, method=job.method)
+            if self.trainer is None:  # its processor copy may hold state across tasks
+                self._devices[did] = device
+        return device
 
-    def _dispatch(self, job: JobResponse, did: str, sid) -> DeviceTask | str:
-        device = self.all_devices.get(did) or self._make_new_device(did)
-        device.set_job(job_id=job.job_id, job_name=job.job_name, job_data=job.job_data, method=job.method)
+    def _dispatch(self, job: JobResponse, did: str, sid: int) -> DeviceTask | str:
+        device = self._device(job, did)
         resp = self._ask_for_task(device)
         if resp.status == EdgeApiStatus.NO_JOB:
             return "stop"
-        if resp.status == EdgeApiStatus.DONE:
-            device.job_id = None
-            return "skipped"
         if resp.status != EdgeApiStatus.OK:
-            if resp.status != EdgeApiStatus.RETRY:
+            if resp.status not in (EdgeApiStatus.RETRY, EdgeApiStatus.DONE):
                 self.logger.error(f"stopping: bad TaskResponse status {resp.status} for device {did}")
                 return "stop"
             return "skipped"
-        device.state = DeviceState.LEARNING
         device.cookie = resp.cookie
-        if isinstance(resp.cookie, dict):
-            sid = resp.cookie.get(CookieKey.DEVICE_SELECTION_ID, sid)
-        task_number = self._task_counts.get(did, 0)
-        self._task_counts[did] = task_number + 1
-        seconds = self.delays.durations(did, task_number).total
-        if self.time_scale > 0:
-            now = time.time()
-            if self._origin is None:
-                self._origin = now
-            ticket, finish = self.clock.dispatch(seconds, start=(now - self._origin) / self.time_scale)
-            due = self._origin + finish * self.time_scale
-        else:
-            ticket, _ = self.clock.dispatch(seconds)
-            due = 0.0
-        with self.update_lock:
-            self.busy_devices[did] = sid
-        return DeviceTask(resp, device, sid, ticket, due)
+        sid = (resp.cookie or {}).get(CookieKey.DEVICE_SELECTION_ID, sid)
+        with self._lock:
+            self._busy.add(did)
+        return DeviceTask(resp, device, sid, time.time())
 
-    # -- a group of devices trained together (vectorised engine) ------------------------------------------
+    def _submit(self, ready: list[DeviceTask]) -> None:
+        for group in make_groups(ready, self.group_size):
+            self.worker_pool.submit(self._run_group, group)
+
+    # -- training -----------------------------------------------------------------------------------------------
     def _run_group(self, group: list[DeviceTask]) -> None:
         if len(group) == 1 or self.trainer is None:
             for t in group:
@@ -238,17 +298,16 @@ class FastSimulator(Simulator):
             t.trained_with = len(group)
             self._finish(t, result, EdgeApiStatus.OK)
 
-    # -- one device's task --------------------------------------------------------------------------------
     def _run_task(self, t: DeviceTask) -> None:
-        task, device = t.task, t.device
+        device = t.device
         result, status = {}, EdgeApiStatus.ERROR
         for attempt in range(1, MAX_ATTEMPTS + 1):
             try:
                 with self.limit:
                     if self.trainer is not None:
-                        result = self.trainer.process_group([device.device_id], task)[0]
+                        result = self.trainer.process_group([device.device_id], t.task)[0]
                     else:
-                        result = device.do_task(task)
+                        result = device.do_task(t.task)
                 status = EdgeApiStatus.OK
                 break
             except Exception as ex:
@@ -277,10 +336,21 @@ class FastSimulator(Simulator):
         except Exception as ex:
             self.logger.error(f"device {t.device.device_id}: no zero-weight report ({secure_format_exception(ex)})")
             return {}, EdgeApiStatus.ERROR
-        self.logger.error(f"device {t.device.device_id}: reported as a zero-weight update so its round goes on")
+        self.logger.error(f"device {t.device.device_id}: reported as a zero-weight update so its slot is freed")
         return result, EdgeApiStatus.OK
 
+    # -- reports ------------------------------------------------------------------------------------------------
     def _finish(self, t: DeviceTask, result, status: str) -> None:
+        if self.time_scale > 0:
+            did = t.device.device_id
+            n = self._task_counts.get(did, 0)
+            self._task_counts[did] = n + 1
+            due = t.dispatched + self.delays.durations(did, n).total * self.time_scale
+            self._due.call_at(due, self._report, t, result, status)
+        else:
+            self._report(t, result, status)
+
+    def _report(self, t: DeviceTask, result, status: str) -> None:
         task, device = t.task, t.device
         report = ResultReport(
             device_info=device.get_device_info(),
@@ -292,43 +362,20 @@ class FastSimulator(Simulator):
             status=status,
             cookie=device.cookie,
         )
-        payload = (report, device, t.sid, t.trained_with, t.failed)
-        if self.time_scale > 0:
-            self._due.call_at(t.real_finish, self.clock.complete, t.ticket, payload)
-        else:
-            self.clock.complete(t.ticket, payload)
+        self._send(report, device, None)
+        with self._lock:
+            self._busy.discard(device.device_id)
+            self._reported[device.device_id] = t.selection_id
+        if self._log is not None:
+            self._log.write({"wall": time.time(), "device": device.device_id, "version": t.model_version,
+                             "selection": t.selection_id, "ok": status == EdgeApiStatus.OK and not t.failed,
+                             "group": t.trained_with})  # fmt: skip
 
     def drain(self, timeout: float = 60.0) -> bool:
         """Wait for every submitted task to be trained and reported (a test's way to run tasks to completion
         without the control loop); False if ``timeout`` passed first."""
         self.worker_pool.shutdown(wait=True)
         return self._due.wait_idle(timeout)
-
-    def _report(self, payload, finish: float) -> None:
-        report, device, sid, trained_with, failed = payload
-        self._send_request(report, device, None)
-        device.state = DeviceState.IDLE
-        with self.update_lock:
-            self.busy_devices.pop(device.device_id, None)
-            self.used_devices[device.device_id] = sid
-        self._log_clock(device.device_id, report, finish, trained_with, failed)
-
-    def _log_clock(self, device_id: str, report: ResultReport, finish: float, trained_with: int, failed: bool) -> None:
-        if not self.clock_log:
-            return
-        version = report.cookie.get(CookieKey.MODEL_VERSION) if isinstance(report.cookie, dict) else None
-        line = json.dumps(
-            {
-                "wall": time.time(),
-                "sim": round(finish, 4),
-                "device": device_id,
-                "version": version,
-                "ok": report.status == EdgeApiStatus.OK and not failed,
-                "group": trained_with,
-            }
-        )
-        with self._log_lock, open(self.clock_log, "a") as f:
-            f.write(line + "\n")
 
     @staticmethod
     def _free_gpu_cache() -> None:
@@ -339,15 +386,3 @@ class FastSimulator(Simulator):
                 torch.cuda.empty_cache()
         except Exception:
             pass
-
-    def start(self) -> None:
-        try:
-            self._control_flow()
-            # the job is over: tasks still queued would train for nothing, running ones finish
-            self.worker_pool.shutdown(wait=True, cancel_futures=True)
-            for d in self.all_devices.values():
-                d.shutdown()
-            self.device_factory.shutdown()
-        finally:
-            if self.failed_tasks:
-                self.logger.error(f"{self.failed_tasks} device task(s) failed; see the errors above")

@@ -65,7 +65,7 @@ class FastDeviceRunner(TPORunner):
         delays: ``DelayConfig.to_dict()``.
         seed: the run seed (delays are a seeded function of it and the device id).
         time_scale: 0: report at once; S > 0: hold each result for its delays x S wall seconds.
-        results_dir: where ``simclock_<leaf>.jsonl`` goes ("": not written).
+        results_dir: where ``leaf_<leaf>.jsonl`` (one line per device report) goes ("": not written).
         group_size: devices a worker trains together (1: one at a time).
     """
 
@@ -88,12 +88,12 @@ class FastDeviceRunner(TPORunner):
         self.time_scale = time_scale
         self.results_dir = results_dir
 
-    def create_simulator(self, fl_ctx: FLContext) -> Simulator | None:
+    def create_simulator(self, fl_ctx: FLContext) -> FastSimulator:
         site = fl_ctx.get_identity_name()
         job_name = fl_ctx.get_prop(FLContextKey.JOB_META).get(JobMetaKey.JOB_NAME)
-        clock_log = os.path.join(self.results_dir, f"simclock_{site}.jsonl") if self.results_dir else None
-        if clock_log and os.path.exists(clock_log):
-            os.remove(clock_log)
+        report_log = os.path.join(self.results_dir, f"leaf_{site}.jsonl") if self.results_dir else None
+        if report_log and os.path.exists(report_log):
+            os.remove(report_log)
         trainer = self.tpo if isinstance(self.tpo, GroupTrainer) else None
         return FastSimulator(
             job_name=job_name,
@@ -105,6 +105,6 @@ class FastDeviceRunner(TPORunner):
             delays=DeviceDelays(DelayConfig.from_dict(self.delays), self.seed),
             trainer=trainer,
             time_scale=self.time_scale,
-            clock_log=clock_log,
+            report_log=report_log,
             group_size=self.group_size,
         )

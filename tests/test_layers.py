@@ -14,7 +14,7 @@ LAYERS = [
     ("processors",),
     ("simulation",),
     ("fedrevive",),
-    ("aggregation", "evaluation"),
+    ("aggregation", "evaluation", "scheduling"),
     ("jobs",),
 ]
 LEVEL = {package: i for i, layer in enumerate(LAYERS) for package in layer}

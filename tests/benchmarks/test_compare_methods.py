@@ -117,7 +117,6 @@ def test_forwarding_bytes_grow_with_updates_and_summing_does_not():
     from nvflare.app_common.decomposers import numpy_decomposers
     from nvflare.edge.aggregators.model_update_dxo import ModelUpdateDXOAggregator
 
-    from aggregation.per_device_forwarding import PerDeviceForwardingAggregator
     from benchmarks import bench_forwarding as bf
 
     numpy_decomposers.register()
@@ -125,7 +124,7 @@ def test_forwarding_bytes_grow_with_updates_and_summing_does_not():
     model_bytes = (64 * 32 + 32) * 4
     s1 = bf.measure(ModelUpdateDXOAggregator, template, 1, 1, 0)
     s4 = bf.measure(ModelUpdateDXOAggregator, template, 4, 1, 0)
-    f4 = bf.measure(PerDeviceForwardingAggregator, template, 4, 1, 0)
+    f4 = bf.measure(bf.ForwardingLeaf, template, 4, 1, 0)
     assert s1["payload_bytes"] == s4["payload_bytes"] == model_bytes
     assert f4["payload_bytes"] == 4 * model_bytes
     assert f4["bytes"] > 3.5 * s4["bytes"]

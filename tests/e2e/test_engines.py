@@ -20,5 +20,5 @@ def test_engine_trains_every_selected_device_and_learns(tmp_path, engine, group)
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert (metrics["planner"]["engine"], metrics["planner"]["group_size"]) == (engine, group)
     assert max(r["accuracy"] for r in metrics["versions"][1:]) > 0.2, metrics["versions"]
-    reports = [json.loads(line) for f in glob.glob(str(tmp_path / "out" / "simclock_*.jsonl")) for line in open(f)]
+    reports = [json.loads(line) for f in glob.glob(str(tmp_path / "out" / "leaf_*.jsonl")) for line in open(f)]
     assert all(r["ok"] for r in reports) and max(r["group"] for r in reports) == group

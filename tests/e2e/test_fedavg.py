@@ -47,7 +47,7 @@ def test_fedavg_in_simenv_learns_and_writes_all_outputs(tmp_path):
     assert (results / "accuracy.png").stat().st_size > 1000
     assert glob.glob(str(results / "tensorboard" / "events.out.tfevents.*"))
     # 8 devices a round: each round's selected devices all reported (synchronous), once each
-    reports = [json.loads(line) for f in glob.glob(str(results / "simclock_*.jsonl")) for line in open(f)]
+    reports = [json.loads(line) for f in glob.glob(str(results / "leaf_*.jsonl")) for line in open(f)]
     for version in (1, 2):
         devices = [r["device"] for r in reports if r["version"] == version]
         assert len(devices) == len(set(devices)) == 8, reports

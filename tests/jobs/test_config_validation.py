@@ -60,7 +60,7 @@ def test_a_method_the_engine_cannot_run_is_refused_from_the_methods_table(capsys
 
     with pytest.raises(SystemExit):
         async_main(["--method", "fedrevive", "--simulator", "stock"])
-    assert "--method fedrevive needs each device's update" in capsys.readouterr().err
+    assert "--method fedrevive needs our server" in capsys.readouterr().err
 
 
 def test_missing_cifar10_stops_before_nvflare(tmp_path, capsys):

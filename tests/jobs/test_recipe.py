@@ -32,19 +32,15 @@ def exported(tmp_path, method: str, *flags: str) -> tuple[dict, dict]:
 
 
 @pytest.mark.parametrize(
-    "method, manager, aggregator",
-    [
-        ("fedavg", "NumpyBuffModelManager", "ModelUpdateDXOAggrFactory"),
-        ("fedbuff", "NumpyBuffModelManager", "ModelUpdateDXOAggrFactory"),
-        ("fedrevive", "FedReviveModelManager", "PerDeviceForwardingAggrFactory"),
-    ],
-)
-def test_each_method_gets_its_model_manager_and_leaf_aggregation(tmp_path, method, manager, aggregator):
+    "method, manager", [("fedavg", "BufferedModelManager"), ("fedbuff", "BufferedModelManager"),
+                        ("fedrevive", "FedReviveModelManager")],
+)  # fmt: skip
+def test_each_method_gets_its_model_manager_on_the_exact_time_server(tmp_path, method, manager):
     server, client = exported(tmp_path, method)
     assert server["model_manager"]["path"].endswith(manager)
-    assert client["aggr_factory"]["path"].endswith(aggregator)
+    assert server["wf_assessor"]["path"] == "scheduling.exact_assessor.ExactTimeAssessor"
     assert RESULT_COMPONENTS <= set(server), "a result component is missing from the job"
-    assert server["device_manager"]["path"].endswith("FreshSelectionDeviceManager")
+    assert client["executor"]["path"] == "aggregation.leaf_executor.EdgeSimExecutor"
     assert client["device_runner"]["path"].endswith("FastDeviceRunner")
     assert client["task_processor"]["path"].endswith("TrainingTaskProcessor")
     assert server["persistor"]["args"]["model"]["args"] == {"init_seed": 0}
@@ -53,7 +49,9 @@ def test_each_method_gets_its_model_manager_and_leaf_aggregation(tmp_path, metho
 def test_stock_simulator_uses_nvflares_own_pieces(tmp_path):
     server, client = exported(tmp_path, "fedavg", "--simulator", "stock")
     assert server["model_manager"]["path"] == "nvflare.edge.assessors.buff_model_manager.BuffModelManager"
+    assert server["wf_assessor"]["path"] == "nvflare.edge.assessors.model_update.ModelUpdateAssessor"
     assert client["executor"]["path"] == "nvflare.edge.executors.edge_model_executor.EdgeModelExecutor"
+    assert client["aggr_factory"]["path"].endswith("ModelUpdateDXOAggrFactory")
     assert client["device_runner"]["path"].endswith("StockDeviceRunner")
     assert client["task_processor"]["args"]["stock_delays"] is not None
     assert RESULT_COMPONENTS <= set(server)

@@ -148,12 +148,12 @@ def test_job_timeout_recommendation_math():
 
 
 def test_first_reports_take_each_leafs_earliest_wall_time(tmp_path):
-    (tmp_path / "simclock_site-1.jsonl").write_text(
+    (tmp_path / "leaf_site-1.jsonl").write_text(
         '{"wall": 105.0, "sim": 0.0, "device": "site-1#0", "version": 1}\n'
         '{"wall": 103.5, "sim": 0.0, "device": "site-1#1", "version": 1}\n'
     )
-    (tmp_path / "simclock_site-2.jsonl").write_text('{"wall": 108.0, "sim": 0.0, "device": "site-2#0", "version": 1}\n')
-    (tmp_path / "simclock_site-3.jsonl").write_text("")
+    (tmp_path / "leaf_site-2.jsonl").write_text('{"wall": 108.0, "sim": 0.0, "device": "site-2#0", "version": 1}\n')
+    (tmp_path / "leaf_site-3.jsonl").write_text("")
     assert tune.first_reports(str(tmp_path)) == {"site-1": 103.5, "site-2": 108.0}
 
 

@@ -1,7 +1,8 @@
-"""The fast device simulator's failure handling, driven through NVFlare's device protocol objects.
+"""The device simulator's dispatch, grouping, failure handling and real-time holding, driven through NVFlare's device
+protocol objects.
 
-A scripted leaf answers task requests and records result reports, so these tests run the simulator's real
-dispatch and task code without starting NVFlare."""
+A scripted leaf answers task requests and records result reports, so these tests run the simulator's real dispatch
+and task code without starting NVFlare."""
 
 import json
 import threading
@@ -33,23 +34,27 @@ class ScriptedDevice(SimulatedDevice):
 class ScriptedFactory(DeviceFactory):
     """Devices that run ``scripts[device_id]`` (default ``default``) when the simulator has no trainer."""
 
-    def __init__(self, scripts: dict, default=lambda d: {"ok": 1}):
-        self.scripts, self.default, self.devices = scripts, default, {}
+    def __init__(self, scripts: dict | None = None, default=lambda d: {"ok": 1}):
+        self.scripts, self.default, self.devices = scripts or {}, default, {}
 
     def make_device(self, device_id: str) -> SimulatedDevice:
-        device = ScriptedDevice(device_id, self.scripts.get(device_id, self.default))
+        device = self.devices.get(device_id) or ScriptedDevice(device_id, self.scripts.get(device_id, self.default))
         self.devices[device_id] = device
         return device
 
 
 class ScriptedLeaf:
-    def __init__(self):
+    """Answers every task request with a task for selection ``selection_of(device)`` and records the reports."""
+
+    def __init__(self, selection_of=lambda device_id: 1):
         self.reports: list[ResultReport] = []
+        self.selection_of = selection_of
         self.lock = threading.Lock()
 
     def __call__(self, req, device, **_):
         if isinstance(req, TaskRequest):
-            cookie = {CookieKey.MODEL_VERSION: 1, CookieKey.DEVICE_SELECTION_ID: 1}
+            sid = self.selection_of(req.get_device_id())
+            cookie = {CookieKey.MODEL_VERSION: sid, CookieKey.DEVICE_SELECTION_ID: sid}
             return TaskResponse(EdgeApiStatus.OK, "job", 0, "task-1", "train", {}, cookie)
         with self.lock:
             self.reports.append(req)
@@ -59,22 +64,22 @@ class ScriptedLeaf:
 JOB = JobResponse(EdgeApiStatus.OK, job_id="job", job_name="job", method="edge", job_data={})
 
 
-def make_simulator(factory, leaf, num_devices: int, num_workers: int, delays=None, **kwargs) -> FastSimulator:
+def make_simulator(leaf, num_workers: int, factory=None, delays=None, **kwargs) -> FastSimulator:
     delays = DeviceDelays(delays or DelayConfig(), seed=0)
-    sim = FastSimulator("job", factory, "site-1", num_devices, num_workers, 5.0, delays, **kwargs)
+    sim = FastSimulator("job", factory or ScriptedFactory(), "site-1", 100, num_workers, 5.0, delays, **kwargs)
     sim.set_send_func(leaf)
     return sim
 
 
-def dispatch(sim: FastSimulator, device_ids: list[str]) -> None:
-    """Request the devices' tasks at once and hand them to the pool, as the control loop does."""
-    sim._submit([sim._dispatch(JOB, did, 1) for did in device_ids])
+def dispatch(sim: FastSimulator, selection: dict[str, int]) -> None:
+    """Request the new devices' tasks and hand them to the pool, as one turn of the control loop does."""
+    sim._submit([sim._dispatch(JOB, did, sid) for did, sid in sorted(sim._my_new_devices(selection).items())])
 
 
 def run_devices(scripts: dict, device_ids: list[str], num_workers: int = 4):
     factory, leaf = ScriptedFactory(scripts), ScriptedLeaf()
-    sim = make_simulator(factory, leaf, len(device_ids), num_workers)
-    dispatch(sim, device_ids)
+    sim = make_simulator(leaf, num_workers, factory)
+    dispatch(sim, dict.fromkeys(device_ids, 1))
     assert sim.drain()
     assert len(leaf.reports) == len(device_ids), "every dispatched device reports exactly once"
     return sim, factory, {r.get_device_id(): r for r in leaf.reports}
@@ -90,7 +95,7 @@ def test_a_raising_task_is_retried_then_reported_failed_and_the_others_go_on(cap
     assert reports["site-1#0"].status == reports["site-1#2"].status == EdgeApiStatus.OK
     assert sim.failed_tasks == 1
     assert "site-1#1" in caplog.text and "corrupt sample" in caplog.text
-    assert not sim.busy_devices, "a failed device is released, not left busy"
+    assert not sim._busy, "a failed device is released, not left busy"
 
 
 def test_out_of_memory_halves_concurrency_and_the_task_succeeds_on_retry():
@@ -113,7 +118,19 @@ def test_every_dispatched_device_reports_once_whatever_the_pool_size(workers):
     assert sorted(reports) == sorted(ids)
 
 
-class GroupingProcessor:
+def test_only_this_leafs_new_devices_are_dispatched():
+    leaf = ScriptedLeaf()
+    sim = make_simulator(leaf, 2)
+    dispatch(sim, {"site-1#0": 1, "site-2#0": 1, "site-10#0": 1})  # another leaf's, and a prefix look-alike
+    assert sim.drain(timeout=5)
+    assert [r.get_device_id() for r in leaf.reports] == ["site-1#0"]
+    sim2 = make_simulator(leaf, 2)
+    sim2._reported = {"site-1#0": 1}
+    assert sim2._my_new_devices({"site-1#0": 1, "site-1#1": 1}) == {"site-1#1": 1}  # reported for selection 1
+    assert sim2._my_new_devices({"site-1#0": 2}) == {"site-1#0": 2}  # selected again: a new selection
+
+
+class GroupingTrainer:
     """Trains a group in one call, as TrainingTaskProcessor.process_group does; can run out of memory."""
 
     def __init__(self, calls: list, oom_above: int | None = None):
@@ -129,90 +146,67 @@ class GroupingProcessor:
         return {"dict": {"w": [0.0]}, "count": 0}
 
 
-def run_grouped(n: int, group_size: int, oom_above: int | None = None):
+def run_grouped(selection: dict[str, int], group_size: int, oom_above: int | None = None):
     calls: list = []
-    leaf = ScriptedLeaf()
-    sim = make_simulator(ScriptedFactory({}), leaf, n, 2, trainer=GroupingProcessor(calls, oom_above),
-                         group_size=group_size)  # fmt: skip
-    dispatch(sim, [f"site-1#{i}" for i in range(n)])
+    leaf = ScriptedLeaf(selection_of=selection.get)
+    sim = make_simulator(leaf, 2, trainer=GroupingTrainer(calls, oom_above), group_size=group_size)
+    dispatch(sim, selection)
     assert sim.drain()
     return sim, calls, leaf.reports
 
 
-def test_ready_tasks_of_one_version_are_trained_in_groups_and_each_device_reports_its_own_result():
-    sim, calls, reports = run_grouped(10, group_size=4)
-    assert sorted(len(c) for c in calls) == [2, 4, 4]
-    assert len(reports) == 10
+def test_devices_of_one_selection_are_trained_in_sorted_groups_whatever_the_request_order():
+    selection = {f"site-1#{i}": 1 for i in (7, 3, 9, 1, 5)} | {f"site-1#{i}": 2 for i in (4, 2)}
+    sim, calls, reports = run_grouped(selection, group_size=2)
+    assert sorted(calls) == sorted([["site-1#1", "site-1#3"], ["site-1#5", "site-1#7"], ["site-1#9"],
+                                    ["site-1#2", "site-1#4"]])  # fmt: skip
+    assert len(reports) == 7
     for r in reports:
         assert r.status == EdgeApiStatus.OK and r.result == {"trained": r.get_device_id()}
 
 
 def test_a_group_that_runs_out_of_memory_halves_the_group_size_and_its_devices_still_report():
-    sim, calls, reports = run_grouped(8, group_size=8, oom_above=4)
+    sim, calls, reports = run_grouped({f"site-1#{i}": 1 for i in range(8)}, group_size=8, oom_above=4)
     assert sim.group_size == 4
     assert len(reports) == 8 and all(r.status == EdgeApiStatus.OK for r in reports)
 
 
-def test_scaled_time_starts_a_later_task_at_its_simulated_dispatch_time(tmp_path):
-    """--time-scale S: a task dispatched 0.3 wall-s after another starts 0.3/S simulated seconds later, so a short
-    task dispatched late can still report before a long one (on the pure virtual clock it would start at the
-    leaf's last reported finish time)."""
-    speed = DelayConfig(speed_means=(100.0, 5.0), speed_stds=(0.0, 0.0))
-    classes = DeviceDelays(speed, seed=0)
-    ids = [f"site-1#{i}" for i in range(50)]
-    slow = next(d for d in ids if classes.device_traits(d)[0] == 0)
-    fast = next(d for d in ids if classes.device_traits(d)[0] == 1)
-    leaf, log = ScriptedLeaf(), tmp_path / "clock.jsonl"
-    sim = make_simulator(ScriptedFactory({}), leaf, 2, 2, speed, time_scale=0.01, clock_log=str(log))
-    dispatch(sim, [slow])
-    time.sleep(0.3)
-    before = time.time()
-    dispatch(sim, [fast])
-    after = time.time()
-    assert sim.drain()
-    events = [json.loads(line) for line in log.read_text().splitlines()]
-    assert [e["device"] for e in events] == [fast, slow]
-    by_device = {e["device"]: e["sim"] for e in events}
-    assert by_device[slow] == pytest.approx(100.0, abs=0.5)
-    # started when it was dispatched (~0.3 wall-s / 0.01 = ~30 sim-s in), not at simulated time 0
-    assert (before - sim._origin) / 0.01 + 5.0 <= by_device[fast] <= (after - sim._origin) / 0.01 + 5.0
-
-
-class BrokenTrainer(GroupingProcessor):
+class BrokenTrainer(GroupingTrainer):
     def process_group(self, device_ids, task):
         raise RuntimeError("corrupt sample")
 
 
-def test_a_device_that_fails_for_good_reports_a_zero_weight_update_so_its_round_goes_on(tmp_path):
-    leaf, log = ScriptedLeaf(), tmp_path / "clock.jsonl"
-    sim = make_simulator(ScriptedFactory({}), leaf, 1, 1, trainer=BrokenTrainer([]), clock_log=str(log))
-    dispatch(sim, ["site-1#0"])
+def test_a_device_that_fails_for_good_reports_a_zero_weight_update_so_its_slot_is_freed(tmp_path):
+    leaf, log = ScriptedLeaf(), tmp_path / "leaf.jsonl"
+    sim = make_simulator(leaf, 1, trainer=BrokenTrainer([]), report_log=str(log))
+    dispatch(sim, {"site-1#0": 1})
     assert sim.drain()
+    sim._log.close()
     (report,) = leaf.reports
     assert report.status == EdgeApiStatus.OK and report.result["count"] == 0
     assert sim.failed_tasks == 1
     assert json.loads(log.read_text())["ok"] is False
 
 
-def test_scaled_delays_do_not_hold_the_worker_and_results_leave_in_due_order(tmp_path):
-    """One worker, a group trained together: with the delays held outside the worker, a later short task is
-    trained and reported while the group's slow device is still waiting out its delay."""
+def test_real_time_mode_holds_results_without_holding_the_worker(tmp_path):
+    """One worker, a group trained together: a result waits out its delay on a timer, so a later short task is
+    trained and reported while the group's slow device is still waiting."""
     speed = DelayConfig(speed_means=(100.0, 5.0), speed_stds=(0.0, 0.0))
     classes = DeviceDelays(speed, seed=0)
     ids = [f"site-1#{i}" for i in range(50)]
     slow = next(d for d in ids if classes.device_traits(d)[0] == 0)
     fast = [d for d in ids if classes.device_traits(d)[0] == 1][:2]
-    leaf = ScriptedLeaf()
-    log = tmp_path / "clock.jsonl"
-    sim = make_simulator(ScriptedFactory({}), leaf, 3, 1, speed, trainer=GroupingProcessor([]), time_scale=0.01,
-                         clock_log=str(log), group_size=2)  # fmt: skip
-    dispatch(sim, [slow, fast[0]])  # one group: due after 1.0 s and 0.05 s of wall time
+    leaf, log = ScriptedLeaf(), tmp_path / "leaf.jsonl"
+    sim = make_simulator(leaf, 1, delays=speed, trainer=GroupingTrainer([]), time_scale=0.01, report_log=str(log),
+                         group_size=2)  # fmt: skip
+    started = time.time()
+    dispatch(sim, {slow: 1, fast[0]: 1})  # one group: due after 1.0 s and 0.05 s of wall time
     time.sleep(0.2)
-    dispatch(sim, [fast[1]])  # the only worker must be free for it
+    dispatch(sim, {fast[1]: 2})  # the only worker must be free for it
     assert sim.drain()
+    sim._log.close()
     events = [json.loads(line) for line in log.read_text().splitlines()]
     assert [e["device"] for e in events] == [fast[0], fast[1], slow]
     wall = {e["device"]: e["wall"] for e in events}
-    slow_due = sim._origin + 1.0
-    assert wall[fast[0]] < slow_due and wall[fast[1]] < slow_due, "fast devices waited for the slow one's delay"
-    assert wall[slow] >= slow_due - 0.01
+    assert wall[fast[0]] < started + 1.0 and wall[fast[1]] < started + 1.0, "fast devices waited for the slow one"
+    assert wall[slow] >= started + 1.0 - 0.01

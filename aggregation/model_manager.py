@@ -1,0 +1,105 @@
+"""The server's global model: buffered device updates become the next version (FedAvg and FedBuff).
+
+``global <- global + global_lr * mean(buffered diffs)``, as NVFlare's ``BuffModelManager`` and the FedRevive
+reference (``add_update_to_params``) do; a version is made when the server's schedule says so (after exactly B
+updates, ``scheduling.exact_assessor``). Diffs are added in the order the schedule applies them, into a float32
+sum, so the same run gives the same bits whatever order leaves reported in.
+
+Version 1 is the initial model. Every version some in-flight device still trains stays available
+(``retain``): the assessor sends it to leaves that lack it, and FedRevive rebuilds client models from it. Weights
+are float32 numpy arrays (never Python lists: NVFlare's debug f-strings would print them whole).
+
+Each new version fires ``GLOBAL_WEIGHTS_UPDATED`` with ``AppConstants.GLOBAL_MODEL``, ``CURRENT_ROUND`` (the
+version) and ``SIM_TIME`` (the simulated time it was made at) in the context, for the evaluator and recorder.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from nvflare.apis.dxo import DXO, DataKind
+from nvflare.apis.fl_component import FLComponent
+from nvflare.apis.fl_context import FLContext
+from nvflare.app_common.abstract.model import make_model_learnable
+from nvflare.app_common.app_constant import AppConstants
+from nvflare.app_common.app_event_type import AppEventType
+from nvflare.edge.constants import MsgKey
+
+from common.protocol import SIM_TIME, DeviceUpdate
+
+
+def as_float32_arrays(weights: dict) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v, dtype=np.float32) for k, v in weights.items()}
+
+
+class BufferedModelManager(FLComponent):
+    """Args:
+    global_lr: server learning rate applied to the mean of the buffered updates.
+    """
+
+    def __init__(self, global_lr: float = 1.0):
+        super().__init__()
+        self.global_lr = global_lr
+        self.current_version = 0
+        self._versions: dict[int, dict[str, np.ndarray]] = {}
+        self._dxos: dict[int, DXO] = {}
+        self._sum: dict[str, np.ndarray] | None = None
+        self._count = 0
+
+    @property
+    def current_weights(self) -> dict[str, np.ndarray]:
+        return self._versions[self.current_version]
+
+    def weights_of(self, version: int) -> dict[str, np.ndarray]:
+        return self._versions[version]
+
+    def model_dxo(self, version: int) -> DXO:
+        """The WEIGHTS DXO of a version, as it travels to the leaves (built once per version)."""
+        dxo = self._dxos.get(version)
+        if dxo is None:
+            dxo = self._dxos[version] = DXO(DataKind.WEIGHTS, data=self._versions[version])
+            dxo.set_meta_prop(MsgKey.MODEL_VERSION, version)
+        return dxo
+
+    def start(self, initial: dict, fl_ctx: FLContext) -> None:
+        """The initial model becomes version 1 (at simulated time 0)."""
+        self.current_version = 1
+        self._versions = {1: as_float32_arrays(initial)}
+        self._announce(0.0, fl_ctx)
+
+    def add_update(self, update: DeviceUpdate, tau: int, fl_ctx: FLContext) -> None:
+        """Buffer one device's diff (``tau``: its staleness, unused here)."""
+        self._accumulate(as_float32_arrays(update.diff), update.count)
+
+    def _accumulate(self, diff: dict[str, np.ndarray], count: int) -> None:
+        if self._sum is None:
+            self._sum = {k: v.copy() for k, v in diff.items()}
+        else:
+            for k, v in diff.items():
+                self._sum[k] += v
+        self._count += count
+
+    def make_version(self, sim_time: float, fl_ctx: FLContext) -> None:
+        """global + global_lr * mean(buffer) becomes the next version; the buffer empties."""
+        new = {k: v.copy() for k, v in self.current_weights.items()}
+        if self._sum is not None and self._count > 0:
+            scale = np.float32(self.global_lr / self._count)
+            for k, v in self._sum.items():
+                new[k] += scale * v
+        self._sum, self._count = None, 0
+        self.current_version += 1
+        self._versions[self.current_version] = new
+        self._announce(sim_time, fl_ctx)
+
+    def retain(self, versions: set[int]) -> None:
+        """Forget every version but these (and the current one)."""
+        keep = set(versions) | {self.current_version}
+        for v in [v for v in self._versions if v not in keep]:
+            del self._versions[v]
+            self._dxos.pop(v, None)
+
+    def _announce(self, sim_time: float, fl_ctx: FLContext) -> None:
+        fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, make_model_learnable(self.current_weights, {}), private=True,
+                        sticky=True)  # fmt: skip
+        fl_ctx.set_prop(AppConstants.CURRENT_ROUND, self.current_version, private=True, sticky=True)
+        fl_ctx.set_prop(SIM_TIME, sim_time, private=True, sticky=True)
+        self.fire_event(AppEventType.GLOBAL_WEIGHTS_UPDATED, fl_ctx)

@@ -1,0 +1,148 @@
+"""A leaf's (or relay's) view of the run: the model versions its selected devices train, and what goes up.
+
+NVFlare's ``EdgeModelUpdater`` holds one model (the newest) and sums device diffs per model version. On exact
+simulated time a device trains the version that was current when the server selected it, and the server applies
+each device's update on its own (``scheduling.exact_assessor``), so ``VersionedUpdater``:
+
+* keeps every model version its selected devices still need (the reply's ``MODELS`` and the current version),
+  and forgets a version once no selected device of this node still has to fetch it;
+* knows which version each selection id trains (``SELECTION_VERSIONS``);
+* forwards each device's update unchanged (``DEVICE_UPDATES``) instead of summing them: the server needs each
+  one's device, selection and base version, and sums in the schedule's order (the same bits every run);
+* registers its devices once, as ranges (``DEVICE_RANGES``), instead of re-sending every device on every sync.
+
+As a relay it does the same for its children: merges what they send up, and replies to each with the versions it
+lacks. The node's state is a ``VersionedState``, NVFlare's ``BaseState`` plus the held models.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+from nvflare.apis.dxo import DXO
+from nvflare.apis.fl_context import FLContext
+from nvflare.apis.shareable import Shareable
+from nvflare.edge.mud import BaseState, PropKey, StateUpdateReply, StateUpdateReport
+from nvflare.edge.updater import Updater
+
+from common.protocol import DEVICE_RANGES, DEVICE_UPDATES, LOCAL_REPORT, MODELS, SELECTION_VERSIONS
+
+
+class VersionedState(BaseState):
+    """``BaseState`` (newest model, selection) plus every model version a selected device may still fetch.
+
+    Attributes (beyond ``BaseState``'s):
+        models: model version -> WEIGHTS DXO.
+        selection_versions: selection id -> the model version its devices train.
+        fetched: (device, selection id) pairs whose task was handed out; shared by every copy of the state.
+    """
+
+    def __init__(self, base: BaseState, models: dict[int, DXO], selection_versions: dict[int, int], fetched: set):
+        super().__init__(0, None, 0, {})  # the validated constructor; the real values are set below
+        self.model_version, self.model = base.model_version, base.model
+        self.device_selection_version, self.device_selection = base.device_selection_version, base.device_selection
+        self.models = models
+        self.selection_versions = selection_versions
+        self.fetched = fetched
+
+
+class VersionedUpdater(Updater):
+    def __init__(self):
+        super().__init__()
+        self._lock = threading.Lock()
+        self._models: dict[int, DXO] = {}
+        self._selection_versions: dict[int, int] = {}
+        self._fetched: set[tuple[str, int]] = set()
+        self._pending: list[dict] = []  # device updates to send up
+        self._ranges: dict[str, list] = {}  # prefix -> [count, leaf], every range known here
+        self._ranges_unsent: dict[str, list] = {}
+        self._ranges_sent: dict[str, list] = {}  # in the last report, until its reply confirms it
+        self._devices_unsent: dict = {}  # single devices (mud.Device) not yet sent up
+
+    # -- state --------------------------------------------------------------------------------------------------
+    def start_task(self, task_data: Shareable, fl_ctx: FLContext):
+        self.current_state = VersionedState(BaseState.from_shareable(task_data), {}, {}, self._fetched)
+        return self.current_state
+
+    def mark_fetched(self, device_id: str, selection_id: int) -> None:
+        """The leaf handed ``device_id`` its task for ``selection_id``: its version is no longer needed here."""
+        with self._lock:
+            self._fetched.add((device_id, selection_id))
+
+    def _needed(self, selection: dict) -> set[int]:
+        return {self._selection_versions[sid] for d, sid in selection.items()
+                if (d, sid) not in self._fetched and sid in self._selection_versions}  # fmt: skip
+
+    # -- up: report to the parent -------------------------------------------------------------------------------
+    def prepare_update_for_parent(self, fl_ctx: FLContext) -> Shareable | None:
+        with self._lock:
+            state = self.current_state
+            report = StateUpdateReport(state.model_version, state.device_selection_version, None,
+                                       self._devices_unsent or None).to_shareable()  # fmt: skip
+            self._devices_unsent = {}
+            if self._ranges_unsent:
+                report[DEVICE_RANGES] = dict(self._ranges_unsent)
+                self._ranges_sent, self._ranges_unsent = self._ranges_unsent, {}
+            if self._pending:
+                report[DEVICE_UPDATES], self._pending = self._pending, []
+            return report
+
+    # -- down: the parent's reply -------------------------------------------------------------------------------
+    def process_parent_update_reply(self, reply: Shareable, fl_ctx: FLContext) -> None:
+        r = StateUpdateReply.from_shareable(reply)
+        with self._lock:
+            self._ranges_sent = {}  # the parent has them
+            state = copy.copy(self.current_state)
+            self._models.update(reply.get(MODELS) or {})
+            if r.model_version != state.model_version and r.model is not None:
+                state.model_version, state.model = r.model_version, r.model
+                self._models[r.model_version] = r.model
+            if r.device_selection_version != state.device_selection_version and PropKey.DEVICE_SELECTION in reply:
+                state.device_selection_version = r.device_selection_version
+                state.device_selection = reply[PropKey.DEVICE_SELECTION] or {}
+            if SELECTION_VERSIONS in reply:
+                self._selection_versions = dict(reply[SELECTION_VERSIONS])
+            selection = state.device_selection
+            self._fetched.intersection_update(selection.items())
+            keep = self._needed(selection) | {state.model_version}
+            self._models = {v: m for v, m in self._models.items() if v in keep}
+            # the executor's task dicts, one per version (versions never change, so a cached one stays valid)
+            state.converted_models = {v: c for v, c in state.converted_models.items() if v in keep}
+            state.models, state.selection_versions, state.fetched = self._models, self._selection_versions, self._fetched
+            self.current_state = state
+
+    # -- from children (a relay), or from this leaf's executor --------------------------------------------------
+    def process_child_update(self, update: Shareable, fl_ctx: FLContext) -> tuple[bool, Shareable | None]:
+        report = StateUpdateReport.from_shareable(update)
+        with self._lock:
+            self._pending.extend(update.get(DEVICE_UPDATES) or ())
+            for prefix, entry in (update.get(DEVICE_RANGES) or {}).items():
+                if self._ranges.get(prefix) != list(entry):
+                    self._ranges[prefix] = self._ranges_unsent[prefix] = list(entry)
+            self._devices_unsent.update(report.available_devices or {})
+            if update.get_header(LOCAL_REPORT):
+                return True, None
+            return True, self._reply_to_child(report)
+
+    def _reply_to_child(self, report: StateUpdateReport) -> Shareable | None:
+        state = self.current_state
+        if state is None or not state.model_version:
+            return StateUpdateReply(0, None, 0, None).to_shareable()
+        child_version = report.current_model_version or 0
+        model = state.model if child_version != state.model_version else None
+        changed = report.current_device_selection_version != state.device_selection_version
+        reply = StateUpdateReply(state.model_version, model, state.device_selection_version,
+                                 state.device_selection if changed else None).to_shareable()  # fmt: skip
+        if changed:
+            reply[PropKey.DEVICE_SELECTION] = state.device_selection  # even when empty
+        needed = {v for v in set(self._selection_versions.values()) if v > child_version} - {state.model_version}
+        if needed:
+            reply[MODELS] = {v: self._models[v] for v in sorted(needed) if v in self._models}
+        reply[SELECTION_VERSIONS] = dict(self._selection_versions)
+        return reply
+
+    def end_task(self, fl_ctx: FLContext) -> None:
+        super().end_task(fl_ctx)
+        with self._lock:
+            self._models, self._pending = {}, []

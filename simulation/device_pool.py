@@ -1,0 +1,147 @@
+"""The devices the server may select, and seeded uniform sampling among the idle ones, at any pool size.
+
+A simulated leaf registers its devices as one range (``site-1`` with 100,000 devices means ``site-1#0`` ...
+``site-1#99999``); real devices register one by one. The pool never lists a range's devices: a device is a global
+index (ranges in name order, then single devices in name order), and only the busy (selected, not yet arrived)
+and retired (``device_reuse`` off) devices are kept as sets. So memory and selection time do not grow with the
+pool, only with the devices in flight.
+
+Sampling is uniform over idle devices, without replacement, as the FedRevive reference simulator selects clients
+(``np.random.choice(inactive_clients, size, replace=False)``); NVFlare's own device manager balances over leaves
+instead. It draws from one ``numpy.random.Generator`` seeded by the run seed: rejection sampling of global indices
+while at least half the pool is idle, an exact draw from the list of idle indices otherwise. Given the same pool,
+the same busy and retired sets and the same generator state, the draw is the same, in any process.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+
+from common.seeds import stable_seed
+
+NUM_INDICATOR = "#"  # NVFlare's SpecialDeviceId.NUM_INDICATOR: device i of leaf prefix p is "p#i"
+
+
+def range_device(prefix: str, index: int) -> str:
+    return f"{prefix}{NUM_INDICATOR}{index}"
+
+
+class DevicePool:
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(stable_seed("device-selection", seed))
+        self._ranges: dict[str, tuple[int, str]] = {}  # prefix -> (count, leaf)
+        self._singles: dict[str, str] = {}  # device id -> leaf
+        self._layout: tuple[list[str], list[int], list[str]] | None = None  # prefixes, offsets, sorted singles
+        self.busy: set[str] = set()
+        self.retired: set[str] = set()
+
+    # -- membership ---------------------------------------------------------------------------------------------
+    def register_range(self, prefix: str, count: int, leaf: str) -> None:
+        if count < 0:
+            raise ValueError(f"device range {prefix}: negative count {count}")
+        if self._ranges.get(prefix) != (count, leaf):
+            self._ranges[prefix] = (count, leaf)
+            self._layout = None
+
+    def register(self, device_id: str, leaf: str) -> None:
+        if device_id not in self and self._singles.get(device_id) != leaf:
+            self._singles[device_id] = leaf
+            self._layout = None
+
+    def __contains__(self, device_id: str) -> bool:
+        prefix, _, index = device_id.rpartition(NUM_INDICATOR)
+        if prefix in self._ranges and index.isdigit():
+            return int(index) < self._ranges[prefix][0]
+        return device_id in self._singles
+
+    def leaf_of(self, device_id: str) -> str | None:
+        prefix, _, index = device_id.rpartition(NUM_INDICATOR)
+        if prefix in self._ranges and index.isdigit():
+            return self._ranges[prefix][1]
+        return self._singles.get(device_id)
+
+    @property
+    def leaves(self) -> set[str]:
+        return {leaf for _, leaf in self._ranges.values()} | set(self._singles.values())
+
+    def __len__(self) -> int:
+        return sum(count for count, _ in self._ranges.values()) + len(self._singles)
+
+    @property
+    def idle_count(self) -> int:
+        return len(self) - len(self.busy | self.retired)
+
+    # -- selection ----------------------------------------------------------------------------------------------
+    def _index_layout(self) -> tuple[list[str], list[int], list[str]]:
+        if self._layout is None:
+            prefixes = sorted(self._ranges)
+            offsets, total = [], 0
+            for p in prefixes:
+                offsets.append(total)
+                total += self._ranges[p][0]
+            self._layout = (prefixes, offsets, sorted(self._singles))
+        return self._layout
+
+    def device_at(self, index: int) -> str:
+        prefixes, offsets, singles = self._index_layout()
+        ranged = sum(self._ranges[p][0] for p in prefixes)
+        if index >= ranged:
+            return singles[index - ranged]
+        i = bisect.bisect_right(offsets, index) - 1
+        return range_device(prefixes[i], index - offsets[i])
+
+    def index_of(self, device_id: str) -> int:
+        prefixes, offsets, singles = self._index_layout()
+        prefix, _, index = device_id.rpartition(NUM_INDICATOR)
+        if prefix in self._ranges and index.isdigit():
+            return offsets[prefixes.index(prefix)] + int(index)
+        ranged = sum(self._ranges[p][0] for p in prefixes)
+        return ranged + bisect.bisect_left(singles, device_id)
+
+    def sample(self, count: int) -> list[str]:
+        """Up to ``count`` idle devices, uniformly without replacement (fewer when fewer are idle); marks them busy."""
+        excluded = self.busy | self.retired
+        total = len(self)
+        count = min(count, total - len(excluded))
+        if count <= 0:
+            return []
+        chosen: list[str] = []
+        if len(excluded) <= total // 2:
+            seen: set[str] = set()
+            while len(chosen) < count:
+                device = self.device_at(int(self.rng.integers(total)))
+                if device not in excluded and device not in seen:
+                    seen.add(device)
+                    chosen.append(device)
+        else:
+            mask = np.ones(total, dtype=bool)
+            mask[[self.index_of(d) for d in excluded]] = False
+            idle = np.flatnonzero(mask)
+            chosen = [self.device_at(int(i)) for i in self.rng.choice(idle, size=count, replace=False)]
+        self.busy.update(chosen)
+        return chosen
+
+    def release(self, device_id: str, retire: bool = False) -> None:
+        """A device's update arrived: it is idle again, or retired for good (``device_reuse`` off)."""
+        self.busy.discard(device_id)
+        if retire:
+            self.retired.add(device_id)
+
+    # -- checkpointing ------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "ranges": {p: list(v) for p, v in self._ranges.items()},
+            "singles": dict(self._singles),
+            "busy": sorted(self.busy),
+            "retired": sorted(self.retired),
+            "rng": self.rng.bit_generator.state,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self._ranges = {p: (int(c), leaf) for p, (c, leaf) in state["ranges"].items()}
+        self._singles = dict(state["singles"])
+        self._layout = None
+        self.busy, self.retired = set(state["busy"]), set(state["retired"])
+        self.rng.bit_generator.state = state["rng"]

@@ -1,0 +1,42 @@
+"""The reference event trace of a run: ``ExactSchedule`` alone, with no NVFlare and no training.
+
+Every update arrives the moment the schedule asks for it, so the trace is the schedule's semantics and nothing
+else. A real run (``events.jsonl`` next to ``metrics.json``, one line per applied update) must reproduce it
+exactly: the NVFlare plumbing (leaves, relays, reports, the server waiting for late reports) may delay wall time,
+never the order, the versions trained or the simulated times. ``tests/e2e/test_exact_time.py`` compares the two.
+"""
+
+from __future__ import annotations
+
+from common.delays import DelayConfig, DeviceDelays
+from simulation.device_pool import DevicePool
+from simulation.schedule import ExactSchedule
+
+
+def make_schedule(
+    delays: DelayConfig,
+    seed: int,
+    leaves: dict[str, int],
+    selection_size: int,
+    updates_per_version: int,
+    min_hole_to_fill: int,
+    device_reuse: bool = True,
+    max_model_version: int | None = None,
+    max_sim_time: float | None = None,
+) -> ExactSchedule:
+    """A schedule over ``leaves`` (leaf name -> devices, registered as ranges ``<leaf>#0..``), not yet started."""
+    pool = DevicePool(seed)
+    for leaf, count in leaves.items():
+        pool.register_range(leaf, count, leaf)
+    return ExactSchedule(pool, DeviceDelays(delays, seed), selection_size, updates_per_version, min_hole_to_fill,
+                         device_reuse, max_model_version, max_sim_time)  # fmt: skip
+
+
+def reference_trace(schedule: ExactSchedule) -> list[dict]:
+    """Run a fresh schedule to its end; the trace records, one per applied update, in order."""
+    schedule.start()
+    trace = []
+    while not schedule.done:
+        arrival, _ = schedule.apply(schedule.next_due().device)
+        trace.append(arrival.trace_record())
+    return trace

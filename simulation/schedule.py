@@ -1,0 +1,207 @@
+"""Exact simulated time: the event schedule of an asynchronous (or synchronous) FL run, as a pure state machine.
+
+Semantics (the FedRevive reference simulator's, ``research/fed-revive/codes/server.py``; issue "Exact asynchronous
+time inside NVFlare"):
+
+* A device selected at server time ``s`` to train the then-current version ``v`` starts at ``s + download`` and
+  its update arrives at ``a = s + download + train + upload``. The durations are a seeded function of (seed,
+  device id, how many tasks that device has done) (``common.delays``), so any process can compute them.
+* Updates are applied strictly in arrival order, ties broken by device id. With ``B`` updates per model a version
+  is made from exactly ``B`` updates, at the ``B``-th arrival's time.
+* Staleness ``tau`` = versions made between the update's base version and its arrival.
+* When an arrival leaves ``min_hole_to_fill`` free slots (of ``selection_size`` devices in flight), replacements
+  are selected at that arrival's time (uniformly among idle devices, ``simulation.device_pool``) and train the
+  version current at that time: after the arrival's own version, if it made one.
+* A device is idle again once its update has arrived (never again with ``device_reuse`` off).
+* A failed device (its update counts nothing) frees its slot at its arrival but does not count towards ``B``.
+* Computation takes no simulated time. Nothing here depends on wall time, worker counts or message timing.
+
+``ExactSchedule`` only decides *when* and *which*: the server's assessor feeds it the arrivals it has received and
+applies the updates it releases, in its order (``scheduling``); ``simulation.event_reference`` runs it alone to
+give the trace a run must reproduce. Selection ids are unique per selection event (a device reselected at the
+same model version is a new selection), and ``selection_version`` maps each to the model version it trains.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import asdict, dataclass
+
+from common.delays import DeviceDelays
+from simulation.device_pool import DevicePool
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """A device in flight: selected by selection ``selection_id`` at ``selected_at`` to train ``base_version``."""
+
+    device: str
+    selection_id: int
+    base_version: int
+    selected_at: float
+    arrival: float
+    task_number: int  # the device's tasks before this one
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """An applied update: the event trace's line (``trace_record``)."""
+
+    device: str
+    base_version: int
+    arrival: float
+    tau: int  # versions made between its base version and its arrival
+    version: int  # the version it goes into (made now if ``made_version``, else later)
+    made_version: bool
+    counted: bool  # False: a failed device, freed its slot only
+
+    def trace_record(self) -> dict:
+        """One line of ``events.jsonl``."""
+        return {"version": self.version, "device": self.device, "base_version": self.base_version,
+                "arrival": round(self.arrival, 9), "tau": self.tau}  # fmt: skip
+
+
+class ExactSchedule:
+    """Args:
+    pool: the devices that may be selected (registered before ``start``).
+    delays: the run's delay model.
+    selection_size: devices in flight (K).
+    updates_per_version: updates per new model version (B).
+    min_hole_to_fill: free slots before replacements are selected.
+    device_reuse: a device may be selected again after its update arrived.
+    max_model_version: no update is applied once this version exists.
+    max_sim_time: no update arriving later than this is applied (None: no limit).
+    """
+
+    def __init__(
+        self,
+        pool: DevicePool,
+        delays: DeviceDelays,
+        selection_size: int,
+        updates_per_version: int,
+        min_hole_to_fill: int,
+        device_reuse: bool = True,
+        max_model_version: int | None = None,
+        max_sim_time: float | None = None,
+    ):
+        self.pool = pool
+        self.delays = delays
+        self.selection_size = selection_size
+        self.updates_per_version = updates_per_version
+        self.min_hole_to_fill = min_hole_to_fill
+        self.device_reuse = device_reuse
+        self.max_model_version = max_model_version
+        self.max_sim_time = max_sim_time
+        self.now = 0.0
+        self.version = 0  # 1 once started: version 1 is the initial model
+        self.buffered = 0  # counted updates waiting for the next version
+        self.in_flight: dict[str, Dispatch] = {}
+        self.task_counts: dict[str, int] = {}
+        self.selection_seq = 0  # the last selection id issued
+        self.selection_version: dict[int, int] = {}  # selection id -> the model version its devices train
+        self._due: list[tuple[float, str, int]] = []  # heap of (arrival, device, selection id)
+
+    # -- queries ------------------------------------------------------------------------------------------------
+    def next_due(self) -> Dispatch | None:
+        """The in-flight device whose update is applied next (earliest arrival, then device id)."""
+        while self._due:
+            arrival, device, sid = self._due[0]
+            d = self.in_flight.get(device)
+            if d is not None and d.selection_id == sid:
+                return d
+            heapq.heappop(self._due)  # stale entry of an arrival already applied
+        return None
+
+    @property
+    def done(self) -> bool:
+        """No further update will be applied: the last version exists, the time budget is spent, or nothing is in
+        flight."""
+        if self.max_model_version is not None and self.version >= self.max_model_version:
+            return True
+        nxt = self.next_due()
+        return nxt is None or (self.max_sim_time is not None and nxt.arrival > self.max_sim_time)
+
+    def selection(self) -> dict[str, int]:
+        """Device -> selection id of every device in flight (what the leaves see)."""
+        return {d: f.selection_id for d, f in self.in_flight.items()}
+
+    def needed_versions(self) -> set[int]:
+        """Model versions some in-flight device trains, plus the current one."""
+        return {f.base_version for f in self.in_flight.values()} | {self.version}
+
+    # -- transitions --------------------------------------------------------------------------------------------
+    def start(self) -> list[Dispatch]:
+        """The initial model is version 1 at time 0; select the first devices."""
+        if self.version:
+            raise RuntimeError("the schedule has started already")
+        self.version = 1
+        return self._select(self.selection_size)
+
+    def apply(self, device: str, counted: bool = True, at: float | None = None) -> tuple[Arrival, list[Dispatch]]:
+        """Apply the arrival of ``device`` (at its scheduled time, or ``at``: the real-time mode's receipt time);
+        returns it and the devices selected in reply."""
+        dispatch = self.in_flight.pop(device)
+        self.now = max(self.now, dispatch.arrival if at is None else at)
+        tau = self.version - dispatch.base_version
+        made = False
+        if counted:
+            self.buffered += 1
+            if self.buffered >= self.updates_per_version:
+                self.buffered = 0
+                self.version += 1
+                made = True
+        target = self.version if made else self.version + 1
+        self.pool.release(device, retire=not self.device_reuse)
+        selected: list[Dispatch] = []
+        holes = self.selection_size - len(self.in_flight)
+        last = self.max_model_version is not None and self.version >= self.max_model_version
+        if holes >= self.min_hole_to_fill and not last:
+            selected = self._select(holes)
+        arrival = Arrival(device, dispatch.base_version, dispatch.arrival, tau, target, made, counted)
+        return arrival, selected
+
+    def _select(self, count: int) -> list[Dispatch]:
+        devices = self.pool.sample(count)
+        if not devices:
+            return []
+        self.selection_seq += 1
+        sid = self.selection_seq
+        self.selection_version[sid] = self.version
+        out = []
+        for device in sorted(devices):
+            n = self.task_counts.get(device, 0)
+            self.task_counts[device] = n + 1
+            arrival = self.now + self.delays.durations(device, n).total
+            d = Dispatch(device, sid, self.version, self.now, arrival, n)
+            self.in_flight[device] = d
+            heapq.heappush(self._due, (arrival, device, sid))
+            out.append(d)
+        live = {f.selection_id for f in self.in_flight.values()}
+        self.selection_version = {s: v for s, v in self.selection_version.items() if s in live}
+        return out
+
+    # -- checkpointing ------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "now": self.now,
+            "version": self.version,
+            "buffered": self.buffered,
+            "in_flight": [d.to_dict() for d in self.in_flight.values()],
+            "task_counts": dict(self.task_counts),
+            "selection_seq": self.selection_seq,
+            "selection_version": {str(k): v for k, v in self.selection_version.items()},
+            "pool": self.pool.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.now, self.version, self.buffered = state["now"], state["version"], state["buffered"]
+        self.in_flight = {d["device"]: Dispatch(**d) for d in state["in_flight"]}
+        self._due = [(d.arrival, d.device, d.selection_id) for d in self.in_flight.values()]
+        heapq.heapify(self._due)
+        self.task_counts = dict(state["task_counts"])
+        self.selection_seq = state["selection_seq"]
+        self.selection_version = {int(k): v for k, v in state["selection_version"].items()}
+        self.pool.load_state_dict(state["pool"])

@@ -1,0 +1,153 @@
+"""The leaf and relay side of exact time: a device gets the version it was selected for, each device's update goes
+up on its own, a leaf keeps exactly the versions its selected devices still need, and devices register once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from nvflare.apis.dxo import DXO, DataKind, from_dict
+from nvflare.apis.fl_constant import ReservedKey
+from nvflare.apis.fl_context import FLContext
+from nvflare.apis.shareable import Shareable
+from nvflare.edge.constants import CookieKey, EdgeApiStatus, MsgKey
+from nvflare.edge.mud import BaseState, PropKey, StateUpdateReply, StateUpdateReport
+from nvflare.edge.web.models.device_info import DeviceInfo
+from nvflare.edge.web.models.result_report import ResultReport
+from nvflare.edge.web.models.task_request import TaskRequest
+from nvflare.edge.web.models.user_info import UserInfo
+
+from aggregation.leaf_executor import EdgeSimExecutor
+from aggregation.versioned_updater import VersionedUpdater
+from common.protocol import DEVICE_RANGES, DEVICE_UPDATES, MODELS, SELECTION_VERSIONS
+
+
+def model(version: int) -> DXO:
+    return DXO(DataKind.WEIGHTS, {"w": np.full(2, float(version), np.float32)})
+
+
+def reply(version: int, selection: dict[str, int], sid_versions: dict[int, int], extra: tuple[int, ...] = (),
+          selection_version: int = 1) -> Shareable:  # fmt: skip
+    r = StateUpdateReply(version, model(version), selection_version, selection).to_shareable()
+    r[PropKey.DEVICE_SELECTION] = selection
+    r[SELECTION_VERSIONS] = sid_versions
+    if extra:
+        r[MODELS] = {v: model(v) for v in extra}
+    return r
+
+
+def started_updater() -> VersionedUpdater:
+    updater = VersionedUpdater()
+    updater.start_task(BaseState(0, None, 0, {}).to_shareable(), FLContext())
+    return updater
+
+
+def ctx(name: str = "site-1") -> FLContext:
+    c = FLContext()
+    c.set_prop(ReservedKey.IDENTITY_NAME, name, private=True, sticky=False)
+    c.set_prop(ReservedKey.RUN_NUM, "job-1", private=True, sticky=False)
+    return c
+
+
+def test_a_leaf_keeps_the_versions_its_selected_devices_still_fetch_and_forgets_them_after():
+    updater = started_updater()
+    updater.process_parent_update_reply(
+        reply(5, {"site-1#0": 11, "site-1#1": 12, "site-1#2": 13}, {11: 3, 12: 4, 13: 5}, extra=(3, 4)), FLContext()
+    )
+    state = updater.current_state
+    assert (state.model_version, sorted(state.models)) == (5, [3, 4, 5])
+    assert state.selection_versions == {11: 3, 12: 4, 13: 5}
+    updater.mark_fetched("site-1#0", 11)  # its task was handed out: version 3 is no longer needed here
+    updater.process_parent_update_reply(
+        reply(6, {"site-1#0": 11, "site-1#1": 12, "site-1#2": 13}, {11: 3, 12: 4, 13: 5}, selection_version=2),
+        FLContext(),
+    )
+    assert sorted(updater.current_state.models) == [4, 5, 6]
+
+
+def test_each_device_update_and_device_range_goes_up_once_unsummed():
+    updater = started_updater()
+    local = StateUpdateReport(0, 0, None, None).to_shareable()
+    local.set_header("edgesim_local_report", True)
+    local[DEVICE_RANGES] = {"site-1": [100, "site-1"]}
+    local[DEVICE_UPDATES] = [{"device": "site-1#0", "selection_id": 3, "base_version": 2, "diff": {}, "count": 1},
+                             {"device": "site-1#1", "selection_id": 3, "base_version": 2, "diff": {}, "count": 1}]  # fmt: skip
+    assert updater.process_child_update(local, FLContext()) == (True, None)
+    first = updater.prepare_update_for_parent(FLContext())
+    assert [u["device"] for u in first[DEVICE_UPDATES]] == ["site-1#0", "site-1#1"]
+    assert first[DEVICE_RANGES] == {"site-1": [100, "site-1"]}
+    updater.process_parent_update_reply(reply(2, {}, {}), FLContext())
+    second = updater.prepare_update_for_parent(FLContext())
+    assert DEVICE_UPDATES not in second and DEVICE_RANGES not in second  # sent once, confirmed by the reply
+
+
+def test_a_relay_replies_to_a_child_with_the_versions_it_lacks():
+    relay = started_updater()
+    relay.process_parent_update_reply(reply(7, {"site-3#0": 21, "site-3#1": 22}, {21: 4, 22: 6}, extra=(4, 6)),
+                                      FLContext())  # fmt: skip
+    child_report = StateUpdateReport(5, 0, None, None).to_shareable()  # the child holds version 5 and older
+    ok, answer = relay.process_child_update(child_report, FLContext())
+    assert ok and answer.get_header(PropKey.MODEL_VERSION) == 7
+    assert sorted(answer[MODELS]) == [6]  # not 4 (the child has it), not 7 (the reply's own model)
+    assert answer[PropKey.DEVICE_SELECTION] == {"site-3#0": 21, "site-3#1": 22}
+    assert answer[SELECTION_VERSIONS] == {21: 4, 22: 6}
+
+
+def executor_with_state(versions: dict[int, int], selection: dict[str, int]) -> tuple[EdgeSimExecutor, object]:
+    """An executor whose updater holds ``versions`` (selection id -> version) and a task for ``selection``."""
+    executor = EdgeSimExecutor()
+    updater = executor.get_updater(FLContext())
+    updater.start_task(BaseState(0, None, 0, {}).to_shareable(), FLContext())
+    held = sorted(set(versions.values()))
+    updater.process_parent_update_reply(reply(max(held), selection, versions, extra=tuple(held[:-1])), FLContext())
+    executor.accept_update = lambda task_id, update, fl_ctx: updater.process_child_update(update, fl_ctx)[0]
+    task = type("Task", (), {"task": updater.current_state, "id": "task-1", "name": "train"})()
+    return executor, task
+
+
+def request(device_id: str, cookie=None) -> TaskRequest:
+    return TaskRequest(DeviceInfo(device_id, "app", "1"), UserInfo(device_id), "job-1", cookie)
+
+
+def test_a_device_gets_the_model_version_of_its_selection_not_the_newest():
+    executor, task = executor_with_state({31: 2, 32: 5}, {"site-1#0": 31, "site-1#1": 32})
+    response = executor.process_edge_task_request(request("site-1#0"), task, ctx())
+    assert response.status == EdgeApiStatus.OK
+    assert response.cookie == {CookieKey.MODEL_VERSION: 2, CookieKey.DEVICE_SELECTION_ID: 31}
+    sent = from_dict(response.task_data)
+    assert sent.get_meta_prop(MsgKey.MODEL_VERSION) == 2 and sent.data["w"][0] == 2.0
+    again = executor.process_edge_task_request(request("site-1#0", response.cookie), task, ctx())
+    assert again.status == EdgeApiStatus.RETRY  # the same selection is not trained twice
+    assert executor.process_edge_task_request(request("site-1#9"), task, ctx()).status == EdgeApiStatus.RETRY
+
+
+def test_a_result_goes_up_as_that_devices_own_update_with_its_selection_and_base_version():
+    executor, task = executor_with_state({31: 2}, {"site-1#0": 31})
+    diff = DXO(DataKind.WEIGHT_DIFF, {"dict": {"w": np.ones(2, np.float32)}, "count": 1}).to_dict()
+    cookie = {CookieKey.MODEL_VERSION: 2, CookieKey.DEVICE_SELECTION_ID: 31}
+    report = ResultReport(DeviceInfo("site-1#0", "app", "1"), UserInfo("site-1#0"), "job-1", "task-1", "train",
+                          status=EdgeApiStatus.OK, result=diff, cookie=cookie)  # fmt: skip
+    executor.process_edge_result_report(report, task, ctx())
+    (update,) = executor.updater.prepare_update_for_parent(FLContext())[DEVICE_UPDATES]
+    assert (update["device"], update["selection_id"], update["base_version"], update["count"]) == ("site-1#0", 31, 2, 1)
+    np.testing.assert_array_equal(update["diff"]["w"], np.ones(2))
+
+
+def test_a_simulated_leaf_registers_its_range_once_and_its_devices_are_known_by_it():
+    executor, _ = executor_with_state({31: 2}, {"site-1#0": 31})
+    executor.accept_alive_device("site-1?1000", ctx())
+    executor.accept_alive_device("site-1?1000", ctx())
+    executor.accept_alive_device("site-1#999", ctx())  # inside the range: nothing new
+    report = executor.updater.prepare_update_for_parent(FLContext())
+    assert report[DEVICE_RANGES] == {"site-1": [1000, "site-1"]}
+    assert not StateUpdateReport.from_shareable(report).available_devices
+
+
+@pytest.mark.parametrize("missing", [CookieKey.MODEL_VERSION, CookieKey.DEVICE_SELECTION_ID])
+def test_a_result_without_its_cookie_is_refused(missing):
+    executor, task = executor_with_state({31: 2}, {"site-1#0": 31})
+    cookie = {CookieKey.MODEL_VERSION: 2, CookieKey.DEVICE_SELECTION_ID: 31}
+    del cookie[missing]
+    report = ResultReport(DeviceInfo("site-1#0", "app", "1"), UserInfo("site-1#0"), "job-1", "task-1", "train",
+                          status=EdgeApiStatus.OK, result=DXO(DataKind.WEIGHT_DIFF, {"dict": {"w": np.ones(1)}}).to_dict(),
+                          cookie=cookie)  # fmt: skip
+    assert executor.process_edge_result_report(report, task, ctx()).status == EdgeApiStatus.ERROR

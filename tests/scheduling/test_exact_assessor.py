@@ -1,0 +1,135 @@
+"""The server applies updates in simulated arrival order however late, out of order or bunched the leaves report
+them: its trace and its model equal the reference's. NVFlare-job free: the assessor, a real model manager and a
+persistor run on a stand-in engine, and scripted leaves report through the assessor's NVFlare interface."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+from nvflare.apis.event_type import EventType
+from nvflare.apis.fl_constant import ReservedKey
+from nvflare.apis.fl_context import FLContext
+from nvflare.app_common.abstract.learnable_persistor import LearnablePersistor
+from nvflare.app_common.abstract.model import make_model_learnable
+from nvflare.app_common.app_constant import AppConstants
+from nvflare.app_common.app_event_type import AppEventType
+from nvflare.edge.assessor import Assessment
+from nvflare.edge.mud import PropKey, StateUpdateReport
+
+from aggregation.model_manager import BufferedModelManager
+from common.delays import DELAY_PRESETS
+from common.protocol import DEVICE_RANGES, DEVICE_UPDATES, MODELS, SELECTION_VERSIONS, SIM_TIME
+from scheduling.exact_assessor import ExactTimeAssessor
+from simulation.event_reference import make_schedule, reference_trace
+from tests.fakes.engine import EventEngine
+
+LEAVES = {"site-1": 12, "site-2": 12}
+
+
+class ZeroPersistor(LearnablePersistor):
+    def load(self, fl_ctx):
+        return make_model_learnable({"w": np.zeros(3, np.float32)}, {})
+
+    def save(self, learnable, fl_ctx):
+        pass
+
+
+def device_diff(device: str, version: int) -> np.ndarray:
+    """A deterministic diff per device and base version (what training would give, without training)."""
+    index = int(device.split("#")[1]) + (100 if device.startswith("site-2") else 0)
+    return np.array([index, version, 1.0], np.float32) / 100
+
+
+class ScriptedLeaf:
+    """Holds what the server told it; trains (instantly) any subset of its selected devices and reports them."""
+
+    def __init__(self, name: str):
+        self.name, self.version, self.selection_version = name, 0, 0
+        self.selection: dict[str, int] = {}
+        self.versions: dict[int, int] = {}
+        self.models: set[int] = set()
+        self.reported: set[tuple[str, int]] = set()
+
+    def report(self, assessor: ExactTimeAssessor, engine: EventEngine, rng: random.Random, first=False) -> None:
+        todo = [(d, s) for d, s in self.selection.items() if (d, s) not in self.reported]
+        rng.shuffle(todo)
+        batch = todo[: rng.randint(0, len(todo))]  # some, in any order; the rest later
+        shareable = StateUpdateReport(self.version, self.selection_version, None, None).to_shareable()
+        if first:
+            shareable[DEVICE_RANGES] = {self.name: [LEAVES[self.name], self.name]}
+        updates = []
+        for device, sid in batch:
+            base = self.versions[sid]
+            assert base in self.models, "the server did not send a version a selected device needs"
+            updates.append({"device": device, "selection_id": sid, "base_version": base,
+                            "diff": {"w": device_diff(device, base)}, "count": 1})  # fmt: skip
+            self.reported.add((device, sid))
+        shareable[DEVICE_UPDATES] = updates
+        ctx = engine.new_context()
+        peer = FLContext()
+        peer.set_prop(ReservedKey.IDENTITY_NAME, self.name, private=True, sticky=False)
+        ctx.set_peer_context(peer)
+        ok, reply = assessor.process_child_update(shareable, ctx)
+        assert ok
+        version = reply.get_header(PropKey.MODEL_VERSION)
+        if version:
+            self.models.add(version)
+            self.models.update(reply.get(MODELS) or {})
+            self.version = version
+        if PropKey.DEVICE_SELECTION in reply:
+            self.selection = reply[PropKey.DEVICE_SELECTION]
+            self.selection_version = reply.get_header(PropKey.DEVICE_SELECTION_VERSION)
+        self.versions = reply.get(SELECTION_VERSIONS) or {}
+
+
+@pytest.mark.parametrize("b, hole", [(2, 1), (1, 1), (8, 8)])
+def test_reports_in_any_order_give_the_reference_trace_and_model(tmp_path, b, hole):
+    kw = dict(selection_size=8, updates_per_version=b, min_hole_to_fill=hole, max_model_version=25)
+    manager = BufferedModelManager(global_lr=0.5)
+    assessor = ExactTimeAssessor("persistor", "model_manager", num_leaves=2, delays=DELAY_PRESETS["paper"].to_dict(),
+                                 seed=4, results_dir=str(tmp_path), **kw)  # fmt: skip
+    engine = EventEngine({"persistor": ZeroPersistor(), "model_manager": manager, "wf_assessor": assessor})
+    engine.fire_event(EventType.START_RUN, engine.new_context())
+    rng = random.Random(0)
+    leaves = [ScriptedLeaf("site-1"), ScriptedLeaf("site-2")]
+    leaves[0].report(assessor, engine, rng, first=True)
+    assert manager.current_version == 0, "no selection before every leaf registered its devices"
+    leaves[1].report(assessor, engine, rng, first=True)
+    for _ in range(5000):
+        if assessor.assess(engine.new_context()) == Assessment.WORKFLOW_DONE:
+            break
+        rng.choice(leaves).report(assessor, engine, rng)
+    engine.fire_event(EventType.END_RUN, engine.new_context())
+
+    expected = reference_trace(make_schedule(DELAY_PRESETS["paper"], 4, LEAVES, **kw))
+    trace = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert trace == expected
+    # the model: each version the mean of its B diffs, x 0.5, in order
+    weights = np.zeros(3, np.float32)
+    for version in range(2, 26):
+        diffs = [device_diff(r["device"], r["base_version"]) for r in expected if r["version"] == version]
+        total = diffs[0].copy()
+        for d in diffs[1:]:
+            total += d
+        weights = weights + np.float32(0.5 / len(diffs)) * total
+    assert manager.current_version == 25
+    np.testing.assert_array_equal(manager.current_weights["w"], weights)
+
+
+def test_the_model_manager_announces_each_version_with_its_simulated_time():
+    seen = []
+
+    class Listener(ZeroPersistor):
+        def handle_event(self, event_type, fl_ctx):
+            if event_type == AppEventType.GLOBAL_WEIGHTS_UPDATED:
+                seen.append((fl_ctx.get_prop(AppConstants.CURRENT_ROUND), fl_ctx.get_prop(SIM_TIME)))
+
+    manager = BufferedModelManager()
+    engine = EventEngine({"m": manager, "l": Listener()})
+    ctx = engine.new_context()
+    manager.start({"w": np.zeros(1)}, ctx)
+    manager.make_version(2.5, ctx)
+    assert seen == [(1, 0.0), (2, 2.5)]

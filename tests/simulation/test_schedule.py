@@ -1,0 +1,146 @@
+"""Exact simulated time: the schedule's semantics on hand-computed examples, and the reference trace's invariants."""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+import pytest
+
+from common.delays import DELAY_PRESETS
+from simulation.device_pool import DevicePool
+from simulation.event_reference import make_schedule, reference_trace
+from simulation.schedule import ExactSchedule
+
+
+@dataclass(frozen=True)
+class Total:
+    total: float
+
+
+class FixedDelays:
+    """Durations from a table: (device, task number) -> total seconds."""
+
+    def __init__(self, table: dict[tuple[str, int], float]):
+        self.table = table
+
+    def durations(self, device: str, n: int) -> Total:
+        return Total(self.table[(device, n)])
+
+
+def schedule(devices, table, k, b, hole, **kw) -> ExactSchedule:
+    pool = DevicePool(seed=0)
+    for d in devices:
+        pool.register(d, "leaf")
+    return ExactSchedule(pool, FixedDelays(table), k, b, hole, **kw)
+
+
+def run(s: ExactSchedule) -> list[tuple]:
+    s.start()
+    out = []
+    while not s.done:
+        a, _ = s.apply(s.next_due().device)
+        out.append((a.device, a.base_version, a.arrival, a.tau, a.version, a.made_version))
+    return out
+
+
+def test_one_update_per_version_in_arrival_order_with_replacements_at_the_arrival_time():
+    # 3 devices, all in flight (K = 3), B = 1: every arrival makes a version and its device is reselected at once
+    table = {("a", 0): 5, ("b", 0): 3, ("c", 0): 9, ("b", 1): 1, ("b", 2): 10, ("a", 1): 2, ("a", 2): 20}
+    s = schedule("abc", table, k=3, b=1, hole=1, max_model_version=6)
+    assert run(s) == [
+        ("b", 1, 3, 0, 2, True),  # b reselected at t=3 to train version 2, arrives at 4
+        ("b", 2, 4, 0, 3, True),  # reselected at t=4 (version 3), arrives at 14
+        ("a", 1, 5, 2, 4, True),  # a trained version 1; versions 2 and 3 were made meanwhile: tau 2
+        ("a", 4, 7, 0, 5, True),  # reselected at t=5, 2 s
+        ("c", 1, 9, 4, 6, True),  # the last version: nothing more is applied or selected
+    ]
+    assert s.version == 6 and s.done
+
+
+def test_a_version_is_made_from_exactly_b_updates_at_the_bth_arrival():
+    table = {(d, n): t for d, times in {"a": [1, 4, 9], "b": [2, 2, 9], "c": [6, 9, 9]}.items()
+             for n, t in enumerate(times)}  # fmt: skip
+    s = schedule("abc", table, k=3, b=2, hole=1, max_model_version=3)
+    assert run(s) == [
+        ("a", 1, 1, 0, 2, False),  # first of a pair: version 2 will hold it; a reselected to train version 1
+        ("b", 1, 2, 0, 2, True),  # the second: version 2 made at t=2; b reselected to train version 2
+        ("b", 2, 4, 0, 3, False),  # b's second task (from t=2, 2 s)
+        ("a", 1, 5, 1, 3, True),  # a's second task (from t=1, 4 s) trained version 1, version 2 exists: tau 1
+    ]
+
+
+def test_synchronous_rounds_wait_for_the_slowest_device_and_reselect_everyone_at_its_arrival():
+    table = {("a", 0): 4, ("b", 0): 7, ("c", 0): 2, ("a", 1): 1, ("b", 1): 1, ("c", 1): 5}
+    s = schedule("abc", table, k=3, b=3, hole=3, max_model_version=3)
+    events = run(s)
+    assert [e[:3] for e in events] == [("c", 1, 2), ("a", 1, 4), ("b", 1, 7), ("a", 2, 8), ("b", 2, 8), ("c", 2, 12)]
+    assert [e[4:] for e in events] == [(2, False), (2, False), (2, True), (3, False), (3, False), (3, True)]
+    assert all(e[3] == 0 for e in events)  # synchronous: never stale
+
+
+def test_ties_are_broken_by_device_id():
+    table = {(d, n): 1.0 for d in "cab" for n in range(3)}
+    s = schedule("cab", table, k=3, b=1, hole=3, max_model_version=4)
+    assert [e[0] for e in run(s)][:3] == ["a", "b", "c"]
+
+
+def test_a_failed_device_frees_its_slot_but_does_not_count_towards_b():
+    table = {("a", 0): 1, ("b", 0): 2, ("a", 1): 5, ("b", 1): 5}
+    s = schedule("ab", table, k=2, b=1, hole=1, max_model_version=5)
+    s.start()
+    failed, selected = s.apply("a", counted=False)
+    assert (failed.made_version, failed.version, s.version) == (False, 2, 1)
+    assert [d.device for d in selected] == ["a"] and selected[0].base_version == 1
+    ok, _ = s.apply(s.next_due().device)
+    assert (ok.device, ok.made_version, s.version) == ("b", True, 2)
+
+
+def test_the_time_budget_stops_before_the_first_later_arrival():
+    table = {("a", n): 3.0 for n in range(10)}
+    s = schedule("a", table, k=1, b=1, hole=1, max_sim_time=10.0)
+    assert [e[2] for e in run(s)] == [3, 6, 9]
+
+
+@pytest.mark.parametrize("method, b, hole", [("fedbuff", 2, 1), ("fedrevive", 1, 1), ("fedavg", 20, 20)])
+def test_reference_trace_invariants_with_the_papers_delays(method, b, hole):
+    s = make_schedule(DELAY_PRESETS["paper"], seed=5, leaves={"site-1": 30, "site-2": 30}, selection_size=20,
+                      updates_per_version=b, min_hole_to_fill=hole, max_model_version=40)  # fmt: skip
+    trace = reference_trace(s)
+    per_version = collections.Counter(r["version"] for r in trace)
+    assert set(per_version.values()) == {b}, per_version  # exactly B updates in every version
+    assert sorted(per_version) == list(range(2, 41))
+    arrivals = [r["arrival"] for r in trace]
+    assert arrivals == sorted(arrivals)
+    assert all(r["tau"] == r["version"] - 1 - r["base_version"] for r in trace)
+    if method == "fedavg":
+        assert {r["tau"] for r in trace} == {0}
+    else:
+        assert max(r["tau"] for r in trace) > 1  # asynchronous: stale updates happen
+
+
+def test_reference_trace_is_a_function_of_the_seed():
+    def trace(seed):
+        return reference_trace(make_schedule(DELAY_PRESETS["paper"], seed, {"site-1": 10, "site-2": 10}, 8, 1, 1,
+                                             max_model_version=30))  # fmt: skip
+
+    assert trace(1) == trace(1)
+    assert trace(1) != trace(2)
+
+
+def test_a_checkpointed_schedule_continues_exactly_like_the_original():
+    def fresh():
+        return make_schedule(DELAY_PRESETS["paper"], 3, {"site-1": 15, "site-2": 15}, 10, 2, 1, max_model_version=25)
+
+    full = reference_trace(fresh())
+    s = fresh()
+    s.start()
+    head = []
+    for _ in range(12):
+        head.append(s.apply(s.next_due().device)[0].trace_record())
+    resumed = fresh()
+    resumed.load_state_dict(s.state_dict())
+    tail = []
+    while not resumed.done:
+        tail.append(resumed.apply(resumed.next_due().device)[0].trace_record())
+    assert head + tail == full
