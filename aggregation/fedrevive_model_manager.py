@@ -54,6 +54,8 @@ class FedReviveModelManager(BufferedModelManager):
         self._log = JsonlWriter(os.path.join(output_dir(self.results_dir, fl_ctx), "fedrevive_log.jsonl"))
 
     def add_update(self, update: DeviceUpdate, tau: int, fl_ctx: FLContext) -> None:
+        if update.group is not None:
+            raise ValueError("FedRevive revives each device's update: its leaves must not sum them")
         delta = as_float32_arrays(update.diff)
         base = self.weights_of(update.base_version)
         self.distiller.observe_client_model(update.device, {k: base[k] + delta[k] for k in delta})

@@ -51,16 +51,18 @@ def retry(job_id: str, message: str) -> TaskResponse:
 class EdgeSimExecutor(EdgeModelExecutor):
     """Args:
     update_timeout: seconds to wait for the parent to take an update.
+    sum_selections: a synchronous run: the leaf sends one sum per selection (``VersionedUpdater``).
     """
 
-    def __init__(self, update_timeout: float = 10.0):
+    def __init__(self, update_timeout: float = 10.0, sum_selections: bool = False):
         super().__init__(aggr_factory_id="", max_model_versions=None, update_timeout=update_timeout)
+        self.sum_selections = sum_selections
         self.updater: VersionedUpdater | None = None
         self._registered_ranges: dict[str, int] = {}
         self._registered: set[str] = set()
 
     def get_updater(self, fl_ctx: FLContext) -> VersionedUpdater:
-        self.updater = VersionedUpdater()
+        self.updater = VersionedUpdater(self.sum_selections)
         return self.updater
 
     # -- no rendering of payloads (overrides of NVFlare's private handlers: NVFLARE_PRIVATE_OVERRIDES) ------------

@@ -3,7 +3,9 @@
 ``global <- global + global_lr * mean(buffered diffs)``, as NVFlare's ``BuffModelManager`` and the FedRevive
 reference (``add_update_to_params``) do; a version is made when the server's schedule says so (after exactly B
 updates, ``scheduling.exact_assessor``). Diffs are added in the order the schedule applies them, into a float32
-sum, so the same run gives the same bits whatever order leaves reported in.
+sum, so the same run gives the same bits whatever order leaves reported in. In a synchronous run the leaves send
+one sum per selection (``common.protocol.SelectionSum``), added when its first device is applied: again a fixed
+order.
 
 Version 1 is the initial model. Every version some in-flight device still trains stays available
 (``retain``): the assessor sends it to leaves that lack it, and FedRevive rebuilds client models from it. Weights
@@ -44,6 +46,7 @@ class BufferedModelManager(FLComponent):
         self._dxos: dict[int, DXO] = {}
         self._sum: dict[str, np.ndarray] | None = None
         self._count = 0
+        self._groups: list = []  # the selection sums already in the buffer
 
     @property
     def current_weights(self) -> dict[str, np.ndarray]:
@@ -67,8 +70,13 @@ class BufferedModelManager(FLComponent):
         self._announce(0.0, fl_ctx)
 
     def add_update(self, update: DeviceUpdate, tau: int, fl_ctx: FLContext) -> None:
-        """Buffer one device's diff (``tau``: its staleness, unused here)."""
-        self._accumulate(as_float32_arrays(update.diff), update.count)
+        """Buffer one device's diff (``tau``: its staleness, unused here). A device whose diff came summed with
+        its selection's (a synchronous run) adds that sum once, when the first of them is applied."""
+        if update.group is None:
+            self._accumulate(as_float32_arrays(update.diff), update.count)
+        elif not any(g is update.group for g in self._groups):
+            self._groups.append(update.group)
+            self._accumulate(as_float32_arrays(update.group.diff), update.group.count)
 
     def _accumulate(self, diff: dict[str, np.ndarray], count: int) -> None:
         if self._sum is None:
@@ -85,7 +93,7 @@ class BufferedModelManager(FLComponent):
             scale = np.float32(self.global_lr / self._count)
             for k, v in self._sum.items():
                 new[k] += scale * v
-        self._sum, self._count = None, 0
+        self._sum, self._count, self._groups = None, 0, []
         self.current_version += 1
         self._versions[self.current_version] = new
         self._announce(sim_time, fl_ctx)

@@ -8,7 +8,10 @@ each device's update on its own (``scheduling.exact_assessor``), so ``VersionedU
   and forgets a version once no selected device of this node still has to fetch it;
 * knows which version each selection id trains (``SELECTION_VERSIONS``);
 * forwards each device's update unchanged (``DEVICE_UPDATES``) instead of summing them: the server needs each
-  one's device, selection and base version, and sums in the schedule's order (the same bits every run);
+  one's device, selection and base version, and sums in the schedule's order (the same bits every run). In a
+  synchronous run (``sum_selections``) every device of a selection goes into the same version, so the leaf sends
+  one sum per selection instead, once all its devices of that selection have reported, added in device-id order
+  (``SELECTION_SUMS``): the same bits every run, and one model-sized message instead of one per device;
 * registers its devices once, as ranges (``DEVICE_RANGES``), instead of re-sending every device on every sync.
 
 As a relay it does the same for its children: merges what they send up, and replies to each with the versions it
@@ -26,7 +29,16 @@ from nvflare.apis.shareable import Shareable
 from nvflare.edge.mud import BaseState, PropKey, StateUpdateReply, StateUpdateReport
 from nvflare.edge.updater import Updater
 
-from common.protocol import DEVICE_RANGES, DEVICE_UPDATES, LOCAL_REPORT, MODELS, SELECTION_VERSIONS
+from common.protocol import (
+    DEVICE_RANGES,
+    DEVICE_UPDATES,
+    LOCAL_REPORT,
+    MODELS,
+    SELECTION_SUMS,
+    SELECTION_VERSIONS,
+    DeviceUpdate,
+    SelectionSum,
+)
 
 
 class VersionedState(BaseState):
@@ -48,8 +60,15 @@ class VersionedState(BaseState):
 
 
 class VersionedUpdater(Updater):
-    def __init__(self):
+    """Args:
+    sum_selections: a synchronous run: send one sum per selection (see the module docstring).
+    """
+
+    def __init__(self, sum_selections: bool = False):
         super().__init__()
+        self.sum_selections = sum_selections
+        self._buckets: dict[int, list[DeviceUpdate]] = {}  # selection id -> its reported device updates
+        self._sums: list[dict] = []  # complete selection sums to send up
         self._lock = threading.Lock()
         self._models: dict[int, DXO] = {}
         self._selection_versions: dict[int, int] = {}
@@ -75,8 +94,18 @@ class VersionedUpdater(Updater):
                 if (d, sid) not in self._fetched and sid in self._selection_versions}  # fmt: skip
 
     # -- up: report to the parent -------------------------------------------------------------------------------
+    def _complete_sums(self) -> None:
+        """Move every selection whose devices (of this node's selection) have all reported into ``_sums``."""
+        selection = self.current_state.device_selection
+        for sid in list(self._buckets):
+            reported = {u.device for u in self._buckets[sid]}
+            expected = {d for d, s in selection.items() if s == sid}
+            if reported >= expected:
+                self._sums.append(SelectionSum.of(self._buckets.pop(sid)).to_dict())
+
     def prepare_update_for_parent(self, fl_ctx: FLContext) -> Shareable | None:
         with self._lock:
+            self._complete_sums()
             state = self.current_state
             report = StateUpdateReport(state.model_version, state.device_selection_version, None,
                                        self._devices_unsent or None).to_shareable()  # fmt: skip
@@ -86,6 +115,8 @@ class VersionedUpdater(Updater):
                 self._ranges_sent, self._ranges_unsent = self._ranges_unsent, {}
             if self._pending:
                 report[DEVICE_UPDATES], self._pending = self._pending, []
+            if self._sums:
+                report[SELECTION_SUMS], self._sums = self._sums, []
             return report
 
     # -- down: the parent's reply -------------------------------------------------------------------------------
@@ -116,12 +147,19 @@ class VersionedUpdater(Updater):
     def process_child_update(self, update: Shareable, fl_ctx: FLContext) -> tuple[bool, Shareable | None]:
         report = StateUpdateReport.from_shareable(update)
         with self._lock:
-            self._pending.extend(update.get(DEVICE_UPDATES) or ())
+            local = bool(update.get_header(LOCAL_REPORT))
+            if self.sum_selections and local:
+                for entry in update.get(DEVICE_UPDATES) or ():
+                    u = DeviceUpdate.from_dict(entry)
+                    self._buckets.setdefault(u.selection_id, []).append(u)
+            else:
+                self._pending.extend(update.get(DEVICE_UPDATES) or ())
+            self._sums.extend(update.get(SELECTION_SUMS) or ())  # from children: forwarded as they are
             for prefix, entry in (update.get(DEVICE_RANGES) or {}).items():
                 if self._ranges.get(prefix) != list(entry):
                     self._ranges[prefix] = self._ranges_unsent[prefix] = list(entry)
             self._devices_unsent.update(report.available_devices or {})
-            if update.get_header(LOCAL_REPORT):
+            if local:
                 return True, None
             return True, self._reply_to_child(report)
 
@@ -145,4 +183,4 @@ class VersionedUpdater(Updater):
     def end_task(self, fl_ctx: FLContext) -> None:
         super().end_task(fl_ctx)
         with self._lock:
-            self._models, self._pending = {}, []
+            self._models, self._pending, self._buckets, self._sums = {}, [], {}, []

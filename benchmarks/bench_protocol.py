@@ -7,6 +7,9 @@ evaluated version: devices per second, and CPU milliseconds per device for the s
 It also trains the same number of devices in this process with the job's own task processor and engine (no
 NVFlare): the training floor per device. Leaf CPU minus that floor is the protocol's cost on the leaf.
 
+``--baseline-rev REV``: runs the same job first on an earlier commit of this repository (a temporary git
+worktree, its own code on ``PYTHONPATH``), then on this one, and prints the ratio of devices per second.
+
 ``--pool 100,10000,100000,1000000``: the same job at a fixed selection (``--selection``, default 200) with each
 pool size per leaf; prints seconds per version and peak memory per pool, each as a ratio to the smallest pool,
 and the memory each idle device adds.
@@ -15,13 +18,16 @@ and the memory each idle device adds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.harness import run_job  # noqa: E402
+from benchmarks.harness import REPO, run_job  # noqa: E402
 
 NEAR_ZERO_TRAINING = ["--local-iters", "1", "--local-batch-size", "8", "--subset-size", "32"]
 
@@ -53,10 +59,35 @@ def training_floor_ms(devices: int, seed: int, synthetic_size: int, group: int) 
     return 1000 * (time.process_time() - started) / devices
 
 
+@contextlib.contextmanager
+def worktree(rev: str, work: str):
+    """A temporary checkout of ``rev`` (its own code first on ``PYTHONPATH``), removed afterwards."""
+    path = os.path.join(work, f"rev-{rev}")
+    subprocess.run(["git", "-C", REPO, "worktree", "add", "--detach", path, rev], check=True, capture_output=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", path], capture_output=True)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def devices_per_second(result) -> float:
+    steady = result.steady_state()
+    return steady["devices"] / steady["wall_seconds"]
+
+
 def throughput(args, work: str) -> None:
     selection = args.selection or args.leaves * args.devices_per_leaf
-    result = run_job("jobs/pt_job_fedavg.py", [*job_flags(args, args.devices_per_leaf, selection),
-                     "--workspace", os.path.join(work, "ws")], os.path.join(work, "out"))  # fmt: skip
+    flags = job_flags(args, args.devices_per_leaf, selection)
+    baseline = None
+    if args.baseline_rev:
+        print(f"running {args.baseline_rev} ...", flush=True)
+        with worktree(args.baseline_rev, work) as tree:
+            baseline = run_job("jobs/pt_job_fedavg.py", [*flags, "--workspace", os.path.join(work, "ws-base")],
+                               os.path.join(work, "out-base"), repo=tree)  # fmt: skip
+    print("running this commit ...", flush=True)
+    result = run_job("jobs/pt_job_fedavg.py", [*flags, "--workspace", os.path.join(work, "ws")],
+                     os.path.join(work, "out"))  # fmt: skip
     steady = result.steady_state()
     per_device = {role: 1000 * cpu / steady["devices"] for role, cpu in steady["cpu"].items()}
     group = result.metrics["planner"].get("group_size", 1)
@@ -69,6 +100,10 @@ def throughput(args, work: str) -> None:
         print(f"  CPU ms per device, {role:7s}: {per_device[role]:.2f}")
     print(f"  training floor (same processor, groups of {group}, no NVFlare): {floor:.2f} CPU ms per device")
     print(f"  leaf CPU beyond training: {per_device['leaves'] - floor:.2f} ms per device")
+    if baseline is not None:
+        base = devices_per_second(baseline)
+        print(f"  {args.baseline_rev}: {base:.1f} devices per second (same job)")
+        print(f"speedup over {args.baseline_rev}: {devices_per_second(result) / base:.1f}x")
 
 
 def pools(args, work: str) -> None:
@@ -101,6 +136,7 @@ def main() -> None:
     p.add_argument("--synthetic-size", type=int, default=4000)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--pool", default="", help="comma-separated devices per leaf, e.g. 100,10000,100000,1000000")
+    p.add_argument("--baseline-rev", default="", help="an earlier commit to run the same job on first (ratio)")
     args = p.parse_args()
     work = tempfile.mkdtemp(prefix="bench_protocol_")
     if args.pool:

@@ -2,8 +2,8 @@
 
 While the job runs, a sampler thread reads the job's process tree every ``sample_s`` seconds with psutil: the peak
 resident memory of the whole tree, and each process's CPU seconds by role. In SimEnv the driver (``jobs/...``)
-starts NVFlare's simulator, whose main process runs the server and whose child processes run one leaf each, so
-the roles are ``driver``, ``server`` and ``leaves``. Each time ``metrics.json`` gains an evaluated version the
+starts NVFlare's simulator, whose processes run the server and start one ``simulator_worker`` process per leaf,
+so the roles are ``driver``, ``server`` and ``leaves``. Each time ``metrics.json`` gains an evaluated version the
 sampler records the CPU seconds of every role at that moment, so a benchmark can take the CPU spent between two
 versions (steady state, without start-up) and divide it by the devices trained in between.
 """
@@ -54,23 +54,29 @@ class JobResult:
 
 
 def role_of(proc: psutil.Process, root: psutil.Process) -> str:
-    """driver (the job script), server (NVFlare's simulator main process) or leaves (its children)."""
+    """driver (the job script), leaves (NVFlare's ``simulator_worker`` processes, one per leaf) or server (the
+    simulator's own processes, which run the server)."""
     if proc.pid == root.pid:
         return "driver"
     try:
-        parent = proc.parent()
+        cmdline = " ".join(proc.cmdline())
     except psutil.Error:
-        return "leaves"
-    return "server" if parent is not None and parent.pid == root.pid else "leaves"
+        return "server"
+    return "leaves" if "simulator_worker" in cmdline else "server"
 
 
-def run_job(script: str, flags: list[str], out: str, sample_s: float = 0.2, timeout: float | None = None) -> JobResult:
-    """Run ``python <script> <flags> --output <out>`` from the repository root and measure it; exit with the
-    job's output if it fails."""
+def run_job(script: str, flags: list[str], out: str, sample_s: float = 0.2, timeout: float | None = None,
+            repo: str = REPO) -> JobResult:  # fmt: skip
+    """Run ``python <script> <flags> --output <out>`` from the root of ``repo`` (another checkout: its code goes
+    first on ``PYTHONPATH``, for every process of the job) and measure it; exit with the job's output if it
+    fails."""
     started = time.time()
+    env = dict(os.environ)
+    if repo != REPO:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
     popen = subprocess.Popen(
-        [sys.executable, os.path.join(REPO, script), *flags, "--output", out],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [sys.executable, os.path.join(repo, script), *flags, "--output", out],
+        cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     root = psutil.Process(popen.pid)
     cpu_by_pid: dict[int, tuple[str, float]] = {}

@@ -4,8 +4,10 @@ NVFlare's edge protocol (``nvflare.edge.mud``) carries one model and sums device
 simulated time needs more, added as extra keys of the same messages, which NVFlare's own code ignores:
 
 * up (leaf -> relay -> server, in ``StateUpdateReport`` shareables): ``DEVICE_UPDATES``, each device's own update
-  with the selection it answers and the version it trained; ``DEVICE_RANGES``, the devices a leaf simulates, sent
-  once as ranges (``prefix`` -> count), not as one entry per device on every sync;
+  with the selection it answers and the version it trained; ``SELECTION_SUMS``, in synchronous runs, one summed
+  update per selection and leaf instead (every device of a synchronous selection goes into the same version, so
+  the sum, taken in device-id order, gives the same bits every run); ``DEVICE_RANGES``, the devices a leaf
+  simulates, sent once as ranges (``prefix`` -> count), not as one entry per device on every sync;
 * down (server -> relay -> leaf, in ``StateUpdateReply`` shareables): ``MODELS``, the model versions the child
   still needs for its selected devices; ``SELECTION_VERSIONS``, the model version of each selection id.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 DEVICE_ID_META = "edgesim_device_id"
 
 DEVICE_UPDATES = "edgesim_device_updates"  # list of DeviceUpdate dicts
+SELECTION_SUMS = "edgesim_selection_sums"  # list of SelectionSum dicts
 DEVICE_RANGES = "edgesim_device_ranges"  # {prefix: [count, client name]}
 LOCAL_REPORT = "edgesim_local_report"  # header: a leaf executor's report to its own updater
 MODELS = "edgesim_models"  # {model version: WEIGHTS DXO}
@@ -38,14 +41,16 @@ class DeviceUpdate:
         count: 1, or 0 for a device whose training failed for good (its diff is zeros and counts nothing).
     """
 
-    __slots__ = ("device", "selection_id", "base_version", "diff", "count")
+    __slots__ = ("device", "selection_id", "base_version", "diff", "count", "group")
 
-    def __init__(self, device: str, selection_id: int, base_version: int, diff: dict, count: int = 1):
+    def __init__(self, device: str, selection_id: int, base_version: int, diff: dict | None, count: int = 1,
+                 group: SelectionSum | None = None):  # fmt: skip
         self.device = device
         self.selection_id = selection_id
         self.base_version = base_version
-        self.diff = diff
+        self.diff = diff  # None when the diff travels summed with its selection's (``group``)
         self.count = count
+        self.group = group
 
     def to_dict(self) -> dict:
         return {"device": self.device, "selection_id": self.selection_id, "base_version": self.base_version,
@@ -54,3 +59,46 @@ class DeviceUpdate:
     @classmethod
     def from_dict(cls, d: dict) -> DeviceUpdate:
         return cls(d["device"], int(d["selection_id"]), int(d["base_version"]), d["diff"], int(d.get("count", 1)))
+
+
+class SelectionSum:
+    """The summed updates of one leaf's devices of one selection (synchronous runs).
+
+    Attributes:
+        selection_id: the selection they answer.
+        base_version: the model version they trained.
+        devices: device id -> its count (1, or 0 for a device whose training failed).
+        diff: the sum of their diffs, added in device-id order.
+        count: the sum of their counts.
+    """
+
+    def __init__(self, selection_id: int, base_version: int, devices: dict[str, int], diff: dict, count: int):
+        self.selection_id = selection_id
+        self.base_version = base_version
+        self.devices = devices
+        self.diff = diff
+        self.count = count
+
+    @classmethod
+    def of(cls, updates: list[DeviceUpdate]) -> SelectionSum:
+        """Sum one selection's device updates in device-id order."""
+        ordered = sorted(updates, key=lambda u: u.device)
+        diff = {k: v.copy() for k, v in ordered[0].diff.items()}
+        for u in ordered[1:]:
+            for k, v in u.diff.items():
+                diff[k] += v
+        first = ordered[0]
+        return cls(first.selection_id, first.base_version, {u.device: u.count for u in ordered}, diff,
+                   sum(u.count for u in ordered))  # fmt: skip
+
+    def device_updates(self) -> list[DeviceUpdate]:
+        """One entry per device, each pointing at this sum (the server applies devices one by one, in its order)."""
+        return [DeviceUpdate(d, self.selection_id, self.base_version, None, c, group=self) for d, c in self.devices.items()]
+
+    def to_dict(self) -> dict:
+        return {"selection_id": self.selection_id, "base_version": self.base_version, "devices": self.devices,
+                "diff": self.diff, "count": self.count}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SelectionSum:
+        return cls(int(d["selection_id"]), int(d["base_version"]), dict(d["devices"]), d["diff"], int(d["count"]))

@@ -1,10 +1,9 @@
 """The table of FL methods: what each one changes in a job, in one place.
 
-FedAvg, FedBuff and FedRevive share the device side (local training is the same) and the leaves (each device's
-update goes up on its own, which exact simulated time needs for every method); they differ in the server's model
-manager, in their presets, in whether they are synchronous, and in whether NVFlare's stock path (which sums
-updates on the leaves) can run them as a baseline. Every other module asks this table instead of testing method
-names.
+FedAvg, FedBuff and FedRevive share the device side (local training is the same); they differ in the server's
+model manager, in their leaf aggregation (``leaf_sums``), in their presets, in whether they are synchronous, and
+in whether NVFlare's stock path (which sums updates on the leaves) can run them as a baseline. Every other module
+asks this table instead of testing method names.
 """
 
 from __future__ import annotations
@@ -62,6 +61,12 @@ class MethodSpec:
     presets: dict = field(default_factory=dict)
     distills: bool = False
     stock_baseline: bool = False
+
+    def leaf_sums(self, cfg: JobConfig) -> bool:
+        """Leaf aggregation: ``True``, a leaf sends one sum per selection (every device of a synchronous
+        selection goes into the same version); ``False``, each device's own update (asynchronous runs, and
+        FedRevive, which revives each update on its own)."""
+        return cfg.federation.synchronous and not self.distills
 
     def check(self, federation: FederationConfig, engine: EngineConfig) -> None:
         """Refuse a configuration this method cannot run, naming the fix."""

@@ -37,6 +37,7 @@ from jobs.components import (
     make_task_processor,
 )
 from jobs.config import JobConfig
+from jobs.methods import METHODS
 from processors.models import model_class_path, model_init_args
 from simulation.planner import WorkerPlan
 
@@ -100,7 +101,7 @@ class EdgeSimRecipe(Recipe):
             factory_id = job.to_clients(ModelUpdateDXOAggrFactory(), id="aggr_factory")
             executor = EdgeModelExecutor(factory_id, STOCK_MODEL_VERSIONS, cfg.engine.update_timeout)
         else:
-            executor = EdgeSimExecutor(cfg.engine.update_timeout)
+            executor = EdgeSimExecutor(cfg.engine.update_timeout, sum_selections=METHODS[cfg.method].leaf_sums(cfg))
         job.to_clients(executor, id="executor", tasks=[TASK_NAME])
         processor_id = job.to_clients(make_task_processor(cfg, self.plan), id="task_processor")
         job.to_clients(make_leaf_runner(cfg, self.plan, processor_id, results_dir), id="device_runner")

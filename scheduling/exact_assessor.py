@@ -43,7 +43,15 @@ from nvflare.fuel.utils.tree_utils import Forest, Node
 from common.delays import DelayConfig, DeviceDelays
 from common.jsonio import JsonlWriter
 from common.output import output_dir
-from common.protocol import DEVICE_RANGES, DEVICE_UPDATES, MODELS, SELECTION_VERSIONS, DeviceUpdate
+from common.protocol import (
+    DEVICE_RANGES,
+    DEVICE_UPDATES,
+    MODELS,
+    SELECTION_SUMS,
+    SELECTION_VERSIONS,
+    DeviceUpdate,
+    SelectionSum,
+)
 from simulation.device_pool import DevicePool
 from simulation.schedule import ExactSchedule
 
@@ -188,6 +196,9 @@ class ExactTimeAssessor(Assessor):
                 self._start(fl_ctx)
             for entry in update.get(DEVICE_UPDATES) or ():
                 self._receive(DeviceUpdate.from_dict(entry), fl_ctx)
+            for entry in update.get(SELECTION_SUMS) or ():
+                for device_update in SelectionSum.from_dict(entry).device_updates():
+                    self._receive(device_update, fl_ctx)
             self._apply_due(fl_ctx)
             return True, self._reply(report, fl_ctx.get_peer_context().get_identity_name())
 

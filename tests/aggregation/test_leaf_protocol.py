@@ -18,7 +18,7 @@ from nvflare.edge.web.models.user_info import UserInfo
 
 from aggregation.leaf_executor import EdgeSimExecutor
 from aggregation.versioned_updater import VersionedUpdater
-from common.protocol import DEVICE_RANGES, DEVICE_UPDATES, MODELS, SELECTION_VERSIONS
+from common.protocol import DEVICE_RANGES, DEVICE_UPDATES, MODELS, SELECTION_SUMS, SELECTION_VERSIONS
 
 
 def model(version: int) -> DXO:
@@ -151,3 +151,25 @@ def test_a_result_without_its_cookie_is_refused(missing):
                           status=EdgeApiStatus.OK, result=DXO(DataKind.WEIGHT_DIFF, {"dict": {"w": np.ones(1)}}).to_dict(),
                           cookie=cookie)  # fmt: skip
     assert executor.process_edge_result_report(report, task, ctx()).status == EdgeApiStatus.ERROR
+
+
+def test_a_synchronous_leaf_sends_one_sum_per_selection_once_all_its_devices_reported():
+    updater = VersionedUpdater(sum_selections=True)
+    updater.start_task(BaseState(0, None, 0, {}).to_shareable(), FLContext())
+    updater.process_parent_update_reply(reply(3, {"site-1#2": 7, "site-1#0": 7, "site-1#5": 8}, {7: 3, 8: 3}),
+                                        FLContext())  # fmt: skip
+
+    def report(device: str, sid: int, value: float) -> None:
+        local = StateUpdateReport(0, 0, None, None).to_shareable()
+        local.set_header("edgesim_local_report", True)
+        local[DEVICE_UPDATES] = [{"device": device, "selection_id": sid, "base_version": 3,
+                                  "diff": {"w": np.full(2, value, np.float32)}, "count": 1}]  # fmt: skip
+        updater.process_child_update(local, FLContext())
+
+    report("site-1#2", 7, 2.0)
+    assert SELECTION_SUMS not in updater.prepare_update_for_parent(FLContext())  # site-1#0 of selection 7 missing
+    report("site-1#0", 7, 0.5)
+    (total,) = updater.prepare_update_for_parent(FLContext())[SELECTION_SUMS]
+    assert total["devices"] == {"site-1#0": 1, "site-1#2": 1} and total["count"] == 2
+    np.testing.assert_array_equal(total["diff"]["w"], [2.5, 2.5])
+    assert DEVICE_UPDATES not in updater.prepare_update_for_parent(FLContext())  # nothing sent per device

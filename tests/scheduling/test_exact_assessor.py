@@ -21,7 +21,16 @@ from nvflare.edge.mud import PropKey, StateUpdateReport
 
 from aggregation.model_manager import BufferedModelManager
 from common.delays import DELAY_PRESETS
-from common.protocol import DEVICE_RANGES, DEVICE_UPDATES, MODELS, SELECTION_VERSIONS, SIM_TIME
+from common.protocol import (
+    DEVICE_RANGES,
+    DEVICE_UPDATES,
+    MODELS,
+    SELECTION_SUMS,
+    SELECTION_VERSIONS,
+    SIM_TIME,
+    DeviceUpdate,
+    SelectionSum,
+)
 from scheduling.exact_assessor import ExactTimeAssessor
 from simulation.event_reference import make_schedule, reference_trace
 from tests.fakes.engine import EventEngine
@@ -46,12 +55,13 @@ def device_diff(device: str, version: int) -> np.ndarray:
 class ScriptedLeaf:
     """Holds what the server told it; trains (instantly) any subset of its selected devices and reports them."""
 
-    def __init__(self, name: str):
-        self.name, self.version, self.selection_version = name, 0, 0
+    def __init__(self, name: str, sums: bool = False):
+        self.name, self.version, self.selection_version, self.sums = name, 0, 0, sums
         self.selection: dict[str, int] = {}
         self.versions: dict[int, int] = {}
         self.models: set[int] = set()
         self.reported: set[tuple[str, int]] = set()
+        self.held: list[dict] = []  # reported device updates not yet sent up as a sum
 
     def report(self, assessor: ExactTimeAssessor, engine: EventEngine, rng: random.Random, first=False) -> None:
         todo = [(d, s) for d, s in self.selection.items() if (d, s) not in self.reported]
@@ -67,7 +77,17 @@ class ScriptedLeaf:
             updates.append({"device": device, "selection_id": sid, "base_version": base,
                             "diff": {"w": device_diff(device, base)}, "count": 1})  # fmt: skip
             self.reported.add((device, sid))
-        shareable[DEVICE_UPDATES] = updates
+        if self.sums:  # a synchronous leaf: one sum per selection once all its devices of it have reported
+            self.held += updates
+            sums = []
+            for sid in sorted({u["selection_id"] for u in self.held}):
+                mine = [u for u in self.held if u["selection_id"] == sid]
+                if {u["device"] for u in mine} >= {d for d, s in self.selection.items() if s == sid}:
+                    sums.append(SelectionSum.of([DeviceUpdate.from_dict(u) for u in mine]).to_dict())
+                    self.held = [u for u in self.held if u["selection_id"] != sid]
+            shareable[SELECTION_SUMS] = sums
+        else:
+            shareable[DEVICE_UPDATES] = updates
         ctx = engine.new_context()
         peer = FLContext()
         peer.set_prop(ReservedKey.IDENTITY_NAME, self.name, private=True, sticky=False)
@@ -85,8 +105,8 @@ class ScriptedLeaf:
         self.versions = reply.get(SELECTION_VERSIONS) or {}
 
 
-@pytest.mark.parametrize("b, hole", [(2, 1), (1, 1), (8, 8)])
-def test_reports_in_any_order_give_the_reference_trace_and_model(tmp_path, b, hole):
+@pytest.mark.parametrize("b, hole, sums", [(2, 1, False), (1, 1, False), (8, 8, False), (8, 8, True)])
+def test_reports_in_any_order_give_the_reference_trace_and_model(tmp_path, b, hole, sums):
     kw = dict(selection_size=8, updates_per_version=b, min_hole_to_fill=hole, max_model_version=25)
     manager = BufferedModelManager(global_lr=0.5)
     assessor = ExactTimeAssessor("persistor", "model_manager", num_leaves=2, delays=DELAY_PRESETS["paper"].to_dict(),
@@ -94,7 +114,7 @@ def test_reports_in_any_order_give_the_reference_trace_and_model(tmp_path, b, ho
     engine = EventEngine({"persistor": ZeroPersistor(), "model_manager": manager, "wf_assessor": assessor})
     engine.fire_event(EventType.START_RUN, engine.new_context())
     rng = random.Random(0)
-    leaves = [ScriptedLeaf("site-1"), ScriptedLeaf("site-2")]
+    leaves = [ScriptedLeaf("site-1", sums), ScriptedLeaf("site-2", sums)]
     leaves[0].report(assessor, engine, rng, first=True)
     assert manager.current_version == 0, "no selection before every leaf registered its devices"
     leaves[1].report(assessor, engine, rng, first=True)
@@ -107,14 +127,26 @@ def test_reports_in_any_order_give_the_reference_trace_and_model(tmp_path, b, ho
     expected = reference_trace(make_schedule(DELAY_PRESETS["paper"], 4, LEAVES, **kw))
     trace = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert trace == expected
-    # the model: each version the mean of its B diffs, x 0.5, in order
+    # the model: each version the mean of its B diffs, x 0.5, added in the order their devices are applied (a
+    # leaf's sum, itself added in device-id order, when the first of its devices is applied)
     weights = np.zeros(3, np.float32)
     for version in range(2, 26):
-        diffs = [device_diff(r["device"], r["base_version"]) for r in expected if r["version"] == version]
-        total = diffs[0].copy()
-        for d in diffs[1:]:
-            total += d
-        weights = weights + np.float32(0.5 / len(diffs)) * total
+        records = [r for r in expected if r["version"] == version]
+        parts: dict[tuple, list] = {}
+        for r in records:
+            key = (r["device"].split("#")[0], r["base_version"]) if sums else (r["device"],)
+            parts.setdefault(key, []).append(r)
+        terms = []
+        for group in parts.values():
+            ordered = sorted(group, key=lambda r: r["device"])
+            term = device_diff(ordered[0]["device"], ordered[0]["base_version"]).copy()
+            for r in ordered[1:]:
+                term += device_diff(r["device"], r["base_version"])
+            terms.append(term)
+        total = terms[0].copy()
+        for t in terms[1:]:
+            total += t
+        weights = weights + np.float32(0.5 / len(records)) * total
     assert manager.current_version == 25
     np.testing.assert_array_equal(manager.current_weights["w"], weights)
 
