@@ -44,6 +44,7 @@ class FedReviveModelManager(BufferedModelManager):
         self.results_dir = results_dir
         self.distiller: FedReviveDistiller | None = None
         self._log: JsonlWriter | None = None
+        self._log_lines = 0
         self.register_event_handler(EventType.START_RUN, self._start_distiller)
 
     def _start_distiller(self, _event: str, fl_ctx: FLContext) -> None:
@@ -52,6 +53,15 @@ class FedReviveModelManager(BufferedModelManager):
             cfg, lambda: build_model(self.model), resolve_device(self.compute_device), self.seed
         )
         self._log = JsonlWriter(os.path.join(output_dir(self.results_dir, fl_ctx), "fedrevive_log.jsonl"))
+
+    def state_dict(self) -> dict:
+        return super().state_dict() | {"distiller": self.distiller.state_dict(), "log_lines": self._log_lines}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.distiller.load_state_dict(state["distiller"])
+        self._log_lines = state["log_lines"]
+        self._log.truncate(self._log_lines)
 
     def add_update(self, update: DeviceUpdate, tau: int, fl_ctx: FLContext) -> None:
         if update.group is not None:
@@ -65,3 +75,4 @@ class FedReviveModelManager(BufferedModelManager):
         self._accumulate(processed, update.count)
         info = {k: v for k, v in info.items() if isinstance(v, (int, float, str))}
         self._log.write({"version": self.current_version, "base_version": update.base_version, **info})
+        self._log_lines += 1

@@ -26,7 +26,7 @@ from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.edge.constants import MsgKey
 
-from common.protocol import SIM_TIME, DeviceUpdate
+from common.protocol import SIM_TIME, DeviceUpdate, SelectionSum
 
 
 def as_float32_arrays(weights: dict) -> dict[str, np.ndarray]:
@@ -97,6 +97,18 @@ class BufferedModelManager(FLComponent):
         self.current_version += 1
         self._versions[self.current_version] = new
         self._announce(sim_time, fl_ctx)
+
+    def state_dict(self) -> dict:
+        """The versions kept, the current one and the buffer of the next (for a checkpoint)."""
+        return {"current_version": self.current_version, "versions": self._versions, "sum": self._sum,
+                "count": self._count, "groups": [g.to_dict() for g in self._groups]}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        self.current_version = state["current_version"]
+        self._versions = {int(v): w for v, w in state["versions"].items()}
+        self._dxos = {}
+        self._sum, self._count = state["sum"], state["count"]
+        self._groups = [SelectionSum.from_dict(g) for g in state["groups"]]
 
     def retain(self, versions: set[int]) -> None:
         """Forget every version but these (and the current one)."""

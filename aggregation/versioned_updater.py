@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 
 from nvflare.apis.dxo import DXO
 from nvflare.apis.fl_context import FLContext
@@ -32,6 +33,7 @@ from nvflare.edge.updater import Updater
 from common.protocol import (
     DEVICE_RANGES,
     DEVICE_UPDATES,
+    LEAVES_SEEN,
     LOCAL_REPORT,
     MODELS,
     SELECTION_SUMS,
@@ -78,6 +80,8 @@ class VersionedUpdater(Updater):
         self._ranges_unsent: dict[str, list] = {}
         self._ranges_sent: dict[str, list] = {}  # in the last report, until its reply confirms it
         self._devices_unsent: dict = {}  # single devices (mud.Device) not yet sent up
+        self._children_seen: dict[str, float] = {}  # child -> wall time of its last report (as a relay)
+        self._below_seen: dict[str, tuple[float, float]] = {}  # leaf below a child -> (its age, when we heard)
 
     # -- state --------------------------------------------------------------------------------------------------
     def start_task(self, task_data: Shareable, fl_ctx: FLContext):
@@ -117,6 +121,11 @@ class VersionedUpdater(Updater):
                 report[DEVICE_UPDATES], self._pending = self._pending, []
             if self._sums:
                 report[SELECTION_SUMS], self._sums = self._sums, []
+            if self._children_seen:  # a relay: when each leaf below it last reported, for the server's watch
+                now = time.time()
+                seen = {leaf: age + now - heard for leaf, (age, heard) in self._below_seen.items()}
+                seen |= {child: now - t for child, t in self._children_seen.items()}
+                report[LEAVES_SEEN] = seen
             return report
 
     # -- down: the parent's reply -------------------------------------------------------------------------------
@@ -161,6 +170,14 @@ class VersionedUpdater(Updater):
             self._devices_unsent.update(report.available_devices or {})
             if local:
                 return True, None
+            peer = fl_ctx.get_peer_context() if fl_ctx is not None else None
+            if peer is not None:
+                now = time.time()
+                below = update.get(LEAVES_SEEN) or {}
+                if not below:  # a leaf child
+                    self._children_seen[peer.get_identity_name()] = now
+                for leaf, age in below.items():
+                    self._below_seen[leaf] = (float(age), now)
             return True, self._reply_to_child(report)
 
     def _reply_to_child(self, report: StateUpdateReport) -> Shareable | None:

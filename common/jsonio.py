@@ -29,6 +29,16 @@ class JsonlWriter:
             self._file.write(line)
             self._file.flush()
 
+    def truncate(self, lines: int) -> None:
+        """Keep only the first ``lines`` lines (a resumed run rewrites what came after its checkpoint)."""
+        with self._lock:
+            self._file.close()
+            with open(self.path) as f:
+                kept = [line for _, line in zip(range(lines), f, strict=False)]
+            with open(self.path, "w") as f:
+                f.writelines(kept)
+            self._file = open(self.path, "a")  # noqa: SIM115
+
     def close(self) -> None:
         with self._lock:
             self._file.close()

@@ -19,6 +19,7 @@ DEVICE_ID_META = "edgesim_device_id"
 
 DEVICE_UPDATES = "edgesim_device_updates"  # list of DeviceUpdate dicts
 SELECTION_SUMS = "edgesim_selection_sums"  # list of SelectionSum dicts
+LEAVES_SEEN = "edgesim_leaves_seen"  # from a relay: {leaf below it: seconds since that leaf last reported}
 DEVICE_RANGES = "edgesim_device_ranges"  # {prefix: [count, client name]}
 LOCAL_REPORT = "edgesim_local_report"  # header: a leaf executor's report to its own updater
 MODELS = "edgesim_models"  # {model version: WEIGHTS DXO}
@@ -102,3 +103,11 @@ class SelectionSum:
     @classmethod
     def from_dict(cls, d: dict) -> SelectionSum:
         return cls(int(d["selection_id"]), int(d["base_version"]), dict(d["devices"]), d["diff"], int(d["count"]))
+
+# fired by the server's assessor when it ends the run; fl_ctx[RUN_OUTCOME] is {"status", "reason", "version",
+# "sim_seconds"} with status "completed" (the last version, or the time budget) or "stopped" (the reason says why)
+RUN_OUTCOME = "edgesim.run_outcome"
+
+# fired by the server's assessor at START_RUN when it resumes from a checkpoint; fl_ctx[RUN_RESUMED] is the
+# checkpoint's meta: {"version", "sim_seconds", "applied", "wall_seconds"}
+RUN_RESUMED = "edgesim.run_resumed"

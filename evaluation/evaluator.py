@@ -6,11 +6,19 @@ Unlike NVFlare's ``GlobalEvaluator`` it neither embeds data in the job config no
     {"version", "accuracy", "eval_seconds", "wall_seconds" (since the run started), "epoch" (wall clock),
      "sim_seconds" (simulated time of the version, when the model manager reports one)}
 
-Versions evaluated: 1, then every ``eval_frequency``-th, and always ``max_model_version``.
+Versions evaluated: 1, then every ``eval_frequency``-th, always ``max_model_version``, and the last version made
+when the run ends earlier (``RUN_OUTCOME``: a time budget, a lost leaf).
+
+Evaluation runs on a thread of its own, on the version's weights (each version is a new, never-modified dict),
+so the server keeps answering the leaves while a large model is scored (a ResNet-18 evaluation takes about a
+minute on a 2-core CPU, longer than a leaf waits for its parent's reply). END_RUN waits for the queued
+evaluations.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 
 import numpy as np
@@ -21,8 +29,8 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 
-from common.protocol import SIM_TIME
-from evaluation.events import VERSION_EVALUATED, VERSION_RECORD
+from common.protocol import RUN_OUTCOME, RUN_RESUMED, SIM_TIME
+from evaluation.events import VERSION_EVALUATED, VERSION_RECORD, VERSION_WEIGHTS
 from processors.data.config import DataConfig
 from processors.data.sources import load_dataset
 from processors.device import resolve_device
@@ -83,31 +91,69 @@ class GlobalModelEvaluator(FLComponent):
         self._net = None
         self._test = None
         self._start = 0.0
+        self._engine = None
+        self._latest: tuple | None = None  # (version, weights, sim time) of the newest version
+        self._evaluated: set[int] = set()
+        self._queue: queue.Queue = queue.Queue()
+        self._wall_offset = 0.0
+        self._thread: threading.Thread | None = None
         self.register_event_handler(EventType.START_RUN, self._start_run)
-        self.register_event_handler(AppEventType.GLOBAL_WEIGHTS_UPDATED, self._evaluate)
+        self.register_event_handler(AppEventType.GLOBAL_WEIGHTS_UPDATED, self._on_version)
+        self.register_event_handler(RUN_OUTCOME, self._on_outcome)
+        self.register_event_handler(RUN_RESUMED, self._on_resume)
+        self.register_event_handler(EventType.END_RUN, self._end_run)
 
     def _start_run(self, _event: str, fl_ctx: FLContext) -> None:
         self._start = time.time()
+        self._engine = fl_ctx.get_engine()
         device = resolve_device(self.compute_device)
         self._net = build_model(self.model).to(device)
         data = load_dataset(DataConfig(**self.data).spec(self.seed))
         self._test = (data.x_test.to(device), data.y_test.to(device))
+        self._thread = threading.Thread(target=self._run, name="evaluator", daemon=True)
+        self._thread.start()
 
-    def _evaluate(self, _event: str, fl_ctx: FLContext) -> None:
+    def _on_version(self, _event: str, fl_ctx: FLContext) -> None:
         version = int(fl_ctx.get_prop(AppConstants.CURRENT_ROUND) or 0)
-        if not is_scheduled(version, self.eval_frequency, self.max_model_version):
-            return
-        started = time.time()
-        accuracy = evaluate_accuracy(load_into(self._net, global_weights(fl_ctx)), *self._test)
-        now = time.time()
-        record = {
-            "version": version,
-            "accuracy": round(accuracy, 5),
-            "wall_seconds": round(now - self._start, 3),
-            "eval_seconds": round(now - started, 3),
-            "epoch": round(now, 3),
-        }
-        sim_time = fl_ctx.get_prop(SIM_TIME)
-        if sim_time is not None:
-            record["sim_seconds"] = round(float(sim_time), 6)
-        self.fire_event_with_data(VERSION_EVALUATED, fl_ctx, VERSION_RECORD, record)
+        self._latest = (version, global_weights(fl_ctx), fl_ctx.get_prop(SIM_TIME))
+        if is_scheduled(version, self.eval_frequency, self.max_model_version):
+            self._submit(self._latest)
+
+    def _on_resume(self, _event: str, fl_ctx: FLContext) -> None:
+        meta = fl_ctx.get_prop(RUN_RESUMED)
+        self._wall_offset = meta["wall_seconds"]  # wall seconds continue from the interrupted run's
+        self._evaluated.update(range(1, meta["version"] + 1))
+
+    def _on_outcome(self, _event: str, fl_ctx: FLContext) -> None:
+        if self._latest is not None:  # the run ended: its last version is always scored
+            self._submit(self._latest)
+
+    def _submit(self, item: tuple) -> None:
+        if item[0] not in self._evaluated:
+            self._evaluated.add(item[0])
+            self._queue.put(item)
+
+    def _end_run(self, _event: str, fl_ctx: FLContext) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()  # the queued evaluations finish: the last one is the run's result
+            self._thread = None
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            version, weights, sim_time = item
+            started = time.time()
+            accuracy = evaluate_accuracy(load_into(self._net, weights), *self._test)
+            now = time.time()
+            record = {
+                "version": version,
+                "accuracy": round(accuracy, 5),
+                "wall_seconds": round(self._wall_offset + now - self._start, 3),
+                "eval_seconds": round(now - started, 3),
+                "epoch": round(now, 3),
+            }
+            if sim_time is not None:
+                record["sim_seconds"] = round(float(sim_time), 6)
+            fl_ctx = self._engine.new_context()
+            fl_ctx.set_prop(VERSION_WEIGHTS, weights, private=True, sticky=False)
+            self.fire_event_with_data(VERSION_EVALUATED, fl_ctx, VERSION_RECORD, record)

@@ -10,6 +10,7 @@ VERSION_RECORDED = "edgesim.version_recorded"
 SYSTEM_SUMMARY_READY = "edgesim.system_summary_ready"
 
 VERSION_RECORD = "edgesim.version_record"
+VERSION_WEIGHTS = "edgesim.version_weights"  # with VERSION_EVALUATED / VERSION_RECORDED: the version's weights
 SYSTEM_SAMPLES = "edgesim.system_samples"
 SYSTEM_SUMMARY = "edgesim.system_summary"
 

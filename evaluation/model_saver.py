@@ -9,8 +9,8 @@ from nvflare.apis.fl_component import FLComponent
 from nvflare.apis.fl_context import FLContext
 
 from common.output import output_dir
-from evaluation.evaluator import global_weights, load_into
-from evaluation.events import VERSION_RECORDED
+from evaluation.evaluator import load_into
+from evaluation.events import VERSION_RECORDED, VERSION_WEIGHTS
 from processors.models import build_model
 
 
@@ -30,7 +30,7 @@ class GlobalModelSaver(FLComponent):
     def _save(self, _event: str, fl_ctx: FLContext) -> None:
         if self._net is None:
             self._net = build_model(self.model)
-        state = load_into(self._net, global_weights(fl_ctx)).state_dict()
+        state = load_into(self._net, fl_ctx.get_prop(VERSION_WEIGHTS)).state_dict()
         path = os.path.join(output_dir(self.results_dir, fl_ctx), "global_model.pt")
         torch.save({k: v.cpu() for k, v in state.items()}, f"{path}.tmp")
         os.replace(f"{path}.tmp", path)

@@ -16,7 +16,7 @@ from nvflare.apis.fl_context import FLContext
 from tqdm import tqdm
 
 from evaluation.events import SYSTEM_SAMPLES, SYSTEM_SUMMARY, SYSTEM_SUMMARY_READY, VERSION_RECORD, VERSION_RECORDED
-from evaluation.monitor import format_status, format_summary
+from evaluation.monitor import format_status
 
 
 def emit(line: str) -> None:
@@ -82,10 +82,9 @@ class ProgressReporter(FLComponent):
             self._bar.refresh()
 
     def _report_system(self, _event: str, fl_ctx: FLContext) -> None:
-        summary = fl_ctx.get_prop(SYSTEM_SUMMARY)
+        """Low-GPU-use warnings as soon as they are known (the driver prints the system summary at the end)."""
         self._close(_event, fl_ctx)
-        emit(f"[edgesim] system: {format_summary(summary) or 'no samples'}")
-        for warning in summary.get("warnings") or ():
+        for warning in fl_ctx.get_prop(SYSTEM_SUMMARY).get("warnings") or ():
             emit(f"[edgesim] WARNING: {warning}")
 
     def _close(self, _event: str, fl_ctx: FLContext) -> None:

@@ -4,7 +4,8 @@ At START_RUN it writes ``run_info`` (config, environment, plan, profile: whateve
 VERSION_EVALUATED it completes the record with the system figures of the version's stretch (from the
 ``SystemMonitorComponent`` named by ``monitor_id``) and the throughput since the previously recorded version,
 rewrites the file atomically (so a run that dies keeps what it measured) and fires VERSION_RECORDED. The system
-summary (SYSTEM_SUMMARY_READY) and, at END_RUN, the run summary are added the same way.
+summary (SYSTEM_SUMMARY_READY), how the run ended (``outcome``, from the assessor's RUN_OUTCOME: completed, or
+stopped and why) and, at END_RUN, the run summary are added the same way.
 
 A record (see ``version_record``)::
 
@@ -14,6 +15,7 @@ A record (see ``version_record``)::
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 
@@ -23,6 +25,7 @@ from nvflare.apis.fl_context import FLContext
 
 from common.jsonio import write_json_atomic
 from common.output import output_dir
+from common.protocol import RUN_OUTCOME, RUN_RESUMED
 from evaluation.events import (
     SYSTEM_SAMPLES,
     SYSTEM_SUMMARY,
@@ -92,10 +95,13 @@ class RunRecorder(FLComponent):
         self._records: list[dict] = []
         self._system: dict | None = None
         self._summary: dict | None = None
+        self._outcome: dict | None = None
         self._lock = threading.Lock()
         self.register_event_handler(EventType.START_RUN, self._start)
         self.register_event_handler(VERSION_EVALUATED, self._record_version)
         self.register_event_handler(SYSTEM_SUMMARY_READY, self._record_system)
+        self.register_event_handler(RUN_OUTCOME, self._record_outcome)
+        self.register_event_handler(RUN_RESUMED, self._resume)
         self.register_event_handler(EventType.END_RUN, self._end)
 
     @property
@@ -126,6 +132,19 @@ class RunRecorder(FLComponent):
             self._system = fl_ctx.get_prop(SYSTEM_SUMMARY)
             self._write()
 
+    def _resume(self, _event: str, fl_ctx: FLContext) -> None:
+        """A resumed run: keep the records up to the checkpoint's version, drop the rest (they are made again)."""
+        version = fl_ctx.get_prop(RUN_RESUMED)["version"]
+        path = os.path.join(output_dir(self.results_dir, fl_ctx), "metrics.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                self._records = [r for r in json.load(f).get("versions", []) if r["version"] <= version]
+
+    def _record_outcome(self, _event: str, fl_ctx: FLContext) -> None:
+        with self._lock:
+            self._outcome = fl_ctx.get_prop(RUN_OUTCOME)
+            self._write()
+
     def _end(self, _event: str, fl_ctx: FLContext) -> None:
         with self._lock:
             self._summary = run_summary(self._records, self.updates_per_version)
@@ -138,4 +157,6 @@ class RunRecorder(FLComponent):
             payload["system"] = self._system
         if self._summary is not None:
             payload["summary"] = self._summary
+        if self._outcome is not None:
+            payload["outcome"] = self._outcome
         write_json_atomic(self.metrics_path, payload)

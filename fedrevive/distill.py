@@ -69,6 +69,18 @@ class FedReviveDistiller:
         # get their feature-statistics reference from the same Gaussian noise (normalised image space).
         self.probe_noise = torch.randn(cfg.probe_samples, 3, 32, 32, generator=self.rng).to(device)
 
+    def state_dict(self) -> dict:
+        """Everything a resumed run needs to continue exactly: teachers, estimates, generator, pool, generators."""
+        return {"rng": self.rng.get_state(), "probe_noise": self.probe_noise.cpu(), "teachers": self.teachers.state_dict(),
+                "estimator": self.estimator.state_dict(), "synthesizer": self.synthesizer.state_dict()}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.set_state(state["rng"])
+        self.probe_noise = state["probe_noise"].to(self.device)
+        self.teachers.load_state_dict(state["teachers"])
+        self.estimator.load_state_dict(state["estimator"])
+        self.synthesizer.load_state_dict(state["synthesizer"])
+
     def observe_client_model(self, client_id: str, weights: dict[str, np.ndarray]) -> None:
         """Buffer a returned client model as a teacher; probe its class proportions if among its first two."""
         teacher = self.teachers.add(client_id, weights, self.probe_noise)

@@ -51,6 +51,21 @@ class SyntheticPool:
             self._next = (self._next + n) % self.capacity
             self._size = min(self.capacity, self._size + n)
 
+    def state_dict(self) -> dict:
+        # only the filled rows: a pool filling up (the usual case for a long while) checkpoints what it holds
+        images = None if self._images is None else self._images[: self._size].clone()  # a view would save it all
+        labels = None if self._labels is None else self._labels[: self._size].clone()
+        return {"images": images, "labels": labels, "next": self._next, "size": self._size}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._images = self._labels = None
+        if state["images"] is not None:
+            self._images = state["images"].new_empty((self.capacity, *state["images"].shape[1:]))
+            self._labels = state["labels"].new_empty((self.capacity,))
+            self._images[: state["size"]] = state["images"]
+            self._labels[: state["size"]] = state["labels"]
+        self._next, self._size = state["next"], state["size"]
+
     def sample(self, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         if self._size == 0 or self._images is None or self._labels is None:
             raise RuntimeError("the synthetic pool is empty")
@@ -92,6 +107,14 @@ class Synthesizer:
             self.generator = ConditionalGenerator(cfg.gen_noise_dim, cfg.num_classes, cfg.gen_width).to(device)
         self.pool = SyntheticPool(cfg.pool_size)
         self.rng = torch.Generator().manual_seed(seed)
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.state_dict(), "pool": self.pool.state_dict(), "rng": self.rng.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.load_state_dict(state["generator"])
+        self.pool.load_state_dict(state["pool"])
+        self.rng.set_state(state["rng"])
 
     def generator_loss(
         self,

@@ -52,6 +52,13 @@ class ProportionEstimator:
         self._sums[client_id] = self._sums.get(client_id, 0.0) + probs
         self._counts[client_id] = self._counts.get(client_id, 0) + 1
 
+    def state_dict(self) -> dict:
+        return {"sums": {k: np.asarray(v) for k, v in self._sums.items()}, "counts": dict(self._counts)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._sums = {k: np.asarray(v) for k, v in state["sums"].items()}
+        self._counts = dict(state["counts"])
+
     def proportions(self, client_id: str) -> np.ndarray:
         """Estimated proportions (sum 1); uniform for a client never probed."""
         if client_id not in self._counts:
@@ -80,6 +87,21 @@ class TeacherBuffer:
 
     def __len__(self) -> int:
         return len(self._teachers)
+
+    def state_dict(self) -> list[dict]:
+        """The buffered teachers, oldest first: client id, weights and feature-statistics reference."""
+        return [{"client_id": t.client_id, "weights": {k: v.detach().cpu() for k, v in t.model.state_dict().items()},
+                 "reference": t.reference} for t in self._teachers]  # fmt: skip
+
+    def load_state_dict(self, state: list[dict]) -> None:
+        self._teachers.clear()
+        for entry in state:
+            model = self.model_builder().to(self.device)
+            model.load_state_dict({k: v.to(self.device) for k, v in entry["weights"].items()})
+            model.eval()
+            for p in model.parameters():
+                p.requires_grad_(False)
+            self._teachers.append(Teacher(entry["client_id"], model, entry["reference"]))
 
     def __iter__(self):
         return iter(self._teachers)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import sys
 
 from common.choices import ConfigError, literal_choices
 from common.delays import DelayConfig, DelayPreset, SpeedDistribution
 from common.profiles import ProfileName
 from fedrevive.config import FedReviveConfig
-from jobs.config import EnvName, FederationConfig, JobConfig, RunConfig
+from jobs.config import EnvName, FederationConfig, JobConfig, LeafLossPolicy, RunConfig
 from jobs.methods import METHODS, MethodName
 from processors.data.config import DataConfig
 from processors.training import Optimizer, TrainingConfig
@@ -59,7 +61,13 @@ def build_parser(description: str, method_choice: bool = False) -> argparse.Argu
                     help="simulated-time budget: stop before the first update that arrives later (default: none)")
     fl.add_argument("--no-device-reuse", dest="device_reuse", action="store_false", help="select every device at most once")
     fl.add_argument("--device-wait-timeout", type=float, default=d["device_wait_timeout"],
-                    help="seconds the server waits for enough devices before stopping the job")
+                    help="seconds the server waits for every leaf's devices before stopping the job")
+    fl.add_argument("--leaf-timeout", type=float, default=None,
+                    help="seconds a leaf may stay silent before the server counts it lost (default: derived from the "
+                         "sync interval and the report size, printed at the start)")  # fmt: skip
+    fl.add_argument("--on-leaf-loss", default=d["on_leaf_loss"], choices=literal_choices(LeafLossPolicy),
+                    help="stop: end the run naming the lost leaf (metrics.json keeps what was made); continue: go on "
+                         "with the living leaves, the lost one's in-flight devices counted as failed")  # fmt: skip
 
     d = _defaults(TrainingConfig)
     tr = p.add_argument_group("local training")
@@ -107,8 +115,9 @@ def build_parser(description: str, method_choice: bool = False) -> argparse.Argu
                      help="seconds a leaf's device simulator waits for the job to reach it (not a limit on the job)")
     sim.add_argument("--update-interval", type=float, default=d["update_interval"],
                      help="seconds between a leaf's syncs with the server (NVFlare's default 1.0)")
-    sim.add_argument("--update-timeout", type=float, default=d["update_timeout"],
-                     help="seconds a leaf waits for its parent to take an update")
+    sim.add_argument("--update-timeout", type=float, default=None,
+                     help="seconds a leaf waits for its parent to take an update (default: derived from the report "
+                          "size, printed at the start)")  # fmt: skip
 
     d = _defaults(RunConfig)
     run = p.add_argument_group("run")
@@ -118,11 +127,20 @@ def build_parser(description: str, method_choice: bool = False) -> argparse.Argu
     run.add_argument("--env", default=d["env"], choices=literal_choices(EnvName), help="NVFlare SimEnv, PocEnv or ProdEnv")
     run.add_argument("--startup-kit", default=None, help="admin startup kit (--env prod)")
     run.add_argument("--username", default=None, help="admin user name (--env prod)")
-    run.add_argument("--workspace", default=d["workspace"], help="NVFlare simulation workspace and default results root")
-    run.add_argument("--output", default=None, help="results directory (default: WORKSPACE/results/JOB_NAME)")
+    run.add_argument("--workspace", default=d["workspace"], help="the default results root")
+    run.add_argument("--output", default=None,
+                     help="results folder (default: a new WORKSPACE/results/JOB_NAME-DATE-TIME-PID); NVFlare's own "
+                          "workspace and logs go into its nvflare/ subfolder")  # fmt: skip
     run.add_argument("--export-only", default=None, metavar="DIR",
                      help="export the job to DIR and exit (run it with: nvflare simulator DIR/JOB -n L -t L)")
     run.add_argument("--job-name", default="", help="NVFlare job name (default edgesim_<method>)")
+    run.add_argument("--checkpoint-every", type=int, default=d["checkpoint_every"],
+                     help="versions between checkpoints of the server's state (0: automatic, at most 5%% of the run's "
+                          "wall time; -1: none)")  # fmt: skip
+    run.add_argument("--resume", default=None, metavar="DIR",
+                     help="continue the run whose --output folder DIR is, from its last checkpoint, with its saved "
+                          "configuration (flags that would change its result are refused)")  # fmt: skip
+    run.add_argument("-v", "--verbose", action="store_true", help="show NVFlare's own INFO logging on the console")
 
     if method_choice:
         p.add_argument("--method", default="fedrevive", choices=literal_choices(MethodName),
@@ -161,7 +179,8 @@ def config_from_args(args: argparse.Namespace, method: str, presets: bool = Fals
             federation=FederationConfig(
                 num_leaf_nodes=args.num_leaf_nodes, devices_per_leaf=args.devices_per_leaf,
                 device_reuse=args.device_reuse, max_model_version=args.max_model_version,
-                device_wait_timeout=args.device_wait_timeout, **federation,
+                device_wait_timeout=args.device_wait_timeout, leaf_timeout=args.leaf_timeout,
+                on_leaf_loss=args.on_leaf_loss, **federation,
             ),
             training=TrainingConfig(**{k: getattr(args, k) for k in _defaults(TrainingConfig) if hasattr(args, k)}),
             engine=EngineConfig(**{k: getattr(args, k) for k in _defaults(EngineConfig)}),
@@ -173,3 +192,22 @@ def config_from_args(args: argparse.Namespace, method: str, presets: bool = Fals
         raise
     except ValueError as ex:  # a part's own check outside ConfigError (e.g. FedReviveConfig)
         raise ConfigError(str(ex)) from ex
+
+
+def job_main(description: str, argv: list[str] | None, method: str | None = None) -> int:
+    """An entry point: parse, build (or, with ``--resume``, recover) the config, run. ``method`` None: the
+    ``--method`` flag chooses, and the method's presets apply."""
+    from jobs.driver import run
+    from jobs.resume import given_flags, resumed_config
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(description, method_choice=method is None)
+    args = parser.parse_args(argv)
+    chosen = method or args.method
+    try:
+        cfg = config_from_args(args, chosen, presets=method is None)
+        if args.resume:
+            cfg = resumed_config(os.path.abspath(os.path.expanduser(args.resume)), cfg, given_flags(parser, argv))
+    except ConfigError as ex:
+        parser.error(str(ex))
+    return run(cfg, verbose=args.verbose)

@@ -17,7 +17,7 @@ from jobs.methods import METHODS
 from processors.task_processor import TrainingTaskProcessor
 from scheduling.exact_assessor import ExactTimeAssessor
 from simulation.leaf_runner import FastDeviceRunner, StockDeviceRunner
-from simulation.planner import WorkerPlan
+from simulation.planner import Timeouts, WorkerPlan
 
 MONITOR_ID = "edgesim_monitor"
 
@@ -59,7 +59,8 @@ def make_model_manager(cfg: JobConfig, results_dir: str):
     return METHODS[cfg.method].model_manager(cfg, results_dir)
 
 
-def make_assessor(cfg: JobConfig, persistor_id: str, model_manager_id: str, results_dir: str) -> ExactTimeAssessor:
+def make_assessor(cfg: JobConfig, timeouts: Timeouts, persistor_id: str, model_manager_id: str,
+                  results_dir: str) -> ExactTimeAssessor:  # fmt: skip
     """The server's schedule: selection, and applying updates in simulated arrival order."""
     f = cfg.federation
     return ExactTimeAssessor(
@@ -67,7 +68,8 @@ def make_assessor(cfg: JobConfig, persistor_id: str, model_manager_id: str, resu
         updates_per_version=f.num_updates_for_model, min_hole_to_fill=f.min_hole_to_fill,
         device_reuse=f.device_reuse, max_model_version=f.max_model_version, delays=cfg.delays.to_dict(),
         seed=cfg.run.seed, time_scale=cfg.engine.time_scale, device_wait_timeout=f.device_wait_timeout,
-        max_sim_time=f.max_sim_time, results_dir=results_dir,
+        max_sim_time=f.max_sim_time, leaf_timeout=timeouts.leaf_timeout, on_leaf_loss=f.on_leaf_loss,
+        checkpoint_every=cfg.run.checkpoint_every, resume=bool(cfg.run.resume), results_dir=results_dir,
     )  # fmt: skip
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
@@ -36,6 +37,7 @@ from processors.training import TrainingConfig
 from simulation.config import EngineConfig
 
 EnvName = Literal["sim", "poc", "prod"]
+LeafLossPolicy = Literal["stop", "continue"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,9 @@ class FederationConfig:
     max_model_version: the last global model version (1 is the initial model).
     max_sim_time: simulated-time budget: no update arriving later is applied (None: no limit).
     device_wait_timeout: seconds the server waits for every leaf's devices before it stops the job.
+    leaf_timeout: seconds a leaf may stay silent before it is lost (None: derived from the sync interval).
+    on_leaf_loss: ``stop`` the run naming the leaf, or ``continue`` with the living leaves (the lost leaf's
+        in-flight devices count as failed; fits asynchronous methods).
     """
 
     num_leaf_nodes: int = 2
@@ -63,6 +68,8 @@ class FederationConfig:
     max_model_version: int = 10
     max_sim_time: float | None = None
     device_wait_timeout: float = 120.0
+    leaf_timeout: float | None = None
+    on_leaf_loss: LeafLossPolicy = "stop"
 
     def __post_init__(self) -> None:
         if self.num_updates_for_model is None:
@@ -79,6 +86,9 @@ class FederationConfig:
         check_positive({"--global-lr": self.global_lr, "--device-wait-timeout": self.device_wait_timeout}, integer=False)
         if self.max_sim_time is not None and not self.max_sim_time > 0:
             raise ConfigError(f"--max-sim-time {self.max_sim_time}: must be > 0 (simulated seconds)")
+        if self.leaf_timeout is not None and not self.leaf_timeout > 0:
+            raise ConfigError(f"--leaf-timeout {self.leaf_timeout}: must be > 0 seconds (or leave it out)")
+        check_choice("--on-leaf-loss", self.on_leaf_loss, LeafLossPolicy)
         if self.max_model_version < 2:
             raise ConfigError(
                 f"--max-model-version {self.max_model_version}: must be >= 2 (version 1 is the initial model, "
@@ -124,10 +134,14 @@ class RunConfig:
     env: ``sim`` (NVFlare's SimEnv), ``poc`` (PocEnv) or ``prod`` (ProdEnv on a provisioned hierarchy).
     startup_kit: the admin's startup kit folder (``prod``).
     username: the admin user name (``prod``).
-    workspace: NVFlare simulation workspace and default results root.
-    output: the results folder (default: ``WORKSPACE/results/JOB_NAME``).
+    workspace: the default results root.
+    output: the results folder (default: a new ``WORKSPACE/results/JOB_NAME-<date>-<time>-<pid>``, so two runs
+        never share one).
     export_only: write the NVFlare job to this folder and exit.
     job_name: NVFlare job name (default ``edgesim_<method>``).
+    checkpoint_every: versions between checkpoints of the server's state; 0: automatic (at most 5% of the run's
+        wall time); -1: none.
+    resume: continue the run whose results folder this is, from its last checkpoint.
     """
 
     seed: int = 0
@@ -139,9 +153,13 @@ class RunConfig:
     output: str | None = None
     export_only: str | None = None
     job_name: str = ""
+    checkpoint_every: int = 0
+    resume: str | None = None
 
     def __post_init__(self) -> None:
         check_positive({"--eval-frequency": self.eval_frequency})
+        if self.checkpoint_every < -1:
+            raise ConfigError(f"--checkpoint-every {self.checkpoint_every}: versions, 0 (automatic) or -1 (never)")
         check_choice("--env", self.env, EnvName)
         if self.env == "prod" and not (self.startup_kit and self.username):
             raise ConfigError("--env prod needs --startup-kit DIR (the admin's startup kit) and --username NAME")
@@ -169,6 +187,10 @@ class JobConfig:
         check_choice("--method", self.method, MethodName)
         if not self.run.job_name:
             object.__setattr__(self, "run", replace(self.run, job_name=f"edgesim_{self.method}"))
+        if not self.run.output and not self.run.export_only:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            output = os.path.join(self.run.workspace, "results", f"{self.run.job_name}-{stamp}-{os.getpid()}")
+            object.__setattr__(self, "run", replace(self.run, output=output))
         if self.data.subset_size < self.training.local_batch_size:
             raise ConfigError(
                 f"--subset-size {self.data.subset_size} is smaller than --local-batch-size "
@@ -183,16 +205,24 @@ class JobConfig:
 
     @property
     def spec(self):
-        """The ``DataConfig`` method's ``DatasetSpec`` for this run's seed."""
+        """What to load: the data part with this run's seed."""
         return self.data.spec(self.run.seed)
 
     @property
     def output_dir(self) -> str:
-        run = self.run
-        return os.path.abspath(os.path.expanduser(run.output or os.path.join(run.workspace, "results", run.job_name)))
+        return os.path.abspath(os.path.expanduser(self.run.output)) if self.run.output else ""
 
     def to_dict(self) -> dict:
-        parts = ("data", "federation", "training", "engine", "delays", "run")
-        d = {"method": self.method} | {name: getattr(self, name).to_dict() for name in parts}
+        d = {"method": self.method} | {name: getattr(self, name).to_dict() for name in PARTS}
         d["fedrevive"] = self.fedrevive.to_dict() if METHODS[self.method].distills else None
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> JobConfig:
+        """The config a ``to_dict`` wrote (e.g. the ``config`` of a run's ``metrics.json``)."""
+        parts = {name: PARTS[name].from_dict(d[name]) if name == "delays" else PARTS[name](**d[name]) for name in PARTS}
+        return cls(method=d["method"], **parts, fedrevive=FedReviveConfig(**(d.get("fedrevive") or {})))
+
+
+PARTS = {"data": DataConfig, "federation": FederationConfig, "training": TrainingConfig, "engine": EngineConfig,
+         "delays": DelayConfig, "run": RunConfig}  # fmt: skip

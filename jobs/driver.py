@@ -1,154 +1,124 @@
-"""Runs one job: validate -> check data -> plan workers -> build recipe -> run on the chosen env -> results."""
+"""Runs one job: plan (and check) -> results folder -> recipe -> environment -> guarded run -> outcome.
+
+The exit code says how it ended: 0 when the run completed (its last version, or its simulated-time budget), 1 when
+it stopped early (a lost leaf, a dead server, devices that never registered, an error: the message says which, and
+how to resume when a checkpoint exists), 2 for a configuration refused before anything started, 130 / 143 for
+Ctrl-C / SIGTERM.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
-import platform
-import shutil
+import re
+import signal
 import sys
 import time
-
-import torch
 
 from common.choices import ConfigError
 from common.profiles import get_profile
 from jobs.config import JobConfig
+from jobs.environments import make_env
+from jobs.outputs import nvflare_workspace, prepare_output_dir
+from jobs.plan import RunPlan, prepare
 from jobs.process_guard import Interrupts, no_orphans
 from jobs.recipe import EdgeSimRecipe
 from jobs.results import finalize, format_summary
-from processors.data.sources import DatasetError, load_dataset
-from processors.device import resolve_device
-from processors.models import build_model
-from simulation.planner import (
-    HardwareProfile,
-    WorkerPlan,
-    estimate_worker_bytes,
-    plan_engine,
-    plan_workers,
-    probe_hardware,
-)
+from jobs.watchdog import Watchdog
+from processors.data.sources import DatasetError
+from scheduling.checkpoint import state_path
 
 
-def environment_info(device: torch.device, hardware: HardwareProfile) -> dict:
-    import nvflare
-
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "nvflare": nvflare.__version__,
-        "platform": platform.platform(),
-        "compute_device": str(device),
-        "cpu_cores": hardware.cpu_cores,
-        "gpus": [g.name for g in hardware.gpus],
-    }
+def simulator_failure(ex: Exception) -> str:
+    """What a failed SimEnv run means. NVFlare's simulator exits with its server process's exit code, so a server
+    killed by signal N (a crash, an out-of-memory kill, ``kill -9``) gives 256 - N."""
+    found = re.search(r"return code (-?\d+)", str(ex))
+    code = int(found.group(1)) if found else 0
+    if code >= 128 or code < 0:
+        signum = 256 - code if code > 0 else -code
+        name = signal.Signals(signum).name if signum in signal.valid_signals() else str(signum)
+        return f"the NVFlare server process died ({name})"
+    return f"NVFlare's run failed: {ex}"
 
 
-def plan_for(cfg: JobConfig, hardware: HardwareProfile, device: torch.device) -> WorkerPlan:
-    """Each leaf's workers, threads and training engine (``simulation.planner``) for this machine."""
-    model = build_model(cfg.training.model)
-    per_worker = estimate_worker_bytes(model, cfg.training.local_batch_size, cfg.training.optimizer)
-    leaves_on_host = cfg.federation.num_leaf_nodes if cfg.run.env in ("sim", "poc") else 1
-    plan = plan_workers(
-        hardware,
-        devices_per_leaf=cfg.federation.devices_per_leaf_per_round,
-        per_worker_bytes=per_worker,
-        leaves_on_host=leaves_on_host,
-        use_gpu=device.type == "cuda",
-        requested=cfg.engine.num_workers,
-        profile=cfg.engine.profile,
-    )
-    if cfg.engine.simulator == "stock":
-        return plan
-    has_buffers = any(True for _ in model.buffers())
-    return plan_engine(plan, cfg.engine.engine, has_buffers, cfg.engine.group_size)
+def outcome_of(results_dir: str) -> dict | None:
+    try:
+        with open(os.path.join(results_dir, "metrics.json")) as f:
+            return json.load(f).get("outcome")
+    except (OSError, ValueError):
+        return None
 
 
-def make_env(cfg: JobConfig):
-    run, leaves = cfg.run, cfg.federation.num_leaf_nodes
-    if run.env == "sim":
-        from nvflare.recipe.sim_env import SimEnv
-
-        return SimEnv(
-            num_clients=leaves,
-            num_threads=leaves,  # fewer threads than clients leaves some leaves never running
-            workspace_root=os.path.join(os.path.expanduser(run.workspace), "simulation"),
-        )
-    if run.env == "poc":
-        from nvflare.recipe.poc_env import PocEnv
-
-        return PocEnv(num_clients=leaves)
-    from nvflare.recipe.prod_env import ProdEnv
-
-    return ProdEnv(startup_kit_location=os.path.expanduser(run.startup_kit), username=run.username)
+def report_end(results_dir: str, started: float, cause: str = "") -> int:
+    """Print the summary and how the run ended; the exit code."""
+    if os.path.exists(os.path.join(results_dir, "metrics.json")):
+        print(format_summary(finalize(results_dir, time.time() - started), results_dir))
+    outcome = outcome_of(results_dir)
+    if outcome is not None:  # the server decided how the run ended; a hang after that is only worth a warning
+        if cause:
+            print(f"[edgesim] warning: {cause}; every process of the job was stopped", file=sys.stderr)
+        if outcome["status"] == "completed":
+            return 0
+    reason = outcome["reason"] if outcome else (cause or "the job ended before the server decided an outcome")
+    print(f"[edgesim] the run stopped early: {reason}", file=sys.stderr)
+    if os.path.exists(state_path(results_dir)):
+        print(f"[edgesim] continue it from its last checkpoint with: --resume {results_dir}", file=sys.stderr)
+    return 1
 
 
-def prepare(cfg: JobConfig) -> tuple[WorkerPlan, dict, torch.device]:
-    """Everything that can fail fast, before any NVFlare process starts."""
-    device = resolve_device(cfg.training.compute_device)
-    load_dataset(cfg.spec)  # missing / malformed data fails here, with the fix in the message
-    hardware = probe_hardware()
-    plan = plan_for(cfg, hardware, device)
-    run_info = {
-        "config": cfg.to_dict(),
-        "environment": environment_info(device, hardware),
-        "planner": plan.to_dict(),
-        "profile": get_profile(cfg.engine.profile).to_dict(),
-    }
-    return plan, run_info, device
-
-
-def run(cfg: JobConfig) -> int:
+def run(cfg: JobConfig, verbose: bool = False) -> int:
     """Run (or export) the job a config describes; returns a process exit code."""
     try:
-        plan, run_info, device = prepare(cfg)
+        plan: RunPlan = prepare(cfg)
+        results_dir = "" if cfg.run.export_only else prepare_output_dir(cfg.output_dir, resume=bool(cfg.run.resume))
     except (ConfigError, DatasetError, ValueError) as ex:
         print(f"error: {ex}", file=sys.stderr)
         return 2
     run_cfg, leaves = cfg.run, cfg.federation.num_leaf_nodes
-    print(f"[edgesim] {cfg.method} on {device}, env {run_cfg.env}, simulator {cfg.engine.simulator}, seed {run_cfg.seed}")
+    print(f"[edgesim] {cfg.method} on {plan.device}, env {run_cfg.env}, simulator {cfg.engine.simulator}, "
+          f"seed {run_cfg.seed}")  # fmt: skip
     print(plan.describe())
-    print(plan.reasoning())
     print(get_profile(cfg.engine.profile).describe())
 
     if run_cfg.export_only:
         # an exported job writes its results inside the app's run folder, unless --output names a place
         output = os.path.abspath(run_cfg.output) if run_cfg.output else ""
-        EdgeSimRecipe(cfg, plan, run_info, results_dir=output).export(job_dir=run_cfg.export_only)
+        EdgeSimRecipe(cfg, plan, results_dir=output).export(job_dir=run_cfg.export_only)
         job_dir = os.path.join(run_cfg.export_only, run_cfg.job_name)
         print(f"[edgesim] exported to {job_dir}; run it with: nvflare simulator {job_dir} -w WORKSPACE -n {leaves} -t {leaves}")
         return 0
 
-    results_dir = cfg.output_dir if run_cfg.env in ("sim", "poc") else ""
-    if results_dir:
-        shutil.rmtree(results_dir, ignore_errors=True)
-        os.makedirs(results_dir)
-        print(f"[edgesim] results go to {results_dir}")
-    recipe = EdgeSimRecipe(cfg, plan, run_info, results_dir=results_dir)
-    env = make_env(cfg)
+    print(f"[edgesim] results go to {results_dir}" + (" (resuming)" if run_cfg.resume else ""))
+    recipe = EdgeSimRecipe(cfg, plan, results_dir=results_dir if run_cfg.env in ("sim", "poc") else "")
+    env = make_env(cfg, nvflare_workspace(results_dir) if run_cfg.env == "sim" else "", verbose)
     started = time.time()
     interrupts = Interrupts()
+    cause = ""
     try:
         # sim: the job's processes are ours to stop. poc: its services are meant to outlive this command
         # (stop them with `nvflare poc stop`); prod: nothing runs here.
-        with no_orphans() if run_cfg.env == "sim" else contextlib.nullcontext(interrupts) as interrupts:
-            job_run = recipe.run(env)
+        sim = run_cfg.env == "sim"
+        with no_orphans() if sim else contextlib.nullcontext(interrupts) as interrupts:
+            with Watchdog(results_dir, shutdown_grace=60 + plan.timeouts.update_timeout) if sim else \
+                    contextlib.nullcontext() as dog:  # fmt: skip
+                try:
+                    job_run = recipe.run(env)
+                except RuntimeError as ex:  # the simulator ended with an error (a killed process, an abort)
+                    cause = simulator_failure(ex)
+                cause = (dog.reason if dog is not None and dog.reason else "") or cause
     except BaseException:
         if interrupts.signum is None:
             raise
+    if interrupts.signum is not None:
+        # NVFlare may turn the KeyboardInterrupt into its own error, so the signal, not the exception, decides
         print("[edgesim] interrupted; every process of the job was stopped", file=sys.stderr)
-        if results_dir and os.path.exists(os.path.join(results_dir, "metrics.json")):
-            summary = finalize(results_dir, time.time() - started)
-            print(format_summary(summary, results_dir))
+        if os.path.exists(os.path.join(results_dir, "metrics.json")):
+            print(format_summary(finalize(results_dir, time.time() - started), results_dir))
             print(f"[edgesim] partial results (versions finished before the interrupt) kept in {results_dir}")
         return interrupts.exit_code
-    if run_cfg.env != "sim":
+    if run_cfg.env != "sim" and not cause:
         print(f"[edgesim] submitted job {job_run.get_job_id()}; waiting for it to finish")
         result = job_run.get_result(timeout=0.0)
         print(f"[edgesim] job result: {result}")
-        if not results_dir:
-            print("[edgesim] metrics.json, global_model.pt and tensorboard/ are in the server's run folder of the job")
-            return 0
-    summary = finalize(results_dir, time.time() - started)
-    print(format_summary(summary, results_dir))
-    return 0
+    return report_end(results_dir, started, cause)

@@ -8,19 +8,11 @@ from __future__ import annotations
 
 import sys
 
-from common.choices import ConfigError
-from jobs.cli import build_parser, config_from_args
-from jobs.driver import run
+from jobs.cli import job_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser(__doc__.splitlines()[0])
-    args = parser.parse_args(argv)
-    try:
-        cfg = config_from_args(args, "fedavg")
-    except ConfigError as ex:
-        parser.error(str(ex))
-    return run(cfg)
+    return job_main(__doc__.splitlines()[0], argv, method="fedavg")
 
 
 if __name__ == "__main__":

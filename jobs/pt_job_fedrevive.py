@@ -10,19 +10,11 @@ from __future__ import annotations
 
 import sys
 
-from common.choices import ConfigError
-from jobs.cli import build_parser, config_from_args
-from jobs.driver import run
+from jobs.cli import job_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser(__doc__.splitlines()[0], method_choice=True)
-    args = parser.parse_args(argv)
-    try:
-        cfg = config_from_args(args, args.method, presets=True)
-    except ConfigError as ex:
-        parser.error(str(ex))
-    return run(cfg)
+    return job_main(__doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

@@ -38,8 +38,8 @@ from jobs.components import (
 )
 from jobs.config import JobConfig
 from jobs.methods import METHODS
+from jobs.plan import RunPlan
 from processors.models import model_class_path, model_init_args
-from simulation.planner import WorkerPlan
 
 TASK_NAME = "train"
 STOCK_UPDATE_INTERVAL = 1.0  # NVFlare's EdgeJob default
@@ -49,13 +49,13 @@ STOCK_MODEL_VERSIONS = 3  # NVFlare's ModelManagerConfig default: model versions
 class EdgeSimRecipe(Recipe):
     """Args:
     cfg: the job's configuration.
-    plan: the worker plan (workers, threads, groups per leaf).
-    run_info: what the driver knew before the run; recorded in ``metrics.json``.
+    plan: what the driver decided (``jobs.plan.RunPlan``: workers, timeouts, the run's recorded info).
     results_dir: where the server writes results ("": the server app's run folder).
     """
 
-    def __init__(self, cfg: JobConfig, plan: WorkerPlan, run_info: dict, results_dir: str):
+    def __init__(self, cfg: JobConfig, plan: RunPlan, results_dir: str):
         self.cfg, self.plan = cfg, plan
+        run_info = plan.run_info
         stock = cfg.engine.simulator == "stock"
         job = EdgeJob(name=cfg.run.job_name, edge_method="edge")
         persistor_id = self._add_persistor(job)
@@ -82,7 +82,8 @@ class EdgeSimRecipe(Recipe):
     def _add_server(self, job: EdgeJob, persistor_id: str, results_dir: str) -> str:
         """Our server: the method's model manager and the exact-time assessor."""
         model_manager_id = job.to_server(make_model_manager(self.cfg, results_dir), id="model_manager")
-        return job.to_server(make_assessor(self.cfg, persistor_id, model_manager_id, results_dir), id="wf_assessor")
+        assessor = make_assessor(self.cfg, self.plan.timeouts, persistor_id, model_manager_id, results_dir)
+        return job.to_server(assessor, id="wf_assessor")
 
     def _add_stock_server(self, job: EdgeJob, persistor_id: str) -> str:
         """NVFlare's own model manager (Python-list weights), device manager and assessor: the baseline."""
@@ -99,9 +100,9 @@ class EdgeSimRecipe(Recipe):
         job.to_clients(EdgeTaskReceiver(), id="edge_task_receiver")
         if cfg.engine.simulator == "stock":
             factory_id = job.to_clients(ModelUpdateDXOAggrFactory(), id="aggr_factory")
-            executor = EdgeModelExecutor(factory_id, STOCK_MODEL_VERSIONS, cfg.engine.update_timeout)
+            executor = EdgeModelExecutor(factory_id, STOCK_MODEL_VERSIONS, self.plan.timeouts.update_timeout)
         else:
-            executor = EdgeSimExecutor(cfg.engine.update_timeout, sum_selections=METHODS[cfg.method].leaf_sums(cfg))
+            executor = EdgeSimExecutor(self.plan.timeouts.update_timeout, METHODS[cfg.method].leaf_sums(cfg))
         job.to_clients(executor, id="executor", tasks=[TASK_NAME])
-        processor_id = job.to_clients(make_task_processor(cfg, self.plan), id="task_processor")
-        job.to_clients(make_leaf_runner(cfg, self.plan, processor_id, results_dir), id="device_runner")
+        processor_id = job.to_clients(make_task_processor(cfg, self.plan.workers), id="task_processor")
+        job.to_clients(make_leaf_runner(cfg, self.plan.workers, processor_id, results_dir), id="device_runner")

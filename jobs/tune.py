@@ -527,7 +527,7 @@ def _job_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]
 def main(argv: list[str] | None = None) -> int:
     from common.choices import ConfigError
     from jobs.cli import config_from_args
-    from jobs.driver import prepare
+    from jobs.plan import prepare
     from processors.data.sources import DatasetError
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -535,7 +535,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = config_from_args(args, "fedavg")
-        plan, run_info, device = prepare(cfg)
+        run_plan = prepare(cfg)
+        plan, run_info, device = run_plan.workers, run_plan.run_info, run_plan.device
     except (ConfigError, DatasetError, ValueError) as ex:
         print(f"error: {ex}", file=sys.stderr)
         return 2

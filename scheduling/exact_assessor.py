@@ -1,26 +1,26 @@
-"""The server's workflow brain on exact simulated time: apply device updates in arrival order, select in reply.
+"""The server's workflow brain on exact simulated time: device updates applied in arrival order, selection in reply.
 
-NVFlare's edge workflow (``ScatterAndGatherForEdge``) calls the assessor with each report from a child (a leaf,
-or a relay above leaves) and asks it, every ``assess_interval``, whether the run is done. NVFlare's own
-``ModelUpdateAssessor`` applies whatever a report brings, in the order reports happen to arrive. This one keeps
-``simulation.schedule.ExactSchedule``: it knows every in-flight device's arrival time from the moment it selects
-it, holds the per-device updates it has received, and applies the earliest due one only once it has it, i.e.
-once every device due earlier has reported. Leaves just train as fast as they can. So the trace of applied
-updates (``events.jsonl``: version, device, base version, arrival, tau) is the reference schedule's, whatever the
-machine's load, worker counts or sync intervals.
+NVFlare's edge workflow (``ScatterAndGatherForEdge``) calls the assessor with each report from a child (a leaf, or
+a relay above leaves) and asks it, every ``assess_interval``, whether the run is done. NVFlare's own
+``ModelUpdateAssessor`` applies whatever a report brings, in the order reports happen to arrive. This one keeps an
+``ExactSchedule`` (``simulation.schedule``): it knows every in-flight device's arrival time from the moment it
+selects it, and its ``UpdateApplier`` thread applies the earliest due update only once it has arrived, i.e. once
+every device due earlier has reported. Leaves just train as fast as they can. So the trace of applied updates
+(``events.jsonl``) is the reference schedule's, whatever the machine's load, worker counts or sync intervals.
 
 Around the schedule it:
 
 * waits until every expected leaf has registered its devices before the first selection (a start-up race
   otherwise decides which leaf's devices are picked);
-* has the model manager buffer each applied update and make a version after exactly B of them, at the B-th
-  arrival's simulated time;
-* replies to each child with the current version, the selection (device -> selection id), the model version each
-  selection id trains and every version the child's selected devices still need;
-* keeps only the model versions some in-flight device trains (``model_manager.retain``).
-
-``time_scale`` > 0 is the real-time mode for load tests: leaves hold each result for its delays x S wall seconds
-and updates are applied as received, at simulated time (wall - start) / S.
+* answers each report at once, from the applier's last published view: the current version, the child's part of
+  the selection, the model version of each selection id, and the versions its devices still need;
+* watches the leaves: a leaf silent for ``leaf_timeout`` seconds is lost (a leaf syncs every ``update_interval``
+  + up to 0.5 s, even while its devices train). ``on_leaf_loss`` ``stop`` ends the run, naming the leaf;
+  ``continue`` treats its in-flight devices as failed at their arrival times (their slots are refilled from the
+  living leaves, which keeps exact order for the rest) and never selects its devices again;
+* ends the run when the schedule is done (the last version or the time budget), a leaf is lost (``stop``), the
+  devices never all registered, or an update could not be applied, and fires ``RUN_OUTCOME`` saying which;
+* can save its whole state and restore it (``scheduling.checkpoint``).
 """
 
 from __future__ import annotations
@@ -46,12 +46,17 @@ from common.output import output_dir
 from common.protocol import (
     DEVICE_RANGES,
     DEVICE_UPDATES,
+    LEAVES_SEEN,
     MODELS,
+    RUN_OUTCOME,
+    RUN_RESUMED,
     SELECTION_SUMS,
     SELECTION_VERSIONS,
     DeviceUpdate,
     SelectionSum,
 )
+from scheduling import checkpoint
+from scheduling.applier import UpdateApplier
 from simulation.device_pool import DevicePool
 from simulation.schedule import ExactSchedule
 
@@ -82,7 +87,11 @@ class ExactTimeAssessor(Assessor):
     time_scale: 0: exact time; S > 0: real-time mode (apply on receipt, simulated time = wall / S).
     device_wait_timeout: seconds to wait for the leaves' devices before stopping the job.
     max_sim_time: stop before the first update arriving later (None: no limit).
-    results_dir: where ``events.jsonl`` goes ("": the server app's run folder).
+    leaf_timeout: seconds of silence after which a leaf is lost.
+    on_leaf_loss: ``stop`` (end the run) or ``continue`` (go on with the living leaves).
+    checkpoint_every: versions between checkpoints; 0: automatic (at most 5% of the wall time); -1: never.
+    resume: continue from the results folder's checkpoint instead of starting afresh.
+    results_dir: where ``events.jsonl`` and ``checkpoint/`` go ("": the server app's run folder).
     """
 
     def __init__(
@@ -100,6 +109,10 @@ class ExactTimeAssessor(Assessor):
         time_scale: float = 0.0,
         device_wait_timeout: float = 120.0,
         max_sim_time: float | None = None,
+        leaf_timeout: float = 60.0,
+        on_leaf_loss: str = "stop",
+        checkpoint_every: int = 0,
+        resume: bool = False,
         results_dir: str = "",
     ):
         super().__init__()
@@ -116,29 +129,38 @@ class ExactTimeAssessor(Assessor):
         self.time_scale = time_scale
         self.device_wait_timeout = device_wait_timeout
         self.max_sim_time = max_sim_time
+        self.leaf_timeout = leaf_timeout
+        self.on_leaf_loss = on_leaf_loss
+        self.checkpoint_every = checkpoint_every
+        self.resume = resume
         self.results_dir = results_dir
         self.schedule: ExactSchedule | None = None
+        self.applier: UpdateApplier | None = None
         self.model_manager = None
-        self.stop_reason = ""  # why the run ended early ("" while it runs or when it ended normally)
+        self.outcome: dict | None = None
+        self.lost_leaves: set[str] = set()
         self._initial: dict | None = None
-        self._received: dict[str, DeviceUpdate] = {}
-        self._selection_version = 0  # bumped whenever the selection changes
-        self._started_at: float | None = None  # wall time of simulated time 0 (real-time mode)
-        self._waiting_since = time.time()
+        self._engine = None
+        self._out = ""
+        self._started_wall = time.time()
+        self._wall_offset = 0.0  # wall seconds of the run before a resume
+        self._policy = checkpoint.CheckpointPolicy(checkpoint_every)
         self._events: JsonlWriter | None = None
         self._leaves_under: dict[str, set[str]] = {}  # child -> the leaves in its subtree
+        self._seen: dict[str, float] = {}  # leaf -> wall time of its last report
+        self._waiting_since = time.time()
         self._lock = threading.Lock()
         self.register_event_handler(EventType.START_RUN, self._start_run)
         self.register_event_handler(EventType.END_RUN, self._end_run)
 
     # -- run lifecycle ------------------------------------------------------------------------------------------
     def _start_run(self, _event: str, fl_ctx: FLContext) -> None:
-        engine = fl_ctx.get_engine()
-        persistor = engine.get_component(self.persistor_id)
+        self._engine = fl_ctx.get_engine()
+        persistor = self._engine.get_component(self.persistor_id)
         if not isinstance(persistor, LearnablePersistor):
             self.system_panic(f"component {self.persistor_id!r} must be a LearnablePersistor", fl_ctx)
             return
-        self.model_manager = engine.get_component(self.model_manager_id)
+        self.model_manager = self._engine.get_component(self.model_manager_id)
         model = persistor.load(fl_ctx)
         if not isinstance(model, ModelLearnable):
             self.system_panic(f"the persistor returned {type(model)}, not a ModelLearnable", fl_ctx)
@@ -151,11 +173,18 @@ class ExactTimeAssessor(Assessor):
             self.updates_per_version, self.min_hole_to_fill, self.device_reuse, self.max_model_version,
             self.max_sim_time,
         )  # fmt: skip
-        self._events = JsonlWriter(os.path.join(output_dir(self.results_dir, fl_ctx), "events.jsonl"))
-        self._waiting_since = time.time()
+        self._out = output_dir(self.results_dir, fl_ctx)
+        self._events = JsonlWriter(os.path.join(self._out, "events.jsonl"))
+        self._waiting_since = self._started_wall = time.time()
         self._leaves_under = leaves_under(fl_ctx.get_prop(FLContextKey.CLIENT_HIERARCHY))
+        if self.resume:
+            self._restore(checkpoint.read(self._out), fl_ctx)
 
     def _end_run(self, _event: str, fl_ctx: FLContext) -> None:
+        if self.applier is not None:
+            self.applier.stop()
+        if self.outcome is None:  # ended by NVFlare (an abort) before the schedule was done
+            self._finish("stopped", "the run was aborted before its last version", fl_ctx)
         if self._events is not None:
             self._events.close()
             self._events = None
@@ -163,120 +192,185 @@ class ExactTimeAssessor(Assessor):
     def start_task(self, fl_ctx: FLContext) -> Shareable:
         return BaseState(model_version=0, model=None, device_selection_version=0, device_selection={}).to_shareable()
 
+    def _start(self, fl_ctx: FLContext) -> None:
+        self.log_info(fl_ctx, f"all {self.num_leaves} leaves registered {len(self.schedule.pool)} devices: starting")
+        self.model_manager.start(self._initial, fl_ctx)
+        self.schedule.start()
+        self._make_applier(fl_ctx).start()
+
+    def _make_applier(self, fl_ctx: FLContext) -> UpdateApplier:
+        self.applier = UpdateApplier(self.schedule, self.model_manager, self._events, self._engine.new_context,
+                                     self.time_scale, on_version=lambda: self._on_version(fl_ctx),
+                                     log_error=lambda msg: self.log_error(fl_ctx, msg))  # fmt: skip
+        return self.applier
+
+    # -- checkpoints ----------------------------------------------------------------------------------------------
+    def _state(self) -> dict:
+        """The whole server state (called on the applier thread, between two updates)."""
+        a, s = self.applier, self.schedule
+        with a.lock:
+            received = list(a.received.values())
+            groups = list({id(u.group): u.group for u in received if u.group is not None}.values())
+            state = {
+                "meta": {"version": s.version, "sim_seconds": s.now, "applied": a.applied,
+                         "wall_seconds": self._wall_offset + time.time() - self._started_wall},  # fmt: skip
+                "schedule": s.state_dict(),
+                "received": [u.to_dict() | {"group": next(i for i, g in enumerate(groups) if g is u.group)
+                                            if u.group is not None else None} for u in received],  # fmt: skip
+                "groups": [g.to_dict() for g in groups],
+                "selection_version": a.selection_version,
+            }
+        return state | {"model_manager": self.model_manager.state_dict()}
+
+    def _restore(self, state: dict, fl_ctx: FLContext) -> None:
+        meta = state["meta"]
+        self.schedule.load_state_dict(state["schedule"])
+        self.model_manager.load_state_dict(state["model_manager"])
+        applier = self._make_applier(fl_ctx)
+        groups = [SelectionSum.from_dict(g) for g in state["groups"]]
+        for entry in state["received"]:
+            update = DeviceUpdate.from_dict(entry)
+            update.group = groups[entry["group"]] if entry["group"] is not None else None
+            applier.received[update.device] = update
+        applier.applied, applier.selection_version = meta["applied"], state["selection_version"]
+        self._events.truncate(meta["applied"])
+        self._wall_offset = meta["wall_seconds"]
+        self.log_info(fl_ctx, f"resumed at version {meta['version']}, simulated time {meta['sim_seconds']:.6g}")
+        self.fire_event_with_data(RUN_RESUMED, fl_ctx, RUN_RESUMED, meta)
+        applier.start()
+
+    def _on_version(self, fl_ctx: FLContext) -> None:
+        version = self.schedule.version
+        if not self._policy.due(version):
+            return
+        try:
+            seconds = checkpoint.write(self._out, self._state())
+        except OSError as ex:
+            self.log_error(fl_ctx, f"checkpoint at version {version} not written ({ex}); the previous one is kept")
+            return
+        self._policy.written(seconds)
+        self.log_info(fl_ctx, f"checkpoint at version {version} written in {seconds:.2f} s")
+
+    # -- when is it over ----------------------------------------------------------------------------------------
+    def _finish(self, status: str, reason: str, fl_ctx: FLContext) -> None:
+        s = self.schedule
+        self.outcome = {"status": status, "reason": reason, "version": s.version if s else 0,
+                        "sim_seconds": round(s.now, 9) if s else 0.0}  # fmt: skip
+        log = self.log_info if status == "completed" else self.log_error
+        log(fl_ctx, f"run {status}: {reason}")
+        self.fire_event_with_data(RUN_OUTCOME, fl_ctx, RUN_OUTCOME, self.outcome)
+
     def assess(self, fl_ctx: FLContext) -> Assessment:
         with self._lock:
+            if self.outcome is not None:
+                return Assessment.WORKFLOW_DONE
             s = self.schedule
             if s is None:
                 return Assessment.CONTINUE
             if not s.version:
                 if time.time() - self._waiting_since > self.device_wait_timeout:
-                    self.stop_reason = (
-                        f"only leaves {sorted(s.pool.leaves)} of {self.num_leaves} registered devices within "
-                        f"--device-wait-timeout {self.device_wait_timeout:g} s"
-                    )
-                    self.log_error(fl_ctx, f"stopping the job: {self.stop_reason}")
+                    self._finish("stopped", f"only leaves {sorted(s.pool.leaves)} of {self.num_leaves} registered "
+                                            f"devices within --device-wait-timeout {self.device_wait_timeout:g} s",
+                                 fl_ctx)  # fmt: skip
                     return Assessment.WORKFLOW_DONE
                 return Assessment.CONTINUE
-            if s.done:
-                if s.version < self.max_model_version and s.next_due() is None and self.max_sim_time is None:
-                    self.stop_reason = "no device left to select (the pool is exhausted: --no-device-reuse)"
-                    self.log_error(fl_ctx, f"stopping the job: {self.stop_reason}")
-                self.log_info(fl_ctx, f"done at version {s.version}, simulated time {s.now:.3f}")
-                return Assessment.WORKFLOW_DONE
-            return Assessment.CONTINUE
+            with self.applier.lock:  # the applier thread changes the schedule
+                self._check_leaves(fl_ctx)
+                if self.outcome is not None:
+                    return Assessment.WORKFLOW_DONE
+                if self.applier.error:
+                    self._finish("stopped", self.applier.error, fl_ctx)
+                elif self.applier.finished:
+                    if s.version >= self.max_model_version:
+                        self._finish("completed", f"version {s.version} (--max-model-version)", fl_ctx)
+                    elif self.max_sim_time is not None and s.next_due() is not None:
+                        self._finish("completed", f"simulated time {s.now:.6g} (--max-sim-time "
+                                                  f"{self.max_sim_time:g})", fl_ctx)  # fmt: skip
+                    else:
+                        self._finish("stopped", f"no device left to select at version {s.version} (the pool is "
+                                                "exhausted: --no-device-reuse, or every leaf lost)", fl_ctx)  # fmt: skip
+            return Assessment.WORKFLOW_DONE if self.outcome is not None else Assessment.CONTINUE
+
+    def _check_leaves(self, fl_ctx: FLContext) -> None:
+        now = time.time()
+        lost = {leaf for leaf, seen in self._seen.items() if now - seen > self.leaf_timeout} - self.lost_leaves
+        if not lost:
+            return
+        self.lost_leaves |= lost
+        names = ", ".join(sorted(lost))
+        if self.on_leaf_loss == "stop":
+            self._finish("stopped", f"leaf {names} sent nothing for {self.leaf_timeout:g} s (--leaf-timeout): lost "
+                                    "(--on-leaf-loss stop); metrics.json keeps the versions made so far", fl_ctx)  # fmt: skip
+            return
+        self.log_error(fl_ctx, f"leaf {names} lost: its in-flight devices count as failed, its devices are never "
+                               "selected again (--on-leaf-loss continue)")  # fmt: skip
+        for leaf in lost:
+            for device in self.schedule.pool.remove_leaf(leaf):
+                if device in self.applier.received:  # it reported before the leaf went silent
+                    continue
+                flight = self.schedule.in_flight[device]
+                self.applier.receive(DeviceUpdate(device, flight.selection_id, flight.base_version, None, count=0))
 
     # -- reports from children ----------------------------------------------------------------------------------
     def process_child_update(self, update: Shareable, fl_ctx: FLContext) -> tuple[bool, Shareable | None]:
+        child = fl_ctx.get_peer_context().get_identity_name()
         with self._lock:
             if self.schedule is None:
                 return False, None
             report = StateUpdateReport.from_shareable(update)
-            self._register_devices(update, report, fl_ctx)
-            if not self.schedule.version and len(self.schedule.pool.leaves) >= self.num_leaves:
-                self._start(fl_ctx)
-            for entry in update.get(DEVICE_UPDATES) or ():
-                self._receive(DeviceUpdate.from_dict(entry), fl_ctx)
-            for entry in update.get(SELECTION_SUMS) or ():
-                for device_update in SelectionSum.from_dict(entry).device_updates():
-                    self._receive(device_update, fl_ctx)
-            self._apply_due(fl_ctx)
-            return True, self._reply(report, fl_ctx.get_peer_context().get_identity_name())
+            self._note_alive(child, update)
+            if self.applier is None:
+                self._register_devices(update, report)
+                if len(self.schedule.pool.leaves) >= self.num_leaves:
+                    self._start(fl_ctx)
+            else:
+                with self.applier.lock:
+                    self._register_devices(update, report)
+            if self.applier is not None:
+                updates = [DeviceUpdate.from_dict(e) for e in update.get(DEVICE_UPDATES) or ()]
+                for entry in update.get(SELECTION_SUMS) or ():
+                    updates += SelectionSum.from_dict(entry).device_updates()
+                for u in updates:
+                    refused = self.applier.receive(u)
+                    if refused:
+                        self.log_warning(fl_ctx, f"dropped an update: {refused}")
+        return True, self._reply(report, child)
 
-    def _register_devices(self, update: Shareable, report: StateUpdateReport, fl_ctx: FLContext) -> None:
+    def _note_alive(self, child: str, update: Shareable) -> None:
+        now = time.time()
+        if child in self._leaves_under.get(child, {child}):  # a leaf itself, not a relay
+            self._seen[child] = now
+        for leaf, age in (update.get(LEAVES_SEEN) or {}).items():  # a relay's word on the leaves below it
+            self._seen[leaf] = max(self._seen.get(leaf, 0.0), now - float(age))
+
+    def _register_devices(self, update: Shareable, report: StateUpdateReport) -> None:
         pool = self.schedule.pool
         for prefix, (count, leaf) in (update.get(DEVICE_RANGES) or {}).items():
-            pool.register_range(prefix, int(count), leaf)
+            if leaf not in self.lost_leaves:
+                pool.register_range(prefix, int(count), leaf)
         for device_id, device in (report.available_devices or {}).items():
-            pool.register(device_id, device.client_name)
-
-    def _start(self, fl_ctx: FLContext) -> None:
-        self.log_info(fl_ctx, f"all {self.num_leaves} leaves registered {len(self.schedule.pool)} devices: starting")
-        self.model_manager.start(self._initial, fl_ctx)
-        self._started_at = time.time()
-        self.schedule.start()
-        self._selection_version += 1
-
-    def _receive(self, update: DeviceUpdate, fl_ctx: FLContext) -> None:
-        flight = self.schedule.in_flight.get(update.device)
-        if flight is None or flight.selection_id != update.selection_id:
-            self.log_warning(fl_ctx, f"dropped an update of device {update.device} for selection "
-                                     f"{update.selection_id}: not in flight")  # fmt: skip
-            return
-        if update.base_version != flight.base_version:
-            self.log_error(fl_ctx, f"device {update.device} trained version {update.base_version}, selected for "
-                                   f"{flight.base_version}")  # fmt: skip
-        self._received[update.device] = update
-
-    def _apply_due(self, fl_ctx: FLContext) -> None:
-        s = self.schedule
-        if not s.version:
-            return
-        if self.time_scale > 0:  # real-time mode: in the order received
-            for device in list(self._received):
-                if s.done:
-                    break
-                now = (time.time() - self._started_at) / self.time_scale
-                self._apply(self._received.pop(device), now, fl_ctx)
-            return
-        while not s.done:
-            due = s.next_due()
-            if due.device not in self._received:
-                return  # wait for it: every later update waits too
-            self._apply(self._received.pop(due.device), None, fl_ctx)
-
-    def _apply(self, update: DeviceUpdate, now: float | None, fl_ctx: FLContext) -> None:
-        s, mm = self.schedule, self.model_manager
-        counted = update.count > 0
-        arrival, _ = s.apply(update.device, counted=counted, at=now)
-        self._selection_version += 1
-        if counted:
-            mm.add_update(update, arrival.tau, fl_ctx)
-        if arrival.made_version:
-            mm.make_version(s.now, fl_ctx)
-        record = arrival.trace_record() | {"base_version": update.base_version}
-        if now is not None:
-            record["arrival"] = round(now, 9)
-        self._events.write(record)
-        mm.retain(s.needed_versions())
+            if device.client_name not in self.lost_leaves:
+                pool.register(device_id, device.client_name)
 
     def _reply(self, report: StateUpdateReport, child: str) -> Shareable:
-        """What ``child`` needs: the current version, its part of the selection, the version of each of its
-        selection ids, and every version its in-flight devices train that it does not hold yet (it holds the
-        version it reported and every older one its devices still need)."""
-        s, mm = self.schedule, self.model_manager
-        if not s.version:
+        """What ``child`` needs, from the applier's last published view: the current version, its part of the
+        selection, the version of each of its selection ids, and every version its devices train that it does not
+        hold yet (it holds the version it reported and every older one its devices still need)."""
+        view = self.applier.view if self.applier is not None else None
+        if view is None or not view.version:
             return StateUpdateReply(0, None, 0, None).to_shareable()
         leaves = self._leaves_under.get(child, {child})
-        mine = [f for f in s.in_flight.values() if s.pool.leaf_of(f.device) in leaves]
+        pool = self.schedule.pool
+        mine = {d: sid for d, sid in view.selection.items() if pool.leaf_of(d) in leaves}
+        versions = {sid: view.selection_versions[sid] for sid in set(mine.values())}
         child_version = report.current_model_version or 0
-        model = mm.model_dxo(mm.current_version) if child_version != mm.current_version else None
-        changed = report.current_device_selection_version != self._selection_version
-        selection = {f.device: f.selection_id for f in mine} if changed else None
-        reply = StateUpdateReply(mm.current_version, model, self._selection_version, selection).to_shareable()
+        model = view.models[view.version] if child_version != view.version else None
+        changed = report.current_device_selection_version != view.selection_version
+        reply = StateUpdateReply(view.version, model, view.selection_version, mine if changed else None).to_shareable()
         if changed:
-            reply[PropKey.DEVICE_SELECTION] = selection  # even when empty: the child's devices are all done
-        needed = {f.base_version for f in mine if f.base_version > child_version} - {mm.current_version}
+            reply[PropKey.DEVICE_SELECTION] = mine  # even when empty: the child's devices are all done
+        needed = {v for v in versions.values() if v > child_version} - {view.version}
         if needed:
-            reply[MODELS] = {v: mm.model_dxo(v) for v in sorted(needed)}
-        reply[SELECTION_VERSIONS] = {f.selection_id: f.base_version for f in mine}
+            reply[MODELS] = {v: view.models[v] for v in sorted(needed)}
+        reply[SELECTION_VERSIONS] = versions
         return reply

@@ -26,7 +26,8 @@ class EngineConfig:
         tests: each result is held for its delays x S wall seconds, and updates are applied as they arrive.
     job_timeout: seconds a leaf's device simulator waits for the job to reach it (only that).
     update_interval: seconds between a leaf's syncs with its parent (NVFlare's default: 1.0).
-    update_timeout: seconds a leaf waits for its parent to take an update.
+    update_timeout: seconds a leaf waits for its parent to take an update (None: derived from what a leaf sends,
+        ``simulation.planner.update_timeout``).
     """
 
     simulator: SimulatorName = "fast"
@@ -37,7 +38,7 @@ class EngineConfig:
     time_scale: float = 0.0
     job_timeout: float = 120.0
     update_interval: float = 0.25
-    update_timeout: float = 10.0
+    update_timeout: float | None = None
 
     def __post_init__(self) -> None:
         check_choice("--simulator", self.simulator, SimulatorName)
@@ -47,10 +48,9 @@ class EngineConfig:
             check_positive({"--num-workers": self.num_workers})
         if self.group_size is not None:
             check_positive({"--group-size": self.group_size})
-        check_positive(
-            {"--job-timeout": self.job_timeout, "--update-interval": self.update_interval,
-             "--update-timeout": self.update_timeout}, integer=False,
-        )  # fmt: skip
+        check_positive({"--job-timeout": self.job_timeout, "--update-interval": self.update_interval}, integer=False)
+        if self.update_timeout is not None:
+            check_positive({"--update-timeout": self.update_timeout}, integer=False)
         if not self.time_scale >= 0:
             raise ConfigError(f"--time-scale {self.time_scale}: must be >= 0 (0: exact simulated time)")
         if self.simulator == "stock" and self.time_scale > 0:

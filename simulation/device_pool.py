@@ -56,6 +56,16 @@ class DevicePool:
             return int(index) < self._ranges[prefix][0]
         return device_id in self._singles
 
+    def remove_leaf(self, leaf: str) -> list[str]:
+        """Forget every device of ``leaf`` (a lost leaf); returns those of them still busy (in flight)."""
+        busy = sorted(d for d in self.busy if self.leaf_of(d) == leaf)
+        self.busy -= set(busy)
+        self.retired = {d for d in self.retired if self.leaf_of(d) != leaf}
+        self._ranges = {p: v for p, v in self._ranges.items() if v[1] != leaf}
+        self._singles = {d: lf for d, lf in self._singles.items() if lf != leaf}
+        self._layout = None
+        return busy
+
     def leaf_of(self, device_id: str) -> str | None:
         prefix, _, index = device_id.rpartition(NUM_INDICATOR)
         if prefix in self._ranges and index.isdigit():

@@ -205,6 +205,20 @@ def test_synthetic_pool_evicts_oldest_first():
     assert sorted(pool._labels.tolist()) == [2, 3, 4, 5, 6]
 
 
+@pytest.mark.parametrize("added", [3, 7])  # filling up, and wrapped around
+def test_a_restored_synthetic_pool_keeps_only_what_it_holds_and_samples_the_same(added):
+    pool = SyntheticPool(capacity=5)
+    pool.add(torch.arange(added, dtype=torch.float32).unsqueeze(1), torch.arange(added))
+    state = pool.state_dict()
+    assert state["images"].untyped_storage().nbytes() == min(added, 5) * 4  # torch.save writes whole storages
+    restored = SyntheticPool(capacity=5)
+    restored.load_state_dict(state)
+    for p in (pool, restored):
+        p.add(torch.full((1, 1), 9.0), torch.tensor([9]))
+    draws = [p.sample(8, torch.Generator().manual_seed(1)) for p in (pool, restored)]
+    assert torch.equal(draws[0][0], draws[1][0]) and torch.equal(draws[0][1], draws[1][1])
+
+
 def test_cifar_resnet18_forward_shape():
     model = CifarResNet18()
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)

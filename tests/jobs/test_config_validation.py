@@ -1,5 +1,7 @@
 """Bad configurations are refused before any NVFlare process starts, with a message that names the fix."""
 
+import os
+
 import pytest
 
 from jobs import driver
@@ -39,6 +41,10 @@ def no_nvflare(monkeypatch):
         (["--model", "resnet18", "--engine", "vectorized"], "use --engine per-device"),
         (["--group-size", "0"], "--group-size 0"),
         (["--update-interval", "0"], "--update-interval 0"),
+        (["--simulator", "stock", "--devices-per-leaf", "1000000000", "--device-selection-size", "8"],
+         "keeps every one of the 2,000,000,000 devices in memory"),
+        (["--checkpoint-every", "-2"], "--checkpoint-every -2"),
+        (["--leaf-timeout", "0"], "--leaf-timeout 0"),
     ],
 )
 def test_invalid_config_is_refused_early(flags, message, capsys):
@@ -80,3 +86,24 @@ def test_help_lists_every_flag_with_its_default(capsys):
                  "--seed", "--env", "--startup-kit", "--username", "--output", "--export-only", "--simulator"]:  # fmt: skip
         assert flag in out
     assert "(default: synthetic)" in out
+
+
+def test_an_output_folder_that_cannot_be_created_is_refused_before_start(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    assert main(["--output", str(tmp_path / "file" / "results")]) == 2
+    assert "cannot be created" in capsys.readouterr().err
+
+
+def test_a_non_empty_folder_that_holds_no_earlier_run_is_never_cleared(tmp_path, capsys):
+    (tmp_path / "precious.txt").write_text("keep me")
+    assert main(["--output", str(tmp_path)]) == 2
+    assert "not empty and holds no earlier run" in capsys.readouterr().err
+    assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_an_unwritable_output_folder_is_refused(tmp_path, capsys):
+    folder = tmp_path / "ro"
+    folder.mkdir(mode=0o500)
+    assert main(["--output", str(folder)]) == 2
+    assert "not writable" in capsys.readouterr().err

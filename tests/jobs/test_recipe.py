@@ -8,7 +8,7 @@ import json
 import pytest
 
 from jobs.cli import build_parser, config_from_args
-from jobs.driver import prepare
+from jobs.plan import prepare
 from jobs.recipe import EdgeSimRecipe
 
 RESULT_COMPONENTS = {"edgesim_evaluator", "edgesim_monitor", "edgesim_recorder", "edgesim_progress",
@@ -21,8 +21,7 @@ def exported(tmp_path, method: str, *flags: str) -> tuple[dict, dict]:
          *flags]  # fmt: skip
     )
     cfg = config_from_args(args, method, presets=True)
-    plan, run_info, _ = prepare(cfg)
-    EdgeSimRecipe(cfg, plan, run_info, results_dir=str(tmp_path / "out")).export(job_dir=str(tmp_path / "job"))
+    EdgeSimRecipe(cfg, prepare(cfg), results_dir=str(tmp_path / "out")).export(job_dir=str(tmp_path / "job"))
     app = tmp_path / "job" / cfg.run.job_name / "app" / "config"
     server = json.loads((app / "config_fed_server.json").read_text())
     client = json.loads((app / "config_fed_client.json").read_text())

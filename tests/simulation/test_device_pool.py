@@ -75,3 +75,12 @@ def test_state_round_trip_continues_the_same_draws():
     copy = pool_of({}, seed=99)
     copy.load_state_dict(pool.state_dict())
     assert copy.sample(9) == pool.sample(9)
+
+
+def test_a_removed_leaf_is_never_sampled_and_its_busy_devices_are_returned():
+    pool = pool_of({"site-1": 3, "site-2": 3})
+    busy = pool.sample(6)
+    assert pool.remove_leaf("site-2") == sorted(d for d in busy if d.startswith("site-2"))
+    for d in busy:
+        pool.release(d)
+    assert len(pool) == 3 and {d.split("#")[0] for d in pool.sample(3)} == {"site-1"}

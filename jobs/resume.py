@@ -1,0 +1,69 @@
+"""``--resume DIR``: the configuration of the run to continue, from its ``metrics.json``, with only harmless changes.
+
+A resumed run must end exactly where the uninterrupted run would have, so it takes its whole configuration from
+the run it continues. Flags given with ``--resume`` may change only what does not change the result (how many
+workers, sync intervals, timeouts, how often to evaluate or checkpoint) or extend the run (``--max-model-version``,
+``--max-sim-time``); any other is refused, naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+
+from common.choices import ConfigError
+from jobs.config import PARTS, JobConfig
+from scheduling.checkpoint import state_path
+
+HARMLESS = {
+    ("federation", "max_model_version"), ("federation", "max_sim_time"), ("federation", "device_wait_timeout"),
+    ("federation", "leaf_timeout"), ("federation", "on_leaf_loss"),
+    ("engine", "num_workers"), ("engine", "update_interval"), ("engine", "update_timeout"), ("engine", "job_timeout"),
+    ("engine", "profile"),
+    ("run", "eval_frequency"), ("run", "workspace"), ("run", "checkpoint_every"), ("run", "output"),
+    ("run", "resume"), ("run", "export_only"), ("run", "env"), ("run", "startup_kit"), ("run", "username"),
+}  # fmt: skip
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
+    """The destinations of the flags written on the command line (not their defaults)."""
+    given = set()
+    for action in parser._actions:  # argparse has no public list of its actions
+        for option in action.option_strings:
+            if any(arg == option or arg.startswith(option + "=") for arg in argv):
+                given.add(action.dest)
+    return given
+
+
+def field_of(dest: str) -> tuple[str, str] | None:
+    """(part, field) a command-line destination sets, or None for the method and FedRevive's ``fr_*``."""
+    for part, cls in PARTS.items():
+        if dest in {f.name for f in dataclasses.fields(cls)}:
+            return part, dest
+    return None
+
+
+def resumed_config(results_dir: str, flags_cfg: JobConfig, given: set[str]) -> JobConfig:
+    """The saved run's config with the harmless flags of ``flags_cfg`` that were ``given``; ``ConfigError`` for a
+    folder that cannot be resumed or a flag that would change the result."""
+    metrics = os.path.join(results_dir, "metrics.json")
+    if not os.path.exists(metrics):
+        raise ConfigError(f"--resume {results_dir}: no metrics.json there; give the --output folder of the run to resume")
+    if not os.path.exists(state_path(results_dir)):
+        raise ConfigError(f"--resume {results_dir}: the run wrote no checkpoint before it ended; run it again")
+    with open(metrics) as f:
+        saved = JobConfig.from_dict(json.load(f)["config"])
+    changes: dict[str, dict] = {}
+    for dest in sorted(given - {"resume", "output"}):
+        where = field_of(dest)
+        if where is None or where not in HARMLESS:
+            flag = "--" + dest.replace("_", "-").replace("fr-", "fr-")
+            raise ConfigError(f"{flag} would change the result of the resumed run: leave it out (the saved "
+                              f"configuration applies), or start a new run")  # fmt: skip
+        part, name = where
+        changes.setdefault(part, {})[name] = getattr(getattr(flags_cfg, part), name)
+    changes.setdefault("run", {}).update(output=results_dir, resume=results_dir)
+    parts = {part: dataclasses.replace(getattr(saved, part), **values) for part, values in changes.items()}
+    return dataclasses.replace(saved, **parts)

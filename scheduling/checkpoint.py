@@ -1,0 +1,74 @@
+"""Checkpoints of the server's whole state: one file, written atomically, from which a run continues exactly.
+
+``checkpoint/state.pt`` in the results folder holds everything the run's future depends on: the schedule (the
+simulated time, the version counter, every in-flight device with its selection, base version and arrival time,
+each device's task count, the device pool with its sampling generator), the updates received but not yet applied,
+the model manager's kept versions and the buffer of the next one (FedRevive: teachers, estimates, generator, image
+pool and their generators too), and how many updates were applied (the length of ``events.jsonl`` to keep).
+
+It is written to ``state.pt.tmp`` and renamed over ``state.pt``: a crash mid-write leaves the previous checkpoint.
+A failed write (a full disk) removes the temporary file, keeps the previous checkpoint and says so; the run goes on.
+
+When: every ``every`` versions, or with ``every`` 0 (the default) whenever at least ``max(60 s, 20 x the last
+write's duration)`` of wall time has passed since the last one, so writing costs at most 5% of the run; -1: never.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from common.jsonio import write_json_atomic
+
+CHECKPOINT_DIR = "checkpoint"
+STATE_FILE = "state.pt"
+AUTO_MIN_SECONDS = 60.0
+AUTO_COST_SHARE = 20.0  # wall time between checkpoints >= this x the last write's duration (<= 5% overhead)
+
+
+def state_path(results_dir: str) -> str:
+    return os.path.join(results_dir, CHECKPOINT_DIR, STATE_FILE)
+
+
+def write(results_dir: str, state: dict) -> float:
+    """Write ``state`` atomically; returns the seconds it took. Raises ``OSError`` (the previous one is kept)."""
+    started = time.time()
+    path = state_path(results_dir)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp"
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    seconds = time.time() - started
+    meta = state["meta"] | {"write_seconds": round(seconds, 4), "bytes": os.path.getsize(path)}
+    write_json_atomic(os.path.join(os.path.dirname(path), "meta.json"), meta)  # for people; not read back
+    return seconds
+
+
+def read(results_dir: str) -> dict:
+    return torch.load(state_path(results_dir), weights_only=False)
+
+
+class CheckpointPolicy:
+    """When the next checkpoint is due (see the module docstring)."""
+
+    def __init__(self, every: int = 0):
+        self.every = every
+        self.last_wall = time.time()
+        self.last_cost = 0.0
+
+    def due(self, version: int) -> bool:
+        if self.every < 0:
+            return False
+        if self.every > 0:
+            return version % self.every == 0
+        return time.time() - self.last_wall >= max(AUTO_MIN_SECONDS, AUTO_COST_SHARE * self.last_cost)
+
+    def written(self, seconds: float) -> None:
+        self.last_wall, self.last_cost = time.time(), seconds

@@ -1,0 +1,186 @@
+"""Long runs survive: a run killed with SIGKILL and resumed ends exactly where an uninterrupted run ends; two runs at
+once both finish; a dead server or a lost leaf is noticed, the run ends non-zero with the reason, and nothing is
+left running."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import PYTHON, REPO
+
+SMALL = ["--num-leaf-nodes", "2", "--devices-per-leaf", "12", "--device-selection-size", "8", "--delays", "paper",
+         "--synthetic-size", "1500", "--subset-size", "40", "--local-iters", "2", "--local-batch-size", "16",
+         "--local-lr", "1e-3", "--seed", "5", "--eval-frequency", "4"]  # fmt: skip
+FEDREVIVE_SMALL = ["--fr-distill-from-version", "3", "--fr-kd-train-from-version", "5", "--fr-s-max", "2",
+                   "--fr-teacher-buffer-size", "2", "--fr-synth-per-teacher", "2", "--fr-kd-iters", "1",
+                   "--fr-gen-width", "8", "--fr-pool-size", "32", "--fr-probe-samples", "8"]  # fmt: skip
+METHOD_FLAGS = {
+    "fedavg": ["--method", "fedavg", "--max-model-version", "8", "--global-lr", "1.0"],
+    "fedbuff": ["--method", "fedbuff", "--max-model-version", "24", "--global-lr", "0.5"],
+    "fedrevive": ["--method", "fedrevive", "--max-model-version", "24", "--global-lr", "0.5", *FEDREVIVE_SMALL],
+}
+
+
+def start(tmp_path, name: str, *flags: str) -> subprocess.Popen:
+    out = tmp_path / name
+    return subprocess.Popen([PYTHON, "jobs/pt_job_fedrevive.py", *SMALL, *flags, "--output", str(out)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def finish(proc: subprocess.Popen, timeout: float = 400) -> tuple[int, str]:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc.pid)
+    return proc.returncode, out
+
+
+def kill_tree(pid: int) -> list[psutil.Process]:
+    """SIGKILL a process and every descendant at once: a crash, not a polite stop."""
+    root = psutil.Process(pid)
+    tree = [root, *root.children(recursive=True)]
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(tree, timeout=10)
+    return tree
+
+
+def wait_for(predicate, proc: subprocess.Popen, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, f"the job ended before {what}: {proc.stdout.read()[-3000:]}"
+        if predicate():
+            return
+        time.sleep(0.3)
+    pytest.fail(f"no {what} within {timeout} s")
+
+
+def checkpoint_version(out) -> int:
+    try:
+        return json.loads((out / "checkpoint" / "meta.json").read_text())["version"]
+    except (OSError, ValueError):
+        return 0
+
+
+def results(out) -> tuple[str, list, dict]:
+    metrics = json.loads((out / "metrics.json").read_text())
+    return (out / "events.jsonl").read_text(), [(r["version"], r["accuracy"]) for r in metrics["versions"]], metrics
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedbuff", "fedrevive"])
+def test_a_run_killed_and_resumed_ends_exactly_like_an_uninterrupted_run(tmp_path, method):
+    flags = [*METHOD_FLAGS[method], "--checkpoint-every", "2"]
+    code, out = finish(start(tmp_path, "whole", *flags))
+    assert code == 0, out[-3000:]
+    killed = start(tmp_path, "killed", *flags)
+    middle = 4 if method == "fedavg" else 10
+    wait_for(lambda: checkpoint_version(tmp_path / "killed") >= middle, killed, 300, f"checkpoint at {middle}")
+    kill_tree(killed.pid)
+    resumed = subprocess.run([PYTHON, "jobs/pt_job_fedrevive.py", "--resume", str(tmp_path / "killed")], cwd=REPO,
+                             capture_output=True, text=True, timeout=400)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "resuming" in resumed.stdout
+    events, accuracy, whole = results(tmp_path / "whole")
+    events_again, accuracy_again, again = results(tmp_path / "killed")
+    assert events_again == events
+    assert accuracy_again == accuracy
+    assert again["outcome"]["status"] == "completed" and again["outcome"]["version"] == whole["outcome"]["version"]
+    assert (tmp_path / "killed" / "global_model.pt").read_bytes() == (tmp_path / "whole" / "global_model.pt").read_bytes()
+
+
+def test_resume_refuses_a_flag_that_would_change_the_result(tmp_path):
+    (tmp_path / "run").mkdir()
+    proc = subprocess.run([PYTHON, "jobs/pt_job_fedrevive.py", "--resume", str(tmp_path / "run")], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2 and "no metrics.json there" in proc.stderr
+
+
+def test_two_runs_at_once_with_default_outputs_both_finish(tmp_path):
+    flags = [*SMALL, *METHOD_FLAGS["fedavg"], "--max-model-version", "3", "--workspace", str(tmp_path / "ws")]
+    runs = [subprocess.Popen([PYTHON, "jobs/pt_job_fedrevive.py", *flags], cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True) for _ in range(2)]  # fmt: skip
+    outputs = [finish(p) for p in runs]
+    for code, out in outputs:
+        assert code == 0, out[-3000:]
+    folders = sorted((tmp_path / "ws" / "results").iterdir())
+    assert len(folders) == 2, folders
+    for folder in folders:
+        assert json.loads((folder / "metrics.json").read_text())["outcome"]["status"] == "completed"
+
+
+def processes_of(proc: subprocess.Popen, marker: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            if marker in " ".join(p.cmdline()):
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def test_a_dead_server_is_noticed_and_the_run_ends_non_zero_with_nothing_left(tmp_path):
+    proc = start(tmp_path, "out", *METHOD_FLAGS["fedbuff"], "--max-model-version", "5000", "--checkpoint-every", "2")
+    wait_for(lambda: checkpoint_version(tmp_path / "out") >= 2, proc, 300, "a checkpoint")
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    (server,) = {w.parent() for w in processes_of(proc, "simulator_worker")}
+    killed_at = time.time()
+    server.kill()
+    code, out = finish(proc, timeout=120)
+    assert code == 1, out[-3000:]
+    assert time.time() - killed_at < 60, "the dead server was noticed late"
+    assert "server process" in out and "died" in out and "--resume" in out, out[-2000:]
+    assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.parametrize("policy", ["stop", "continue"])
+def test_a_lost_leaf_ends_in_its_policys_outcome(tmp_path, policy):
+    versions = "5000" if policy == "stop" else "40"
+    proc = start(tmp_path, "out", *METHOD_FLAGS["fedbuff"], "--max-model-version", versions, "--leaf-timeout", "8",
+                 "--on-leaf-loss", policy)  # fmt: skip
+    out_dir = tmp_path / "out"
+    wait_for(lambda: (out_dir / "events.jsonl").exists() and len((out_dir / "events.jsonl").read_text().splitlines()) > 6,
+             proc, 300, "some applied updates")  # fmt: skip
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    leaf = next(p for p in processes_of(proc, "simulator_worker") if "site-2" in " ".join(p.cmdline()))
+    leaf.kill()
+    code, out = finish(proc, timeout=300)
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    if policy == "stop":
+        assert code == 1, out[-3000:]
+        assert metrics["outcome"]["status"] == "stopped" and "site-2" in metrics["outcome"]["reason"]
+        assert "site-2" in out and metrics["versions"], out[-2000:]
+    else:
+        assert code == 0, out[-3000:]
+        assert metrics["outcome"]["status"] == "completed"
+        events = [json.loads(line) for line in (out_dir / "events.jsonl").read_text().splitlines()]
+        lost = [e for e in events if e.get("failed")]
+        assert lost and all(e["device"].startswith("site-2#") for e in lost)
+        lost_at = max(e["base_version"] for e in lost)
+        later = [e for e in events if e["base_version"] > lost_at]
+        assert later and not any(e["device"].startswith("site-2#") for e in later)  # never selected again
+
+
+def test_a_resnet18_job_on_the_cpu_reaches_its_last_version(tmp_path):
+    """ResNet-18's evaluation on 2 CPU cores once took longer than the leaves' update timeout, and the run ended
+    after version 1 with exit code 0. Evaluation now runs beside the protocol and timeouts scale with the model."""
+    proc = subprocess.run([PYTHON, "jobs/pt_job_fedavg.py", "--model", "resnet18", "--num-leaf-nodes", "2",
+                           "--devices-per-leaf", "4", "--device-selection-size", "8", "--max-model-version", "3",
+                           "--local-iters", "3", "--synthetic-size", "1500", "--output", str(tmp_path / "out"),
+                           "--workspace", str(tmp_path / "ws")],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["outcome"] == metrics["outcome"] | {"status": "completed", "version": 3}
+    assert [r["version"] for r in metrics["versions"]] == [1, 2, 3]
+    assert "warning" not in proc.stderr, proc.stderr[-2000:]
