@@ -12,7 +12,9 @@ each device's update on its own (``scheduling.exact_assessor``), so ``VersionedU
   synchronous run (``sum_selections``) every device of a selection goes into the same version, so the leaf sends
   one sum per selection instead, once all its devices of that selection have reported, added in device-id order
   (``SELECTION_SUMS``): the same bits every run, and one model-sized message instead of one per device;
-* registers its devices once, as ranges (``DEVICE_RANGES``), instead of re-sending every device on every sync.
+* registers its devices once, as ranges (``DEVICE_RANGES``), instead of re-sending every device on every sync;
+* sends up what the leaf's device runner put in its outbox (``common.leaf_outbox``: the leaf's plan, its
+  per-device report lines), and as a relay forwards its children's.
 
 As a relay it does the same for its children: merges what they send up, and replies to each with the versions it
 lacks. The node's state is a ``VersionedState``, NVFlare's ``BaseState`` plus the held models.
@@ -30,9 +32,12 @@ from nvflare.apis.shareable import Shareable
 from nvflare.edge.mud import BaseState, PropKey, StateUpdateReply, StateUpdateReport
 from nvflare.edge.updater import Updater
 
+from common.leaf_outbox import OUTBOX_PROP
 from common.protocol import (
     DEVICE_RANGES,
     DEVICE_UPDATES,
+    LEAF_PLANS,
+    LEAF_REPORTS,
     LEAVES_SEEN,
     LOCAL_REPORT,
     MODELS,
@@ -82,6 +87,8 @@ class VersionedUpdater(Updater):
         self._devices_unsent: dict = {}  # single devices (mud.Device) not yet sent up
         self._children_seen: dict[str, float] = {}  # child -> wall time of its last report (as a relay)
         self._below_seen: dict[str, tuple[float, float]] = {}  # leaf below a child -> (its age, when we heard)
+        self._leaf_plans: dict[str, dict] = {}  # to send up: leaf -> its plan
+        self._leaf_reports: dict[str, list] = {}  # to send up: leaf -> its report lines
 
     # -- state --------------------------------------------------------------------------------------------------
     def start_task(self, task_data: Shareable, fl_ctx: FLContext):
@@ -121,6 +128,14 @@ class VersionedUpdater(Updater):
                 report[DEVICE_UPDATES], self._pending = self._pending, []
             if self._sums:
                 report[SELECTION_SUMS], self._sums = self._sums, []
+            outbox = fl_ctx.get_prop(OUTBOX_PROP) if fl_ctx is not None else None
+            if outbox is not None:  # a leaf
+                plans, lines = outbox.take()
+                self._merge_leaf_info(plans, lines)
+            if self._leaf_plans:
+                report[LEAF_PLANS], self._leaf_plans = self._leaf_plans, {}
+            if self._leaf_reports:
+                report[LEAF_REPORTS], self._leaf_reports = self._leaf_reports, {}
             if self._children_seen:  # a relay: when each leaf below it last reported, for the server's watch
                 now = time.time()
                 seen = {leaf: age + now - heard for leaf, (age, heard) in self._below_seen.items()}
@@ -168,6 +183,7 @@ class VersionedUpdater(Updater):
                 if self._ranges.get(prefix) != list(entry):
                     self._ranges[prefix] = self._ranges_unsent[prefix] = list(entry)
             self._devices_unsent.update(report.available_devices or {})
+            self._merge_leaf_info(update.get(LEAF_PLANS) or {}, update.get(LEAF_REPORTS) or {})
             if local:
                 return True, None
             peer = fl_ctx.get_peer_context() if fl_ctx is not None else None
@@ -179,6 +195,11 @@ class VersionedUpdater(Updater):
                 for leaf, age in below.items():
                     self._below_seen[leaf] = (float(age), now)
             return True, self._reply_to_child(report)
+
+    def _merge_leaf_info(self, plans: dict, lines: dict) -> None:
+        self._leaf_plans.update(plans)
+        for leaf, entries in lines.items():
+            self._leaf_reports.setdefault(leaf, []).extend(entries)
 
     def _reply_to_child(self, report: StateUpdateReport) -> Shareable | None:
         state = self.current_state

@@ -7,7 +7,8 @@ simulated time needs more, added as extra keys of the same messages, which NVFla
   with the selection it answers and the version it trained; ``SELECTION_SUMS``, in synchronous runs, one summed
   update per selection and leaf instead (every device of a synchronous selection goes into the same version, so
   the sum, taken in device-id order, gives the same bits every run); ``DEVICE_RANGES``, the devices a leaf
-  simulates, sent once as ranges (``prefix`` -> count), not as one entry per device on every sync;
+  simulates, sent once as ranges (``prefix`` -> count), not as one entry per device on every sync; ``LEAF_PLANS``
+  and ``LEAF_REPORTS``, each leaf's own worker plan and its per-device report lines (``common.leaf_outbox``);
 * down (server -> relay -> leaf, in ``StateUpdateReply`` shareables): ``MODELS``, the model versions the child
   still needs for its selected devices; ``SELECTION_VERSIONS``, the model version of each selection id.
 """
@@ -21,6 +22,8 @@ DEVICE_UPDATES = "edgesim_device_updates"  # list of DeviceUpdate dicts
 SELECTION_SUMS = "edgesim_selection_sums"  # list of SelectionSum dicts
 LEAVES_SEEN = "edgesim_leaves_seen"  # from a relay: {leaf below it: seconds since that leaf last reported}
 DEVICE_RANGES = "edgesim_device_ranges"  # {prefix: [count, client name]}
+LEAF_PLANS = "edgesim_leaf_plans"  # {leaf: its own worker plan (dict)}, sent once (common.leaf_outbox)
+LEAF_REPORTS = "edgesim_leaf_reports"  # {leaf: [one dict per device report, in the leaf's order]}
 LOCAL_REPORT = "edgesim_local_report"  # header: a leaf executor's report to its own updater
 MODELS = "edgesim_models"  # {model version: WEIGHTS DXO}
 SELECTION_VERSIONS = "edgesim_selection_versions"  # {selection id: model version}
@@ -111,3 +114,7 @@ RUN_OUTCOME = "edgesim.run_outcome"
 # fired by the server's assessor at START_RUN when it resumes from a checkpoint; fl_ctx[RUN_RESUMED] is the
 # checkpoint's meta: {"version", "sim_seconds", "applied", "wall_seconds"}
 RUN_RESUMED = "edgesim.run_resumed"
+
+# fired by the server's assessor when a report carries leaf information (``LEAF_PLANS`` / ``LEAF_REPORTS``);
+# fl_ctx[LEAF_INFO] is {"plans": {leaf: plan}, "reports": {leaf: [report line, ...]}}
+LEAF_INFO = "edgesim.leaf_info"

@@ -75,7 +75,9 @@ class ProgressReporter(FLComponent):
     def _report_version(self, _event: str, fl_ctx: FLContext) -> None:
         record = fl_ctx.get_prop(VERSION_RECORD)
         stretch = getattr(fl_ctx.get_prop(SYSTEM_SAMPLES), "aggregate", None)
-        emit(progress_line(record, stretch, self.max_model_version))
+        line = progress_line(record, stretch, self.max_model_version)
+        emit(line)
+        self.logger.info(line)  # also in the server's log.txt: how a deployment's driver follows progress
         if self._bar is not None:
             self._bar.set_postfix_str(progress_line(record, stretch).removeprefix("[edgesim] "), refresh=False)
             self._bar.update(max(0, record["version"] - 1 - self._bar.n))

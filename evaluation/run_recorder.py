@@ -25,7 +25,7 @@ from nvflare.apis.fl_context import FLContext
 
 from common.jsonio import write_json_atomic
 from common.output import output_dir
-from common.protocol import RUN_OUTCOME, RUN_RESUMED
+from common.protocol import LEAF_INFO, RUN_OUTCOME, RUN_RESUMED
 from evaluation.events import (
     SYSTEM_SAMPLES,
     SYSTEM_SUMMARY,
@@ -96,12 +96,14 @@ class RunRecorder(FLComponent):
         self._system: dict | None = None
         self._summary: dict | None = None
         self._outcome: dict | None = None
+        self._leaf_plans: dict[str, dict] = {}
         self._lock = threading.Lock()
         self.register_event_handler(EventType.START_RUN, self._start)
         self.register_event_handler(VERSION_EVALUATED, self._record_version)
         self.register_event_handler(SYSTEM_SUMMARY_READY, self._record_system)
         self.register_event_handler(RUN_OUTCOME, self._record_outcome)
         self.register_event_handler(RUN_RESUMED, self._resume)
+        self.register_event_handler(LEAF_INFO, self._record_leaf_plans)
         self.register_event_handler(EventType.END_RUN, self._end)
 
     @property
@@ -140,6 +142,13 @@ class RunRecorder(FLComponent):
             with open(path) as f:
                 self._records = [r for r in json.load(f).get("versions", []) if r["version"] <= version]
 
+    def _record_leaf_plans(self, _event: str, fl_ctx: FLContext) -> None:
+        plans = fl_ctx.get_prop(LEAF_INFO).get("plans")
+        if plans:
+            with self._lock:
+                self._leaf_plans.update(plans)
+                self._write()
+
     def _record_outcome(self, _event: str, fl_ctx: FLContext) -> None:
         with self._lock:
             self._outcome = fl_ctx.get_prop(RUN_OUTCOME)
@@ -153,6 +162,8 @@ class RunRecorder(FLComponent):
     def _write(self) -> None:
         payload = dict(self.run_info)
         payload["versions"] = self._records
+        if self._leaf_plans:
+            payload["leaf_plans"] = dict(sorted(self._leaf_plans.items()))
         if self._system is not None:
             payload["system"] = self._system
         if self._summary is not None:

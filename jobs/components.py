@@ -7,6 +7,7 @@ the component the config parts it needs, as the plain values NVFlare writes into
 from __future__ import annotations
 
 from evaluation.evaluator import GlobalModelEvaluator
+from evaluation.leaf_log_writer import LeafLogWriter
 from evaluation.model_saver import GlobalModelSaver
 from evaluation.progress import ProgressReporter
 from evaluation.run_recorder import RunRecorder
@@ -14,6 +15,7 @@ from evaluation.system_monitor import SystemMonitorComponent
 from evaluation.tensorboard_writer import TensorBoardWriter
 from jobs.config import JobConfig
 from jobs.methods import METHODS
+from jobs.plan import plan_request
 from processors.task_processor import TrainingTaskProcessor
 from scheduling.exact_assessor import ExactTimeAssessor
 from simulation.leaf_runner import FastDeviceRunner, StockDeviceRunner
@@ -22,35 +24,37 @@ from simulation.planner import Timeouts, WorkerPlan
 MONITOR_ID = "edgesim_monitor"
 
 
-def make_task_processor(cfg: JobConfig, plan: WorkerPlan, torch_threads: int | None = None) -> TrainingTaskProcessor:
-    """The device-side trainer; ``torch_threads`` overrides the plan's (0: leave torch's default)."""
+def make_task_processor(cfg: JobConfig, plan: WorkerPlan | None, torch_threads: int | None = None) -> TrainingTaskProcessor:
+    """The device-side trainer; ``torch_threads`` overrides the plan's (0: leave torch's default). Without a plan
+    (a deployment) the leaf sets its threads from its own plan at start."""
     stock = cfg.engine.simulator == "stock"
+    if torch_threads is None:
+        torch_threads = plan.torch_threads if plan is not None else 0
     return TrainingTaskProcessor(
         data=cfg.data.to_dict(),
         training=cfg.training.to_dict(),
         seed=cfg.run.seed,
         profile=cfg.engine.profile,
-        torch_threads=plan.torch_threads if torch_threads is None else torch_threads,
-        leaves_per_gpu=plan.leaves_per_gpu,
+        torch_threads=torch_threads,
+        leaves_per_gpu=plan.leaves_per_gpu if plan is not None else 1,
         stock_delays=cfg.delays.to_dict() if stock else None,
     )
 
 
-def make_leaf_runner(cfg: JobConfig, plan: WorkerPlan, processor_id: str, results_dir: str):
-    """The widget that starts each leaf's device simulator: ours, or NVFlare's stock one (the baseline)."""
+def make_leaf_runner(cfg: JobConfig, plan: WorkerPlan | None, processor_id: str):
+    """The widget that starts each leaf's device simulator: ours (each leaf plans its own workers at start), or
+    NVFlare's stock one (the baseline, with the driver's worker count)."""
     e = cfg.engine
     if e.simulator == "stock":
         return StockDeviceRunner(processor_id, e.job_timeout, cfg.federation.devices_per_leaf, plan.num_workers)
     return FastDeviceRunner(
         processor_id,
+        plan_request=plan_request(cfg).to_dict(),
         job_timeout=e.job_timeout,
         num_devices=cfg.federation.devices_per_leaf,
-        num_workers=plan.num_workers,
         delays=cfg.delays.to_dict(),
         seed=cfg.run.seed,
         time_scale=e.time_scale,
-        results_dir=results_dir,
-        group_size=plan.group_size if plan.engine == "vectorized" else 1,
     )
 
 
@@ -99,4 +103,5 @@ def make_result_components(cfg: JobConfig, run_info: dict, results_dir: str) -> 
         "edgesim_progress": ProgressReporter(f.max_model_version),
         "edgesim_tensorboard": TensorBoardWriter(results_dir),
         "edgesim_model_saver": GlobalModelSaver(cfg.training.model, results_dir),
+        "edgesim_leaf_log": LeafLogWriter(results_dir, resume=bool(cfg.run.resume)),
     }  # fmt: skip

@@ -165,6 +165,9 @@ class RunConfig:
             raise ConfigError("--env prod needs --startup-kit DIR (the admin's startup kit) and --username NAME")
         if self.env == "prod" and not os.path.isdir(os.path.expanduser(self.startup_kit)):
             raise ConfigError(f"--startup-kit {self.startup_kit}: no such directory")
+        if self.resume and self.env != "sim":
+            raise ConfigError(f"--resume with --env {self.env}: resuming continues SimEnv runs only (a deployment's "
+                              "server keeps its checkpoint in its own job workspace); run it again, or leave out --env")  # fmt: skip
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -24,6 +24,7 @@ from jobs.outputs import nvflare_workspace, prepare_output_dir
 from jobs.plan import RunPlan, prepare
 from jobs.process_guard import Interrupts, no_orphans
 from jobs.recipe import EdgeSimRecipe
+from jobs.remote import ProdFollower, follow_poc
 from jobs.results import finalize, format_summary
 from jobs.watchdog import Watchdog
 from processors.data.sources import DatasetError
@@ -57,7 +58,7 @@ def report_end(results_dir: str, started: float, cause: str = "") -> int:
     outcome = outcome_of(results_dir)
     if outcome is not None:  # the server decided how the run ended; a hang after that is only worth a warning
         if cause:
-            print(f"[edgesim] warning: {cause}; every process of the job was stopped", file=sys.stderr)
+            print(f"[edgesim] warning: {cause}", file=sys.stderr)
         if outcome["status"] == "completed":
             return 0
     reason = outcome["reason"] if outcome else (cause or "the job ended before the server decided an outcome")
@@ -90,35 +91,58 @@ def run(cfg: JobConfig, verbose: bool = False) -> int:
         return 0
 
     print(f"[edgesim] results go to {results_dir}" + (" (resuming)" if run_cfg.resume else ""))
-    recipe = EdgeSimRecipe(cfg, plan, results_dir=results_dir if run_cfg.env in ("sim", "poc") else "")
-    env = make_env(cfg, nvflare_workspace(results_dir) if run_cfg.env == "sim" else "", verbose)
+    sim = run_cfg.env == "sim"
+    # sim: the server writes straight into the results folder; on a deployment it writes into its own job
+    # workspace, and the results come home when the job ends (jobs.remote)
+    recipe = EdgeSimRecipe(cfg, plan, results_dir=results_dir if sim else "")
+    env = make_env(cfg, nvflare_workspace(results_dir) if sim else "", verbose)
+    if sim:
+        return run_sim(recipe, env, results_dir, plan)
+    return run_remote(recipe, env, cfg, results_dir)
+
+
+def interrupted(results_dir: str, started: float, code: int, what: str) -> int:
+    print(f"[edgesim] interrupted; {what}", file=sys.stderr)
+    if os.path.exists(os.path.join(results_dir, "metrics.json")):
+        print(format_summary(finalize(results_dir, time.time() - started), results_dir))
+        print(f"[edgesim] partial results (versions finished before the interrupt) kept in {results_dir}")
+    return code
+
+
+def run_sim(recipe: EdgeSimRecipe, env, results_dir: str, plan: RunPlan) -> int:
+    """SimEnv: the job's processes are ours, guarded (no orphans on Ctrl-C) and watched (a dead server)."""
     started = time.time()
-    interrupts = Interrupts()
     cause = ""
+    interrupts = Interrupts()
     try:
-        # sim: the job's processes are ours to stop. poc: its services are meant to outlive this command
-        # (stop them with `nvflare poc stop`); prod: nothing runs here.
-        sim = run_cfg.env == "sim"
-        with no_orphans() if sim else contextlib.nullcontext(interrupts) as interrupts:
-            with Watchdog(results_dir, shutdown_grace=60 + plan.timeouts.update_timeout) if sim else \
-                    contextlib.nullcontext() as dog:  # fmt: skip
-                try:
-                    job_run = recipe.run(env)
-                except RuntimeError as ex:  # the simulator ended with an error (a killed process, an abort)
-                    cause = simulator_failure(ex)
-                cause = (dog.reason if dog is not None and dog.reason else "") or cause
+        with no_orphans() as interrupts, Watchdog(results_dir, shutdown_grace=60 + plan.timeouts.update_timeout) as dog:
+            try:
+                recipe.run(env)
+            except RuntimeError as ex:  # the simulator ended with an error (a killed process, an abort)
+                cause = simulator_failure(ex)
+            cause = f"{dog.reason}; every process of the job was stopped" if dog.reason else cause
     except BaseException:
         if interrupts.signum is None:
             raise
     if interrupts.signum is not None:
         # NVFlare may turn the KeyboardInterrupt into its own error, so the signal, not the exception, decides
-        print("[edgesim] interrupted; every process of the job was stopped", file=sys.stderr)
-        if os.path.exists(os.path.join(results_dir, "metrics.json")):
-            print(format_summary(finalize(results_dir, time.time() - started), results_dir))
-            print(f"[edgesim] partial results (versions finished before the interrupt) kept in {results_dir}")
-        return interrupts.exit_code
-    if run_cfg.env != "sim" and not cause:
-        print(f"[edgesim] submitted job {job_run.get_job_id()}; waiting for it to finish")
-        result = job_run.get_result(timeout=0.0)
-        print(f"[edgesim] job result: {result}")
+        return interrupted(results_dir, started, interrupts.exit_code, "every process of the job was stopped")
+    return report_end(results_dir, started, cause)
+
+
+def run_remote(recipe: EdgeSimRecipe, env, cfg: JobConfig, results_dir: str) -> int:
+    """PocEnv / ProdEnv: submit, follow, bring the results home (``jobs.remote``); Ctrl-C aborts the job."""
+    started = time.time()
+    with contextlib.redirect_stdout(sys.stderr):  # NVFlare's "Connecting to FLARE ..." / "Submitted job ..."
+        job_id = recipe.run(env).get_job_id()
+    print(f"[edgesim] submitted job {job_id} ({cfg.run.env}); following it")
+    try:
+        if cfg.run.env == "prod":
+            status = ProdFollower(os.path.expanduser(cfg.run.startup_kit), cfg.run.username).follow(job_id, results_dir)
+        else:
+            status = follow_poc(env, job_id, results_dir)
+    except KeyboardInterrupt:
+        return interrupted(results_dir, started, 130, f"job {job_id} was aborted on the deployment")
+    print(f"[edgesim] job {job_id} ended: {status}; results in {results_dir}")
+    cause = "" if status == "FINISHED:COMPLETED" else f"the job ended with NVFlare status {status}"
     return report_end(results_dir, started, cause)

@@ -16,13 +16,13 @@ from jobs.methods import METHODS
 from processors.data.sources import load_dataset
 from processors.device import resolve_device
 from processors.models import build_model
+from simulation.leaf_plan import PlanRequest, plan_leaf
 from simulation.planner import (
     HardwareProfile,
     Timeouts,
     WorkerPlan,
     derive_timeouts,
     estimate_worker_bytes,
-    plan_engine,
     plan_workers,
     probe_hardware,
 )
@@ -31,27 +31,32 @@ from simulation.planner import (
 @dataclass(frozen=True)
 class RunPlan:
     """Attributes:
-    workers: each leaf's workers, torch threads and training engine.
+    workers: each leaf's workers, torch threads and training engine on this machine (what every SimEnv leaf plans
+        for itself at start); None on a deployment, where each leaf plans from its own machine.
     timeouts: how long a leaf waits for its parent, and when a silent leaf is lost.
     run_info: what is known before the run (config, environment, plans, profile), written into ``metrics.json``.
-    device: the torch device training runs on.
+    device: the torch device training runs on (on a deployment: the leaves' ``--compute-device``, as given).
     """
 
-    workers: WorkerPlan
+    workers: WorkerPlan | None
     timeouts: Timeouts
     run_info: dict
-    device: torch.device
+    device: torch.device | str
 
     def describe(self) -> str:
-        return "\n".join([self.workers.describe(), self.workers.reasoning(), f"  timeouts: {self.timeouts.reason}"])
+        if self.workers is None:
+            workers = "Parallel workers: each leaf plans its own from its machine at start (metrics.json leaf_plans)"
+        else:
+            workers = f"{self.workers.describe()}\n{self.workers.reasoning()}"
+        return f"{workers}\n  timeouts: {self.timeouts.reason}"
 
 
-def environment_info(device: torch.device, hardware: HardwareProfile) -> dict:
+def environment_info(device: torch.device | str, hardware: HardwareProfile) -> dict:
     import nvflare
 
     return {
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "nvflare": nvflare.__version__,
         "platform": platform.platform(),
         "compute_device": str(device),
@@ -60,24 +65,35 @@ def environment_info(device: torch.device, hardware: HardwareProfile) -> dict:
     }
 
 
-def plan_for(cfg: JobConfig, hardware: HardwareProfile, device: torch.device) -> WorkerPlan:
-    """Each leaf's workers, threads and training engine (``simulation.planner``) for this machine."""
+def plan_request(cfg: JobConfig) -> PlanRequest:
+    """What each leaf plans its workers from (``simulation.leaf_plan``): in SimEnv and POC every leaf is on this
+    machine; on a deployment each leaf counts its neighbours."""
+    t, e = cfg.training, cfg.engine
+    return PlanRequest(
+        model=t.model, batch_size=t.local_batch_size, optimizer=t.optimizer,
+        devices_per_round=cfg.federation.devices_per_leaf_per_round, compute_device=t.compute_device,
+        engine=e.engine, num_workers=e.num_workers, group_size=e.group_size, profile=e.profile,
+        leaves_on_host=cfg.federation.num_leaf_nodes if cfg.run.env in ("sim", "poc") else 0,
+    )  # fmt: skip
+
+
+def plan_for(cfg: JobConfig, hardware: HardwareProfile) -> WorkerPlan:
+    """Each leaf's workers, threads and training engine on this machine (what every leaf of a SimEnv run plans
+    for itself at start; on a deployment, what a leaf on this machine would plan)."""
+    request = plan_request(cfg)
+    if cfg.engine.simulator != "stock":
+        return plan_leaf(request, hardware, leaves_on_host=request.leaves_on_host or 1)
+    # the stock baseline runs NVFlare's own device runner, which takes its worker count from the job
     model = build_model(cfg.training.model)
-    per_worker = estimate_worker_bytes(model, cfg.training.local_batch_size, cfg.training.optimizer)
-    leaves_on_host = cfg.federation.num_leaf_nodes if cfg.run.env in ("sim", "poc") else 1
-    plan = plan_workers(
+    return plan_workers(
         hardware,
-        devices_per_leaf=cfg.federation.devices_per_leaf_per_round,
-        per_worker_bytes=per_worker,
-        leaves_on_host=leaves_on_host,
-        use_gpu=device.type == "cuda",
-        requested=cfg.engine.num_workers,
-        profile=cfg.engine.profile,
+        devices_per_leaf=request.devices_per_round,
+        per_worker_bytes=estimate_worker_bytes(model, request.batch_size, request.optimizer),
+        leaves_on_host=request.leaves_on_host or 1,
+        use_gpu=resolve_device(request.compute_device).type == "cuda",
+        requested=request.num_workers,
+        profile=request.profile,
     )
-    if cfg.engine.simulator == "stock":
-        return plan
-    has_buffers = any(True for _ in model.buffers())
-    return plan_engine(plan, cfg.engine.engine, has_buffers, cfg.engine.group_size)
 
 
 def timeouts_for(cfg: JobConfig) -> Timeouts:
@@ -107,17 +123,25 @@ def check_pool_memory(cfg: JobConfig) -> None:
 
 
 def prepare(cfg: JobConfig) -> RunPlan:
-    """Everything that can fail fast, before any NVFlare process starts (``ValueError``s name the fix)."""
+    """Everything that can fail fast, before any NVFlare process starts (``ValueError``s name the fix).
+
+    On a deployment (``--env prod``) this machine only submits: the compute device and the data are checked by
+    the sites, and each leaf plans its own workers at start (``workers`` is None, except for the stock baseline,
+    whose device runner takes its worker count from the job)."""
     check_pool_memory(cfg)
-    device = resolve_device(cfg.training.compute_device)
-    load_dataset(cfg.spec)  # missing / malformed data fails here, with the fix in the message
+    deployed = cfg.run.env == "prod"
+    if deployed:
+        device = f"the leaves' {cfg.training.compute_device}"
+    else:
+        device = resolve_device(cfg.training.compute_device)
+        load_dataset(cfg.spec)  # missing / malformed data fails here, with the fix in the message
     hardware = probe_hardware()
-    workers = plan_for(cfg, hardware, device)
+    workers = None if deployed and cfg.engine.simulator != "stock" else plan_for(cfg, hardware)
     timeouts = timeouts_for(cfg)
     run_info = {
         "config": cfg.to_dict(),
         "environment": environment_info(device, hardware),
-        "planner": workers.to_dict(),
+        "planner": workers.to_dict() if workers is not None else None,
         "timeouts": timeouts.to_dict(),
         "profile": get_profile(cfg.engine.profile).to_dict(),
     }

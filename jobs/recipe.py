@@ -16,6 +16,9 @@ compare with. It keeps our result components, so both paths are measured alike.
 
 from __future__ import annotations
 
+import os
+
+from nvflare.apis.job_def import ALL_SITES, SERVER_SITE_NAME
 from nvflare.app_common.widgets.metrics_artifact_writer import MetricsArtifactWriter
 from nvflare.app_opt.pt.job_config.model import PTModel
 from nvflare.edge.aggregators.model_update_dxo_factory import ModelUpdateDXOAggrFactory
@@ -42,8 +45,26 @@ from jobs.plan import RunPlan
 from processors.models import model_class_path, model_init_args
 
 TASK_NAME = "train"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# every layer below jobs/ (ARCHITECTURE.md): what the job's components import at run time
+SHIPPED_PACKAGES = ("common", "processors", "simulation", "fedrevive", "aggregation", "scheduling", "evaluation")
 STOCK_UPDATE_INTERVAL = 1.0  # NVFlare's EdgeJob default
 STOCK_MODEL_VERSIONS = 3  # NVFlare's ModelManagerConfig default: model versions a leaf keeps aggregators for
+
+
+def ship_packages(job: EdgeJob) -> None:
+    """Put this project's packages (every layer the job's components import) into the job's ``custom/`` folder,
+    server and clients alike: the sites of a deployment then need NVFlare and the third-party libraries only.
+    NVFlare copies only the modules of the classes a job names; their imports would be missing."""
+    for package in SHIPPED_PACKAGES:
+        root = os.path.join(REPO, package)
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            relative = os.path.relpath(folder, REPO)
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    for target in (SERVER_SITE_NAME, ALL_SITES):
+                        job.add_file_to(os.path.join(folder, name), target, dest_dir=relative)
 
 
 class EdgeSimRecipe(Recipe):
@@ -71,7 +92,8 @@ class EdgeSimRecipe(Recipe):
             registered = job.to_server(component, id=comp_id)
             if registered != comp_id:  # never build a job that would silently lack a result component
                 raise RuntimeError(f"NVFlare registered {comp_id!r} as {registered!r}")
-        self._add_clients(job, results_dir)
+        self._add_clients(job)
+        ship_packages(job)
         super().__init__(job)
 
     def _add_persistor(self, job: EdgeJob) -> str:
@@ -95,7 +117,7 @@ class EdgeSimRecipe(Recipe):
                                        device_wait_timeout=f.device_wait_timeout)  # fmt: skip
         return job.to_server(assessor, id="wf_assessor")
 
-    def _add_clients(self, job: EdgeJob, results_dir: str) -> None:
+    def _add_clients(self, job: EdgeJob) -> None:
         cfg = self.cfg
         job.to_clients(EdgeTaskReceiver(), id="edge_task_receiver")
         if cfg.engine.simulator == "stock":
@@ -105,4 +127,4 @@ class EdgeSimRecipe(Recipe):
             executor = EdgeSimExecutor(self.plan.timeouts.update_timeout, METHODS[cfg.method].leaf_sums(cfg))
         job.to_clients(executor, id="executor", tasks=[TASK_NAME])
         processor_id = job.to_clients(make_task_processor(cfg, self.plan.workers), id="task_processor")
-        job.to_clients(make_leaf_runner(cfg, self.plan.workers, processor_id, results_dir), id="device_runner")
+        job.to_clients(make_leaf_runner(cfg, self.plan.workers, processor_id), id="device_runner")

@@ -168,6 +168,11 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         self._settings = get_profile(profile)
         self.tasks_done = 0
 
+    def apply_plan(self, torch_threads: int, leaves_per_gpu: int) -> None:
+        """The leaf's own plan, made at run start from its machine (``simulation.leaf_plan``), replaces the
+        values the job was built with."""
+        self.torch_threads, self.leaves_per_gpu = torch_threads, leaves_per_gpu
+
     def setup(self, job: JobResponse) -> None:
         pass
 

@@ -46,6 +46,9 @@ from common.output import output_dir
 from common.protocol import (
     DEVICE_RANGES,
     DEVICE_UPDATES,
+    LEAF_INFO,
+    LEAF_PLANS,
+    LEAF_REPORTS,
     LEAVES_SEEN,
     MODELS,
     RUN_OUTCOME,
@@ -334,6 +337,9 @@ class ExactTimeAssessor(Assessor):
                     refused = self.applier.receive(u)
                     if refused:
                         self.log_warning(fl_ctx, f"dropped an update: {refused}")
+        plans, lines = update.get(LEAF_PLANS), update.get(LEAF_REPORTS)
+        if plans or lines:  # recorded by the result components (evaluation)
+            self.fire_event_with_data(LEAF_INFO, fl_ctx, LEAF_INFO, {"plans": plans or {}, "reports": lines or {}})
         return True, self._reply(report, child)
 
     def _note_alive(self, child: str, update: Shareable) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -44,7 +45,6 @@ from nvflare.fuel.utils.log_utils import get_obj_logger
 from nvflare.security.logging import secure_format_exception
 
 from common.delays import DeviceDelays
-from common.jsonio import JsonlWriter
 from simulation.concurrency import AdjustableLimit
 from simulation.due_timer import DueTimer
 from simulation.trainer import GroupTrainer
@@ -98,7 +98,7 @@ class FastSimulator:
     delays: the run's delay model (the real-time mode's holding times).
     trainer: trains groups and reports failures (``GroupTrainer``); None: each device's own processor trains.
     time_scale: 0: report at once; S > 0: hold each result for its delays x S wall seconds.
-    report_log: a JSONL file with one line per device report (wall time, device, version, selection, ok, group).
+    on_report: called with one dict per device report (wall time, device, version, selection, ok, group).
     group_size: devices a worker trains together (with a trainer).
     """
 
@@ -113,7 +113,7 @@ class FastSimulator:
         delays: DeviceDelays,
         trainer: GroupTrainer | None = None,
         time_scale: float = 0.0,
-        report_log: str | None = None,
+        on_report: Callable[[dict], None] | None = None,
         group_size: int = 1,
     ):
         self.job_name = job_name
@@ -138,7 +138,7 @@ class FastSimulator:
         self._reported: dict[str, int] = {}  # device -> the selection id it last reported on
         self._devices: dict[str, SimulatedDevice] = {}  # kept only for per-device processors (no trainer)
         self._task_counts: dict[str, int] = {}  # the real-time mode's task numbers
-        self._log = JsonlWriter(report_log) if report_log else None
+        self._on_report = on_report
 
     # -- NVFlare's SimulationRunner contract ----------------------------------------------------------------------
     def set_send_func(self, send_f, **kwargs) -> None:
@@ -162,8 +162,6 @@ class FastSimulator:
         finally:
             if self.failed_tasks:
                 self.logger.error(f"{self.failed_tasks} device task(s) failed; see the errors above")
-            if self._log is not None:
-                self._log.close()
 
     # -- requests to the leaf -----------------------------------------------------------------------------------
     def _send(self, req, device: SimulatedDevice | None, default):
@@ -362,14 +360,14 @@ class FastSimulator:
             status=status,
             cookie=device.cookie,
         )
+        if self._on_report is not None:  # before the update goes up: the line travels with it or earlier
+            self._on_report({"wall": time.time(), "device": device.device_id, "version": t.model_version,
+                             "selection": t.selection_id, "ok": status == EdgeApiStatus.OK and not t.failed,
+                             "group": t.trained_with})  # fmt: skip
         self._send(report, device, None)
         with self._lock:
             self._busy.discard(device.device_id)
             self._reported[device.device_id] = t.selection_id
-        if self._log is not None:
-            self._log.write({"wall": time.time(), "device": device.device_id, "version": t.model_version,
-                             "selection": t.selection_id, "ok": status == EdgeApiStatus.OK and not t.failed,
-                             "group": t.trained_with})  # fmt: skip
 
     def drain(self, timeout: float = 60.0) -> bool:
         """Wait for every submitted task to be trained and reported (a test's way to run tasks to completion

@@ -7,8 +7,6 @@ random UUID, so each device's data partition and speed class are the same in eve
 
 from __future__ import annotations
 
-import os
-
 from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.job_def import JobMetaKey
@@ -20,7 +18,11 @@ from nvflare.edge.web.models.task_response import TaskResponse
 from nvflare.edge.widgets.tpo_runner import TPORunner
 
 from common.delays import DelayConfig, DeviceDelays
+from common.leaf_outbox import OUTBOX_PROP, LeafOutbox
+from processors.task_processor import TrainingTaskProcessor
 from simulation.fast_simulator import FastSimulator
+from simulation.leaf_plan import PlanRequest, count_leaf_processes, hardware_summary, plan_leaf
+from simulation.planner import WorkerPlan, probe_hardware
 from simulation.trainer import GroupTrainer
 
 
@@ -57,54 +59,68 @@ class FastDeviceRunner(TPORunner):
     device through one shared instance; any other ``DeviceTaskProcessor`` trains each device through a copy, as
     NVFlare's own runner does.
 
+    At run start the leaf plans its workers, torch threads, engine and group size from its own machine
+    (``simulation.leaf_plan``), logs the plan with its reasons, and puts it in the leaf's outbox
+    (``common.leaf_outbox``) with one line per device report, for the server to record.
+
     Args:
         task_processor_id: component id of the task processor.
+        plan_request: ``PlanRequest.to_dict()``: what the leaf plans from, besides its own machine.
         job_timeout: seconds to wait for the job to reach the leaf.
         num_devices: devices on this leaf.
-        num_workers: device workers (thread pool size).
         delays: ``DelayConfig.to_dict()``.
         seed: the run seed (delays are a seeded function of it and the device id).
         time_scale: 0: report at once; S > 0: hold each result for its delays x S wall seconds.
-        results_dir: where ``leaf_<leaf>.jsonl`` (one line per device report) goes ("": not written).
-        group_size: devices a worker trains together (1: one at a time).
     """
 
     def __init__(
         self,
         task_processor_id: str,
+        plan_request: dict,
         job_timeout: float = 120.0,
         num_devices: int = 100,
-        num_workers: int = 2,
         delays: dict | None = None,
         seed: int = 0,
         time_scale: float = 0.0,
-        results_dir: str = "",
-        group_size: int = 1,
     ):
-        super().__init__(task_processor_id, job_timeout, num_devices, num_workers)
-        self.group_size = group_size
+        super().__init__(task_processor_id, job_timeout, num_devices, num_workers=1)
+        self.plan_request = plan_request
         self.delays = delays or {}
         self.seed = seed
         self.time_scale = time_scale
-        self.results_dir = results_dir
+        self.plan: WorkerPlan | None = None
+
+    def make_plan(self, fl_ctx: FLContext) -> dict:
+        """This leaf's plan from its own machine (in SimEnv the request names how many leaves share it), as
+        recorded in ``metrics.json``: the plan, the leaves it counted on its machine, and what it saw of it."""
+        request = PlanRequest.from_dict(self.plan_request)
+        hardware = probe_hardware()
+        neighbours = request.leaves_on_host or count_leaf_processes(fl_ctx.get_job_id())
+        self.plan = plan_leaf(request, hardware, leaves_on_host=neighbours)
+        self.log_info(fl_ctx, f"leaf plan ({neighbours} leaf process(es) on this machine):\n"
+                              f"{self.plan.describe()}\n{self.plan.reasoning()}")  # fmt: skip
+        return self.plan.to_dict() | {"leaves_on_host": neighbours, "hardware": hardware_summary(hardware)}
 
     def create_simulator(self, fl_ctx: FLContext) -> FastSimulator:
         site = fl_ctx.get_identity_name()
         job_name = fl_ctx.get_prop(FLContextKey.JOB_META).get(JobMetaKey.JOB_NAME)
-        report_log = os.path.join(self.results_dir, f"leaf_{site}.jsonl") if self.results_dir else None
-        if report_log and os.path.exists(report_log):
-            os.remove(report_log)
+        outbox = LeafOutbox(site)
+        outbox.set_plan(self.make_plan(fl_ctx))
+        plan = self.plan
+        fl_ctx.set_prop(OUTBOX_PROP, outbox, private=True, sticky=True)  # the leaf's updater sends it up
         trainer = self.tpo if isinstance(self.tpo, GroupTrainer) else None
+        if isinstance(self.tpo, TrainingTaskProcessor):
+            self.tpo.apply_plan(plan.torch_threads, plan.leaves_per_gpu)
         return FastSimulator(
             job_name=job_name,
             device_factory=PhoneFactory() if trainer is not None else TPODeviceFactory(self.tpo),
             device_id_prefix=device_id_prefix(site),
             num_devices=self.num_devices,
-            num_workers=self.num_workers,
+            num_workers=plan.num_workers,
             get_job_timeout=self.job_timeout,
             delays=DeviceDelays(DelayConfig.from_dict(self.delays), self.seed),
             trainer=trainer,
             time_scale=self.time_scale,
-            report_log=report_log,
-            group_size=self.group_size,
+            on_report=outbox.add_report,
+            group_size=plan.group_size if plan.engine == "vectorized" else 1,
         )

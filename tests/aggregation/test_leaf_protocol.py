@@ -173,3 +173,29 @@ def test_a_synchronous_leaf_sends_one_sum_per_selection_once_all_its_devices_rep
     assert total["devices"] == {"site-1#0": 1, "site-1#2": 1} and total["count"] == 2
     np.testing.assert_array_equal(total["diff"]["w"], [2.5, 2.5])
     assert DEVICE_UPDATES not in updater.prepare_update_for_parent(FLContext())  # nothing sent per device
+
+
+def test_a_leaf_sends_its_outbox_once_and_a_relay_forwards_its_childrens_leaf_information():
+    from common.leaf_outbox import OUTBOX_PROP, LeafOutbox
+    from common.protocol import LEAF_PLANS, LEAF_REPORTS
+
+    leaf = started_updater()
+    outbox = LeafOutbox("C11")
+    outbox.set_plan({"num_workers": 3})
+    outbox.add_report({"device": "C11#0", "version": 1})
+    leaf_ctx = FLContext()
+    leaf_ctx.set_prop(OUTBOX_PROP, outbox, private=True, sticky=False)
+    first = leaf.prepare_update_for_parent(leaf_ctx)
+    assert first[LEAF_PLANS] == {"C11": {"num_workers": 3}}
+    assert first[LEAF_REPORTS] == {"C11": [{"device": "C11#0", "version": 1}]}
+    outbox.add_report({"device": "C11#1", "version": 1})
+    second = leaf.prepare_update_for_parent(leaf_ctx)
+    assert LEAF_PLANS not in second and second[LEAF_REPORTS] == {"C11": [{"device": "C11#1", "version": 1}]}
+
+    relay = started_updater()
+    relay.process_child_update(first, ctx("C11"))
+    relay.process_child_update(second, ctx("C11"))
+    up = relay.prepare_update_for_parent(FLContext())
+    assert up[LEAF_PLANS] == {"C11": {"num_workers": 3}}
+    assert [r["device"] for r in up[LEAF_REPORTS]["C11"]] == ["C11#0", "C11#1"]  # in the leaf's order
+    assert LEAF_REPORTS not in relay.prepare_update_for_parent(FLContext())

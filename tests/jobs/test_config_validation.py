@@ -107,3 +107,11 @@ def test_an_unwritable_output_folder_is_refused(tmp_path, capsys):
     folder.mkdir(mode=0o500)
     assert main(["--output", str(folder)]) == 2
     assert "not writable" in capsys.readouterr().err
+
+
+def test_resuming_on_a_deployment_is_refused_naming_the_flag(tmp_path):
+    from common.choices import ConfigError
+    from jobs.config import RunConfig
+
+    with pytest.raises(ConfigError, match="--resume with --env prod: resuming continues SimEnv runs only"):
+        RunConfig(env="prod", startup_kit=str(tmp_path), username="admin@nvidia.com", resume=str(tmp_path))

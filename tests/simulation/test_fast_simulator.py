@@ -4,7 +4,6 @@ protocol objects.
 A scripted leaf answers task requests and records result reports, so these tests run the simulator's real dispatch
 and task code without starting NVFlare."""
 
-import json
 import threading
 import time
 
@@ -177,15 +176,14 @@ class BrokenTrainer(GroupingTrainer):
 
 
 def test_a_device_that_fails_for_good_reports_a_zero_weight_update_so_its_slot_is_freed(tmp_path):
-    leaf, log = ScriptedLeaf(), tmp_path / "leaf.jsonl"
-    sim = make_simulator(leaf, 1, trainer=BrokenTrainer([]), report_log=str(log))
+    leaf, lines = ScriptedLeaf(), []
+    sim = make_simulator(leaf, 1, trainer=BrokenTrainer([]), on_report=lines.append)
     dispatch(sim, {"site-1#0": 1})
     assert sim.drain()
-    sim._log.close()
     (report,) = leaf.reports
     assert report.status == EdgeApiStatus.OK and report.result["count"] == 0
     assert sim.failed_tasks == 1
-    assert json.loads(log.read_text())["ok"] is False
+    assert [line["ok"] for line in lines] == [False]
 
 
 def test_real_time_mode_holds_results_without_holding_the_worker(tmp_path):
@@ -196,16 +194,14 @@ def test_real_time_mode_holds_results_without_holding_the_worker(tmp_path):
     ids = [f"site-1#{i}" for i in range(50)]
     slow = next(d for d in ids if classes.device_traits(d)[0] == 0)
     fast = [d for d in ids if classes.device_traits(d)[0] == 1][:2]
-    leaf, log = ScriptedLeaf(), tmp_path / "leaf.jsonl"
-    sim = make_simulator(leaf, 1, delays=speed, trainer=GroupingTrainer([]), time_scale=0.01, report_log=str(log),
+    leaf, events = ScriptedLeaf(), []
+    sim = make_simulator(leaf, 1, delays=speed, trainer=GroupingTrainer([]), time_scale=0.01, on_report=events.append,
                          group_size=2)  # fmt: skip
     started = time.time()
     dispatch(sim, {slow: 1, fast[0]: 1})  # one group: due after 1.0 s and 0.05 s of wall time
     time.sleep(0.2)
     dispatch(sim, {fast[1]: 2})  # the only worker must be free for it
     assert sim.drain()
-    sim._log.close()
-    events = [json.loads(line) for line in log.read_text().splitlines()]
     assert [e["device"] for e in events] == [fast[0], fast[1], slow]
     wall = {e["device"]: e["wall"] for e in events}
     assert wall[fast[0]] < started + 1.0 and wall[fast[1]] < started + 1.0, "fast devices waited for the slow one"

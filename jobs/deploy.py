@@ -1,0 +1,60 @@
+"""Stand up (and tear down) a provisioned NVFlare edge hierarchy on this machine, for ``--env prod`` jobs.
+
+    python -m jobs.deploy up --relays 2 --leaves 4 DIR     # provision, start, wait for the leaves; prints the flags
+    python jobs/pt_job_fedavg.py <those flags> ...         # run jobs on it
+    python -m jobs.deploy down DIR                         # stop every process it started
+    python -m jobs.deploy down --remove DIR                # ... and delete DIR
+
+The work is in ``jobs.hierarchy``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from jobs import hierarchy
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jobs.deploy", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="provision and start a hierarchy in DIR (a new or empty folder)")
+    up.add_argument("folder", metavar="DIR")
+    up.add_argument("--relays", type=int, default=2)
+    up.add_argument("--leaves", type=int, default=4, help="leaf clients in all (a multiple of --relays)")
+    up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for every leaf to connect")
+    down = sub.add_parser("down", help="stop every process of the hierarchy in DIR")
+    down.add_argument("folder", metavar="DIR")
+    down.add_argument("--remove", action="store_true", help="then delete DIR")
+    args = parser.parse_args(argv)
+
+    if args.command == "up":
+        try:
+            deployment = hierarchy.start(args.folder, args.relays, args.leaves, args.timeout)
+        except (ValueError, FileExistsError) as ex:
+            print(f"error: {ex}", file=sys.stderr)
+            return 2
+        except (RuntimeError, TimeoutError) as ex:
+            print(f"error: the hierarchy did not come up, and everything it started was stopped: {ex}", file=sys.stderr)
+            return 1
+        print(f"[edgesim] hierarchy up in {deployment.folder}: server, {args.relays} relays, leaves "
+              f"{', '.join(deployment.leaves)} (ports {deployment.ports})")  # fmt: skip
+        print(f"[edgesim] run a job on it with:\n  python jobs/pt_job_fedavg.py {shlex.join(deployment.job_flags)}")
+        print(f"[edgesim] stop it with: python -m jobs.deploy down {shlex.quote(deployment.folder)}")
+        return 0
+    try:
+        killed = hierarchy.stop(args.folder)
+    except FileNotFoundError as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        return 2
+    print(f"[edgesim] hierarchy in {args.folder} stopped" + (f" ({killed} process(es) had to be killed)" if killed else ""))
+    if args.remove:
+        hierarchy.remove(args.folder)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

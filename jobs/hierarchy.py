@@ -1,0 +1,289 @@
+"""A provisioned NVFlare edge hierarchy on this machine: provision it, start it, wait for it, stop it.
+
+It is what ``python -m jobs.deploy up|down`` runs, and what the hierarchy test stands up. Everything goes through
+NVFlare's own tooling:
+
+* provisioning: the lighter's Python API (``prepare_project`` / ``Provisioner``) with NVFlare's edge builder, on a
+  project with explicit participants, so every port is ours to choose (the edge template's ports are fixed): a
+  server, ``relays`` relays, and ``leaves / relays`` leaf clients below each relay (``lcp_only``: leaves report
+  straight to the server through their relay);
+* ``nvflare.lighter.utils.update_storage_locations``: the job and snapshot stores go inside the deployment
+  folder instead of NVFlare's shared ``/tmp/nvflare/...``, so two deployments never share jobs;
+* each site's own ``startup/sub_start.sh --once`` (no restart loop), in a session of its own, with its console
+  in ``<site>/console.log`` and NVFlare's INFO logging in the site's log files only;
+* the admin Session API: wait until every leaf client is connected; ``shutdown("all")`` to stop.
+
+``deployment.json`` in the folder records what was started (the sites' process ids and sessions), so ``stop``
+finds and ends every process of the deployment, job processes included, even when the admin API cannot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import psutil
+
+ADMIN = "admin@nvidia.com"
+STATE_FILE = "deployment.json"
+PROJECT = "edgesim"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What ``start`` stood up (``deployment.json``).
+
+    Attributes:
+        folder: the deployment's folder.
+        prod_dir: the provisioned kits (``<folder>/<project>/prod_00``).
+        admin_kit: the admin's startup kit: ``--startup-kit`` of ``--env prod``.
+        leaves: the leaf clients' names.
+        ports: port by role (``server``, ``admin``, each relay's and each leaf's).
+        sessions: each site's process session id (every process a site starts stays in it).
+    """
+
+    folder: str
+    prod_dir: str
+    admin_kit: str
+    leaves: list[str]
+    ports: dict[str, int]
+    sessions: dict[str, int]
+
+    @property
+    def job_flags(self) -> list[str]:
+        """The flags that point a job at this deployment."""
+        return ["--env", "prod", "--startup-kit", self.admin_kit, "--username", ADMIN,
+                "--num-leaf-nodes", str(len(self.leaves))]  # fmt: skip
+
+    def save(self) -> None:
+        with open(os.path.join(self.folder, STATE_FILE), "w") as f:
+            json.dump(asdict(self), f, indent=1)
+
+    @classmethod
+    def load(cls, folder: str) -> Deployment:
+        path = os.path.join(folder, STATE_FILE)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{folder} holds no {STATE_FILE}: it is not a deployment started by jobs.deploy")
+        with open(path) as f:
+            return cls(**json.load(f))
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free on this machine now (the kernel's choice; they stay free unless something else
+    takes them before the sites start, which a retry of ``start`` fixes)."""
+    sockets = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def project_dict(relays: int, leaves: int, ports: list[int]) -> tuple[dict, dict[str, int], list[str]]:
+    """The provisioning project: server, relays ``R1..``, leaves ``C11, C12, .. C21 ..`` (``lcp_only``)."""
+    if relays < 1 or leaves < relays or leaves % relays:
+        raise ValueError(f"--leaves ({leaves}) must be a positive multiple of --relays ({relays})")
+    per_relay = leaves // relays
+    if per_relay > 9 or relays > 9:
+        raise ValueError("at most 9 relays and 9 leaves per relay (site names C<relay><leaf>)")
+    it = iter(ports)
+    used = {"server": next(it), "admin": next(it)}
+    participants = [dict(name="server", type="server", org="edgesim", fed_learn_port=used["server"],
+                         admin_port=used["admin"], host_names=["localhost", "127.0.0.1"], default_host="localhost")]  # fmt: skip
+    names = []
+    for r in range(1, relays + 1):
+        relay = f"R{r}"
+        used[relay] = next(it)
+        participants.append(dict(name=relay, type="relay", org="edgesim",
+                                 listening_host={"default_host": "localhost", "port": used[relay]}))  # fmt: skip
+        for c in range(1, per_relay + 1):
+            leaf = f"C{r}{c}"
+            used[leaf] = next(it)
+            names.append(leaf)
+            participants.append(dict(name=leaf, type="client", org="edgesim", connect_to={"name": relay},
+                                     listening_host="localhost", edge_service_port=used[leaf]))  # fmt: skip
+    participants.append(dict(name=ADMIN, type="admin", org="edgesim", role="project_admin"))
+    project = {
+        "api_version": 3, "name": PROJECT, "description": "edgesim-flare local edge hierarchy",
+        "participants": participants,
+        "builders": [
+            {"path": "nvflare.lighter.impl.workspace.WorkspaceBuilder", "args": {"template_file": ["master_template.yml"]}},
+            {"path": "nvflare.lighter.impl.static_file.StaticFileBuilder", "args": {"config_folder": "config"}},
+            {"path": "nvflare.lighter.impl.cert.CertBuilder"},
+            {"path": "nvflare.lighter.impl.signature.SignatureBuilder"},
+            {"path": "nvflare.lighter.impl.edge.EdgeBuilder"},
+        ],
+    }  # fmt: skip
+    return project, used, names
+
+
+def provision(folder: str, relays: int, leaves: int) -> tuple[str, dict[str, int], list[str]]:
+    """Provision the kits under ``folder``; returns (prod dir, ports, leaf names)."""
+    from nvflare.lighter.constants import CtxKey
+    from nvflare.lighter.prov_utils import prepare_builders, prepare_packager
+    from nvflare.lighter.provision import prepare_project
+    from nvflare.lighter.provisioner import Provisioner
+    from nvflare.lighter.utils import update_storage_locations
+
+    project, ports, names = project_dict(relays, leaves, free_ports(2 + relays + leaves))
+    with open(os.path.join(folder, "provision.log"), "w") as log, contextlib.redirect_stdout(log):  # its summary
+        ctx = Provisioner(folder, prepare_builders(project), prepare_packager(project)).provision(prepare_project(project))
+    if ctx.get(CtxKey.BUILD_ERROR):
+        raise RuntimeError(f"NVFlare's provisioning failed: {ctx.get(CtxKey.ERRORS)}")
+    prod = ctx.get_result_location()
+    update_storage_locations(local_dir=os.path.join(prod, "server", "local"), workspace=os.path.join(folder, "storage"))
+    return prod, ports, names
+
+
+def quiet_site_logging(site_dir: str) -> None:
+    """NVFlare's default site logging with the console at WARNING (INFO stays in the site's log files)."""
+    local = os.path.join(site_dir, "local")
+    with open(os.path.join(local, "log_config.json.default")) as f:
+        config = json.load(f)
+    config["handlers"]["consoleHandler"]["level"] = "WARNING"
+    with open(os.path.join(local, "log_config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+
+
+def start_site(site_dir: str) -> int:
+    """Start one site in the foreground mode of its own start script, in a new session; its session id."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])  # the scripts run python3
+    with open(os.path.join(site_dir, "console.log"), "ab") as console:
+        proc = subprocess.Popen(["bash", os.path.join(site_dir, "startup", "sub_start.sh"), "--once"], cwd=site_dir,
+                                env=env, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)  # fmt: skip
+    return proc.pid  # a new session's leader: its pid is the session id
+
+
+@contextlib.contextmanager
+def admin_session(admin_kit: str, timeout: float = 5.0):
+    """An admin Session, always closed (an unclosed one keeps the interpreter from exiting); NVFlare's prints to
+    stdout while it is open are dropped."""
+    from nvflare.fuel.flare_api.flare_api import new_secure_session
+
+    with contextlib.redirect_stdout(io.StringIO()):  # "Connecting to FLARE ..." on every (re)connection
+        session = new_secure_session(ADMIN, admin_kit, timeout=timeout)
+        try:
+            yield session
+        finally:
+            session.close()
+
+
+def wait_for_leaves(deployment: Deployment, timeout: float) -> None:
+    """Until the server lists every leaf client as connected; raises ``TimeoutError`` naming the missing ones."""
+    deadline = time.time() + timeout
+    missing = set(deployment.leaves)
+    while time.time() < deadline:
+        dead = [site for site, sid in deployment.sessions.items() if not _session_processes(sid)]
+        if dead:
+            raise RuntimeError(f"site(s) {', '.join(dead)} exited at start; see their console.log under {deployment.prod_dir}")
+        try:
+            with admin_session(deployment.admin_kit) as session:
+                while time.time() < deadline:
+                    clients = session.check_status("server").get("clients", [])
+                    missing = set(deployment.leaves) - {c["client_name"] for c in clients}
+                    if not missing:
+                        return
+                    time.sleep(1.0)
+        except Exception as ex:  # the server is not up yet: NoConnection, then a retry
+            if time.time() > deadline:
+                raise TimeoutError(f"the server did not answer within {timeout:g} s ({ex})") from ex
+            time.sleep(2.0)
+    raise TimeoutError(f"leaf clients {sorted(missing)} did not connect within {timeout:g} s")
+
+
+def start(folder: str, relays: int = 2, leaves: int = 4, timeout: float = 180.0) -> Deployment:
+    """Provision and start a hierarchy in ``folder`` (new or empty) and wait for its leaves; stops everything it
+    started if that fails."""
+    folder = os.path.abspath(folder)
+    if os.path.exists(folder) and os.listdir(folder):
+        raise FileExistsError(f"{folder} is not empty: give a new folder (or stop and remove the old deployment)")
+    os.makedirs(folder, exist_ok=True)
+    prod, ports, names = provision(folder, relays, leaves)
+    sites = ["server", *[f"R{r}" for r in range(1, relays + 1)], *names]
+    deployment = Deployment(folder, prod, os.path.join(prod, ADMIN), names, ports, {})
+    try:
+        for site in sites:
+            quiet_site_logging(os.path.join(prod, site))
+            deployment.sessions[site] = start_site(os.path.join(prod, site))
+            deployment.save()
+        wait_for_leaves(deployment, timeout)
+    except BaseException:
+        stop(folder)
+        raise
+    return deployment
+
+
+def _session_processes(sid: int) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid:
+                found.append(p)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            pass
+    return found
+
+
+def deployment_processes(deployment: Deployment) -> list[psutil.Process]:
+    """Every process of the deployment: the sites' sessions, and the job processes NVFlare starts in sessions of
+    their own (their command lines name their site's folder)."""
+    found = []
+    sessions = set(deployment.sessions.values())
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            mine = os.getsid(p.pid) in sessions or any(a.startswith(deployment.prod_dir) for a in p.info["cmdline"] or ())
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+        if mine:
+            found.append(p)
+    return found
+
+
+def stop(folder: str, grace: float = 30.0) -> int:
+    """Stop every process of the deployment in ``folder``: the admin API's ``shutdown all`` first, then whatever
+    is left of it (``deployment_processes``: job processes included). Returns how many had to be killed."""
+    deployment = Deployment.load(folder)
+    logging.disable(logging.ERROR)  # the admin client logs "no connection to server" while the server goes down
+    try:
+        with contextlib.suppress(Exception), admin_session(deployment.admin_kit, timeout=5.0) as session:
+            session.shutdown("all")  # the server may be gone already: then the sessions below are ended
+    finally:
+        logging.disable(logging.NOTSET)
+    deadline = time.time() + grace
+    left = []
+    while time.time() < deadline:
+        left = deployment_processes(deployment)
+        if not left:
+            return 0
+        time.sleep(1.0)
+    for p in left:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(left, timeout=10)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=10)
+    return len(left)
+
+
+def remove(folder: str) -> None:
+    """Delete a stopped deployment's folder."""
+    Deployment.load(folder)  # only a deployment's folder
+    shutil.rmtree(folder)
