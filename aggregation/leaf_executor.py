@@ -9,46 +9,33 @@ with ``VersionedUpdater`` as its updater, and four changes:
 * a result becomes a ``DeviceUpdate`` (device, selection id, base version, diff, count) for the server, which
   applies it in arrival order;
 * a simulated leaf's device range (``site-1?100``) is registered once, as a range;
-* no request or reply is ever rendered as text: NVFlare's ``EdgeTaskExecutor._handle_edge_request`` evaluates
-  ``f"received edge request: {request}"`` and ``f"Reply to edge: {reply}"`` for every device request even with
-  debug logging off, each rendering a whole model or diff with numpy's ``repr`` (about 15 ms per device each,
-  measured as most of a leaf's CPU).
+* no request or reply is ever rendered as text (``simulation.nvflare_private.NoPayloadRendering``: NVFlare
+  renders whole models with numpy's ``repr`` for every device request, about 15 ms per device each).
 """
 
 from __future__ import annotations
 
 from nvflare.apis.dxo import from_dict
-from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
-from nvflare.apis.job_def import JobMetaKey
 from nvflare.apis.shareable import Shareable
-from nvflare.edge.constants import CookieKey, EdgeApiStatus, EdgeContextKey, MsgKey, SpecialDeviceId
+from nvflare.edge.constants import CookieKey, EdgeApiStatus, MsgKey, SpecialDeviceId
 from nvflare.edge.executors.edge_model_executor import EdgeModelExecutor
 from nvflare.edge.executors.hug import TaskInfo
 from nvflare.edge.mud import Device, StateUpdateReport
-from nvflare.edge.web.models.job_response import JobResponse
 from nvflare.edge.web.models.result_report import ResultReport
 from nvflare.edge.web.models.task_request import TaskRequest
 from nvflare.edge.web.models.task_response import TaskResponse
 
 from aggregation.versioned_updater import VersionedState, VersionedUpdater
 from common.protocol import DEVICE_RANGES, DEVICE_UPDATES, LOCAL_REPORT, DeviceUpdate
-
-# The only private NVFlare names this project relies on (NVFlare 2.9): overridden here so that no payload is ever
-# rendered as text. tests/aggregation/test_nvflare_private.py fails if NVFlare renames them or changes their
-# signatures, before a run silently falls back to NVFlare's rendering handlers.
-NVFLARE_PRIVATE_OVERRIDES = {
-    "nvflare.edge.executors.ete.EdgeTaskExecutor._handle_edge_request": ("self", "event_type", "fl_ctx", "process_f",
-                                                                         "no_task_reply"),
-    "nvflare.edge.executors.ete.EdgeTaskExecutor._handle_edge_job_request": ("self", "event_type", "fl_ctx"),
-}
+from simulation.nvflare_private import NoPayloadRendering
 
 
 def retry(job_id: str, message: str) -> TaskResponse:
     return TaskResponse(EdgeApiStatus.RETRY, job_id, 30, message=message)
 
 
-class EdgeSimExecutor(EdgeModelExecutor):
+class EdgeSimExecutor(NoPayloadRendering, EdgeModelExecutor):
     """Args:
     update_timeout: seconds to wait for the parent to take an update.
     sum_selections: a synchronous run: the leaf sends one sum per selection (``VersionedUpdater``).
@@ -64,21 +51,6 @@ class EdgeSimExecutor(EdgeModelExecutor):
     def get_updater(self, fl_ctx: FLContext) -> VersionedUpdater:
         self.updater = VersionedUpdater(self.sum_selections)
         return self.updater
-
-    # -- no rendering of payloads (overrides of NVFlare's private handlers: NVFLARE_PRIVATE_OVERRIDES) ------------
-    def _handle_edge_request(self, event_type: str, fl_ctx: FLContext, process_f, no_task_reply):
-        task_info = self.get_current_task(fl_ctx)
-        if not task_info:
-            reply = no_task_reply
-        else:
-            request = fl_ctx.get_prop(EdgeContextKey.REQUEST_FROM_EDGE)
-            reply = process_f(request=request, fl_ctx=fl_ctx, current_task=task_info)
-        fl_ctx.set_prop(EdgeContextKey.REPLY_TO_EDGE, reply, private=True, sticky=False)
-
-    def _handle_edge_job_request(self, event_type: str, fl_ctx: FLContext):
-        job_name = fl_ctx.get_prop(FLContextKey.JOB_META).get(JobMetaKey.JOB_NAME)
-        reply = JobResponse(EdgeApiStatus.OK, fl_ctx.get_job_id(), job_name, job_data={})
-        fl_ctx.set_prop(EdgeContextKey.REPLY_TO_EDGE, reply, private=True, sticky=False)
 
     # -- devices ------------------------------------------------------------------------------------------------
     def _known(self, device_id: str) -> bool:

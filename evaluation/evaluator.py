@@ -110,6 +110,7 @@ class GlobalModelEvaluator(FLComponent):
         self._net = build_model(self.model).to(device)
         data = load_dataset(DataConfig(**self.data).spec(self.seed))
         self._test = (data.x_test.to(device), data.y_test.to(device))
+        self._prepare = data.prepare
         self._thread = threading.Thread(target=self._run, name="evaluator", daemon=True)
         self._thread.start()
 
@@ -143,7 +144,7 @@ class GlobalModelEvaluator(FLComponent):
         while (item := self._queue.get()) is not None:
             version, weights, sim_time = item
             started = time.time()
-            accuracy = evaluate_accuracy(load_into(self._net, weights), *self._test)
+            accuracy = evaluate_accuracy(load_into(self._net, weights), *self._test, prepare=self._prepare)
             now = time.time()
             record = {
                 "version": version,

@@ -13,11 +13,12 @@ import os
 import sys
 
 from common.choices import ConfigError, literal_choices
-from common.delays import DelayConfig, DelayPreset, SpeedDistribution
+from common.delays import DelayPreset, SpeedDistribution
 from common.profiles import ProfileName
 from fedrevive.config import FedReviveConfig
+from jobs.api import config_from_options, option_names
 from jobs.config import EnvName, FederationConfig, JobConfig, LeafLossPolicy, RunConfig
-from jobs.methods import METHODS, MethodName
+from jobs.methods import MethodName
 from processors.data.config import DataConfig
 from processors.training import Optimizer, TrainingConfig
 from simulation.config import EngineConfig, EngineName, SimulatorName
@@ -37,7 +38,8 @@ def build_parser(description: str, method_choice: bool = False) -> argparse.Argu
     d = _defaults(DataConfig)
     data = p.add_argument_group("data")
     data.add_argument("--dataset", default=d["dataset"],
-                      help="cifar10, synthetic, or PATH.npz (x_train, y_train, x_test, y_test)")  # fmt: skip
+                      help="cifar10, synthetic, PATH.npz (x_train, y_train, x_test, y_test), or package.module:function "
+                           "returning those arrays")  # fmt: skip
     data.add_argument("--data-root", default=d["data_root"], help="where torchvision's CIFAR-10 lives / is downloaded")
     data.add_argument("--synthetic-size", type=int, default=d["synthetic_size"], help="training images of the synthetic dataset")
     data.add_argument("--subset-size", type=int, default=d["subset_size"], help="training samples per device")
@@ -152,46 +154,12 @@ def build_parser(description: str, method_choice: bool = False) -> argparse.Argu
     return p  # fmt: skip
 
 
-def _given(args: argparse.Namespace, names: tuple[str, ...]) -> dict:
-    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
-
-
-def delays_from_args(args: argparse.Namespace) -> DelayConfig:
-    overrides = _given(args, ("speed_means", "speed_stds", "speed_probs", "speed_distribution", "download_delay",
-                              "upload_delays", "upload_jitter"))  # fmt: skip
-    if overrides.get("speed_distribution") == "exponential" and "speed_stds" not in overrides:
-        overrides["speed_stds"] = ()
-    return DelayConfig.preset(args.delays, **overrides)
-
-
 def config_from_args(args: argparse.Namespace, method: str, presets: bool = False) -> JobConfig:
-    """The ``JobConfig`` a parsed command line describes. ``presets``: the method's federation presets fill every
-    federation flag not given. Raises ``ConfigError`` (a ``ValueError``) naming the fix."""
-    federation = _given(args, ("device_selection_size", "num_updates_for_model", "min_hole_to_fill", "global_lr",
-                               "max_sim_time"))  # fmt: skip
-    if presets:
-        federation = METHODS[method].presets | federation
-    fr = {f.name: getattr(args, f"fr_{f.name}") for f in dataclasses.fields(FedReviveConfig) if hasattr(args, f"fr_{f.name}")}
-    try:
-        return JobConfig(
-            method=method,
-            data=DataConfig(**{k: getattr(args, k) for k in _defaults(DataConfig)}),
-            federation=FederationConfig(
-                num_leaf_nodes=args.num_leaf_nodes, devices_per_leaf=args.devices_per_leaf,
-                device_reuse=args.device_reuse, max_model_version=args.max_model_version,
-                device_wait_timeout=args.device_wait_timeout, leaf_timeout=args.leaf_timeout,
-                on_leaf_loss=args.on_leaf_loss, **federation,
-            ),
-            training=TrainingConfig(**{k: getattr(args, k) for k in _defaults(TrainingConfig) if hasattr(args, k)}),
-            engine=EngineConfig(**{k: getattr(args, k) for k in _defaults(EngineConfig)}),
-            delays=delays_from_args(args),
-            run=RunConfig(**{k: getattr(args, k) for k in _defaults(RunConfig)}),
-            fedrevive=FedReviveConfig(**fr),
-        )  # fmt: skip
-    except ConfigError:
-        raise
-    except ValueError as ex:  # a part's own check outside ConfigError (e.g. FedReviveConfig)
-        raise ConfigError(str(ex)) from ex
+    """The ``JobConfig`` a parsed command line describes (``jobs.api.config_from_options``: the flags are its
+    options). ``presets``: the method's federation presets fill every federation flag not given. Raises
+    ``ConfigError`` (a ``ValueError``) naming the fix."""
+    known = option_names()  # a parser may carry its own flags too (the tuner's)
+    return config_from_options(method, {k: v for k, v in vars(args).items() if k in known}, presets)
 
 
 def job_main(description: str, argv: list[str] | None, method: str | None = None) -> int:

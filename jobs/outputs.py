@@ -16,6 +16,7 @@ from common.choices import ConfigError
 
 RESULT_FILES = ("metrics.json", "events.jsonl", "fedrevive_log.jsonl", "global_model.pt", "accuracy.png",
                 "tensorboard", "checkpoint", "nvflare", "leaf_*.jsonl")  # fmt: skip
+INPUT_FILES = ("dataset.npz",)  # the Python API's copy of a user's arrays (jobs.api): an input, kept
 
 
 def prepare_output_dir(path: str, resume: bool = False) -> str:
@@ -27,7 +28,7 @@ def prepare_output_dir(path: str, resume: bool = False) -> str:
     except OSError as ex:
         raise ConfigError(f"--output {path} cannot be created ({ex.strerror}: {ex.filename}); choose another folder") from ex
     if not resume:
-        entries = os.listdir(path)
+        entries = [e for e in os.listdir(path) if e not in INPUT_FILES]
         if entries and "metrics.json" not in entries:
             raise ConfigError(f"--output {path} is not empty and holds no earlier run: choose an empty or new folder")
         for pattern in RESULT_FILES:

@@ -13,10 +13,10 @@ from common.choices import ConfigError
 from common.profiles import get_profile
 from jobs.config import JobConfig
 from jobs.methods import METHODS
-from processors.data.sources import load_dataset
+from processors.data.sources import Dataset, load_dataset
 from processors.device import resolve_device
 from processors.models import build_model
-from simulation.leaf_plan import PlanRequest, plan_leaf
+from simulation.leaf_plan import DEFAULT_INPUT_SHAPE, PlanRequest, plan_leaf
 from simulation.planner import (
     HardwareProfile,
     Timeouts,
@@ -65,22 +65,23 @@ def environment_info(device: torch.device | str, hardware: HardwareProfile) -> d
     }
 
 
-def plan_request(cfg: JobConfig) -> PlanRequest:
+def plan_request(cfg: JobConfig, input_shape: tuple[int, ...] | None = None) -> PlanRequest:
     """What each leaf plans its workers from (``simulation.leaf_plan``): in SimEnv and POC every leaf is on this
-    machine; on a deployment each leaf counts its neighbours."""
+    machine; on a deployment each leaf counts its neighbours. ``input_shape`` None: each leaf takes it from its
+    own data."""
     t, e = cfg.training, cfg.engine
     return PlanRequest(
         model=t.model, batch_size=t.local_batch_size, optimizer=t.optimizer,
         devices_per_round=cfg.federation.devices_per_leaf_per_round, compute_device=t.compute_device,
         engine=e.engine, num_workers=e.num_workers, group_size=e.group_size, profile=e.profile,
-        leaves_on_host=cfg.federation.num_leaf_nodes if cfg.run.env in ("sim", "poc") else 0,
+        leaves_on_host=cfg.federation.num_leaf_nodes if cfg.run.env in ("sim", "poc") else 0, input_shape=input_shape,
     )  # fmt: skip
 
 
-def plan_for(cfg: JobConfig, hardware: HardwareProfile) -> WorkerPlan:
+def plan_for(cfg: JobConfig, hardware: HardwareProfile, input_shape: tuple[int, ...] | None = None) -> WorkerPlan:
     """Each leaf's workers, threads and training engine on this machine (what every leaf of a SimEnv run plans
     for itself at start; on a deployment, what a leaf on this machine would plan)."""
-    request = plan_request(cfg)
+    request = plan_request(cfg, input_shape)
     if cfg.engine.simulator != "stock":
         return plan_leaf(request, hardware, leaves_on_host=request.leaves_on_host or 1)
     # the stock baseline runs NVFlare's own device runner, which takes its worker count from the job
@@ -88,7 +89,8 @@ def plan_for(cfg: JobConfig, hardware: HardwareProfile) -> WorkerPlan:
     return plan_workers(
         hardware,
         devices_per_leaf=request.devices_per_round,
-        per_worker_bytes=estimate_worker_bytes(model, request.batch_size, request.optimizer),
+        per_worker_bytes=estimate_worker_bytes(model, request.batch_size, request.optimizer,
+                                               request.input_shape or DEFAULT_INPUT_SHAPE),  # fmt: skip
         leaves_on_host=request.leaves_on_host or 1,
         use_gpu=resolve_device(request.compute_device).type == "cuda",
         requested=request.num_workers,
@@ -122,6 +124,29 @@ def check_pool_memory(cfg: JobConfig) -> None:
         )
 
 
+def check_model_fits_data(cfg: JobConfig, dataset: Dataset) -> None:
+    """The model takes the data's samples and scores its classes; FedRevive's synthesis needs 3 x 32 x 32 images
+    of as many classes as it generates."""
+    model, name = build_model(cfg.training.model), cfg.training.model
+    batch = dataset.prepare(dataset.x_test[:2])
+    try:
+        with torch.no_grad():
+            out = model(batch)
+    except Exception as ex:
+        raise ConfigError(f"--model {name} cannot take the data's samples of shape {tuple(batch.shape[1:])} "
+                          f"({type(ex).__name__}: {ex}); give a model whose input matches the data") from ex  # fmt: skip
+    if tuple(out.shape) != (len(batch), dataset.num_classes):
+        raise ConfigError(f"--model {name} gives outputs of shape {tuple(out.shape[1:])} per sample; the data has "
+                          f"{dataset.num_classes} classes, so it must give ({dataset.num_classes},)")  # fmt: skip
+    if cfg.method == "fedrevive":
+        if dataset.input_shape != (3, 32, 32) or dataset.mean is None:
+            raise ConfigError(f"FedRevive synthesizes 3 x 32 x 32 images; the data's samples are {dataset.input_shape}"
+                              f"{'' if dataset.mean is not None else ' floats'}: use --method fedbuff or fedavg")  # fmt: skip
+        if dataset.num_classes != cfg.fedrevive.num_classes:
+            raise ConfigError(f"the data has {dataset.num_classes} classes; give --fr-num-classes "
+                              f"{dataset.num_classes}")  # fmt: skip
+
+
 def prepare(cfg: JobConfig) -> RunPlan:
     """Everything that can fail fast, before any NVFlare process starts (``ValueError``s name the fix).
 
@@ -132,11 +157,14 @@ def prepare(cfg: JobConfig) -> RunPlan:
     deployed = cfg.run.env == "prod"
     if deployed:
         device = f"the leaves' {cfg.training.compute_device}"
+        input_shape = None
     else:
         device = resolve_device(cfg.training.compute_device)
-        load_dataset(cfg.spec)  # missing / malformed data fails here, with the fix in the message
+        dataset = load_dataset(cfg.spec)  # missing / malformed data fails here, with the fix in the message
+        check_model_fits_data(cfg, dataset)
+        input_shape = dataset.input_shape
     hardware = probe_hardware()
-    workers = None if deployed and cfg.engine.simulator != "stock" else plan_for(cfg, hardware)
+    workers = None if deployed and cfg.engine.simulator != "stock" else plan_for(cfg, hardware, input_shape)
     timeouts = timeouts_for(cfg)
     run_info = {
         "config": cfg.to_dict(),

@@ -16,7 +16,9 @@ compare with. It keeps our result components, so both paths are measured alike.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sysconfig
 
 from nvflare.apis.job_def import ALL_SITES, SERVER_SITE_NAME
 from nvflare.app_common.widgets.metrics_artifact_writer import MetricsArtifactWriter
@@ -32,6 +34,7 @@ from nvflare.edge.widgets.etr import EdgeTaskReceiver
 from nvflare.recipe.spec import Recipe
 
 from aggregation.leaf_executor import EdgeSimExecutor
+from common.job_files import SHIPPED_PACKAGES, ship_packages
 from jobs.components import (
     make_assessor,
     make_leaf_runner,
@@ -45,26 +48,43 @@ from jobs.plan import RunPlan
 from processors.models import model_class_path, model_init_args
 
 TASK_NAME = "train"
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# every layer below jobs/ (ARCHITECTURE.md): what the job's components import at run time
-SHIPPED_PACKAGES = ("common", "processors", "simulation", "fedrevive", "aggregation", "scheduling", "evaluation")
 STOCK_UPDATE_INTERVAL = 1.0  # NVFlare's EdgeJob default
 STOCK_MODEL_VERSIONS = 3  # NVFlare's ModelManagerConfig default: model versions a leaf keeps aggregators for
 
 
-def ship_packages(job: EdgeJob) -> None:
-    """Put this project's packages (every layer the job's components import) into the job's ``custom/`` folder,
-    server and clients alike: the sites of a deployment then need NVFlare and the third-party libraries only.
-    NVFlare copies only the modules of the classes a job names; their imports would be missing."""
-    for package in SHIPPED_PACKAGES:
-        root = os.path.join(REPO, package)
-        for folder, dirs, files in os.walk(root):
-            dirs[:] = [d for d in dirs if d != "__pycache__"]
-            relative = os.path.relpath(folder, REPO)
-            for name in sorted(files):
-                if name.endswith(".py"):
+def user_modules(cfg: JobConfig) -> list[str]:
+    """Top-level modules of the user's code the job names by import path (``--model pkg.mod:Class``, ``--dataset
+    pkg.mod:function``) that are neither this project's nor installed (site-packages, the standard library)."""
+    paths = [cfg.training.model, cfg.data.dataset]
+    tops = {p.partition(":")[0].split(".")[0] for p in paths if ":" in p and not p.endswith(".npz")}
+    installed = {os.path.realpath(sysconfig.get_path(k)) for k in ("purelib", "platlib", "stdlib", "platstdlib")}
+    found = []
+    for top in sorted(tops - set(SHIPPED_PACKAGES)):
+        spec = importlib.util.find_spec(top)
+        origin = spec.origin if spec and spec.origin else None
+        if origin is None or any(os.path.realpath(origin).startswith(root + os.sep) for root in installed):
+            continue
+        found.append(top)
+    return found
+
+
+def ship_user_code(job: EdgeJob, cfg: JobConfig) -> None:
+    """Put the user's own modules (``user_modules``) into the job's ``custom/`` folder, as ``ship_packages`` does
+    for this project's: a model or data function defined in the user's script (or package) then imports on every
+    site."""
+    for top in user_modules(cfg):
+        spec = importlib.util.find_spec(top)
+        if spec.submodule_search_locations:  # a package: every .py file below it
+            root = os.path.dirname(spec.origin)
+            for folder, dirs, files in os.walk(root):
+                dirs[:] = [d for d in dirs if d != "__pycache__"]
+                relative = os.path.join(top, os.path.relpath(folder, root))
+                for name in sorted(f for f in files if f.endswith(".py")):
                     for target in (SERVER_SITE_NAME, ALL_SITES):
-                        job.add_file_to(os.path.join(folder, name), target, dest_dir=relative)
+                        job.add_file_to(os.path.join(folder, name), target, dest_dir=os.path.normpath(relative))
+        else:
+            for target in (SERVER_SITE_NAME, ALL_SITES):
+                job.add_file_to(spec.origin, target)
 
 
 class EdgeSimRecipe(Recipe):
@@ -94,6 +114,7 @@ class EdgeSimRecipe(Recipe):
                 raise RuntimeError(f"NVFlare registered {comp_id!r} as {registered!r}")
         self._add_clients(job)
         ship_packages(job)
+        ship_user_code(job, cfg)
         super().__init__(job)
 
     def _add_persistor(self, job: EdgeJob) -> str:

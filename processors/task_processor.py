@@ -217,12 +217,21 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         data_device = device if self._settings.data_resident else torch.device("cpu")
         spec = self._data.spec(self.seed)
         data = _dataset_on(spec, str(data_device))
-        labels = load_dataset(spec).y_train.numpy()  # the CPU copy, cached per process
-        indices = device_indices(labels, device_id, self._data.subset_size, self._data.dirichlet_alpha, self.seed)
+        host = load_dataset(spec)  # the CPU copy, cached per process
+        indices = device_indices(host.y_train.numpy(), device_id, self._data.subset_size, self._data.dirichlet_alpha,
+                                 self.seed, host.num_classes)  # fmt: skip
         idx = torch.from_numpy(indices).to(data_device)
         x, y = data.x_train.index_select(0, idx), data.y_train.index_select(0, idx)
         generator = torch.Generator().manual_seed(stable_seed("train", self.seed, device_id, version) % 2**63)
         return device, x, y, generator
+
+    def input_shape(self) -> tuple[int, ...]:
+        """One sample's shape as the model receives it."""
+        return load_dataset(self._data.spec(self.seed)).input_shape
+
+    def _input_prep(self):
+        """How a stored batch becomes the model's input: the dataset's own ``prepare``."""
+        return load_dataset(self._data.spec(self.seed)).prepare
 
     def train(self, device_id: str, model_data: dict, version: int) -> dict[str, np.ndarray]:
         """Train ``device_id`` from the given global weights; return its WEIGHT_DIFF as numpy arrays."""
@@ -231,9 +240,8 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
             device, x, y, generator = self._prepare(device_id, version)
             net = worker_model(self._training.model, device)
             params = global_params_on(model_data, version, device, settings.cached_versions)
-            diff, buffers = train_local(
-                net, params, x, y, self._training, generator, _device_buffers.get(device_id), settings.pinned_streams
-            )
+            diff, buffers = train_local(net, params, x, y, self._training, generator, _device_buffers.get(device_id),
+                                        settings.pinned_streams, self._input_prep())  # fmt: skip
         if buffers:
             with _lock:
                 _device_buffers[device_id] = buffers
@@ -255,4 +263,5 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
                 [g for *_, g in prepared],
                 device,
                 settings.pinned_streams,
+                self._input_prep(),
             )

@@ -10,6 +10,7 @@ per device). Buffers (e.g. BatchNorm running statistics) are never part of the d
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -125,17 +126,19 @@ def copy_to_host(tensors: dict[str, torch.Tensor], pinned: bool = False) -> dict
 def train_local(
     model: nn.Module,
     global_params: dict[str, torch.Tensor],
-    x_uint8: torch.Tensor,
+    x: torch.Tensor,
     y: torch.Tensor,
     cfg: TrainingConfig,
     generator: torch.Generator,
     local_buffers: dict[str, torch.Tensor] | None = None,
     pinned: bool = False,
+    prepare: Callable[[torch.Tensor], torch.Tensor] = normalize,
 ) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]:
     """Train ``model`` from ``global_params`` on one device's samples; return (diff, buffers after training).
 
     ``global_params`` must be on the model's device; the data on it too, or on the CPU (each batch is then
-    indexed there and moved over). The diff is computed on the model's device, then copied out
+    indexed there and moved over). ``prepare`` turns a stored batch into the model's input (``Dataset.prepare``;
+    the default standardises uint8 images with CIFAR-10's statistics). The diff is computed on the model's device, then copied out
     (``copy_to_host``, through pinned buffers when ``pinned``).
     """
     device = next(model.parameters()).device
@@ -154,13 +157,13 @@ def train_local(
                 b.copy_(source)
     model.train()
     optimizer = cfg.make_optimizer(model.parameters())
-    data_device = x_uint8.device
+    data_device = x.device
     for positions in batch_schedule(len(y), cfg, generator):
         positions = positions.to(data_device, non_blocking=True)
-        xb, yb = x_uint8.index_select(0, positions), y.index_select(0, positions)
+        xb, yb = x.index_select(0, positions), y.index_select(0, positions)
         if data_device != device:
             xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-        loss = F.cross_entropy(model(normalize(xb)), yb)
+        loss = F.cross_entropy(model(prepare(xb)), yb)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -171,12 +174,13 @@ def train_local(
 
 
 @torch.no_grad()
-def evaluate_accuracy(model: nn.Module, x_uint8: torch.Tensor, y: torch.Tensor, batch_size: int = 1000) -> float:
-    """Top-1 accuracy of ``model`` on uint8 images (normalised on the fly)."""
+def evaluate_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000,
+                      prepare: Callable[[torch.Tensor], torch.Tensor] = normalize) -> float:  # fmt: skip
+    """Top-1 accuracy of ``model`` on stored inputs (``prepare``d on the fly, as in ``train_local``)."""
     model.eval()
     device = next(model.parameters()).device
     correct = 0
     for start in range(0, len(y), batch_size):
-        xb = normalize(x_uint8[start : start + batch_size].to(device))
+        xb = prepare(x[start : start + batch_size].to(device))
         correct += (model(xb).argmax(1) == y[start : start + batch_size].to(device)).sum().item()
     return correct / max(len(y), 1)

@@ -23,6 +23,8 @@ with the per-device engine, which keeps per-device buffers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -43,12 +45,14 @@ def train_group(
     generators: list[torch.Generator],
     device: torch.device,
     pinned: bool = False,
+    prepare: Callable[[torch.Tensor], torch.Tensor] = normalize,
 ) -> list[dict[str, np.ndarray]]:
     """Train K devices from ``global_params``, all at once; return each device's diff (trained - received) as
     float32 numpy arrays, the same keys, shapes and values as ``train_local`` would return.
 
-    ``device_data[i]`` is device i's (uint8 images N_i x 3 x 32 x 32, int64 labels N_i), on ``device`` or on the
-    CPU (each iteration's batch is then gathered there and moved over); ``pinned``: see ``copy_to_host``;
+    ``device_data[i]`` is device i's (stored inputs N_i x ..., int64 labels N_i), on ``device`` or on the CPU (each
+    iteration's batch is then gathered there and moved over); ``prepare`` turns a stored batch into the model's
+    input, as in ``train_local``; ``pinned``: see ``copy_to_host``;
     ``generators[i]`` is the CPU generator ``train_local`` would get for device i (it is advanced the same way).
     """
     if len(device_data) != len(generators):
@@ -117,7 +121,7 @@ def train_group(
         xb, yb = x_all.index_select(0, flat), y_all.index_select(0, flat)
         if data_device != device:
             xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-        xb = normalize(xb).view(k, batch, *image_shape)
+        xb = prepare(xb).view(k, batch, *image_shape)
         yb = yb.view(k, batch)
         grads_by_name = group_grad(dict(zip(names, params, strict=True)), xb, yb, mask[t], counts)
         grads = [grads_by_name[name] for name in names]

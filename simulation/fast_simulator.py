@@ -138,6 +138,7 @@ class FastSimulator:
         self._reported: dict[str, int] = {}  # device -> the selection id it last reported on
         self._devices: dict[str, SimulatedDevice] = {}  # kept only for per-device processors (no trainer)
         self._task_counts: dict[str, int] = {}  # the real-time mode's task numbers
+        self._probes: dict[str, SimulatedDevice] = {}  # the devices job and selection requests are sent as
         self._on_report = on_report
 
     # -- NVFlare's SimulationRunner contract ----------------------------------------------------------------------
@@ -171,13 +172,21 @@ class FastSimulator:
             self.logger.warning(f"exception sending request: {secure_format_exception(ex)}")
             return default
 
+    def _probe(self, device_id: str) -> SimulatedDevice:
+        """The device a job or selection request is sent as: made once (NVFlare's factory deep-copies a
+        foreign processor into every device it makes, and these requests are sent on every sync)."""
+        device = self._probes.get(device_id)
+        if device is None:
+            device = self._probes[device_id] = self.device_factory.make_device(device_id)
+        return device
+
     def _ask_for_job(self) -> JobResponse:
-        device = self.device_factory.make_device(SpecialDeviceId.DUMMY)
+        device = self._probe(SpecialDeviceId.DUMMY)
         req = JobRequest(self.job_name, device.get_device_info(), device.get_user_info(), device.get_capabilities())
         return self._send(req, device, JobResponse(EdgeApiStatus.RETRY))
 
     def _ask_for_selection(self, job_id: str, device_id: str) -> SelectionResponse:
-        device = self.device_factory.make_device(device_id)
+        device = self._probe(device_id)
         return self._send(SelectionRequest(device.get_device_info(), job_id), device, SelectionResponse(EdgeApiStatus.RETRY))
 
     def _ask_for_task(self, device: SimulatedDevice) -> TaskResponse:

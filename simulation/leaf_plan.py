@@ -10,7 +10,8 @@ on its machine (``count_leaf_processes``). Every leaf's plan is recorded in ``me
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import os
+from dataclasses import asdict, dataclass, replace
 
 import psutil
 import torch
@@ -27,7 +28,9 @@ from simulation.planner import (
     probe_hardware,
 )
 
+DEFAULT_INPUT_SHAPE = (3, 32, 32)  # CIFAR-10's, when nothing better is known
 NVFLARE_CLIENT_JOB_MODULE = "nvflare.private.fed.app.client.worker_process"  # one per client per job
+NVFLARE_SIMULATOR_WORKER_MODULE = "nvflare.private.fed.app.simulator.simulator_worker"  # one per SimEnv leaf
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,9 @@ class PlanRequest:
     """What a leaf plans from, besides its own hardware.
 
     Attributes:
-        model: the model name (its memory per training worker is estimated from it).
+        model: the model name (its memory per training worker is estimated from it); None for a task processor
+            that is not ours (``use_fast_simulator``): workers are then bounded by cores and devices only, and
+            devices train one by one unless ``engine`` is ``vectorized`` (a processor that is a ``GroupTrainer``).
         batch_size: local batch size.
         optimizer: local optimizer (its state counts in a worker's memory).
         devices_per_round: devices this leaf trains per round.
@@ -45,9 +50,11 @@ class PlanRequest:
         group_size: the user's ``--group-size`` (None: planned).
         profile: the utilisation profile's name.
         leaves_on_host: leaves sharing this machine (0: count this job's client processes on it).
+        input_shape: one sample's shape as the model receives it (its activations count in a worker's memory);
+            None: the leaf's runner takes it from the leaf's own data.
     """
 
-    model: str
+    model: str | None
     batch_size: int
     optimizer: str
     devices_per_round: int
@@ -57,21 +64,39 @@ class PlanRequest:
     group_size: int | None = None
     profile: str = DEFAULT_PROFILE
     leaves_on_host: int = 0
+    input_shape: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> PlanRequest:
-        return cls(**d)
+        shape = d.get("input_shape")
+        return cls(**(d | {"input_shape": tuple(shape) if shape is not None else None}))
 
 
-def count_leaf_processes(job_id: str) -> int:
-    """This job's NVFlare client job processes on this machine (at least 1: the caller's own)."""
+def _sibling_key(cmdline: list[str]) -> tuple[str, str] | None:
+    """What a leaf process shares with the other leaves of its job: (NVFlare's client job module, the job id) on a
+    deployment, or (NVFlare's simulator worker module, the simulation's workspace) in SimEnv."""
+    def value(flag: str) -> str | None:
+        return cmdline[cmdline.index(flag) + 1] if flag in cmdline[:-1] else None
+
+    if NVFLARE_CLIENT_JOB_MODULE in cmdline and value("-n"):
+        return NVFLARE_CLIENT_JOB_MODULE, value("-n")
+    if NVFLARE_SIMULATOR_WORKER_MODULE in cmdline and value("-o"):
+        return NVFLARE_SIMULATOR_WORKER_MODULE, os.path.dirname(os.path.normpath(value("-o")))
+    return None
+
+
+def count_leaf_processes(own_cmdline: list[str] | None = None) -> int:
+    """The leaf processes of this process's job on this machine, itself included (1 when this process is no
+    NVFlare client process). A deployment's non-leaf clients of the job count too: a conservative share."""
+    key = _sibling_key(own_cmdline if own_cmdline is not None else psutil.Process().cmdline())
+    if key is None:
+        return 1
     count = 0
     for p in psutil.process_iter(["cmdline"]):
-        cmdline = p.info.get("cmdline") or []
-        if NVFLARE_CLIENT_JOB_MODULE in cmdline and job_id in cmdline:
+        if _sibling_key(p.info.get("cmdline") or []) == key:
             count += 1
     return max(1, count)
 
@@ -80,13 +105,22 @@ def plan_leaf(request: PlanRequest, hardware: HardwareProfile | None = None, lea
     """The plan of one leaf: workers (``plan_workers``) and engine (``plan_engine``). ``leaves_on_host`` replaces
     the request's (a leaf that counted its neighbours); ``hardware`` defaults to this machine's."""
     hardware = hardware or probe_hardware()
+    leaves = leaves_on_host or request.leaves_on_host or 1
+    if request.model is None:  # someone else's task processor: cores and devices bound its workers
+        plan = plan_workers(hardware, request.devices_per_round, 0, leaves, requested=request.num_workers,
+                            profile=request.profile)  # fmt: skip
+        if request.engine in ("auto", "per-device"):  # groups only when asked for
+            return replace(plan, engine="per-device", group_size=1,
+                           engine_reason="the task processor is not this project's: one device per call")  # fmt: skip
+        return plan_engine(plan, request.engine, group_size=request.group_size)
     device = resolve_device(request.compute_device)
     model = build_model(request.model)
     plan = plan_workers(
         hardware,
         devices_per_leaf=request.devices_per_round,
-        per_worker_bytes=estimate_worker_bytes(model, request.batch_size, request.optimizer),
-        leaves_on_host=leaves_on_host or request.leaves_on_host or 1,
+        per_worker_bytes=estimate_worker_bytes(model, request.batch_size, request.optimizer,
+                                               request.input_shape or DEFAULT_INPUT_SHAPE),  # fmt: skip
+        leaves_on_host=leaves,
         use_gpu=device.type == "cuda",
         requested=request.num_workers,
         profile=request.profile,

@@ -7,6 +7,11 @@ random UUID, so each device's data partition and speed class are the same in eve
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
+
+import torch
+from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.job_def import JobMetaKey
@@ -18,11 +23,13 @@ from nvflare.edge.web.models.task_response import TaskResponse
 from nvflare.edge.widgets.tpo_runner import TPORunner
 
 from common.delays import DelayConfig, DeviceDelays
+from common.jsonio import JsonlWriter, write_json_atomic
 from common.leaf_outbox import OUTBOX_PROP, LeafOutbox
 from processors.task_processor import TrainingTaskProcessor
 from simulation.fast_simulator import FastSimulator
 from simulation.leaf_plan import PlanRequest, count_leaf_processes, hardware_summary, plan_leaf
 from simulation.planner import WorkerPlan, probe_hardware
+from simulation.process_watch import ChildProcessWatch
 from simulation.trainer import GroupTrainer
 
 
@@ -60,8 +67,15 @@ class FastDeviceRunner(TPORunner):
     NVFlare's own runner does.
 
     At run start the leaf plans its workers, torch threads, engine and group size from its own machine
-    (``simulation.leaf_plan``), logs the plan with its reasons, and puts it in the leaf's outbox
-    (``common.leaf_outbox``) with one line per device report, for the server to record.
+    (``simulation.leaf_plan``) and logs the plan with its reasons. The plan is applied here, whoever wrote the
+    processor: the leaf's torch intra-op threads are set to its share of the cores (a processor that is not ours
+    never sets them, and several leaves' default pools then fight over the same cores), at
+    most ``num_workers`` devices train at once, and a processor that starts child processes per task (DataLoader
+    workers) is reported once (``simulation.process_watch``).
+
+    The plan and one line per device report go to the server through the leaf's outbox (``common.leaf_outbox``,
+    which our leaf updater sends up) when ``send_up``; with ``leaf_log_dir`` they are also written on the leaf, as
+    ``leaf_<leaf>_plan.json`` and ``leaf_<leaf>.jsonl`` (a recipe whose updater is NVFlare's: ``use_fast_simulator``).
 
     Args:
         task_processor_id: component id of the task processor.
@@ -71,6 +85,8 @@ class FastDeviceRunner(TPORunner):
         delays: ``DelayConfig.to_dict()``.
         seed: the run seed (delays are a seeded function of it and the device id).
         time_scale: 0: report at once; S > 0: hold each result for its delays x S wall seconds.
+        send_up: put the plan and report lines in the leaf's outbox for the server.
+        leaf_log_dir: also write them into this folder on the leaf ("": not).
     """
 
     def __init__(
@@ -82,20 +98,29 @@ class FastDeviceRunner(TPORunner):
         delays: dict | None = None,
         seed: int = 0,
         time_scale: float = 0.0,
+        send_up: bool = True,
+        leaf_log_dir: str = "",
     ):
         super().__init__(task_processor_id, job_timeout, num_devices, num_workers=1)
         self.plan_request = plan_request
         self.delays = delays or {}
         self.seed = seed
         self.time_scale = time_scale
+        self.send_up = send_up
+        self.leaf_log_dir = leaf_log_dir
         self.plan: WorkerPlan | None = None
+        self._watch: ChildProcessWatch | None = None
+        self._local_log: JsonlWriter | None = None
+        self.register_event_handler(EventType.END_RUN, self._close)
 
     def make_plan(self, fl_ctx: FLContext) -> dict:
         """This leaf's plan from its own machine (in SimEnv the request names how many leaves share it), as
         recorded in ``metrics.json``: the plan, the leaves it counted on its machine, and what it saw of it."""
         request = PlanRequest.from_dict(self.plan_request)
+        if request.input_shape is None and isinstance(self.tpo, TrainingTaskProcessor):
+            request = replace(request, input_shape=self.tpo.input_shape())
         hardware = probe_hardware()
-        neighbours = request.leaves_on_host or count_leaf_processes(fl_ctx.get_job_id())
+        neighbours = request.leaves_on_host or count_leaf_processes()
         self.plan = plan_leaf(request, hardware, leaves_on_host=neighbours)
         self.log_info(fl_ctx, f"leaf plan ({neighbours} leaf process(es) on this machine):\n"
                               f"{self.plan.describe()}\n{self.plan.reasoning()}")  # fmt: skip
@@ -104,13 +129,25 @@ class FastDeviceRunner(TPORunner):
     def create_simulator(self, fl_ctx: FLContext) -> FastSimulator:
         site = fl_ctx.get_identity_name()
         job_name = fl_ctx.get_prop(FLContextKey.JOB_META).get(JobMetaKey.JOB_NAME)
-        outbox = LeafOutbox(site)
-        outbox.set_plan(self.make_plan(fl_ctx))
+        plan_record = self.make_plan(fl_ctx)
         plan = self.plan
-        fl_ctx.set_prop(OUTBOX_PROP, outbox, private=True, sticky=True)  # the leaf's updater sends it up
+        reporters = []
+        if self.send_up:
+            outbox = LeafOutbox(site)
+            outbox.set_plan(plan_record)
+            fl_ctx.set_prop(OUTBOX_PROP, outbox, private=True, sticky=True)  # the leaf's updater sends it up
+            reporters.append(outbox.add_report)
+        if self.leaf_log_dir:
+            os.makedirs(self.leaf_log_dir, exist_ok=True)
+            write_json_atomic(os.path.join(self.leaf_log_dir, f"leaf_{site}_plan.json"), plan_record)
+            self._local_log = JsonlWriter(os.path.join(self.leaf_log_dir, f"leaf_{site}.jsonl"))
+            reporters.append(self._local_log.write)
         trainer = self.tpo if isinstance(self.tpo, GroupTrainer) else None
         if isinstance(self.tpo, TrainingTaskProcessor):
             self.tpo.apply_plan(plan.torch_threads, plan.leaves_per_gpu)
+        else:  # someone else's processor: the leaf's share of the cores, and a word if it forks per task
+            torch.set_num_threads(plan.torch_threads)
+            self._watch = ChildProcessWatch(self.logger).start()
         return FastSimulator(
             job_name=job_name,
             device_factory=PhoneFactory() if trainer is not None else TPODeviceFactory(self.tpo),
@@ -121,6 +158,28 @@ class FastDeviceRunner(TPORunner):
             delays=DeviceDelays(DelayConfig.from_dict(self.delays), self.seed),
             trainer=trainer,
             time_scale=self.time_scale,
-            on_report=outbox.add_report,
+            on_report=_fan_out(reporters),
             group_size=plan.group_size if plan.engine == "vectorized" else 1,
         )
+
+    def _close(self, _event: str, fl_ctx: FLContext) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+            if self._watch.seen:
+                self.log_warning(fl_ctx, f"the task processor started at least {len(self._watch.seen)} child "
+                                         "process(es) during the run (see the warning above)")  # fmt: skip
+        if self._local_log is not None:
+            self._local_log.close()
+
+
+def _fan_out(reporters: list):
+    if not reporters:
+        return None
+    if len(reporters) == 1:
+        return reporters[0]
+
+    def report(record: dict) -> None:
+        for r in reporters:
+            r(record)
+
+    return report

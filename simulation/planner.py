@@ -77,9 +77,9 @@ class WorkerPlan:
 
     def reasoning(self) -> str:
         parts = [f"{k}={'unbounded' if v is None else v}" for k, v in self.limits.items()]
-        lines = [
-            f"  limits per leaf: {', '.join(parts)}; est. {self.per_worker_bytes / 2**20:.1f} MiB per device trained"
-        ]
+        memory = (f"est. {self.per_worker_bytes / 2**20:.1f} MiB per device trained" if self.per_worker_bytes
+                  else "memory per device not estimated (a task processor that is not this project's)")  # fmt: skip
+        lines = [f"  limits per leaf: {', '.join(parts)}; {memory}"]
         if self.engine_reason:
             lines.append(f"  engine: {self.engine}, groups of {self.group_size} device(s) ({self.engine_reason})")
         return "\n".join(lines)
@@ -131,10 +131,11 @@ def _probe_gpus() -> list[GpuInfo]:
     return out
 
 
-def estimate_worker_bytes(model: nn.Module, batch_size: int, optimizer: str) -> int:
+def estimate_worker_bytes(model: nn.Module, batch_size: int, optimizer: str,
+                          input_shape: tuple[int, ...] = (3, 32, 32)) -> int:  # fmt: skip
     """Memory of one training worker: weights, gradients, optimizer state, the received global copy and the
-    diff, plus activations saved for backward (measured with forward hooks on a one-sample batch, then
-    scaled to the batch size)."""
+    diff, plus activations saved for backward (measured with forward hooks on a one-sample batch of
+    ``input_shape``, then scaled to the batch size)."""
     n_params = sum(p.numel() for p in model.parameters())
     state_copies = {"adam": 2, "sgd": 1}.get(optimizer, 2)
     param_bytes = 4 * n_params * (1 + 1 + state_copies + 2)
@@ -148,12 +149,12 @@ def estimate_worker_bytes(model: nn.Module, batch_size: int, optimizer: str) -> 
     handles = [m.register_forward_hook(hook) for m in model.modules() if not list(m.children())]
     try:
         with torch.no_grad():
-            model(torch.zeros(1, 3, 32, 32, device=next(model.parameters()).device))
+            model(torch.zeros(1, *input_shape, device=next(model.parameters()).device))
     finally:
         for h in handles:
             h.remove()
     # saved activation + its gradient, plus the input batch, float32
-    activation_bytes = 4 * batch_size * (2 * activation_elems + 3 * 32 * 32)
+    activation_bytes = 4 * batch_size * (2 * activation_elems + math.prod(input_shape))
     return int(ESTIMATE_SLACK * (param_bytes + activation_bytes))  # allocator rounding and workspace slack
 
 

@@ -12,7 +12,8 @@ from processors.data.sources import BUILTIN_DATASETS, DatasetError, DatasetSpec
 @dataclass(frozen=True)
 class DataConfig:
     """Attributes:
-    dataset: ``cifar10``, ``synthetic`` (seeded, class-structured images) or a path to an ``.npz`` file.
+    dataset: ``cifar10``, ``synthetic`` (seeded, class-structured images), a path to an ``.npz`` file, or an import
+        path ``package.module:function`` returning the arrays (``processors.data.sources``).
     data_root: where torchvision's CIFAR-10 lives (downloaded there when the network allows).
     synthetic_size: training images of the synthetic dataset (its test split is a fifth of it).
     subset_size: training samples each device holds.
@@ -34,7 +35,9 @@ class DataConfig:
 
     def spec(self, seed: int) -> DatasetSpec:
         """What to load: the dataset with absolute paths, and the seed of the synthetic source."""
-        name = self.dataset if self.dataset in BUILTIN_DATASETS else os.path.abspath(os.path.expanduser(self.dataset))
+        name = self.dataset
+        if name not in BUILTIN_DATASETS and name.endswith(".npz"):
+            name = os.path.abspath(os.path.expanduser(name))
         return DatasetSpec(name, os.path.abspath(os.path.expanduser(self.data_root)), self.synthetic_size, seed)
 
     def to_dict(self) -> dict:

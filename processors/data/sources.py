@@ -1,13 +1,20 @@
-"""Dataset sources: torchvision CIFAR-10, seeded synthetic images, or a user's ``.npz``.
+"""Dataset sources: torchvision CIFAR-10, seeded synthetic images, a user's ``.npz``, or a user's loader function.
 
-Every source yields the same in-memory form: uint8 images N x 3 x 32 x 32 and int64 labels, for a train and a
-test split. ``load_dataset`` caches per process, so all simulated devices of a process share one copy: no per-task
-dataset load and no DataLoader worker processes.
+Every source yields the same in-memory form (``Dataset``): a train and a test split of inputs and int64 labels
+``0 .. num_classes - 1``. Inputs are either uint8 images N x C x H x W (C = 1 or 3), kept as uint8 and standardised
+per channel on the fly (CIFAR-10's statistics for the built-in sources, the training split's own for a user's), or
+float arrays N x ... used as they are. ``load_dataset`` caches per process, so all simulated devices of a process
+share one copy: no per-task dataset load and no DataLoader worker processes.
+
+A user's data comes as ``PATH.npz`` (arrays ``x_train, y_train, x_test, y_test``) or as an import path
+``package.module:function`` whose function returns those four arrays (a mapping with those keys, an object with
+those attributes, or a 4-tuple in that order); each process calls it once.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 from dataclasses import asdict, dataclass
 
@@ -30,7 +37,7 @@ class DatasetError(ValueError):
 class DatasetSpec:
     """What to load. Small and JSON-friendly, so it travels inside NVFlare job configs."""
 
-    name: str = "synthetic"  # "cifar10", "synthetic" or a path to a .npz file
+    name: str = "synthetic"  # "cifar10", "synthetic", a path to a .npz file, or package.module:function
     data_root: str = "~/.cache/edgesim-flare/data"
     synthetic_size: int = 20000  # training images for the synthetic source (test split is a fifth of it)
     seed: int = 0
@@ -41,7 +48,10 @@ class DatasetSpec:
             return self.name
         if self.name.endswith(".npz"):
             return "npz"
-        raise DatasetError(f"--dataset {self.name!r}: use cifar10, synthetic, or a path to a .npz file")
+        if ":" in self.name and os.path.sep not in self.name.partition(":")[0]:
+            return "loader"
+        raise DatasetError(f"--dataset {self.name!r}: use cifar10, synthetic, a path to a .npz file, or an import "
+                           "path package.module:function that returns x_train, y_train, x_test, y_test")  # fmt: skip
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -49,20 +59,48 @@ class DatasetSpec:
 
 @dataclass(frozen=True)
 class Dataset:
-    x_train: torch.Tensor  # uint8, N x 3 x 32 x 32
-    y_train: torch.Tensor  # int64, N
+    """Attributes:
+    x_train, x_test: uint8 images N x C x H x W, or float32 arrays N x ...
+    y_train, y_test: int64 labels.
+    num_classes: labels are 0 .. num_classes - 1.
+    mean, std: per-channel statistics images are standardised with (on [0, 1] pixels); None for float inputs.
+    """
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
     x_test: torch.Tensor
     y_test: torch.Tensor
+    num_classes: int = NUM_CLASSES
+    mean: tuple[float, ...] | None = CIFAR_MEAN
+    std: tuple[float, ...] | None = CIFAR_STD
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """One sample's shape, as the model receives it."""
+        return tuple(self.x_train.shape[1:])
 
     def to(self, device: torch.device) -> Dataset:
-        return Dataset(*(t.to(device) for t in (self.x_train, self.y_train, self.x_test, self.y_test)))
+        moved = (t.to(device) for t in (self.x_train, self.y_train, self.x_test, self.y_test))
+        return Dataset(*moved, self.num_classes, self.mean, self.std)
+
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        """A batch as the model receives it: images standardised per channel, float inputs unchanged."""
+        if self.mean is None:
+            return x.float()
+        return standardize(x, self.mean, self.std)
+
+
+def standardize(x_uint8: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
+    """uint8 N x C x H x W -> float32, scaled to [0, 1] and standardised per channel."""
+    channels = len(mean)
+    m = torch.tensor(mean, device=x_uint8.device).view(1, channels, 1, 1)
+    s = torch.tensor(std, device=x_uint8.device).view(1, channels, 1, 1)
+    return (x_uint8.float().div_(255.0) - m) / s
 
 
 def normalize(x_uint8: torch.Tensor) -> torch.Tensor:
-    """uint8 N x 3 x H x W -> float32, scaled to [0, 1] and standardised with the CIFAR statistics."""
-    mean = torch.tensor(CIFAR_MEAN, device=x_uint8.device).view(1, 3, 1, 1)
-    std = torch.tensor(CIFAR_STD, device=x_uint8.device).view(1, 3, 1, 1)
-    return (x_uint8.float().div_(255.0) - mean) / std
+    """uint8 N x 3 x H x W -> float32, standardised with CIFAR-10's statistics (the built-in sources)."""
+    return standardize(x_uint8, CIFAR_MEAN, CIFAR_STD)
 
 
 def load_dataset(spec: DatasetSpec) -> Dataset:
@@ -77,6 +115,8 @@ def _load_cached(spec: DatasetSpec) -> Dataset:
         return make_synthetic(spec.synthetic_size, max(spec.synthetic_size // 5, 100), spec.seed)
     if kind == "npz":
         return load_npz(spec.name)
+    if kind == "loader":
+        return load_from_function(spec.name)
     return load_cifar10(spec.data_root)
 
 
@@ -135,7 +175,7 @@ NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 
 def load_npz(path: str) -> Dataset:
-    """A user's data: x_* uint8 N x 32 x 32 x 3 (or N x 3 x 32 x 32), y_* integer labels in [0, 10)."""
+    """A user's arrays from a ``.npz`` file (see ``from_arrays`` for what they may be)."""
     if not os.path.isfile(path):
         raise DatasetError(f"--dataset {path}: no such file")
     try:
@@ -150,27 +190,91 @@ def load_npz(path: str) -> Dataset:
         raise
     except Exception as ex:
         raise DatasetError(f"--dataset {path}: cannot read it as a numpy .npz without pickles ({ex})") from ex
+    return from_arrays(arrays, f"--dataset {path}")
 
+
+def load_from_function(path: str) -> Dataset:
+    """Call a user's ``package.module:function`` and check what it returns (``from_arrays``)."""
+    module_name, _, attr = path.partition(":")
+    try:
+        function = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as ex:
+        raise DatasetError(f"--dataset {path}: cannot import {attr} from {module_name} ({ex})") from ex
+    if not callable(function):
+        raise DatasetError(f"--dataset {path}: {attr} is not a function")
+    try:
+        returned = function()
+    except Exception as ex:
+        raise DatasetError(f"--dataset {path}: calling {attr}() failed ({type(ex).__name__}: {ex})") from ex
+    return from_arrays(as_arrays(returned, f"--dataset {path}"), f"--dataset {path}")
+
+
+def as_arrays(data, where: str) -> dict[str, np.ndarray]:
+    """The four arrays of a mapping with keys ``x_train, y_train, x_test, y_test``, an object with those
+    attributes, or a 4-tuple in that order."""
+    if isinstance(data, dict):
+        missing = [k for k in NPZ_KEYS if k not in data]
+        if missing:
+            raise DatasetError(f"{where}: missing {missing}; give {list(NPZ_KEYS)}")
+        values = [data[k] for k in NPZ_KEYS]
+    elif isinstance(data, (tuple, list)):
+        if len(data) != 4:
+            raise DatasetError(f"{where}: a sequence of {len(data)} items; give (x_train, y_train, x_test, y_test)")
+        values = list(data)
+    elif all(hasattr(data, k) for k in NPZ_KEYS):
+        values = [getattr(data, k) for k in NPZ_KEYS]
+    else:
+        raise DatasetError(f"{where}: got a {type(data).__name__}; give {list(NPZ_KEYS)} as a dict, an object with "
+                           "those attributes, or a 4-tuple")  # fmt: skip
+    return {k: v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v) for k, v in zip(NPZ_KEYS, values, strict=True)}
+
+
+def _channels_first(x: np.ndarray) -> np.ndarray:
+    """N x H x W x C (C = 1 or 3, H and W larger) -> N x C x H x W; N x H x W -> N x 1 x H x W."""
+    if x.ndim == 3:
+        return x[:, None]
+    if x.ndim == 4 and x.shape[3] in (1, 3) and x.shape[1] not in (1, 3):
+        return x.transpose(0, 3, 1, 2)
+    return x
+
+
+def from_arrays(arrays: dict[str, np.ndarray], where: str) -> Dataset:
+    """A ``Dataset`` from a user's arrays, checked: ``x_*`` uint8 images (N x H x W, N x H x W x C or N x C x H x W
+    with C = 1 or 3), standardised with the training split's per-channel statistics, or float arrays N x ...
+    used as they are; ``y_*`` integer labels 0 .. K - 1 (K from the training labels)."""
     out = []
     for split in ("train", "test"):
         x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
-        if x.dtype != np.uint8:
-            raise DatasetError(f"--dataset {path}: x_{split} must be uint8 images (0..255), got {x.dtype}")
-        if x.ndim == 4 and x.shape[1:] == (32, 32, 3):
-            x = x.transpose(0, 3, 1, 2)
-        if x.ndim != 4 or x.shape[1:] != IMAGE_SHAPE:
-            raise DatasetError(
-                f"--dataset {path}: x_{split} has shape {x.shape}; expected N x 32 x 32 x 3 or N x 3 x 32 x 32"
-            )
+        if x.ndim < 2 or x.shape[0] == 0:
+            raise DatasetError(f"{where}: x_{split} has shape {x.shape}; expected N samples x ... (N > 0)")
+        if x.dtype == np.uint8:
+            x = _channels_first(x)
+            if x.ndim != 4 or x.shape[1] not in (1, 3):
+                raise DatasetError(f"{where}: x_{split} has shape {x.shape}; uint8 images must be N x H x W, "
+                                   "N x H x W x C or N x C x H x W with C = 1 or 3 (or give float arrays)")  # fmt: skip
+        elif np.issubdtype(x.dtype, np.floating):
+            x = x.astype(np.float32)
+        else:
+            raise DatasetError(f"{where}: x_{split} must be uint8 images (0..255) or float arrays, got {x.dtype}")
         if not np.issubdtype(y.dtype, np.integer):
-            raise DatasetError(f"--dataset {path}: y_{split} must hold integer labels, got {y.dtype}")
+            raise DatasetError(f"{where}: y_{split} must hold integer labels, got {y.dtype}")
         if y.shape != (x.shape[0],):
-            raise DatasetError(f"--dataset {path}: y_{split} has shape {y.shape}; expected ({x.shape[0]},)")
-        if y.size and (y.min() < 0 or y.max() >= NUM_CLASSES):
-            raise DatasetError(
-                f"--dataset {path}: y_{split} labels span {y.min()}..{y.max()}; expected 0..{NUM_CLASSES - 1}"
-            )
-        if x.shape[0] == 0:
-            raise DatasetError(f"--dataset {path}: x_{split} is empty")
+            raise DatasetError(f"{where}: y_{split} has shape {y.shape}; expected ({x.shape[0]},)")
+        if y.min() < 0:
+            raise DatasetError(f"{where}: y_{split} has negative labels; expected 0..K-1")
         out += [torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y.astype(np.int64))]
-    return Dataset(*out)
+    x_train, y_train, x_test, y_test = out
+    if x_train.shape[1:] != x_test.shape[1:] or x_train.dtype != x_test.dtype:
+        raise DatasetError(f"{where}: x_train is {x_train.dtype} {tuple(x_train.shape)} and x_test "
+                           f"{x_test.dtype} {tuple(x_test.shape)}; samples must have one shape and type")  # fmt: skip
+    num_classes = int(y_train.max()) + 1
+    if int(y_test.max()) >= num_classes:
+        raise DatasetError(f"{where}: y_test has label {int(y_test.max())}, which y_train never has (0..{num_classes - 1})")
+    if num_classes < 2:
+        raise DatasetError(f"{where}: y_train holds one class; a classifier needs at least 2")
+    mean = std = None
+    if x_train.dtype == torch.uint8:  # per-channel statistics of the training images, on [0, 1] pixels
+        pixels = x_train.float().div_(255.0).transpose(0, 1).reshape(x_train.shape[1], -1)
+        mean = tuple(float(v) for v in pixels.mean(1))
+        std = tuple(max(float(v), 1e-3) for v in pixels.std(1))
+    return Dataset(x_train, y_train, x_test, y_test, num_classes, mean, std)

@@ -29,9 +29,12 @@ def test_valid_npz_loads_in_channels_first_layout(tmp_path):
     "arrays, message",
     [
         ({"y_test": None}, "missing arrays \\['y_test'\\]"),
-        ({"x_train": np.zeros((20, 28, 28), np.uint8)}, "expected N x 32 x 32 x 3"),
-        ({"x_train": np.zeros((20, 32, 32, 3), np.float32)}, "must be uint8"),
-        ({"y_train": np.arange(20) + 5}, "labels span 5..24"),
+        ({"x_train": np.zeros((20, 28, 28), np.uint8)}, "samples must have one shape and type"),
+        ({"x_train": np.zeros((20, 32, 32, 3), np.float32)}, "samples must have one shape and type"),
+        ({"x_train": np.zeros((20, 5, 8, 8), np.uint8), "x_test": np.zeros((10, 5, 8, 8), np.uint8)}, "C = 1 or 3"),
+        ({"x_train": np.zeros((20, 32, 32, 3), np.int32)}, r"must be uint8 images \(0..255\) or float arrays"),
+        ({"y_test": np.arange(10) + 20}, "label 29, which y_train never has"),
+        ({"y_train": -np.arange(20)}, "negative labels"),
         ({"y_train": np.arange(19)}, "expected \\(20,\\)"),
         ({"y_train": np.linspace(0, 1, 20)}, "integer labels"),
     ],
@@ -39,6 +42,19 @@ def test_valid_npz_loads_in_channels_first_layout(tmp_path):
 def test_malformed_npz_gets_a_clear_error(tmp_path, arrays, message):
     with pytest.raises(DatasetError, match=message):
         load_npz(_write(tmp_path, **arrays))
+
+
+def test_grayscale_images_and_float_features_load_with_their_own_classes_and_statistics(tmp_path):
+    rng = np.random.default_rng(0)
+    gray = load_npz(_write(tmp_path, x_train=rng.integers(0, 256, (20, 28, 28), dtype=np.uint8), y_train=np.arange(20) % 4,
+                           x_test=rng.integers(0, 256, (10, 28, 28, 1), dtype=np.uint8), y_test=np.arange(10) % 4))  # fmt: skip
+    assert gray.input_shape == (1, 28, 28) and gray.num_classes == 4 and len(gray.mean) == 1
+    x = gray.prepare(gray.x_train)
+    assert abs(float(x.mean())) < 1e-4 and abs(float(x.std()) - 1) < 1e-2  # standardised with its own statistics
+    features = load_npz(_write(tmp_path, x_train=rng.normal(size=(20, 7)).astype(np.float64), y_train=np.arange(20) % 3,
+                               x_test=rng.normal(size=(10, 7)), y_test=np.arange(10) % 3))  # fmt: skip
+    assert features.input_shape == (7,) and features.num_classes == 3 and features.mean is None
+    assert features.prepare(features.x_test).dtype.is_floating_point
 
 
 def test_npz_with_pickled_objects_is_refused(tmp_path):

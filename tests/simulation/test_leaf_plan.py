@@ -12,7 +12,13 @@ from nvflare.apis.fl_constant import FLContextKey, ReservedKey
 from nvflare.apis.fl_context import FLContext
 
 from common.leaf_outbox import OUTBOX_PROP
-from simulation.leaf_plan import NVFLARE_CLIENT_JOB_MODULE, PlanRequest, count_leaf_processes, plan_leaf
+from simulation.leaf_plan import (
+    NVFLARE_CLIENT_JOB_MODULE,
+    NVFLARE_SIMULATOR_WORKER_MODULE,
+    PlanRequest,
+    count_leaf_processes,
+    plan_leaf,
+)
 from simulation.leaf_runner import FastDeviceRunner
 from simulation.planner import GpuInfo, HardwareProfile
 from tests.conftest import make_processor
@@ -45,18 +51,40 @@ def test_a_gpu_leaf_plans_from_its_own_gpu_memory(monkeypatch):
     assert one.gpu_bytes_per_leaf > 1.9 * two.gpu_bytes_per_leaf and two.leaves_per_gpu == 2
 
 
+def _sleeper(*marker: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *marker])
+
+
+def _count_settles(own: list[str], expected: int) -> int:
+    deadline = time.time() + 10
+    while count_leaf_processes(own) < expected and time.time() < deadline:
+        time.sleep(0.1)
+    return count_leaf_processes(own)
+
+
 def test_a_deployed_leaf_counts_this_jobs_client_processes_on_its_machine():
     job = "job-7d2f"
-    fakes = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", NVFLARE_CLIENT_JOB_MODULE, "-n",
-                               job]) for _ in range(3)]  # fmt: skip
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", NVFLARE_CLIENT_JOB_MODULE, "-n",
-                              "another-job"])  # fmt: skip
+    own = [sys.executable, "-m", NVFLARE_CLIENT_JOB_MODULE, "-n", job]
+    fakes = [_sleeper(NVFLARE_CLIENT_JOB_MODULE, "-n", job) for _ in range(3)]
+    other = _sleeper(NVFLARE_CLIENT_JOB_MODULE, "-n", "another-job")
     try:
-        deadline = time.time() + 10
-        while count_leaf_processes(job) < 3 and time.time() < deadline:
-            time.sleep(0.1)
-        assert count_leaf_processes(job) == 3
-        assert count_leaf_processes("no-such-job") == 1  # at least the caller itself
+        assert _count_settles(own, 3) == 3
+        assert count_leaf_processes([*own[:-1], "no-such-job"]) == 1  # at least the caller itself
+        assert count_leaf_processes(["python", "some_script.py"]) == 1  # not an NVFlare client process
+    finally:
+        for p in [*fakes, other]:
+            p.kill()
+            p.wait()
+
+
+def test_a_simenv_leaf_counts_the_simulator_workers_of_its_own_workspace(tmp_path):
+    def worker(run: str, site: str) -> list[str]:
+        return [NVFLARE_SIMULATOR_WORKER_MODULE, "-o", str(tmp_path / run / site), "--client", site]
+
+    fakes = [_sleeper(*worker("run-a", f"site-{i}")) for i in (1, 2)]
+    other = _sleeper(*worker("run-b", "site-1"))  # a run beside it, in its own workspace
+    try:
+        assert _count_settles([sys.executable, "-m", *worker("run-a", "site-1")], 2) == 2
     finally:
         for p in [*fakes, other]:
             p.kill()
@@ -68,7 +96,7 @@ def test_the_runner_plans_at_start_applies_it_and_puts_it_in_the_outbox(monkeypa
     import simulation.leaf_runner as leaf_runner
 
     monkeypatch.setattr(leaf_runner, "probe_hardware", lambda: HardwareProfile(8))
-    monkeypatch.setattr(leaf_runner, "count_leaf_processes", lambda job_id: 4)
+    monkeypatch.setattr(leaf_runner, "count_leaf_processes", lambda: 4)
     request = PlanRequest(**(REQUEST.to_dict() | {"devices_per_round": 8, "leaves_on_host": leaves_on_host}))
     runner = FastDeviceRunner("task_processor", plan_request=request.to_dict(), num_devices=10)
     runner.tpo = make_processor()

@@ -1,0 +1,30 @@
+"""Which of this project's packages a job carries to its sites, and how they are put in its ``custom/`` folder.
+
+A deployment's sites have NVFlare and the third-party libraries installed, not this project: a job that names our
+components (our own jobs, or a recipe after ``simulation.use_fast_simulator``) ships every layer they import.
+NVFlare copies only the modules of the classes a job names, so their imports would be missing otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nvflare.apis.job_def import ALL_SITES, SERVER_SITE_NAME
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# every layer below jobs/ (ARCHITECTURE.md): what a job's components import at run time
+SHIPPED_PACKAGES = ("common", "processors", "simulation", "fedrevive", "aggregation", "scheduling", "evaluation")
+
+
+def ship_packages(job, targets: tuple[str, ...] = (SERVER_SITE_NAME, ALL_SITES)) -> None:
+    """Put this project's packages into the ``custom/`` folder of each target app of ``job`` (an NVFlare
+    ``FedJob``)."""
+    for package in SHIPPED_PACKAGES:
+        root = os.path.join(REPO, package)
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            relative = os.path.relpath(folder, REPO)
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    for target in targets:
+                        job.add_file_to(os.path.join(folder, name), target, dest_dir=relative)
