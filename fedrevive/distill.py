@@ -1,18 +1,22 @@
 """FedReviveDistiller: turns a stale client update into (1 - beta) * delta + beta * delta_KD on the server.
 
-Phases, by the current global version v (an update's staleness is tau = v - base_version):
+Phases, by the current global version v (an update's staleness is tau = v - base_version, beta = beta(tau)):
 
 * ``warm-up`` (v < distill_from_version): nothing runs on the server but bookkeeping; teachers are still
   buffered and class proportions estimated in ``observe_client_model``. The update passes through unchanged.
-* ``generator-warm-up`` (distill_from_version <= v < kd_train_from_version): every update runs one generator
-  synthesis round (meta-adaptation + Reptile, best batch into the pool) against the buffered teachers, so the
-  generator and pool are ready when KD begins; beta is forced to 0 and the update passes through unchanged.
-* ``distill`` (v >= kd_train_from_version, beta(tau) > 0): one synthesis round, then a student initialised from
-  the current global model is trained ``kd_iters`` Adam steps on pool batches to match the class-weighted
-  teachers; delta_KD = student - global (trainable parameters only) and the update is blended with beta(tau).
-* ``fresh`` (v >= kd_train_from_version, beta(tau) == 0, i.e. tau == 0): the blend would ignore delta_KD, so KD
-  is skipped; a synthesis round still runs to keep the generator tracking the teachers. Update unchanged.
-* ``no-teachers``: no client model observed yet; the update passes through unchanged.
+* ``generator-warm-up`` (distill_from_version <= v < kd_train_from_version): synthesis rounds fill the pool (see
+  below); beta is forced to 0 and the update passes through unchanged (as NVIDIA's port; R1 blends a zero delta_KD).
+* ``distill`` (v >= kd_train_from_version, beta > 0): a student initialised from the current global model is
+  trained ``kd_iters`` Adam steps (lr ``kd_lr``, weight decay ``kd_weight_decay``) on pool images: in each step
+  every teacher k gets its own ``synth_per_teacher`` images whose labels are drawn from its class proportions q_k,
+  augmented, and the loss is the sum over teachers of KL(teacher || student) on them, over all their images.
+  delta_KD = student - global (trainable parameters only), blended with beta.
+* ``fresh`` (v >= kd_train_from_version, beta == 0, i.e. tau == 0): the blend would ignore delta_KD; nothing runs.
+* ``no-teachers`` / ``empty-pool``: nothing to distil from yet; the update passes through unchanged.
+
+A synthesis round (``fedrevive.synthesis``) runs for a stale update (tau > 0) from ``distill_from_version`` on, at
+versions that are multiples of ``synth_every_versions`` (10: the paper's main setting; 1: every stale update, as
+the authors' simulator). Its adversarial term is on from ``kd_train_from_version``.
 """
 
 from __future__ import annotations
@@ -25,27 +29,31 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from fedrevive.augment import crop_and_flip
 from fedrevive.config import FedReviveConfig
 from fedrevive.staleness import beta as staleness_beta
 from fedrevive.staleness import blend_update
-from fedrevive.synthesis import Synthesizer, weighted_kl
+from fedrevive.synthesis import Synthesizer, per_sample_kl
 from fedrevive.teachers import ProportionEstimator, Teacher, TeacherBuffer
 from fedrevive.weights import load_weights, parameter_delta
 
 
 def kd_step(
     student: nn.Module,
-    teachers: list[Teacher],
-    class_weights: torch.Tensor,
-    images: torch.Tensor,
-    labels: torch.Tensor,
+    batches: list[tuple[Teacher, torch.Tensor]],
     optimizer: torch.optim.Optimizer,
     temperature: float,
 ) -> float:
-    """One distillation step on a batch; returns the class-weighted KL before the step."""
-    with torch.no_grad():
-        teacher_logits = [t.model(images) for t in teachers]
-    loss = weighted_kl(teacher_logits, student(images), class_weights[:, labels], temperature)
+    """One distillation step: each teacher on its own batch, KL(teacher || student) summed over all samples and
+    divided by their number; returns that loss before the step."""
+    total = sum(images.shape[0] for _, images in batches)
+    loss = None
+    for teacher, images in batches:
+        with torch.no_grad():
+            teacher_logits = teacher.model(images)
+        kl = per_sample_kl(teacher_logits, student(images), temperature).sum()
+        loss = kl if loss is None else loss + kl
+    loss = loss / total
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
@@ -95,6 +103,11 @@ class FedReviveDistiller:
             return "generator-warm-up"
         return "distill" if beta > 0 else "fresh"
 
+    def synthesizes(self, current_version: int, tau: int) -> bool:
+        """Whether an update of staleness ``tau`` applied at ``current_version`` runs a synthesis round."""
+        return (tau > 0 and current_version >= self.cfg.distill_from_version and len(self.teachers) > 0
+                and current_version % self.cfg.synth_every_versions == 0)  # fmt: skip
+
     def process_update(
         self,
         global_weights: dict[str, np.ndarray],
@@ -108,18 +121,25 @@ class FedReviveDistiller:
         b = staleness_beta(tau, self.cfg.s_max)
         phase = self.phase(current_version, b)
         info: dict = {"client_id": client_id, "tau": tau, "beta": 0.0, "phase": phase, "kd_seconds": 0.0}
-        if phase in ("warm-up", "no-teachers"):
+        synthesize = self.synthesizes(current_version, tau)
+        if not synthesize and phase != "distill":
             return blend_update(delta, None, 0.0), info
 
         start = time.perf_counter()
         global_model = self._frozen_model(global_weights)
         teachers = list(self.teachers)
         class_weights = self.teachers.class_weights(self.estimator)
-        result = self.synthesizer.synthesize(teachers, class_weights, global_model)
-        info.update(gen_loss=result.loss, pool_size=len(self.synthesizer.pool), n_teachers=len(teachers))
+        proportions = self.teachers.proportions(self.estimator)
+        if synthesize:
+            adversary = global_model if current_version >= self.cfg.kd_train_from_version else None
+            result = self.synthesizer.synthesize(teachers, class_weights, proportions, adversary)
+            info.update(gen_loss=result.loss, synthesized=True)
+        info.update(pool_size=len(self.synthesizer.pool), n_teachers=len(teachers))
         delta_kd = None
-        if phase == "distill":
-            delta_kd, losses = self.distill(global_model, global_weights, teachers, class_weights)
+        if phase == "distill" and len(self.synthesizer.pool) == 0:
+            info["phase"] = "empty-pool"
+        elif phase == "distill":
+            delta_kd, losses = self.distill(global_model, global_weights, teachers, proportions)
             info.update(beta=b, kd_loss_first=losses[0], kd_loss_last=losses[-1])
         info["kd_seconds"] = time.perf_counter() - start
         return blend_update(delta, delta_kd, info["beta"]), info
@@ -129,21 +149,21 @@ class FedReviveDistiller:
         global_model: nn.Module,
         global_weights: dict[str, np.ndarray],
         teachers: list[Teacher],
-        class_weights: torch.Tensor,
+        proportions: torch.Tensor,
     ) -> tuple[dict[str, np.ndarray], list[float]]:
-        """Train a copy of the global model on pool batches; return (delta_KD, per-step losses)."""
+        """Train a copy of the global model on pool images; return (delta_KD, per-step losses)."""
         student = copy.deepcopy(global_model)
         for p in student.parameters():
             p.requires_grad_(True)
         # Eval mode: BatchNorm keeps the running statistics of real client data instead of drifting to
         # synthetic-batch statistics (buffers are not part of delta_KD anyway).
         student.eval()
-        optimizer = torch.optim.Adam(student.parameters(), lr=self.cfg.kd_lr)
-        batch = self.cfg.synth_per_teacher * len(teachers)
-        losses = []
+        optimizer = torch.optim.Adam(student.parameters(), lr=self.cfg.kd_lr, weight_decay=self.cfg.kd_weight_decay)
+        pool, losses = self.synthesizer.pool, []
         for _ in range(self.cfg.kd_iters):
-            images, labels = self.synthesizer.pool.sample(batch, self.rng)
-            losses.append(kd_step(student, teachers, class_weights, images, labels, optimizer, self.cfg.kd_temperature))
+            batches = [(t, crop_and_flip(pool.sample_for(proportions[k], self.cfg.synth_per_teacher, self.rng)[0],
+                                         self.rng)) for k, t in enumerate(teachers)]  # fmt: skip
+            losses.append(kd_step(student, batches, optimizer, self.cfg.kd_temperature))
         reference = {k: v for k, v in global_weights.items() if k in dict(student.named_parameters())}
         return parameter_delta(student, reference), losses or [float("nan")]
 

@@ -1,4 +1,11 @@
-"""Class-conditional DCGAN-style generator producing 3x32x32 images in CIFAR-normalised space."""
+"""Class-conditional DCGAN-style generator producing 3x32x32 images in CIFAR-normalised space.
+
+As in the reference (R1's ``Generator``, NVIDIA's ``DFKDGenerator``): the class enters additively,
+``z + w * e_y``, with the noise ``z`` and the class embeddings ``e`` drawn afresh for every synthesis round and
+optimised with the generator's copy (``fedrevive.synthesis``), not kept as generator parameters; the output is a
+sigmoid pixel image in [0, 1], here standardised with the CIFAR statistics (the reference normalises right after,
+in its augmentation).
+"""
 
 from __future__ import annotations
 
@@ -9,19 +16,15 @@ from processors.data.sources import CIFAR_MEAN, CIFAR_STD
 
 
 class ConditionalGenerator(nn.Module):
-    """noise (noise_dim) x class embedding -> 8x8 -> 16x16 -> 32x32 image.
+    """(noise + class-weight x class embedding) -> 8x8 -> 16x16 -> 32x32 image. ``width`` is the reference's
+    ``ngf`` (128): channels at 32x32; twice that at 8x8 and 16x16."""
 
-    The tanh output is read as a [0, 1] pixel image and standardised with the CIFAR statistics, so synthetic
-    images always lie in the range real normalised images can take.
-    """
-
-    def __init__(self, noise_dim: int = 256, num_classes: int = 10, width: int = 64):
+    def __init__(self, noise_dim: int = 256, num_classes: int = 10, width: int = 128):
         super().__init__()
         self.noise_dim = noise_dim
         self.num_classes = num_classes
-        self.embed = nn.Embedding(num_classes, noise_dim)
-        self.fc = nn.Linear(noise_dim, 2 * width * 8 * 8)
         self.width = width
+        self.fc = nn.Linear(noise_dim, 2 * width * 8 * 8)
         self.body = nn.Sequential(
             nn.BatchNorm2d(2 * width),
             nn.Upsample(scale_factor=2),
@@ -33,13 +36,12 @@ class ConditionalGenerator(nn.Module):
             nn.BatchNorm2d(width),
             nn.LeakyReLU(0.2),
             nn.Conv2d(width, 3, 3, padding=1),
-            nn.Tanh(),
+            nn.Sigmoid(),
         )
         self.register_buffer("mean", torch.tensor(CIFAR_MEAN).view(1, 3, 1, 1))
         self.register_buffer("std", torch.tensor(CIFAR_STD).view(1, 3, 1, 1))
 
-    def forward(self, z: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        # Multiplicative conditioning: the class embedding gates the noise, one vector per class.
-        h = self.fc(z * self.embed(labels)).view(z.shape[0], 2 * self.width, 8, 8)
-        pixels = (self.body(h) + 1.0) / 2.0
-        return (pixels - self.mean) / self.std
+    def forward(self, z: torch.Tensor, labels: torch.Tensor, class_embeddings: torch.Tensor,
+                class_weight: float = 0.2) -> torch.Tensor:  # fmt: skip
+        h = self.fc(z + class_weight * class_embeddings[labels]).view(z.shape[0], 2 * self.width, 8, 8)
+        return (self.body(h) - self.mean) / self.std

@@ -1,12 +1,21 @@
 """Synthetic data for FedRevive: the generator's meta-adaptation against the teachers, and the image pool.
 
-Each synthesis round copies the persistent generator, trains the copy ``gen_adapt_steps`` Adam steps on a fixed
-batch of noise / target labels, then moves the persistent generator part of the way to the copy (Reptile), so it
-tracks the changing teachers without being re-trained from scratch. The lowest-loss batch seen while adapting
-joins a FIFO pool, from which knowledge distillation samples.
+One synthesis round, as the reference runs it (R1's ``FastMetaSynthesizer.synthesize``, NVIDIA's port):
 
-Generator loss (per round, teachers weighted per sample by their share of the sample's target class):
-    weighted CE(teachers, target) + bn_weight * feature-statistics mismatch - adv_weight * weighted KL(teacher || student)
+1. ``synth_batch_size`` (64) target labels drawn from the mean of the teachers' class proportions; noise ``z`` and
+   class embeddings drawn afresh from N(0, I);
+2. a copy of the persistent generator, ``z`` and the embeddings are trained together ``gen_adapt_steps`` (2) Adam
+   steps (lr ``gen_lr`` 3e-3 for the generator, ``gen_z_lr`` 1e-3 for ``z`` and the embeddings), each on an
+   augmented view of the generated batch (``fedrevive.augment``);
+3. Reptile through a meta-Adam: the persistent generator's gradient is (persistent - adapted copy) and a persistent
+   Adam (lr ``gen_meta_lr``, betas 0.5/0.999) steps it, so the generator tracks the changing teachers;
+4. the lowest-loss batch seen while adapting (un-augmented) joins a FIFO pool, from which distillation samples.
+
+Generator loss, teachers weighted per sample by w_k(y) = q_k(y) / sum_t q_t(y), averaged over the batch:
+    sum_k w_k CE(T_k(x), y) + bn_weight * sum_k mean(w_k) * feature-statistics mismatch_k
+    - adv_weight * sum_k w_k KL(T_k(x) || S(x)) [argmax S(x) == argmax T_k(x)]
+The adversarial term (only where student and teacher agree, so it seeks the student's blind spots without pushing
+images off the teachers' classes) is on from ``kd_train_from_version``, as in NVIDIA's port.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fedrevive.augment import crop_and_flip
 from fedrevive.config import FedReviveConfig
 from fedrevive.feature_stats import FeatureStats
 from fedrevive.generator import ConditionalGenerator
@@ -72,21 +82,29 @@ class SyntheticPool:
         idx = torch.randint(0, self._size, (n,), generator=generator).to(self._images.device)
         return self._images[idx], self._labels[idx]
 
+    def sample_for(self, proportions: torch.Tensor, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """``n`` images whose labels are drawn from ``proportions`` (one teacher's class proportions), each
+        uniformly among the pool's images of its label; a label the pool lacks gets any pool image."""
+        if self._size == 0 or self._images is None or self._labels is None:
+            raise RuntimeError("the synthetic pool is empty")
+        wanted = torch.multinomial(proportions.detach().cpu().double(), n, replacement=True, generator=generator)
+        held = self._labels[: self._size].cpu()
+        idx = torch.empty(n, dtype=torch.long)
+        for label in wanted.unique().tolist():
+            slots = (wanted == label).nonzero().view(-1)
+            candidates = (held == label).nonzero().view(-1)
+            if len(candidates) == 0:
+                candidates = torch.arange(self._size)
+            idx[slots] = candidates[torch.randint(0, len(candidates), (len(slots),), generator=generator)]
+        idx = idx.to(self._images.device)
+        return self._images[idx], self._labels[idx]
 
-def weighted_kl(
-    teacher_logits: list[torch.Tensor], student_logits: torch.Tensor, sample_weights: torch.Tensor, temperature: float
-) -> torch.Tensor:
-    """Mean over samples of sum_k w[k, i] * KL(softmax(t_k / T) || softmax(s / T)), scaled by T^2.
 
-    ``sample_weights`` is n_teachers x batch (each column sums to 1).
-    """
+def per_sample_kl(teacher_logits: torch.Tensor, student_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """KL(softmax(t / T) || softmax(s / T)) of each sample, scaled by T^2."""
+    log_t = F.log_softmax(teacher_logits / temperature, dim=1)
     log_s = F.log_softmax(student_logits / temperature, dim=1)
-    total = student_logits.new_zeros(())
-    for k, t_logits in enumerate(teacher_logits):
-        log_t = F.log_softmax(t_logits / temperature, dim=1)
-        kl = (log_t.exp() * (log_t - log_s)).sum(dim=1)
-        total = total + (sample_weights[k] * kl).mean()
-    return total * temperature**2
+    return (log_t.exp() * (log_t - log_s)).sum(dim=1) * temperature**2
 
 
 @dataclass
@@ -97,7 +115,7 @@ class SynthesisResult:
 
 
 class Synthesizer:
-    """Persistent generator + pool; ``synthesize`` runs one meta-adaptation round and fills the pool."""
+    """Persistent generator, its meta-optimizer and the pool; ``synthesize`` runs one round and fills the pool."""
 
     def __init__(self, cfg: FedReviveConfig, device: torch.device, seed: int = 0):
         self.cfg = cfg
@@ -105,16 +123,21 @@ class Synthesizer:
         with torch.random.fork_rng(devices=[]):  # seeded init without disturbing the caller's RNG
             torch.manual_seed(seed)
             self.generator = ConditionalGenerator(cfg.gen_noise_dim, cfg.num_classes, cfg.gen_width).to(device)
+        self.meta_optimizer = torch.optim.Adam(self.generator.parameters(), lr=cfg.gen_meta_lr, betas=(0.5, 0.999))
         self.pool = SyntheticPool(cfg.pool_size)
         self.rng = torch.Generator().manual_seed(seed)
+        self.rounds = 0
 
     def state_dict(self) -> dict:
-        return {"generator": self.generator.state_dict(), "pool": self.pool.state_dict(), "rng": self.rng.get_state()}
+        return {"generator": self.generator.state_dict(), "meta_optimizer": self.meta_optimizer.state_dict(),
+                "pool": self.pool.state_dict(), "rng": self.rng.get_state(), "rounds": self.rounds}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         self.generator.load_state_dict(state["generator"])
+        self.meta_optimizer.load_state_dict(state["meta_optimizer"])
         self.pool.load_state_dict(state["pool"])
         self.rng.set_state(state["rng"])
+        self.rounds = state["rounds"]
 
     def generator_loss(
         self,
@@ -124,6 +147,7 @@ class Synthesizer:
         class_weights: torch.Tensor,
         student: nn.Module | None,
     ) -> torch.Tensor:
+        """The loss of a (augmented) batch; ``student`` None leaves the adversarial term out."""
         sample_weights = class_weights[:, labels]  # n_teachers x batch
         ce = images.new_zeros(())
         stat_loss = images.new_zeros(())
@@ -133,45 +157,53 @@ class Synthesizer:
                 logits = teacher.model(images)
             teacher_logits.append(logits)
             ce = ce + (sample_weights[k] * F.cross_entropy(logits, labels, reduction="none")).mean()
-            stat_loss = stat_loss + fs.loss()
-        loss = ce + self.cfg.bn_weight * stat_loss / len(teachers)
+            stat_loss = stat_loss + sample_weights[k].mean() * fs.loss()
+        loss = ce + self.cfg.bn_weight * stat_loss
         if student is not None and self.cfg.adv_weight > 0:
-            # Maximise disagreement: images the student already imitates well teach it nothing.
-            disagreement = weighted_kl(teacher_logits, student(images), sample_weights, self.cfg.kd_temperature)
-            loss = loss - self.cfg.adv_weight * disagreement
+            student_logits = student(images)
+            agree_with = student_logits.argmax(dim=1)
+            adversarial = images.new_zeros(())
+            for k, logits in enumerate(teacher_logits):
+                agree = (logits.argmax(dim=1) == agree_with).float()
+                kl = per_sample_kl(logits, student_logits, self.cfg.kd_temperature)
+                adversarial = adversarial + (sample_weights[k] * kl * agree).mean()
+            loss = loss - self.cfg.adv_weight * adversarial
         return loss
 
-    def synthesize(
-        self, teachers: list[Teacher], class_weights: torch.Tensor, student: nn.Module | None
-    ) -> SynthesisResult:
+    def synthesize(self, teachers: list[Teacher], class_weights: torch.Tensor, proportions: torch.Tensor,
+                   student: nn.Module | None) -> SynthesisResult:  # fmt: skip
+        """One round (module docstring). ``proportions``: n_teachers x classes; ``student``: the adversarial
+        term's student, or None."""
         cfg = self.cfg
-        n = cfg.synth_per_teacher * len(teachers)
-        z = torch.randn(n, cfg.gen_noise_dim, generator=self.rng).to(self.device)
-        labels = torch.randint(0, cfg.num_classes, (n,), generator=self.rng).to(self.device)
+        self.rounds += 1
+        n = cfg.synth_batch_size
+        labels = torch.multinomial(proportions.mean(dim=0).cpu().double(), n, replacement=True, generator=self.rng)
+        labels = labels.to(self.device)
+        z = torch.randn(n, cfg.gen_noise_dim, generator=self.rng).to(self.device).requires_grad_()
+        embeddings = torch.randn(cfg.num_classes, cfg.gen_noise_dim, generator=self.rng).to(self.device)
+        embeddings.requires_grad_()
 
         fast = copy.deepcopy(self.generator).train()
-        optimizer = torch.optim.Adam(fast.parameters(), lr=cfg.gen_lr, betas=(0.5, 0.999))
+        optimizer = torch.optim.Adam([{"params": fast.parameters()}, {"params": [z, embeddings], "lr": cfg.gen_z_lr}],
+                                     lr=cfg.gen_lr, betas=(0.5, 0.999))  # fmt: skip
         best: SynthesisResult | None = None
         for _ in range(max(1, cfg.gen_adapt_steps)):
-            images = fast(z, labels)
-            loss = self.generator_loss(images, labels, teachers, class_weights, student)
+            images = fast(z, labels, embeddings, cfg.gen_class_weight)
+            loss = self.generator_loss(crop_and_flip(images, self.rng), labels, teachers, class_weights, student)
             if best is None or loss.item() < best.loss:
                 best = SynthesisResult(images.detach(), labels, loss.item())
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-        self._reptile_update(fast)
+        self._meta_step(fast)
         assert best is not None
         self.pool.add(best.images, best.labels)
         return best
 
-    @torch.no_grad()
-    def _reptile_update(self, fast: nn.Module) -> None:
-        lr = self.cfg.gen_reptile_lr
+    def _meta_step(self, fast: nn.Module) -> None:
+        """Reptile through the persistent meta-Adam: gradient = persistent - adapted (parameters only; the
+        generator's BatchNorm always normalises with batch statistics, its running buffers are never used)."""
+        self.meta_optimizer.zero_grad(set_to_none=True)
         for slow_p, fast_p in zip(self.generator.parameters(), fast.parameters(), strict=True):
-            slow_p.add_(fast_p - slow_p, alpha=lr)
-        for slow_b, fast_b in zip(self.generator.buffers(), fast.buffers(), strict=True):
-            if slow_b.is_floating_point():  # BatchNorm running stats move like the weights
-                slow_b.add_(fast_b - slow_b, alpha=lr)
-            else:
-                slow_b.copy_(fast_b)
+            slow_p.grad = slow_p.detach() - fast_p.detach()
+        self.meta_optimizer.step()

@@ -106,6 +106,11 @@ class TeacherBuffer:
     def __iter__(self):
         return iter(self._teachers)
 
+    def proportions(self, estimator: ProportionEstimator) -> torch.Tensor:
+        """n_teachers x num_classes: each teacher's estimated class proportions q_k (rows sum to 1)."""
+        props = np.stack([estimator.proportions(t.client_id) for t in self._teachers])
+        return torch.as_tensor(props, dtype=torch.float32, device=self.device)
+
     def class_weights(self, estimator: ProportionEstimator) -> torch.Tensor:
         """n_teachers x num_classes: each teacher's share of each class, normalised over teachers per class."""
         props = np.stack([estimator.proportions(t.client_id) for t in self._teachers]) + 1e-8

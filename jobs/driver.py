@@ -51,11 +51,27 @@ def outcome_of(results_dir: str) -> dict | None:
         return None
 
 
-def report_end(results_dir: str, started: float, cause: str = "") -> int:
-    """Print the summary and how the run ended; the exit code."""
+def stock_outcome(results_dir: str, max_version: int) -> dict | None:
+    """NVFlare's own assessor (``--simulator stock``) decides no outcome: its run completed if its last evaluated
+    version is the last one asked for."""
+    try:
+        with open(os.path.join(results_dir, "metrics.json")) as f:
+            versions = json.load(f).get("versions", [])
+    except (OSError, ValueError):
+        return None
+    if versions and versions[-1]["version"] >= max_version:
+        return {"status": "completed", "reason": f"version {versions[-1]['version']} (NVFlare's own assessor)"}
+    return None
+
+
+def report_end(results_dir: str, started: float, cause: str = "", stock_max_version: int | None = None) -> int:
+    """Print the summary and how the run ended; the exit code. ``stock_max_version``: the run's server is
+    NVFlare's (no outcome of its own), whose last version this is."""
     if os.path.exists(os.path.join(results_dir, "metrics.json")):
         print(format_summary(finalize(results_dir, time.time() - started), results_dir))
     outcome = outcome_of(results_dir)
+    if outcome is None and stock_max_version is not None:
+        outcome = stock_outcome(results_dir, stock_max_version)
     if outcome is not None:  # the server decided how the run ended; a hang after that is only worth a warning
         if cause:
             print(f"[edgesim] warning: {cause}", file=sys.stderr)
@@ -127,7 +143,9 @@ def run_sim(recipe: EdgeSimRecipe, env, results_dir: str, plan: RunPlan) -> int:
     if interrupts.signum is not None:
         # NVFlare may turn the KeyboardInterrupt into its own error, so the signal, not the exception, decides
         return interrupted(results_dir, started, interrupts.exit_code, "every process of the job was stopped")
-    return report_end(results_dir, started, cause)
+    cfg = recipe.cfg
+    stock_max = cfg.federation.max_model_version if cfg.engine.simulator == "stock" else None
+    return report_end(results_dir, started, cause, stock_max_version=stock_max)
 
 
 def run_remote(recipe: EdgeSimRecipe, env, cfg: JobConfig, results_dir: str) -> int:

@@ -19,7 +19,7 @@ COMMON = ["--num-leaf-nodes", "2", "--devices-per-leaf", "12", "--device-selecti
           "--local-lr", "1e-3", "--seed", "11"]  # fmt: skip
 FEDREVIVE_SMALL = ["--fr-distill-from-version", "3", "--fr-kd-train-from-version", "4", "--fr-s-max", "2",
                    "--fr-teacher-buffer-size", "2", "--fr-synth-per-teacher", "2", "--fr-kd-iters", "1",
-                   "--fr-gen-width", "8", "--fr-pool-size", "32", "--fr-probe-samples", "8"]  # fmt: skip
+                   "--fr-gen-width", "8", "--fr-synth-every-versions", "1", "--fr-synth-batch-size", "8", "--fr-pool-size", "32", "--fr-probe-samples", "8"]  # fmt: skip
 METHODS = {  # B, min hole, versions
     "fedavg": (8, 8, 4),
     "fedbuff": (2, 1, 12),

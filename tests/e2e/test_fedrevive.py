@@ -15,7 +15,7 @@ def test_fedrevive_distills_stale_updates_and_finishes(tmp_path):
         # small distillation settings so it runs on a CPU in seconds; phases from version 2 and 3
         "--fr-distill-from-version", "2", "--fr-kd-train-from-version", "3", "--fr-s-max", "2",
         "--fr-teacher-buffer-size", "3", "--fr-synth-per-teacher", "4", "--fr-kd-iters", "2",
-        "--fr-gen-width", "8", "--fr-pool-size", "64", "--fr-probe-samples", "16",
+        "--fr-gen-width", "8", "--fr-synth-every-versions", "1", "--fr-synth-batch-size", "8", "--fr-pool-size", "64", "--fr-probe-samples", "16",
     )  # fmt: skip
     proc = subprocess.run([PYTHON, "jobs/pt_job_fedrevive.py", *flags], cwd=REPO, capture_output=True, text=True,
                           timeout=500)  # fmt: skip

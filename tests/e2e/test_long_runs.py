@@ -18,7 +18,7 @@ SMALL = ["--num-leaf-nodes", "2", "--devices-per-leaf", "12", "--device-selectio
          "--local-lr", "1e-3", "--seed", "5", "--eval-frequency", "4"]  # fmt: skip
 FEDREVIVE_SMALL = ["--fr-distill-from-version", "3", "--fr-kd-train-from-version", "5", "--fr-s-max", "2",
                    "--fr-teacher-buffer-size", "2", "--fr-synth-per-teacher", "2", "--fr-kd-iters", "1",
-                   "--fr-gen-width", "8", "--fr-pool-size", "32", "--fr-probe-samples", "8"]  # fmt: skip
+                   "--fr-gen-width", "8", "--fr-synth-every-versions", "1", "--fr-synth-batch-size", "8", "--fr-pool-size", "32", "--fr-probe-samples", "8"]  # fmt: skip
 METHOD_FLAGS = {
     "fedavg": ["--method", "fedavg", "--max-model-version", "8", "--global-lr", "1.0"],
     "fedbuff": ["--method", "fedbuff", "--max-model-version", "24", "--global-lr", "0.5"],

@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from fedrevive import FedReviveConfig, FedReviveDistiller, beta, blend_update, kd_step
+from fedrevive.augment import crop_and_flip
 from fedrevive.feature_stats import FeatureStats, record_reference
-from fedrevive.synthesis import SyntheticPool, weighted_kl
+from fedrevive.synthesis import Synthesizer, SyntheticPool, per_sample_kl
 from fedrevive.teachers import ProportionEstimator, TeacherBuffer
 from processors.data.sources import make_synthetic, normalize
 from processors.models.cifar10_convnet import Cifar10ConvNet
@@ -31,6 +32,8 @@ def small_cfg(**overrides) -> FedReviveConfig:
         teacher_buffer_size=2,
         kd_iters=2,
         synth_per_teacher=4,
+        synth_batch_size=4,
+        synth_every_versions=1,
         gen_noise_dim=16,
         gen_width=8,
         pool_size=64,
@@ -95,16 +98,14 @@ def test_kd_step_lowers_student_teacher_kl(skewed_model):
     buffer = TeacherBuffer(2, Cifar10ConvNet, CPU)
     noise = torch.randn(16, 3, 32, 32)
     buffer.add("a", weights_of(skewed_model), noise)
-    estimator = ProportionEstimator(10, 0.8)
-    class_weights = buffer.class_weights(estimator)
     torch.manual_seed(1)
     student = Cifar10ConvNet()
-    images, labels = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
+    images = torch.randn(32, 3, 32, 32)
     optimizer = torch.optim.Adam(student.parameters(), lr=1e-3)
-    teachers = list(buffer)
-    before = kd_step(student, teachers, class_weights, images, labels, optimizer, 1.0)
+    (teacher,) = list(buffer)
+    before = kd_step(student, [(teacher, images)], optimizer, 1.0)
     with torch.no_grad():
-        after = weighted_kl([skewed_model(images)], student(images), class_weights[:, labels], 1.0).item()
+        after = per_sample_kl(skewed_model(images), student(images), 1.0).mean().item()
     assert after < before
 
 
@@ -142,11 +143,11 @@ def test_generator_warm_up_phase_fills_pool_but_keeps_delta():
     gen_before = [p.detach().clone() for p in distiller.synthesizer.generator.parameters()]
     out, info = distiller.process_update(global_weights, delta, "c0", base_version=0, current_version=3)
     assert info["phase"] == "generator-warm-up" and info["beta"] == 0.0
-    assert len(distiller.synthesizer.pool) == 4  # synth_per_teacher x 1 teacher
+    assert len(distiller.synthesizer.pool) == 4  # synth_batch_size
     moved = any(
         not torch.equal(a, b) for a, b in zip(gen_before, distiller.synthesizer.generator.parameters(), strict=True)
     )
-    assert moved  # the Reptile step pulled the persistent generator toward its adapted copy
+    assert moved  # the meta-Adam's Reptile step moved the persistent generator
     for k in delta:
         np.testing.assert_array_equal(out[k], delta[k])
 
@@ -222,3 +223,104 @@ def test_a_restored_synthetic_pool_keeps_only_what_it_holds_and_samples_the_same
 def test_cifar_resnet18_forward_shape():
     model = CifarResNet18()
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_synthesis_runs_for_stale_updates_at_multiples_of_synth_every_versions_only():
+    distiller = FedReviveDistiller(small_cfg(synth_every_versions=10, kd_train_from_version=20), Cifar10ConvNet,
+                                   CPU, seed=0)  # fmt: skip
+    distiller.observe_client_model("c0", weights_of(Cifar10ConvNet()))
+    global_weights = weights_of(Cifar10ConvNet())
+    delta = {k: np.full_like(v, 0.01) for k, v in global_weights.items()}
+    ran = {}
+    for base, version in [(2, 9), (10, 10), (7, 10), (9, 11), (15, 20)]:
+        before = len(distiller.synthesizer.pool)
+        _, info = distiller.process_update(global_weights, delta, "c0", base_version=base, current_version=version)
+        ran[(base, version)] = len(distiller.synthesizer.pool) > before
+        assert ran[(base, version)] == info.get("synthesized", False)
+    # not a multiple of 10; fresh (tau 0); stale at 10; not a multiple; stale at 20
+    assert ran == {(2, 9): False, (10, 10): False, (7, 10): True, (9, 11): False, (15, 20): True}
+
+
+def test_the_adversary_joins_synthesis_from_kd_train_from_version(monkeypatch):
+    distiller = FedReviveDistiller(small_cfg(), Cifar10ConvNet, CPU, seed=0)
+    distiller.observe_client_model("c0", weights_of(Cifar10ConvNet()))
+    global_weights = weights_of(Cifar10ConvNet())
+    delta = {k: np.full_like(v, 0.01) for k, v in global_weights.items()}
+    students = []
+    synthesize = distiller.synthesizer.synthesize
+    monkeypatch.setattr(distiller.synthesizer, "synthesize",
+                        lambda t, w, p, student: students.append(student) or synthesize(t, w, p, student))  # fmt: skip
+    for version in (3, 4):  # generator warm-up, then KD (kd_train_from_version = 4)
+        distiller.process_update(global_weights, delta, "c0", base_version=version - 1, current_version=version)
+    assert students[0] is None and students[1] is not None
+
+
+class ShiftedLogits(torch.nn.Module):
+    """A student whose logits are a function of a teacher's: the adversarial term's test double."""
+
+    def __init__(self, teacher: torch.nn.Module, how: str):
+        super().__init__()
+        self.teacher, self.how = teacher, how
+
+    def forward(self, x):
+        logits = self.teacher(x)
+        return {"same": logits, "softer": 0.3 * logits, "disagree": logits.roll(1, dims=1)}[self.how]
+
+
+def test_the_adversarial_term_counts_only_samples_where_student_and_teacher_agree(skewed_model):
+    buffer = TeacherBuffer(2, Cifar10ConvNet, CPU)
+    buffer.add("a", weights_of(skewed_model), torch.randn(16, 3, 32, 32))
+    teachers = list(buffer)
+    class_weights = buffer.class_weights(ProportionEstimator(10, 0.8))
+    synthesizer = Synthesizer(small_cfg(adv_weight=1.0), CPU, seed=0)
+    images, labels = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+    logits = skewed_model(images)
+    assert (logits.argmax(1) != logits.roll(1, dims=1).argmax(1)).all()
+
+    def loss(student):
+        with torch.no_grad():
+            return synthesizer.generator_loss(images, labels, teachers, class_weights, student).item()
+
+    plain = loss(None)
+    assert loss(ShiftedLogits(teachers[0].model, "same")) == pytest.approx(plain)  # agree, KL 0
+    assert loss(ShiftedLogits(teachers[0].model, "disagree")) == pytest.approx(plain)  # KL > 0 but masked out
+    assert loss(ShiftedLogits(teachers[0].model, "softer")) < plain - 1e-4  # agree, KL > 0: maximised
+
+
+def test_kd_draws_each_teachers_pool_images_from_its_class_proportions():
+    pool = SyntheticPool(capacity=100)
+    pool.add(torch.arange(60, dtype=torch.float32).unsqueeze(1), torch.tensor([0] * 30 + [1] * 30))
+    rng = torch.Generator().manual_seed(0)
+    only_one = torch.zeros(10)
+    only_one[1] = 1.0
+    images, labels = pool.sample_for(only_one, 40, rng)
+    assert (labels == 1).all() and (images.view(-1) >= 30).all()
+    absent = torch.zeros(10)
+    absent[7] = 1.0  # nothing of class 7 in the pool: any pool image
+    _, labels = pool.sample_for(absent, 40, rng)
+    assert set(labels.tolist()) <= {0, 1} and len(labels) == 40
+
+
+def test_crop_and_flip_is_seeded_differentiable_and_keeps_the_image():
+    x = torch.randn(6, 3, 8, 8, requires_grad=True)
+    a = crop_and_flip(x, torch.Generator().manual_seed(5))
+    b = crop_and_flip(x, torch.Generator().manual_seed(5))
+    assert torch.equal(a, b) and a.shape == x.shape
+    a.sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+    unpadded = crop_and_flip(x.detach(), torch.Generator().manual_seed(1), padding=0)
+    for i in range(6):
+        assert torch.equal(unpadded[i], x[i]) or torch.equal(unpadded[i], x[i].flip(-1))
+
+
+def test_a_restored_synthesizer_synthesizes_the_same_next_round(skewed_model):
+    buffer = TeacherBuffer(2, Cifar10ConvNet, CPU)
+    buffer.add("a", weights_of(skewed_model), torch.randn(16, 3, 32, 32))
+    estimator = ProportionEstimator(10, 0.8)
+    teachers, weights, props = list(buffer), buffer.class_weights(estimator), buffer.proportions(estimator)
+    first = Synthesizer(small_cfg(), CPU, seed=3)
+    first.synthesize(teachers, weights, props, None)  # the meta-Adam now has state
+    second = Synthesizer(small_cfg(), CPU, seed=99)
+    second.load_state_dict(first.state_dict())
+    a, b = (s.synthesize(teachers, weights, props, None) for s in (first, second))
+    assert torch.equal(a.images, b.images) and a.loss == b.loss

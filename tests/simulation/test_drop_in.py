@@ -13,7 +13,6 @@ import torch
 from nvflare.apis.fl_constant import FLContextKey, ReservedKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.edge.executors.edge_model_executor import EdgeModelExecutor
-from nvflare.edge.simulation.device_task_processor import DeviceTaskProcessor
 from nvflare.edge.tools.edge_fed_buff_recipe import (
     DEVICE_SIMULATION_ENV_KEY,
     DeviceManagerConfig,
@@ -33,21 +32,7 @@ from simulation.leaf_runner import FastDeviceRunner
 from simulation.nvflare_private import QuietEdgeModelExecutor, client_app_config, recipe_job, server_app_config
 from simulation.planner import HardwareProfile
 from simulation.process_watch import ChildProcessWatch
-
-
-class UsersProcessor(DeviceTaskProcessor):
-    def __init__(self, lr: float = 0.1):
-        DeviceTaskProcessor.__init__(self)
-        self.lr = lr
-
-    def setup(self, job):
-        pass
-
-    def shutdown(self):
-        pass
-
-    def process_task(self, task):
-        return {}
+from tests.fakes.processors import UsersProcessor
 
 
 class UsersModel(nn.Module):  # the user's own class (NVFlare would copy torch's sources for a bare nn.Linear)

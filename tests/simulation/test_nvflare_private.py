@@ -12,7 +12,6 @@ import pytest
 from nvflare.apis.job_def import ALL_SITES
 from nvflare.edge.aggregators.num_dxo_factory import NumDXOAggrFactory
 from nvflare.edge.executors.edge_model_executor import EdgeModelExecutor
-from nvflare.edge.simulation.device_task_processor import DeviceTaskProcessor
 from nvflare.edge.tools.edge_job import EdgeJob
 from nvflare.edge.widgets.tpo_runner import TPORunner
 
@@ -26,6 +25,7 @@ from simulation.nvflare_private import (
     server_app_config,
     set_sync_interval,
 )
+from tests.fakes.processors import UsersProcessor
 
 
 @pytest.mark.parametrize("path, parameters", sorted(NVFLARE_PRIVATE_OVERRIDES.items()))
@@ -44,17 +44,6 @@ def test_nvflare_registers_the_overridden_handlers_by_bound_method(executor):
     handlers = [h for entries in executor.get_event_handlers().values() for h, _ in entries]
     assert any(getattr(h, "__func__", None) is type(executor)._handle_edge_request for h in handlers)
     assert any(getattr(h, "__func__", None) is type(executor)._handle_edge_job_request for h in handlers)
-
-
-class ProbeProcessor(DeviceTaskProcessor):
-    def setup(self, job):
-        pass
-
-    def shutdown(self):
-        pass
-
-    def process_task(self, task):
-        return {}
 
 
 def test_a_built_jobs_apps_hold_its_components_where_they_are_replaced():
@@ -79,7 +68,7 @@ def test_a_built_jobs_apps_hold_its_components_where_they_are_replaced():
     assert (sage._assess_interval, sage._update_interval) == (0.25, 0.25)  # noqa: SLF001
 
     job = EdgeJob(name="probe", edge_method="edge")
-    job.configure_simulation(ProbeProcessor(), num_devices=3, num_workers=2)
+    job.configure_simulation(UsersProcessor(), num_devices=3, num_workers=2)
     job.configure_client(NumDXOAggrFactory())
     clients = client_app_config(job)
     assert isinstance(clients.components["tpo_runner"], TPORunner)
