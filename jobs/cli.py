@@ -42,6 +42,8 @@ def build_parser(description: str, method_choice: bool = False) -> argparse.Argu
                            "returning those arrays")  # fmt: skip
     data.add_argument("--data-root", default=d["data_root"], help="where torchvision's CIFAR-10 lives / is downloaded")
     data.add_argument("--synthetic-size", type=int, default=d["synthetic_size"], help="training images of the synthetic dataset")
+    data.add_argument("--synthetic-difficulty", type=float, default=d["synthetic_difficulty"],
+                      help="0: easy synthetic classes (every method reaches ~1.0); 1: calibrated hard ones")  # fmt: skip
     data.add_argument("--subset-size", type=int, default=d["subset_size"], help="training samples per device")
     data.add_argument("--dirichlet-alpha", type=float, default=d["dirichlet_alpha"], help="non-IID label skew; <= 0 means IID")
 

@@ -16,6 +16,8 @@ class DataConfig:
         path ``package.module:function`` returning the arrays (``processors.data.sources``).
     data_root: where torchvision's CIFAR-10 lives (downloaded there when the network allows).
     synthetic_size: training images of the synthetic dataset (its test split is a fifth of it).
+    synthetic_difficulty: 0 (easy: every method reaches ~1.0) .. 1 (hard: centralised ``cifar10_convnet`` ends in
+        CIFAR-10's range, ``benchmarks/calibrate_synthetic.py``), for the synthetic dataset.
     subset_size: training samples each device holds.
     dirichlet_alpha: label skew of each device's samples (Dirichlet concentration); <= 0 means IID.
     """
@@ -23,11 +25,14 @@ class DataConfig:
     dataset: str = "synthetic"
     data_root: str = "~/.cache/edgesim-flare/data"
     synthetic_size: int = 20000
+    synthetic_difficulty: float = 0.0
     subset_size: int = 350
     dirichlet_alpha: float = 0.5
 
     def __post_init__(self) -> None:
         check_positive({"--subset-size": self.subset_size, "--synthetic-size": self.synthetic_size})
+        if not 0.0 <= self.synthetic_difficulty <= 1.0:
+            raise ConfigError(f"--synthetic-difficulty {self.synthetic_difficulty}: must be in [0, 1]")
         try:
             _ = self.spec(0).kind  # a name that is no known source fails here
         except DatasetError as ex:
@@ -38,7 +43,8 @@ class DataConfig:
         name = self.dataset
         if name not in BUILTIN_DATASETS and name.endswith(".npz"):
             name = os.path.abspath(os.path.expanduser(name))
-        return DatasetSpec(name, os.path.abspath(os.path.expanduser(self.data_root)), self.synthetic_size, seed)
+        return DatasetSpec(name, os.path.abspath(os.path.expanduser(self.data_root)), self.synthetic_size, seed,
+                           self.synthetic_difficulty)  # fmt: skip
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -41,6 +41,7 @@ class DatasetSpec:
     data_root: str = "~/.cache/edgesim-flare/data"
     synthetic_size: int = 20000  # training images for the synthetic source (test split is a fifth of it)
     seed: int = 0
+    synthetic_difficulty: float = 0.0  # 0: the easy classes of make_synthetic; 1: the calibrated hard ones
 
     @property
     def kind(self) -> str:
@@ -112,7 +113,8 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
 def _load_cached(spec: DatasetSpec) -> Dataset:
     kind = spec.kind
     if kind == "synthetic":
-        return make_synthetic(spec.synthetic_size, max(spec.synthetic_size // 5, 100), spec.seed)
+        return make_synthetic(spec.synthetic_size, max(spec.synthetic_size // 5, 100), spec.seed,
+                              spec.synthetic_difficulty)  # fmt: skip
     if kind == "npz":
         return load_npz(spec.name)
     if kind == "loader":
@@ -143,15 +145,31 @@ def load_cifar10(data_root: str) -> Dataset:
     )
 
 
-def make_synthetic(n_train: int, n_test: int, seed: int) -> Dataset:
+HARD_SHARED = 0.82  # at difficulty 1, this share of every class prototype is a pattern all classes have in common
+HARD_NOISE = 0.9  # at difficulty 1, this much more pixel noise (on top of 0.35)
+
+
+def make_synthetic(n_train: int, n_test: int, seed: int, difficulty: float = 0.0) -> Dataset:
     """Seeded, class-structured 32x32x3 images: each class has its own smooth colour pattern; samples add a
-    random shift, brightness change and pixel noise, so a small CNN must generalise, not memorise."""
+    random shift, brightness change and pixel noise, so a small CNN must generalise, not memorise.
+
+    ``difficulty`` in [0, 1] brings the classes together: each prototype becomes ``(1 - s) x its own + s x a
+    pattern shared by all`` with ``s = HARD_SHARED x difficulty``, and the pixel noise grows by ``HARD_NOISE x
+    difficulty``. At 0 every method reaches ~1.0 (the default, and the bits of every earlier run); 1 is calibrated
+    so that centralised training of ``cifar10_convnet`` ends in CIFAR-10's range for that model
+    (``benchmarks/calibrate_synthetic.py``)."""
     if n_train < NUM_CLASSES * 10:
         raise DatasetError(f"--synthetic-size {n_train} is too small; use at least {NUM_CLASSES * 10}")
+    if not 0.0 <= difficulty <= 1.0:
+        raise DatasetError(f"--synthetic-difficulty {difficulty}: must be in [0, 1]")
     rng = np.random.default_rng(seed)
     coarse = rng.normal(size=(NUM_CLASSES, 3, 4, 4))
+    if difficulty > 0:  # drawn only then: the easy data keeps its bits
+        shared = HARD_SHARED * difficulty
+        coarse = (1 - shared) * coarse + shared * rng.normal(size=(1, 3, 4, 4))
     prototypes = np.kron(coarse, np.ones((1, 1, 8, 8)))  # 4x4 blocks upsampled to 32x32
     prototypes = prototypes / np.abs(prototypes).max(axis=(1, 2, 3), keepdims=True)
+    noise_scale = 0.35 + HARD_NOISE * difficulty
 
     def draw(n: int) -> tuple[torch.Tensor, torch.Tensor]:
         labels = rng.integers(0, NUM_CLASSES, size=n)
@@ -162,7 +180,7 @@ def make_synthetic(n_train: int, n_test: int, seed: int) -> Dataset:
             base = prototypes[labels[idx]]
             base = np.stack([np.roll(b, tuple(s), axis=(1, 2)) for b, s in zip(base, shifts[idx], strict=True)])
             gain = rng.uniform(0.6, 1.4, size=(base.shape[0], 1, 1, 1))
-            noise = rng.normal(scale=0.35, size=base.shape)
+            noise = rng.normal(scale=noise_scale, size=base.shape)
             images[idx] = np.clip(128 + 70 * (gain * base + noise), 0, 255).astype(np.uint8)
         return torch.from_numpy(images), torch.from_numpy(labels.astype(np.int64))
 

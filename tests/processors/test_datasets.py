@@ -2,7 +2,10 @@
 
 import numpy as np
 import pytest
+import torch
 
+from common.choices import ConfigError
+from processors.data.config import DataConfig
 from processors.data.sources import DatasetError, DatasetSpec, load_cifar10, load_npz, make_synthetic
 
 
@@ -77,3 +80,25 @@ def test_synthetic_data_is_seeded():
 def test_unknown_dataset_name_is_refused():
     with pytest.raises(DatasetError, match="use cifar10, synthetic"):
         _ = DatasetSpec("imagenet").kind
+
+
+def test_the_easy_synthetic_data_keeps_the_bits_of_earlier_runs():
+    import hashlib
+
+    data = make_synthetic(200, 100, 0)  # difficulty 0, the default
+    digest = hashlib.sha256(data.x_train.numpy().tobytes() + data.x_test.numpy().tobytes()).hexdigest()
+    assert digest == "dd23add953f8bde209aa2c0c72ff92aaee38169d8219bb81aacc1dde64ee1b92"  # commit 45e1e05
+
+
+def test_harder_synthetic_data_brings_the_classes_together():
+    def class_spread(difficulty: float) -> float:
+        data = make_synthetic(2000, 200, 0, difficulty)
+        x = data.x_train.float().flatten(1)
+        means = torch.stack([x[data.y_train == c].mean(0) for c in range(10)])
+        return (means - means.mean(0)).norm(dim=1).mean().item() / x.std().item()
+
+    assert class_spread(1.0) < 0.5 * class_spread(0.0)
+    with pytest.raises(DatasetError, match="synthetic-difficulty"):
+        make_synthetic(200, 100, 0, difficulty=1.5)
+    with pytest.raises(ConfigError, match="synthetic-difficulty"):
+        DataConfig(synthetic_difficulty=-0.1)
