@@ -1,0 +1,214 @@
+"""FedAvg vs FedBuff vs FedRevive as the FedRevive paper compares them: the same simulated-time budget, several
+seeds, on exact simulated time.
+
+Every (method, seed) is one ``jobs/pt_job_fedrevive.py --method M --seed S --max-sim-time BUDGET`` run in its own
+process and results folder: each method gets the same simulated time (updates arriving later are not applied) and
+makes as many versions as it can within it. Two scales:
+
+* ``paper``: CIFAR-10, ResNet-18, 1,000 devices x 350 samples, Dirichlet 0.5, K = 100, Adam 3e-4 for 25 x 32,
+  the paper's delays, 200 time units, evaluation every 10 versions. It needs CIFAR-10 under ``--data-root`` and
+  a GPU. (ResNet-18's BatchNorm statistics do not reach the server yet: see the README's "Known limits".)
+* ``cpu``: the calibrated hard generated data (``--synthetic-difficulty 1``), cifar10_convnet, 2 x 100 devices x
+  100 samples, K = 20, 10 local steps, the paper's delays, 40 time units; FedRevive at its paper defaults except
+  ``s_max`` = 75 x K / 100 (staleness grows with the devices in flight).
+
+Any other job flag after ``--`` is passed to every run and wins. Writes to ``--output``: ``results.md`` (mean +-
+std over seeds of the final and best accuracy, and the simulated time to reach 0.5 / 0.6 / 0.7, with how many
+seeds reached it), ``accuracy_vs_simtime.png`` (mean with a +-1 std band), ``staleness.png`` (tau of every applied
+update per method, and FedRevive's beta), ``commands.txt``, and one folder per run.
+
+    python benchmarks/reproduce_fedrevive.py --scale cpu --seeds 0,1,2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+METHODS = ("fedavg", "fedbuff", "fedrevive")
+THRESHOLDS = (0.5, 0.6, 0.7)
+MANY_VERSIONS = 1_000_000  # the time budget ends a run, not a version count
+
+SCALES = {
+    "paper": {
+        "budget": 200.0,
+        "flags": ["--dataset", "cifar10", "--model", "resnet18", "--num-leaf-nodes", "4", "--devices-per-leaf", "250",
+                  "--device-selection-size", "100", "--subset-size", "350", "--dirichlet-alpha", "0.5",
+                  "--local-iters", "25", "--local-batch-size", "32", "--local-lr", "3e-4", "--optimizer", "adam",
+                  "--delays", "paper", "--eval-frequency", "10"],
+    },
+    "cpu": {
+        "budget": 40.0,
+        "flags": ["--dataset", "synthetic", "--synthetic-difficulty", "1", "--synthetic-size", "20000",
+                  "--model", "cifar10_convnet", "--num-leaf-nodes", "2", "--devices-per-leaf", "100",
+                  "--device-selection-size", "20", "--subset-size", "100", "--dirichlet-alpha", "0.5",
+                  "--local-iters", "10", "--local-batch-size", "32", "--delays", "paper", "--eval-frequency", "10",
+                  "--fr-s-max", "15"],
+    },
+}  # fmt: skip
+
+
+# -- pure parts (unit-tested) ---------------------------------------------------------------------------------
+def time_to(records: list[dict], threshold: float) -> float | None:
+    """Simulated seconds of the first evaluated version at or above ``threshold`` accuracy (None: never)."""
+    return next((r["sim_seconds"] for r in records if r["accuracy"] >= threshold), None)
+
+
+def mean_std(values: list[float]) -> str:
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    return f"{statistics.mean(values):.3f} +- {statistics.stdev(values):.3f}"
+
+
+def summary_row(method: str, runs: list[list[dict]]) -> dict:
+    """One table row from a method's runs (each the ``versions`` of its ``metrics.json``)."""
+    row = {"method": method, "seeds": len(runs),
+           "final accuracy": mean_std([r[-1]["accuracy"] for r in runs if r]),
+           "best accuracy": mean_std([max(v["accuracy"] for v in r) for r in runs if r]),
+           "versions": mean_std([float(r[-1]["version"]) for r in runs if r]).replace(".000", "")}  # fmt: skip
+    for t in THRESHOLDS:
+        reached = [s for s in (time_to(r, t) for r in runs) if s is not None]
+        row[f"time to {t}"] = f"{mean_std(reached)} ({len(reached)}/{len(runs)})"
+    return row
+
+
+def markdown(rows: list[dict]) -> str:
+    columns = list(rows[0])
+    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    lines += ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def on_grid(records: list[dict], grid: list[float]) -> list[float | None]:
+    """The accuracy of the last version evaluated at or before each grid time (None before the first)."""
+    out, i, last = [], 0, None
+    for t in grid:
+        while i < len(records) and records[i]["sim_seconds"] <= t:
+            last = records[i]["accuracy"]
+            i += 1
+        out.append(last)
+    return out
+
+
+# -- running --------------------------------------------------------------------------------------------------
+def job_command(method: str, seed: int, scale: str, budget: float, out: str, extra: list[str]) -> list[str]:
+    return [sys.executable, os.path.join(REPO, "jobs", "pt_job_fedrevive.py"), "--method", method, "--seed", str(seed),
+            *SCALES[scale]["flags"], "--max-sim-time", str(budget), "--max-model-version", str(MANY_VERSIONS),
+            "--output", out, "--workspace", os.path.join(out, "..", "ws"), *extra]  # fmt: skip
+
+
+def read_jsonl(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def plot(curves: dict[str, list[list[dict]]], budget: float, staleness: dict[str, list[int]], betas: list[float],
+         output: str) -> None:  # fmt: skip
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    grid = list(np.linspace(0, budget, 200))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for method, runs in curves.items():
+        series = [on_grid(r, grid) for r in runs]
+        points = [(t, [s[i] for s in series if s[i] is not None]) for i, t in enumerate(grid)]
+        points = [(t, v) for t, v in points if len(v) == len(series)]
+        if not points:
+            continue
+        t = [p[0] for p in points]
+        mean = np.array([np.mean(v) for _, v in points])
+        std = np.array([np.std(v) for _, v in points])
+        ax.plot(t, mean, label=f"{method} ({len(runs)} seeds)")
+        ax.fill_between(t, mean - std, mean + std, alpha=0.2)
+    ax.set_xlabel("simulated time")
+    ax.set_ylabel("test accuracy")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(output, "accuracy_vs_simtime.png"), dpi=120)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for method, taus in staleness.items():
+        if taus:
+            axes[0].hist(taus, bins=40, alpha=0.5, label=method)
+    axes[0].set_xlabel("staleness tau of each applied update")
+    axes[0].legend()
+    if betas:
+        axes[1].hist(betas, bins=40, color="tab:green")
+    axes[1].set_xlabel("FedRevive beta(tau) of each distilled update")
+    fig.tight_layout()
+    fig.savefig(os.path.join(output, "staleness.png"), dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scale", choices=sorted(SCALES), default="cpu")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--budget", type=float, default=None, help="simulated time units (default: the scale's)")
+    p.add_argument("--output", default="", help="results folder (default: a new temporary one)")
+    args = p.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    methods = [m for m in args.methods.split(",") if m]
+    if bad := [m for m in methods if m not in METHODS]:
+        p.error(f"--methods: unknown {bad}; choose from {', '.join(METHODS)}")
+    budget = args.budget or SCALES[args.scale]["budget"]
+    output = os.path.abspath(args.output or f"reproduce_fedrevive-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(output, exist_ok=True)
+
+    curves: dict[str, list[list[dict]]] = {m: [] for m in methods}
+    staleness: dict[str, list[int]] = {m: [] for m in methods}
+    betas: list[float] = []
+    with open(os.path.join(output, "commands.txt"), "w") as commands:
+        for seed in seeds:
+            for method in methods:
+                out = os.path.join(output, f"{method}-seed{seed}", "out")
+                cmd = job_command(method, seed, args.scale, budget, out, extra)
+                commands.write(shlex.join(cmd) + "\n")
+                print(f"[reproduce] {method} seed {seed} ...", flush=True)
+                started = time.time()
+                os.makedirs(os.path.dirname(out), exist_ok=True)
+                with open(os.path.join(os.path.dirname(out), "job.log"), "w") as log:
+                    code = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
+                metrics_path = os.path.join(out, "metrics.json")
+                if not os.path.exists(metrics_path):
+                    print(f"[reproduce] {method} seed {seed} wrote no metrics.json (exit {code}); see its job.log")
+                    return 1
+                with open(metrics_path) as f:
+                    metrics = json.load(f)
+                records = [r for r in metrics.get("versions", []) if r["sim_seconds"] <= budget]
+                curves[method].append(records)
+                staleness[method] += [e["tau"] for e in read_jsonl(os.path.join(out, "events.jsonl"))]
+                betas += [e["beta"] for e in read_jsonl(os.path.join(out, "fedrevive_log.jsonl")) if e["beta"] > 0]
+                last = records[-1] if records else {}
+                print(f"[reproduce] {method} seed {seed}: exit {code}, version {last.get('version')}, accuracy "
+                      f"{last.get('accuracy')}, {time.time() - started:.0f} s", flush=True)  # fmt: skip
+    table = markdown([summary_row(m, curves[m]) for m in methods])
+    with open(os.path.join(output, "results.md"), "w") as f:
+        f.write(f"{args.scale} scale, budget {budget:g} time units, seeds {args.seeds}\n\n{table}")
+    plot(curves, budget, staleness, betas, output)
+    print(table)
+    print(f"[reproduce] results in {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

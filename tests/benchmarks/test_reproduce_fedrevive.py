@@ -1,0 +1,30 @@
+"""The reproduction harness's arithmetic: time to an accuracy, mean +- std over seeds, curves on a common grid."""
+
+from benchmarks.reproduce_fedrevive import SCALES, job_command, on_grid, summary_row, time_to
+
+RUN_A = [{"version": 1, "sim_seconds": 0.0, "accuracy": 0.1}, {"version": 11, "sim_seconds": 5.0, "accuracy": 0.55},
+         {"version": 21, "sim_seconds": 9.0, "accuracy": 0.65}]  # fmt: skip
+RUN_B = [{"version": 1, "sim_seconds": 0.0, "accuracy": 0.1}, {"version": 11, "sim_seconds": 7.0, "accuracy": 0.45}]
+
+
+def test_time_to_is_the_first_evaluated_version_at_or_above_the_threshold():
+    assert time_to(RUN_A, 0.5) == 5.0 and time_to(RUN_A, 0.65) == 9.0
+    assert time_to(RUN_B, 0.5) is None
+
+
+def test_a_summary_row_averages_over_seeds_and_counts_who_reached_each_threshold():
+    row = summary_row("fedrevive", [RUN_A, RUN_B])
+    assert row["final accuracy"] == "0.550 +- 0.141"  # mean and sample std of 0.65 and 0.45
+    assert row["best accuracy"] == "0.550 +- 0.141"
+    assert row["time to 0.5"] == "5.000 (1/2)" and row["time to 0.7"] == "- (0/2)"
+
+
+def test_curves_are_read_on_a_common_grid_as_the_last_evaluation_so_far():
+    assert on_grid(RUN_A, [-1.0, 0.0, 4.9, 5.0, 100.0]) == [None, 0.1, 0.1, 0.55, 0.65]
+
+
+def test_each_run_gets_the_budget_the_seed_and_its_own_folders_and_extra_flags_win(tmp_path):
+    cmd = job_command("fedbuff", 2, "cpu", 40.0, str(tmp_path / "out"), ["--local-iters", "3"])
+    assert cmd[cmd.index("--max-sim-time") + 1] == "40.0" and cmd[cmd.index("--seed") + 1] == "2"
+    assert cmd[-2:] == ["--local-iters", "3"]  # after the scale's own --local-iters: argparse keeps the last
+    assert "--synthetic-difficulty" in SCALES["cpu"]["flags"] and "resnet18" in SCALES["paper"]["flags"]
