@@ -45,7 +45,7 @@ from jobs.components import (
 from jobs.config import JobConfig
 from jobs.methods import METHODS
 from jobs.plan import RunPlan
-from processors.models import model_class_path, model_init_args
+from processors.models import initial_model_config
 
 TASK_NAME = "train"
 STOCK_UPDATE_INTERVAL = 1.0  # NVFlare's EdgeJob default
@@ -118,8 +118,7 @@ class EdgeSimRecipe(Recipe):
         super().__init__(job)
 
     def _add_persistor(self, job: EdgeJob) -> str:
-        name = self.cfg.training.model
-        model = {"path": model_class_path(name), "args": model_init_args(name, self.cfg.run.seed)}
+        model = initial_model_config(self.cfg.training.model, self.cfg.run.seed)
         return job.to_server(PTModel(model=model), id="persistor")["persistor_id"]
 
     def _add_server(self, job: EdgeJob, persistor_id: str, results_dir: str) -> str:

@@ -283,11 +283,11 @@ def make_device_trainer(cfg, plan, device: torch.device) -> Callable[[Sequence[s
     with its partition, seeded batch order, per-thread model and utilisation profile), from the job's initial
     global model. Loads the data and warms torch up (first-call initialisation) before returning."""
     from jobs.components import make_task_processor
-    from processors.models import model_class, model_init_args
+    from processors.models import initial_model
 
     training = dataclasses.replace(cfg.training, compute_device=str(device))
     processor = make_task_processor(dataclasses.replace(cfg, training=training), plan, torch_threads=0)
-    initial = model_class(cfg.training.model)(**model_init_args(cfg.training.model, cfg.run.seed))
+    initial = initial_model(cfg.training.model, cfg.run.seed)
     weights = {k: v.numpy() for k, v in initial.state_dict().items()}
 
     def train(device_ids: Sequence[str]) -> None:

@@ -1,8 +1,9 @@
 """Model zoo: the networks simulated devices train, by name, or any ``nn.Module`` class by import path.
 
 A built-in name (``cifar10_convnet``, ``resnet18``) or ``package.module:ClassName``: a class whose constructor
-takes no required arguments (an optional ``init_seed`` keyword makes the initial global model depend on the run
-seed only, as the built-in models do).
+takes no required arguments. The initial global model depends on the run seed only: a class with an ``init_seed``
+keyword (the built-in models) gets the seed; any other class is built with torch's generator seeded
+(``SeededModel``), so its weights are the same in every run whatever ran before in the server process.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import importlib
 import inspect
 
+import torch
 import torch.nn as nn
 
 from processors.models.cifar10_convnet import Cifar10ConvNet
@@ -34,15 +36,36 @@ def model_class(name: str) -> type[nn.Module]:
     return cls
 
 
+class SeededModel:
+    """A model class without ``init_seed``, built with torch's generator seeded. NVFlare builds the initial global
+    model from a class path and arguments; this class's constructor returns the user's model itself, so its
+    weights and state-dict keys are the user's. Args: model (the model's name), init_seed."""
+
+    def __new__(cls, model: str, init_seed: int = 0) -> nn.Module:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(init_seed)
+            return model_class(model)()
+
+
+def initial_model_config(name: str, seed: int) -> dict:
+    """``{"path", "args"}`` of the run's initial global model, as NVFlare's ``PTModel`` takes it."""
+    if "init_seed" in inspect.signature(model_class(name)).parameters:
+        return {"path": model_class_path(name), "args": {"init_seed": seed}}
+    return {"path": f"{SeededModel.__module__}.{SeededModel.__qualname__}", "args": {"model": name, "init_seed": seed}}
+
+
+def initial_model(name: str, seed: int) -> nn.Module:
+    """The run's initial global model, built here (the same weights the server builds from ``initial_model_config``)."""
+    config = initial_model_config(name, seed)
+    if config["path"] == f"{SeededModel.__module__}.{SeededModel.__qualname__}":
+        return SeededModel(**config["args"])
+    return model_class(name)(**config["args"])
+
+
 def model_class_path(name: str) -> str:
     """Dotted class path of a model, as NVFlare job configs reference it."""
     cls = model_class(name)
     return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def model_init_args(name: str, seed: int) -> dict:
-    """Constructor arguments of the initial global model: ``init_seed`` when the class accepts it."""
-    return {"init_seed": seed} if "init_seed" in inspect.signature(model_class(name)).parameters else {}
 
 
 def build_model(name: str) -> nn.Module:

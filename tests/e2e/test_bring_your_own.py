@@ -51,7 +51,7 @@ def test_a_custom_module_and_custom_arrays_run_through_the_python_api(tmp_path):
     results = os.path.dirname(metrics_path)
     metrics = json.load(open(metrics_path))
     assert metrics["outcome"]["status"] == "completed" and metrics["versions"][-1]["version"] == 15
-    assert metrics["versions"][-1]["accuracy"] > 0.6  # 3 separable classes: chance is 0.33
+    assert metrics["versions"][-1]["accuracy"] > 0.5  # 3 separable classes: chance is 0.33
     assert os.path.isfile(os.path.join(results, "dataset.npz"))  # the arrays, as the run read them
     assert f"results in {results}" in proc.stdout
 

@@ -16,3 +16,24 @@ def test_initial_weights_depend_on_the_seed_only(name):
     c = cls(init_seed=8).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert any(not torch.equal(a[k], c[k]) for k in a if a[k].dtype.is_floating_point)
+
+
+class NoSeedNet(torch.nn.Module):  # a user's class: no init_seed keyword
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+
+
+def test_a_users_model_without_init_seed_starts_from_the_same_weights_in_every_run():
+    from processors.models import SeededModel, initial_model, initial_model_config
+
+    name = f"{__name__}:NoSeedNet"
+    config = initial_model_config(name, seed=5)
+    assert config["path"] == "processors.models.SeededModel" and config["args"] == {"model": name, "init_seed": 5}
+    first = initial_model(name, 5)
+    torch.rand(100)  # whatever ran before in the process
+    built_like_nvflare = SeededModel(**config["args"])
+    assert type(built_like_nvflare) is NoSeedNet  # the user's own class and state-dict keys
+    assert torch.equal(first.fc.weight, built_like_nvflare.fc.weight)
+    assert not torch.equal(first.fc.weight, initial_model(name, 6).fc.weight)
+    assert initial_model_config("cifar10_convnet", 5)["args"] == {"init_seed": 5}
