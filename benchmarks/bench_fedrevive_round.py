@@ -44,7 +44,7 @@ def main() -> None:
     teachers = list(distiller.teachers)
     weights = distiller.teachers.class_weights(distiller.estimator)
     proportions = distiller.teachers.proportions(distiller.estimator)
-    student = distiller._frozen_model(global_weights)  # noqa: SLF001 - the distiller's own frozen global model
+    student = distiller.frozen_model(global_weights)
     synth, kd = [], []
     for _ in range(args.repeats):
         start = time.perf_counter()

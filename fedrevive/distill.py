@@ -35,7 +35,7 @@ from fedrevive.staleness import beta as staleness_beta
 from fedrevive.staleness import blend_update
 from fedrevive.synthesis import Synthesizer, per_sample_kl
 from fedrevive.teachers import ProportionEstimator, Teacher, TeacherBuffer
-from fedrevive.weights import load_weights, parameter_delta
+from fedrevive.weights import frozen, load_weights, parameter_delta
 
 
 def kd_step(
@@ -126,7 +126,7 @@ class FedReviveDistiller:
             return blend_update(delta, None, 0.0), info
 
         start = time.perf_counter()
-        global_model = self._frozen_model(global_weights)
+        global_model = self.frozen_model(global_weights)
         teachers = list(self.teachers)
         class_weights = self.teachers.class_weights(self.estimator)
         proportions = self.teachers.proportions(self.estimator)
@@ -167,8 +167,6 @@ class FedReviveDistiller:
         reference = {k: v for k, v in global_weights.items() if k in dict(student.named_parameters())}
         return parameter_delta(student, reference), losses or [float("nan")]
 
-    def _frozen_model(self, weights: dict[str, np.ndarray]) -> nn.Module:
-        model = load_weights(self.model_builder().to(self.device), weights).eval()
-        for p in model.parameters():
-            p.requires_grad_(False)
-        return model
+    def frozen_model(self, weights: dict[str, np.ndarray]) -> nn.Module:
+        """A model of ``weights``, frozen: the global model as the student's start and the adversary."""
+        return frozen(load_weights(self.model_builder().to(self.device), weights))

@@ -76,16 +76,10 @@ class SyntheticPool:
             self._labels[: state["size"]] = state["labels"]
         self._next, self._size = state["next"], state["size"]
 
-    def sample(self, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._size == 0 or self._images is None or self._labels is None:
-            raise RuntimeError("the synthetic pool is empty")
-        idx = torch.randint(0, self._size, (n,), generator=generator).to(self._images.device)
-        return self._images[idx], self._labels[idx]
-
     def sample_for(self, proportions: torch.Tensor, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """``n`` images whose labels are drawn from ``proportions`` (one teacher's class proportions), each
         uniformly among the pool's images of its label; a label the pool lacks gets any pool image."""
-        if self._size == 0 or self._images is None or self._labels is None:
+        if self._size == 0:
             raise RuntimeError("the synthetic pool is empty")
         wanted = torch.multinomial(proportions.detach().cpu().double(), n, replacement=True, generator=generator)
         held = self._labels[: self._size].cpu()
@@ -126,18 +120,16 @@ class Synthesizer:
         self.meta_optimizer = torch.optim.Adam(self.generator.parameters(), lr=cfg.gen_meta_lr, betas=(0.5, 0.999))
         self.pool = SyntheticPool(cfg.pool_size)
         self.rng = torch.Generator().manual_seed(seed)
-        self.rounds = 0
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.state_dict(), "meta_optimizer": self.meta_optimizer.state_dict(),
-                "pool": self.pool.state_dict(), "rng": self.rng.get_state(), "rounds": self.rounds}  # fmt: skip
+                "pool": self.pool.state_dict(), "rng": self.rng.get_state()}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         self.generator.load_state_dict(state["generator"])
         self.meta_optimizer.load_state_dict(state["meta_optimizer"])
         self.pool.load_state_dict(state["pool"])
         self.rng.set_state(state["rng"])
-        self.rounds = state["rounds"]
 
     def generator_loss(
         self,
@@ -175,7 +167,6 @@ class Synthesizer:
         """One round (module docstring). ``proportions``: n_teachers x classes; ``student``: the adversarial
         term's student, or None."""
         cfg = self.cfg
-        self.rounds += 1
         n = cfg.synth_batch_size
         labels = torch.multinomial(proportions.mean(dim=0).cpu().double(), n, replacement=True, generator=self.rng)
         labels = labels.to(self.device)

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from fedrevive.feature_stats import Stats, has_batchnorm, record_reference
-from fedrevive.weights import load_weights
+from fedrevive.weights import frozen, load_weights
 
 ESTIMATE_UPLOADS = 2  # proportions come from a client's first two uploads, then stay fixed
 
@@ -76,9 +76,7 @@ class TeacherBuffer:
         self._teachers: deque[Teacher] = deque(maxlen=capacity)
 
     def add(self, client_id: str, weights: dict[str, np.ndarray], reference_input: torch.Tensor) -> Teacher:
-        model = load_weights(self.model_builder().to(self.device), weights).eval()
-        for p in model.parameters():
-            p.requires_grad_(False)
+        model = frozen(load_weights(self.model_builder().to(self.device), weights))
         # BatchNorm models carry their data statistics; others get a reference recorded on the probe noise.
         reference = None if has_batchnorm(model) else record_reference(model, reference_input)
         teacher = Teacher(client_id, model, reference)
@@ -98,21 +96,20 @@ class TeacherBuffer:
         for entry in state:
             model = self.model_builder().to(self.device)
             model.load_state_dict({k: v.to(self.device) for k, v in entry["weights"].items()})
-            model.eval()
-            for p in model.parameters():
-                p.requires_grad_(False)
-            self._teachers.append(Teacher(entry["client_id"], model, entry["reference"]))
+            self._teachers.append(Teacher(entry["client_id"], frozen(model), entry["reference"]))
 
     def __iter__(self):
         return iter(self._teachers)
 
+    def _stacked(self, estimator: ProportionEstimator) -> np.ndarray:
+        return np.stack([estimator.proportions(t.client_id) for t in self._teachers])
+
     def proportions(self, estimator: ProportionEstimator) -> torch.Tensor:
         """n_teachers x num_classes: each teacher's estimated class proportions q_k (rows sum to 1)."""
-        props = np.stack([estimator.proportions(t.client_id) for t in self._teachers])
-        return torch.as_tensor(props, dtype=torch.float32, device=self.device)
+        return torch.as_tensor(self._stacked(estimator), dtype=torch.float32, device=self.device)
 
     def class_weights(self, estimator: ProportionEstimator) -> torch.Tensor:
         """n_teachers x num_classes: each teacher's share of each class, normalised over teachers per class."""
-        props = np.stack([estimator.proportions(t.client_id) for t in self._teachers]) + 1e-8
+        props = self._stacked(estimator) + 1e-8
         weights = props / props.sum(axis=0, keepdims=True)
         return torch.as_tensor(weights, dtype=torch.float32, device=self.device)

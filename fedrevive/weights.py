@@ -27,3 +27,11 @@ def parameter_delta(after: nn.Module, before: dict[str, np.ndarray]) -> dict[str
         if name in before:
             out[name] = param.detach().cpu().numpy().astype(np.float32) - before[name].astype(np.float32)
     return out
+
+
+def frozen(model: nn.Module) -> nn.Module:
+    """``model`` in eval mode, no parameter requiring a gradient (a teacher, or the global model as reference)."""
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model

@@ -216,7 +216,7 @@ def test_a_restored_synthetic_pool_keeps_only_what_it_holds_and_samples_the_same
     restored.load_state_dict(state)
     for p in (pool, restored):
         p.add(torch.full((1, 1), 9.0), torch.tensor([9]))
-    draws = [p.sample(8, torch.Generator().manual_seed(1)) for p in (pool, restored)]
+    draws = [p.sample_for(torch.full((10,), 0.1), 8, torch.Generator().manual_seed(1)) for p in (pool, restored)]
     assert torch.equal(draws[0][0], draws[1][0]) and torch.equal(draws[0][1], draws[1][1])
 
 
