@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -43,6 +42,8 @@ from common.delays import DelayConfig
 from fedrevive.config import FedReviveConfig
 from jobs.config import FederationConfig, JobConfig, RunConfig
 from jobs.methods import METHODS
+from jobs.outputs import DATASET_FILE
+from jobs.results import read_metrics
 from processors.data.config import DataConfig
 from processors.data.sources import NPZ_KEYS, DatasetError, as_arrays, from_arrays
 from processors.training import TrainingConfig
@@ -53,7 +54,6 @@ PARTS = {"data": DataConfig, "federation": FederationConfig, "training": Trainin
 DELAY_FIELDS = tuple(f.name for f in dataclasses.fields(DelayConfig))
 FEDREVIVE_PREFIX = "fr_"
 NOT_CONFIG = {"verbose", "method"}  # command-line destinations that are not part of a JobConfig
-DATASET_FILE = "dataset.npz"
 
 
 def option_names() -> set[str]:
@@ -198,9 +198,4 @@ def run(config_or_method: JobConfig | str = "fedavg", *, verbose: bool = False, 
 
     cfg = config_or_method if isinstance(config_or_method, JobConfig) else make_config(config_or_method, **options)
     code = run_job(cfg, verbose=verbose)
-    path = os.path.join(cfg.output_dir, "metrics.json")
-    metrics = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            metrics = json.load(f)
-    return RunResult(code, cfg.output_dir, metrics)
+    return RunResult(code, cfg.output_dir, read_metrics(cfg.output_dir))

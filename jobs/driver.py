@@ -9,7 +9,6 @@ Ctrl-C / SIGTERM.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
@@ -25,7 +24,7 @@ from jobs.plan import RunPlan, prepare
 from jobs.process_guard import Interrupts, no_orphans
 from jobs.recipe import EdgeSimRecipe
 from jobs.remote import ProdFollower, follow_poc
-from jobs.results import finalize, format_summary
+from jobs.results import finalize, format_summary, read_metrics
 from jobs.watchdog import Watchdog
 from processors.data.sources import DatasetError
 from scheduling.checkpoint import state_path
@@ -43,22 +42,10 @@ def simulator_failure(ex: Exception) -> str:
     return f"NVFlare's run failed: {ex}"
 
 
-def outcome_of(results_dir: str) -> dict | None:
-    try:
-        with open(os.path.join(results_dir, "metrics.json")) as f:
-            return json.load(f).get("outcome")
-    except (OSError, ValueError):
-        return None
-
-
-def stock_outcome(results_dir: str, max_version: int) -> dict | None:
+def stock_outcome(metrics: dict, max_version: int) -> dict | None:
     """NVFlare's own assessor (``--simulator stock``) decides no outcome: its run completed if its last evaluated
     version is the last one asked for."""
-    try:
-        with open(os.path.join(results_dir, "metrics.json")) as f:
-            versions = json.load(f).get("versions", [])
-    except (OSError, ValueError):
-        return None
+    versions = metrics.get("versions", [])
     if versions and versions[-1]["version"] >= max_version:
         return {"status": "completed", "reason": f"version {versions[-1]['version']} (NVFlare's own assessor)"}
     return None
@@ -69,9 +56,10 @@ def report_end(results_dir: str, started: float, cause: str = "", stock_max_vers
     NVFlare's (no outcome of its own), whose last version this is."""
     if os.path.exists(os.path.join(results_dir, "metrics.json")):
         print(format_summary(finalize(results_dir, time.time() - started), results_dir))
-    outcome = outcome_of(results_dir)
+    metrics = read_metrics(results_dir)
+    outcome = metrics.get("outcome")
     if outcome is None and stock_max_version is not None:
-        outcome = stock_outcome(results_dir, stock_max_version)
+        outcome = stock_outcome(metrics, stock_max_version)
     if outcome is not None:  # the server decided how the run ended; a hang after that is only worth a warning
         if cause:
             print(f"[edgesim] warning: {cause}", file=sys.stderr)

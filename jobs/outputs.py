@@ -16,7 +16,8 @@ from common.choices import ConfigError
 
 RESULT_FILES = ("metrics.json", "events.jsonl", "fedrevive_log.jsonl", "global_model.pt", "accuracy.png",
                 "tensorboard", "checkpoint", "nvflare", "leaf_*.jsonl")  # fmt: skip
-INPUT_FILES = ("dataset.npz",)  # the Python API's copy of a user's arrays (jobs.api): an input, kept
+DATASET_FILE = "dataset.npz"  # the Python API's copy of a user's arrays (jobs.api): an input, kept
+INPUT_FILES = (DATASET_FILE,)
 
 
 def prepare_output_dir(path: str, resume: bool = False) -> str:

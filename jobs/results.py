@@ -10,6 +10,15 @@ from evaluation.monitor import format_summary as format_system_summary
 from evaluation.run_recorder import run_summary
 
 
+def read_metrics(results_dir: str) -> dict:
+    """The run's ``metrics.json`` as written so far (``{}`` while there is none or it cannot be read)."""
+    try:
+        with open(os.path.join(results_dir, "metrics.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
 def plot_accuracy(records: list[dict], path: str, title: str) -> None:
     """Accuracy against model version, wall seconds and (when the run has it) simulated seconds."""
     import matplotlib

@@ -10,14 +10,13 @@ what happened in ``reason``.
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 import time
 
 import psutil
 
 from jobs.process_guard import stop_processes
+from jobs.results import read_metrics
 
 
 class Watchdog:
@@ -46,11 +45,7 @@ class Watchdog:
         self._thread.join(5)
 
     def _outcome_decided(self) -> bool:
-        try:
-            with open(os.path.join(self.results_dir, "metrics.json")) as f:
-                return "outcome" in json.load(f)
-        except (OSError, ValueError):
-            return False
+        return "outcome" in read_metrics(self.results_dir)
 
     def _run(self) -> None:
         me = psutil.Process()
