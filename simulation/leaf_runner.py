@@ -140,7 +140,10 @@ class FastDeviceRunner(TPORunner):
         if self.leaf_log_dir:
             os.makedirs(self.leaf_log_dir, exist_ok=True)
             write_json_atomic(os.path.join(self.leaf_log_dir, f"leaf_{site}_plan.json"), plan_record)
-            self._local_log = JsonlWriter(os.path.join(self.leaf_log_dir, f"leaf_{site}.jsonl"))
+            lines = os.path.join(self.leaf_log_dir, f"leaf_{site}.jsonl")
+            if os.path.exists(lines):  # a new run's lines, not appended to an earlier run's
+                os.remove(lines)
+            self._local_log = JsonlWriter(lines)
             reporters.append(self._local_log.write)
         trainer = self.tpo if isinstance(self.tpo, GroupTrainer) else None
         if isinstance(self.tpo, TrainingTaskProcessor):

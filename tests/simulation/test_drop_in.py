@@ -139,6 +139,7 @@ def test_the_runner_gives_a_foreign_processor_the_leafs_share_of_threads_and_log
     fl_ctx = FLContext()
     fl_ctx.set_prop(ReservedKey.IDENTITY_NAME, "site-1", private=True, sticky=False)
     fl_ctx.set_prop(FLContextKey.JOB_META, {"name": "job"}, private=True, sticky=False)
+    (tmp_path / "leaf_site-1.jsonl").write_text('{"device": "site-1#0"}\n')  # an earlier run's line
     threads = torch.get_num_threads()
     try:
         simulator = runner.create_simulator(fl_ctx)
