@@ -86,6 +86,21 @@ class DelayConfig:
         check_choice("--delays", name, DelayPreset)
         return replace(DELAY_PRESETS[name], **overrides)
 
+    @classmethod
+    def from_spec(cls, spec: DelayConfig | dict | str | None, **overrides) -> DelayConfig:
+        """A delay model from a ``DelayConfig``, a preset name, or a dict of fields (with an optional
+        ``"preset"`` they override), plus field overrides. An exponential distribution given without stds drops
+        the preset's normal stds."""
+        overrides = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
+        if isinstance(spec, DelayConfig):
+            return replace(spec, **overrides)
+        if isinstance(spec, dict):
+            fields = dict(spec)
+            return cls.from_spec(fields.pop("preset", "none"), **(fields | overrides))
+        if overrides.get("speed_distribution") == "exponential" and "speed_stds" not in overrides:
+            overrides = overrides | {"speed_stds": ()}
+        return cls.preset(spec or "none", **overrides)
+
 
 DELAY_PRESETS: dict[str, DelayConfig] = {
     "none": DelayConfig(),

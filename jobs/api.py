@@ -66,18 +66,6 @@ def _part(cls, given: dict) -> dict:
     return {f.name: given[f.name] for f in dataclasses.fields(cls) if f.name in given}
 
 
-def delays_from(spec, overrides: dict) -> DelayConfig:
-    """A ``DelayConfig`` from a preset name, a ``DelayConfig`` or a dict, plus field overrides."""
-    if isinstance(spec, DelayConfig):
-        return dataclasses.replace(spec, **overrides)
-    if isinstance(spec, dict):
-        spec = dict(spec)
-        return delays_from(spec.pop("preset", "none"), spec | overrides)
-    if overrides.get("speed_distribution") == "exponential" and "speed_stds" not in overrides:
-        overrides = overrides | {"speed_stds": ()}
-    return DelayConfig.preset(spec or "none", **overrides)
-
-
 def config_from_options(method: str, options: dict, presets: bool = False) -> JobConfig:
     """The ``JobConfig`` of flat options (the command line's destinations; ``None`` means not given). ``presets``:
     the method's federation presets fill every federation option not given. ``ConfigError`` names the fix."""
@@ -97,7 +85,7 @@ def config_from_options(method: str, options: dict, presets: bool = False) -> Jo
             federation=FederationConfig(**federation),
             training=TrainingConfig(**_part(TrainingConfig, given)),
             engine=EngineConfig(**_part(EngineConfig, given)),
-            delays=delays_from(given.get("delays", "none"), {k: given[k] for k in DELAY_FIELDS if k in given}),
+            delays=DelayConfig.from_spec(given.get("delays", "none"), **{k: given[k] for k in DELAY_FIELDS if k in given}),
             run=RunConfig(**_part(RunConfig, given)),
             fedrevive=FedReviveConfig(**fedrevive),
         )

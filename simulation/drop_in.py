@@ -90,12 +90,9 @@ class DropInOptions:
     ship_code: bool = True
 
     def __post_init__(self) -> None:
-        if isinstance(self.delays, str):
-            object.__setattr__(self, "delays", DelayConfig.preset(self.delays))
-        elif isinstance(self.delays, dict):
-            object.__setattr__(self, "delays", DelayConfig.from_dict(self.delays))
-        elif not isinstance(self.delays, DelayConfig):
+        if not isinstance(self.delays, (DelayConfig, dict, str)):
             raise ConfigError(f"delays={self.delays!r}: give a DelayConfig, its dict or a preset name")
+        object.__setattr__(self, "delays", DelayConfig.from_spec(self.delays))
         EngineConfig(engine=self.engine, num_workers=self.num_workers, group_size=self.group_size,
                      profile=self.profile, time_scale=self.time_scale,
                      update_interval=self.update_interval or 1.0)  # fmt: skip - its checks, its messages
