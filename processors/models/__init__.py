@@ -47,19 +47,20 @@ class SeededModel:
             return model_class(model)()
 
 
+def _takes_seed(name: str) -> bool:
+    return "init_seed" in inspect.signature(model_class(name)).parameters
+
+
 def initial_model_config(name: str, seed: int) -> dict:
     """``{"path", "args"}`` of the run's initial global model, as NVFlare's ``PTModel`` takes it."""
-    if "init_seed" in inspect.signature(model_class(name)).parameters:
+    if _takes_seed(name):
         return {"path": model_class_path(name), "args": {"init_seed": seed}}
     return {"path": f"{SeededModel.__module__}.{SeededModel.__qualname__}", "args": {"model": name, "init_seed": seed}}
 
 
 def initial_model(name: str, seed: int) -> nn.Module:
     """The run's initial global model, built here (the same weights the server builds from ``initial_model_config``)."""
-    config = initial_model_config(name, seed)
-    if config["path"] == f"{SeededModel.__module__}.{SeededModel.__qualname__}":
-        return SeededModel(**config["args"])
-    return model_class(name)(**config["args"])
+    return model_class(name)(init_seed=seed) if _takes_seed(name) else SeededModel(name, seed)
 
 
 def model_class_path(name: str) -> str:
