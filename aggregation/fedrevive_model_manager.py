@@ -3,7 +3,8 @@
 For each update, in the schedule's order: the client's model is rebuilt from the version it trained (kept by the
 model manager for as long as a device in flight trains it) plus its diff; ``FedReviveDistiller`` buffers it as a
 teacher (and probes its class proportions) and blends the update with a distilled one by its staleness ``tau``.
-Aggregation is ``BufferedModelManager``'s: the mean of the buffered processed updates, times ``global_lr``.
+Aggregation is ``BufferedModelManager``'s: the mean of the buffered processed updates, times ``global_lr`` (data
+statistics: the mean of the devices' own). A teacher's BatchNorm statistics are thus its client's, from real data.
 Per-update distillation details and times go to ``fedrevive_log.jsonl`` in the results folder.
 """
 
@@ -36,8 +37,7 @@ class FedReviveModelManager(BufferedModelManager):
 
     def __init__(self, global_lr: float = 1.0, model: str = "cifar10_convnet", fedrevive: dict | None = None,
                  compute_device: str = "auto", seed: int = 0, results_dir: str = ""):  # fmt: skip
-        super().__init__(global_lr)
-        self.model = model
+        super().__init__(global_lr, model)
         self.fedrevive = fedrevive or {}
         self.compute_device = compute_device
         self.seed = seed
@@ -72,7 +72,7 @@ class FedReviveModelManager(BufferedModelManager):
         processed, info = self.distiller.process_update(
             self.current_weights, delta, update.device, update.base_version, self.current_version
         )
-        self._accumulate(processed, update.count)
+        self._accumulate(processed, update.count, update.base_version)
         info = {k: v for k, v in info.items() if isinstance(v, (int, float, str))}
         self._log.write({"version": self.current_version, "base_version": update.base_version, **info})
         self._log_lines += 1

@@ -1,7 +1,11 @@
 """The server's global model: buffered device updates become the next version (FedAvg and FedBuff).
 
 ``global <- global + global_lr * mean(buffered diffs)``, as NVFlare's ``BuffModelManager`` and the FedRevive
-reference (``add_update_to_params``) do; a version is made when the server's schedule says so (after exactly B
+reference (``add_update_to_params``) do, for the parameters. The model's data statistics (BatchNorm running mean /
+variance, ``processors.models.statistic_names``) are estimates, not steps: the next version's are the mean of the
+buffered devices' own statistics (each device's base version plus its diff), neither scaled by ``global_lr`` nor
+added to the current ones. Adding stale statistic diffs to newer statistics could drive a variance below zero;
+the mean of variances cannot. In a synchronous run with ``global_lr`` 1 both rules give the same numbers. A version is made when the server's schedule says so (after exactly B
 updates, ``scheduling.exact_assessor``). Diffs are added in the order the schedule applies them, into a float32
 sum, so the same run gives the same bits whatever order leaves reported in. In a synchronous run the leaves send
 one sum per selection (``common.protocol.SelectionSum``), added when its first device is applied: again a fixed
@@ -27,6 +31,7 @@ from nvflare.app_common.app_event_type import AppEventType
 from nvflare.edge.constants import MsgKey
 
 from common.protocol import SIM_TIME, DeviceUpdate, SelectionSum
+from processors.models import build_model, statistic_names
 
 
 def as_float32_arrays(weights: dict) -> dict[str, np.ndarray]:
@@ -36,11 +41,14 @@ def as_float32_arrays(weights: dict) -> dict[str, np.ndarray]:
 class BufferedModelManager(FLComponent):
     """Args:
     global_lr: server learning rate applied to the mean of the buffered updates.
+    model: model name (``processors.models``), to know which weights are data statistics ("": none are).
     """
 
-    def __init__(self, global_lr: float = 1.0):
+    def __init__(self, global_lr: float = 1.0, model: str = ""):
         super().__init__()
         self.global_lr = global_lr
+        self.model = model
+        self.statistics: frozenset[str] = frozenset(statistic_names(build_model(model))) if model else frozenset()
         self.current_version = 0
         self._versions: dict[int, dict[str, np.ndarray]] = {}
         self._dxos: dict[int, DXO] = {}
@@ -73,12 +81,17 @@ class BufferedModelManager(FLComponent):
         """Buffer one device's diff (``tau``: its staleness, unused here). A device whose diff came summed with
         its selection's (a synchronous run) adds that sum once, when the first of them is applied."""
         if update.group is None:
-            self._accumulate(as_float32_arrays(update.diff), update.count)
+            self._accumulate(as_float32_arrays(update.diff), update.count, update.base_version)
         elif not any(g is update.group for g in self._groups):
             self._groups.append(update.group)
-            self._accumulate(as_float32_arrays(update.group.diff), update.group.count)
+            self._accumulate(as_float32_arrays(update.group.diff), update.group.count, update.group.base_version)
 
-    def _accumulate(self, diff: dict[str, np.ndarray], count: int) -> None:
+    def _accumulate(self, diff: dict[str, np.ndarray], count: int, base_version: int) -> None:
+        """Add a diff (of ``count`` devices, summed, all trained from ``base_version``) to the buffer: parameters
+        as diffs, statistics as the devices' own values (``count`` times the base plus the summed diffs)."""
+        if self.statistics:
+            base = self._versions[base_version]
+            diff = {k: v + np.float32(count) * base[k] if k in self.statistics else v for k, v in diff.items()}
         if self._sum is None:
             self._sum = {k: v.copy() for k, v in diff.items()}
         else:
@@ -87,12 +100,16 @@ class BufferedModelManager(FLComponent):
         self._count += count
 
     def make_version(self, sim_time: float, fl_ctx: FLContext) -> None:
-        """global + global_lr * mean(buffer) becomes the next version; the buffer empties."""
+        """global + global_lr * mean(buffer) becomes the next version (statistics: the buffer's mean); the buffer
+        empties."""
         new = {k: v.copy() for k, v in self.current_weights.items()}
         if self._sum is not None and self._count > 0:
             scale = np.float32(self.global_lr / self._count)
             for k, v in self._sum.items():
-                new[k] += scale * v
+                if k in self.statistics:
+                    new[k] = v / np.float32(self._count)
+                else:
+                    new[k] += scale * v
         self._sum, self._count, self._groups = None, 0, []
         self.current_version += 1
         self._versions[self.current_version] = new

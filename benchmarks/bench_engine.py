@@ -63,7 +63,7 @@ def sync(device: torch.device) -> None:
 def run_per_device(global_params, data, cfg, device):
     model = worker_model(MODEL, device)
     gens = [torch.Generator().manual_seed(i) for i in range(len(data))]
-    return [train_local(model, global_params, x, y, cfg, g)[0] for (x, y), g in zip(data, gens, strict=True)]
+    return [train_local(model, global_params, x, y, cfg, g) for (x, y), g in zip(data, gens, strict=True)]
 
 
 def run_vectorized(global_params, data, cfg, device):
@@ -109,7 +109,7 @@ def main() -> None:
         idx = torch.randperm(len(ds.y_train), generator=picker)[: args.samples].to(device)
         data_all.append((ds.x_train.index_select(0, idx), ds.y_train.index_select(0, idx)))
     torch.manual_seed(0)
-    global_params = {n: p.detach().to(device) for n, p in build_model(MODEL).named_parameters()}
+    global_params = {n: p.detach().to(device) for n, p in build_model(MODEL).state_dict().items()}
 
     fps = flops_per_sample(device, args.batch_size)
     peak = peak_flops(device)

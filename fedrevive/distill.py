@@ -155,8 +155,8 @@ class FedReviveDistiller:
         student = copy.deepcopy(global_model)
         for p in student.parameters():
             p.requires_grad_(True)
-        # Eval mode: BatchNorm keeps the running statistics of real client data instead of drifting to
-        # synthetic-batch statistics (buffers are not part of delta_KD anyway).
+        # Eval mode: BatchNorm normalises with the global model's statistics (the mean of the clients' real-data
+        # statistics) instead of drifting to synthetic-batch statistics; delta_KD holds parameters only.
         student.eval()
         optimizer = torch.optim.Adam(student.parameters(), lr=self.cfg.kd_lr, weight_decay=self.cfg.kd_weight_decay)
         pool, losses = self.synthesizer.pool, []

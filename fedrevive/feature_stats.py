@@ -5,13 +5,15 @@ state are untouched; the hooks see every forward pass run inside the block and k
 
 Two modes, picked by the architecture:
 
-* ``"batchnorm"`` (models with ``BatchNorm2d``, e.g. ResNet-18): a forward pre-hook on each BatchNorm2d takes the
-  per-channel mean / variance of the layer's *input* batch and compares them with that layer's
-  ``running_mean`` / ``running_var``, i.e. with the statistics of the client's real training data.
-* ``"conv"`` (models without BatchNorm, e.g. Cifar10ConvNet): a forward hook on each Conv2d takes the per-channel
-  mean / variance of its *output*. Such models store no data statistics, so the reference has to be recorded
-  by the same hooks from some batch (``record_reference``). Without data on the server we record it from
-  Gaussian noise in normalised image space (the data's first two moments); matching it acts as a scale
+* ``"statistics"`` (models that carry data statistics: ``BatchNorm2d`` as in ResNet-18, or ``StatTracker`` as in
+  Cifar10ConvNet and the reference's models): a forward pre-hook on each such layer takes the per-channel mean /
+  variance of the layer's *input* batch (a convolution's output, before the activation) and compares them with
+  that layer's ``running_mean`` / ``running_var``. A teacher is its client's uploaded model, so these are the
+  statistics of the client's real training data.
+* ``"conv"`` (other models, e.g. a user's network without BatchNorm): a forward hook on each Conv2d takes the
+  per-channel mean / variance of its *output*. Such models store no data statistics, so the reference has to be
+  recorded by the same hooks from some batch (``record_reference``). Without data on the server we record it
+  from Gaussian noise in normalised image space (the data's first two moments); matching it acts as a scale
   regulariser that keeps synthetic images in the activation range the model produces on data-scaled input,
   rather than as a true data prior. Without a reference the loss is 0.
 """
@@ -21,11 +23,17 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from processors.models.stat_tracker import StatTracker
+
 Stats = dict[str, tuple[torch.Tensor, torch.Tensor]]
 
 
-def has_batchnorm(model: nn.Module) -> bool:
-    return any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+STATISTIC_LAYERS = (nn.BatchNorm2d, StatTracker)
+
+
+def has_statistics(model: nn.Module) -> bool:
+    """Whether the model carries its training data's feature statistics (BatchNorm or statistic trackers)."""
+    return any(isinstance(m, STATISTIC_LAYERS) for m in model.modules())
 
 
 def _channel_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,15 +47,15 @@ class FeatureStats:
 
     def __init__(self, model: nn.Module, reference: Stats | None = None):
         self.model = model
-        self.mode = "batchnorm" if has_batchnorm(model) else "conv"
+        self.mode = "statistics" if has_statistics(model) else "conv"
         self.reference = reference
         self.stats: Stats = {}
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
 
     def __enter__(self) -> FeatureStats:
         for name, module in self.model.named_modules():
-            if self.mode == "batchnorm" and isinstance(module, nn.BatchNorm2d):
-                self._handles.append(module.register_forward_pre_hook(self._bn_hook(name)))
+            if self.mode == "statistics" and isinstance(module, STATISTIC_LAYERS):
+                self._handles.append(module.register_forward_pre_hook(self._input_hook(name)))
             elif self.mode == "conv" and isinstance(module, nn.Conv2d):
                 self._handles.append(module.register_forward_hook(self._conv_hook(name)))
         return self
@@ -57,7 +65,7 @@ class FeatureStats:
             handle.remove()
         self._handles.clear()
 
-    def _bn_hook(self, name: str):
+    def _input_hook(self, name: str):
         def hook(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
             self.stats[name] = _channel_stats(inputs[0])
 
@@ -70,8 +78,8 @@ class FeatureStats:
         return hook
 
     def references(self) -> Stats:
-        """The target statistics per hooked layer: BN running stats, or the recorded reference."""
-        if self.mode == "batchnorm":
+        """The target statistics per hooked layer: its running statistics, or the recorded reference."""
+        if self.mode == "statistics":
             modules = dict(self.model.named_modules())
             return {
                 name: (modules[name].running_mean, modules[name].running_var)

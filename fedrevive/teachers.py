@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from fedrevive.feature_stats import Stats, has_batchnorm, record_reference
+from fedrevive.feature_stats import Stats, has_statistics, record_reference
 from fedrevive.weights import frozen, load_weights
 
 ESTIMATE_UPLOADS = 2  # proportions come from a client's first two uploads, then stay fixed
@@ -25,7 +25,7 @@ ESTIMATE_UPLOADS = 2  # proportions come from a client's first two uploads, then
 class Teacher:
     client_id: str
     model: nn.Module  # eval mode, frozen
-    reference: Stats | None  # conv-mode feature statistics reference; None for BatchNorm models
+    reference: Stats | None  # conv-mode feature statistics reference; None for models that carry statistics
 
 
 @torch.no_grad()
@@ -77,8 +77,9 @@ class TeacherBuffer:
 
     def add(self, client_id: str, weights: dict[str, np.ndarray], reference_input: torch.Tensor) -> Teacher:
         model = frozen(load_weights(self.model_builder().to(self.device), weights))
-        # BatchNorm models carry their data statistics; others get a reference recorded on the probe noise.
-        reference = None if has_batchnorm(model) else record_reference(model, reference_input)
+        # Models with BatchNorm or trackers carry their data statistics; others get a reference recorded on the
+        # probe noise.
+        reference = None if has_statistics(model) else record_reference(model, reference_input)
         teacher = Teacher(client_id, model, reference)
         self._teachers.append(teacher)
         return teacher

@@ -33,6 +33,7 @@ from fedrevive.config import FedReviveConfig
 from jobs.methods import METHODS, MethodName
 from processors.data.config import DataConfig
 from processors.models import build_model
+from processors.models.stat_tracker import untracked_buffers
 from processors.training import TrainingConfig
 from simulation.config import EngineConfig
 
@@ -200,7 +201,7 @@ class JobConfig:
                 f"{self.training.local_batch_size}; raise --subset-size or lower the batch size"
             )
         METHODS[self.method].check(self.federation, self.engine)
-        if self.engine.engine == "vectorized" and any(True for _ in build_model(self.training.model).buffers()):
+        if self.engine.engine == "vectorized" and untracked_buffers(build_model(self.training.model)):
             raise ConfigError(
                 "--engine vectorized cannot keep per-device BatchNorm statistics, which this model has; "
                 "use --engine per-device (or auto)"

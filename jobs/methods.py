@@ -25,7 +25,7 @@ def buffered_model_manager(cfg: JobConfig, results_dir: str):
     """FedAvg / FedBuff on the server: the mean of the buffered updates, times the server learning rate."""
     from aggregation.model_manager import BufferedModelManager
 
-    return BufferedModelManager(global_lr=cfg.federation.global_lr)
+    return BufferedModelManager(global_lr=cfg.federation.global_lr, model=cfg.training.model)
 
 
 def fedrevive_model_manager(cfg: JobConfig, results_dir: str):

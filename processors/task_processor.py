@@ -37,7 +37,6 @@ from processors.training_vectorized import train_group
 
 _lock = threading.Lock()
 _global_params: dict[tuple, dict[str, torch.Tensor]] = {}  # (model version, device) -> weights on device
-_device_buffers: dict[str, dict[str, torch.Tensor]] = {}  # device id -> its own BatchNorm statistics
 _memory_capped: set[str] = set()  # CUDA devices whose allocator this process has capped
 _worker = threading.local()  # this worker thread's CUDA streams
 
@@ -240,12 +239,8 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
             device, x, y, generator = self._prepare(device_id, version)
             net = worker_model(self._training.model, device)
             params = global_params_on(model_data, version, device, settings.cached_versions)
-            diff, buffers = train_local(net, params, x, y, self._training, generator, _device_buffers.get(device_id),
-                                        settings.pinned_streams, self._input_prep())  # fmt: skip
-        if buffers:
-            with _lock:
-                _device_buffers[device_id] = buffers
-        return diff
+            return train_local(net, params, x, y, self._training, generator, settings.pinned_streams,
+                               self._input_prep())  # fmt: skip
 
     def train_group(self, device_ids: list[str], model_data: dict, version: int) -> list[dict[str, np.ndarray]]:
         """Train several devices from the same global weights in one vectorised call (``train_group``); each

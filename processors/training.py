@@ -4,7 +4,9 @@ on the CPU with each batch moved over).
 
 The returned WEIGHT_DIFF is ``trained - received``, both on the same device, moved to the CPU as float32
 numpy arrays (numpy, not Python lists: NVFlare's debug f-strings print lists in full, which costs ~0.1 s
-per device). Buffers (e.g. BatchNorm running statistics) are never part of the diff: they stay with the device.
+per device). It covers the parameters and the data statistics (``processors.models.statistic_names``: BatchNorm
+running mean / variance): a device starts from the global model's statistics, as from its weights, and reports how
+its own data moved them, so the server's model evaluates and distils with statistics of real client data.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch.nn.functional as F
 
 from common.choices import ConfigError, check_choice, check_positive
 from processors.data.sources import normalize
-from processors.models import build_model, model_class
+from processors.models import build_model, model_class, statistic_names
 
 Optimizer = Literal["adam", "sgd"]
 
@@ -130,31 +132,31 @@ def train_local(
     y: torch.Tensor,
     cfg: TrainingConfig,
     generator: torch.Generator,
-    local_buffers: dict[str, torch.Tensor] | None = None,
     pinned: bool = False,
     prepare: Callable[[torch.Tensor], torch.Tensor] = normalize,
-) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]:
-    """Train ``model`` from ``global_params`` on one device's samples; return (diff, buffers after training).
+) -> dict[str, np.ndarray]:
+    """Train ``model`` from ``global_params`` on one device's samples; return its diff (parameters and statistics).
 
-    ``global_params`` must be on the model's device; the data on it too, or on the CPU (each batch is then
-    indexed there and moved over). ``prepare`` turns a stored batch into the model's input (``Dataset.prepare``;
-    the default standardises uint8 images with CIFAR-10's statistics). The diff is computed on the model's device, then copied out
-    (``copy_to_host``, through pinned buffers when ``pinned``).
+    ``global_params`` holds the global model's full state (parameters and buffers), on the model's device; the
+    data is on it too, or on the CPU (each batch is then indexed there and moved over). ``prepare`` turns a
+    stored batch into the model's input (``Dataset.prepare``; the default standardises uint8 images with
+    CIFAR-10's statistics). The diff is computed on the model's device, then copied out (``copy_to_host``,
+    through pinned buffers when ``pinned``).
     """
     device = next(model.parameters()).device
-    params = dict(model.named_parameters())
+    shared = dict(model.named_parameters()) | {name: model.get_buffer(name) for name in statistic_names(model)}
     with torch.no_grad():
-        for name, p in params.items():
-            src = global_params[name]
+        for name, t in shared.items():
+            src = global_params.get(name)
+            if src is None:
+                raise ValueError(f"the global weights lack {name}: the server must send the model's whole "
+                                 "state_dict (parameters and data statistics)")  # fmt: skip
             if src.device != device:
-                raise ValueError(f"global parameter {name} is on {src.device}, model on {device}")
-            p.copy_(src)
-        for name, b in model.named_buffers():
-            source = local_buffers.get(name) if local_buffers else None
-            if source is None:
-                source = global_params.get(name)
-            if source is not None:
-                b.copy_(source)
+                raise ValueError(f"global weight {name} is on {src.device}, model on {device}")
+            t.copy_(src)
+        for name, b in model.named_buffers():  # counters (num_batches_tracked), as the global model has them
+            if name not in shared and name in global_params:
+                b.copy_(global_params[name])
     model.train()
     optimizer = cfg.make_optimizer(model.parameters())
     data_device = x.device
@@ -168,9 +170,7 @@ def train_local(
         loss.backward()
         optimizer.step()
     with torch.no_grad():
-        diff = copy_to_host({name: p.detach() - global_params[name] for name, p in params.items()}, pinned)
-        buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
-    return diff, buffers
+        return copy_to_host({name: t.detach() - global_params[name] for name, t in shared.items()}, pinned)
 
 
 @torch.no_grad()

@@ -17,8 +17,10 @@ Unequal batch sizes: ``batch_schedule`` gives a device with fewer than ``batch_s
 0 and masked: each device's loss is ``sum(ce * mask) / b_i``, the mean over its own real samples only, so
 padded samples contribute exactly zero gradient.
 
-Buffers (BatchNorm running statistics) are not supported: such models raise ``NotImplementedError``; train them
-with the per-device engine, which keeps per-device buffers.
+Statistic trackers (``processors.models.stat_tracker``) are trained per device: each device has its own stacked
+copy of their buffers, moved by its own (padding-free) batch statistics each iteration, and reported in its diff.
+Other buffers (BatchNorm running statistics) are not supported: such models raise ``NotImplementedError``; train
+them with the per-device engine.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
 from processors.data.sources import normalize
+from processors.models.stat_tracker import collecting, trackers, untracked_buffers
 from processors.training import TrainingConfig, batch_schedule, copy_to_host, worker_model
 
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam defaults
@@ -64,10 +67,10 @@ def train_group(
         return []
     device = torch.device(device)
     model = worker_model(model_name, device)
-    if any(True for _ in model.buffers()):
+    if untracked_buffers(model):
         raise NotImplementedError(
-            f"model {model_name!r} has buffers (e.g. BatchNorm statistics); the vectorised engine does not keep "
-            "per-device buffers - use the per-device engine (processors.training.train_local) for it"
+            f"model {model_name!r} has buffers (e.g. BatchNorm statistics); the vectorised engine does not "
+            "update per-device statistics - use the per-device engine (processors.training.train_local) for it"
         )
     model.train()
     names = [name for name, _ in model.named_parameters()]
@@ -99,11 +102,12 @@ def train_group(
     data_device = x_all.device
     index, mask, counts = index.to(data_device), mask.to(device), counts.to(device)
 
-    def device_loss(params: dict[str, torch.Tensor], x, y, m, count) -> torch.Tensor:
-        logits = functional_call(model, params, (x,))
-        return (F.cross_entropy(logits, y, reduction="none") * m).sum() / count
+    def device_loss(params: dict[str, torch.Tensor], x, y, m, count) -> tuple[torch.Tensor, dict]:
+        with collecting(model, m) as collector:
+            logits = functional_call(model, params, (x,))
+        return (F.cross_entropy(logits, y, reduction="none") * m).sum() / count, collector.stats
 
-    group_grad = vmap(grad(device_loss))
+    group_grad = vmap(grad(device_loss, has_aux=True))
 
     # The stacked state of K modules all loaded with the global weights (what stack_module_state would give
     # for K copies, without building K modules).
@@ -115,6 +119,9 @@ def train_group(
         state_a = [torch.zeros_like(p) for p in params]
         state_b = [torch.zeros_like(p) for p in params]
     image_shape = x_all.shape[1:]
+    tracked = trackers(model)
+    received_stats = {f"{t}.{b}": global_params[f"{t}.{b}"].detach() for t in tracked for b in ("running_mean", "running_var")}
+    stats = {name: r.unsqueeze(0).expand(k, *r.shape).clone() for name, r in received_stats.items()}
 
     for t in range(iters):
         flat = index[t].view(-1)
@@ -123,9 +130,12 @@ def train_group(
             xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
         xb = prepare(xb).view(k, batch, *image_shape)
         yb = yb.view(k, batch)
-        grads_by_name = group_grad(dict(zip(names, params, strict=True)), xb, yb, mask[t], counts)
+        grads_by_name, batch_stats = group_grad(dict(zip(names, params, strict=True)), xb, yb, mask[t], counts)
         grads = [grads_by_name[name] for name in names]
         with torch.no_grad():
+            for name, tracker in tracked.items():
+                mean, var = batch_stats[name]
+                tracker.update(stats[f"{name}.running_mean"], stats[f"{name}.running_var"], mean, var)
             if cfg.optimizer == "adam":
                 _adam_step(params, grads, state_a, state_b, t + 1, cfg.local_lr)
             elif cfg.momentum != 0:
@@ -140,6 +150,7 @@ def train_group(
 
     with torch.no_grad():
         stacked = {name: p - r.unsqueeze(0) for name, p, r in zip(names, params, received, strict=True)}
+        stacked |= {name: s - received_stats[name].unsqueeze(0) for name, s in stats.items()}
         diffs = copy_to_host(stacked, pinned)
     return [{name: d[i].copy() for name, d in diffs.items()} for i in range(k)]
 

@@ -19,6 +19,7 @@ import torch
 from common.profiles import DEFAULT_PROFILE
 from processors.device import resolve_device
 from processors.models import build_model
+from processors.models.stat_tracker import untracked_buffers
 from simulation.planner import (
     HardwareProfile,
     WorkerPlan,
@@ -125,8 +126,7 @@ def plan_leaf(request: PlanRequest, hardware: HardwareProfile | None = None, lea
         requested=request.num_workers,
         profile=request.profile,
     )
-    has_buffers = any(True for _ in model.buffers())
-    return plan_engine(plan, request.engine, has_buffers, request.group_size)
+    return plan_engine(plan, request.engine, bool(untracked_buffers(model)), request.group_size)
 
 
 def hardware_summary(hardware: HardwareProfile) -> dict:

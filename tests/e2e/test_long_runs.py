@@ -10,6 +10,7 @@ import time
 
 import psutil
 import pytest
+import torch
 
 from tests.conftest import PYTHON, REPO
 
@@ -184,3 +185,9 @@ def test_a_resnet18_job_on_the_cpu_reaches_its_last_version(tmp_path):
     assert metrics["outcome"] == metrics["outcome"] | {"status": "completed", "version": 3}
     assert [r["version"] for r in metrics["versions"]] == [1, 2, 3]
     assert "warning" not in proc.stderr, proc.stderr[-2000:]
+    # the devices' BatchNorm statistics travelled through NVFlare and made the server's model's own
+    state = torch.load(tmp_path / "out" / "global_model.pt")
+    for name in ("bn1", "layer4.1.bn2"):
+        assert not torch.allclose(state[f"{name}.running_mean"], torch.zeros(1)), name
+        assert not torch.allclose(state[f"{name}.running_var"], torch.ones(1)), name
+        assert bool((state[f"{name}.running_var"] > 0).all()), name

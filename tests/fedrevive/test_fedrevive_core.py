@@ -179,23 +179,30 @@ def test_fresh_update_after_kd_train_from_version_skips_kd():
         np.testing.assert_array_equal(out[k], delta[k])
 
 
-def test_feature_stats_hooks_leave_forward_unchanged_and_are_removed():
+def _plain_convnet() -> torch.nn.Module:
+    """A user's network without BatchNorm or trackers: no data statistics of its own."""
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3),
+                               torch.nn.Flatten(), torch.nn.Linear(4 * 28 * 28, 10))  # fmt: skip
+
+
+@pytest.mark.parametrize("build, mode, layers", [(Cifar10ConvNet, "statistics", 2), (CifarResNet18, "statistics", 20),
+                                                 (_plain_convnet, "conv", 2)])  # fmt: skip
+def test_feature_stats_hooks_leave_forward_unchanged_and_are_removed(build, mode, layers):
     torch.manual_seed(0)
     x = torch.randn(8, 3, 32, 32)
-    for model in (Cifar10ConvNet().eval(), CifarResNet18().eval()):
-        plain = model(x)
-        reference = record_reference(model, x) if isinstance(model, Cifar10ConvNet) else None
-        with FeatureStats(model, reference) as fs:
-            hooked = model(x)
-            loss = fs.loss()
-        torch.testing.assert_close(hooked, plain)
-        assert fs.mode == ("conv" if isinstance(model, Cifar10ConvNet) else "batchnorm")
-        assert len(fs.stats) == (2 if fs.mode == "conv" else 20)
-        if fs.mode == "conv":
-            assert loss.item() == pytest.approx(0.0, abs=1e-5)  # same batch as the reference
-        else:
-            assert loss.item() > 0.0
-        assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    model = build().eval()
+    plain = model(x)
+    reference = record_reference(model, x) if mode == "conv" else None
+    with FeatureStats(model, reference) as fs:
+        hooked = model(x)
+        loss = fs.loss()
+    torch.testing.assert_close(hooked, plain)
+    assert fs.mode == mode and len(fs.stats) == layers
+    if fs.mode == "conv":
+        assert loss.item() == pytest.approx(0.0, abs=1e-5)  # same batch as the reference
+    else:
+        assert loss.item() > 0.0
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
 
 def test_synthetic_pool_evicts_oldest_first():

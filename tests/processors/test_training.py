@@ -1,4 +1,5 @@
-"""Device-side training: the diff is trained minus received, on the chosen device; buffers stay local."""
+"""Device-side training: the diff is trained minus received (parameters and BatchNorm statistics), on the chosen
+device."""
 
 import numpy as np
 import pytest
@@ -13,9 +14,9 @@ from tests.conftest import make_processor
 
 def test_diff_equals_trained_minus_received(small_data):
     net = build_model("cifar10_convnet")
-    received = {k: v.detach().clone() for k, v in net.named_parameters()}
+    received = {k: v.detach().clone() for k, v in net.state_dict().items()}
     x, y = small_data.x_train[:100], small_data.y_train[:100]
-    diff, _ = train_local(net, received, x, y, TrainingConfig(local_iters=3), torch.Generator().manual_seed(0))
+    diff = train_local(net, received, x, y, TrainingConfig(local_iters=3), torch.Generator().manual_seed(0))
     for name, p in net.named_parameters():
         np.testing.assert_allclose(diff[name], (p.detach() - received[name]).numpy(), rtol=0, atol=0)
         assert diff[name].dtype == np.float32
@@ -24,7 +25,7 @@ def test_diff_equals_trained_minus_received(small_data):
 
 def test_received_weights_are_not_modified_by_training(small_data):
     net = build_model("cifar10_convnet")
-    received = {k: v.detach().clone() for k, v in net.named_parameters()}
+    received = {k: v.detach().clone() for k, v in net.state_dict().items()}
     before = {k: v.clone() for k, v in received.items()}
     train_local(net, received, small_data.x_train[:64], small_data.y_train[:64], TrainingConfig(local_iters=2),
                 torch.Generator().manual_seed(0))  # fmt: skip
@@ -33,19 +34,38 @@ def test_received_weights_are_not_modified_by_training(small_data):
 
 def test_global_weights_on_another_device_are_refused(small_data):
     net = build_model("cifar10_convnet")
-    received = {k: v.detach().to("meta") for k, v in net.named_parameters()}
+    received = {k: v.detach().to("meta") for k, v in net.state_dict().items()}
     with pytest.raises(ValueError, match="is on meta"):
         train_local(net, received, small_data.x_train[:64], small_data.y_train[:64], TrainingConfig(),
                     torch.Generator())  # fmt: skip
 
 
-def test_batchnorm_statistics_are_not_sent_and_stay_with_the_device(small_data):
-    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 30 * 30, 10))
-    received = {k: v.detach().clone() for k, v in net.named_parameters()}
-    diff, buffers = train_local(net, received, small_data.x_train[:64], small_data.y_train[:64],
-                                TrainingConfig(local_iters=2), torch.Generator().manual_seed(0))  # fmt: skip
-    assert "1.running_mean" not in diff and "1.running_mean" in buffers
-    assert not torch.equal(buffers["1.running_mean"], torch.zeros(4))
+def _bn_net() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 30 * 30, 10))
+
+
+def test_batchnorm_statistics_diff_is_trained_minus_received_and_starts_from_the_global_statistics(small_data):
+    net = _bn_net()
+    received = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    received["1.running_mean"] = torch.full((4,), 5.0)  # the global model's statistics, not the net's own
+    received["1.running_var"] = torch.full((4,), 3.0)
+    diff = train_local(net, received, small_data.x_train[:64], small_data.y_train[:64],
+                       TrainingConfig(local_iters=2), torch.Generator().manual_seed(0))  # fmt: skip
+    assert "1.num_batches_tracked" not in diff  # a counter, not a statistic
+    for name in ("1.running_mean", "1.running_var"):
+        trained = net.get_buffer(name)
+        np.testing.assert_array_equal(diff[name], (trained - received[name]).numpy())
+        assert np.abs(diff[name]).max() > 0
+    # two momentum-0.1 updates from 5.0 keep 0.81 of it: the device started from the received statistics
+    assert float(net.get_buffer("1.running_mean").min()) > 0.81 * 5.0 - 1.0
+
+
+def test_global_weights_without_batchnorm_statistics_are_refused_naming_the_fix(small_data):
+    net = _bn_net()
+    params_only = {k: v.detach().clone() for k, v in net.named_parameters()}
+    with pytest.raises(ValueError, match="lack 1.running_mean.*whole state_dict"):
+        train_local(net, params_only, small_data.x_train[:64], small_data.y_train[:64], TrainingConfig(local_iters=1),
+                    torch.Generator())  # fmt: skip
 
 
 def test_batch_schedule_runs_exactly_local_iters_and_covers_samples_each_epoch():

@@ -32,7 +32,7 @@ def dataset():
 @pytest.fixture(scope="module")
 def global_params():
     torch.manual_seed(7)
-    return {name: p.detach().clone() for name, p in build_model(MODEL).named_parameters()}
+    return {name: p.detach().clone() for name, p in build_model(MODEL).state_dict().items()}
 
 
 def _device_data(dataset, sizes):
@@ -50,7 +50,7 @@ def _generators(k, seed=11):
 def _assert_matches_per_device(global_params, data, cfg):
     model = worker_model(MODEL, CPU)
     expected = [
-        train_local(model, global_params, x, y, cfg, g)[0]
+        train_local(model, global_params, x, y, cfg, g)
         for (x, y), g in zip(data, _generators(len(data)), strict=True)
     ]
     got = train_group(MODEL, global_params, data, cfg, _generators(len(data)), CPU)
