@@ -7,7 +7,9 @@ the maximum |difference| of their diffs is printed as a sanity check.
 
     .venv/bin/python benchmarks/bench_engine.py --device auto --ks 1,8,32,100 --iters 25
 
-The last line is ``speedup: <X>x`` (vectorised over per-device) for the largest K.
+The line ``speedup: <X>x`` is vectorised over per-device for the largest K; the last line, ``trackers: <X>x``,
+is the vectorised engine's time with the model's statistic trackers over its time with them replaced by identities
+(what recording the devices' data statistics costs), measured alternately in the same run.
 """
 
 from __future__ import annotations
@@ -143,6 +145,27 @@ def main() -> None:
             f"{k:>5} {rate_dev:>15.0f} {rate_vec:>15.0f} {speedup:>6.2f}x {pct(rate_dev):>14} {pct(rate_vec):>10} {err:>10.2e}"
         )
     print(f"speedup: {speedup:.2f}x")
+    with_trackers, without = tracker_cost(global_params, data_all[: max(ks)], cfg, device, args.repeats)
+    print(f"vectorised K={max(ks)}: {with_trackers:.3f} s with statistic trackers, {without:.3f} s without")
+    print(f"trackers: {with_trackers / without:.3f}x")
+
+
+def tracker_cost(global_params, data, cfg, device, repeats: int) -> tuple[float, float]:
+    """Best-of times of the vectorised engine with the model's trackers and with them swapped for identities,
+    alternating so that machine noise hits both alike."""
+    model = worker_model(MODEL, device)
+    trackers = {name: m for name, m in model.named_children() if "track" in name}
+    times: dict[bool, list[float]] = {True: [], False: []}
+    try:
+        for _ in range(max(repeats, 3)):
+            for keep in (True, False):
+                for name, module in trackers.items():
+                    setattr(model, name, module if keep else torch.nn.Identity())
+                times[keep].append(timed(run_vectorized, device, global_params, data, cfg)[0])
+    finally:
+        for name, module in trackers.items():
+            setattr(model, name, module)
+    return min(times[True]), min(times[False])
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ import os
 
 from common.choices import ConfigError
 from jobs.config import PARTS, JobConfig
+from processors.models import build_model
+from scheduling import checkpoint
 from scheduling.checkpoint import state_path
 
 HARMLESS = {
@@ -66,4 +68,18 @@ def resumed_config(results_dir: str, flags_cfg: JobConfig, given: set[str]) -> J
         changes.setdefault(part, {})[name] = getattr(getattr(flags_cfg, part), name)
     changes.setdefault("run", {}).update(output=results_dir, resume=results_dir)
     parts = {part: dataclasses.replace(getattr(saved, part), **values) for part, values in changes.items()}
-    return dataclasses.replace(saved, **parts)
+    resumed = dataclasses.replace(saved, **parts)
+    check_checkpoint_model(results_dir, resumed.training.model)
+    return resumed
+
+
+def check_checkpoint_model(results_dir: str, model: str) -> None:
+    """The checkpoint's global model must have the weights and statistics the model has today (a checkpoint of an
+    older edgesim-flare may lack, e.g., the convnet's statistic trackers); ``ConfigError`` naming them otherwise."""
+    manager = checkpoint.read(results_dir)["model_manager"]
+    saved = set(manager["versions"][manager["current_version"]])
+    expected = set(build_model(model).state_dict())
+    if saved != expected:
+        missing, extra = sorted(expected - saved), sorted(saved - expected)
+        raise ConfigError(f"--resume {results_dir}: the checkpoint's {model} lacks {missing[:4]} and has {extra[:4]}, "
+                          "so it was written by another version of this code or model; start a new run")  # fmt: skip

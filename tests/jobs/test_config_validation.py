@@ -115,3 +115,24 @@ def test_resuming_on_a_deployment_is_refused_naming_the_flag(tmp_path):
 
     with pytest.raises(ConfigError, match="--resume with --env prod: resuming continues SimEnv runs only"):
         RunConfig(env="prod", startup_kit=str(tmp_path), username="admin@nvidia.com", resume=str(tmp_path))
+
+
+def test_resume_refuses_a_checkpoint_whose_model_lacks_todays_statistics(tmp_path):
+    """A checkpoint from before the convnet had statistic trackers cannot continue: the devices would be sent
+    weights without them. The refusal comes before any process starts."""
+    import torch
+
+    from common.choices import ConfigError
+    from jobs.resume import check_checkpoint_model
+    from processors.models import build_model
+    from scheduling import checkpoint
+
+    weights = {k: v for k, v in build_model("cifar10_convnet").state_dict().items() if "track" not in k}
+    checkpoint.write(str(tmp_path), {"meta": {"version": 3}, "model_manager": {"current_version": 3,
+                                                                                "versions": {3: weights}}})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"lacks \['track1.running_mean'.*start a new run"):
+        check_checkpoint_model(str(tmp_path), "cifar10_convnet")
+    whole = {k: torch.zeros(1) for k in build_model("cifar10_convnet").state_dict()}
+    checkpoint.write(str(tmp_path), {"meta": {"version": 3}, "model_manager": {"current_version": 3,
+                                                                                "versions": {3: whole}}})  # fmt: skip
+    check_checkpoint_model(str(tmp_path), "cifar10_convnet")
