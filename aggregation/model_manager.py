@@ -5,11 +5,12 @@ reference (``add_update_to_params``) do, for the parameters. The model's data st
 variance, ``processors.models.statistic_names``) are estimates, not steps: the next version's are the mean of the
 buffered devices' own statistics (each device's base version plus its diff), neither scaled by ``global_lr`` nor
 added to the current ones. Adding stale statistic diffs to newer statistics could drive a variance below zero;
-the mean of variances cannot. In a synchronous run with ``global_lr`` 1 both rules give the same numbers. A version is made when the server's schedule says so (after exactly B
-updates, ``scheduling.exact_assessor``). Diffs are added in the order the schedule applies them, into a float32
-sum, so the same run gives the same bits whatever order leaves reported in. In a synchronous run the leaves send
-one sum per selection (``common.protocol.SelectionSum``), added when its first device is applied: again a fixed
-order.
+the mean of variances cannot. In a synchronous run with ``global_lr`` 1 both rules give the same numbers.
+
+A version is made when the server's schedule says so (after exactly B updates, ``scheduling.exact_assessor``).
+Diffs are added in the order the schedule applies them, into a float32 sum, so the same run gives the same bits
+whatever order leaves reported in. In a synchronous run the leaves send one sum per selection
+(``common.protocol.SelectionSum``), added when its first device is applied: again a fixed order.
 
 Version 1 is the initial model. Every version some in-flight device still trains stays available
 (``retain``): the assessor sends it to leaves that lack it, and FedRevive rebuilds client models from it. Weights

@@ -120,7 +120,8 @@ def train_group(
         state_b = [torch.zeros_like(p) for p in params]
     image_shape = x_all.shape[1:]
     tracked = trackers(model)
-    received_stats = {f"{t}.{b}": global_params[f"{t}.{b}"].detach() for t in tracked for b in ("running_mean", "running_var")}
+    stat_names = [f"{t}.{b}" for t in tracked for b in ("running_mean", "running_var")]
+    received_stats = {name: global_params[name].detach() for name in stat_names}
     stats = {name: r.unsqueeze(0).expand(k, *r.shape).clone() for name, r in received_stats.items()}
 
     for t in range(iters):
