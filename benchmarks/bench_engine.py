@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from processors.data.sources import make_synthetic, normalize  # noqa: E402
 from processors.models import build_model  # noqa: E402
+from processors.models.stat_tracker import trackers  # noqa: E402
 from processors.training import TrainingConfig, train_local, worker_model  # noqa: E402
 from processors.training_vectorized import train_group  # noqa: E402
 
@@ -154,16 +155,16 @@ def tracker_cost(global_params, data, cfg, device, repeats: int) -> tuple[float,
     """Best-of times of the vectorised engine with the model's trackers and with them swapped for identities,
     alternating so that machine noise hits both alike."""
     model = worker_model(MODEL, device)
-    trackers = {name: m for name, m in model.named_children() if "track" in name}
+    tracked = trackers(model)  # top-level modules in the convnet, so setattr by name swaps them
     times: dict[bool, list[float]] = {True: [], False: []}
     try:
         for _ in range(max(repeats, 3)):
             for keep in (True, False):
-                for name, module in trackers.items():
+                for name, module in tracked.items():
                     setattr(model, name, module if keep else torch.nn.Identity())
                 times[keep].append(timed(run_vectorized, device, global_params, data, cfg)[0])
     finally:
-        for name, module in trackers.items():
+        for name, module in tracked.items():
             setattr(model, name, module)
     return min(times[True]), min(times[False])
 

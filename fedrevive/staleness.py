@@ -27,7 +27,8 @@ def blend_update(
     """(1 - beta) * delta + beta * delta_kd, key by key.
 
     Keys absent from ``delta_kd`` (BatchNorm statistics, which distillation does not train: they are the
-    client's, from its real data) keep the client's delta unchanged; with ``beta == 0`` or no ``delta_kd`` the result equals ``delta`` (as fresh copies).
+    client's, from its real data) keep the client's delta unchanged; with ``beta == 0`` or no ``delta_kd`` the
+    result equals ``delta`` (as fresh copies).
     """
     if delta_kd is None or beta <= 0.0:
         return {k: np.array(v, copy=True) for k, v in delta.items()}

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
 from processors.data.sources import normalize
-from processors.models.stat_tracker import collecting, trackers, untracked_buffers
+from processors.models.stat_tracker import collecting, tracker_buffer_names, trackers, untracked_buffers
 from processors.training import TrainingConfig, batch_schedule, copy_to_host, worker_model
 
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam defaults
@@ -74,6 +74,7 @@ def train_group(
         )
     model.train()
     names = [name for name, _ in model.named_parameters()]
+    tracked = trackers(model)
     for name in names:
         if global_params[name].device != device:
             raise ValueError(f"global parameter {name} is on {global_params[name].device}, engine on {device}")
@@ -103,7 +104,7 @@ def train_group(
     index, mask, counts = index.to(data_device), mask.to(device), counts.to(device)
 
     def device_loss(params: dict[str, torch.Tensor], x, y, m, count) -> tuple[torch.Tensor, dict]:
-        with collecting(model, m) as collector:
+        with collecting(tracked, m) as collector:
             logits = functional_call(model, params, (x,))
         return (F.cross_entropy(logits, y, reduction="none") * m).sum() / count, collector.stats
 
@@ -119,9 +120,7 @@ def train_group(
         state_a = [torch.zeros_like(p) for p in params]
         state_b = [torch.zeros_like(p) for p in params]
     image_shape = x_all.shape[1:]
-    tracked = trackers(model)
-    stat_names = [f"{t}.{b}" for t in tracked for b in ("running_mean", "running_var")]
-    received_stats = {name: global_params[name].detach() for name in stat_names}
+    received_stats = {name: global_params[name].detach() for name in tracker_buffer_names(tracked)}
     stats = {name: r.unsqueeze(0).expand(k, *r.shape).clone() for name, r in received_stats.items()}
 
     for t in range(iters):

@@ -7,7 +7,7 @@ BatchNorm's (``processors.models.statistic_names``), so a client model uploaded 
 of the client's real data: FedRevive's feature-statistics target for synthetic images.
 
 The vectorised engine (``processors.training_vectorized``) trains many devices at once through ``torch.func``,
-where a layer cannot update its own buffers in place. Inside ``collecting(mask)`` a tracker therefore hands its
+where a layer cannot update its own buffers in place. Inside ``collecting(trackers, mask)`` a tracker therefore hands its
 batch statistics (over the samples the mask marks as real) to the engine, which applies the same moving average
 to each device's stacked buffers.
 """
@@ -27,6 +27,8 @@ _active = threading.local()
 class StatTracker(nn.Module):
     """Identity; in training mode, ``running = (1 - momentum) * running + momentum * batch`` for the per-channel
     mean and biased variance of its (N, C, H, W) input. Attributes: momentum."""
+
+    BUFFERS = ("running_mean", "running_var")
 
     def __init__(self, num_channels: int, momentum: float = 0.1):
         super().__init__()
@@ -68,8 +70,8 @@ def batch_moments(x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[to
 class StatCollector:
     """The batch statistics of each tracker in one forward pass, by tracker name, for the vectorised engine."""
 
-    def __init__(self, names: dict[nn.Module, str], mask: torch.Tensor):
-        self.names = names
+    def __init__(self, tracked: dict[str, StatTracker], mask: torch.Tensor):
+        self.names = {tracker: name for name, tracker in tracked.items()}
         self.mask = mask
         self.stats: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -78,9 +80,10 @@ class StatCollector:
 
 
 @contextmanager
-def collecting(model: nn.Module, mask: torch.Tensor) -> Iterator[StatCollector]:
-    """Within the block, the model's trackers report their batch statistics here instead of updating buffers."""
-    collector = StatCollector({m: name for name, m in model.named_modules() if isinstance(m, StatTracker)}, mask)
+def collecting(tracked: dict[str, StatTracker], mask: torch.Tensor) -> Iterator[StatCollector]:
+    """Within the block, the trackers (``trackers(model)``) report their batch statistics here instead of
+    updating their buffers."""
+    collector = StatCollector(tracked, mask)
     _active.collector = collector
     try:
         yield collector
@@ -89,10 +92,16 @@ def collecting(model: nn.Module, mask: torch.Tensor) -> Iterator[StatCollector]:
 
 
 def trackers(model: nn.Module) -> dict[str, StatTracker]:
+    """The model's trackers by module name."""
     return {name: m for name, m in model.named_modules() if isinstance(m, StatTracker)}
+
+
+def tracker_buffer_names(tracked: dict[str, StatTracker]) -> list[str]:
+    """The state-dict names of these trackers' buffers."""
+    return [f"{name}.{buffer}" for name in tracked for buffer in StatTracker.BUFFERS]
 
 
 def untracked_buffers(model: nn.Module) -> list[str]:
     """Buffers the vectorised engine cannot train (BatchNorm's): every buffer not held by a StatTracker."""
-    owned = {f"{name}.{b}" for name in trackers(model) for b in ("running_mean", "running_var")}
+    owned = set(tracker_buffer_names(trackers(model)))
     return [name for name, _ in model.named_buffers() if name not in owned]
