@@ -35,8 +35,15 @@ class FedReviveModelManager(BufferedModelManager):
     results_dir: where ``fedrevive_log.jsonl`` goes ("": the server app's run folder).
     """
 
-    def __init__(self, global_lr: float = 1.0, model: str = "cifar10_convnet", fedrevive: dict | None = None,
-                 compute_device: str = "auto", seed: int = 0, results_dir: str = ""):  # fmt: skip
+    def __init__(
+        self,
+        global_lr: float = 1.0,
+        model: str = "cifar10_convnet",
+        fedrevive: dict | None = None,
+        compute_device: str = "auto",
+        seed: int = 0,
+        results_dir: str = "",
+    ):
         super().__init__(global_lr, model)
         self.fedrevive = fedrevive or {}
         self.compute_device = compute_device

@@ -79,7 +79,9 @@ class EdgeSimExecutor(NoPayloadRendering, EdgeModelExecutor):
         return self.accept_update("", report, fl_ctx)
 
     # -- tasks and results --------------------------------------------------------------------------------------
-    def process_edge_task_request(self, request: TaskRequest, current_task: TaskInfo, fl_ctx: FLContext) -> TaskResponse:
+    def process_edge_task_request(
+        self, request: TaskRequest, current_task: TaskInfo, fl_ctx: FLContext
+    ) -> TaskResponse:
         device_id, job_id = request.get_device_id(), fl_ctx.get_job_id()
         self.accept_alive_device(device_id, fl_ctx)
         state = current_task.task
@@ -106,8 +108,13 @@ class EdgeSimExecutor(NoPayloadRendering, EdgeModelExecutor):
         cookie = result_report.cookie or {}
         if CookieKey.MODEL_VERSION not in cookie or CookieKey.DEVICE_SELECTION_ID not in cookie:
             raise ValueError(f"result of device {result_report.get_device_id()} has no version/selection cookie")
-        update = DeviceUpdate(result_report.get_device_id(), cookie[CookieKey.DEVICE_SELECTION_ID],
-                              cookie[CookieKey.MODEL_VERSION], dxo.data["dict"], dxo.data.get("count", 1))  # fmt: skip
+        update = DeviceUpdate(
+            result_report.get_device_id(),
+            cookie[CookieKey.DEVICE_SELECTION_ID],
+            cookie[CookieKey.MODEL_VERSION],
+            dxo.data["dict"],
+            dxo.data.get("count", 1),
+        )
         report = StateUpdateReport(0, 0, None, None).to_shareable()
         report.set_header(LOCAL_REPORT, True)
         report[DEVICE_UPDATES] = [update.to_dict()]

@@ -118,8 +118,13 @@ class BufferedModelManager(FLComponent):
 
     def state_dict(self) -> dict:
         """The versions kept, the current one and the buffer of the next (for a checkpoint)."""
-        return {"current_version": self.current_version, "versions": self._versions, "sum": self._sum,
-                "count": self._count, "groups": [g.to_dict() for g in self._groups]}  # fmt: skip
+        return {
+            "current_version": self.current_version,
+            "versions": self._versions,
+            "sum": self._sum,
+            "count": self._count,
+            "groups": [g.to_dict() for g in self._groups],
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.current_version = state["current_version"]
@@ -136,8 +141,9 @@ class BufferedModelManager(FLComponent):
             self._dxos.pop(v, None)
 
     def _announce(self, sim_time: float, fl_ctx: FLContext) -> None:
-        fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, make_model_learnable(self.current_weights, {}), private=True,
-                        sticky=True)  # fmt: skip
+        fl_ctx.set_prop(
+            AppConstants.GLOBAL_MODEL, make_model_learnable(self.current_weights, {}), private=True, sticky=True
+        )
         fl_ctx.set_prop(AppConstants.CURRENT_ROUND, self.current_version, private=True, sticky=True)
         fl_ctx.set_prop(SIM_TIME, sim_time, private=True, sticky=True)
         self.fire_event(AppEventType.GLOBAL_WEIGHTS_UPDATED, fl_ctx)

@@ -101,8 +101,11 @@ class VersionedUpdater(Updater):
             self._fetched.add((device_id, selection_id))
 
     def _needed(self, selection: dict) -> set[int]:
-        return {self._selection_versions[sid] for d, sid in selection.items()
-                if (d, sid) not in self._fetched and sid in self._selection_versions}  # fmt: skip
+        return {
+            self._selection_versions[sid]
+            for d, sid in selection.items()
+            if (d, sid) not in self._fetched and sid in self._selection_versions
+        }
 
     # -- up: report to the parent -------------------------------------------------------------------------------
     def _complete_sums(self) -> None:
@@ -118,8 +121,9 @@ class VersionedUpdater(Updater):
         with self._lock:
             self._complete_sums()
             state = self.current_state
-            report = StateUpdateReport(state.model_version, state.device_selection_version, None,
-                                       self._devices_unsent or None).to_shareable()  # fmt: skip
+            report = StateUpdateReport(
+                state.model_version, state.device_selection_version, None, self._devices_unsent or None
+            ).to_shareable()
             self._devices_unsent = {}
             if self._ranges_unsent:
                 report[DEVICE_RANGES] = dict(self._ranges_unsent)
@@ -164,7 +168,11 @@ class VersionedUpdater(Updater):
             self._models = {v: m for v, m in self._models.items() if v in keep}
             # the executor's task dicts, one per version (versions never change, so a cached one stays valid)
             state.converted_models = {v: c for v, c in state.converted_models.items() if v in keep}
-            state.models, state.selection_versions, state.fetched = self._models, self._selection_versions, self._fetched
+            state.models, state.selection_versions, state.fetched = (
+                self._models,
+                self._selection_versions,
+                self._fetched,
+            )
             self.current_state = state
 
     # -- from children (a relay), or from this leaf's executor --------------------------------------------------
@@ -208,8 +216,9 @@ class VersionedUpdater(Updater):
         child_version = report.current_model_version or 0
         model = state.model if child_version != state.model_version else None
         changed = report.current_device_selection_version != state.device_selection_version
-        reply = StateUpdateReply(state.model_version, model, state.device_selection_version,
-                                 state.device_selection if changed else None).to_shareable()  # fmt: skip
+        reply = StateUpdateReply(
+            state.model_version, model, state.device_selection_version, state.device_selection if changed else None
+        ).to_shareable()
         if changed:
             reply[PropKey.DEVICE_SELECTION] = state.device_selection  # even when empty
         needed = {v for v in set(self._selection_versions.values()) if v > child_version} - {state.model_version}

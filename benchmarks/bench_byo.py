@@ -62,8 +62,12 @@ def compute_floor(args) -> tuple[float, float]:
     import torch
     from example_style_processor import ExampleStyleProcessor, TutorialConvNet
 
-    proc = ExampleStyleProcessor(args.data_file, subset_size=args.steps * args.batch_size, batch_size=args.batch_size,
-                                 loader_workers=args.loader_workers)  # fmt: skip
+    proc = ExampleStyleProcessor(
+        args.data_file,
+        subset_size=args.steps * args.batch_size,
+        batch_size=args.batch_size,
+        loader_workers=args.loader_workers,
+    )
     weights = {k: v.clone() for k, v in TutorialConvNet().state_dict().items()}
     torch.set_num_threads(1)  # one task per core, every core busy: the best any simulator can do
     tasks = min(args.selection, 20)
@@ -86,8 +90,12 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--loader-workers", type=int, default=0, help="the processor's DataLoader num_workers")
     p.add_argument("--dataset-size", type=int, default=10_000, help="images in the file each task loads")
-    p.add_argument("--interval", type=float, default=0.25,
-                   help="a third run: use_fast_simulator(recipe, update_interval=...) (0: skip it)")
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=0.25,
+        help="a third run: use_fast_simulator(recipe, update_interval=...) (0: skip it)",
+    )
     args = p.parse_args()
     if args.versions < 3:
         p.error("--versions must be >= 3 (two new versions at least, to time one between them)")
@@ -96,17 +104,27 @@ def main() -> None:
 
     root = tempfile.mkdtemp(prefix="bench_byo_")
     args.data_file = write_dataset(os.path.join(root, "data.npz"), args.dataset_size)
-    print(f"user's recipe: 2 leaves x {args.devices_per_leaf} devices, {args.selection} a round, versions 2..{args.versions}; "
-          f"processor: {args.steps} x {args.batch_size} Adam, DataLoader num_workers={args.loader_workers}, "
-          f"{args.dataset_size} images loaded per task; workspace {root}")  # fmt: skip
+    print(
+        f"user's recipe: 2 leaves x {args.devices_per_leaf} devices, {args.selection} a round, versions 2..{args.versions}; "
+        f"processor: {args.steps} x {args.batch_size} Adam, DataLoader num_workers={args.loader_workers}, "
+        f"{args.dataset_size} images loaded per task; workspace {root}"
+    )
     results = {}
     runners = ("stock", "fast") + (("fast+interval",) if args.interval else ())
     for runner in runners:
         workspace = os.path.join(root, runner)
         os.makedirs(workspace)
-        cmd = [sys.executable, os.path.join(EXAMPLES, "drop_in_recipe.py"), "--data-file", args.data_file,
-               "--workspace", workspace] + [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in
-               ("devices_per_leaf", "selection", "versions", "steps", "batch_size", "loader_workers")]  # fmt: skip
+        cmd = [
+            sys.executable,
+            os.path.join(EXAMPLES, "drop_in_recipe.py"),
+            "--data-file",
+            args.data_file,
+            "--workspace",
+            workspace,
+        ] + [
+            f"--{k.replace('_', '-')}={getattr(args, k)}"
+            for k in ("devices_per_leaf", "selection", "versions", "steps", "batch_size", "loader_workers")
+        ]
         cmd += {"stock": ["--stock"], "fast": [], "fast+interval": ["--update-interval", str(args.interval)]}[runner]
         started = time.time()
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)

@@ -27,9 +27,17 @@ from scheduling.checkpoint import AUTO_COST_SHARE, AUTO_MIN_SECONDS  # noqa: E40
 METHOD_FLAGS = {
     "fedavg": ["--method", "fedavg"],
     "fedbuff": ["--method", "fedbuff", "--delays", "paper"],
-    "fedrevive": ["--method", "fedrevive", "--delays", "paper", "--fr-distill-from-version", "3",
-                  "--fr-kd-train-from-version", "5"],
-}  # fmt: skip
+    "fedrevive": [
+        "--method",
+        "fedrevive",
+        "--delays",
+        "paper",
+        "--fr-distill-from-version",
+        "3",
+        "--fr-kd-train-from-version",
+        "5",
+    ],
+}
 
 
 def main() -> None:
@@ -45,11 +53,31 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_checkpoint_") as tmp:
         for method in args.methods.split(","):
-            flags = [*METHOD_FLAGS[method], "--model", args.model, "--num-leaf-nodes", "2",
-                     "--devices-per-leaf", str(args.devices_per_leaf), "--device-selection-size", str(args.selection),
-                     "--max-model-version", str(args.versions), "--local-iters", "2", "--subset-size", "64",
-                     "--synthetic-size", "3000", "--seed", str(args.seed), "--eval-frequency", "1",
-                     "--workspace", os.path.join(tmp, "ws")]  # fmt: skip
+            flags = [
+                *METHOD_FLAGS[method],
+                "--model",
+                args.model,
+                "--num-leaf-nodes",
+                "2",
+                "--devices-per-leaf",
+                str(args.devices_per_leaf),
+                "--device-selection-size",
+                str(args.selection),
+                "--max-model-version",
+                str(args.versions),
+                "--local-iters",
+                "2",
+                "--subset-size",
+                "64",
+                "--synthetic-size",
+                "3000",
+                "--seed",
+                str(args.seed),
+                "--eval-frequency",
+                "1",
+                "--workspace",
+                os.path.join(tmp, "ws"),
+            ]
             per_version = {}
             for every in ("1", "-1"):
                 out = os.path.join(tmp, f"{method}_{every}")
@@ -62,13 +90,19 @@ def main() -> None:
             interval = max(AUTO_MIN_SECONDS, AUTO_COST_SHARE * meta["write_seconds"])
             rows.append((method, per_version["1"], per_version["-1"], meta["bytes"], meta["write_seconds"], interval))
 
-    print(f"\n{args.model}, 2 leaves x {args.devices_per_leaf} devices, {args.selection} per round, "
-          f"{args.versions} versions (steady state from the second evaluated version)")  # fmt: skip
-    print(f"{'method':10} {'s/version every 1':>18} {'s/version never':>16} {'ratio':>6} {'checkpoint MB':>14} "
-          f"{'write s':>8} {'default: cost share':>20}")  # fmt: skip
+    print(
+        f"\n{args.model}, 2 leaves x {args.devices_per_leaf} devices, {args.selection} per round, "
+        f"{args.versions} versions (steady state from the second evaluated version)"
+    )
+    print(
+        f"{'method':10} {'s/version every 1':>18} {'s/version never':>16} {'ratio':>6} {'checkpoint MB':>14} "
+        f"{'write s':>8} {'default: cost share':>20}"
+    )
     for method, every, never, size, write, interval in rows:
-        print(f"{method:10} {every:18.3f} {never:16.3f} {every / never:6.2f} {size / 1e6:14.2f} {write:8.3f} "
-              f"{write / (interval + write):19.2%}")  # fmt: skip
+        print(
+            f"{method:10} {every:18.3f} {never:16.3f} {every / never:6.2f} {size / 1e6:14.2f} {write:8.3f} "
+            f"{write / (interval + write):19.2%}"
+        )
 
 
 if __name__ == "__main__":

@@ -52,9 +52,11 @@ def per_update_seconds(cfg: FedReviveConfig, model: str, repeats: int, device: t
         kd.append(time.perf_counter() - start)
     s, d = statistics.median(synth), statistics.median(kd)
     per_update = d + s / cfg.synth_every_versions
-    print(f"  generator width {cfg.gen_width}, {cfg.synth_batch_size} images a round, a round every "
-          f"{cfg.synth_every_versions} version(s): synthesis round {s:.2f} s, distillation {d:.2f} s "
-          f"(median of {repeats}) -> {per_update:.2f} s per stale update")
+    print(
+        f"  generator width {cfg.gen_width}, {cfg.synth_batch_size} images a round, a round every "
+        f"{cfg.synth_every_versions} version(s): synthesis round {s:.2f} s, distillation {d:.2f} s "
+        f"(median of {repeats}) -> {per_update:.2f} s per stale update"
+    )
     return per_update
 
 
@@ -68,8 +70,10 @@ def main() -> None:
     args = p.parse_args()
     cfg = FedReviveConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(FedReviveConfig)})
     device = torch.device(args.device)
-    print(f"{args.model}, {cfg.teacher_buffer_size} teachers, KD {cfg.kd_iters} x {cfg.synth_per_teacher} per "
-          f"teacher, {torch.get_num_threads()} torch threads")
+    print(
+        f"{args.model}, {cfg.teacher_buffer_size} teachers, KD {cfg.kd_iters} x {cfg.synth_per_teacher} per "
+        f"teacher, {torch.get_num_threads()} torch threads"
+    )
     print("previous round shape and schedule (every update):")
     before = per_update_seconds(dataclasses.replace(cfg, **PREVIOUS_SHAPE), args.model, args.repeats, device)
     print("this configuration:")

@@ -106,8 +106,11 @@ def measure(aggregator_cls, template: dict, n: int, repeats: int, seed: int) -> 
         fobs.loads(blob)
         wire.append(time.perf_counter() - started)
         sizes.add(len(blob))
-        payload.add(payload_nbytes(dict(emitted)) if isinstance(agg, ForwardingLeaf) else
-                    payload_nbytes(from_shareable(emitted).data))  # fmt: skip
+        payload.add(
+            payload_nbytes(dict(emitted))
+            if isinstance(agg, ForwardingLeaf)
+            else payload_nbytes(from_shareable(emitted).data)
+        )
     return {
         "bytes": max(sizes),
         "payload_bytes": max(payload),
@@ -151,8 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     template = {k: tuple(v.shape) for k, v in build_model(args.model).state_dict().items()}
     model_bytes = sum(int(np.prod(s)) * 4 for s in template.values())
-    print(f"[bench_forwarding] {args.model}: {len(template)} tensors, {model_bytes:,} bytes as float32; "
-          f"median of {args.repeats}")  # fmt: skip
+    print(
+        f"[bench_forwarding] {args.model}: {len(template)} tensors, {model_bytes:,} bytes as float32; "
+        f"median of {args.repeats}"
+    )
     rows = []
     for n in (int(v) for v in args.updates.split(",") if v.strip()):
         rows.append(
@@ -163,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
         s, f = rows[-1]["summing"], rows[-1]["forwarding"]
-        print(f"  N={n}: numpy payload summing {s['payload_bytes']:,} B, forwarding {f['payload_bytes']:,} B",
-              flush=True)  # fmt: skip
+        print(
+            f"  N={n}: numpy payload summing {s['payload_bytes']:,} B, forwarding {f['payload_bytes']:,} B", flush=True
+        )
     print()
     print(format_table(rows))
     return 0

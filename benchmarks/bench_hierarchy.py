@@ -57,12 +57,25 @@ def main() -> None:
 
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
-            flags = [*deployment.job_flags, "--devices-per-leaf", "4", "--device-selection-size", str(2 * args.leaves),
-                     "--max-model-version", str(args.versions), "--local-iters", "2", "--synthetic-size", "1500",
-                     "--output", os.path.join(tmp, "out")]  # fmt: skip
+            flags = [
+                *deployment.job_flags,
+                "--devices-per-leaf",
+                "4",
+                "--device-selection-size",
+                str(2 * args.leaves),
+                "--max-model-version",
+                str(args.versions),
+                "--local-iters",
+                "2",
+                "--synthetic-size",
+                "1500",
+                "--output",
+                os.path.join(tmp, "out"),
+            ]
             submitted = time.time()
-            job = subprocess.run([sys.executable, "jobs/pt_job_fedavg.py", *flags], cwd=REPO, capture_output=True,
-                                 text=True)  # fmt: skip
+            job = subprocess.run(
+                [sys.executable, "jobs/pt_job_fedavg.py", *flags], cwd=REPO, capture_output=True, text=True
+            )
             job_seconds = time.time() - submitted
             done.set()
             sampler.join()

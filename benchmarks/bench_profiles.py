@@ -42,8 +42,11 @@ def run_job(flags: list[str], out: str) -> dict:
     started = time.time()
     popen = subprocess.Popen(
         [sys.executable, os.path.join(REPO, "jobs", "pt_job_fedavg.py"), *flags, "--output", out],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     peak = 0
     stop = threading.Event()
 
@@ -92,10 +95,19 @@ def main() -> None:
     p.add_argument("--profiles", default=",".join(PROFILES), help="comma-separated, in the order to run")
     args = p.parse_args()
     common = [
-        "--num-leaf-nodes", "2", "--devices-per-leaf", str(args.devices_per_leaf),
-        "--device-selection-size", str(args.selection), "--max-model-version", str(args.versions),
-        "--synthetic-size", str(args.synthetic_size), "--seed", str(args.seed),
-    ]  # fmt: skip
+        "--num-leaf-nodes",
+        "2",
+        "--devices-per-leaf",
+        str(args.devices_per_leaf),
+        "--device-selection-size",
+        str(args.selection),
+        "--max-model-version",
+        str(args.versions),
+        "--synthetic-size",
+        str(args.synthetic_size),
+        "--seed",
+        str(args.seed),
+    ]
     work = tempfile.mkdtemp(prefix="bench_profiles_")
     results = {}
     for name in args.profiles.split(","):

@@ -34,10 +34,20 @@ NEAR_ZERO_TRAINING = ["--local-iters", "1", "--local-batch-size", "8", "--subset
 
 def job_flags(args, devices_per_leaf: int, selection: int) -> list[str]:
     return [
-        "--num-leaf-nodes", str(args.leaves), "--devices-per-leaf", str(devices_per_leaf),
-        "--device-selection-size", str(selection), "--max-model-version", str(args.versions),
-        "--synthetic-size", str(args.synthetic_size), "--seed", str(args.seed), *NEAR_ZERO_TRAINING,
-    ]  # fmt: skip
+        "--num-leaf-nodes",
+        str(args.leaves),
+        "--devices-per-leaf",
+        str(devices_per_leaf),
+        "--device-selection-size",
+        str(selection),
+        "--max-model-version",
+        str(args.versions),
+        "--synthetic-size",
+        str(args.synthetic_size),
+        "--seed",
+        str(args.seed),
+        *NEAR_ZERO_TRAINING,
+    ]
 
 
 def training_floor_ms(devices: int, seed: int, synthetic_size: int, group: int) -> float:
@@ -83,17 +93,24 @@ def throughput(args, work: str) -> None:
     if args.baseline_rev:
         print(f"running {args.baseline_rev} ...", flush=True)
         with worktree(args.baseline_rev, work) as tree:
-            baseline = run_job("jobs/pt_job_fedavg.py", [*flags, "--workspace", os.path.join(work, "ws-base")],
-                               os.path.join(work, "out-base"), repo=tree)  # fmt: skip
+            baseline = run_job(
+                "jobs/pt_job_fedavg.py",
+                [*flags, "--workspace", os.path.join(work, "ws-base")],
+                os.path.join(work, "out-base"),
+                repo=tree,
+            )
     print("running this commit ...", flush=True)
-    result = run_job("jobs/pt_job_fedavg.py", [*flags, "--workspace", os.path.join(work, "ws")],
-                     os.path.join(work, "out"))  # fmt: skip
+    result = run_job(
+        "jobs/pt_job_fedavg.py", [*flags, "--workspace", os.path.join(work, "ws")], os.path.join(work, "out")
+    )
     steady = result.steady_state()
     per_device = {role: 1000 * cpu / steady["devices"] for role, cpu in steady["cpu"].items()}
     group = result.metrics["planner"].get("group_size", 1)
     floor = training_floor_ms(min(selection, 400), args.seed, args.synthetic_size, group)
-    print(f"{args.leaves} leaves x {args.devices_per_leaf} devices, {selection} a round, versions "
-          f"{steady['from_version']}..{steady['to_version']} ({steady['devices']} devices):")  # fmt: skip
+    print(
+        f"{args.leaves} leaves x {args.devices_per_leaf} devices, {selection} a round, versions "
+        f"{steady['from_version']}..{steady['to_version']} ({steady['devices']} devices):"
+    )
     print(f"  devices per second      : {steady['devices'] / steady['wall_seconds']:.1f}")
     print(f"  wall seconds per version: {steady['wall_seconds'] / (steady['to_version'] - steady['from_version']):.2f}")
     for role in ("leaves", "server", "driver"):
@@ -112,11 +129,15 @@ def pools(args, work: str) -> None:
     for size in sizes:
         print(f"running pool {size} per leaf ...", flush=True)
         ws = os.path.join(work, f"pool{size}")
-        result = run_job("jobs/pt_job_fedavg.py", [*job_flags(args, size, args.selection or 200),
-                         "--workspace", os.path.join(ws, "ws")], os.path.join(ws, "out"))  # fmt: skip
+        result = run_job(
+            "jobs/pt_job_fedavg.py",
+            [*job_flags(args, size, args.selection or 200), "--workspace", os.path.join(ws, "ws")],
+            os.path.join(ws, "out"),
+        )
         steady = result.steady_state()
-        rows.append((size, steady["wall_seconds"] / (steady["to_version"] - steady["from_version"]),
-                     result.peak_rss_bytes))  # fmt: skip
+        rows.append(
+            (size, steady["wall_seconds"] / (steady["to_version"] - steady["from_version"]), result.peak_rss_bytes)
+        )
     base_size, base_s, base_rss = rows[0]
     print(f"{'pool/leaf':>10} {'s/version':>10} {'ratio':>7} {'peak RSS GB':>12} {'ratio':>7}")
     for size, seconds, rss in rows:

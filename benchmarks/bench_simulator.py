@@ -29,8 +29,10 @@ def run_job(flags: list[str], out: str) -> dict:
     started = time.time()
     proc = subprocess.run(
         [sys.executable, os.path.join(REPO, "jobs", "pt_job_fedavg.py"), *flags, "--output", out],
-        cwd=REPO, capture_output=True, text=True,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode:
         sys.exit(f"job failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     with open(os.path.join(out, "metrics.json")) as f:
@@ -73,10 +75,19 @@ def main() -> None:
     args = p.parse_args()
     versions = args.versions or (2 if args.delays else 3)
     common = [
-        "--num-leaf-nodes", "2", "--devices-per-leaf", str(args.devices_per_leaf),
-        "--device-selection-size", str(args.selection), "--max-model-version", str(versions),
-        "--synthetic-size", str(args.synthetic_size), "--seed", str(args.seed),
-    ]  # fmt: skip
+        "--num-leaf-nodes",
+        "2",
+        "--devices-per-leaf",
+        str(args.devices_per_leaf),
+        "--device-selection-size",
+        str(args.selection),
+        "--max-model-version",
+        str(versions),
+        "--synthetic-size",
+        str(args.synthetic_size),
+        "--seed",
+        str(args.seed),
+    ]
     if args.delays:
         common += ["--delays", "edge-example"]
     work = tempfile.mkdtemp(prefix="bench_simulator_")

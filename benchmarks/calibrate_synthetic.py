@@ -26,7 +26,9 @@ from processors.models import build_model  # noqa: E402
 def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     model.eval()
     with torch.no_grad():
-        correct = sum((model(x[i : i + 1000]).argmax(1) == y[i : i + 1000]).sum().item() for i in range(0, len(y), 1000))
+        correct = sum(
+            (model(x[i : i + 1000]).argmax(1) == y[i : i + 1000]).sum().item() for i in range(0, len(y), 1000)
+        )
     model.train()
     return correct / len(y)
 
@@ -62,8 +64,11 @@ def main() -> None:
     for difficulty in args.difficulty:
         started = time.time()
         acc = train(difficulty, args)
-        print(f"difficulty {difficulty:g}: test accuracy by epoch {' '.join(f'{a:.3f}' for a in acc)} "
-              f"(final {acc[-1]:.3f}, best {max(acc):.3f}; {time.time() - started:.0f} s)", flush=True)
+        print(
+            f"difficulty {difficulty:g}: test accuracy by epoch {' '.join(f'{a:.3f}' for a in acc)} "
+            f"(final {acc[-1]:.3f}, best {max(acc):.3f}; {time.time() - started:.0f} s)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

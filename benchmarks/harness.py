@@ -65,8 +65,9 @@ def role_of(proc: psutil.Process, root: psutil.Process) -> str:
     return "leaves" if "simulator_worker" in cmdline else "server"
 
 
-def run_job(script: str, flags: list[str], out: str, sample_s: float = 0.2, timeout: float | None = None,
-            repo: str = REPO) -> JobResult:  # fmt: skip
+def run_job(
+    script: str, flags: list[str], out: str, sample_s: float = 0.2, timeout: float | None = None, repo: str = REPO
+) -> JobResult:
     """Run ``python <script> <flags> --output <out>`` from the root of ``repo`` (another checkout: its code goes
     first on ``PYTHONPATH``, for every process of the job) and measure it; exit with the job's output if it
     fails."""
@@ -76,8 +77,12 @@ def run_job(script: str, flags: list[str], out: str, sample_s: float = 0.2, time
         env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
     popen = subprocess.Popen(
         [sys.executable, os.path.join(repo, script), *flags, "--output", out],
-        cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        cwd=repo,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     root = psutil.Process(popen.pid)
     cpu_by_pid: dict[int, tuple[str, float]] = {}
     cpu_at_version: dict[int, dict[str, float]] = {}

@@ -41,20 +41,71 @@ MANY_VERSIONS = 1_000_000  # the time budget ends a run, not a version count
 SCALES = {
     "paper": {
         "budget": 200.0,
-        "flags": ["--dataset", "cifar10", "--model", "resnet18", "--num-leaf-nodes", "4", "--devices-per-leaf", "250",
-                  "--device-selection-size", "100", "--subset-size", "350", "--dirichlet-alpha", "0.5",
-                  "--local-iters", "25", "--local-batch-size", "32", "--local-lr", "3e-4", "--optimizer", "adam",
-                  "--delays", "paper", "--eval-frequency", "10"],
+        "flags": [
+            "--dataset",
+            "cifar10",
+            "--model",
+            "resnet18",
+            "--num-leaf-nodes",
+            "4",
+            "--devices-per-leaf",
+            "250",
+            "--device-selection-size",
+            "100",
+            "--subset-size",
+            "350",
+            "--dirichlet-alpha",
+            "0.5",
+            "--local-iters",
+            "25",
+            "--local-batch-size",
+            "32",
+            "--local-lr",
+            "3e-4",
+            "--optimizer",
+            "adam",
+            "--delays",
+            "paper",
+            "--eval-frequency",
+            "10",
+        ],
     },
     "cpu": {
         "budget": 40.0,
-        "flags": ["--dataset", "synthetic", "--synthetic-difficulty", "1", "--synthetic-size", "20000",
-                  "--model", "cifar10_convnet", "--num-leaf-nodes", "2", "--devices-per-leaf", "100",
-                  "--device-selection-size", "20", "--subset-size", "100", "--dirichlet-alpha", "0.5",
-                    "--local-iters", "25", "--local-batch-size", "32", "--local-lr", "1e-3", "--delays", "paper",
-                  "--eval-frequency", "10", "--fr-s-max", "15"],
+        "flags": [
+            "--dataset",
+            "synthetic",
+            "--synthetic-difficulty",
+            "1",
+            "--synthetic-size",
+            "20000",
+            "--model",
+            "cifar10_convnet",
+            "--num-leaf-nodes",
+            "2",
+            "--devices-per-leaf",
+            "100",
+            "--device-selection-size",
+            "20",
+            "--subset-size",
+            "100",
+            "--dirichlet-alpha",
+            "0.5",
+            "--local-iters",
+            "25",
+            "--local-batch-size",
+            "32",
+            "--local-lr",
+            "1e-3",
+            "--delays",
+            "paper",
+            "--eval-frequency",
+            "10",
+            "--fr-s-max",
+            "15",
+        ],
     },
-}  # fmt: skip
+}
 
 
 # -- pure parts (unit-tested) ---------------------------------------------------------------------------------
@@ -73,10 +124,13 @@ def mean_std(values: list[float]) -> str:
 
 def summary_row(method: str, runs: list[list[dict]]) -> dict:
     """One table row from a method's runs (each the ``versions`` of its ``metrics.json``)."""
-    row = {"method": method, "seeds": len(runs),
-           "final accuracy": mean_std([r[-1]["accuracy"] for r in runs if r]),
-           "best accuracy": mean_std([max(v["accuracy"] for v in r) for r in runs if r]),
-           "versions": mean_std([float(r[-1]["version"]) for r in runs if r]).replace(".000", "")}  # fmt: skip
+    row = {
+        "method": method,
+        "seeds": len(runs),
+        "final accuracy": mean_std([r[-1]["accuracy"] for r in runs if r]),
+        "best accuracy": mean_std([max(v["accuracy"] for v in r) for r in runs if r]),
+        "versions": mean_std([float(r[-1]["version"]) for r in runs if r]).replace(".000", ""),
+    }
     for t in THRESHOLDS:
         reached = [s for s in (time_to(r, t) for r in runs) if s is not None]
         row[f"time to {t}"] = f"{mean_std(reached)} ({len(reached)}/{len(runs)})"
@@ -103,9 +157,24 @@ def on_grid(records: list[dict], grid: list[float]) -> list[float | None]:
 
 # -- running --------------------------------------------------------------------------------------------------
 def job_command(method: str, seed: int, scale: str, budget: float, out: str, extra: list[str]) -> list[str]:
-    return [sys.executable, os.path.join(REPO, "jobs", "pt_job_fedrevive.py"), "--method", method, "--seed", str(seed),
-            *SCALES[scale]["flags"], "--max-sim-time", str(budget), "--max-model-version", str(MANY_VERSIONS),
-            "--output", out, "--workspace", os.path.join(out, "..", "ws"), *extra]  # fmt: skip
+    return [
+        sys.executable,
+        os.path.join(REPO, "jobs", "pt_job_fedrevive.py"),
+        "--method",
+        method,
+        "--seed",
+        str(seed),
+        *SCALES[scale]["flags"],
+        "--max-sim-time",
+        str(budget),
+        "--max-model-version",
+        str(MANY_VERSIONS),
+        "--output",
+        out,
+        "--workspace",
+        os.path.join(out, "..", "ws"),
+        *extra,
+    ]
 
 
 def finished(metrics_path: str) -> bool:
@@ -124,8 +193,9 @@ def read_jsonl(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def plot(curves: dict[str, list[list[dict]]], budget: float, staleness: dict[str, list[int]], betas: list[float],
-         output: str) -> None:  # fmt: skip
+def plot(
+    curves: dict[str, list[list[dict]]], budget: float, staleness: dict[str, list[int]], betas: list[float], output: str
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -213,8 +283,11 @@ def main(argv: list[str] | None = None) -> int:
                 staleness[method] += [e["tau"] for e in read_jsonl(os.path.join(out, "events.jsonl"))]
                 betas += [e["beta"] for e in read_jsonl(os.path.join(out, "fedrevive_log.jsonl")) if e["beta"] > 0]
                 last = records[-1] if records else {}
-                print(f"[reproduce] {method} seed {seed}: exit {code}, version {last.get('version')}, accuracy "
-                      f"{last.get('accuracy')}, {time.time() - started:.0f} s", flush=True)  # fmt: skip
+                print(
+                    f"[reproduce] {method} seed {seed}: exit {code}, version {last.get('version')}, accuracy "
+                    f"{last.get('accuracy')}, {time.time() - started:.0f} s",
+                    flush=True,
+                )
     table = markdown([summary_row(m, curves[m]) for m in methods])
     with open(os.path.join(output, "results.md"), "w") as f:
         f.write(f"{args.scale} scale, budget {budget:g} time units, seeds {args.seeds}\n\n{table}")

@@ -122,9 +122,7 @@ DELAY_PRESETS: dict[str, DelayConfig] = {
         upload_jitter=0.01,
     ),
     # NVFlare's edge example: speeds 100/200/400 s (std 4), 5 s upload
-    "edge-example": DelayConfig(
-        speed_means=(100.0, 200.0, 400.0), speed_stds=(4.0, 4.0, 4.0), upload_delays=(5.0,)
-    ),
+    "edge-example": DelayConfig(speed_means=(100.0, 200.0, 400.0), speed_stds=(4.0, 4.0, 4.0), upload_delays=(5.0,)),
 }
 
 
@@ -150,7 +148,11 @@ class DeviceDelays:
         """(speed class, upload mean) of a device, drawn once from the seed and its id."""
         c = self.config
         rng = np.random.default_rng(stable_seed("delay-traits", self.seed, device_id))
-        k = int(rng.choice(len(c.speed_means), p=np.asarray(c.speed_probs) if c.speed_probs else None)) if c.speed_means else 0
+        k = (
+            int(rng.choice(len(c.speed_means), p=np.asarray(c.speed_probs) if c.speed_probs else None))
+            if c.speed_means
+            else 0
+        )
         upload = float(c.upload_delays[int(rng.integers(len(c.upload_delays)))]) if c.upload_delays else 0.0
         return k, upload
 

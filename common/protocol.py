@@ -47,8 +47,15 @@ class DeviceUpdate:
 
     __slots__ = ("device", "selection_id", "base_version", "diff", "count", "group")
 
-    def __init__(self, device: str, selection_id: int, base_version: int, diff: dict | None, count: int = 1,
-                 group: SelectionSum | None = None):  # fmt: skip
+    def __init__(
+        self,
+        device: str,
+        selection_id: int,
+        base_version: int,
+        diff: dict | None,
+        count: int = 1,
+        group: SelectionSum | None = None,
+    ):
         self.device = device
         self.selection_id = selection_id
         self.base_version = base_version
@@ -57,8 +64,13 @@ class DeviceUpdate:
         self.group = group
 
     def to_dict(self) -> dict:
-        return {"device": self.device, "selection_id": self.selection_id, "base_version": self.base_version,
-                "diff": self.diff, "count": self.count}  # fmt: skip
+        return {
+            "device": self.device,
+            "selection_id": self.selection_id,
+            "base_version": self.base_version,
+            "diff": self.diff,
+            "count": self.count,
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> DeviceUpdate:
@@ -92,20 +104,33 @@ class SelectionSum:
             for k, v in u.diff.items():
                 diff[k] += v
         first = ordered[0]
-        return cls(first.selection_id, first.base_version, {u.device: u.count for u in ordered}, diff,
-                   sum(u.count for u in ordered))  # fmt: skip
+        return cls(
+            first.selection_id,
+            first.base_version,
+            {u.device: u.count for u in ordered},
+            diff,
+            sum(u.count for u in ordered),
+        )
 
     def device_updates(self) -> list[DeviceUpdate]:
         """One entry per device, each pointing at this sum (the server applies devices one by one, in its order)."""
-        return [DeviceUpdate(d, self.selection_id, self.base_version, None, c, group=self) for d, c in self.devices.items()]
+        return [
+            DeviceUpdate(d, self.selection_id, self.base_version, None, c, group=self) for d, c in self.devices.items()
+        ]
 
     def to_dict(self) -> dict:
-        return {"selection_id": self.selection_id, "base_version": self.base_version, "devices": self.devices,
-                "diff": self.diff, "count": self.count}  # fmt: skip
+        return {
+            "selection_id": self.selection_id,
+            "base_version": self.base_version,
+            "devices": self.devices,
+            "diff": self.diff,
+            "count": self.count,
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> SelectionSum:
         return cls(int(d["selection_id"]), int(d["base_version"]), dict(d["devices"]), d["diff"], int(d["count"]))
+
 
 # fired by the server's assessor when it ends the run; fl_ctx[RUN_OUTCOME] is {"status", "reason", "version",
 # "sim_seconds"} with status "completed" (the last version, or the time budget) or "stopped" (the reason says why)

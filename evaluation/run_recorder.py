@@ -83,8 +83,9 @@ class RunRecorder(FLComponent):
     monitor_id: component id of the run's ``SystemMonitorComponent`` ("": no system figures).
     """
 
-    def __init__(self, results_dir: str = "", run_info: dict | None = None, updates_per_version: int = 0,
-                 monitor_id: str = ""):  # fmt: skip
+    def __init__(
+        self, results_dir: str = "", run_info: dict | None = None, updates_per_version: int = 0, monitor_id: str = ""
+    ):
         super().__init__()
         self.results_dir = results_dir
         self.run_info = run_info or {}

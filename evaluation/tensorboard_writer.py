@@ -50,8 +50,9 @@ class TensorBoardWriter(FLComponent):
                 self._writer.add_scalar(f"system/{tag}", float(value), version)
         stretch = fl_ctx.get_prop(SYSTEM_SAMPLES)
         if stretch is not None and stretch.samples:
-            write_tensorboard(stretch.samples, self._writer, prefix="system_samples/",
-                              start_walltime=stretch.start_walltime)  # fmt: skip
+            write_tensorboard(
+                stretch.samples, self._writer, prefix="system_samples/", start_walltime=stretch.start_walltime
+            )
         self._writer.flush()
 
     def _close(self, _event: str, fl_ctx: FLContext) -> None:

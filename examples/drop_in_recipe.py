@@ -24,18 +24,25 @@ from simulation import use_fast_simulator
 
 
 def build_recipe(args) -> EdgeFedBuffRecipe:
-    processor = ExampleStyleProcessor(args.data_file, subset_size=args.steps * args.batch_size,
-                                      batch_size=args.batch_size, loader_workers=args.loader_workers)
+    processor = ExampleStyleProcessor(
+        args.data_file,
+        subset_size=args.steps * args.batch_size,
+        batch_size=args.batch_size,
+        loader_workers=args.loader_workers,
+    )
     return EdgeFedBuffRecipe(
         job_name="drop_in_example",
         model=TutorialConvNet(),
         # synchronous rounds: a new version from every selected device's update
-        model_manager_config=ModelManagerConfig(num_updates_for_model=args.selection, global_lr=1.0,
-                                                max_model_version=args.versions, update_timeout=60),
-        device_manager_config=DeviceManagerConfig(device_selection_size=args.selection,
-                                                  min_hole_to_fill=args.selection),
-        simulation_config=SimulationConfig(processor, job_timeout=120.0, num_devices=args.devices_per_leaf,
-                                           num_workers=10),
+        model_manager_config=ModelManagerConfig(
+            num_updates_for_model=args.selection, global_lr=1.0, max_model_version=args.versions, update_timeout=60
+        ),
+        device_manager_config=DeviceManagerConfig(
+            device_selection_size=args.selection, min_hole_to_fill=args.selection
+        ),
+        simulation_config=SimulationConfig(
+            processor, job_timeout=120.0, num_devices=args.devices_per_leaf, num_workers=10
+        ),
     )
 
 

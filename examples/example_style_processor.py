@@ -61,8 +61,15 @@ class ExampleStyleProcessor(DeviceTaskProcessor):
     loader_workers: the DataLoader's ``num_workers`` (NVFlare's example uses 2).
     """
 
-    def __init__(self, data_file: str, subset_size: int = 800, batch_size: int = 32, epochs: int = 1,
-                 lr: float = 1e-3, loader_workers: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        data_file: str,
+        subset_size: int = 800,
+        batch_size: int = 32,
+        epochs: int = 1,
+        lr: float = 1e-3,
+        loader_workers: int = 0,
+    ):
         DeviceTaskProcessor.__init__(self)
         self.data_file = data_file
         self.subset_size = subset_size
@@ -87,8 +94,9 @@ class ExampleStyleProcessor(DeviceTaskProcessor):
         return TensorDataset(images, torch.from_numpy(y[idx]))
 
     def train(self, global_model: dict) -> dict:
-        loader = DataLoader(self._load_subset(), batch_size=self.batch_size, shuffle=True,
-                            num_workers=self.loader_workers)  # fmt: skip
+        loader = DataLoader(
+            self._load_subset(), batch_size=self.batch_size, shuffle=True, num_workers=self.loader_workers
+        )
         net = TutorialConvNet()
         net.load_state_dict(global_model)
         optimizer = torch.optim.Adam(net.parameters(), lr=self.lr)

@@ -48,9 +48,14 @@ class FedReviveConfig:
     def __post_init__(self) -> None:
         if self.s_max <= 0:
             raise ValueError(f"s_max must be > 0, got {self.s_max}")
-        counts = {"teacher_buffer_size": self.teacher_buffer_size, "synth_per_teacher": self.synth_per_teacher,
-                  "synth_batch_size": self.synth_batch_size, "synth_every_versions": self.synth_every_versions,
-                  "pool_size": self.pool_size, "gen_width": self.gen_width}  # fmt: skip
+        counts = {
+            "teacher_buffer_size": self.teacher_buffer_size,
+            "synth_per_teacher": self.synth_per_teacher,
+            "synth_batch_size": self.synth_batch_size,
+            "synth_every_versions": self.synth_every_versions,
+            "pool_size": self.pool_size,
+            "gen_width": self.gen_width,
+        }
         bad = [f"{k}={v}" for k, v in counts.items() if v < 1]
         if bad:
             raise ValueError(f"{', '.join(bad)}: must be >= 1")

@@ -79,8 +79,13 @@ class FedReviveDistiller:
 
     def state_dict(self) -> dict:
         """Everything a resumed run needs to continue exactly: teachers, estimates, generator, pool, generators."""
-        return {"rng": self.rng.get_state(), "probe_noise": self.probe_noise.cpu(), "teachers": self.teachers.state_dict(),
-                "estimator": self.estimator.state_dict(), "synthesizer": self.synthesizer.state_dict()}  # fmt: skip
+        return {
+            "rng": self.rng.get_state(),
+            "probe_noise": self.probe_noise.cpu(),
+            "teachers": self.teachers.state_dict(),
+            "estimator": self.estimator.state_dict(),
+            "synthesizer": self.synthesizer.state_dict(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.rng.set_state(state["rng"])
@@ -105,8 +110,12 @@ class FedReviveDistiller:
 
     def synthesizes(self, current_version: int, tau: int) -> bool:
         """Whether an update of staleness ``tau`` applied at ``current_version`` runs a synthesis round."""
-        return (tau > 0 and current_version >= self.cfg.distill_from_version and len(self.teachers) > 0
-                and current_version % self.cfg.synth_every_versions == 0)  # fmt: skip
+        return (
+            tau > 0
+            and current_version >= self.cfg.distill_from_version
+            and len(self.teachers) > 0
+            and current_version % self.cfg.synth_every_versions == 0
+        )
 
     def process_update(
         self,
@@ -161,8 +170,10 @@ class FedReviveDistiller:
         optimizer = torch.optim.Adam(student.parameters(), lr=self.cfg.kd_lr, weight_decay=self.cfg.kd_weight_decay)
         pool, losses = self.synthesizer.pool, []
         for _ in range(self.cfg.kd_iters):
-            batches = [(t, crop_and_flip(pool.sample_for(proportions[k], self.cfg.synth_per_teacher, self.rng)[0],
-                                         self.rng)) for k, t in enumerate(teachers)]  # fmt: skip
+            batches = [
+                (t, crop_and_flip(pool.sample_for(proportions[k], self.cfg.synth_per_teacher, self.rng)[0], self.rng))
+                for k, t in enumerate(teachers)
+            ]
             losses.append(kd_step(student, batches, optimizer, self.cfg.kd_temperature))
         reference = {k: v for k, v in global_weights.items() if k in dict(student.named_parameters())}
         return parameter_delta(student, reference), losses or [float("nan")]

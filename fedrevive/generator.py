@@ -41,7 +41,8 @@ class ConditionalGenerator(nn.Module):
         self.register_buffer("mean", torch.tensor(CIFAR_MEAN).view(1, 3, 1, 1))
         self.register_buffer("std", torch.tensor(CIFAR_STD).view(1, 3, 1, 1))
 
-    def forward(self, z: torch.Tensor, labels: torch.Tensor, class_embeddings: torch.Tensor,
-                class_weight: float = 0.2) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self, z: torch.Tensor, labels: torch.Tensor, class_embeddings: torch.Tensor, class_weight: float = 0.2
+    ) -> torch.Tensor:
         h = self.fc(z + class_weight * class_embeddings[labels]).view(z.shape[0], 2 * self.width, 8, 8)
         return (self.body(h) - self.mean) / self.std

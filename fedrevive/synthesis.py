@@ -76,7 +76,9 @@ class SyntheticPool:
             self._labels[: state["size"]] = state["labels"]
         self._next, self._size = state["next"], state["size"]
 
-    def sample_for(self, proportions: torch.Tensor, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample_for(
+        self, proportions: torch.Tensor, n: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``n`` images whose labels are drawn from ``proportions`` (one teacher's class proportions), each
         uniformly among the pool's images of its label; a label the pool lacks gets any pool image."""
         if self._size == 0:
@@ -122,8 +124,12 @@ class Synthesizer:
         self.rng = torch.Generator().manual_seed(seed)
 
     def state_dict(self) -> dict:
-        return {"generator": self.generator.state_dict(), "meta_optimizer": self.meta_optimizer.state_dict(),
-                "pool": self.pool.state_dict(), "rng": self.rng.get_state()}  # fmt: skip
+        return {
+            "generator": self.generator.state_dict(),
+            "meta_optimizer": self.meta_optimizer.state_dict(),
+            "pool": self.pool.state_dict(),
+            "rng": self.rng.get_state(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.generator.load_state_dict(state["generator"])
@@ -162,8 +168,9 @@ class Synthesizer:
             loss = loss - self.cfg.adv_weight * adversarial
         return loss
 
-    def synthesize(self, teachers: list[Teacher], class_weights: torch.Tensor, proportions: torch.Tensor,
-                   student: nn.Module | None) -> SynthesisResult:  # fmt: skip
+    def synthesize(
+        self, teachers: list[Teacher], class_weights: torch.Tensor, proportions: torch.Tensor, student: nn.Module | None
+    ) -> SynthesisResult:
         """One round (module docstring). ``proportions``: n_teachers x classes; ``student``: the adversarial
         term's student, or None."""
         cfg = self.cfg
@@ -175,8 +182,11 @@ class Synthesizer:
         embeddings.requires_grad_()
 
         fast = copy.deepcopy(self.generator).train()
-        optimizer = torch.optim.Adam([{"params": fast.parameters()}, {"params": [z, embeddings], "lr": cfg.gen_z_lr}],
-                                     lr=cfg.gen_lr, betas=(0.5, 0.999))  # fmt: skip
+        optimizer = torch.optim.Adam(
+            [{"params": fast.parameters()}, {"params": [z, embeddings], "lr": cfg.gen_z_lr}],
+            lr=cfg.gen_lr,
+            betas=(0.5, 0.999),
+        )
         best: SynthesisResult | None = None
         for _ in range(max(1, cfg.gen_adapt_steps)):
             images = fast(z, labels, embeddings, cfg.gen_class_weight)

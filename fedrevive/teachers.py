@@ -89,8 +89,14 @@ class TeacherBuffer:
 
     def state_dict(self) -> list[dict]:
         """The buffered teachers, oldest first: client id, weights and feature-statistics reference."""
-        return [{"client_id": t.client_id, "weights": {k: v.detach().cpu() for k, v in t.model.state_dict().items()},
-                 "reference": t.reference} for t in self._teachers]  # fmt: skip
+        return [
+            {
+                "client_id": t.client_id,
+                "weights": {k: v.detach().cpu() for k, v in t.model.state_dict().items()},
+                "reference": t.reference,
+            }
+            for t in self._teachers
+        ]
 
     def load_state_dict(self, state: list[dict]) -> None:
         self._teachers.clear()

@@ -49,8 +49,13 @@ from processors.data.sources import NPZ_KEYS, DatasetError, as_arrays, from_arra
 from processors.training import TrainingConfig
 from simulation.config import EngineConfig
 
-PARTS = {"data": DataConfig, "federation": FederationConfig, "training": TrainingConfig, "engine": EngineConfig,
-         "run": RunConfig}  # fmt: skip
+PARTS = {
+    "data": DataConfig,
+    "federation": FederationConfig,
+    "training": TrainingConfig,
+    "engine": EngineConfig,
+    "run": RunConfig,
+}
 DELAY_FIELDS = tuple(f.name for f in dataclasses.fields(DelayConfig))
 FEDREVIVE_PREFIX = "fr_"
 NOT_CONFIG = {"verbose", "method"}  # command-line destinations that are not part of a JobConfig
@@ -59,7 +64,12 @@ NOT_CONFIG = {"verbose", "method"}  # command-line destinations that are not par
 def option_names() -> set[str]:
     """Every option ``make_config`` knows: the config parts' fields, the delay fields and ``fr_*``."""
     names = {f.name for part in PARTS.values() for f in dataclasses.fields(part)}
-    return names | set(DELAY_FIELDS) | {"delays"} | {FEDREVIVE_PREFIX + f.name for f in dataclasses.fields(FedReviveConfig)}
+    return (
+        names
+        | set(DELAY_FIELDS)
+        | {"delays"}
+        | {FEDREVIVE_PREFIX + f.name for f in dataclasses.fields(FedReviveConfig)}
+    )
 
 
 def _part(cls, given: dict) -> dict:
@@ -72,8 +82,10 @@ def config_from_options(method: str, options: dict, presets: bool = False) -> Jo
     given = {k: v for k, v in options.items() if v is not None and k not in NOT_CONFIG}
     unknown = sorted(set(given) - option_names())
     if unknown:
-        raise ConfigError(f"unknown option(s) {', '.join(unknown)}; the options are the command line's flags with "
-                          "underscores (python jobs/pt_job_fedrevive.py --help)")  # fmt: skip
+        raise ConfigError(
+            f"unknown option(s) {', '.join(unknown)}; the options are the command line's flags with "
+            "underscores (python jobs/pt_job_fedrevive.py --help)"
+        )
     federation = _part(FederationConfig, given)
     if presets:
         federation = METHODS[method].presets | federation
@@ -85,7 +97,9 @@ def config_from_options(method: str, options: dict, presets: bool = False) -> Jo
             federation=FederationConfig(**federation),
             training=TrainingConfig(**_part(TrainingConfig, given)),
             engine=EngineConfig(**_part(EngineConfig, given)),
-            delays=DelayConfig.from_spec(given.get("delays", "none"), **{k: given[k] for k in DELAY_FIELDS if k in given}),
+            delays=DelayConfig.from_spec(
+                given.get("delays", "none"), **{k: given[k] for k in DELAY_FIELDS if k in given}
+            ),
             run=RunConfig(**_part(RunConfig, given)),
             fedrevive=FedReviveConfig(**fedrevive),
         )
@@ -103,8 +117,10 @@ def import_path(obj: Callable, what: str) -> str:
         main = sys.modules["__main__"]
         main_file = getattr(main, "__file__", None)
         if not main_file:
-            raise ConfigError(f"{what} {obj.__qualname__} is defined in an interactive session; define it in a "
-                              "module file (e.g. my_models.py) and import it from there")  # fmt: skip
+            raise ConfigError(
+                f"{what} {obj.__qualname__} is defined in an interactive session; define it in a "
+                "module file (e.g. my_models.py) and import it from there"
+            )
         spec = getattr(main, "__spec__", None)  # python -m package.module: its real name
         module = spec.name if spec is not None else os.path.splitext(os.path.basename(main_file))[0]
     if "<locals>" in obj.__qualname__:
@@ -117,8 +133,10 @@ def model_option(model) -> str:
         return model
     if inspect.isclass(model):
         return import_path(model, "model")
-    raise ConfigError(f"model={model!r}: give a model name, an import path package.module:Class, or the class itself "
-                      "(not an instance: every device builds its own)")  # fmt: skip
+    raise ConfigError(
+        f"model={model!r}: give a model name, an import path package.module:Class, or the class itself "
+        "(not an instance: every device builds its own)"
+    )
 
 
 def save_arrays(data, results_dir: str) -> str:
@@ -142,8 +160,9 @@ def data_option(data, results_dir: str) -> str:
     return save_arrays(data, results_dir)
 
 
-def make_config(method: str = "fedavg", *, model="cifar10_convnet", data="synthetic", delays="none",
-                presets: bool = True, **options) -> JobConfig:  # fmt: skip
+def make_config(
+    method: str = "fedavg", *, model="cifar10_convnet", data="synthetic", delays="none", presets: bool = True, **options
+) -> JobConfig:
     """A checked ``JobConfig`` (see the module docstring for ``model``, ``data``, ``delays`` and ``presets``)."""
     options = dict(options, model=model_option(model), delays=delays)
     if not isinstance(data, str) and not inspect.isfunction(data):

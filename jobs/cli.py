@@ -37,46 +37,100 @@ def build_parser(description: str, method_choice: bool = False) -> argparse.Argu
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d = _defaults(DataConfig)
     data = p.add_argument_group("data")
-    data.add_argument("--dataset", default=d["dataset"],
-                      help="cifar10, synthetic, PATH.npz (x_train, y_train, x_test, y_test), or package.module:function "
-                           "returning those arrays")  # fmt: skip
+    data.add_argument(
+        "--dataset",
+        default=d["dataset"],
+        help="cifar10, synthetic, PATH.npz (x_train, y_train, x_test, y_test), or package.module:function "
+        "returning those arrays",
+    )
     data.add_argument("--data-root", default=d["data_root"], help="where torchvision's CIFAR-10 lives / is downloaded")
-    data.add_argument("--synthetic-size", type=int, default=d["synthetic_size"], help="training images of the synthetic dataset")
-    data.add_argument("--synthetic-difficulty", type=float, default=d["synthetic_difficulty"],
-                      help="0: easy synthetic classes (every method reaches ~1.0); 1: calibrated hard ones")  # fmt: skip
+    data.add_argument(
+        "--synthetic-size", type=int, default=d["synthetic_size"], help="training images of the synthetic dataset"
+    )
+    data.add_argument(
+        "--synthetic-difficulty",
+        type=float,
+        default=d["synthetic_difficulty"],
+        help="0: easy synthetic classes (every method reaches ~1.0); 1: calibrated hard ones",
+    )
     data.add_argument("--subset-size", type=int, default=d["subset_size"], help="training samples per device")
-    data.add_argument("--dirichlet-alpha", type=float, default=d["dirichlet_alpha"], help="non-IID label skew; <= 0 means IID")
+    data.add_argument(
+        "--dirichlet-alpha", type=float, default=d["dirichlet_alpha"], help="non-IID label skew; <= 0 means IID"
+    )
 
     d = _defaults(FederationConfig)
     fl = p.add_argument_group("federation")
-    fl.add_argument("--num-leaf-nodes", type=int, default=d["num_leaf_nodes"], help="leaf clients (simulator clients in sim)")
-    fl.add_argument("--devices-per-leaf", type=int, default=d["devices_per_leaf"], help="simulated devices on each leaf")
-    fl.add_argument("--device-selection-size", type=int, default=None,
-                    help=f"devices training at once (default {d['device_selection_size']}, or the method's preset)")
-    fl.add_argument("--num-updates-for-model", type=int, default=None,
-                    help="updates buffered per new global model (default: the selection size, or the method's preset)")
-    fl.add_argument("--min-hole-to-fill", type=int, default=None,
-                    help="finished devices before new ones are selected (default: the selection size, or the preset)")
-    fl.add_argument("--global-lr", type=float, default=None,
-                    help=f"server learning rate applied to the mean update (default {d['global_lr']}, or the preset)")
-    fl.add_argument("--max-model-version", type=int, default=d["max_model_version"],
-                    help="stop after this global model version (1 is the initial model)")
-    fl.add_argument("--max-sim-time", type=float, default=None,
-                    help="simulated-time budget: stop before the first update that arrives later (default: none)")
-    fl.add_argument("--no-device-reuse", dest="device_reuse", action="store_false", help="select every device at most once")
-    fl.add_argument("--device-wait-timeout", type=float, default=d["device_wait_timeout"],
-                    help="seconds the server waits for every leaf's devices before stopping the job")
-    fl.add_argument("--leaf-timeout", type=float, default=None,
-                    help="seconds a leaf may stay silent before the server counts it lost (default: derived from the "
-                         "sync interval and the report size, printed at the start)")  # fmt: skip
-    fl.add_argument("--on-leaf-loss", default=d["on_leaf_loss"], choices=literal_choices(LeafLossPolicy),
-                    help="stop: end the run naming the lost leaf (metrics.json keeps what was made); continue: go on "
-                         "with the living leaves, the lost one's in-flight devices counted as failed")  # fmt: skip
+    fl.add_argument(
+        "--num-leaf-nodes", type=int, default=d["num_leaf_nodes"], help="leaf clients (simulator clients in sim)"
+    )
+    fl.add_argument(
+        "--devices-per-leaf", type=int, default=d["devices_per_leaf"], help="simulated devices on each leaf"
+    )
+    fl.add_argument(
+        "--device-selection-size",
+        type=int,
+        default=None,
+        help=f"devices training at once (default {d['device_selection_size']}, or the method's preset)",
+    )
+    fl.add_argument(
+        "--num-updates-for-model",
+        type=int,
+        default=None,
+        help="updates buffered per new global model (default: the selection size, or the method's preset)",
+    )
+    fl.add_argument(
+        "--min-hole-to-fill",
+        type=int,
+        default=None,
+        help="finished devices before new ones are selected (default: the selection size, or the preset)",
+    )
+    fl.add_argument(
+        "--global-lr",
+        type=float,
+        default=None,
+        help=f"server learning rate applied to the mean update (default {d['global_lr']}, or the preset)",
+    )
+    fl.add_argument(
+        "--max-model-version",
+        type=int,
+        default=d["max_model_version"],
+        help="stop after this global model version (1 is the initial model)",
+    )
+    fl.add_argument(
+        "--max-sim-time",
+        type=float,
+        default=None,
+        help="simulated-time budget: stop before the first update that arrives later (default: none)",
+    )
+    fl.add_argument(
+        "--no-device-reuse", dest="device_reuse", action="store_false", help="select every device at most once"
+    )
+    fl.add_argument(
+        "--device-wait-timeout",
+        type=float,
+        default=d["device_wait_timeout"],
+        help="seconds the server waits for every leaf's devices before stopping the job",
+    )
+    fl.add_argument(
+        "--leaf-timeout",
+        type=float,
+        default=None,
+        help="seconds a leaf may stay silent before the server counts it lost (default: derived from the "
+        "sync interval and the report size, printed at the start)",
+    )
+    fl.add_argument(
+        "--on-leaf-loss",
+        default=d["on_leaf_loss"],
+        choices=literal_choices(LeafLossPolicy),
+        help="stop: end the run naming the lost leaf (metrics.json keeps what was made); continue: go on "
+        "with the living leaves, the lost one's in-flight devices counted as failed",
+    )
 
     d = _defaults(TrainingConfig)
     tr = p.add_argument_group("local training")
-    tr.add_argument("--model", default=d["model"],
-                    help="cifar10_convnet, resnet18, or an nn.Module class as package.module:Class")  # fmt: skip
+    tr.add_argument(
+        "--model", default=d["model"], help="cifar10_convnet, resnet18, or an nn.Module class as package.module:Class"
+    )
     tr.add_argument("--local-iters", type=int, default=d["local_iters"], help="local iterations per task")
     tr.add_argument("--local-batch-size", type=int, default=d["local_batch_size"], help="local batch size")
     tr.add_argument("--local-lr", type=float, default=d["local_lr"], help="local learning rate")
@@ -84,76 +138,148 @@ def build_parser(description: str, method_choice: bool = False) -> argparse.Argu
     tr.add_argument("--compute-device", default=d["compute_device"], help="auto (CUDA when present), cpu, cuda, cuda:N")
 
     het = p.add_argument_group("device heterogeneity: simulated delays (a preset, any field overridden)")
-    het.add_argument("--delays", default="none", choices=literal_choices(DelayPreset),
-                     help="paper: the FedRevive paper's exponential speeds 1.0/1.3/1.6 (p 0.25/0.5/0.25), download "
-                          "0.1, upload 0.15 or 0.25 +-0.02; paper-shifted: mean 0.1, download 0.02, upload 0.05 or "
-                          "0.10 +-0.01; edge-example: NVFlare's 100/200/400 s (std 4), upload 5 s")  # fmt: skip
-    het.add_argument("--speed-means", type=_floats, default=None, help="mean training time of each speed class, e.g. 1,1.3,1.6")
+    het.add_argument(
+        "--delays",
+        default="none",
+        choices=literal_choices(DelayPreset),
+        help="paper: the FedRevive paper's exponential speeds 1.0/1.3/1.6 (p 0.25/0.5/0.25), download "
+        "0.1, upload 0.15 or 0.25 +-0.02; paper-shifted: mean 0.1, download 0.02, upload 0.05 or "
+        "0.10 +-0.01; edge-example: NVFlare's 100/200/400 s (std 4), upload 5 s",
+    )
+    het.add_argument(
+        "--speed-means", type=_floats, default=None, help="mean training time of each speed class, e.g. 1,1.3,1.6"
+    )
     het.add_argument("--speed-stds", type=_floats, default=None, help="std of each speed class (normal distribution)")
     het.add_argument("--speed-probs", type=_floats, default=None, help="class probabilities (default equal)")
-    het.add_argument("--speed-distribution", default=None, choices=literal_choices(SpeedDistribution),
-                     help="training time distribution around the class mean")  # fmt: skip
+    het.add_argument(
+        "--speed-distribution",
+        default=None,
+        choices=literal_choices(SpeedDistribution),
+        help="training time distribution around the class mean",
+    )
     het.add_argument("--download-delay", type=float, default=None, help="constant time from selection to training")
-    het.add_argument("--upload-delays", type=_floats, default=None, help="per-device upload means (one drawn per device)")
-    het.add_argument("--upload-jitter", type=float, default=None, help="uniform half-width around a device's upload mean")
+    het.add_argument(
+        "--upload-delays", type=_floats, default=None, help="per-device upload means (one drawn per device)"
+    )
+    het.add_argument(
+        "--upload-jitter", type=float, default=None, help="uniform half-width around a device's upload mean"
+    )
 
     d = _defaults(EngineConfig)
     sim = p.add_argument_group("simulation engine")
-    sim.add_argument("--simulator", default=d["simulator"], choices=literal_choices(SimulatorName),
-                     help="our device simulator and server components, or NVFlare's stock path (baseline)")  # fmt: skip
-    sim.add_argument("--engine", default=d["engine"], choices=literal_choices(EngineName),
-                     help="vectorized trains a group of devices in one batched step (torch.func.vmap); per-device one "
-                          "at a time; auto = vectorized unless the model has BatchNorm")  # fmt: skip
+    sim.add_argument(
+        "--simulator",
+        default=d["simulator"],
+        choices=literal_choices(SimulatorName),
+        help="our device simulator and server components, or NVFlare's stock path (baseline)",
+    )
+    sim.add_argument(
+        "--engine",
+        default=d["engine"],
+        choices=literal_choices(EngineName),
+        help="vectorized trains a group of devices in one batched step (torch.func.vmap); per-device one "
+        "at a time; auto = vectorized unless the model has BatchNorm",
+    )
     sim.add_argument("--num-workers", type=int, default=None, help="device workers per leaf (default: planned)")
     sim.add_argument("--group-size", type=int, default=None, help="devices a worker trains together (default: planned)")
-    sim.add_argument("--profile", default=d["profile"], choices=literal_choices(ProfileName),
-                     help="utilisation profile: conservative (half the workers and groups, half the GPU memory, data "
-                          "on the CPU, cache emptied after every task), high (the planner's defaults), aggressive "
-                          "(90%% of free GPU memory, tighter memory estimate); printed at the start")  # fmt: skip
-    sim.add_argument("--time-scale", type=float, default=d["time_scale"],
-                     help="0: exact simulated time, nothing sleeps. S > 0: a real-time mode for load-testing a "
-                          "deployment: each result is held for its delays x S wall seconds and the server applies "
-                          "updates as they come (simulated time = wall time / S)")  # fmt: skip
+    sim.add_argument(
+        "--profile",
+        default=d["profile"],
+        choices=literal_choices(ProfileName),
+        help="utilisation profile: conservative (half the workers and groups, half the GPU memory, data "
+        "on the CPU, cache emptied after every task), high (the planner's defaults), aggressive "
+        "(90%% of free GPU memory, tighter memory estimate); printed at the start",
+    )
+    sim.add_argument(
+        "--time-scale",
+        type=float,
+        default=d["time_scale"],
+        help="0: exact simulated time, nothing sleeps. S > 0: a real-time mode for load-testing a "
+        "deployment: each result is held for its delays x S wall seconds and the server applies "
+        "updates as they come (simulated time = wall time / S)",
+    )
     sim.add_argument("--real-delays", dest="time_scale", action="store_const", const=1.0, help="same as --time-scale 1")
-    sim.add_argument("--job-timeout", type=float, default=d["job_timeout"],
-                     help="seconds a leaf's device simulator waits for the job to reach it (not a limit on the job)")
-    sim.add_argument("--update-interval", type=float, default=d["update_interval"],
-                     help="seconds between a leaf's syncs with the server (NVFlare's default 1.0)")
-    sim.add_argument("--update-timeout", type=float, default=None,
-                     help="seconds a leaf waits for its parent to take an update (default: derived from the report "
-                          "size, printed at the start)")  # fmt: skip
+    sim.add_argument(
+        "--job-timeout",
+        type=float,
+        default=d["job_timeout"],
+        help="seconds a leaf's device simulator waits for the job to reach it (not a limit on the job)",
+    )
+    sim.add_argument(
+        "--update-interval",
+        type=float,
+        default=d["update_interval"],
+        help="seconds between a leaf's syncs with the server (NVFlare's default 1.0)",
+    )
+    sim.add_argument(
+        "--update-timeout",
+        type=float,
+        default=None,
+        help="seconds a leaf waits for its parent to take an update (default: derived from the report "
+        "size, printed at the start)",
+    )
 
     d = _defaults(RunConfig)
     run = p.add_argument_group("run")
     run.add_argument("--eval-frequency", type=int, default=d["eval_frequency"], help="evaluate every N model versions")
-    run.add_argument("--seed", type=int, default=d["seed"],
-                     help="fixes model, data, partition, device delays, local sampling and selection")  # fmt: skip
-    run.add_argument("--env", default=d["env"], choices=literal_choices(EnvName), help="NVFlare SimEnv, PocEnv or ProdEnv")
+    run.add_argument(
+        "--seed",
+        type=int,
+        default=d["seed"],
+        help="fixes model, data, partition, device delays, local sampling and selection",
+    )
+    run.add_argument(
+        "--env", default=d["env"], choices=literal_choices(EnvName), help="NVFlare SimEnv, PocEnv or ProdEnv"
+    )
     run.add_argument("--startup-kit", default=None, help="admin startup kit (--env prod)")
     run.add_argument("--username", default=None, help="admin user name (--env prod)")
     run.add_argument("--workspace", default=d["workspace"], help="the default results root")
-    run.add_argument("--output", default=None,
-                     help="results folder (default: a new WORKSPACE/results/JOB_NAME-DATE-TIME-PID); NVFlare's own "
-                          "workspace and logs go into its nvflare/ subfolder")  # fmt: skip
-    run.add_argument("--export-only", default=None, metavar="DIR",
-                     help="export the job to DIR and exit (run it with: nvflare simulator DIR/JOB -n L -t L)")
+    run.add_argument(
+        "--output",
+        default=None,
+        help="results folder (default: a new WORKSPACE/results/JOB_NAME-DATE-TIME-PID); NVFlare's own "
+        "workspace and logs go into its nvflare/ subfolder",
+    )
+    run.add_argument(
+        "--export-only",
+        default=None,
+        metavar="DIR",
+        help="export the job to DIR and exit (run it with: nvflare simulator DIR/JOB -n L -t L)",
+    )
     run.add_argument("--job-name", default="", help="NVFlare job name (default edgesim_<method>)")
-    run.add_argument("--checkpoint-every", type=int, default=d["checkpoint_every"],
-                     help="versions between checkpoints of the server's state (0: automatic, at most 5%% of the run's "
-                          "wall time; -1: none)")  # fmt: skip
-    run.add_argument("--resume", default=None, metavar="DIR",
-                     help="continue the run whose --output folder DIR is, from its last checkpoint, with its saved "
-                          "configuration (flags that would change its result are refused)")  # fmt: skip
+    run.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=d["checkpoint_every"],
+        help="versions between checkpoints of the server's state (0: automatic, at most 5%% of the run's "
+        "wall time; -1: none)",
+    )
+    run.add_argument(
+        "--resume",
+        default=None,
+        metavar="DIR",
+        help="continue the run whose --output folder DIR is, from its last checkpoint, with its saved "
+        "configuration (flags that would change its result are refused)",
+    )
     run.add_argument("-v", "--verbose", action="store_true", help="show NVFlare's own INFO logging on the console")
 
     if method_choice:
-        p.add_argument("--method", default="fedrevive", choices=literal_choices(MethodName),
-                       help="FL method (its preset fills the federation flags not given)")  # fmt: skip
+        p.add_argument(
+            "--method",
+            default="fedrevive",
+            choices=literal_choices(MethodName),
+            help="FL method (its preset fills the federation flags not given)",
+        )
         fr = p.add_argument_group("FedRevive (server-side data-free distillation)")
         for f in dataclasses.fields(FedReviveConfig):
-            fr.add_argument(f"--fr-{f.name.replace('_', '-')}", dest=f"fr_{f.name}", type=type(f.default),
-                            default=f.default, help=f"FedReviveConfig.{f.name}")  # fmt: skip
-    return p  # fmt: skip
+            fr.add_argument(
+                f"--fr-{f.name.replace('_', '-')}",
+                dest=f"fr_{f.name}",
+                type=type(f.default),
+                default=f.default,
+                help=f"FedReviveConfig.{f.name}",
+            )
+    return p
 
 
 def config_from_args(args: argparse.Namespace, method: str, presets: bool = False) -> JobConfig:

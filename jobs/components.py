@@ -24,7 +24,9 @@ from simulation.planner import Timeouts, WorkerPlan
 MONITOR_ID = "edgesim_monitor"
 
 
-def make_task_processor(cfg: JobConfig, plan: WorkerPlan | None, torch_threads: int | None = None) -> TrainingTaskProcessor:
+def make_task_processor(
+    cfg: JobConfig, plan: WorkerPlan | None, torch_threads: int | None = None
+) -> TrainingTaskProcessor:
     """The device-side trainer; ``torch_threads`` overrides the plan's (0: leave torch's default). Without a plan
     (a deployment) the leaf sets its threads from its own plan at start."""
     stock = cfg.engine.simulator == "stock"
@@ -63,18 +65,31 @@ def make_model_manager(cfg: JobConfig, results_dir: str):
     return METHODS[cfg.method].model_manager(cfg, results_dir)
 
 
-def make_assessor(cfg: JobConfig, timeouts: Timeouts, persistor_id: str, model_manager_id: str,
-                  results_dir: str) -> ExactTimeAssessor:  # fmt: skip
+def make_assessor(
+    cfg: JobConfig, timeouts: Timeouts, persistor_id: str, model_manager_id: str, results_dir: str
+) -> ExactTimeAssessor:
     """The server's schedule: selection, and applying updates in simulated arrival order."""
     f = cfg.federation
     return ExactTimeAssessor(
-        persistor_id, model_manager_id, num_leaves=f.num_leaf_nodes, selection_size=f.device_selection_size,
-        updates_per_version=f.num_updates_for_model, min_hole_to_fill=f.min_hole_to_fill,
-        device_reuse=f.device_reuse, max_model_version=f.max_model_version, delays=cfg.delays.to_dict(),
-        seed=cfg.run.seed, time_scale=cfg.engine.time_scale, device_wait_timeout=f.device_wait_timeout,
-        max_sim_time=f.max_sim_time, leaf_timeout=timeouts.leaf_timeout, on_leaf_loss=f.on_leaf_loss,
-        checkpoint_every=cfg.run.checkpoint_every, resume=bool(cfg.run.resume), results_dir=results_dir,
-    )  # fmt: skip
+        persistor_id,
+        model_manager_id,
+        num_leaves=f.num_leaf_nodes,
+        selection_size=f.device_selection_size,
+        updates_per_version=f.num_updates_for_model,
+        min_hole_to_fill=f.min_hole_to_fill,
+        device_reuse=f.device_reuse,
+        max_model_version=f.max_model_version,
+        delays=cfg.delays.to_dict(),
+        seed=cfg.run.seed,
+        time_scale=cfg.engine.time_scale,
+        device_wait_timeout=f.device_wait_timeout,
+        max_sim_time=f.max_sim_time,
+        leaf_timeout=timeouts.leaf_timeout,
+        on_leaf_loss=f.on_leaf_loss,
+        checkpoint_every=cfg.run.checkpoint_every,
+        resume=bool(cfg.run.resume),
+        results_dir=results_dir,
+    )
 
 
 def diagnose_context(run_info: dict, cfg: JobConfig) -> dict:
@@ -94,8 +109,11 @@ def make_result_components(cfg: JobConfig, run_info: dict, results_dir: str) -> 
     f = cfg.federation
     return {
         "edgesim_evaluator": GlobalModelEvaluator(
-            model=cfg.training.model, data=cfg.data.to_dict(), seed=cfg.run.seed,
-            compute_device=cfg.training.compute_device, eval_frequency=cfg.run.eval_frequency,
+            model=cfg.training.model,
+            data=cfg.data.to_dict(),
+            seed=cfg.run.seed,
+            compute_device=cfg.training.compute_device,
+            eval_frequency=cfg.run.eval_frequency,
             max_model_version=f.max_model_version,
         ),
         MONITOR_ID: SystemMonitorComponent(diagnose_context(run_info, cfg)),
@@ -104,4 +122,4 @@ def make_result_components(cfg: JobConfig, run_info: dict, results_dir: str) -> 
         "edgesim_tensorboard": TensorBoardWriter(results_dir),
         "edgesim_model_saver": GlobalModelSaver(cfg.training.model, results_dir),
         "edgesim_leaf_log": LeafLogWriter(results_dir, resume=bool(cfg.run.resume)),
-    }  # fmt: skip
+    }

@@ -77,14 +77,18 @@ class FederationConfig:
             object.__setattr__(self, "num_updates_for_model", self.device_selection_size)
         if self.min_hole_to_fill is None:
             object.__setattr__(self, "min_hole_to_fill", self.device_selection_size)
-        check_positive({
-            "--num-leaf-nodes": self.num_leaf_nodes,
-            "--devices-per-leaf": self.devices_per_leaf,
-            "--device-selection-size": self.device_selection_size,
-            "--num-updates-for-model": self.num_updates_for_model,
-            "--min-hole-to-fill": self.min_hole_to_fill,
-        })  # fmt: skip
-        check_positive({"--global-lr": self.global_lr, "--device-wait-timeout": self.device_wait_timeout}, integer=False)
+        check_positive(
+            {
+                "--num-leaf-nodes": self.num_leaf_nodes,
+                "--devices-per-leaf": self.devices_per_leaf,
+                "--device-selection-size": self.device_selection_size,
+                "--num-updates-for-model": self.num_updates_for_model,
+                "--min-hole-to-fill": self.min_hole_to_fill,
+            }
+        )
+        check_positive(
+            {"--global-lr": self.global_lr, "--device-wait-timeout": self.device_wait_timeout}, integer=False
+        )
         if self.max_sim_time is not None and not self.max_sim_time > 0:
             raise ConfigError(f"--max-sim-time {self.max_sim_time}: must be > 0 (simulated seconds)")
         if self.leaf_timeout is not None and not self.leaf_timeout > 0:
@@ -167,8 +171,10 @@ class RunConfig:
         if self.env == "prod" and not os.path.isdir(os.path.expanduser(self.startup_kit)):
             raise ConfigError(f"--startup-kit {self.startup_kit}: no such directory")
         if self.resume and self.env != "sim":
-            raise ConfigError(f"--resume with --env {self.env}: resuming continues SimEnv runs only (a deployment's "
-                              "server keeps its checkpoint in its own job workspace); run it again, or leave out --env")  # fmt: skip
+            raise ConfigError(
+                f"--resume with --env {self.env}: resuming continues SimEnv runs only (a deployment's "
+                "server keeps its checkpoint in its own job workspace); run it again, or leave out --env"
+            )
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -228,5 +234,11 @@ class JobConfig:
         return cls(method=d["method"], **parts, fedrevive=FedReviveConfig(**(d.get("fedrevive") or {})))
 
 
-PARTS = {"data": DataConfig, "federation": FederationConfig, "training": TrainingConfig, "engine": EngineConfig,
-         "delays": DelayConfig, "run": RunConfig}  # fmt: skip
+PARTS = {
+    "data": DataConfig,
+    "federation": FederationConfig,
+    "training": TrainingConfig,
+    "engine": EngineConfig,
+    "delays": DelayConfig,
+    "run": RunConfig,
+}

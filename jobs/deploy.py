@@ -18,8 +18,9 @@ from jobs import hierarchy
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jobs.deploy", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m jobs.deploy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="provision and start a hierarchy in DIR (a new or empty folder)")
     up.add_argument("folder", metavar="DIR")
@@ -40,8 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         except (RuntimeError, TimeoutError) as ex:
             print(f"error: the hierarchy did not come up, and everything it started was stopped: {ex}", file=sys.stderr)
             return 1
-        print(f"[edgesim] hierarchy up in {deployment.folder}: server, {args.relays} relays, leaves "
-              f"{', '.join(deployment.leaves)} (ports {deployment.ports})")  # fmt: skip
+        print(
+            f"[edgesim] hierarchy up in {deployment.folder}: server, {args.relays} relays, leaves "
+            f"{', '.join(deployment.leaves)} (ports {deployment.ports})"
+        )
         print(f"[edgesim] run a job on it with:\n  python jobs/pt_job_fedavg.py {shlex.join(deployment.job_flags)}")
         print(f"[edgesim] stop it with: python -m jobs.deploy down {shlex.quote(deployment.folder)}")
         return 0
@@ -50,7 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as ex:
         print(f"error: {ex}", file=sys.stderr)
         return 2
-    print(f"[edgesim] hierarchy in {args.folder} stopped" + (f" ({killed} process(es) had to be killed)" if killed else ""))
+    print(
+        f"[edgesim] hierarchy in {args.folder} stopped"
+        + (f" ({killed} process(es) had to be killed)" if killed else "")
+    )
     if args.remove:
         hierarchy.remove(args.folder)
     return 0

@@ -81,8 +81,10 @@ def run(cfg: JobConfig, verbose: bool = False) -> int:
         print(f"error: {ex}", file=sys.stderr)
         return 2
     run_cfg, leaves = cfg.run, cfg.federation.num_leaf_nodes
-    print(f"[edgesim] {cfg.method} on {plan.device}, env {run_cfg.env}, simulator {cfg.engine.simulator}, "
-          f"seed {run_cfg.seed}")  # fmt: skip
+    print(
+        f"[edgesim] {cfg.method} on {plan.device}, env {run_cfg.env}, simulator {cfg.engine.simulator}, "
+        f"seed {run_cfg.seed}"
+    )
     print(plan.describe())
     print(get_profile(cfg.engine.profile).describe())
 
@@ -91,7 +93,9 @@ def run(cfg: JobConfig, verbose: bool = False) -> int:
         output = os.path.abspath(run_cfg.output) if run_cfg.output else ""
         EdgeSimRecipe(cfg, plan, results_dir=output).export(job_dir=run_cfg.export_only)
         job_dir = os.path.join(run_cfg.export_only, run_cfg.job_name)
-        print(f"[edgesim] exported to {job_dir}; run it with: nvflare simulator {job_dir} -w WORKSPACE -n {leaves} -t {leaves}")
+        print(
+            f"[edgesim] exported to {job_dir}; run it with: nvflare simulator {job_dir} -w WORKSPACE -n {leaves} -t {leaves}"
+        )
         return 0
 
     print(f"[edgesim] results go to {results_dir}" + (" (resuming)" if run_cfg.resume else ""))

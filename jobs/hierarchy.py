@@ -62,8 +62,16 @@ class Deployment:
     @property
     def job_flags(self) -> list[str]:
         """The flags that point a job at this deployment."""
-        return ["--env", "prod", "--startup-kit", self.admin_kit, "--username", ADMIN,
-                "--num-leaf-nodes", str(len(self.leaves))]  # fmt: skip
+        return [
+            "--env",
+            "prod",
+            "--startup-kit",
+            self.admin_kit,
+            "--username",
+            ADMIN,
+            "--num-leaf-nodes",
+            str(len(self.leaves)),
+        ]
 
     def save(self) -> None:
         with open(os.path.join(self.folder, STATE_FILE), "w") as f:
@@ -102,32 +110,60 @@ def project_dict(relays: int, leaves: int, ports: list[int]) -> tuple[dict, dict
         raise ValueError("at most 9 relays and 9 leaves per relay (site names C<relay><leaf>)")
     it = iter(ports)
     used = {"server": next(it), "admin": next(it)}
-    participants = [dict(name="server", type="server", org="edgesim", fed_learn_port=used["server"],
-                         admin_port=used["admin"], host_names=["localhost", "127.0.0.1"], default_host="localhost")]  # fmt: skip
+    participants = [
+        dict(
+            name="server",
+            type="server",
+            org="edgesim",
+            fed_learn_port=used["server"],
+            admin_port=used["admin"],
+            host_names=["localhost", "127.0.0.1"],
+            default_host="localhost",
+        )
+    ]
     names = []
     for r in range(1, relays + 1):
         relay = f"R{r}"
         used[relay] = next(it)
-        participants.append(dict(name=relay, type="relay", org="edgesim",
-                                 listening_host={"default_host": "localhost", "port": used[relay]}))  # fmt: skip
+        participants.append(
+            dict(
+                name=relay,
+                type="relay",
+                org="edgesim",
+                listening_host={"default_host": "localhost", "port": used[relay]},
+            )
+        )
         for c in range(1, per_relay + 1):
             leaf = f"C{r}{c}"
             used[leaf] = next(it)
             names.append(leaf)
-            participants.append(dict(name=leaf, type="client", org="edgesim", connect_to={"name": relay},
-                                     listening_host="localhost", edge_service_port=used[leaf]))  # fmt: skip
+            participants.append(
+                dict(
+                    name=leaf,
+                    type="client",
+                    org="edgesim",
+                    connect_to={"name": relay},
+                    listening_host="localhost",
+                    edge_service_port=used[leaf],
+                )
+            )
     participants.append(dict(name=ADMIN, type="admin", org="edgesim", role="project_admin"))
     project = {
-        "api_version": 3, "name": PROJECT, "description": "edgesim-flare local edge hierarchy",
+        "api_version": 3,
+        "name": PROJECT,
+        "description": "edgesim-flare local edge hierarchy",
         "participants": participants,
         "builders": [
-            {"path": "nvflare.lighter.impl.workspace.WorkspaceBuilder", "args": {"template_file": ["master_template.yml"]}},
+            {
+                "path": "nvflare.lighter.impl.workspace.WorkspaceBuilder",
+                "args": {"template_file": ["master_template.yml"]},
+            },
             {"path": "nvflare.lighter.impl.static_file.StaticFileBuilder", "args": {"config_folder": "config"}},
             {"path": "nvflare.lighter.impl.cert.CertBuilder"},
             {"path": "nvflare.lighter.impl.signature.SignatureBuilder"},
             {"path": "nvflare.lighter.impl.edge.EdgeBuilder"},
         ],
-    }  # fmt: skip
+    }
     return project, used, names
 
 
@@ -141,7 +177,9 @@ def provision(folder: str, relays: int, leaves: int) -> tuple[str, dict[str, int
 
     project, ports, names = project_dict(relays, leaves, free_ports(2 + relays + leaves))
     with open(os.path.join(folder, "provision.log"), "w") as log, contextlib.redirect_stdout(log):  # its summary
-        ctx = Provisioner(folder, prepare_builders(project), prepare_packager(project)).provision(prepare_project(project))
+        ctx = Provisioner(folder, prepare_builders(project), prepare_packager(project)).provision(
+            prepare_project(project)
+        )
     if ctx.get(CtxKey.BUILD_ERROR):
         raise RuntimeError(f"NVFlare's provisioning failed: {ctx.get(CtxKey.ERRORS)}")
     prod = ctx.get_result_location()
@@ -164,9 +202,15 @@ def start_site(site_dir: str) -> int:
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])  # the scripts run python3
     with open(os.path.join(site_dir, "console.log"), "ab") as console:
-        proc = subprocess.Popen(["bash", os.path.join(site_dir, "startup", "sub_start.sh"), "--once"], cwd=site_dir,
-                                env=env, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            ["bash", os.path.join(site_dir, "startup", "sub_start.sh"), "--once"],
+            cwd=site_dir,
+            env=env,
+            stdout=console,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     return proc.pid  # a new session's leader: its pid is the session id
 
 
@@ -191,7 +235,9 @@ def wait_for_leaves(deployment: Deployment, timeout: float) -> None:
     while time.time() < deadline:
         dead = [site for site, sid in deployment.sessions.items() if not _session_processes(sid)]
         if dead:
-            raise RuntimeError(f"site(s) {', '.join(dead)} exited at start; see their console.log under {deployment.prod_dir}")
+            raise RuntimeError(
+                f"site(s) {', '.join(dead)} exited at start; see their console.log under {deployment.prod_dir}"
+            )
         try:
             with admin_session(deployment.admin_kit) as session:
                 while time.time() < deadline:
@@ -247,7 +293,9 @@ def deployment_processes(deployment: Deployment) -> list[psutil.Process]:
     sessions = set(deployment.sessions.values())
     for p in psutil.process_iter(["cmdline"]):
         try:
-            mine = os.getsid(p.pid) in sessions or any(a.startswith(deployment.prod_dir) for a in p.info["cmdline"] or ())
+            mine = os.getsid(p.pid) in sessions or any(
+                a.startswith(deployment.prod_dir) for a in p.info["cmdline"] or ()
+            )
         except (ProcessLookupError, PermissionError, psutil.Error):
             continue
         if mine:

@@ -84,17 +84,23 @@ class MethodSpec:
 
 METHODS: dict[str, MethodSpec] = {
     "fedavg": MethodSpec(
-        "fedavg", True, buffered_model_manager,
+        "fedavg",
+        True,
+        buffered_model_manager,
         presets={"device_selection_size": 100, "global_lr": 1.4},  # updates and min hole: the selection
         stock_baseline=True,
     ),
     "fedbuff": MethodSpec(
-        "fedbuff", False, buffered_model_manager,
+        "fedbuff",
+        False,
+        buffered_model_manager,
         presets={"device_selection_size": 100, "num_updates_for_model": 2, "min_hole_to_fill": 1, "global_lr": 0.05},
     ),
     "fedrevive": MethodSpec(
-        "fedrevive", False, fedrevive_model_manager,
+        "fedrevive",
+        False,
+        fedrevive_model_manager,
         presets={"device_selection_size": 100, "num_updates_for_model": 1, "min_hole_to_fill": 1, "global_lr": 0.10},
         distills=True,
     ),
-}  # fmt: skip
+}

@@ -14,8 +14,17 @@ import shutil
 
 from common.choices import ConfigError
 
-RESULT_FILES = ("metrics.json", "events.jsonl", "fedrevive_log.jsonl", "global_model.pt", "accuracy.png",
-                "tensorboard", "checkpoint", "nvflare", "leaf_*.jsonl")  # fmt: skip
+RESULT_FILES = (
+    "metrics.json",
+    "events.jsonl",
+    "fedrevive_log.jsonl",
+    "global_model.pt",
+    "accuracy.png",
+    "tensorboard",
+    "checkpoint",
+    "nvflare",
+    "leaf_*.jsonl",
+)
 DATASET_FILE = "dataset.npz"  # the Python API's copy of a user's arrays (jobs.api): an input, kept
 INPUT_FILES = (DATASET_FILE,)
 
@@ -27,7 +36,9 @@ def prepare_output_dir(path: str, resume: bool = False) -> str:
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as ex:
-        raise ConfigError(f"--output {path} cannot be created ({ex.strerror}: {ex.filename}); choose another folder") from ex
+        raise ConfigError(
+            f"--output {path} cannot be created ({ex.strerror}: {ex.filename}); choose another folder"
+        ) from ex
     if not resume:
         entries = [e for e in os.listdir(path) if e not in INPUT_FILES]
         if entries and "metrics.json" not in entries:

@@ -71,11 +71,18 @@ def plan_request(cfg: JobConfig, input_shape: tuple[int, ...] | None = None) -> 
     own data."""
     t, e = cfg.training, cfg.engine
     return PlanRequest(
-        model=t.model, batch_size=t.local_batch_size, optimizer=t.optimizer,
-        devices_per_round=cfg.federation.devices_per_leaf_per_round, compute_device=t.compute_device,
-        engine=e.engine, num_workers=e.num_workers, group_size=e.group_size, profile=e.profile,
-        leaves_on_host=cfg.federation.num_leaf_nodes if cfg.run.env in ("sim", "poc") else 0, input_shape=input_shape,
-    )  # fmt: skip
+        model=t.model,
+        batch_size=t.local_batch_size,
+        optimizer=t.optimizer,
+        devices_per_round=cfg.federation.devices_per_leaf_per_round,
+        compute_device=t.compute_device,
+        engine=e.engine,
+        num_workers=e.num_workers,
+        group_size=e.group_size,
+        profile=e.profile,
+        leaves_on_host=cfg.federation.num_leaf_nodes if cfg.run.env in ("sim", "poc") else 0,
+        input_shape=input_shape,
+    )
 
 
 def plan_for(cfg: JobConfig, hardware: HardwareProfile, input_shape: tuple[int, ...] | None = None) -> WorkerPlan:
@@ -89,8 +96,9 @@ def plan_for(cfg: JobConfig, hardware: HardwareProfile, input_shape: tuple[int, 
     return plan_workers(
         hardware,
         devices_per_leaf=request.devices_per_round,
-        per_worker_bytes=estimate_worker_bytes(model, request.batch_size, request.optimizer,
-                                               request.input_shape or DEFAULT_INPUT_SHAPE),  # fmt: skip
+        per_worker_bytes=estimate_worker_bytes(
+            model, request.batch_size, request.optimizer, request.input_shape or DEFAULT_INPUT_SHAPE
+        ),
         leaves_on_host=request.leaves_on_host or 1,
         use_gpu=resolve_device(request.compute_device).type == "cuda",
         requested=request.num_workers,
@@ -100,8 +108,14 @@ def plan_for(cfg: JobConfig, hardware: HardwareProfile, input_shape: tuple[int, 
 
 def timeouts_for(cfg: JobConfig) -> Timeouts:
     model_bytes = sum(p.numel() * p.element_size() for p in build_model(cfg.training.model).parameters())
-    return derive_timeouts(model_bytes, cfg.federation.devices_per_leaf_per_round, METHODS[cfg.method].leaf_sums(cfg),
-                           cfg.engine.update_interval, cfg.engine.update_timeout, cfg.federation.leaf_timeout)  # fmt: skip
+    return derive_timeouts(
+        model_bytes,
+        cfg.federation.devices_per_leaf_per_round,
+        METHODS[cfg.method].leaf_sums(cfg),
+        cfg.engine.update_interval,
+        cfg.engine.update_timeout,
+        cfg.federation.leaf_timeout,
+    )
 
 
 # NVFlare's stock path lists every device: a Device and its dict form (~510 bytes, measured with tracemalloc for
@@ -133,18 +147,25 @@ def check_model_fits_data(cfg: JobConfig, dataset: Dataset) -> None:
         with torch.no_grad():
             out = model(batch)
     except Exception as ex:
-        raise ConfigError(f"--model {name} cannot take the data's samples of shape {tuple(batch.shape[1:])} "
-                          f"({type(ex).__name__}: {ex}); give a model whose input matches the data") from ex  # fmt: skip
+        raise ConfigError(
+            f"--model {name} cannot take the data's samples of shape {tuple(batch.shape[1:])} "
+            f"({type(ex).__name__}: {ex}); give a model whose input matches the data"
+        ) from ex
     if tuple(out.shape) != (len(batch), dataset.num_classes):
-        raise ConfigError(f"--model {name} gives outputs of shape {tuple(out.shape[1:])} per sample; the data has "
-                          f"{dataset.num_classes} classes, so it must give ({dataset.num_classes},)")  # fmt: skip
+        raise ConfigError(
+            f"--model {name} gives outputs of shape {tuple(out.shape[1:])} per sample; the data has "
+            f"{dataset.num_classes} classes, so it must give ({dataset.num_classes},)"
+        )
     if cfg.method == "fedrevive":
         if dataset.input_shape != (3, 32, 32) or dataset.mean is None:
-            raise ConfigError(f"FedRevive synthesizes 3 x 32 x 32 images; the data's samples are {dataset.input_shape}"
-                              f"{'' if dataset.mean is not None else ' floats'}: use --method fedbuff or fedavg")  # fmt: skip
+            raise ConfigError(
+                f"FedRevive synthesizes 3 x 32 x 32 images; the data's samples are {dataset.input_shape}"
+                f"{'' if dataset.mean is not None else ' floats'}: use --method fedbuff or fedavg"
+            )
         if dataset.num_classes != cfg.fedrevive.num_classes:
-            raise ConfigError(f"the data has {dataset.num_classes} classes; give --fr-num-classes "
-                              f"{dataset.num_classes}")  # fmt: skip
+            raise ConfigError(
+                f"the data has {dataset.num_classes} classes; give --fr-num-classes {dataset.num_classes}"
+            )
 
 
 def prepare(cfg: JobConfig) -> RunPlan:

@@ -100,14 +100,22 @@ class EdgeSimRecipe(Recipe):
         stock = cfg.engine.simulator == "stock"
         job = EdgeJob(name=cfg.run.job_name, edge_method="edge")
         persistor_id = self._add_persistor(job)
-        assessor_id = self._add_stock_server(job, persistor_id) if stock else self._add_server(job, persistor_id, results_dir)
+        assessor_id = (
+            self._add_stock_server(job, persistor_id) if stock else self._add_server(job, persistor_id, results_dir)
+        )
         interval = STOCK_UPDATE_INTERVAL if stock else cfg.engine.update_interval
         job.to_server(MetricsArtifactWriter(), id="metrics_artifact_writer")
         job.to_server(
-            ScatterAndGatherForEdge(num_rounds=1, assessor_id=assessor_id, task_name=TASK_NAME, task_check_period=0.5,
-                                    assess_interval=min(0.5, interval), update_interval=interval),
+            ScatterAndGatherForEdge(
+                num_rounds=1,
+                assessor_id=assessor_id,
+                task_name=TASK_NAME,
+                task_check_period=0.5,
+                assess_interval=min(0.5, interval),
+                update_interval=interval,
+            ),
             id="sage",
-        )  # fmt: skip
+        )
         for comp_id, component in make_result_components(cfg, run_info, results_dir).items():
             registered = job.to_server(component, id=comp_id)
             if registered != comp_id:  # never build a job that would silently lack a result component
@@ -131,10 +139,15 @@ class EdgeSimRecipe(Recipe):
         """NVFlare's own model manager (Python-list weights), device manager and assessor: the baseline."""
         f = self.cfg.federation
         manager_id = job.to_server(BuffModelManager(f.num_updates_for_model, global_lr=f.global_lr), id="model_manager")
-        devices_id = job.to_server(BuffDeviceManager(f.device_selection_size, min_hole_to_fill=f.min_hole_to_fill,
-                                                     device_reuse=f.device_reuse), id="device_manager")  # fmt: skip
-        assessor = ModelUpdateAssessor(persistor_id, manager_id, devices_id, f.max_model_version,
-                                       device_wait_timeout=f.device_wait_timeout)  # fmt: skip
+        devices_id = job.to_server(
+            BuffDeviceManager(
+                f.device_selection_size, min_hole_to_fill=f.min_hole_to_fill, device_reuse=f.device_reuse
+            ),
+            id="device_manager",
+        )
+        assessor = ModelUpdateAssessor(
+            persistor_id, manager_id, devices_id, f.max_model_version, device_wait_timeout=f.device_wait_timeout
+        )
         return job.to_server(assessor, id="wf_assessor")
 
     def _add_clients(self, job: EdgeJob) -> None:

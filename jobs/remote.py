@@ -153,6 +153,8 @@ def follow_poc(env, job_id: str, results_dir: str, poll: float = 5.0) -> str:
         with contextlib.redirect_stdout(io.StringIO()):  # NVFlare's job monitor prints the job's meta, twice
             downloaded = env.get_job_result(job_id, timeout=60.0)
         if downloaded:
-            print(f"[edgesim] brought home from the server: {', '.join(bring_home(downloaded, results_dir)) or 'nothing'}")
+            print(
+                f"[edgesim] brought home from the server: {', '.join(bring_home(downloaded, results_dir)) or 'nothing'}"
+            )
         env.stop(clean_up=True)
     return last

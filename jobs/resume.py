@@ -20,13 +20,26 @@ from scheduling import checkpoint
 from scheduling.checkpoint import state_path
 
 HARMLESS = {
-    ("federation", "max_model_version"), ("federation", "max_sim_time"), ("federation", "device_wait_timeout"),
-    ("federation", "leaf_timeout"), ("federation", "on_leaf_loss"),
-    ("engine", "num_workers"), ("engine", "update_interval"), ("engine", "update_timeout"), ("engine", "job_timeout"),
+    ("federation", "max_model_version"),
+    ("federation", "max_sim_time"),
+    ("federation", "device_wait_timeout"),
+    ("federation", "leaf_timeout"),
+    ("federation", "on_leaf_loss"),
+    ("engine", "num_workers"),
+    ("engine", "update_interval"),
+    ("engine", "update_timeout"),
+    ("engine", "job_timeout"),
     ("engine", "profile"),
-    ("run", "eval_frequency"), ("run", "workspace"), ("run", "checkpoint_every"), ("run", "output"),
-    ("run", "resume"), ("run", "export_only"), ("run", "env"), ("run", "startup_kit"), ("run", "username"),
-}  # fmt: skip
+    ("run", "eval_frequency"),
+    ("run", "workspace"),
+    ("run", "checkpoint_every"),
+    ("run", "output"),
+    ("run", "resume"),
+    ("run", "export_only"),
+    ("run", "env"),
+    ("run", "startup_kit"),
+    ("run", "username"),
+}
 
 
 def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
@@ -52,7 +65,9 @@ def resumed_config(results_dir: str, flags_cfg: JobConfig, given: set[str]) -> J
     folder that cannot be resumed or a flag that would change the result."""
     metrics = os.path.join(results_dir, "metrics.json")
     if not os.path.exists(metrics):
-        raise ConfigError(f"--resume {results_dir}: no metrics.json there; give the --output folder of the run to resume")
+        raise ConfigError(
+            f"--resume {results_dir}: no metrics.json there; give the --output folder of the run to resume"
+        )
     if not os.path.exists(state_path(results_dir)):
         raise ConfigError(f"--resume {results_dir}: the run wrote no checkpoint before it ended; run it again")
     with open(metrics) as f:
@@ -62,8 +77,10 @@ def resumed_config(results_dir: str, flags_cfg: JobConfig, given: set[str]) -> J
         where = field_of(dest)
         if where is None or where not in HARMLESS:
             flag = "--" + dest.replace("_", "-").replace("fr-", "fr-")
-            raise ConfigError(f"{flag} would change the result of the resumed run: leave it out (the saved "
-                              f"configuration applies), or start a new run")  # fmt: skip
+            raise ConfigError(
+                f"{flag} would change the result of the resumed run: leave it out (the saved "
+                f"configuration applies), or start a new run"
+            )
         part, name = where
         changes.setdefault(part, {})[name] = getattr(getattr(flags_cfg, part), name)
     changes.setdefault("run", {}).update(output=results_dir, resume=results_dir)
@@ -81,5 +98,7 @@ def check_checkpoint_model(results_dir: str, model: str) -> None:
     expected = set(build_model(model).state_dict())
     if saved != expected:
         missing, extra = sorted(expected - saved), sorted(saved - expected)
-        raise ConfigError(f"--resume {results_dir}: the checkpoint's {model} lacks {missing[:4]} and has {extra[:4]}, "
-                          "so it was written by another version of this code or model; start a new run")  # fmt: skip
+        raise ConfigError(
+            f"--resume {results_dir}: the checkpoint's {model} lacks {missing[:4]} and has {extra[:4]}, "
+            "so it was written by another version of this code or model; start a new run"
+        )

@@ -376,7 +376,9 @@ def pinned_cores(count: int) -> Iterator[int]:
         os.sched_setaffinity(0, original)
 
 
-def make_trial_runner(cfg, plan, device: torch.device, trial_devices: int, cores: int) -> Callable[[TrialPoint], TrialResult]:
+def make_trial_runner(
+    cfg, plan, device: torch.device, trial_devices: int, cores: int
+) -> Callable[[TrialPoint], TrialResult]:
     """The real trial function ``explore`` calls: ``trial_devices`` devices per trial, in groups of the point's
     group size."""
     train_one = make_device_trainer(cfg, plan, device)
@@ -412,19 +414,31 @@ def probe_args(argv: Sequence[str], workdir: str, leaves: int, devices_per_leaf:
     """The job's own flags followed by the probe's overrides (argparse keeps the last value of a flag)."""
     per_leaf = min(devices_per_leaf, 2)
     return [*argv] + [
-        "--env", "sim",
-        "--max-model-version", "2",
-        "--local-iters", "2",
-        "--devices-per-leaf", str(per_leaf),
-        "--device-selection-size", str(per_leaf * leaves),
-        "--num-updates-for-model", str(per_leaf * leaves),
-        "--min-hole-to-fill", str(per_leaf * leaves),
-        "--job-timeout", "600",  # measure the wait, never fail on it
-        "--eval-frequency", "1",
-        "--job-name", "edgesim_tune_probe",
-        "--output", os.path.join(workdir, "out"),
-        "--workspace", os.path.join(workdir, "ws"),
-    ]  # fmt: skip
+        "--env",
+        "sim",
+        "--max-model-version",
+        "2",
+        "--local-iters",
+        "2",
+        "--devices-per-leaf",
+        str(per_leaf),
+        "--device-selection-size",
+        str(per_leaf * leaves),
+        "--num-updates-for-model",
+        str(per_leaf * leaves),
+        "--min-hole-to-fill",
+        str(per_leaf * leaves),
+        "--job-timeout",
+        "600",  # measure the wait, never fail on it
+        "--eval-frequency",
+        "1",
+        "--job-name",
+        "edgesim_tune_probe",
+        "--output",
+        os.path.join(workdir, "out"),
+        "--workspace",
+        os.path.join(workdir, "ws"),
+    ]
 
 
 def first_reports(results_dir: str) -> dict[str, float]:
@@ -504,7 +518,7 @@ def build_tune_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--probe-timeout", type=float, default=600.0, help="seconds the job probe may take")
     t.add_argument("--json", default=None, metavar="PATH", help="also write trials and recommendation as JSON")
-    return p  # fmt: skip
+    return p
 
 
 def _job_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:

@@ -27,4 +27,3 @@ def resolve_device(name: str | None = "auto") -> torch.device:
     elif device.type != "cpu":
         raise ValueError(f"--compute-device {name}: unsupported device type {device.type!r}; use auto, cpu or cuda[:N]")
     return device
-

@@ -184,8 +184,11 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         version, weights = received_model(task)
         diff = self.train(device_id, weights, version)
         if self.stock_delays is not None:  # the stock baseline: heterogeneity by real sleeping, like NVFlare's example
-            time.sleep(DeviceDelays(DelayConfig.from_dict(self.stock_delays), self.seed).durations(
-                device_id, self.tasks_done).total)  # fmt: skip
+            time.sleep(
+                DeviceDelays(DelayConfig.from_dict(self.stock_delays), self.seed)
+                .durations(device_id, self.tasks_done)
+                .total
+            )
         self.tasks_done += 1
         return weight_diff_result(device_id, diff, stock_lists=self.stock_delays is not None)
 
@@ -207,7 +210,9 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         zeros = {k: np.zeros(np.shape(v), dtype=np.float32) for k, v in weights.items()}
         return weight_diff_result(device_id, zeros, count=0)
 
-    def _prepare(self, device_id: str, version: int) -> tuple[torch.device, torch.Tensor, torch.Tensor, torch.Generator]:
+    def _prepare(
+        self, device_id: str, version: int
+    ) -> tuple[torch.device, torch.Tensor, torch.Tensor, torch.Generator]:
         """This device's samples (on DEVICE, or on the CPU when the profile keeps data off it) and its training
         generator, the same for either engine."""
         if self.torch_threads and torch.get_num_threads() != self.torch_threads:
@@ -217,8 +222,14 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         spec = self._data.spec(self.seed)
         data = _dataset_on(spec, str(data_device))
         host = load_dataset(spec)  # the CPU copy, cached per process
-        indices = device_indices(host.y_train.numpy(), device_id, self._data.subset_size, self._data.dirichlet_alpha,
-                                 self.seed, host.num_classes)  # fmt: skip
+        indices = device_indices(
+            host.y_train.numpy(),
+            device_id,
+            self._data.subset_size,
+            self._data.dirichlet_alpha,
+            self.seed,
+            host.num_classes,
+        )
         idx = torch.from_numpy(indices).to(data_device)
         x, y = data.x_train.index_select(0, idx), data.y_train.index_select(0, idx)
         generator = torch.Generator().manual_seed(stable_seed("train", self.seed, device_id, version) % 2**63)
@@ -239,8 +250,9 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
             device, x, y, generator = self._prepare(device_id, version)
             net = worker_model(self._training.model, device)
             params = global_params_on(model_data, version, device, settings.cached_versions)
-            return train_local(net, params, x, y, self._training, generator, settings.pinned_streams,
-                               self._input_prep())  # fmt: skip
+            return train_local(
+                net, params, x, y, self._training, generator, settings.pinned_streams, self._input_prep()
+            )
 
     def train_group(self, device_ids: list[str], model_data: dict, version: int) -> list[dict[str, np.ndarray]]:
         """Train several devices from the same global weights in one vectorised call (``train_group``); each

@@ -149,8 +149,10 @@ def train_local(
         for name, t in shared.items():
             src = global_params.get(name)
             if src is None:
-                raise ValueError(f"the global weights lack {name}: the server must send the model's whole "
-                                 "state_dict (parameters and data statistics)")  # fmt: skip
+                raise ValueError(
+                    f"the global weights lack {name}: the server must send the model's whole "
+                    "state_dict (parameters and data statistics)"
+                )
             if src.device != device:
                 raise ValueError(f"global weight {name} is on {src.device}, model on {device}")
             t.copy_(src)
@@ -174,8 +176,13 @@ def train_local(
 
 
 @torch.no_grad()
-def evaluate_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000,
-                      prepare: Callable[[torch.Tensor], torch.Tensor] = normalize) -> float:  # fmt: skip
+def evaluate_accuracy(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int = 1000,
+    prepare: Callable[[torch.Tensor], torch.Tensor] = normalize,
+) -> float:
     """Top-1 accuracy of ``model`` on stored inputs (``prepare``d on the fly, as in ``train_local``)."""
     model.eval()
     device = next(model.parameters()).device

@@ -55,9 +55,16 @@ class UpdateApplier:
     log_error: reports a failed update application.
     """
 
-    def __init__(self, schedule: ExactSchedule, model_manager, events: JsonlWriter, new_context: Callable,
-                 time_scale: float = 0.0, on_version: Callable[[], None] | None = None,
-                 log_error: Callable[[str], None] = print):  # fmt: skip
+    def __init__(
+        self,
+        schedule: ExactSchedule,
+        model_manager,
+        events: JsonlWriter,
+        new_context: Callable,
+        time_scale: float = 0.0,
+        on_version: Callable[[], None] | None = None,
+        log_error: Callable[[str], None] = print,
+    ):
         self.schedule = schedule
         self.model_manager = model_manager
         self.events = events
@@ -84,8 +91,10 @@ class UpdateApplier:
             if flight is None or flight.selection_id != update.selection_id:
                 return f"device {update.device} is not in flight for selection {update.selection_id}"
             if update.base_version != flight.base_version:
-                return (f"device {update.device} trained version {update.base_version} but was selected for "
-                        f"{flight.base_version}")  # fmt: skip
+                return (
+                    f"device {update.device} trained version {update.base_version} but was selected for "
+                    f"{flight.base_version}"
+                )
             self.received[update.device] = update
             self._cond.notify_all()
         return ""
@@ -99,8 +108,9 @@ class UpdateApplier:
                 self.selection_version += 1
             versions = {f.selection_id: f.base_version for f in s.in_flight.values()}
             needed = {f.base_version for d, f in s.in_flight.items() if d in selection} | {mm.current_version}
-            self.view = ServerView(mm.current_version, self.selection_version, selection, versions,
-                                   {v: mm.model_dxo(v) for v in needed})  # fmt: skip
+            self.view = ServerView(
+                mm.current_version, self.selection_version, selection, versions, {v: mm.model_dxo(v) for v in needed}
+            )
 
     def start(self) -> None:
         self._started_at = time.time()

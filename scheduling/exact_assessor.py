@@ -172,10 +172,15 @@ class ExactTimeAssessor(Assessor):
         self.fire_event(AppEventType.INITIAL_MODEL_LOADED, fl_ctx)
         pool = DevicePool(self.seed)
         self.schedule = ExactSchedule(
-            pool, DeviceDelays(DelayConfig.from_dict(self.delays), self.seed), self.selection_size,
-            self.updates_per_version, self.min_hole_to_fill, self.device_reuse, self.max_model_version,
+            pool,
+            DeviceDelays(DelayConfig.from_dict(self.delays), self.seed),
+            self.selection_size,
+            self.updates_per_version,
+            self.min_hole_to_fill,
+            self.device_reuse,
+            self.max_model_version,
             self.max_sim_time,
-        )  # fmt: skip
+        )
         self._out = output_dir(self.results_dir, fl_ctx)
         self._events = JsonlWriter(os.path.join(self._out, "events.jsonl"))
         self._waiting_since = self._started_wall = time.time()
@@ -202,9 +207,15 @@ class ExactTimeAssessor(Assessor):
         self._make_applier(fl_ctx).start()
 
     def _make_applier(self, fl_ctx: FLContext) -> UpdateApplier:
-        self.applier = UpdateApplier(self.schedule, self.model_manager, self._events, self._engine.new_context,
-                                     self.time_scale, on_version=lambda: self._on_version(fl_ctx),
-                                     log_error=lambda msg: self.log_error(fl_ctx, msg))  # fmt: skip
+        self.applier = UpdateApplier(
+            self.schedule,
+            self.model_manager,
+            self._events,
+            self._engine.new_context,
+            self.time_scale,
+            on_version=lambda: self._on_version(fl_ctx),
+            log_error=lambda msg: self.log_error(fl_ctx, msg),
+        )
         return self.applier
 
     # -- checkpoints ----------------------------------------------------------------------------------------------
@@ -215,11 +226,18 @@ class ExactTimeAssessor(Assessor):
             received = list(a.received.values())
             groups = list({id(u.group): u.group for u in received if u.group is not None}.values())
             state = {
-                "meta": {"version": s.version, "sim_seconds": s.now, "applied": a.applied,
-                         "wall_seconds": self._wall_offset + time.time() - self._started_wall},  # fmt: skip
+                "meta": {
+                    "version": s.version,
+                    "sim_seconds": s.now,
+                    "applied": a.applied,
+                    "wall_seconds": self._wall_offset + time.time() - self._started_wall,
+                },
                 "schedule": s.state_dict(),
-                "received": [u.to_dict() | {"group": next(i for i, g in enumerate(groups) if g is u.group)
-                                            if u.group is not None else None} for u in received],  # fmt: skip
+                "received": [
+                    u.to_dict()
+                    | {"group": next(i for i, g in enumerate(groups) if g is u.group) if u.group is not None else None}
+                    for u in received
+                ],
                 "groups": [g.to_dict() for g in groups],
                 "selection_version": a.selection_version,
             }
@@ -257,8 +275,12 @@ class ExactTimeAssessor(Assessor):
     # -- when is it over ----------------------------------------------------------------------------------------
     def _finish(self, status: str, reason: str, fl_ctx: FLContext) -> None:
         s = self.schedule
-        self.outcome = {"status": status, "reason": reason, "version": s.version if s else 0,
-                        "sim_seconds": round(s.now, 9) if s else 0.0}  # fmt: skip
+        self.outcome = {
+            "status": status,
+            "reason": reason,
+            "version": s.version if s else 0,
+            "sim_seconds": round(s.now, 9) if s else 0.0,
+        }
         log = self.log_info if status == "completed" else self.log_error
         log(fl_ctx, f"run {status}: {reason}")
         self.fire_event_with_data(RUN_OUTCOME, fl_ctx, RUN_OUTCOME, self.outcome)
@@ -272,9 +294,12 @@ class ExactTimeAssessor(Assessor):
                 return Assessment.CONTINUE
             if not s.version:
                 if time.time() - self._waiting_since > self.device_wait_timeout:
-                    self._finish("stopped", f"only leaves {sorted(s.pool.leaves)} of {self.num_leaves} registered "
-                                            f"devices within --device-wait-timeout {self.device_wait_timeout:g} s",
-                                 fl_ctx)  # fmt: skip
+                    self._finish(
+                        "stopped",
+                        f"only leaves {sorted(s.pool.leaves)} of {self.num_leaves} registered "
+                        f"devices within --device-wait-timeout {self.device_wait_timeout:g} s",
+                        fl_ctx,
+                    )
                     return Assessment.WORKFLOW_DONE
                 return Assessment.CONTINUE
             with self.applier.lock:  # the applier thread changes the schedule
@@ -287,11 +312,16 @@ class ExactTimeAssessor(Assessor):
                     if s.version >= self.max_model_version:
                         self._finish("completed", f"version {s.version} (--max-model-version)", fl_ctx)
                     elif self.max_sim_time is not None and s.next_due() is not None:
-                        self._finish("completed", f"simulated time {s.now:.6g} (--max-sim-time "
-                                                  f"{self.max_sim_time:g})", fl_ctx)  # fmt: skip
+                        self._finish(
+                            "completed", f"simulated time {s.now:.6g} (--max-sim-time {self.max_sim_time:g})", fl_ctx
+                        )
                     else:
-                        self._finish("stopped", f"no device left to select at version {s.version} (the pool is "
-                                                "exhausted: --no-device-reuse, or every leaf lost)", fl_ctx)  # fmt: skip
+                        self._finish(
+                            "stopped",
+                            f"no device left to select at version {s.version} (the pool is "
+                            "exhausted: --no-device-reuse, or every leaf lost)",
+                            fl_ctx,
+                        )
             return Assessment.WORKFLOW_DONE if self.outcome is not None else Assessment.CONTINUE
 
     def _check_leaves(self, fl_ctx: FLContext) -> None:
@@ -302,11 +332,18 @@ class ExactTimeAssessor(Assessor):
         self.lost_leaves |= lost
         names = ", ".join(sorted(lost))
         if self.on_leaf_loss == "stop":
-            self._finish("stopped", f"leaf {names} sent nothing for {self.leaf_timeout:g} s (--leaf-timeout): lost "
-                                    "(--on-leaf-loss stop); metrics.json keeps the versions made so far", fl_ctx)  # fmt: skip
+            self._finish(
+                "stopped",
+                f"leaf {names} sent nothing for {self.leaf_timeout:g} s (--leaf-timeout): lost "
+                "(--on-leaf-loss stop); metrics.json keeps the versions made so far",
+                fl_ctx,
+            )
             return
-        self.log_error(fl_ctx, f"leaf {names} lost: its in-flight devices count as failed, its devices are never "
-                               "selected again (--on-leaf-loss continue)")  # fmt: skip
+        self.log_error(
+            fl_ctx,
+            f"leaf {names} lost: its in-flight devices count as failed, its devices are never "
+            "selected again (--on-leaf-loss continue)",
+        )
         for leaf in lost:
             for device in self.schedule.pool.remove_leaf(leaf):
                 if device in self.applier.received:  # it reported before the leaf went silent

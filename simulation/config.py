@@ -56,7 +56,9 @@ class EngineConfig:
         if self.simulator == "stock" and self.time_scale > 0:
             raise ConfigError("--time-scale needs --simulator fast (the stock simulator sleeps the delays in full)")
         if self.simulator == "stock" and self.engine == "vectorized":
-            raise ConfigError("--engine vectorized needs --simulator fast (the stock simulator runs one device at a time)")
+            raise ConfigError(
+                "--engine vectorized needs --simulator fast (the stock simulator runs one device at a time)"
+            )
 
     def to_dict(self) -> dict:
         return asdict(self)

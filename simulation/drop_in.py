@@ -93,9 +93,14 @@ class DropInOptions:
         if not isinstance(self.delays, (DelayConfig, dict, str)):
             raise ConfigError(f"delays={self.delays!r}: give a DelayConfig, its dict or a preset name")
         object.__setattr__(self, "delays", DelayConfig.from_spec(self.delays))
-        EngineConfig(engine=self.engine, num_workers=self.num_workers, group_size=self.group_size,
-                     profile=self.profile, time_scale=self.time_scale,
-                     update_interval=self.update_interval or 1.0)  # fmt: skip - its checks, its messages
+        EngineConfig(
+            engine=self.engine,
+            num_workers=self.num_workers,
+            group_size=self.group_size,
+            profile=self.profile,
+            time_scale=self.time_scale,
+            update_interval=self.update_interval or 1.0,
+        )  # built for its checks and their messages
         if self.devices_per_round is not None and self.devices_per_round < 1:
             raise ConfigError(f"devices_per_round={self.devices_per_round}: must be >= 1")
         if self.delays != DelayConfig() and self.time_scale == 0:
@@ -187,10 +192,13 @@ def _convert(job: FedJob, opts: DropInOptions) -> None:
         for executor_def in clients.executors:
             if type(executor_def.executor) is EdgeModelExecutor:
                 e = executor_def.executor
-                executor_def.executor = QuietEdgeModelExecutor(e.aggr_factory_id, e.max_model_versions,
-                                                               e.update_timeout)  # fmt: skip
+                executor_def.executor = QuietEdgeModelExecutor(
+                    e.aggr_factory_id, e.max_model_versions, e.update_timeout
+                )
     if opts.update_interval is not None:
-        controllers = [w.controller for w in _server_workflows(job) if isinstance(w.controller, ScatterAndGatherForEdge)]
+        controllers = [
+            w.controller for w in _server_workflows(job) if isinstance(w.controller, ScatterAndGatherForEdge)
+        ]
         if not controllers:
             raise ValueError("update_interval: the job's server has no ScatterAndGatherForEdge workflow to set it on")
         for controller in controllers:
@@ -207,4 +215,3 @@ def _server_workflows(job: FedJob) -> list:
         return list(server_app_config(job).workflows)
     except ValueError:  # a clients-only job: nothing to set
         return []
-

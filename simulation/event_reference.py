@@ -28,8 +28,16 @@ def make_schedule(
     pool = DevicePool(seed)
     for leaf, count in leaves.items():
         pool.register_range(leaf, count, leaf)
-    return ExactSchedule(pool, DeviceDelays(delays, seed), selection_size, updates_per_version, min_hole_to_fill,
-                         device_reuse, max_model_version, max_sim_time)  # fmt: skip
+    return ExactSchedule(
+        pool,
+        DeviceDelays(delays, seed),
+        selection_size,
+        updates_per_version,
+        min_hole_to_fill,
+        device_reuse,
+        max_model_version,
+        max_sim_time,
+    )
 
 
 def reference_trace(schedule: ExactSchedule) -> list[dict]:

@@ -187,7 +187,9 @@ class FastSimulator:
 
     def _ask_for_selection(self, job_id: str, device_id: str) -> SelectionResponse:
         device = self._probe(device_id)
-        return self._send(SelectionRequest(device.get_device_info(), job_id), device, SelectionResponse(EdgeApiStatus.RETRY))
+        return self._send(
+            SelectionRequest(device.get_device_info(), job_id), device, SelectionResponse(EdgeApiStatus.RETRY)
+        )
 
     def _ask_for_task(self, device: SimulatedDevice) -> TaskResponse:
         req = TaskRequest(device.get_device_info(), device.get_user_info(), device.get_job_id(), device.cookie)
@@ -370,9 +372,16 @@ class FastSimulator:
             cookie=device.cookie,
         )
         if self._on_report is not None:  # before the update goes up: the line travels with it or earlier
-            self._on_report({"wall": time.time(), "device": device.device_id, "version": t.model_version,
-                             "selection": t.selection_id, "ok": status == EdgeApiStatus.OK and not t.failed,
-                             "group": t.trained_with})  # fmt: skip
+            self._on_report(
+                {
+                    "wall": time.time(),
+                    "device": device.device_id,
+                    "version": t.model_version,
+                    "selection": t.selection_id,
+                    "ok": status == EdgeApiStatus.OK and not t.failed,
+                    "group": t.trained_with,
+                }
+            )
         self._send(report, device, None)
         with self._lock:
             self._busy.discard(device.device_id)

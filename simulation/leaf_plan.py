@@ -79,6 +79,7 @@ class PlanRequest:
 def _sibling_key(cmdline: list[str]) -> tuple[str, str] | None:
     """What a leaf process shares with the other leaves of its job: (NVFlare's client job module, the job id) on a
     deployment, or (NVFlare's simulator worker module, the simulation's workspace) in SimEnv."""
+
     def value(flag: str) -> str | None:
         return cmdline[cmdline.index(flag) + 1] if flag in cmdline[:-1] else None
 
@@ -102,25 +103,33 @@ def count_leaf_processes(own_cmdline: list[str] | None = None) -> int:
     return max(1, count)
 
 
-def plan_leaf(request: PlanRequest, hardware: HardwareProfile | None = None, leaves_on_host: int | None = None) -> WorkerPlan:
+def plan_leaf(
+    request: PlanRequest, hardware: HardwareProfile | None = None, leaves_on_host: int | None = None
+) -> WorkerPlan:
     """The plan of one leaf: workers (``plan_workers``) and engine (``plan_engine``). ``leaves_on_host`` replaces
     the request's (a leaf that counted its neighbours); ``hardware`` defaults to this machine's."""
     hardware = hardware or probe_hardware()
     leaves = leaves_on_host or request.leaves_on_host or 1
     if request.model is None:  # someone else's task processor: cores and devices bound its workers
-        plan = plan_workers(hardware, request.devices_per_round, 0, leaves, requested=request.num_workers,
-                            profile=request.profile)  # fmt: skip
+        plan = plan_workers(
+            hardware, request.devices_per_round, 0, leaves, requested=request.num_workers, profile=request.profile
+        )
         if request.engine in ("auto", "per-device"):  # groups only when asked for
-            return replace(plan, engine="per-device", group_size=1,
-                           engine_reason="the task processor is not this project's: one device per call")  # fmt: skip
+            return replace(
+                plan,
+                engine="per-device",
+                group_size=1,
+                engine_reason="the task processor is not this project's: one device per call",
+            )
         return plan_engine(plan, request.engine, group_size=request.group_size)
     device = resolve_device(request.compute_device)
     model = build_model(request.model)
     plan = plan_workers(
         hardware,
         devices_per_leaf=request.devices_per_round,
-        per_worker_bytes=estimate_worker_bytes(model, request.batch_size, request.optimizer,
-                                               request.input_shape or DEFAULT_INPUT_SHAPE),  # fmt: skip
+        per_worker_bytes=estimate_worker_bytes(
+            model, request.batch_size, request.optimizer, request.input_shape or DEFAULT_INPUT_SHAPE
+        ),
         leaves_on_host=leaves,
         use_gpu=device.type == "cuda",
         requested=request.num_workers,

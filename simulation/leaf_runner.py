@@ -122,8 +122,11 @@ class FastDeviceRunner(TPORunner):
         hardware = probe_hardware()
         neighbours = request.leaves_on_host or count_leaf_processes()
         self.plan = plan_leaf(request, hardware, leaves_on_host=neighbours)
-        self.log_info(fl_ctx, f"leaf plan ({neighbours} leaf process(es) on this machine):\n"
-                              f"{self.plan.describe()}\n{self.plan.reasoning()}")  # fmt: skip
+        self.log_info(
+            fl_ctx,
+            f"leaf plan ({neighbours} leaf process(es) on this machine):\n"
+            f"{self.plan.describe()}\n{self.plan.reasoning()}",
+        )
         return self.plan.to_dict() | {"leaves_on_host": neighbours, "hardware": hardware_summary(hardware)}
 
     def create_simulator(self, fl_ctx: FLContext) -> FastSimulator:
@@ -169,8 +172,11 @@ class FastDeviceRunner(TPORunner):
         if self._watch is not None:
             self._watch.stop()
             if self._watch.seen:
-                self.log_warning(fl_ctx, f"the task processor started at least {len(self._watch.seen)} child "
-                                         "process(es) during the run (see the warning above)")  # fmt: skip
+                self.log_warning(
+                    fl_ctx,
+                    f"the task processor started at least {len(self._watch.seen)} child "
+                    "process(es) during the run (see the warning above)",
+                )
         if self._local_log is not None:
             self._local_log.close()
 

@@ -31,10 +31,15 @@ from nvflare.job_config.api import FedJob
 from nvflare.recipe.spec import Recipe
 
 NVFLARE_PRIVATE_OVERRIDES = {
-    "nvflare.edge.executors.ete.EdgeTaskExecutor._handle_edge_request": ("self", "event_type", "fl_ctx", "process_f",
-                                                                         "no_task_reply"),
+    "nvflare.edge.executors.ete.EdgeTaskExecutor._handle_edge_request": (
+        "self",
+        "event_type",
+        "fl_ctx",
+        "process_f",
+        "no_task_reply",
+    ),
     "nvflare.edge.executors.ete.EdgeTaskExecutor._handle_edge_job_request": ("self", "event_type", "fl_ctx"),
-}  # fmt: skip
+}
 NVFLARE_PRIVATE_ATTRIBUTES = {
     "nvflare.job_config.api.FedJob": ("_deploy_map",),
     "nvflare.recipe.spec.Recipe": ("_job",),
@@ -78,8 +83,10 @@ def client_app_config(job: FedJob):
     """The ``ClientAppConfig`` every client runs (``components``: id -> component; ``executors``)."""
     app = _apps(job).get(ALL_SITES)
     if app is None:
-        raise ValueError("the job has no app for all clients (@ALL): configure its clients and its device simulation "
-                         "first (EdgeJob.configure_client, EdgeJob.configure_simulation)")
+        raise ValueError(
+            "the job has no app for all clients (@ALL): configure its clients and its device simulation "
+            "first (EdgeJob.configure_client, EdgeJob.configure_simulation)"
+        )
     return app.app_config
 
 

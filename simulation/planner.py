@@ -77,8 +77,11 @@ class WorkerPlan:
 
     def reasoning(self) -> str:
         parts = [f"{k}={'unbounded' if v is None else v}" for k, v in self.limits.items()]
-        memory = (f"est. {self.per_worker_bytes / 2**20:.1f} MiB per device trained" if self.per_worker_bytes
-                  else "memory per device not estimated (a task processor that is not this project's)")  # fmt: skip
+        memory = (
+            f"est. {self.per_worker_bytes / 2**20:.1f} MiB per device trained"
+            if self.per_worker_bytes
+            else "memory per device not estimated (a task processor that is not this project's)"
+        )
         lines = [f"  limits per leaf: {', '.join(parts)}; {memory}"]
         if self.engine_reason:
             lines.append(f"  engine: {self.engine}, groups of {self.group_size} device(s) ({self.engine_reason})")
@@ -131,8 +134,9 @@ def _probe_gpus() -> list[GpuInfo]:
     return out
 
 
-def estimate_worker_bytes(model: nn.Module, batch_size: int, optimizer: str,
-                          input_shape: tuple[int, ...] = (3, 32, 32)) -> int:  # fmt: skip
+def estimate_worker_bytes(
+    model: nn.Module, batch_size: int, optimizer: str, input_shape: tuple[int, ...] = (3, 32, 32)
+) -> int:
     """Memory of one training worker: weights, gradients, optimizer state, the received global copy and the
     diff, plus activations saved for backward (measured with forward hooks on a one-sample batch of
     ``input_shape``, then scaled to the batch size)."""
@@ -279,14 +283,22 @@ class Timeouts:
         return asdict(self)
 
 
-def derive_timeouts(model_bytes: int, devices_per_leaf: int, leaf_sums: bool, update_interval: float,
-                    update_timeout: float | None = None, leaf_timeout: float | None = None) -> Timeouts:  # fmt: skip
+def derive_timeouts(
+    model_bytes: int,
+    devices_per_leaf: int,
+    leaf_sums: bool,
+    update_interval: float,
+    update_timeout: float | None = None,
+    leaf_timeout: float | None = None,
+) -> Timeouts:
     payload = model_bytes * (1 if leaf_sums else devices_per_leaf)
     derived_update = max(MIN_UPDATE_TIMEOUT, 3 * payload / LINK_BYTES_PER_SECOND)
     update = update_timeout or round(derived_update, 1)
     derived_leaf = max(MIN_LEAF_TIMEOUT, 20 * (update_interval + HUG_JITTER), 2 * update)
     leaf = leaf_timeout or round(derived_leaf, 1)
-    reason = (f"largest report {payload / 2**20:.1f} MiB ({'one sum per selection' if leaf_sums else 'every device'}"
-              f"); update timeout {update:g} s{' (--update-timeout)' if update_timeout else ''}, leaf lost after "
-              f"{leaf:g} s of silence{' (--leaf-timeout)' if leaf_timeout else ''}")  # fmt: skip
+    reason = (
+        f"largest report {payload / 2**20:.1f} MiB ({'one sum per selection' if leaf_sums else 'every device'}"
+        f"); update timeout {update:g} s{' (--update-timeout)' if update_timeout else ''}, leaf lost after "
+        f"{leaf:g} s of silence{' (--leaf-timeout)' if leaf_timeout else ''}"
+    )
     return Timeouts(update, leaf, reason)

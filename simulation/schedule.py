@@ -60,8 +60,13 @@ class Arrival:
 
     def trace_record(self) -> dict:
         """One line of ``events.jsonl``."""
-        return {"version": self.version, "device": self.device, "base_version": self.base_version,
-                "arrival": round(self.arrival, 9), "tau": self.tau}  # fmt: skip
+        return {
+            "version": self.version,
+            "device": self.device,
+            "base_version": self.base_version,
+            "arrival": round(self.arrival, 9),
+            "tau": self.tau,
+        }
 
 
 class ExactSchedule:

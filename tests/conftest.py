@@ -29,8 +29,9 @@ def small_data():
     return make_synthetic(2000, 400, seed=0)
 
 
-def make_processor(synthetic_size: int = 2000, seed: int = 0, subset_size: int = 350, profile: str = "high",
-                   **training):  # fmt: skip
+def make_processor(
+    synthetic_size: int = 2000, seed: int = 0, subset_size: int = 350, profile: str = "high", **training
+):
     """The job's task processor on synthetic data and the CPU; ``training`` overrides ``TrainingConfig`` fields."""
     from processors.data.config import DataConfig
     from processors.task_processor import TrainingTaskProcessor
@@ -44,11 +45,17 @@ def make_processor(synthetic_size: int = 2000, seed: int = 0, subset_size: int =
 def job_args(tmp_path, *extra: str, output: bool = True) -> list[str]:
     """Flags for a small but real NVFlare run: 2 leaves, 8 devices a round, synthetic data."""
     return (["--output", str(tmp_path / "out")] if output else []) + [
-        "--num-leaf-nodes", "2",
-        "--devices-per-leaf", "6",
-        "--device-selection-size", "8",
-        "--synthetic-size", "3000",
-        "--local-lr", "1e-3",
-        "--workspace", str(tmp_path / "ws"),
+        "--num-leaf-nodes",
+        "2",
+        "--devices-per-leaf",
+        "6",
+        "--device-selection-size",
+        "8",
+        "--synthetic-size",
+        "3000",
+        "--local-lr",
+        "1e-3",
+        "--workspace",
+        str(tmp_path / "ws"),
         *extra,
-    ]  # fmt: skip
+    ]

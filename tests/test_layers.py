@@ -42,7 +42,9 @@ def upward_imports() -> list[str]:
                 path = os.path.join(root, name)
                 for imported in project_imports(path):
                     if imported != package and LEVEL[imported] >= level:
-                        found.append(f"{os.path.relpath(path, REPO)} imports {imported} (layer {LEVEL[imported]} >= {level})")
+                        found.append(
+                            f"{os.path.relpath(path, REPO)} imports {imported} (layer {LEVEL[imported]} >= {level})"
+                        )
     return found
 
 

@@ -43,8 +43,13 @@ class DataConfig:
         name = self.dataset
         if name not in BUILTIN_DATASETS and name.endswith(".npz"):
             name = os.path.abspath(os.path.expanduser(name))
-        return DatasetSpec(name, os.path.abspath(os.path.expanduser(self.data_root)), self.synthetic_size, seed,
-                           self.synthetic_difficulty)  # fmt: skip
+        return DatasetSpec(
+            name,
+            os.path.abspath(os.path.expanduser(self.data_root)),
+            self.synthetic_size,
+            seed,
+            self.synthetic_difficulty,
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)

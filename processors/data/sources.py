@@ -51,8 +51,10 @@ class DatasetSpec:
             return "npz"
         if ":" in self.name and os.path.sep not in self.name.partition(":")[0]:
             return "loader"
-        raise DatasetError(f"--dataset {self.name!r}: use cifar10, synthetic, a path to a .npz file, or an import "
-                           "path package.module:function that returns x_train, y_train, x_test, y_test")  # fmt: skip
+        raise DatasetError(
+            f"--dataset {self.name!r}: use cifar10, synthetic, a path to a .npz file, or an import "
+            "path package.module:function that returns x_train, y_train, x_test, y_test"
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -113,8 +115,9 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
 def _load_cached(spec: DatasetSpec) -> Dataset:
     kind = spec.kind
     if kind == "synthetic":
-        return make_synthetic(spec.synthetic_size, max(spec.synthetic_size // 5, 100), spec.seed,
-                              spec.synthetic_difficulty)  # fmt: skip
+        return make_synthetic(
+            spec.synthetic_size, max(spec.synthetic_size // 5, 100), spec.seed, spec.synthetic_difficulty
+        )
     if kind == "npz":
         return load_npz(spec.name)
     if kind == "loader":
@@ -242,9 +245,13 @@ def as_arrays(data, where: str) -> dict[str, np.ndarray]:
     elif all(hasattr(data, k) for k in NPZ_KEYS):
         values = [getattr(data, k) for k in NPZ_KEYS]
     else:
-        raise DatasetError(f"{where}: got a {type(data).__name__}; give {list(NPZ_KEYS)} as a dict, an object with "
-                           "those attributes, or a 4-tuple")  # fmt: skip
-    return {k: v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v) for k, v in zip(NPZ_KEYS, values, strict=True)}
+        raise DatasetError(
+            f"{where}: got a {type(data).__name__}; give {list(NPZ_KEYS)} as a dict, an object with "
+            "those attributes, or a 4-tuple"
+        )
+    return {
+        k: v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v) for k, v in zip(NPZ_KEYS, values, strict=True)
+    }
 
 
 def _channels_first(x: np.ndarray) -> np.ndarray:
@@ -268,8 +275,10 @@ def from_arrays(arrays: dict[str, np.ndarray], where: str) -> Dataset:
         if x.dtype == np.uint8:
             x = _channels_first(x)
             if x.ndim != 4 or x.shape[1] not in (1, 3):
-                raise DatasetError(f"{where}: x_{split} has shape {x.shape}; uint8 images must be N x H x W, "
-                                   "N x H x W x C or N x C x H x W with C = 1 or 3 (or give float arrays)")  # fmt: skip
+                raise DatasetError(
+                    f"{where}: x_{split} has shape {x.shape}; uint8 images must be N x H x W, "
+                    "N x H x W x C or N x C x H x W with C = 1 or 3 (or give float arrays)"
+                )
         elif np.issubdtype(x.dtype, np.floating):
             x = x.astype(np.float32)
         else:
@@ -283,11 +292,15 @@ def from_arrays(arrays: dict[str, np.ndarray], where: str) -> Dataset:
         out += [torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y.astype(np.int64))]
     x_train, y_train, x_test, y_test = out
     if x_train.shape[1:] != x_test.shape[1:] or x_train.dtype != x_test.dtype:
-        raise DatasetError(f"{where}: x_train is {x_train.dtype} {tuple(x_train.shape)} and x_test "
-                           f"{x_test.dtype} {tuple(x_test.shape)}; samples must have one shape and type")  # fmt: skip
+        raise DatasetError(
+            f"{where}: x_train is {x_train.dtype} {tuple(x_train.shape)} and x_test "
+            f"{x_test.dtype} {tuple(x_test.shape)}; samples must have one shape and type"
+        )
     num_classes = int(y_train.max()) + 1
     if int(y_test.max()) >= num_classes:
-        raise DatasetError(f"{where}: y_test has label {int(y_test.max())}, which y_train never has (0..{num_classes - 1})")
+        raise DatasetError(
+            f"{where}: y_test has label {int(y_test.max())}, which y_train never has (0..{num_classes - 1})"
+        )
     if num_classes < 2:
         raise DatasetError(f"{where}: y_train holds one class; a classifier needs at least 2")
     mean = std = None

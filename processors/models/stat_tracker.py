@@ -47,8 +47,9 @@ class StatTracker(nn.Module):
                     self.update(self.running_mean, self.running_var, mean, var)
         return x
 
-    def update(self, running_mean: torch.Tensor, running_var: torch.Tensor, mean: torch.Tensor,
-               var: torch.Tensor) -> None:  # fmt: skip
+    def update(
+        self, running_mean: torch.Tensor, running_var: torch.Tensor, mean: torch.Tensor, var: torch.Tensor
+    ) -> None:
         """The moving-average step, in place (on this tracker's buffers or on a device's stacked copies)."""
         running_mean.mul_(1 - self.momentum).add_(self.momentum * mean)
         running_var.mul_(1 - self.momentum).add_(self.momentum * var)

@@ -66,8 +66,9 @@ def test_server_model_accuracy_equals_the_device_model_accuracy_on_the_same_weig
 
     monkeypatch.setattr(tp, "_global_params", {})  # the per-process weights cache: this test's model is its own
     initial = _numpy_state(initial_model("resnet18", 0))
-    processor = make_processor(synthetic_size=SYNTHETIC_SIZE, model="resnet18", local_iters=20,
-                               local_batch_size=32, local_lr=1e-3)  # fmt: skip
+    processor = make_processor(
+        synthetic_size=SYNTHETIC_SIZE, model="resnet18", local_iters=20, local_batch_size=32, local_lr=1e-3
+    )
     diff = processor.train("site-1#0", initial, version=1)
     device_model = worker_model("resnet18", torch.device("cpu"))  # the trained model, as the device holds it
     data = load_dataset(DataConfig(**DATA).spec(0))
@@ -75,9 +76,13 @@ def test_server_model_accuracy_equals_the_device_model_accuracy_on_the_same_weig
 
     manager = BufferedModelManager(global_lr=1.0, model="resnet18")
     listener = EvaluationListener()
-    engine = EventEngine({"model_manager": manager, "listener": listener,
-                          "evaluator": GlobalModelEvaluator("resnet18", DATA, compute_device="cpu",
-                                                            max_model_version=2)})  # fmt: skip
+    engine = EventEngine(
+        {
+            "model_manager": manager,
+            "listener": listener,
+            "evaluator": GlobalModelEvaluator("resnet18", DATA, compute_device="cpu", max_model_version=2),
+        }
+    )
     ctx = engine.new_context()
     engine.fire_event(EventType.START_RUN, ctx)
     manager.start(initial, ctx)
@@ -103,8 +108,17 @@ def _update(device: str, base_version: int, diff: dict) -> DeviceUpdate:
 
 def _stats_diff(weights: dict, mean: float, var: float) -> dict:
     """A diff that moves parameters by 1 and the statistics to (mean, var)."""
-    return {k: (np.float32(mean) - v if k == "bn.running_mean" else np.float32(var) - v if k == "bn.running_var"
-                else np.ones_like(v)) for k, v in weights.items() if k != "bn.num_batches_tracked"}  # fmt: skip
+    return {
+        k: (
+            np.float32(mean) - v
+            if k == "bn.running_mean"
+            else np.float32(var) - v
+            if k == "bn.running_var"
+            else np.ones_like(v)
+        )
+        for k, v in weights.items()
+        if k != "bn.num_batches_tracked"
+    }
 
 
 def test_statistics_are_the_mean_of_the_devices_own_not_a_scaled_step_and_stale_bases_count():

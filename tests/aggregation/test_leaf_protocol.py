@@ -25,8 +25,13 @@ def model(version: int) -> DXO:
     return DXO(DataKind.WEIGHTS, {"w": np.full(2, float(version), np.float32)})
 
 
-def reply(version: int, selection: dict[str, int], sid_versions: dict[int, int], extra: tuple[int, ...] = (),
-          selection_version: int = 1) -> Shareable:  # fmt: skip
+def reply(
+    version: int,
+    selection: dict[str, int],
+    sid_versions: dict[int, int],
+    extra: tuple[int, ...] = (),
+    selection_version: int = 1,
+) -> Shareable:
     r = StateUpdateReply(version, model(version), selection_version, selection).to_shareable()
     r[PropKey.DEVICE_SELECTION] = selection
     r[SELECTION_VERSIONS] = sid_versions
@@ -69,8 +74,10 @@ def test_each_device_update_and_device_range_goes_up_once_unsummed():
     local = StateUpdateReport(0, 0, None, None).to_shareable()
     local.set_header("edgesim_local_report", True)
     local[DEVICE_RANGES] = {"site-1": [100, "site-1"]}
-    local[DEVICE_UPDATES] = [{"device": "site-1#0", "selection_id": 3, "base_version": 2, "diff": {}, "count": 1},
-                             {"device": "site-1#1", "selection_id": 3, "base_version": 2, "diff": {}, "count": 1}]  # fmt: skip
+    local[DEVICE_UPDATES] = [
+        {"device": "site-1#0", "selection_id": 3, "base_version": 2, "diff": {}, "count": 1},
+        {"device": "site-1#1", "selection_id": 3, "base_version": 2, "diff": {}, "count": 1},
+    ]
     assert updater.process_child_update(local, FLContext()) == (True, None)
     first = updater.prepare_update_for_parent(FLContext())
     assert [u["device"] for u in first[DEVICE_UPDATES]] == ["site-1#0", "site-1#1"]
@@ -82,8 +89,9 @@ def test_each_device_update_and_device_range_goes_up_once_unsummed():
 
 def test_a_relay_replies_to_a_child_with_the_versions_it_lacks():
     relay = started_updater()
-    relay.process_parent_update_reply(reply(7, {"site-3#0": 21, "site-3#1": 22}, {21: 4, 22: 6}, extra=(4, 6)),
-                                      FLContext())  # fmt: skip
+    relay.process_parent_update_reply(
+        reply(7, {"site-3#0": 21, "site-3#1": 22}, {21: 4, 22: 6}, extra=(4, 6)), FLContext()
+    )
     child_report = StateUpdateReport(5, 0, None, None).to_shareable()  # the child holds version 5 and older
     ok, answer = relay.process_child_update(child_report, FLContext())
     assert ok and answer.get_header(PropKey.MODEL_VERSION) == 7
@@ -124,8 +132,16 @@ def test_a_result_goes_up_as_that_devices_own_update_with_its_selection_and_base
     executor, task = executor_with_state({31: 2}, {"site-1#0": 31})
     diff = DXO(DataKind.WEIGHT_DIFF, {"dict": {"w": np.ones(2, np.float32)}, "count": 1}).to_dict()
     cookie = {CookieKey.MODEL_VERSION: 2, CookieKey.DEVICE_SELECTION_ID: 31}
-    report = ResultReport(DeviceInfo("site-1#0", "app", "1"), UserInfo("site-1#0"), "job-1", "task-1", "train",
-                          status=EdgeApiStatus.OK, result=diff, cookie=cookie)  # fmt: skip
+    report = ResultReport(
+        DeviceInfo("site-1#0", "app", "1"),
+        UserInfo("site-1#0"),
+        "job-1",
+        "task-1",
+        "train",
+        status=EdgeApiStatus.OK,
+        result=diff,
+        cookie=cookie,
+    )
     executor.process_edge_result_report(report, task, ctx())
     (update,) = executor.updater.prepare_update_for_parent(FLContext())[DEVICE_UPDATES]
     assert (update["device"], update["selection_id"], update["base_version"], update["count"]) == ("site-1#0", 31, 2, 1)
@@ -147,23 +163,38 @@ def test_a_result_without_its_cookie_is_refused(missing):
     executor, task = executor_with_state({31: 2}, {"site-1#0": 31})
     cookie = {CookieKey.MODEL_VERSION: 2, CookieKey.DEVICE_SELECTION_ID: 31}
     del cookie[missing]
-    report = ResultReport(DeviceInfo("site-1#0", "app", "1"), UserInfo("site-1#0"), "job-1", "task-1", "train",
-                          status=EdgeApiStatus.OK, result=DXO(DataKind.WEIGHT_DIFF, {"dict": {"w": np.ones(1)}}).to_dict(),
-                          cookie=cookie)  # fmt: skip
+    report = ResultReport(
+        DeviceInfo("site-1#0", "app", "1"),
+        UserInfo("site-1#0"),
+        "job-1",
+        "task-1",
+        "train",
+        status=EdgeApiStatus.OK,
+        result=DXO(DataKind.WEIGHT_DIFF, {"dict": {"w": np.ones(1)}}).to_dict(),
+        cookie=cookie,
+    )
     assert executor.process_edge_result_report(report, task, ctx()).status == EdgeApiStatus.ERROR
 
 
 def test_a_synchronous_leaf_sends_one_sum_per_selection_once_all_its_devices_reported():
     updater = VersionedUpdater(sum_selections=True)
     updater.start_task(BaseState(0, None, 0, {}).to_shareable(), FLContext())
-    updater.process_parent_update_reply(reply(3, {"site-1#2": 7, "site-1#0": 7, "site-1#5": 8}, {7: 3, 8: 3}),
-                                        FLContext())  # fmt: skip
+    updater.process_parent_update_reply(
+        reply(3, {"site-1#2": 7, "site-1#0": 7, "site-1#5": 8}, {7: 3, 8: 3}), FLContext()
+    )
 
     def report(device: str, sid: int, value: float) -> None:
         local = StateUpdateReport(0, 0, None, None).to_shareable()
         local.set_header("edgesim_local_report", True)
-        local[DEVICE_UPDATES] = [{"device": device, "selection_id": sid, "base_version": 3,
-                                  "diff": {"w": np.full(2, value, np.float32)}, "count": 1}]  # fmt: skip
+        local[DEVICE_UPDATES] = [
+            {
+                "device": device,
+                "selection_id": sid,
+                "base_version": 3,
+                "diff": {"w": np.full(2, value, np.float32)},
+                "count": 1,
+            }
+        ]
         updater.process_child_update(local, FLContext())
 
     report("site-1#2", 7, 2.0)

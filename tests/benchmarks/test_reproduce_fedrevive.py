@@ -2,8 +2,11 @@
 
 from benchmarks.reproduce_fedrevive import SCALES, job_command, on_grid, summary_row, time_to
 
-RUN_A = [{"version": 1, "sim_seconds": 0.0, "accuracy": 0.1}, {"version": 11, "sim_seconds": 5.0, "accuracy": 0.55},
-         {"version": 21, "sim_seconds": 9.0, "accuracy": 0.65}]  # fmt: skip
+RUN_A = [
+    {"version": 1, "sim_seconds": 0.0, "accuracy": 0.1},
+    {"version": 11, "sim_seconds": 5.0, "accuracy": 0.55},
+    {"version": 21, "sim_seconds": 9.0, "accuracy": 0.65},
+]
 RUN_B = [{"version": 1, "sim_seconds": 0.0, "accuracy": 0.1}, {"version": 11, "sim_seconds": 7.0, "accuracy": 0.45}]
 
 

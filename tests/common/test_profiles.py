@@ -58,8 +58,9 @@ def test_unknown_profile_is_refused_by_the_engine_config_and_get_profile():
 
 def test_high_is_the_planner_without_profiles():
     default = plan_workers(FAKE_GPU, devices_per_leaf=50, per_worker_bytes=2 * GB, leaves_on_host=2, use_gpu=True)
-    high = plan_workers(FAKE_GPU, devices_per_leaf=50, per_worker_bytes=2 * GB, leaves_on_host=2, use_gpu=True,
-                        profile="high")  # fmt: skip
+    high = plan_workers(
+        FAKE_GPU, devices_per_leaf=50, per_worker_bytes=2 * GB, leaves_on_host=2, use_gpu=True, profile="high"
+    )
     assert default == high and default.per_worker_bytes == 2 * GB
 
 
@@ -67,8 +68,13 @@ def test_high_is_the_planner_without_profiles():
 def test_cpu_workers_and_groups_follow_the_profile(cores, leaves):
     plans = {}
     for name in PROFILES:
-        plan = plan_workers(HardwareProfile(cores), devices_per_leaf=50, per_worker_bytes=CONVNET_BYTES,
-                            leaves_on_host=leaves, profile=name)  # fmt: skip
+        plan = plan_workers(
+            HardwareProfile(cores),
+            devices_per_leaf=50,
+            per_worker_bytes=CONVNET_BYTES,
+            leaves_on_host=leaves,
+            profile=name,
+        )
         plans[name] = plan_engine(plan, "auto")
     per_leaf = max(1, cores // leaves)
     assert plans["conservative"].num_workers == max(1, per_leaf // 2)
@@ -85,8 +91,9 @@ def test_cpu_workers_and_groups_follow_the_profile(cores, leaves):
 def test_gpu_memory_share_workers_and_groups_follow_the_profile():
     plans = {}
     for name in PROFILES:
-        plan = plan_workers(FAKE_GPU, devices_per_leaf=400, per_worker_bytes=64 * 2**20, leaves_on_host=2,
-                            use_gpu=True, profile=name)  # fmt: skip
+        plan = plan_workers(
+            FAKE_GPU, devices_per_leaf=400, per_worker_bytes=64 * 2**20, leaves_on_host=2, use_gpu=True, profile=name
+        )
         plans[name] = plan_engine(plan, "vectorized")
     free_per_leaf = (8 * GB - 2 * 600 * 2**20) / 2
     for name, plan in plans.items():

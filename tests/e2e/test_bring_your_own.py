@@ -19,18 +19,39 @@ VERSION_LINE = re.compile(r"generated new model version (\d+) with (\d+) updates
 def test_a_users_recipe_and_processor_run_to_the_end_on_our_simulator(tmp_path):
     leaf_logs = tmp_path / "leaf_logs"
     proc = subprocess.run(
-        [PYTHON, os.path.join(REPO, "examples", "drop_in_recipe.py"), "--devices-per-leaf", "6", "--selection", "8",
-         "--versions", "3", "--steps", "3", "--dataset-size", "400", "--workspace", str(tmp_path / "ws"),
-         "--results-dir", str(leaf_logs), "--update-interval", "0.3"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
+        [
+            PYTHON,
+            os.path.join(REPO, "examples", "drop_in_recipe.py"),
+            "--devices-per-leaf",
+            "6",
+            "--selection",
+            "8",
+            "--versions",
+            "3",
+            "--steps",
+            "3",
+            "--dataset-size",
+            "400",
+            "--workspace",
+            str(tmp_path / "ws"),
+            "--results-dir",
+            str(leaf_logs),
+            "--update-interval",
+            "0.3",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (server_log,) = glob.glob(str(tmp_path / "ws" / "**" / "server" / "log.txt"), recursive=True)
     with open(server_log) as f:
         versions = [tuple(map(int, m.groups())) for m in VERSION_LINE.finditer(f.read())]
     assert versions[-2:] == [(2, 8), (3, 8)]  # every round's 8 devices trained and applied
-    client_configs = glob.glob(str(tmp_path / "ws" / "**" / "app_site-1" / "config" / "config_fed_client.json"),
-                               recursive=True)  # fmt: skip
+    client_configs = glob.glob(
+        str(tmp_path / "ws" / "**" / "app_site-1" / "config" / "config_fed_client.json"), recursive=True
+    )
     config = open(client_configs[0]).read()
     assert "simulation.leaf_runner.FastDeviceRunner" in config and "ExampleStyleProcessor" in config
     reports = []
@@ -44,8 +65,14 @@ def test_a_users_recipe_and_processor_run_to_the_end_on_our_simulator(tmp_path):
 
 def test_a_custom_module_and_custom_arrays_run_through_the_python_api(tmp_path):
     env = os.environ | {"HOME": str(tmp_path)}  # the default results root is under ~
-    proc = subprocess.run([PYTHON, os.path.join(REPO, "examples", "own_model_and_data.py")], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=400)  # fmt: skip
+    proc = subprocess.run(
+        [PYTHON, os.path.join(REPO, "examples", "own_model_and_data.py")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (metrics_path,) = glob.glob(str(tmp_path / ".cache" / "edgesim-flare" / "**" / "metrics.json"), recursive=True)
     results = os.path.dirname(metrics_path)
@@ -60,7 +87,8 @@ def _users_package(root) -> str:
     package = root / "users_pkg"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
-    (package / "models.py").write_text(textwrap.dedent("""
+    (package / "models.py").write_text(
+        textwrap.dedent("""
         from torch import nn
 
         class Mlp(nn.Module):
@@ -70,8 +98,10 @@ def _users_package(root) -> str:
 
             def forward(self, x):
                 return self.net(x)
-    """))  # fmt: skip
-    (package / "data.py").write_text(textwrap.dedent("""
+    """)
+    )
+    (package / "data.py").write_text(
+        textwrap.dedent("""
         import numpy as np
 
         def load():
@@ -79,16 +109,34 @@ def _users_package(root) -> str:
             y = rng.integers(0, 4, 2400)
             x = (rng.normal(size=(4, 8))[y] + 0.5 * rng.normal(size=(2400, 8))).astype(np.float32)
             return x[:2000], y[:2000], x[2000:], y[2000:]
-    """))  # fmt: skip
+    """)
+    )
     return str(root)
 
 
 def test_the_cli_takes_a_model_and_a_dataset_by_import_path(tmp_path):
     env = os.environ | {"PYTHONPATH": _users_package(tmp_path / "src")}
-    flags = job_args(tmp_path, "--model", "users_pkg.models:Mlp", "--dataset", "users_pkg.data:load",
-                     "--max-model-version", "3", "--subset-size", "40", "--local-batch-size", "8")  # fmt: skip
-    proc = subprocess.run([PYTHON, os.path.join(REPO, "jobs", "pt_job_fedavg.py"), *flags], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=400)  # fmt: skip
+    flags = job_args(
+        tmp_path,
+        "--model",
+        "users_pkg.models:Mlp",
+        "--dataset",
+        "users_pkg.data:load",
+        "--max-model-version",
+        "3",
+        "--subset-size",
+        "40",
+        "--local-batch-size",
+        "8",
+    )
+    proc = subprocess.run(
+        [PYTHON, os.path.join(REPO, "jobs", "pt_job_fedavg.py"), *flags],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     metrics = json.load(open(tmp_path / "out" / "metrics.json"))
     assert metrics["config"]["training"]["model"] == "users_pkg.models:Mlp"
@@ -104,9 +152,14 @@ def test_a_bad_import_path_is_refused_before_any_process_starts(tmp_path):
         ("--model", "torch.nn:Identity"): "Identity",
     }
     for (flag, value), named in cases.items():
-        proc = subprocess.run([PYTHON, os.path.join(REPO, "jobs", "pt_job_fedavg.py"), flag, value,
-                               *job_args(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=120)  # fmt: skip
+        proc = subprocess.run(
+            [PYTHON, os.path.join(REPO, "jobs", "pt_job_fedavg.py"), flag, value, *job_args(tmp_path)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 2, (flag, value, proc.stderr[-2000:])
         assert named in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
         assert not (tmp_path / "ws").exists()  # refused before NVFlare made a workspace

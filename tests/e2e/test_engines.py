@@ -13,8 +13,13 @@ from tests.conftest import PYTHON, REPO, job_args
 @pytest.mark.parametrize("engine, group", [("per-device", 1), ("vectorized", 3)])
 def test_engine_trains_every_selected_device_and_learns(tmp_path, engine, group):
     extra = ["--engine", engine, "--max-model-version", "3"] + (["--group-size", str(group)] if group > 1 else [])
-    proc = subprocess.run([PYTHON, "jobs/pt_job_fedavg.py", *job_args(tmp_path, *extra)], cwd=REPO,
-                          capture_output=True, text=True, timeout=400)  # fmt: skip
+    proc = subprocess.run(
+        [PYTHON, "jobs/pt_job_fedavg.py", *job_args(tmp_path, *extra)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"engine: {engine}, groups of {group} device(s)" in proc.stdout
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())

@@ -14,12 +14,52 @@ from common.delays import DELAY_PRESETS
 from simulation.event_reference import make_schedule, reference_trace
 from tests.conftest import PYTHON, REPO
 
-COMMON = ["--num-leaf-nodes", "2", "--devices-per-leaf", "12", "--device-selection-size", "8", "--delays", "paper",
-          "--synthetic-size", "1500", "--subset-size", "40", "--local-iters", "2", "--local-batch-size", "16",
-          "--local-lr", "1e-3", "--seed", "11"]  # fmt: skip
-FEDREVIVE_SMALL = ["--fr-distill-from-version", "3", "--fr-kd-train-from-version", "4", "--fr-s-max", "2",
-                   "--fr-teacher-buffer-size", "2", "--fr-synth-per-teacher", "2", "--fr-kd-iters", "1",
-                   "--fr-gen-width", "8", "--fr-synth-every-versions", "1", "--fr-synth-batch-size", "8", "--fr-pool-size", "32", "--fr-probe-samples", "8"]  # fmt: skip
+COMMON = [
+    "--num-leaf-nodes",
+    "2",
+    "--devices-per-leaf",
+    "12",
+    "--device-selection-size",
+    "8",
+    "--delays",
+    "paper",
+    "--synthetic-size",
+    "1500",
+    "--subset-size",
+    "40",
+    "--local-iters",
+    "2",
+    "--local-batch-size",
+    "16",
+    "--local-lr",
+    "1e-3",
+    "--seed",
+    "11",
+]
+FEDREVIVE_SMALL = [
+    "--fr-distill-from-version",
+    "3",
+    "--fr-kd-train-from-version",
+    "4",
+    "--fr-s-max",
+    "2",
+    "--fr-teacher-buffer-size",
+    "2",
+    "--fr-synth-per-teacher",
+    "2",
+    "--fr-kd-iters",
+    "1",
+    "--fr-gen-width",
+    "8",
+    "--fr-synth-every-versions",
+    "1",
+    "--fr-synth-batch-size",
+    "8",
+    "--fr-pool-size",
+    "32",
+    "--fr-probe-samples",
+    "8",
+]
 METHODS = {  # B, min hole, versions
     "fedavg": (8, 8, 4),
     "fedbuff": (2, 1, 12),
@@ -30,10 +70,22 @@ METHODS = {  # B, min hole, versions
 def run(tmp_path, method: str, *extra: str) -> tuple[list[dict], list[float]]:
     b, hole, versions = METHODS[method]
     out = tmp_path / "out"
-    flags = [*COMMON, "--method", method, "--max-model-version", str(versions), "--output", str(out),
-             "--workspace", str(tmp_path / "ws"), *(FEDREVIVE_SMALL if method == "fedrevive" else ()), *extra]  # fmt: skip
-    proc = subprocess.run([PYTHON, "jobs/pt_job_fedrevive.py", *flags], cwd=REPO, capture_output=True, text=True,
-                          timeout=400)  # fmt: skip
+    flags = [
+        *COMMON,
+        "--method",
+        method,
+        "--max-model-version",
+        str(versions),
+        "--output",
+        str(out),
+        "--workspace",
+        str(tmp_path / "ws"),
+        *(FEDREVIVE_SMALL if method == "fedrevive" else ()),
+        *extra,
+    ]
+    proc = subprocess.run(
+        [PYTHON, "jobs/pt_job_fedrevive.py", *flags], cwd=REPO, capture_output=True, text=True, timeout=400
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     trace = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     metrics = json.loads((out / "metrics.json").read_text())
@@ -42,8 +94,15 @@ def run(tmp_path, method: str, *extra: str) -> tuple[list[dict], list[float]]:
 
 def reference(method: str) -> list[dict]:
     b, hole, versions = METHODS[method]
-    schedule = make_schedule(DELAY_PRESETS["paper"], 11, {"site-1": 12, "site-2": 12}, selection_size=8,
-                             updates_per_version=b, min_hole_to_fill=hole, max_model_version=versions)  # fmt: skip
+    schedule = make_schedule(
+        DELAY_PRESETS["paper"],
+        11,
+        {"site-1": 12, "site-2": 12},
+        selection_size=8,
+        updates_per_version=b,
+        min_hole_to_fill=hole,
+        max_model_version=versions,
+    )
     return reference_trace(schedule)
 
 

@@ -9,16 +9,42 @@ from tests.conftest import PYTHON, REPO, job_args
 def test_fedrevive_distills_stale_updates_and_finishes(tmp_path):
     flags = job_args(
         tmp_path,
-        "--method", "fedrevive", "--max-model-version", "8",
+        "--method",
+        "fedrevive",
+        "--max-model-version",
+        "8",
         # heterogeneous speeds on the virtual clock make updates stale
-        "--speed-means", "10,40", "--speed-stds", "1,1",
+        "--speed-means",
+        "10,40",
+        "--speed-stds",
+        "1,1",
         # small distillation settings so it runs on a CPU in seconds; phases from version 2 and 3
-        "--fr-distill-from-version", "2", "--fr-kd-train-from-version", "3", "--fr-s-max", "2",
-        "--fr-teacher-buffer-size", "3", "--fr-synth-per-teacher", "4", "--fr-kd-iters", "2",
-        "--fr-gen-width", "8", "--fr-synth-every-versions", "1", "--fr-synth-batch-size", "8", "--fr-pool-size", "64", "--fr-probe-samples", "16",
-    )  # fmt: skip
-    proc = subprocess.run([PYTHON, "jobs/pt_job_fedrevive.py", *flags], cwd=REPO, capture_output=True, text=True,
-                          timeout=500)  # fmt: skip
+        "--fr-distill-from-version",
+        "2",
+        "--fr-kd-train-from-version",
+        "3",
+        "--fr-s-max",
+        "2",
+        "--fr-teacher-buffer-size",
+        "3",
+        "--fr-synth-per-teacher",
+        "4",
+        "--fr-kd-iters",
+        "2",
+        "--fr-gen-width",
+        "8",
+        "--fr-synth-every-versions",
+        "1",
+        "--fr-synth-batch-size",
+        "8",
+        "--fr-pool-size",
+        "64",
+        "--fr-probe-samples",
+        "16",
+    )
+    proc = subprocess.run(
+        [PYTHON, "jobs/pt_job_fedrevive.py", *flags], cwd=REPO, capture_output=True, text=True, timeout=500
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = tmp_path / "out"
     log = [json.loads(line) for line in open(out / "fedrevive_log.jsonl")]

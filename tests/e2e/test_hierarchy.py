@@ -18,10 +18,33 @@ from simulation.event_reference import make_schedule, reference_trace
 from tests.conftest import PYTHON, REPO
 
 LEAVES = ["C11", "C12", "C21", "C22"]
-SMALL = ["--devices-per-leaf", "4", "--device-selection-size", "8", "--synthetic-size", "1500", "--subset-size", "40",
-         "--local-iters", "2", "--local-batch-size", "16", "--local-lr", "1e-3", "--seed", "4"]  # fmt: skip
-SIM_FILES = {"metrics.json", "events.jsonl", "global_model.pt", "accuracy.png", "tensorboard", "nvflare",
-             *(f"leaf_{leaf}.jsonl" for leaf in LEAVES)}  # fmt: skip
+SMALL = [
+    "--devices-per-leaf",
+    "4",
+    "--device-selection-size",
+    "8",
+    "--synthetic-size",
+    "1500",
+    "--subset-size",
+    "40",
+    "--local-iters",
+    "2",
+    "--local-batch-size",
+    "16",
+    "--local-lr",
+    "1e-3",
+    "--seed",
+    "4",
+]
+SIM_FILES = {
+    "metrics.json",
+    "events.jsonl",
+    "global_model.pt",
+    "accuracy.png",
+    "tensorboard",
+    "nvflare",
+    *(f"leaf_{leaf}.jsonl" for leaf in LEAVES),
+}
 
 
 def processes_of(folder, sessions: dict[str, int]) -> list[psutil.Process]:
@@ -40,8 +63,13 @@ def processes_of(folder, sessions: dict[str, int]) -> list[psutil.Process]:
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
     folder = tmp_path_factory.mktemp("hierarchy") / "h"
-    up = subprocess.run([PYTHON, "-m", "jobs.deploy", "up", "--relays", "2", "--leaves", "4", str(folder)], cwd=REPO,
-                        capture_output=True, text=True, timeout=300)  # fmt: skip
+    up = subprocess.run(
+        [PYTHON, "-m", "jobs.deploy", "up", "--relays", "2", "--leaves", "4", str(folder)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     try:
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
         assert "--env prod" in up.stdout
@@ -49,16 +77,26 @@ def deployment(tmp_path_factory):
         assert dep.leaves == LEAVES and len(dep.sessions) == 7  # server, 2 relays, 4 leaves
         yield dep
     finally:
-        sessions = json.loads((folder / "deployment.json").read_text())["sessions"] if (folder / "deployment.json").exists() else {}
-        down = subprocess.run([PYTHON, "-m", "jobs.deploy", "down", str(folder)], cwd=REPO, capture_output=True,
-                              text=True, timeout=180)  # fmt: skip
+        sessions = (
+            json.loads((folder / "deployment.json").read_text())["sessions"]
+            if (folder / "deployment.json").exists()
+            else {}
+        )
+        down = subprocess.run(
+            [PYTHON, "-m", "jobs.deploy", "down", str(folder)], cwd=REPO, capture_output=True, text=True, timeout=180
+        )
         assert down.returncode == 0, down.stdout + down.stderr
         assert not processes_of(folder, sessions), "processes of the hierarchy were left running"
 
 
 def run_prod(deployment: Deployment, out, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "jobs/pt_job_fedrevive.py", *deployment.job_flags, *SMALL, *flags, "--output", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=400)  # fmt: skip
+    return subprocess.run(
+        [PYTHON, "jobs/pt_job_fedrevive.py", *deployment.job_flags, *SMALL, *flags, "--output", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
 
 
 def test_a_prod_fedavg_run_brings_home_what_a_sim_run_writes_and_each_leaf_plans_for_itself(deployment, tmp_path):
@@ -87,6 +125,13 @@ def test_a_prod_fedbuff_run_applies_the_exact_reference_schedule(deployment, tmp
     proc = run_prod(deployment, out, "--method", "fedbuff", "--delays", "paper", "--max-model-version", "10")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     trace = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
-    schedule = make_schedule(DELAY_PRESETS["paper"], 4, dict.fromkeys(LEAVES, 4), selection_size=8,
-                             updates_per_version=2, min_hole_to_fill=1, max_model_version=10)  # fmt: skip
+    schedule = make_schedule(
+        DELAY_PRESETS["paper"],
+        4,
+        dict.fromkeys(LEAVES, 4),
+        selection_size=8,
+        updates_per_version=2,
+        min_hole_to_fill=1,
+        max_model_version=10,
+    )
     assert trace == reference_trace(schedule)

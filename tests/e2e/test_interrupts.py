@@ -27,8 +27,9 @@ def wait_for_version(metrics_path, version: int, proc, timeout: float) -> None:
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupting_a_running_job_leaves_no_process_and_keeps_results(tmp_path, sig, code):
     flags = job_args(tmp_path, "--max-model-version", "500", "--local-iters", "2")
-    proc = subprocess.Popen([PYTHON, "jobs/pt_job_fedavg.py", *flags], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [PYTHON, "jobs/pt_job_fedavg.py", *flags], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         wait_for_version(tmp_path / "out" / "metrics.json", 2, proc, timeout=240)
         tree = psutil.Process(proc.pid).children(recursive=True)

@@ -14,12 +14,54 @@ import torch
 
 from tests.conftest import PYTHON, REPO
 
-SMALL = ["--num-leaf-nodes", "2", "--devices-per-leaf", "12", "--device-selection-size", "8", "--delays", "paper",
-         "--synthetic-size", "1500", "--subset-size", "40", "--local-iters", "2", "--local-batch-size", "16",
-         "--local-lr", "1e-3", "--seed", "5", "--eval-frequency", "4"]  # fmt: skip
-FEDREVIVE_SMALL = ["--fr-distill-from-version", "3", "--fr-kd-train-from-version", "5", "--fr-s-max", "2",
-                   "--fr-teacher-buffer-size", "2", "--fr-synth-per-teacher", "2", "--fr-kd-iters", "1",
-                   "--fr-gen-width", "8", "--fr-synth-every-versions", "1", "--fr-synth-batch-size", "8", "--fr-pool-size", "32", "--fr-probe-samples", "8"]  # fmt: skip
+SMALL = [
+    "--num-leaf-nodes",
+    "2",
+    "--devices-per-leaf",
+    "12",
+    "--device-selection-size",
+    "8",
+    "--delays",
+    "paper",
+    "--synthetic-size",
+    "1500",
+    "--subset-size",
+    "40",
+    "--local-iters",
+    "2",
+    "--local-batch-size",
+    "16",
+    "--local-lr",
+    "1e-3",
+    "--seed",
+    "5",
+    "--eval-frequency",
+    "4",
+]
+FEDREVIVE_SMALL = [
+    "--fr-distill-from-version",
+    "3",
+    "--fr-kd-train-from-version",
+    "5",
+    "--fr-s-max",
+    "2",
+    "--fr-teacher-buffer-size",
+    "2",
+    "--fr-synth-per-teacher",
+    "2",
+    "--fr-kd-iters",
+    "1",
+    "--fr-gen-width",
+    "8",
+    "--fr-synth-every-versions",
+    "1",
+    "--fr-synth-batch-size",
+    "8",
+    "--fr-pool-size",
+    "32",
+    "--fr-probe-samples",
+    "8",
+]
 METHOD_FLAGS = {
     "fedavg": ["--method", "fedavg", "--max-model-version", "8", "--global-lr", "1.0"],
     "fedbuff": ["--method", "fedbuff", "--max-model-version", "24", "--global-lr", "0.5"],
@@ -29,8 +71,13 @@ METHOD_FLAGS = {
 
 def start(tmp_path, name: str, *flags: str) -> subprocess.Popen:
     out = tmp_path / name
-    return subprocess.Popen([PYTHON, "jobs/pt_job_fedrevive.py", *SMALL, *flags, "--output", str(out)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [PYTHON, "jobs/pt_job_fedrevive.py", *SMALL, *flags, "--output", str(out)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 400) -> tuple[int, str]:
@@ -86,8 +133,13 @@ def test_a_run_killed_and_resumed_ends_exactly_like_an_uninterrupted_run(tmp_pat
     middle = 4 if method == "fedavg" else 10
     wait_for(lambda: checkpoint_version(tmp_path / "killed") >= middle, killed, 300, f"checkpoint at {middle}")
     kill_tree(killed.pid)
-    resumed = subprocess.run([PYTHON, "jobs/pt_job_fedrevive.py", "--resume", str(tmp_path / "killed")], cwd=REPO,
-                             capture_output=True, text=True, timeout=400)  # fmt: skip
+    resumed = subprocess.run(
+        [PYTHON, "jobs/pt_job_fedrevive.py", "--resume", str(tmp_path / "killed")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "resuming" in resumed.stdout
     events, accuracy, whole = results(tmp_path / "whole")
@@ -95,20 +147,35 @@ def test_a_run_killed_and_resumed_ends_exactly_like_an_uninterrupted_run(tmp_pat
     assert events_again == events
     assert accuracy_again == accuracy
     assert again["outcome"]["status"] == "completed" and again["outcome"]["version"] == whole["outcome"]["version"]
-    assert (tmp_path / "killed" / "global_model.pt").read_bytes() == (tmp_path / "whole" / "global_model.pt").read_bytes()
+    assert (tmp_path / "killed" / "global_model.pt").read_bytes() == (
+        tmp_path / "whole" / "global_model.pt"
+    ).read_bytes()
 
 
 def test_resume_refuses_a_flag_that_would_change_the_result(tmp_path):
     (tmp_path / "run").mkdir()
-    proc = subprocess.run([PYTHON, "jobs/pt_job_fedrevive.py", "--resume", str(tmp_path / "run")], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [PYTHON, "jobs/pt_job_fedrevive.py", "--resume", str(tmp_path / "run")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "no metrics.json there" in proc.stderr
 
 
 def test_two_runs_at_once_with_default_outputs_both_finish(tmp_path):
     flags = [*SMALL, *METHOD_FLAGS["fedavg"], "--max-model-version", "3", "--workspace", str(tmp_path / "ws")]
-    runs = [subprocess.Popen([PYTHON, "jobs/pt_job_fedrevive.py", *flags], cwd=REPO, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True) for _ in range(2)]  # fmt: skip
+    runs = [
+        subprocess.Popen(
+            [PYTHON, "jobs/pt_job_fedrevive.py", *flags],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     outputs = [finish(p) for p in runs]
     for code, out in outputs:
         assert code == 0, out[-3000:]
@@ -146,11 +213,24 @@ def test_a_dead_server_is_noticed_and_the_run_ends_non_zero_with_nothing_left(tm
 @pytest.mark.parametrize("policy", ["stop", "continue"])
 def test_a_lost_leaf_ends_in_its_policys_outcome(tmp_path, policy):
     versions = "5000" if policy == "stop" else "40"
-    proc = start(tmp_path, "out", *METHOD_FLAGS["fedbuff"], "--max-model-version", versions, "--leaf-timeout", "8",
-                 "--on-leaf-loss", policy)  # fmt: skip
+    proc = start(
+        tmp_path,
+        "out",
+        *METHOD_FLAGS["fedbuff"],
+        "--max-model-version",
+        versions,
+        "--leaf-timeout",
+        "8",
+        "--on-leaf-loss",
+        policy,
+    )
     out_dir = tmp_path / "out"
-    wait_for(lambda: (out_dir / "events.jsonl").exists() and len((out_dir / "events.jsonl").read_text().splitlines()) > 6,
-             proc, 300, "some applied updates")  # fmt: skip
+    wait_for(
+        lambda: (out_dir / "events.jsonl").exists() and len((out_dir / "events.jsonl").read_text().splitlines()) > 6,
+        proc,
+        300,
+        "some applied updates",
+    )
     tree = psutil.Process(proc.pid).children(recursive=True)
     leaf = next(p for p in processes_of(proc, "simulator_worker") if "site-2" in " ".join(p.cmdline()))
     leaf.kill()
@@ -175,11 +255,34 @@ def test_a_lost_leaf_ends_in_its_policys_outcome(tmp_path, policy):
 def test_a_resnet18_job_on_the_cpu_reaches_its_last_version(tmp_path):
     """ResNet-18's evaluation on 2 CPU cores once took longer than the leaves' update timeout, and the run ended
     after version 1 with exit code 0. Evaluation now runs beside the protocol and timeouts scale with the model."""
-    proc = subprocess.run([PYTHON, "jobs/pt_job_fedavg.py", "--model", "resnet18", "--num-leaf-nodes", "2",
-                           "--devices-per-leaf", "4", "--device-selection-size", "8", "--max-model-version", "3",
-                           "--local-iters", "3", "--synthetic-size", "1500", "--output", str(tmp_path / "out"),
-                           "--workspace", str(tmp_path / "ws")],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [
+            PYTHON,
+            "jobs/pt_job_fedavg.py",
+            "--model",
+            "resnet18",
+            "--num-leaf-nodes",
+            "2",
+            "--devices-per-leaf",
+            "4",
+            "--device-selection-size",
+            "8",
+            "--max-model-version",
+            "3",
+            "--local-iters",
+            "3",
+            "--synthetic-size",
+            "1500",
+            "--output",
+            str(tmp_path / "out"),
+            "--workspace",
+            str(tmp_path / "ws"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["outcome"] == metrics["outcome"] | {"status": "completed", "version": 3}

@@ -96,14 +96,18 @@ class ScriptedMonitor(SystemMonitorComponent):
 def run_components(tmp_path, gpu, host, diagnose_context: dict, run_info: dict, versions=(1, 2, 3)) -> dict:
     """START_RUN, one GLOBAL_WEIGHTS_UPDATED per version, END_RUN, through every result component."""
     monitor = ScriptedMonitor(gpu, host, diagnose_context=diagnose_context)
-    engine = EventEngine({
-        "evaluator": GlobalModelEvaluator("cifar10_convnet", DATA, compute_device="cpu", max_model_version=max(versions)),
-        "monitor": monitor,
-        "recorder": RunRecorder(str(tmp_path), run_info, updates_per_version=8, monitor_id="monitor"),
-        "progress": ProgressReporter(max(versions)),
-        "tensorboard": TensorBoardWriter(str(tmp_path)),
-        "saver": GlobalModelSaver("cifar10_convnet", str(tmp_path)),
-    })  # fmt: skip
+    engine = EventEngine(
+        {
+            "evaluator": GlobalModelEvaluator(
+                "cifar10_convnet", DATA, compute_device="cpu", max_model_version=max(versions)
+            ),
+            "monitor": monitor,
+            "recorder": RunRecorder(str(tmp_path), run_info, updates_per_version=8, monitor_id="monitor"),
+            "progress": ProgressReporter(max(versions)),
+            "tensorboard": TensorBoardWriter(str(tmp_path)),
+            "saver": GlobalModelSaver("cifar10_convnet", str(tmp_path)),
+        }
+    )
     ctx = engine.new_context()
     engine.fire_event(EventType.START_RUN, ctx)
     sampler = monitor._monitor
@@ -126,7 +130,9 @@ def run_components(tmp_path, gpu, host, diagnose_context: dict, run_info: dict, 
 def test_components_record_system_figures_and_warn_on_low_gpu_use(tmp_path, capsys):
     context = {"compute_device": "cuda:0", "engine": "per-device", "num_workers": 4, "cpu_cores": 8}
     gpu = FakeGpuSource(util_percent=[12.0], mem_used_gb=[1.5], mem_total_gb=80.0)
-    metrics = run_components(tmp_path, gpu, FakeHostSource(cpu_percent=[35.0]), context, {"planner": {"num_workers": 4}})
+    metrics = run_components(
+        tmp_path, gpu, FakeHostSource(cpu_percent=[35.0]), context, {"planner": {"num_workers": 4}}
+    )
     records = metrics["versions"]
     assert [r["version"] for r in records] == [1, 2, 3]
     for r in records:
@@ -150,8 +156,10 @@ def test_components_record_system_figures_and_warn_on_low_gpu_use(tmp_path, caps
     model = build_model("cifar10_convnet")
     model.load_state_dict(torch.load(tmp_path / "global_model.pt"))
 
-    summary = format_summary({"total_seconds": 1.0, "versions_trained": 2, "final_accuracy": 0.1,
-                              "best_accuracy": 0.1, "system": system}, str(tmp_path))  # fmt: skip
+    summary = format_summary(
+        {"total_seconds": 1.0, "versions_trained": 2, "final_accuracy": 0.1, "best_accuracy": 0.1, "system": system},
+        str(tmp_path),
+    )
     assert "[edgesim] system: GPU0 mean 12%" in summary and "--engine vectorized" in summary
 
 
@@ -164,10 +172,12 @@ def test_components_without_gpu_write_null_gpu_fields_and_no_warning(tmp_path):
 
 
 def test_recorder_without_a_monitor_still_records(tmp_path):
-    engine = EventEngine({
-        "evaluator": GlobalModelEvaluator("cifar10_convnet", DATA, compute_device="cpu", max_model_version=1),
-        "recorder": RunRecorder(str(tmp_path), updates_per_version=8),
-    })  # fmt: skip
+    engine = EventEngine(
+        {
+            "evaluator": GlobalModelEvaluator("cifar10_convnet", DATA, compute_device="cpu", max_model_version=1),
+            "recorder": RunRecorder(str(tmp_path), updates_per_version=8),
+        }
+    )
     ctx = engine.new_context()
     engine.fire_event(EventType.START_RUN, ctx)
     ctx.set_prop(AppConstants.CURRENT_ROUND, 1, private=True, sticky=False)

@@ -181,12 +181,19 @@ def test_fresh_update_after_kd_train_from_version_skips_kd():
 
 def _plain_convnet() -> torch.nn.Module:
     """A user's network without BatchNorm or trackers: no data statistics of its own."""
-    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3),
-                               torch.nn.Flatten(), torch.nn.Linear(4 * 28 * 28, 10))  # fmt: skip
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(4, 4, 3),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4 * 28 * 28, 10),
+    )
 
 
-@pytest.mark.parametrize("build, mode, layers", [(Cifar10ConvNet, "statistics", 2), (CifarResNet18, "statistics", 20),
-                                                 (_plain_convnet, "conv", 2)])  # fmt: skip
+@pytest.mark.parametrize(
+    "build, mode, layers",
+    [(Cifar10ConvNet, "statistics", 2), (CifarResNet18, "statistics", 20), (_plain_convnet, "conv", 2)],
+)
 def test_feature_stats_hooks_leave_forward_unchanged_and_are_removed(build, mode, layers):
     torch.manual_seed(0)
     x = torch.randn(8, 3, 32, 32)
@@ -233,8 +240,9 @@ def test_cifar_resnet18_forward_shape():
 
 
 def test_synthesis_runs_for_stale_updates_at_multiples_of_synth_every_versions_only():
-    distiller = FedReviveDistiller(small_cfg(synth_every_versions=10, kd_train_from_version=20), Cifar10ConvNet,
-                                   CPU, seed=0)  # fmt: skip
+    distiller = FedReviveDistiller(
+        small_cfg(synth_every_versions=10, kd_train_from_version=20), Cifar10ConvNet, CPU, seed=0
+    )
     distiller.observe_client_model("c0", weights_of(Cifar10ConvNet()))
     global_weights = weights_of(Cifar10ConvNet())
     delta = {k: np.full_like(v, 0.01) for k, v in global_weights.items()}
@@ -255,8 +263,11 @@ def test_the_adversary_joins_synthesis_from_kd_train_from_version(monkeypatch):
     delta = {k: np.full_like(v, 0.01) for k, v in global_weights.items()}
     students = []
     synthesize = distiller.synthesizer.synthesize
-    monkeypatch.setattr(distiller.synthesizer, "synthesize",
-                        lambda t, w, p, student: students.append(student) or synthesize(t, w, p, student))  # fmt: skip
+    monkeypatch.setattr(
+        distiller.synthesizer,
+        "synthesize",
+        lambda t, w, p, student: students.append(student) or synthesize(t, w, p, student),
+    )
     for version in (3, 4):  # generator warm-up, then KD (kd_train_from_version = 4)
         distiller.process_update(global_weights, delta, "c0", base_version=version - 1, current_version=version)
     assert students[0] is None and students[1] is not None

@@ -41,8 +41,10 @@ def no_nvflare(monkeypatch):
         (["--model", "resnet18", "--engine", "vectorized"], "use --engine per-device"),
         (["--group-size", "0"], "--group-size 0"),
         (["--update-interval", "0"], "--update-interval 0"),
-        (["--simulator", "stock", "--devices-per-leaf", "1000000000", "--device-selection-size", "8"],
-         "keeps every one of the 2,000,000,000 devices in memory"),
+        (
+            ["--simulator", "stock", "--devices-per-leaf", "1000000000", "--device-selection-size", "8"],
+            "keeps every one of the 2,000,000,000 devices in memory",
+        ),
         (["--checkpoint-every", "-2"], "--checkpoint-every -2"),
         (["--leaf-timeout", "0"], "--leaf-timeout 0"),
     ],
@@ -80,10 +82,30 @@ def test_help_lists_every_flag_with_its_default(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    for flag in ["--dataset", "--data-root", "--num-leaf-nodes", "--devices-per-leaf", "--device-selection-size",
-                 "--max-model-version", "--local-iters", "--local-batch-size", "--local-lr", "--subset-size",
-                 "--dirichlet-alpha", "--num-workers", "--job-timeout", "--device-wait-timeout", "--eval-frequency",
-                 "--seed", "--env", "--startup-kit", "--username", "--output", "--export-only", "--simulator"]:  # fmt: skip
+    for flag in [
+        "--dataset",
+        "--data-root",
+        "--num-leaf-nodes",
+        "--devices-per-leaf",
+        "--device-selection-size",
+        "--max-model-version",
+        "--local-iters",
+        "--local-batch-size",
+        "--local-lr",
+        "--subset-size",
+        "--dirichlet-alpha",
+        "--num-workers",
+        "--job-timeout",
+        "--device-wait-timeout",
+        "--eval-frequency",
+        "--seed",
+        "--env",
+        "--startup-kit",
+        "--username",
+        "--output",
+        "--export-only",
+        "--simulator",
+    ]:
         assert flag in out
     assert "(default: synthetic)" in out
 
@@ -128,11 +150,13 @@ def test_resume_refuses_a_checkpoint_whose_model_lacks_todays_statistics(tmp_pat
     from scheduling import checkpoint
 
     weights = {k: v for k, v in build_model("cifar10_convnet").state_dict().items() if "track" not in k}
-    checkpoint.write(str(tmp_path), {"meta": {"version": 3}, "model_manager": {"current_version": 3,
-                                                                                "versions": {3: weights}}})  # fmt: skip
+    checkpoint.write(
+        str(tmp_path), {"meta": {"version": 3}, "model_manager": {"current_version": 3, "versions": {3: weights}}}
+    )
     with pytest.raises(ConfigError, match=r"lacks \['track1.running_mean'.*start a new run"):
         check_checkpoint_model(str(tmp_path), "cifar10_convnet")
     whole = {k: torch.zeros(1) for k in build_model("cifar10_convnet").state_dict()}
-    checkpoint.write(str(tmp_path), {"meta": {"version": 3}, "model_manager": {"current_version": 3,
-                                                                                "versions": {3: whole}}})  # fmt: skip
+    checkpoint.write(
+        str(tmp_path), {"meta": {"version": 3}, "model_manager": {"current_version": 3, "versions": {3: whole}}}
+    )
     check_checkpoint_model(str(tmp_path), "cifar10_convnet")

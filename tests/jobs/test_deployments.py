@@ -18,9 +18,15 @@ from tests.conftest import PYTHON, REPO
 def test_a_downloaded_result_comes_home_without_the_jobs_own_files(tmp_path):
     downloaded = tmp_path / "download" / "job-1"
     app = downloaded / "workspace" / "app_server"
-    for path, text in {"metrics.json": "{}", "events.jsonl": "", "leaf_C11.jsonl": "", "tensorboard/ev.0": "x",
-                       "config/config_fed_server.json": "{}", "custom/common/jsonio.py": "",
-                       ".__nvfl_sig.json": "{}"}.items():  # fmt: skip
+    for path, text in {
+        "metrics.json": "{}",
+        "events.jsonl": "",
+        "leaf_C11.jsonl": "",
+        "tensorboard/ev.0": "x",
+        "config/config_fed_server.json": "{}",
+        "custom/common/jsonio.py": "",
+        ".__nvfl_sig.json": "{}",
+    }.items():
         (app / path).parent.mkdir(parents=True, exist_ok=True)
         (app / path).write_text(text)
     (downloaded / "workspace" / "log.txt").write_text("server log")
@@ -36,9 +42,11 @@ def test_a_downloaded_result_comes_home_without_the_jobs_own_files(tmp_path):
 
 
 def test_progress_lines_are_found_in_the_servers_log():
-    log = ("2026-11-22 12:43:44,877 - ExactTimeAssessor - INFO - [identity=edgesim] - all 4 leaves registered\n"
-           "2026-11-22 12:43:45,001 - ProgressReporter - INFO - [identity=edgesim, run=1] - [edgesim] version 2/4 | "
-           "accuracy 0.1100\n")  # fmt: skip
+    log = (
+        "2026-11-22 12:43:44,877 - ExactTimeAssessor - INFO - [identity=edgesim] - all 4 leaves registered\n"
+        "2026-11-22 12:43:45,001 - ProgressReporter - INFO - [identity=edgesim, run=1] - [edgesim] version 2/4 | "
+        "accuracy 0.1100\n"
+    )
     assert progress_lines(log) == ["[edgesim] version 2/4 | accuracy 0.1100"]
 
 
@@ -46,9 +54,22 @@ def test_the_exported_job_carries_every_module_its_components_import(tmp_path):
     """A deployment's sites need only NVFlare and the libraries: with the job's custom/ first on the path, every
     component class of the job, and every project module they import, comes from custom/, not from this checkout
     (nor from jobs/, the entry layer, which is not shipped)."""
-    code = subprocess.run([PYTHON, "jobs/pt_job_fedrevive.py", "--method", "fedrevive", "--export-only",
-                           str(tmp_path / "job"), "--synthetic-size", "1000"], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    code = subprocess.run(
+        [
+            PYTHON,
+            "jobs/pt_job_fedrevive.py",
+            "--method",
+            "fedrevive",
+            "--export-only",
+            str(tmp_path / "job"),
+            "--synthetic-size",
+            "1000",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert code.returncode == 0, code.stderr[-2000:]
     app = tmp_path / "job" / "edgesim_fedrevive" / "app"
     classes = []
@@ -60,13 +81,20 @@ def test_the_exported_job_carries_every_module_its_components_import(tmp_path):
                 classes.append(comp["path"])
     assert len(classes) >= 8
     ours = ("common", "processors", "simulation", "fedrevive", "aggregation", "scheduling", "evaluation", "jobs")
-    check = ("import importlib, sys; sys.path.insert(0, sys.argv[1]); "
-             "[importlib.import_module(p.rpartition('.')[0]) for p in sys.argv[2:]]; "
-             f"bad = [n for n, m in sys.modules.items() if n.split('.')[0] in {ours!r} "
-             "and not (getattr(m, '__file__', None) or '').startswith(sys.argv[1])]; "
-             "assert not bad, bad")  # fmt: skip
-    proc = subprocess.run([PYTHON, "-c", check, str(app / "custom"), *classes], cwd=str(tmp_path), capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    check = (
+        "import importlib, sys; sys.path.insert(0, sys.argv[1]); "
+        "[importlib.import_module(p.rpartition('.')[0]) for p in sys.argv[2:]]; "
+        f"bad = [n for n, m in sys.modules.items() if n.split('.')[0] in {ours!r} "
+        "and not (getattr(m, '__file__', None) or '').startswith(sys.argv[1])]; "
+        "assert not bad, bad"
+    )
+    proc = subprocess.run(
+        [PYTHON, "-c", check, str(app / "custom"), *classes],
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
@@ -76,8 +104,9 @@ def test_the_provisioning_project_names_leaves_below_relays_with_distinct_ports(
     assert len(set(ports.values())) == len(ports) == 8
     kinds = {p["name"]: p["type"] for p in project["participants"]}
     assert [n for n, t in kinds.items() if t == "relay"] == ["R1", "R2"]
-    assert {p["name"]: p.get("connect_to", {}).get("name") for p in project["participants"] if p["type"] == "client"} \
-        == {"C11": "R1", "C12": "R1", "C21": "R2", "C22": "R2"}  # fmt: skip
+    assert {
+        p["name"]: p.get("connect_to", {}).get("name") for p in project["participants"] if p["type"] == "client"
+    } == {"C11": "R1", "C12": "R1", "C21": "R2", "C22": "R2"}
     with pytest.raises(ValueError, match="must be a positive multiple of --relays"):
         project_dict(2, 3, list(range(9000, 9008)))
 

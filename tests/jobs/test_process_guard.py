@@ -11,8 +11,10 @@ from jobs.process_guard import stop_descendants
 
 def test_stop_descendants_reaches_grandchildren_in_their_own_session():
     # like NVFlare's leaf workers: a grandchild in its own session never gets the terminal's Ctrl-C
-    code = "import subprocess,sys,time; subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)'], " \
-           "start_new_session=True); time.sleep(60)"  # fmt: skip
+    code = (
+        "import subprocess,sys,time; subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)'], "
+        "start_new_session=True); time.sleep(60)"
+    )
     child = subprocess.Popen([sys.executable, "-c", code])
     deadline = time.time() + 20
     while len(psutil.Process().children(recursive=True)) < 2 and time.time() < deadline:

@@ -11,14 +11,29 @@ from jobs.cli import build_parser, config_from_args
 from jobs.plan import prepare
 from jobs.recipe import EdgeSimRecipe
 
-RESULT_COMPONENTS = {"edgesim_evaluator", "edgesim_monitor", "edgesim_recorder", "edgesim_progress",
-                     "edgesim_tensorboard", "edgesim_model_saver"}  # fmt: skip
+RESULT_COMPONENTS = {
+    "edgesim_evaluator",
+    "edgesim_monitor",
+    "edgesim_recorder",
+    "edgesim_progress",
+    "edgesim_tensorboard",
+    "edgesim_model_saver",
+}
 
 
 def exported(tmp_path, method: str, *flags: str) -> tuple[dict, dict]:
     args = build_parser("test", method_choice=True).parse_args(
-        ["--method", method, "--device-selection-size", "4", "--devices-per-leaf", "3", "--synthetic-size", "500",
-         *flags]  # fmt: skip
+        [
+            "--method",
+            method,
+            "--device-selection-size",
+            "4",
+            "--devices-per-leaf",
+            "3",
+            "--synthetic-size",
+            "500",
+            *flags,
+        ]
     )
     cfg = config_from_args(args, method, presets=True)
     EdgeSimRecipe(cfg, prepare(cfg), results_dir=str(tmp_path / "out")).export(job_dir=str(tmp_path / "job"))
@@ -31,9 +46,9 @@ def exported(tmp_path, method: str, *flags: str) -> tuple[dict, dict]:
 
 
 @pytest.mark.parametrize(
-    "method, manager", [("fedavg", "BufferedModelManager"), ("fedbuff", "BufferedModelManager"),
-                        ("fedrevive", "FedReviveModelManager")],
-)  # fmt: skip
+    "method, manager",
+    [("fedavg", "BufferedModelManager"), ("fedbuff", "BufferedModelManager"), ("fedrevive", "FedReviveModelManager")],
+)
 def test_each_method_gets_its_model_manager_on_the_exact_time_server(tmp_path, method, manager):
     server, client = exported(tmp_path, method)
     assert server["model_manager"]["path"].endswith(manager)

@@ -43,8 +43,15 @@ class FakeTrials:
         outcome = self.table[key] if key in self.table else self.table[point.workers]
         if isinstance(outcome, BaseException):
             raise outcome
-        return TrialResult(point.workers, point.group_size, devices=16, seconds=16 / outcome, devices_per_s=outcome,
-                           peak_rss_bytes=100 * point.workers * 2**20, torch_threads=1)  # fmt: skip
+        return TrialResult(
+            point.workers,
+            point.group_size,
+            devices=16,
+            seconds=16 / outcome,
+            devices_per_s=outcome,
+            peak_rss_bytes=100 * point.workers * 2**20,
+            torch_threads=1,
+        )
 
 
 def test_worker_steps_are_powers_of_two_up_to_the_cap():
@@ -77,13 +84,24 @@ def test_out_of_memory_is_survived_reported_and_stops_the_branch():
 
 
 def test_oom_by_message_and_other_errors_stop_only_their_branch():
-    trials = FakeTrials({(1, 1): 10.0, (2, 1): RuntimeError("DefaultCPUAllocator: out of memory"),
-                         (1, 4): RuntimeError("shape mismatch"), (1, 8): 30.0, (2, 8): 45.0})  # fmt: skip
+    trials = FakeTrials(
+        {
+            (1, 1): 10.0,
+            (2, 1): RuntimeError("DefaultCPUAllocator: out of memory"),
+            (1, 4): RuntimeError("shape mismatch"),
+            (1, 8): 30.0,
+            (2, 8): 45.0,
+        }
+    )
     points = [TrialPoint(w, g) for g in (1, 4, 8) for w in (1, 2)]
     results = explore(trials, points, min_gain=0.05)
     assert [(r.workers, r.group_size, r.status) for r in results] == [
-        (1, 1, OK), (2, 1, OOM), (1, 4, "error"), (1, 8, OK), (2, 8, OK)
-    ]  # fmt: skip
+        (1, 1, OK),
+        (2, 1, OOM),
+        (1, 4, "error"),
+        (1, 8, OK),
+        (2, 8, OK),
+    ]
     assert "shape mismatch" in results[2].detail
     rec = recommend(results)
     assert (rec.num_workers, rec.group_size) == (2, 8)
@@ -159,8 +177,20 @@ def test_first_reports_take_each_leafs_earliest_wall_time(tmp_path):
 
 def test_probe_args_shrink_the_job_and_tuner_flags_are_not_passed_on(tmp_path):
     parser = tune.build_tune_parser()
-    argv = ["--num-leaf-nodes", "3", "--trial-devices", "4", "--skip-job-probe", "--json=x.json", "--min-gain", "0.1",
-            "--local-iters", "7", "--max-workers", "2"]  # fmt: skip
+    argv = [
+        "--num-leaf-nodes",
+        "3",
+        "--trial-devices",
+        "4",
+        "--skip-job-probe",
+        "--json=x.json",
+        "--min-gain",
+        "0.1",
+        "--local-iters",
+        "7",
+        "--max-workers",
+        "2",
+    ]
     job_argv = tune._job_argv(argv, parser)
     assert job_argv == ["--num-leaf-nodes", "3", "--local-iters", "7"]
     args = parser.parse_args(tune.probe_args(job_argv, str(tmp_path), leaves=3, devices_per_leaf=100))
@@ -204,10 +234,31 @@ def test_cli_without_job_probe_prints_a_table_and_writes_json(tmp_path, capsys):
     threads = torch.get_num_threads()
     out = tmp_path / "tune.json"
     try:
-        rc = tune.main(["--synthetic-size", "500", "--subset-size", "16", "--local-batch-size", "8",
-                        "--local-iters", "2", "--compute-device", "cpu", "--trial-devices", "2", "--max-workers", "2",
-                        "--min-gain", "-1", "--skip-job-probe", "--json", str(out),
-                        "--engine", "per-device"])  # fmt: skip
+        rc = tune.main(
+            [
+                "--synthetic-size",
+                "500",
+                "--subset-size",
+                "16",
+                "--local-batch-size",
+                "8",
+                "--local-iters",
+                "2",
+                "--compute-device",
+                "cpu",
+                "--trial-devices",
+                "2",
+                "--max-workers",
+                "2",
+                "--min-gain",
+                "-1",
+                "--skip-job-probe",
+                "--json",
+                str(out),
+                "--engine",
+                "per-device",
+            ]
+        )
     finally:
         torch.set_num_threads(threads)
     text = capsys.readouterr().out

@@ -49,13 +49,27 @@ def test_malformed_npz_gets_a_clear_error(tmp_path, arrays, message):
 
 def test_grayscale_images_and_float_features_load_with_their_own_classes_and_statistics(tmp_path):
     rng = np.random.default_rng(0)
-    gray = load_npz(_write(tmp_path, x_train=rng.integers(0, 256, (20, 28, 28), dtype=np.uint8), y_train=np.arange(20) % 4,
-                           x_test=rng.integers(0, 256, (10, 28, 28, 1), dtype=np.uint8), y_test=np.arange(10) % 4))  # fmt: skip
+    gray = load_npz(
+        _write(
+            tmp_path,
+            x_train=rng.integers(0, 256, (20, 28, 28), dtype=np.uint8),
+            y_train=np.arange(20) % 4,
+            x_test=rng.integers(0, 256, (10, 28, 28, 1), dtype=np.uint8),
+            y_test=np.arange(10) % 4,
+        )
+    )
     assert gray.input_shape == (1, 28, 28) and gray.num_classes == 4 and len(gray.mean) == 1
     x = gray.prepare(gray.x_train)
     assert abs(float(x.mean())) < 1e-4 and abs(float(x.std()) - 1) < 1e-2  # standardised with its own statistics
-    features = load_npz(_write(tmp_path, x_train=rng.normal(size=(20, 7)).astype(np.float64), y_train=np.arange(20) % 3,
-                               x_test=rng.normal(size=(10, 7)), y_test=np.arange(10) % 3))  # fmt: skip
+    features = load_npz(
+        _write(
+            tmp_path,
+            x_train=rng.normal(size=(20, 7)).astype(np.float64),
+            y_train=np.arange(20) % 3,
+            x_test=rng.normal(size=(10, 7)),
+            y_test=np.arange(10) % 3,
+        )
+    )
     assert features.input_shape == (7,) and features.num_classes == 3 and features.mean is None
     assert features.prepare(features.x_test).dtype.is_floating_point
 

@@ -19,8 +19,13 @@ def test_same_device_gets_same_indices_in_another_process():
         "print(json.dumps(device_indices(np.repeat(np.arange(10), 500), 'site-1#7', 350, 0.5, seed=3).tolist()))"
     )
     # a fresh interpreter has a different string-hash salt: the partition must not depend on it
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"PYTHONHASHSEED": "random", "PATH": ""}).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONHASHSEED": "random", "PATH": ""},
+    ).stdout
     assert json.loads(out) == here.tolist()
 
 

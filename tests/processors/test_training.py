@@ -27,8 +27,14 @@ def test_received_weights_are_not_modified_by_training(small_data):
     net = build_model("cifar10_convnet")
     received = {k: v.detach().clone() for k, v in net.state_dict().items()}
     before = {k: v.clone() for k, v in received.items()}
-    train_local(net, received, small_data.x_train[:64], small_data.y_train[:64], TrainingConfig(local_iters=2),
-                torch.Generator().manual_seed(0))  # fmt: skip
+    train_local(
+        net,
+        received,
+        small_data.x_train[:64],
+        small_data.y_train[:64],
+        TrainingConfig(local_iters=2),
+        torch.Generator().manual_seed(0),
+    )
     assert all(torch.equal(before[k], received[k]) for k in before)
 
 
@@ -36,8 +42,9 @@ def test_global_weights_on_another_device_are_refused(small_data):
     net = build_model("cifar10_convnet")
     received = {k: v.detach().to("meta") for k, v in net.state_dict().items()}
     with pytest.raises(ValueError, match="is on meta"):
-        train_local(net, received, small_data.x_train[:64], small_data.y_train[:64], TrainingConfig(),
-                    torch.Generator())  # fmt: skip
+        train_local(
+            net, received, small_data.x_train[:64], small_data.y_train[:64], TrainingConfig(), torch.Generator()
+        )
 
 
 def _bn_net() -> nn.Module:
@@ -49,8 +56,14 @@ def test_batchnorm_statistics_diff_is_trained_minus_received_and_starts_from_the
     received = {k: v.detach().clone() for k, v in net.state_dict().items()}
     received["1.running_mean"] = torch.full((4,), 5.0)  # the global model's statistics, not the net's own
     received["1.running_var"] = torch.full((4,), 3.0)
-    diff = train_local(net, received, small_data.x_train[:64], small_data.y_train[:64],
-                       TrainingConfig(local_iters=2), torch.Generator().manual_seed(0))  # fmt: skip
+    diff = train_local(
+        net,
+        received,
+        small_data.x_train[:64],
+        small_data.y_train[:64],
+        TrainingConfig(local_iters=2),
+        torch.Generator().manual_seed(0),
+    )
     assert "1.num_batches_tracked" not in diff  # a counter, not a statistic
     for name in ("1.running_mean", "1.running_var"):
         trained = net.get_buffer(name)
@@ -64,8 +77,14 @@ def test_global_weights_without_batchnorm_statistics_are_refused_naming_the_fix(
     net = _bn_net()
     params_only = {k: v.detach().clone() for k, v in net.named_parameters()}
     with pytest.raises(ValueError, match="lack 1.running_mean.*whole state_dict"):
-        train_local(net, params_only, small_data.x_train[:64], small_data.y_train[:64], TrainingConfig(local_iters=1),
-                    torch.Generator())  # fmt: skip
+        train_local(
+            net,
+            params_only,
+            small_data.x_train[:64],
+            small_data.y_train[:64],
+            TrainingConfig(local_iters=1),
+            torch.Generator(),
+        )
 
 
 def test_batch_schedule_runs_exactly_local_iters_and_covers_samples_each_epoch():

@@ -50,8 +50,7 @@ def _generators(k, seed=11):
 def _assert_matches_per_device(global_params, data, cfg):
     model = worker_model(MODEL, CPU)
     expected = [
-        train_local(model, global_params, x, y, cfg, g)
-        for (x, y), g in zip(data, _generators(len(data)), strict=True)
+        train_local(model, global_params, x, y, cfg, g) for (x, y), g in zip(data, _generators(len(data)), strict=True)
     ]
     got = train_group(MODEL, global_params, data, cfg, _generators(len(data)), CPU)
     assert len(got) == len(expected)

@@ -75,8 +75,15 @@ class ScriptedLeaf:
         for device, sid in batch:
             base = self.versions[sid]
             assert base in self.models, "the server did not send a version a selected device needs"
-            updates.append({"device": device, "selection_id": sid, "base_version": base,
-                            "diff": {"w": device_diff(device, base)}, "count": 1})  # fmt: skip
+            updates.append(
+                {
+                    "device": device,
+                    "selection_id": sid,
+                    "base_version": base,
+                    "diff": {"w": device_diff(device, base)},
+                    "count": 1,
+                }
+            )
             self.reported.add((device, sid))
         if self.sums:  # a synchronous leaf: one sum per selection once all its devices of it have reported
             self.held += updates
@@ -110,8 +117,15 @@ class ScriptedLeaf:
 def test_reports_in_any_order_give_the_reference_trace_and_model(tmp_path, b, hole, sums):
     kw = dict(selection_size=8, updates_per_version=b, min_hole_to_fill=hole, max_model_version=25)
     manager = BufferedModelManager(global_lr=0.5)
-    assessor = ExactTimeAssessor("persistor", "model_manager", num_leaves=2, delays=DELAY_PRESETS["paper"].to_dict(),
-                                 seed=4, results_dir=str(tmp_path), **kw)  # fmt: skip
+    assessor = ExactTimeAssessor(
+        "persistor",
+        "model_manager",
+        num_leaves=2,
+        delays=DELAY_PRESETS["paper"].to_dict(),
+        seed=4,
+        results_dir=str(tmp_path),
+        **kw,
+    )
     engine = EventEngine({"persistor": ZeroPersistor(), "model_manager": manager, "wf_assessor": assessor})
     engine.fire_event(EventType.START_RUN, engine.new_context())
     rng = random.Random(0)

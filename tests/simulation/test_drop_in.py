@@ -133,8 +133,9 @@ def test_the_runner_gives_a_foreign_processor_the_leafs_share_of_threads_and_log
     monkeypatch.setattr(leaf_runner, "probe_hardware", lambda: HardwareProfile(8))
     monkeypatch.setattr(leaf_runner, "count_leaf_processes", lambda: 2)
     request = PlanRequest(model=None, batch_size=0, optimizer="", devices_per_round=3)
-    runner = FastDeviceRunner("task_processor", plan_request=request.to_dict(), num_devices=3, send_up=False,
-                              leaf_log_dir=str(tmp_path))  # fmt: skip
+    runner = FastDeviceRunner(
+        "task_processor", plan_request=request.to_dict(), num_devices=3, send_up=False, leaf_log_dir=str(tmp_path)
+    )
     runner.tpo = UsersProcessor()
     fl_ctx = FLContext()
     fl_ctx.set_prop(ReservedKey.IDENTITY_NAME, "site-1", private=True, sticky=False)

@@ -157,8 +157,9 @@ def run_grouped(selection: dict[str, int], group_size: int, oom_above: int | Non
 def test_devices_of_one_selection_are_trained_in_sorted_groups_whatever_the_request_order():
     selection = {f"site-1#{i}": 1 for i in (7, 3, 9, 1, 5)} | {f"site-1#{i}": 2 for i in (4, 2)}
     sim, calls, reports = run_grouped(selection, group_size=2)
-    assert sorted(calls) == sorted([["site-1#1", "site-1#3"], ["site-1#5", "site-1#7"], ["site-1#9"],
-                                    ["site-1#2", "site-1#4"]])  # fmt: skip
+    assert sorted(calls) == sorted(
+        [["site-1#1", "site-1#3"], ["site-1#5", "site-1#7"], ["site-1#9"], ["site-1#2", "site-1#4"]]
+    )
     assert len(reports) == 7
     for r in reports:
         assert r.status == EdgeApiStatus.OK and r.result == {"trained": r.get_device_id()}
@@ -195,8 +196,9 @@ def test_real_time_mode_holds_results_without_holding_the_worker(tmp_path):
     slow = next(d for d in ids if classes.device_traits(d)[0] == 0)
     fast = [d for d in ids if classes.device_traits(d)[0] == 1][:2]
     leaf, events = ScriptedLeaf(), []
-    sim = make_simulator(leaf, 1, delays=speed, trainer=GroupingTrainer([]), time_scale=0.01, on_report=events.append,
-                         group_size=2)  # fmt: skip
+    sim = make_simulator(
+        leaf, 1, delays=speed, trainer=GroupingTrainer([]), time_scale=0.01, on_report=events.append, group_size=2
+    )
     started = time.time()
     dispatch(sim, {slow: 1, fast[0]: 1})  # one group: due after 1.0 s and 0.05 s of wall time
     time.sleep(0.2)

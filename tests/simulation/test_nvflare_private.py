@@ -53,9 +53,11 @@ def test_a_built_jobs_apps_hold_its_components_where_they_are_replaced():
 
     recipe = EdgeFedBuffRecipe("probe", nn.Linear(2, 2), ModelManagerConfig(), DeviceManagerConfig())
     sage = ScatterAndGatherForEdge(assess_interval=0.7, update_interval=0.9)
-    instances = {"nvflare.job_config.api.FedJob": EdgeJob(name="probe", edge_method="edge"),
-                 "nvflare.recipe.spec.Recipe": recipe,
-                 "nvflare.edge.controllers.sage.ScatterAndGatherForEdge": sage}  # fmt: skip
+    instances = {
+        "nvflare.job_config.api.FedJob": EdgeJob(name="probe", edge_method="edge"),
+        "nvflare.recipe.spec.Recipe": recipe,
+        "nvflare.edge.controllers.sage.ScatterAndGatherForEdge": sage,
+    }
     assert set(instances) == set(NVFLARE_PRIVATE_ATTRIBUTES)
     for path, attributes in NVFLARE_PRIVATE_ATTRIBUTES.items():
         module_name, class_name = path.rsplit(".", 1)

@@ -59,8 +59,9 @@ def test_one_update_per_version_in_arrival_order_with_replacements_at_the_arriva
 
 
 def test_a_version_is_made_from_exactly_b_updates_at_the_bth_arrival():
-    table = {(d, n): t for d, times in {"a": [1, 4, 9], "b": [2, 2, 9], "c": [6, 9, 9]}.items()
-             for n, t in enumerate(times)}  # fmt: skip
+    table = {
+        (d, n): t for d, times in {"a": [1, 4, 9], "b": [2, 2, 9], "c": [6, 9, 9]}.items() for n, t in enumerate(times)
+    }
     s = schedule("abc", table, k=3, b=2, hole=1, max_model_version=3)
     assert run(s) == [
         ("a", 1, 1, 0, 2, False),  # first of a pair: version 2 will hold it; a reselected to train version 1
@@ -104,8 +105,15 @@ def test_the_time_budget_stops_before_the_first_later_arrival():
 
 @pytest.mark.parametrize("method, b, hole", [("fedbuff", 2, 1), ("fedrevive", 1, 1), ("fedavg", 20, 20)])
 def test_reference_trace_invariants_with_the_papers_delays(method, b, hole):
-    s = make_schedule(DELAY_PRESETS["paper"], seed=5, leaves={"site-1": 30, "site-2": 30}, selection_size=20,
-                      updates_per_version=b, min_hole_to_fill=hole, max_model_version=40)  # fmt: skip
+    s = make_schedule(
+        DELAY_PRESETS["paper"],
+        seed=5,
+        leaves={"site-1": 30, "site-2": 30},
+        selection_size=20,
+        updates_per_version=b,
+        min_hole_to_fill=hole,
+        max_model_version=40,
+    )
     trace = reference_trace(s)
     per_version = collections.Counter(r["version"] for r in trace)
     assert set(per_version.values()) == {b}, per_version  # exactly B updates in every version
@@ -121,8 +129,9 @@ def test_reference_trace_invariants_with_the_papers_delays(method, b, hole):
 
 def test_reference_trace_is_a_function_of_the_seed():
     def trace(seed):
-        return reference_trace(make_schedule(DELAY_PRESETS["paper"], seed, {"site-1": 10, "site-2": 10}, 8, 1, 1,
-                                             max_model_version=30))  # fmt: skip
+        return reference_trace(
+            make_schedule(DELAY_PRESETS["paper"], seed, {"site-1": 10, "site-2": 10}, 8, 1, 1, max_model_version=30)
+        )
 
     assert trace(1) == trace(1)
     assert trace(1) != trace(2)
