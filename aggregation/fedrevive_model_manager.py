@@ -52,6 +52,7 @@ class FedReviveModelManager(BufferedModelManager):
         self.distiller: FedReviveDistiller | None = None
         self._log: JsonlWriter | None = None
         self._log_lines = 0
+        self._revived = 0  # updates blended with a distilled one (beta > 0), over the run
         self.register_event_handler(EventType.START_RUN, self._start_distiller)
 
     def _start_distiller(self, _event: str, fl_ctx: FLContext) -> None:
@@ -62,12 +63,17 @@ class FedReviveModelManager(BufferedModelManager):
         self._log = JsonlWriter(os.path.join(output_dir(self.results_dir, fl_ctx), "fedrevive_log.jsonl"))
 
     def state_dict(self) -> dict:
-        return super().state_dict() | {"distiller": self.distiller.state_dict(), "log_lines": self._log_lines}
+        return super().state_dict() | {
+            "distiller": self.distiller.state_dict(),
+            "log_lines": self._log_lines,
+            "revived": self._revived,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.distiller.load_state_dict(state["distiller"])
         self._log_lines = state["log_lines"]
+        self._revived = state.get("revived", 0)
         self._log.truncate(self._log_lines)
 
     def add_update(self, update: DeviceUpdate, tau: int, fl_ctx: FLContext) -> None:
@@ -81,5 +87,18 @@ class FedReviveModelManager(BufferedModelManager):
         )
         self._accumulate(processed, update.count, update.base_version)
         info = {k: v for k, v in info.items() if isinstance(v, (int, float, str))}
-        self._log.write({"version": self.current_version, "base_version": update.base_version, **info})
+        # "version": the version the update goes into, as in events.jsonl
+        self._log.write({"version": self.current_version + 1, "base_version": update.base_version, **info})
         self._log_lines += 1
+        self._revived += info.get("beta", 0.0) > 0
+
+    def status(self) -> str:
+        """FedRevive's phase at the current version and how many updates it has revived so far."""
+        cfg, v = self.distiller.cfg, self.current_version
+        if v < cfg.distill_from_version:
+            phase = f"FedRevive warm-up (plain FedBuff updates until version {cfg.distill_from_version})"
+        elif v < cfg.kd_train_from_version:
+            phase = f"FedRevive synthesis only (revival from version {cfg.kd_train_from_version})"
+        else:
+            phase = "FedRevive revival"
+        return f"{phase}, {self._revived} update(s) revived"

@@ -28,7 +28,7 @@ from nvflare.edge.web.models.task_response import TaskResponse
 
 from aggregation.versioned_updater import VersionedState, VersionedUpdater
 from common.protocol import DEVICE_RANGES, DEVICE_UPDATES, LOCAL_REPORT, DeviceUpdate
-from simulation.nvflare_private import NoPayloadRendering
+from simulation.nvflare_private import NoPayloadRendering, share_stream_cleanup_thread
 
 
 def retry(job_id: str, message: str) -> TaskResponse:
@@ -43,6 +43,7 @@ class EdgeSimExecutor(NoPayloadRendering, EdgeModelExecutor):
 
     def __init__(self, update_timeout: float = 10.0, sum_selections: bool = False):
         super().__init__(aggr_factory_id="", max_model_versions=None, update_timeout=update_timeout)
+        share_stream_cleanup_thread()  # one thread for finished streams, not one per sync
         self.sum_selections = sum_selections
         self.updater: VersionedUpdater | None = None
         self._registered_ranges: dict[str, int] = {}

@@ -31,7 +31,7 @@ from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.edge.constants import MsgKey
 
-from common.protocol import SIM_TIME, DeviceUpdate, SelectionSum
+from common.protocol import METHOD_STATUS, SIM_TIME, DeviceUpdate, SelectionSum
 from processors.models import build_model, statistic_names
 
 
@@ -140,10 +140,15 @@ class BufferedModelManager(FLComponent):
             del self._versions[v]
             self._dxos.pop(v, None)
 
+    def status(self) -> str:
+        """The method's word on where it stands, for the progress line ("": nothing to say)."""
+        return ""
+
     def _announce(self, sim_time: float, fl_ctx: FLContext) -> None:
         fl_ctx.set_prop(
             AppConstants.GLOBAL_MODEL, make_model_learnable(self.current_weights, {}), private=True, sticky=True
         )
         fl_ctx.set_prop(AppConstants.CURRENT_ROUND, self.current_version, private=True, sticky=True)
         fl_ctx.set_prop(SIM_TIME, sim_time, private=True, sticky=True)
+        fl_ctx.set_prop(METHOD_STATUS, self.status(), private=True, sticky=True)
         self.fire_event(AppEventType.GLOBAL_WEIGHTS_UPDATED, fl_ctx)

@@ -27,16 +27,7 @@ from scheduling.checkpoint import AUTO_COST_SHARE, AUTO_MIN_SECONDS  # noqa: E40
 METHOD_FLAGS = {
     "fedavg": ["--method", "fedavg"],
     "fedbuff": ["--method", "fedbuff", "--delays", "paper"],
-    "fedrevive": [
-        "--method",
-        "fedrevive",
-        "--delays",
-        "paper",
-        "--fr-distill-from-version",
-        "3",
-        "--fr-kd-train-from-version",
-        "5",
-    ],
+    "fedrevive": ("--method fedrevive --delays paper --fr-distill-from-version 3 --fr-kd-train-from-version 5").split(),
 }
 
 

@@ -41,69 +41,20 @@ MANY_VERSIONS = 1_000_000  # the time budget ends a run, not a version count
 SCALES = {
     "paper": {
         "budget": 200.0,
-        "flags": [
-            "--dataset",
-            "cifar10",
-            "--model",
-            "resnet18",
-            "--num-leaf-nodes",
-            "4",
-            "--devices-per-leaf",
-            "250",
-            "--device-selection-size",
-            "100",
-            "--subset-size",
-            "350",
-            "--dirichlet-alpha",
-            "0.5",
-            "--local-iters",
-            "25",
-            "--local-batch-size",
-            "32",
-            "--local-lr",
-            "3e-4",
-            "--optimizer",
-            "adam",
-            "--delays",
-            "paper",
-            "--eval-frequency",
-            "10",
-        ],
+        "flags": (
+            "--dataset cifar10 --model resnet18 --num-leaf-nodes 4 --devices-per-leaf 250 --device-selection-size 100 "
+            "--subset-size 350 --dirichlet-alpha 0.5 --local-iters 25 --local-batch-size 32 --local-lr 3e-4 "
+            "--optimizer adam --delays paper --eval-frequency 10 --eval-backlog wait"
+        ).split(),
     },
     "cpu": {
         "budget": 40.0,
-        "flags": [
-            "--dataset",
-            "synthetic",
-            "--synthetic-difficulty",
-            "1",
-            "--synthetic-size",
-            "20000",
-            "--model",
-            "cifar10_convnet",
-            "--num-leaf-nodes",
-            "2",
-            "--devices-per-leaf",
-            "100",
-            "--device-selection-size",
-            "20",
-            "--subset-size",
-            "100",
-            "--dirichlet-alpha",
-            "0.5",
-            "--local-iters",
-            "25",
-            "--local-batch-size",
-            "32",
-            "--local-lr",
-            "1e-3",
-            "--delays",
-            "paper",
-            "--eval-frequency",
-            "10",
-            "--fr-s-max",
-            "15",
-        ],
+        "flags": (
+            "--dataset synthetic --synthetic-difficulty 1 --synthetic-size 20000 --model cifar10_convnet "
+            "--num-leaf-nodes 2 --devices-per-leaf 100 --device-selection-size 20 --subset-size 100 --dirichlet-alpha "
+            "0.5 --local-iters 25 --local-batch-size 32 --local-lr 1e-3 --delays paper --eval-frequency 10 "
+            "--eval-backlog wait --fr-s-max 15"
+        ).split(),
     },
 }
 

@@ -31,6 +31,8 @@ SELECTION_VERSIONS = "edgesim_selection_versions"  # {selection id: model versio
 # FLContext key set by the server's model manager next to AppConstants.GLOBAL_MODEL: the simulated time at which
 # the version was made
 SIM_TIME = "edgesim.sim_time"
+# FLContext key set next to it: the method's own word on where it stands ("" for none), shown in progress lines
+METHOD_STATUS = "edgesim.method_status"
 
 
 class DeviceUpdate:

@@ -4,22 +4,27 @@ Unlike NVFlare's ``GlobalEvaluator`` it neither embeds data in the job config no
 ``DataConfig`` the devices use. For each evaluated version it fires ``VERSION_EVALUATED`` with a record::
 
     {"version", "accuracy", "eval_seconds", "wall_seconds" (since the run started), "epoch" (wall clock),
-     "sim_seconds" (simulated time of the version, when the model manager reports one)}
+     "sim_seconds" (simulated time of the version, when the model manager reports one),
+     "method" (the method's status, when it has one), "skipped" (versions skipped before this one, if any)}
 
 Versions evaluated: 1, then every ``eval_frequency``-th, always ``max_model_version``, and the last version made
 when the run ends earlier (``RUN_OUTCOME``: a time budget, a lost leaf).
 
 Evaluation runs on a thread of its own, on the version's weights (each version is a new, never-modified dict),
 so the server keeps answering the leaves while a large model is scored (a ResNet-18 evaluation takes about a
-minute on a 2-core CPU, longer than a leaf waits for its parent's reply). END_RUN waits for the queued
-evaluations.
+minute on a 2-core CPU, longer than a leaf waits for its parent's reply). When it falls behind (``backlog``
+``skip``, the default), a newer scheduled version supersedes the ones still waiting: they are not evaluated, and
+the next record says how many were skipped (``skipped``). The last version of the run is never skipped: nothing
+comes after it. With ``backlog`` ``wait`` every scheduled version is evaluated, in order, however far behind
+(``reproduce_fedrevive.py`` uses it, so its accuracy curves are the same on any machine). END_RUN waits for the
+evaluation under way and the ones still waiting, so the run's last version is always evaluated and recorded.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
+from typing import Literal
 
 import numpy as np
 import torch
@@ -29,7 +34,7 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 
-from common.protocol import RUN_OUTCOME, RUN_RESUMED, SIM_TIME
+from common.protocol import METHOD_STATUS, RUN_OUTCOME, RUN_RESUMED, SIM_TIME
 from evaluation.events import VERSION_EVALUATED, VERSION_RECORD, VERSION_WEIGHTS
 from processors.data.config import DataConfig
 from processors.data.sources import load_dataset
@@ -58,6 +63,9 @@ def load_into(net: torch.nn.Module, weights: dict) -> torch.nn.Module:
     return net
 
 
+EvalBacklog = Literal["skip", "wait"]
+
+
 def is_scheduled(version: int, eval_frequency: int, max_model_version: int) -> bool:
     return (version - 1) % eval_frequency == 0 or (max_model_version and version >= max_model_version)
 
@@ -70,6 +78,7 @@ class GlobalModelEvaluator(FLComponent):
     compute_device: torch device the evaluation runs on.
     eval_frequency: evaluate every N versions.
     max_model_version: the last version, always evaluated.
+    backlog: ``skip`` (a newer scheduled version supersedes the waiting ones) or ``wait`` (evaluate each).
     """
 
     def __init__(
@@ -80,6 +89,7 @@ class GlobalModelEvaluator(FLComponent):
         compute_device: str = "auto",
         eval_frequency: int = 1,
         max_model_version: int = 0,
+        backlog: EvalBacklog = "skip",
     ):
         super().__init__()
         self.model = model
@@ -88,13 +98,17 @@ class GlobalModelEvaluator(FLComponent):
         self.compute_device = compute_device
         self.eval_frequency = eval_frequency
         self.max_model_version = max_model_version
+        self.backlog = backlog
         self._net = None
         self._test = None
         self._start = 0.0
         self._engine = None
         self._latest: tuple | None = None  # (version, weights, sim time) of the newest version
-        self._evaluated: set[int] = set()
-        self._queue: queue.Queue = queue.Queue()
+        self._evaluated: set[int] = set()  # versions submitted (evaluated, waiting or skipped)
+        self._waiting: list[tuple] = []  # (version, weights, sim time, method status), oldest first
+        self._skipped = 0  # versions superseded since the last evaluated one
+        self._closing = False
+        self._cond = threading.Condition()
         self._wall_offset = 0.0
         self._thread: threading.Thread | None = None
         self.register_event_handler(EventType.START_RUN, self._start_run)
@@ -116,7 +130,7 @@ class GlobalModelEvaluator(FLComponent):
 
     def _on_version(self, _event: str, fl_ctx: FLContext) -> None:
         version = int(fl_ctx.get_prop(AppConstants.CURRENT_ROUND) or 0)
-        self._latest = (version, global_weights(fl_ctx), fl_ctx.get_prop(SIM_TIME))
+        self._latest = (version, global_weights(fl_ctx), fl_ctx.get_prop(SIM_TIME), fl_ctx.get_prop(METHOD_STATUS))
         if is_scheduled(version, self.eval_frequency, self.max_model_version):
             self._submit(self._latest)
 
@@ -130,19 +144,37 @@ class GlobalModelEvaluator(FLComponent):
             self._submit(self._latest)
 
     def _submit(self, item: tuple) -> None:
-        if item[0] not in self._evaluated:
+        with self._cond:
+            if item[0] in self._evaluated:
+                return
             self._evaluated.add(item[0])
-            self._queue.put(item)
+            if self.backlog == "skip":  # the newest supersedes what still waits
+                self._skipped += len(self._waiting)
+                self._waiting.clear()
+            self._waiting.append(item)
+            self._cond.notify()
 
     def _end_run(self, _event: str, fl_ctx: FLContext) -> None:
         if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()  # the queued evaluations finish: the last one is the run's result
+            with self._cond:
+                self._closing = True
+                self._cond.notify()
+            self._thread.join()  # the waiting evaluations finish: the last one is the run's result
             self._thread = None
 
+    def _next(self) -> tuple[tuple, int] | None:
+        """The next version to evaluate and how many were skipped before it; None once closed and drained."""
+        with self._cond:
+            while not self._waiting and not self._closing:
+                self._cond.wait()
+            if not self._waiting:
+                return None
+            skipped, self._skipped = self._skipped, 0
+            return self._waiting.pop(0), skipped
+
     def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            version, weights, sim_time = item
+        while (job := self._next()) is not None:
+            (version, weights, sim_time, status), skipped = job
             started = time.time()
             accuracy = evaluate_accuracy(load_into(self._net, weights), *self._test, prepare=self._prepare)
             now = time.time()
@@ -155,6 +187,10 @@ class GlobalModelEvaluator(FLComponent):
             }
             if sim_time is not None:
                 record["sim_seconds"] = round(float(sim_time), 6)
+            if skipped:
+                record["skipped"] = skipped
+            if status:
+                record["method"] = status
             fl_ctx = self._engine.new_context()
             fl_ctx.set_prop(VERSION_WEIGHTS, weights, private=True, sticky=False)
             self.fire_event_with_data(VERSION_EVALUATED, fl_ctx, VERSION_RECORD, record)

@@ -7,6 +7,8 @@ the system summary and any low-GPU-use warning follow.
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 from typing import Any
 
@@ -25,6 +27,25 @@ def emit(line: str) -> None:
     sys.stdout.flush()
 
 
+def console_shows_info(logger: logging.Logger) -> bool:
+    """Whether ``logger``'s INFO lines reach a console (a stream handler on stdout or stderr that lets INFO
+    through), as under ``nvflare simulator``; our own SimEnv runs keep NVFlare's console at WARNING."""
+    if not logger.isEnabledFor(logging.INFO):
+        return False
+    current: logging.Logger | None = logger
+    while current is not None:
+        for handler in current.handlers:
+            stream = getattr(handler, "stream", None)
+            if (
+                type(handler) is logging.StreamHandler
+                and stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
+                and handler.level <= logging.INFO
+            ):
+                return True
+        current = current.parent if current.propagate else None
+    return False
+
+
 def progress_line(record: dict, stretch: dict | None = None, max_model_version: int = 0) -> str:
     """The line of one recorded version; ``stretch`` (``evaluation.monitor.aggregate``) adds its system figures."""
     line = f"[edgesim] version {record['version']}"
@@ -37,12 +58,29 @@ def progress_line(record: dict, stretch: dict | None = None, max_model_version: 
         line += f" | {record['seconds_per_version']:.2f} s/version"
     if record.get("devices_per_second") is not None:
         line += f" | {record['devices_per_second']:.1f} devices/s"
+    if record.get("method"):
+        line += f" | {record['method']}"
+    if record.get("skipped"):
+        line += f" | {record['skipped']} older version(s) not evaluated (evaluation behind; --eval-backlog)"
     status = format_status(stretch)
     return f"{line} | {status}" if status else line
 
 
+BAR_COLUMNS, BAR_ROWS = 100, 24  # a terminal that reports no size (a pseudo-terminal of 0 x 0, ``script``)
+
+
+def terminal_columns(stream) -> int:
+    """The width of the terminal ``stream`` writes to; 0 when it reports none."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
 def make_progress_bar(total: int) -> Any:
-    """A tqdm bar over model versions on stderr; disabled (a no-op) when stderr is not a terminal, e.g. CI logs."""
+    """A tqdm bar over model versions on stderr; disabled (a no-op) when stderr is not a terminal, e.g. CI logs. On
+    a terminal that reports no width (a pseudo-terminal left at 0 x 0) it is ``BAR_COLUMNS`` wide, not empty."""
+    sized = terminal_columns(sys.stderr) > 0
     return tqdm(
         total=total if total > 0 else None,
         desc="[edgesim] versions",
@@ -50,9 +88,20 @@ def make_progress_bar(total: int) -> Any:
         file=sys.stderr,
         disable=None,  # None: off on a non-TTY
         bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]",  # no cumulative rate
-        dynamic_ncols=True,
+        dynamic_ncols=sized,
+        ncols=None if sized else BAR_COLUMNS,
+        nrows=None if sized else BAR_ROWS,
         leave=True,
     )
+
+
+def bar_postfix(record: dict, stretch: dict | None) -> str:
+    """The bar's short status: accuracy, speed and the machine's load."""
+    parts = [f"acc {record['accuracy']:.3f}"]
+    if record.get("devices_per_second") is not None:
+        parts.append(f"{record['devices_per_second']:.1f} dev/s")
+    status = format_status(stretch)
+    return " | ".join([*parts, status] if status else parts)
 
 
 class ProgressReporter(FLComponent):
@@ -76,10 +125,13 @@ class ProgressReporter(FLComponent):
         record = fl_ctx.get_prop(VERSION_RECORD)
         stretch = getattr(fl_ctx.get_prop(SYSTEM_SAMPLES), "aggregate", None)
         line = progress_line(record, stretch, self.max_model_version)
-        emit(line)
-        self.logger.info(line)  # also in the server's log.txt: how a deployment's driver follows progress
+        # in the server's log (how a deployment's driver follows progress); printed as well unless the console
+        # already shows that log line (nvflare simulator), so each line appears once
+        self.logger.info(line)
+        if not console_shows_info(self.logger):
+            emit(line)
         if self._bar is not None:
-            self._bar.set_postfix_str(progress_line(record, stretch).removeprefix("[edgesim] "), refresh=False)
+            self._bar.set_postfix_str(bar_postfix(record, stretch), refresh=False)
             self._bar.update(max(0, record["version"] - 1 - self._bar.n))
             self._bar.refresh()
 

@@ -36,6 +36,7 @@ from evaluation.events import (
     SystemStretch,
 )
 from evaluation.monitor import aggregate, system_fields
+from evaluation.plots import plot_accuracy
 
 
 def version_record(evaluated: dict, previous: dict | None, updates_per_version: int, stretch: dict | None) -> dict:
@@ -57,15 +58,31 @@ def version_record(evaluated: dict, previous: dict | None, updates_per_version: 
     return evaluated | {"seconds_per_version": seconds, "devices_per_second": devices, "system": system_fields(stretch)}
 
 
-def run_summary(records: list[dict], updates_per_version: int) -> dict:
-    """Versions trained, final and best accuracy, seconds per version and devices per second over the run."""
-    trained = max((r["version"] for r in records), default=1) - 1
+def versions_made(results_dir: str, updates_per_version: int) -> int | None:
+    """The last version a run made, from its ``events.jsonl`` (None without one): every version after the initial
+    one is made from exactly ``updates_per_version`` counted updates (failed ones count nothing)."""
+    path = os.path.join(results_dir, "events.jsonl")
+    if not os.path.exists(path) or updates_per_version < 1:
+        return None
+    with open(path) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    return 1 + sum(1 for r in records if not r.get("failed")) // updates_per_version
+
+
+def run_summary(records: list[dict], updates_per_version: int, last_version: int | None = None) -> dict:
+    """Versions trained (up to ``last_version``, the last one the run made, when known; else the last evaluated),
+    versions evaluated, final and best accuracy, seconds per version and devices per second over the run."""
+    last_evaluated = max((r["version"] for r in records), default=None)
+    last = max(v for v in (last_version, last_evaluated, 1) if v is not None)
     summary = {
-        "versions_trained": trained,
+        "versions_trained": last - 1,
+        "last_version": last,
+        "versions_evaluated": len(records),
+        "last_evaluated_version": last_evaluated,
         "final_accuracy": records[-1]["accuracy"] if records else None,
         "best_accuracy": max((r["accuracy"] for r in records), default=None),
     }
-    if len(records) >= 2 and trained:
+    if len(records) >= 2 and last_evaluated and last_evaluated > 1:
         span = records[-1]["wall_seconds"] - records[0]["wall_seconds"]
         steps = records[-1]["version"] - records[0]["version"]
         summary["seconds_per_version"] = round(span / steps, 3)
@@ -73,6 +90,33 @@ def run_summary(records: list[dict], updates_per_version: int) -> dict:
     if records and records[-1].get("sim_seconds") is not None:
         summary["simulated_seconds"] = records[-1]["sim_seconds"]
     return summary
+
+
+def record_interruption(results_dir: str, run_info: dict, signal_name: str) -> dict:
+    """A run stopped by a signal before its server could say how it ended: add ``outcome`` ``interrupted`` (the
+    signal, the last version made) and the ``summary`` to its ``metrics.json`` (written from ``run_info`` when the
+    server wrote none). The driver calls it once every process of the job has stopped, so nothing else writes the
+    file any more. Returns the metrics written."""
+    path = os.path.join(results_dir, "metrics.json")
+    try:
+        with open(path) as f:
+            metrics = json.load(f)
+    except (OSError, ValueError):
+        metrics = dict(run_info, versions=[])
+    records = metrics.get("versions", [])
+    updates = ((metrics.get("config") or {}).get("federation") or {}).get("num_updates_for_model", 0)
+    made = versions_made(results_dir, updates)
+    summary = run_summary(records, updates, made)
+    if metrics.get("outcome") is None:
+        metrics["outcome"] = {
+            "status": "interrupted",
+            "reason": f"{signal_name} before the run's end",
+            "signal": signal_name,
+            "version": summary["last_version"],
+        }
+    metrics["summary"] = summary
+    write_json_atomic(path, metrics)
+    return metrics
 
 
 class RunRecorder(FLComponent):
@@ -157,8 +201,12 @@ class RunRecorder(FLComponent):
 
     def _end(self, _event: str, fl_ctx: FLContext) -> None:
         with self._lock:
-            self._summary = run_summary(self._records, self.updates_per_version)
+            made = self._outcome.get("version") if self._outcome else None
+            self._summary = run_summary(self._records, self.updates_per_version, made)
             self._write()
+            if self._records:  # here too, so a job run by ``nvflare simulator`` has it
+                title = (self.run_info.get("config") or {}).get("run", {}).get("job_name", "")
+                plot_accuracy(self._records, os.path.join(self._out, "accuracy.png"), title)
 
     def _write(self) -> None:
         payload = dict(self.run_info)

@@ -11,38 +11,62 @@ class FedReviveConfig:
 
     Defaults follow the authors' code (R1, ``research/fed-revive/codes``) and NVIDIA's port (NVFlare PR 5274) in
     the paper's main setting; ``synth_every_versions`` = 10 is that setting's generator schedule (the authors'
-    simulator synthesises on every stale update: 1).
+    simulator synthesises on every stale update: 1). Each field is a ``--fr-*`` flag of the jobs.
+
+    Attributes:
+        s_max: staleness scale of the blend beta(tau) = 1 - 0.5 (1 + cos(pi tau / (2 s_max))), clipped to [0, 1].
+        teacher_buffer_size: teachers kept: the c most recent returned client models.
+        kd_iters: Adam steps of the server-side student per revived update.
+        kd_temperature: temperature of the distillation's softmax.
+        kd_lr: the student's Adam learning rate.
+        kd_weight_decay: the student's Adam weight decay.
+        synth_per_teacher: pool images per teacher in a KD step, labels drawn from its class proportions.
+        synth_batch_size: images generated per synthesis round; the round's best batch joins the pool.
+        synth_every_versions: synthesise at versions that are multiples of this (stale updates only; 1: every
+            stale update, as the authors' simulator).
+        gen_noise_dim: the generator's noise dimension.
+        gen_width: the generator's channels at 32x32 (twice that at 8x8 and 16x16; the reference's ngf).
+        gen_class_weight: the generator's input is z + gen_class_weight * e_y.
+        gen_adapt_steps: Adam steps of a synthesis round's generator copy.
+        gen_lr: Adam learning rate of the generator's copy in a round.
+        gen_z_lr: Adam learning rate of a round's z and class embeddings.
+        gen_meta_lr: learning rate of the persistent meta-Adam (Reptile: gradient = persistent - adapted).
+        bn_weight: weight of the feature-statistics matching term (DeepInversion style).
+        adv_weight: weight of the adversarial student-teacher disagreement term (maximised where they agree).
+        pool_size: synthetic images kept, first in first out.
+        probe_temperature: softmax temperature of the class-proportion probe (Gaussian noise through a client's
+            first two uploads).
+        probe_samples: Gaussian-noise images of the class-proportion probe.
+        distill_from_version: synthesis (generator and pool warm-up) starts at this global version; until then
+            updates pass unchanged.
+        kd_train_from_version: distillation and blending (revival), and the generator's adversarial term, start at
+            this version.
+        num_classes: classes the generator synthesises (the data's).
     """
 
-    # Staleness blending: beta(tau) = 1 - 0.5 * (1 + cos(pi * tau / (2 * s_max))), clipped to [0, 1].
     s_max: float = 75.0
-    # Teacher buffer: the c most recent returned client models.
     teacher_buffer_size: int = 8
-    # Knowledge distillation of the server-side student.
     kd_iters: int = 10
     kd_temperature: float = 1.0
     kd_lr: float = 1e-4
-    kd_weight_decay: float = 1e-5  # the student's Adam weight decay
-    synth_per_teacher: int = 32  # pool images per teacher in a KD step, labels drawn from its class proportions
-    # Class-conditional generator and its meta (Reptile) adaptation.
-    synth_batch_size: int = 64  # images generated per synthesis round; the round's best batch joins the pool
-    synth_every_versions: int = 10  # synthesise at versions that are multiples of this (stale updates only)
+    kd_weight_decay: float = 1e-5
+    synth_per_teacher: int = 32
+    synth_batch_size: int = 64
+    synth_every_versions: int = 10
     gen_noise_dim: int = 256
-    gen_width: int = 128  # the reference's ngf: channels at 32x32 (twice that at 8x8 and 16x16)
-    gen_class_weight: float = 0.2  # generator input z + gen_class_weight * e_y
+    gen_width: int = 128
+    gen_class_weight: float = 0.2
     gen_adapt_steps: int = 2
-    gen_lr: float = 3e-3  # Adam lr of the generator's copy in a round
-    gen_z_lr: float = 1e-3  # Adam lr of the round's z and class embeddings
-    gen_meta_lr: float = 3e-3  # the persistent meta-Adam's lr (Reptile: gradient = persistent - adapted)
-    bn_weight: float = 0.003  # feature-statistics matching (DeepInversion-style) weight
-    adv_weight: float = 0.1  # adversarial student-teacher disagreement weight (maximised where they agree)
-    pool_size: int = 16000  # synthetic images kept, FIFO eviction
-    # Server-side class-proportion probe (Gaussian noise through a client's first two uploads).
+    gen_lr: float = 3e-3
+    gen_z_lr: float = 1e-3
+    gen_meta_lr: float = 3e-3
+    bn_weight: float = 0.003
+    adv_weight: float = 0.1
+    pool_size: int = 16000
     probe_temperature: float = 0.8
     probe_samples: int = 512
-    # Warm-up schedule, in global model versions.
-    distill_from_version: int = 50  # generator/pool warm up from here (beta still 0)
-    kd_train_from_version: int = 100  # KD + blending, and the generator's adversarial term, from here
+    distill_from_version: int = 50
+    kd_train_from_version: int = 100
     num_classes: int = 10
 
     def __post_init__(self) -> None:

@@ -11,10 +11,13 @@ import argparse
 import dataclasses
 import os
 import sys
+import typing
 
 from common.choices import ConfigError, literal_choices
+from common.config_flags import add_dataclass_flags
 from common.delays import DelayPreset, SpeedDistribution
 from common.profiles import ProfileName
+from evaluation.evaluator import EvalBacklog
 from fedrevive.config import FedReviveConfig
 from jobs.api import config_from_options, option_names
 from jobs.config import EnvName, FederationConfig, JobConfig, LeafLossPolicy, RunConfig
@@ -32,9 +35,35 @@ def _defaults(part) -> dict:
     return {f.name: f.default for f in dataclasses.fields(part) if f.default is not dataclasses.MISSING}
 
 
-def build_parser(description: str, method_choice: bool = False) -> argparse.ArgumentParser:
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """One default per flag: added as ``(default: X)`` unless the help already says it, or the flag has none
+    (``None``, an empty string, an on/off switch)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "(default" in text or default is None or default == "" or isinstance(default, bool):
+            return text
+        if default is argparse.SUPPRESS or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class JobArgumentParser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one line naming the fix, not a usage block."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def plain_description(docstring: str) -> str:
+    """A module docstring as plain text for ``--help``: its paragraphs, without reST literal markers."""
+    return docstring.strip().replace("``", "")
+
+
+def build_parser(description: str, method_choice: bool = False) -> JobArgumentParser:
     """Every job flag; ``method_choice`` adds ``--method`` (with presets) and the ``--fr-*`` FedRevive flags."""
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = JobArgumentParser(description=plain_description(description), formatter_class=HelpFormatter)
     d = _defaults(DataConfig)
     data = p.add_argument_group("data")
     data.add_argument(
@@ -103,7 +132,10 @@ def build_parser(description: str, method_choice: bool = False) -> argparse.Argu
         help="simulated-time budget: stop before the first update that arrives later (default: none)",
     )
     fl.add_argument(
-        "--no-device-reuse", dest="device_reuse", action="store_false", help="select every device at most once"
+        "--no-device-reuse",
+        dest="device_reuse",
+        action="store_false",
+        help="select every device at most once (default: a device may be selected again once its update arrived)",
     )
     fl.add_argument(
         "--device-wait-timeout",
@@ -223,6 +255,13 @@ def build_parser(description: str, method_choice: bool = False) -> argparse.Argu
     run = p.add_argument_group("run")
     run.add_argument("--eval-frequency", type=int, default=d["eval_frequency"], help="evaluate every N model versions")
     run.add_argument(
+        "--eval-backlog",
+        default=d["eval_backlog"],
+        choices=literal_choices(EvalBacklog),
+        help="when evaluation falls behind: skip evaluates the newest version and skips older waiting ones (never "
+        "the last); wait evaluates every scheduled version",
+    )
+    run.add_argument(
         "--seed",
         type=int,
         default=d["seed"],
@@ -270,15 +309,8 @@ def build_parser(description: str, method_choice: bool = False) -> argparse.Argu
             choices=literal_choices(MethodName),
             help="FL method (its preset fills the federation flags not given)",
         )
-        fr = p.add_argument_group("FedRevive (server-side data-free distillation)")
-        for f in dataclasses.fields(FedReviveConfig):
-            fr.add_argument(
-                f"--fr-{f.name.replace('_', '-')}",
-                dest=f"fr_{f.name}",
-                type=type(f.default),
-                default=f.default,
-                help=f"FedReviveConfig.{f.name}",
-            )
+        fr = p.add_argument_group("FedRevive (server-side data-free distillation; fedrevive/config.py)")
+        add_dataclass_flags(fr, FedReviveConfig, prefix="fr-", dest_prefix="fr_")
     return p
 
 

@@ -115,6 +115,7 @@ def make_result_components(cfg: JobConfig, run_info: dict, results_dir: str) -> 
             compute_device=cfg.training.compute_device,
             eval_frequency=cfg.run.eval_frequency,
             max_model_version=f.max_model_version,
+            backlog=cfg.run.eval_backlog,
         ),
         MONITOR_ID: SystemMonitorComponent(diagnose_context(run_info, cfg)),
         "edgesim_recorder": RunRecorder(results_dir, run_info, f.num_updates_for_model, monitor_id=MONITOR_ID),

@@ -29,6 +29,7 @@ from typing import Literal
 
 from common.choices import ConfigError, check_choice, check_positive
 from common.delays import DelayConfig
+from evaluation.evaluator import EvalBacklog
 from fedrevive.config import FedReviveConfig
 from jobs.methods import METHODS, MethodName
 from processors.data.config import DataConfig
@@ -136,6 +137,8 @@ class RunConfig:
     """Attributes:
     seed: fixes the initial model, data, partition, device delays, local sampling and device selection.
     eval_frequency: evaluate every N global model versions (and always the last).
+    eval_backlog: when evaluation falls behind the versions made: ``skip`` evaluates the newest scheduled version
+        and skips the older ones still waiting (never the last); ``wait`` evaluates every scheduled version.
     env: ``sim`` (NVFlare's SimEnv), ``poc`` (PocEnv) or ``prod`` (ProdEnv on a provisioned hierarchy).
     startup_kit: the admin's startup kit folder (``prod``).
     username: the admin user name (``prod``).
@@ -151,6 +154,7 @@ class RunConfig:
 
     seed: int = 0
     eval_frequency: int = 1
+    eval_backlog: EvalBacklog = "skip"
     env: EnvName = "sim"
     startup_kit: str | None = None
     username: str | None = None
@@ -163,6 +167,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_positive({"--eval-frequency": self.eval_frequency})
+        check_choice("--eval-backlog", self.eval_backlog, EvalBacklog)
         if self.checkpoint_every < -1:
             raise ConfigError(f"--checkpoint-every {self.checkpoint_every}: versions, 0 (automatic) or -1 (never)")
         check_choice("--env", self.env, EnvName)

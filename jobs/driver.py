@@ -17,6 +17,7 @@ import time
 
 from common.choices import ConfigError
 from common.profiles import get_profile
+from evaluation.run_recorder import record_interruption
 from jobs.config import JobConfig
 from jobs.environments import make_env
 from jobs.outputs import nvflare_workspace, prepare_output_dir
@@ -54,10 +55,19 @@ def stock_outcome(metrics: dict, max_version: int) -> dict | None:
 def report_end(results_dir: str, started: float, cause: str = "", stock_max_version: int | None = None) -> int:
     """Print the summary and how the run ended; the exit code. ``stock_max_version``: the run's server is
     NVFlare's (no outcome of its own), whose last version this is."""
+    summary = None
     if os.path.exists(os.path.join(results_dir, "metrics.json")):
-        print(format_summary(finalize(results_dir, time.time() - started), results_dir))
+        summary = finalize(results_dir, time.time() - started)
+        print(format_summary(summary, results_dir))
     metrics = read_metrics(results_dir)
     outcome = metrics.get("outcome")
+    last_evaluated = (summary or {}).get("last_evaluated_version")
+    if outcome and outcome.get("version") and (last_evaluated or 0) < outcome["version"]:
+        print(
+            f"[edgesim] warning: the run made version {outcome['version']}, but its last evaluated version is "
+            f"{last_evaluated}: {cause or 'the job ended before its evaluation'}",
+            file=sys.stderr,
+        )
     if outcome is None and stock_max_version is not None:
         outcome = stock_outcome(metrics, stock_max_version)
     if outcome is not None:  # the server decided how the run ended; a hang after that is only worth a warning
@@ -109,11 +119,16 @@ def run(cfg: JobConfig, verbose: bool = False) -> int:
     return run_remote(recipe, env, cfg, results_dir)
 
 
-def interrupted(results_dir: str, started: float, code: int, what: str) -> int:
-    print(f"[edgesim] interrupted; {what}", file=sys.stderr)
-    if os.path.exists(os.path.join(results_dir, "metrics.json")):
-        print(format_summary(finalize(results_dir, time.time() - started), results_dir))
-        print(f"[edgesim] partial results (versions finished before the interrupt) kept in {results_dir}")
+def interrupted(results_dir: str, started: float, code: int, what: str, run_info: dict) -> int:
+    """A run ended by Ctrl-C / SIGTERM: record it as ``interrupted`` in ``metrics.json`` (once every process of the
+    job has stopped), say what was kept, return the exit code (128 + the signal)."""
+    name = signal.Signals(code - 128).name if code - 128 in signal.valid_signals() else str(code)
+    print(f"[edgesim] interrupted ({name}); {what}", file=sys.stderr)
+    record_interruption(results_dir, run_info, name)
+    print(format_summary(finalize(results_dir, time.time() - started), results_dir))
+    print(f"[edgesim] partial results (what was made before the interrupt) kept in {results_dir}")
+    if os.path.exists(state_path(results_dir)):
+        print(f"[edgesim] continue it from its last checkpoint with: --resume {results_dir}", file=sys.stderr)
     return code
 
 
@@ -134,7 +149,8 @@ def run_sim(recipe: EdgeSimRecipe, env, results_dir: str, plan: RunPlan) -> int:
             raise
     if interrupts.signum is not None:
         # NVFlare may turn the KeyboardInterrupt into its own error, so the signal, not the exception, decides
-        return interrupted(results_dir, started, interrupts.exit_code, "every process of the job was stopped")
+        what = "every process of the job was stopped"
+        return interrupted(results_dir, started, interrupts.exit_code, what, plan.run_info)
     cfg = recipe.cfg
     stock_max = cfg.federation.max_model_version if cfg.engine.simulator == "stock" else None
     return report_end(results_dir, started, cause, stock_max_version=stock_max)
@@ -152,7 +168,9 @@ def run_remote(recipe: EdgeSimRecipe, env, cfg: JobConfig, results_dir: str) -> 
         else:
             status = follow_poc(env, job_id, results_dir)
     except KeyboardInterrupt:
-        return interrupted(results_dir, started, 130, f"job {job_id} was aborted on the deployment")
+        return interrupted(
+            results_dir, started, 130, f"job {job_id} was aborted on the deployment", recipe.plan.run_info
+        )
     print(f"[edgesim] job {job_id} ended: {status}; results in {results_dir}")
     cause = "" if status == "FINISHED:COMPLETED" else f"the job ended with NVFlare status {status}"
     return report_end(results_dir, started, cause)

@@ -36,19 +36,22 @@ class RunPlan:
     timeouts: how long a leaf waits for its parent, and when a silent leaf is lost.
     run_info: what is known before the run (config, environment, plans, profile), written into ``metrics.json``.
     device: the torch device training runs on (on a deployment: the leaves' ``--compute-device``, as given).
+    notes: what the user should know before the run starts (printed with the plan).
     """
 
     workers: WorkerPlan | None
     timeouts: Timeouts
     run_info: dict
     device: torch.device | str
+    notes: tuple[str, ...] = ()
 
     def describe(self) -> str:
         if self.workers is None:
             workers = "Parallel workers: each leaf plans its own from its machine at start (metrics.json leaf_plans)"
         else:
             workers = f"{self.workers.describe()}\n{self.workers.reasoning()}"
-        return f"{workers}\n  timeouts: {self.timeouts.reason}"
+        notes = "".join(f"\n[edgesim] note: {n}" for n in self.notes)
+        return f"{workers}\n  timeouts: {self.timeouts.reason}{notes}"
 
 
 def environment_info(device: torch.device | str, hardware: HardwareProfile) -> dict:
@@ -168,6 +171,26 @@ def check_model_fits_data(cfg: JobConfig, dataset: Dataset) -> None:
             )
 
 
+def method_notes(cfg: JobConfig) -> tuple[str, ...]:
+    """A FedRevive run too short to revive anything is FedBuff with FedRevive's presets: say so."""
+    if not METHODS[cfg.method].distills:
+        return ()
+    fr, last = cfg.fedrevive, cfg.federation.max_model_version
+    if last <= fr.distill_from_version:
+        return (
+            f"FedRevive neither synthesises nor revives before version {fr.distill_from_version} "
+            f"(--fr-distill-from-version) and this run ends at version {last}: every update passes unchanged, as in "
+            "FedBuff. Raise --max-model-version or lower --fr-distill-from-version and --fr-kd-train-from-version.",
+        )
+    if last <= fr.kd_train_from_version:
+        return (
+            f"FedRevive revives no update before version {fr.kd_train_from_version} (--fr-kd-train-from-version) and "
+            f"this run ends at version {last}: it only warms up its generator. Raise --max-model-version or lower "
+            "--fr-kd-train-from-version.",
+        )
+    return ()
+
+
 def prepare(cfg: JobConfig) -> RunPlan:
     """Everything that can fail fast, before any NVFlare process starts (``ValueError``s name the fix).
 
@@ -194,4 +217,4 @@ def prepare(cfg: JobConfig) -> RunPlan:
         "timeouts": timeouts.to_dict(),
         "profile": get_profile(cfg.engine.profile).to_dict(),
     }
-    return RunPlan(workers, timeouts, run_info, device)
+    return RunPlan(workers, timeouts, run_info, device, method_notes(cfg))

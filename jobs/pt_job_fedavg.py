@@ -12,7 +12,7 @@ from jobs.cli import job_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    return job_main(__doc__.splitlines()[0], argv, method="fedavg")
+    return job_main(__doc__, argv, method="fedavg")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from jobs.cli import job_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    return job_main(__doc__.splitlines()[0], argv)
+    return job_main(__doc__, argv)
 
 
 if __name__ == "__main__":

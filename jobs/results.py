@@ -1,5 +1,5 @@
-"""After a run: read ``metrics.json`` (written by the server's ``RunRecorder`` only), draw ``accuracy.png`` and
-summarise for the console."""
+"""After a run: read ``metrics.json`` (written by the server's ``RunRecorder`` only), make sure ``accuracy.png``
+is drawn, and summarise for the console."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import json
 import os
 
 from evaluation.monitor import format_summary as format_system_summary
-from evaluation.run_recorder import run_summary
+from evaluation.plots import plot_accuracy
+from evaluation.run_recorder import run_summary, versions_made
+
+RESULT_NAMES = ("metrics.json", "events.jsonl", "global_model.pt", "accuracy.png", "fedrevive_log.jsonl", "tensorboard")
 
 
 def read_metrics(results_dir: str) -> dict:
@@ -19,36 +22,9 @@ def read_metrics(results_dir: str) -> dict:
         return {}
 
 
-def plot_accuracy(records: list[dict], path: str, title: str) -> None:
-    """Accuracy against model version, wall seconds and (when the run has it) simulated seconds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    has_sim = any(r.get("sim_seconds") for r in records)
-    fig, axes = plt.subplots(1, 3 if has_sim else 2, figsize=(15 if has_sim else 10, 4))
-    versions = [r["version"] for r in records]
-    acc = [r["accuracy"] for r in records]
-    axes[0].plot(versions, acc, marker="o")
-    axes[0].set_xlabel("global model version")
-    axes[1].plot([r["wall_seconds"] for r in records], acc, marker="o")
-    axes[1].set_xlabel("wall-clock seconds since job start")
-    if has_sim:
-        axes[2].plot([r.get("sim_seconds", 0) for r in records], acc, marker="o")
-        axes[2].set_xlabel("simulated seconds")
-    for ax in axes:
-        ax.set_ylabel("test accuracy")
-        ax.grid(alpha=0.3)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def finalize(results_dir: str, total_seconds: float) -> dict:
-    """Draw the plot and return the run's summary (the recorder's, or one computed from the recorded versions when
-    the run was interrupted before it wrote one), with ``total_seconds`` and the system summary under ``system``."""
+    """Draw the plot when the server did not (an interrupted run) and return the run's summary (the recorder's, or
+    one computed from what was recorded), with ``total_seconds`` and the system summary under ``system``."""
     metrics_path = os.path.join(results_dir, "metrics.json")
     if not os.path.exists(metrics_path):
         raise RuntimeError(f"the job wrote no {metrics_path}: see the NVFlare logs in the workspace")
@@ -56,17 +32,29 @@ def finalize(results_dir: str, total_seconds: float) -> dict:
         metrics = json.load(f)
     records = metrics.get("versions", [])
     config = metrics.get("config") or {}
-    updates = (config.get("federation") or {}).get("num_updates_for_model", 0)
-    summary = {"total_seconds": round(total_seconds, 2)} | (metrics.get("summary") or run_summary(records, updates))
-    if records:
-        plot_accuracy(records, os.path.join(results_dir, "accuracy.png"), (config.get("run") or {}).get("job_name", ""))
+    summary = metrics.get("summary")
+    if summary is None:
+        updates = (config.get("federation") or {}).get("num_updates_for_model", 0)
+        summary = run_summary(records, updates, versions_made(results_dir, updates))
+    summary = {"total_seconds": round(total_seconds, 2)} | summary
+    plot = os.path.join(results_dir, "accuracy.png")
+    if records and (not os.path.exists(plot) or os.path.getmtime(plot) < os.path.getmtime(metrics_path)):
+        plot_accuracy(records, plot, (config.get("run") or {}).get("job_name", ""))
     if metrics.get("system") is not None:
         summary["system"] = metrics["system"]
     return summary
 
 
 def format_summary(summary: dict, results_dir: str) -> str:
-    lines = [f"[edgesim] done in {summary['total_seconds']:.1f} s: {summary['versions_trained']} versions trained"]
+    """The end-of-run lines: versions made and evaluated, speed, accuracy, system, and the files that exist."""
+    trained, evaluated = summary["versions_trained"], summary.get("versions_evaluated")
+    line = f"[edgesim] done in {summary['total_seconds']:.1f} s: {trained} version(s) trained"
+    last, last_evaluated = summary.get("last_version"), summary.get("last_evaluated_version")
+    if evaluated is not None:
+        line += f", {evaluated} evaluated"
+        if last_evaluated is not None and last is not None and last_evaluated < last:
+            line += f" (the last evaluated is version {last_evaluated} of {last})"
+    lines = [line]
     if summary.get("seconds_per_version") is not None:
         lines.append(
             f"[edgesim] {summary['seconds_per_version']:.2f} s per version, "
@@ -74,12 +62,21 @@ def format_summary(summary: dict, results_dir: str) -> str:
         )
     if summary.get("simulated_seconds") is not None:
         lines.append(f"[edgesim] simulated time: {summary['simulated_seconds']:.3f}")
-    lines.append(f"[edgesim] final accuracy {summary['final_accuracy']}, best {summary['best_accuracy']}")
+    if summary.get("final_accuracy") is None:
+        lines.append("[edgesim] no version evaluated")
+    else:
+        lines.append(
+            f"[edgesim] final accuracy {summary['final_accuracy']:.4f} (version {last_evaluated}), "
+            f"best {summary['best_accuracy']:.4f}"
+        )
     system = summary.get("system")
     if system:
         lines.append(f"[edgesim] system: {format_system_summary(system) or 'no samples'}")
         lines += [f"[edgesim] WARNING: {w}" for w in system.get("warnings") or ()]
-    lines.append(
-        f"[edgesim] results: {results_dir} (metrics.json, events.jsonl, global_model.pt, accuracy.png, tensorboard/)"
-    )
+    present = [
+        n + ("/" if os.path.isdir(os.path.join(results_dir, n)) else "")
+        for n in RESULT_NAMES
+        if os.path.exists(os.path.join(results_dir, n))
+    ]
+    lines.append(f"[edgesim] results: {results_dir} ({', '.join(present) or 'no result files'})")
     return "\n".join(lines)

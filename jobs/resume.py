@@ -3,7 +3,8 @@
 A resumed run must end exactly where the uninterrupted run would have, so it takes its whole configuration from
 the run it continues. Flags given with ``--resume`` may change only what does not change the result (how many
 workers, sync intervals, timeouts, how often to evaluate or checkpoint) or extend the run (``--max-model-version``,
-``--max-sim-time``); any other is refused, naming it.
+``--max-sim-time``); any other is refused, naming it, unless it is given with the value the run was saved with
+(the original command with ``--resume`` appended).
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ import os
 
 from common.choices import ConfigError
 from jobs.config import PARTS, JobConfig
+from jobs.methods import METHODS
 from processors.models import build_model
 from scheduling import checkpoint
 from scheduling.checkpoint import state_path
+
+NOT_CONFIG = {"verbose"}  # command-line destinations that change nothing of the run
 
 HARMLESS = {
     ("federation", "max_model_version"),
@@ -31,6 +35,7 @@ HARMLESS = {
     ("engine", "job_timeout"),
     ("engine", "profile"),
     ("run", "eval_frequency"),
+    ("run", "eval_backlog"),
     ("run", "workspace"),
     ("run", "checkpoint_every"),
     ("run", "output"),
@@ -60,6 +65,19 @@ def field_of(dest: str) -> tuple[str, str] | None:
     return None
 
 
+def value_of(dest: str, cfg: JobConfig):
+    """What a command-line destination sets in ``cfg``: a part's field, the method, a FedRevive field, or the whole
+    delay model (``--delays`` and each delay field build one ``DelayConfig``)."""
+    where = field_of(dest)
+    if where is not None:
+        return getattr(getattr(cfg, where[0]), where[1])
+    if dest == "method":
+        return cfg.method
+    if dest.startswith("fr_"):
+        return getattr(cfg.fedrevive, dest[len("fr_") :])
+    return cfg.delays
+
+
 def resumed_config(results_dir: str, flags_cfg: JobConfig, given: set[str]) -> JobConfig:
     """The saved run's config with the harmless flags of ``flags_cfg`` that were ``given``; ``ConfigError`` for a
     folder that cannot be resumed or a flag that would change the result."""
@@ -73,8 +91,12 @@ def resumed_config(results_dir: str, flags_cfg: JobConfig, given: set[str]) -> J
     with open(metrics) as f:
         saved = JobConfig.from_dict(json.load(f)["config"])
     changes: dict[str, dict] = {}
-    for dest in sorted(given - {"resume", "output"}):
+    for dest in sorted(given - {"resume", "output"} - NOT_CONFIG):
         where = field_of(dest)
+        if value_of(dest, flags_cfg) == value_of(dest, saved):
+            continue  # given again with the saved value: the original command plus --resume
+        if dest.startswith("fr_") and not METHODS[saved.method].distills:
+            continue  # FedRevive's settings mean nothing to this method
         if where is None or where not in HARMLESS:
             flag = "--" + dest.replace("_", "-").replace("fr-", "fr-")
             raise ConfigError(

@@ -6,10 +6,16 @@ driver wait forever. And once the server has decided the run's outcome (``metric
 may still wait at shutdown for a leaf that is gone. The watchdog samples the process tree every ``interval``
 seconds and, in either case, stops every process of the job (the driver's ``recipe.run`` then returns), recording
 what happened in ``reason``.
+
+After the outcome the server still evaluates and records the run's last version, which for a large model on a
+CPU takes minutes. So the grace period counts from the outcome or from the last change of ``metrics.json``,
+whichever is later, and grows by twice the longest evaluation recorded so far: a job is stopped only when it has
+recorded nothing for longer than an evaluation could take.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -32,7 +38,10 @@ class Watchdog:
         self.interval = interval
         self.reason = ""  # set when the watchdog stopped the job
         self._server: psutil.Process | None = None
-        self._outcome_at: float | None = None
+        self._outcome_at: float | None = None  # when the outcome was seen, or metrics.json last changed after it
+        self._mtime = 0.0  # of metrics.json at the last look
+        self._decided = False  # metrics.json has the outcome
+        self._longest_eval = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
 
@@ -44,8 +53,26 @@ class Watchdog:
         self._stop.set()
         self._thread.join(5)
 
-    def _outcome_decided(self) -> bool:
-        return "outcome" in read_metrics(self.results_dir)
+    def _look(self) -> bool:
+        """Read ``metrics.json`` if it changed since the last look (whether the outcome is decided, the longest
+        evaluation); True if it changed."""
+        try:
+            mtime = os.path.getmtime(os.path.join(self.results_dir, "metrics.json"))
+        except OSError:
+            return False
+        if mtime == self._mtime:
+            return False
+        self._mtime = mtime
+        metrics = read_metrics(self.results_dir)
+        self._decided = self._decided or "outcome" in metrics
+        evals = [r.get("eval_seconds") or 0.0 for r in metrics.get("versions", [])]
+        self._longest_eval = max([self._longest_eval, *evals])
+        return True
+
+    @property
+    def grace(self) -> float:
+        """Seconds the job may record nothing after its outcome before it is stopped."""
+        return self.shutdown_grace + 2 * self._longest_eval
 
     def _run(self) -> None:
         me = psutil.Process()
@@ -62,17 +89,18 @@ class Watchdog:
                             break
                     except psutil.Error:
                         pass
-            if self._outcome_at is None and self._outcome_decided():
-                self._outcome_at = time.time()
+            changed = self._look()
+            if self._decided and (self._outcome_at is None or changed):
+                self._outcome_at = time.time()  # decided, or still recording its last versions: not hanging
             if self._server is not None and self._outcome_at is None and not _alive(self._server):
-                if self._outcome_decided():  # it wrote the outcome just before ending: a normal end
+                if self._look() and self._decided:  # it wrote the outcome just before ending: a normal end
                     self._outcome_at = time.time()
                 else:
                     self.reason = f"the NVFlare server process (pid {self._server.pid}) died"
                     stop_processes(tree, grace_seconds=5)
                     return
-            if self._outcome_at is not None and time.time() - self._outcome_at > self.shutdown_grace:
-                self.reason = f"NVFlare did not end the job within {self.shutdown_grace:g} s of its outcome"
+            if self._outcome_at is not None and time.time() - self._outcome_at > self.grace:
+                self.reason = f"NVFlare did not end the job within {self.grace:.0f} s of its last record"
                 stop_processes(tree, grace_seconds=5)
                 return
 

@@ -61,6 +61,7 @@ from common.protocol import (
 from scheduling import checkpoint
 from scheduling.applier import UpdateApplier
 from simulation.device_pool import DevicePool
+from simulation.nvflare_private import share_stream_cleanup_thread
 from simulation.schedule import ExactSchedule
 
 
@@ -119,6 +120,7 @@ class ExactTimeAssessor(Assessor):
         results_dir: str = "",
     ):
         super().__init__()
+        share_stream_cleanup_thread()  # one thread for finished streams, not one per leaf sync
         self.persistor_id = persistor_id
         self.model_manager_id = model_manager_id
         self.num_leaves = num_leaves

@@ -16,9 +16,18 @@ any of them, before a run silently changes behaviour.
 3. **The leaves' sync interval.** ``ScatterAndGatherForEdge`` keeps ``update_interval`` and ``assess_interval`` as
    ``_update_interval`` and ``_assess_interval`` (NVFlare exports a component's arguments from those attributes);
    ``set_sync_interval`` changes them on a built job.
+4. **One thread for finished streams.** NVFlare streams every aux message (each leaf sync and its reply), and each
+   received stream's ``RxTask._schedule_remove_task`` starts a ``threading.Timer`` thread that sleeps 65 s before
+   removing the finished stream. A process receiving a few syncs a second thus holds hundreds of idle threads
+   (``benchmarks/bench_soak.py``: a leaf went from 129 to 297 threads in 150 FedBuff versions), and a faster
+   protocol would hold thousands. ``share_stream_cleanup_thread`` gives every finished stream's removal, with the
+   same delay, to one scheduler thread per process; our server and leaf components install it.
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
@@ -30,6 +39,8 @@ from nvflare.edge.web.models.job_response import JobResponse
 from nvflare.job_config.api import FedJob
 from nvflare.recipe.spec import Recipe
 
+from simulation.due_timer import DueTimer
+
 NVFLARE_PRIVATE_OVERRIDES = {
     "nvflare.edge.executors.ete.EdgeTaskExecutor._handle_edge_request": (
         "self",
@@ -39,6 +50,10 @@ NVFLARE_PRIVATE_OVERRIDES = {
         "no_task_reply",
     ),
     "nvflare.edge.executors.ete.EdgeTaskExecutor._handle_edge_job_request": ("self", "event_type", "fl_ctx"),
+}
+NVFLARE_PRIVATE_PATCHES = {
+    "nvflare.fuel.f3.streaming.byte_receiver.RxTask._schedule_remove_task": ("self", "ttl"),
+    "nvflare.fuel.f3.streaming.byte_receiver.RxTask._remove_task": ("self",),
 }
 NVFLARE_PRIVATE_ATTRIBUTES = {
     "nvflare.job_config.api.FedJob": ("_deploy_map",),
@@ -102,3 +117,47 @@ def set_sync_interval(controller: ScatterAndGatherForEdge, update_interval: floa
     """Leaves sync with their parents every ``update_interval`` seconds; the server assesses at least as often."""
     controller._update_interval = update_interval  # noqa: SLF001 - see the module docstring (3)
     controller._assess_interval = min(controller._assess_interval, update_interval)  # noqa: SLF001
+
+
+class _Scheduled:
+    """A delayed removal on ``STREAM_CLEANUP``; what ``RxTask`` keeps as its ``cleanup_timer`` (``cancel()``)."""
+
+    __slots__ = ("cancelled",)
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def run(self, fn: Callable[[], None]) -> None:
+        if not self.cancelled:
+            try:
+                fn()
+            except Exception:  # a stream already gone: nothing left to remove
+                pass
+
+
+STREAM_CLEANUP = DueTimer()  # every finished stream's delayed removal, on one thread per process
+ORIGINALS: dict[str, Callable] = {}  # NVFlare's own methods this process replaced, by name
+
+
+def share_stream_cleanup_thread() -> None:
+    """Make every finished stream's delayed removal a call on ``STREAM_CLEANUP`` instead of a ``threading.Timer``
+    thread of its own (see the module docstring, 4). Same delay, same removal; idempotent, once per process."""
+    from nvflare.fuel.f3.streaming.byte_receiver import RxTask
+
+    if "RxTask._schedule_remove_task" in ORIGINALS:
+        return
+    ORIGINALS["RxTask._schedule_remove_task"] = RxTask._schedule_remove_task  # noqa: SLF001
+
+    def _schedule_remove_task(self, ttl: float = None):
+        with self.stop_lock:
+            if self.cleanup_timer:
+                return
+            scheduled = _Scheduled()
+            delay = self.completed_task_ttl if ttl is None else ttl
+            STREAM_CLEANUP.call_at(time.time() + delay, scheduled.run, self._remove_task)
+            self.cleanup_timer = scheduled
+
+    RxTask._schedule_remove_task = _schedule_remove_task  # noqa: SLF001 - see the module docstring (4)

@@ -63,8 +63,12 @@ def test_exported_job_runs_under_nvflare_simulator_cli(tmp_path):
     assert '"init_seed": 0' in server_config and "edgesim_evaluator" in server_config
     nvflare = os.path.join(os.path.dirname(PYTHON), "nvflare")
     workspace = tmp_path / "cli_ws"
-    _run([nvflare, "simulator", str(job_dir), "-w", str(workspace), "-n", "2", "-t", "2"])
-    metrics_files = glob.glob(str(workspace / "**" / "metrics.json"), recursive=True)
-    assert metrics_files, "the evaluator wrote no metrics.json in the simulator workspace"
-    versions = json.loads(open(metrics_files[0]).read())["versions"]
+    out = _run([nvflare, "simulator", str(job_dir), "-w", str(workspace), "-n", "2", "-t", "2"])
+    results = workspace / "server" / "simulate_job" / "app_server"  # where the README says they are
+    versions = json.loads((results / "metrics.json").read_text())["versions"]
     assert [r["version"] for r in versions] == [1, 2]
+    for name in ("events.jsonl", "global_model.pt", "accuracy.png", "leaf_site-1.jsonl", "leaf_site-2.jsonl"):
+        assert (results / name).exists(), name  # the files a SimEnv run writes
+    assert glob.glob(str(results / "tensorboard" / "events.out.tfevents.*"))
+    for version in (1, 2):  # each progress line once, as NVFlare's console log line
+        assert out.count(f"[edgesim] version {version}/2 |") == 1, out[-3000:]

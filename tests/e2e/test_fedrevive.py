@@ -55,3 +55,9 @@ def test_fedrevive_distills_stale_updates_and_finishes(tmp_path):
     assert metrics["versions"][-1]["version"] >= 8  # async versions can overshoot: the server checks every 0.5 s
     assert metrics["config"]["fedrevive"]["kd_iters"] == 2
     assert metrics["versions"][-1]["sim_seconds"] > 0
+    # one version numbering: an update's log line names the version it goes into, as events.jsonl does
+    events = [json.loads(line) for line in open(out / "events.jsonl")]
+    assert [(e["version"], e["base_version"]) for e in log] == [(e["version"], e["base_version"]) for e in events]
+    # the progress lines say where FedRevive stands and how much it revived
+    revived = sum(e["beta"] > 0 for e in log if e["version"] <= 8)
+    assert f"FedRevive revival, {revived} update(s) revived" in proc.stdout

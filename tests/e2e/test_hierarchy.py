@@ -18,24 +18,10 @@ from simulation.event_reference import make_schedule, reference_trace
 from tests.conftest import PYTHON, REPO
 
 LEAVES = ["C11", "C12", "C21", "C22"]
-SMALL = [
-    "--devices-per-leaf",
-    "4",
-    "--device-selection-size",
-    "8",
-    "--synthetic-size",
-    "1500",
-    "--subset-size",
-    "40",
-    "--local-iters",
-    "2",
-    "--local-batch-size",
-    "16",
-    "--local-lr",
-    "1e-3",
-    "--seed",
-    "4",
-]
+SMALL = (
+    "--devices-per-leaf 4 --device-selection-size 8 --synthetic-size 1500 --subset-size 40 --local-iters 2 "
+    "--local-batch-size 16 --local-lr 1e-3 --seed 4"
+).split()
 SIM_FILES = {
     "metrics.json",
     "events.jsonl",

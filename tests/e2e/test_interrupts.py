@@ -1,4 +1,5 @@
-"""Ctrl-C or SIGTERM on the driver of a real run stops every process the job started, and keeps the results."""
+"""Ctrl-C or SIGTERM on the driver of a real run stops every process the job started, keeps the results, and
+records the run as interrupted (the signal, the last version, the summary) in ``metrics.json``."""
 
 import json
 import signal
@@ -45,3 +46,9 @@ def test_interrupting_a_running_job_leaves_no_process_and_keeps_results(tmp_path
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["versions"][-1]["version"] >= 2
     assert (tmp_path / "out" / "accuracy.png").exists()
+    name = signal.Signals(sig).name
+    outcome = metrics["outcome"]
+    assert outcome["status"] == "interrupted" and outcome["signal"] == name, outcome
+    assert outcome["version"] >= metrics["versions"][-1]["version"]
+    assert metrics["summary"]["last_version"] == outcome["version"]
+    assert f"interrupted ({name})" in out

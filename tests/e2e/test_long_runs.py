@@ -14,54 +14,15 @@ import torch
 
 from tests.conftest import PYTHON, REPO
 
-SMALL = [
-    "--num-leaf-nodes",
-    "2",
-    "--devices-per-leaf",
-    "12",
-    "--device-selection-size",
-    "8",
-    "--delays",
-    "paper",
-    "--synthetic-size",
-    "1500",
-    "--subset-size",
-    "40",
-    "--local-iters",
-    "2",
-    "--local-batch-size",
-    "16",
-    "--local-lr",
-    "1e-3",
-    "--seed",
-    "5",
-    "--eval-frequency",
-    "4",
-]
-FEDREVIVE_SMALL = [
-    "--fr-distill-from-version",
-    "3",
-    "--fr-kd-train-from-version",
-    "5",
-    "--fr-s-max",
-    "2",
-    "--fr-teacher-buffer-size",
-    "2",
-    "--fr-synth-per-teacher",
-    "2",
-    "--fr-kd-iters",
-    "1",
-    "--fr-gen-width",
-    "8",
-    "--fr-synth-every-versions",
-    "1",
-    "--fr-synth-batch-size",
-    "8",
-    "--fr-pool-size",
-    "32",
-    "--fr-probe-samples",
-    "8",
-]
+SMALL = (
+    "--num-leaf-nodes 2 --devices-per-leaf 12 --device-selection-size 8 --delays paper --synthetic-size 1500 "
+    "--subset-size 40 --local-iters 2 --local-batch-size 16 --local-lr 1e-3 --seed 5 --eval-frequency 4 --eval-backlog wait"
+).split()
+FEDREVIVE_SMALL = (
+    "--fr-distill-from-version 3 --fr-kd-train-from-version 5 --fr-s-max 2 --fr-teacher-buffer-size 2 "
+    "--fr-synth-per-teacher 2 --fr-kd-iters 1 --fr-gen-width 8 --fr-synth-every-versions 1 --fr-synth-batch-size 8 "
+    "--fr-pool-size 32 --fr-probe-samples 8"
+).split()
 METHOD_FLAGS = {
     "fedavg": ["--method", "fedavg", "--max-model-version", "8", "--global-lr", "1.0"],
     "fedbuff": ["--method", "fedbuff", "--max-model-version", "24", "--global-lr", "0.5"],
@@ -133,8 +94,17 @@ def test_a_run_killed_and_resumed_ends_exactly_like_an_uninterrupted_run(tmp_pat
     middle = 4 if method == "fedavg" else 10
     wait_for(lambda: checkpoint_version(tmp_path / "killed") >= middle, killed, 300, f"checkpoint at {middle}")
     kill_tree(killed.pid)
-    resumed = subprocess.run(
-        [PYTHON, "jobs/pt_job_fedrevive.py", "--resume", str(tmp_path / "killed")],
+    resumed = subprocess.run(  # the original command with --resume appended
+        [
+            PYTHON,
+            "jobs/pt_job_fedrevive.py",
+            *SMALL,
+            *flags,
+            "--output",
+            str(tmp_path / "killed"),
+            "--resume",
+            str(tmp_path / "killed"),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,

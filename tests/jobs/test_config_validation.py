@@ -82,30 +82,12 @@ def test_help_lists_every_flag_with_its_default(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    for flag in [
-        "--dataset",
-        "--data-root",
-        "--num-leaf-nodes",
-        "--devices-per-leaf",
-        "--device-selection-size",
-        "--max-model-version",
-        "--local-iters",
-        "--local-batch-size",
-        "--local-lr",
-        "--subset-size",
-        "--dirichlet-alpha",
-        "--num-workers",
-        "--job-timeout",
-        "--device-wait-timeout",
-        "--eval-frequency",
-        "--seed",
-        "--env",
-        "--startup-kit",
-        "--username",
-        "--output",
-        "--export-only",
-        "--simulator",
-    ]:
+    for flag in (
+        "--dataset --data-root --num-leaf-nodes --devices-per-leaf --device-selection-size --max-model-version "
+        "--local-iters --local-batch-size --local-lr --subset-size --dirichlet-alpha --num-workers --job-timeout "
+        "--device-wait-timeout --eval-frequency --seed --env --startup-kit --username --output --export-only "
+        "--simulator"
+    ).split():
         assert flag in out
     assert "(default: synthetic)" in out
 
@@ -160,3 +142,55 @@ def test_resume_refuses_a_checkpoint_whose_model_lacks_todays_statistics(tmp_pat
         str(tmp_path), {"meta": {"version": 3}, "model_manager": {"current_version": 3, "versions": {3: whole}}}
     )
     check_checkpoint_model(str(tmp_path), "cifar10_convnet")
+
+
+def flag_help(out: str) -> dict[str, str]:
+    """Each flag's help text in ``--help`` output, joined onto one line."""
+    helps, flag = {}, None
+    for line in out.splitlines():
+        stripped = line.strip()
+        if line.startswith("  -") and stripped.startswith("--"):
+            flag = stripped.split()[0]
+            helps[flag] = " ".join(stripped.split()[2:])
+        elif flag and line.startswith(" " * 10):
+            helps[flag] += " " + stripped
+        else:
+            flag = None
+    return helps
+
+
+def test_help_reads_right_one_default_per_flag_plain_description_and_fedrevive_docs(capsys):
+    from jobs.pt_job_fedrevive import main as async_main
+
+    with pytest.raises(SystemExit):
+        async_main(["--help"])
+    out = capsys.readouterr().out
+    helps = flag_help(out)
+    doubled = [h for h in helps.values() if h.count("(default") > 1]
+    assert not doubled, doubled
+    assert "(default: None)" not in out and "(default: )" not in out
+    assert "``" not in out  # the description is plain text
+    assert "once its update arrived" in helps["--no-device-reuse"]
+    assert "(default: True)" not in helps["--no-device-reuse"]
+    assert "staleness scale of the blend" in helps["--fr-s-max"] and "(default: 75.0)" in helps["--fr-s-max"]
+    assert not [f for f, h in helps.items() if f.startswith("--fr-") and "FedReviveConfig." in h]
+
+
+def test_an_argparse_error_is_one_line_that_points_at_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--num-leaf-nodes", "two"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "invalid int value: 'two'" in err and "--help" in err
+
+
+def test_a_fedrevive_run_too_short_to_revive_says_so_before_it_starts():
+    from jobs.api import make_config
+    from jobs.plan import method_notes
+
+    short = method_notes(make_config("fedrevive", max_model_version=12))
+    assert len(short) == 1 and "every update passes unchanged, as in FedBuff" in short[0]
+    warming = method_notes(make_config("fedrevive", max_model_version=80))
+    assert "revives no update before version 100" in warming[0]
+    assert method_notes(make_config("fedrevive", max_model_version=150)) == ()
+    assert method_notes(make_config("fedbuff", max_model_version=12)) == ()

@@ -177,20 +177,10 @@ def test_first_reports_take_each_leafs_earliest_wall_time(tmp_path):
 
 def test_probe_args_shrink_the_job_and_tuner_flags_are_not_passed_on(tmp_path):
     parser = tune.build_tune_parser()
-    argv = [
-        "--num-leaf-nodes",
-        "3",
-        "--trial-devices",
-        "4",
-        "--skip-job-probe",
-        "--json=x.json",
-        "--min-gain",
-        "0.1",
-        "--local-iters",
-        "7",
-        "--max-workers",
-        "2",
-    ]
+    argv = (
+        "--num-leaf-nodes 3 --trial-devices 4 --skip-job-probe --json=x.json --min-gain 0.1 --local-iters 7 "
+        "--max-workers 2"
+    ).split()
     job_argv = tune._job_argv(argv, parser)
     assert job_argv == ["--num-leaf-nodes", "3", "--local-iters", "7"]
     args = parser.parse_args(tune.probe_args(job_argv, str(tmp_path), leaves=3, devices_per_leaf=100))

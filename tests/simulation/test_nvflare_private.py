@@ -7,6 +7,8 @@ could no longer replace a recipe's runner. These tests fail first, naming the na
 
 import importlib
 import inspect
+import threading
+import time
 
 import pytest
 from nvflare.apis.job_def import ALL_SITES
@@ -19,11 +21,15 @@ from aggregation.leaf_executor import EdgeSimExecutor
 from simulation.nvflare_private import (
     NVFLARE_PRIVATE_ATTRIBUTES,
     NVFLARE_PRIVATE_OVERRIDES,
+    NVFLARE_PRIVATE_PATCHES,
+    ORIGINALS,
+    STREAM_CLEANUP,
     QuietEdgeModelExecutor,
     client_app_config,
     recipe_job,
     server_app_config,
     set_sync_interval,
+    share_stream_cleanup_thread,
 )
 from tests.fakes.processors import UsersProcessor
 
@@ -78,3 +84,38 @@ def test_a_built_jobs_apps_hold_its_components_where_they_are_replaced():
     assert job._deploy_map[ALL_SITES].app_config is clients  # noqa: SLF001
     with pytest.raises(ValueError, match="no server app"):
         server_app_config(job)
+
+
+@pytest.mark.parametrize("path, parameters", sorted(NVFLARE_PRIVATE_PATCHES.items()))
+def test_patched_private_nvflare_methods_are_unchanged(path, parameters):
+    module_name, class_name, method = path.rsplit(".", 2)
+    cls = getattr(importlib.import_module(module_name), class_name)
+    assert hasattr(cls, method), f"NVFlare no longer has {path}: review simulation/nvflare_private.py"
+    original = ORIGINALS.get(f"{class_name}.{method}", getattr(cls, method))  # NVFlare's, even once replaced
+    assert original.__module__ == module_name
+    assert tuple(inspect.signature(original).parameters) == parameters
+
+
+def test_finished_streams_are_removed_by_one_shared_thread_after_the_same_delay():
+    """A real ``RxTask`` (NVFlare's receiving side of a stream): its delayed removal takes no thread of its own,
+    happens after its delay, and a removal done earlier cancels it."""
+    from nvflare.fuel.f3.streaming.byte_receiver import RxTask
+
+    share_stream_cleanup_thread()
+    assert RxTask._schedule_remove_task.__module__ == "simulation.nvflare_private"  # noqa: SLF001
+    tasks = []
+    for sid in (1, 2):
+        task = RxTask.__new__(RxTask)
+        task.origin, task.sid = "probe-origin", sid
+        task.stop_lock, task.cleanup_timer, task.completed_task_ttl = threading.RLock(), None, 0.3
+        RxTask.rx_task_map[(task.origin, sid)] = task
+        tasks.append(task)
+    threads = threading.active_count()
+    for task in tasks:
+        task._schedule_remove_task()  # noqa: SLF001 - what NVFlare calls when a stream is done
+    tasks[1]._remove_task()  # noqa: SLF001 - removed at once (e.g. a failed stream): its scheduled removal is void
+    assert threading.active_count() <= threads + 1  # at most the shared thread, started once
+    assert ("probe-origin", 1) in RxTask.rx_task_map and ("probe-origin", 2) not in RxTask.rx_task_map
+    time.sleep(0.6)
+    assert ("probe-origin", 1) not in RxTask.rx_task_map
+    assert STREAM_CLEANUP.wait_idle(1.0)

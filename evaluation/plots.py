@@ -1,0 +1,37 @@
+"""``accuracy.png``: a run's accuracy against model version, wall seconds and (when it has them) simulated seconds.
+
+Drawn by the server's run recorder at the end of the run (so an exported job run by ``nvflare simulator`` has it
+too) and by the driver when a run was interrupted before its server could.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def plot_accuracy(records: list[dict], path: str, title: str) -> None:
+    """Accuracy against model version, wall seconds and (when the run has it) simulated seconds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    has_sim = any(r.get("sim_seconds") for r in records)
+    fig, axes = plt.subplots(1, 3 if has_sim else 2, figsize=(15 if has_sim else 10, 4))
+    versions = [r["version"] for r in records]
+    acc = [r["accuracy"] for r in records]
+    axes[0].plot(versions, acc, marker="o")
+    axes[0].set_xlabel("global model version")
+    axes[1].plot([r["wall_seconds"] for r in records], acc, marker="o")
+    axes[1].set_xlabel("wall-clock seconds since job start")
+    if has_sim:
+        axes[2].plot([r.get("sim_seconds", 0) for r in records], acc, marker="o")
+        axes[2].set_xlabel("simulated seconds")
+    for ax in axes:
+        ax.set_ylabel("test accuracy")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(f"{path}.tmp.png", dpi=100)
+    plt.close(fig)
+    os.replace(f"{path}.tmp.png", path)

@@ -1,0 +1,186 @@
+"""The end of a run is safe: a slow evaluator skips superseded versions but always evaluates, records and saves the
+last one; an interrupted run records itself; the end-of-run lines agree with ``metrics.json`` and name only files
+that exist; the driver's watchdog waits while the server is still recording its last versions.
+
+Fast and NVFlare-job free: the result components run on a stand-in engine, evaluation is made slow with a fake
+that sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import torch
+from nvflare.apis.event_type import EventType
+from nvflare.app_common.app_constant import AppConstants
+from nvflare.app_common.app_event_type import AppEventType
+
+import evaluation.evaluator as evaluator_module
+from common.protocol import RUN_OUTCOME
+from evaluation.evaluator import GlobalModelEvaluator
+from evaluation.model_saver import GlobalModelSaver
+from evaluation.progress import ProgressReporter, progress_line
+from evaluation.run_recorder import RunRecorder, record_interruption, versions_made
+from jobs.results import finalize, format_summary
+from processors.models import build_model
+from tests.conftest import REPO
+from tests.fakes.engine import EventEngine
+
+DATA = {"dataset": "synthetic", "synthetic_size": 200}
+RUN_INFO = {"config": {"federation": {"num_updates_for_model": 2}, "run": {"job_name": "edgesim_test"}}}
+
+
+def weights_of(version: int) -> dict[str, np.ndarray]:
+    """A recognisable model per version: its first bias holds the version number."""
+    weights = {k: v.numpy().copy() for k, v in build_model("cifar10_convnet").state_dict().items()}
+    first_bias = next(k for k in weights if k.endswith("bias"))
+    weights[first_bias][:] = version
+    return weights, first_bias
+
+
+def run_versions(tmp_path, monkeypatch, versions: int, backlog: str, eval_seconds: float) -> dict:
+    """Versions 1..``versions`` made faster than they are evaluated, then the outcome and END_RUN."""
+    real = evaluator_module.evaluate_accuracy
+
+    def slow(*args, **kwargs):
+        time.sleep(eval_seconds)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(evaluator_module, "evaluate_accuracy", slow)
+    engine = EventEngine(
+        {
+            "evaluator": GlobalModelEvaluator(
+                "cifar10_convnet", DATA, compute_device="cpu", max_model_version=versions, backlog=backlog
+            ),
+            "recorder": RunRecorder(str(tmp_path), RUN_INFO, updates_per_version=2),
+            "progress": ProgressReporter(versions),
+            "saver": GlobalModelSaver("cifar10_convnet", str(tmp_path)),
+        }
+    )
+    ctx = engine.new_context()
+    engine.fire_event(EventType.START_RUN, ctx)
+    for version in range(1, versions + 1):
+        weights, _ = weights_of(version)
+        ctx.set_prop(AppConstants.CURRENT_ROUND, version, private=True, sticky=False)
+        ctx.set_prop(AppConstants.GLOBAL_MODEL, {"weights": weights}, private=True, sticky=False)
+        engine.fire_event(AppEventType.GLOBAL_WEIGHTS_UPDATED, ctx)
+        time.sleep(eval_seconds / 10)  # versions come ten times faster than they are evaluated
+    outcome = {"status": "completed", "reason": f"version {versions}", "version": versions, "sim_seconds": 0.0}
+    ctx.set_prop(RUN_OUTCOME, outcome, private=True, sticky=False)
+    engine.fire_event(RUN_OUTCOME, ctx)
+    engine.fire_event(EventType.END_RUN, ctx)
+    return json.loads((tmp_path / "metrics.json").read_text())
+
+
+def test_a_slow_evaluator_skips_superseded_versions_but_evaluates_records_and_saves_the_last(
+    tmp_path, monkeypatch, capsys
+):
+    metrics = run_versions(tmp_path, monkeypatch, versions=8, backlog="skip", eval_seconds=0.5)
+    evaluated = [r["version"] for r in metrics["versions"]]
+    assert evaluated[0] == 1 and evaluated[-1] == 8, evaluated
+    assert len(evaluated) < 8  # it fell behind and skipped
+    assert evaluated == sorted(evaluated)
+    assert sum(r.get("skipped", 0) for r in metrics["versions"]) == 8 - len(evaluated)
+    _, bias = weights_of(8)
+    saved = torch.load(tmp_path / "global_model.pt")
+    assert float(saved[bias][0]) == 8.0  # the saved model is the last version's
+    summary = metrics["summary"]
+    assert summary["versions_trained"] == 7 and summary["last_version"] == 8
+    assert summary["versions_evaluated"] == len(evaluated) and summary["last_evaluated_version"] == 8
+    printed = capsys.readouterr().out
+    assert "older version(s) not evaluated" in printed and "[edgesim] version 8/8" in printed
+    assert (tmp_path / "accuracy.png").exists()  # drawn by the server's recorder at the end
+
+
+def test_the_wait_backlog_evaluates_every_scheduled_version(tmp_path, monkeypatch):
+    metrics = run_versions(tmp_path, monkeypatch, versions=5, backlog="wait", eval_seconds=0.2)
+    assert [r["version"] for r in metrics["versions"]] == [1, 2, 3, 4, 5]
+    assert not any("skipped" in r for r in metrics["versions"])
+
+
+def write_events(folder, counted: int, failed: int = 0) -> None:
+    lines = [
+        {"version": 2 + i // 2, "device": f"d{i}", "base_version": 1, "arrival": 0.0, "tau": 0} for i in range(counted)
+    ]
+    lines += [{"version": 9, "device": "x", "base_version": 1, "arrival": 0.0, "tau": 0, "failed": True}] * failed
+    (folder / "events.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
+def test_versions_made_count_exactly_b_counted_updates_each(tmp_path):
+    assert versions_made(str(tmp_path), 2) is None  # no events.jsonl
+    write_events(tmp_path, counted=7, failed=3)
+    assert versions_made(str(tmp_path), 2) == 4  # versions 2, 3, 4 from 6 updates; the 7th waits for its pair
+
+
+def test_an_interrupted_run_records_its_signal_last_version_and_summary(tmp_path):
+    records = [{"version": v, "accuracy": 0.1 * v, "wall_seconds": float(v)} for v in (1, 2, 3)]
+    (tmp_path / "metrics.json").write_text(json.dumps(RUN_INFO | {"versions": records}))
+    write_events(tmp_path, counted=8)
+    metrics = record_interruption(str(tmp_path), RUN_INFO, "SIGINT")
+    assert metrics["outcome"] == {
+        "status": "interrupted",
+        "reason": "SIGINT before the run's end",
+        "signal": "SIGINT",
+        "version": 5,
+    }
+    assert metrics["summary"]["last_version"] == 5 and metrics["summary"]["last_evaluated_version"] == 3
+    assert json.loads((tmp_path / "metrics.json").read_text()) == metrics
+    lines = format_summary(finalize(str(tmp_path), 1.0), str(tmp_path))
+    assert "4 version(s) trained, 3 evaluated (the last evaluated is version 3 of 5)" in lines
+    assert "final accuracy 0.3000 (version 3)" in lines
+
+
+def test_interrupted_before_version_one_says_so_and_lists_only_files_that_exist(tmp_path):
+    record_interruption(str(tmp_path), RUN_INFO, "SIGTERM")  # the server never wrote metrics.json
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["outcome"]["status"] == "interrupted" and metrics["outcome"]["version"] == 1
+    assert metrics["config"] == RUN_INFO["config"]
+    lines = format_summary(finalize(str(tmp_path), 1.0), str(tmp_path))
+    assert "no version evaluated" in lines and "None" not in lines
+    assert "(metrics.json)" in lines  # not global_model.pt nor accuracy.png: they do not exist
+    assert not (tmp_path / "accuracy.png").exists()
+
+
+def test_the_progress_line_shows_the_methods_status_and_skipped_versions():
+    record = {"version": 7, "accuracy": 0.5, "wall_seconds": 3.0, "method": "FedRevive revival, 4 update(s) revived"}
+    line = progress_line(record | {"skipped": 2}, None, 10)
+    assert "FedRevive revival, 4 update(s) revived" in line
+    assert "2 older version(s) not evaluated" in line
+
+
+WATCHDOG = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    sys.path.insert(0, {repo!r})
+    from jobs.watchdog import Watchdog
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    with Watchdog({out!r}, shutdown_grace=1.0, interval=0.1) as dog:
+        while child.poll() is None and time.time() < {deadline}:
+            time.sleep(0.05)
+    print("stopped" if child.poll() is not None else "running", dog.reason, flush=True)
+    child.kill()
+    """
+)
+
+
+def test_the_watchdog_waits_while_the_run_still_records_and_stops_a_silent_one(tmp_path):
+    metrics = tmp_path / "metrics.json"
+    records = [{"version": 1, "accuracy": 0.1, "wall_seconds": 1.0, "eval_seconds": 0.2}]
+    metrics.write_text(json.dumps({"versions": records, "outcome": {"status": "completed", "version": 3}}))
+    script = WATCHDOG.format(repo=REPO, out=str(tmp_path), deadline=time.time() + 30)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    # still recording its last versions, one every 0.9 s, for 3 s: longer than the 1 s grace (+ 2 x 0.2 s eval)
+    for version in (2, 3, 4):
+        time.sleep(0.9)
+        assert proc.poll() is None, "the watchdog stopped a job that was still recording"
+        records.append({"version": version, "accuracy": 0.1, "wall_seconds": 1.0, "eval_seconds": 0.2})
+        metrics.write_text(json.dumps({"versions": records, "outcome": {"status": "completed", "version": 3}}))
+    started = time.time()
+    out, _ = proc.communicate(timeout=30)
+    assert out.startswith("stopped"), out
+    assert "within" in out and time.time() - started < 10

@@ -1,0 +1,65 @@
+"""``--resume`` as users type it: the original command with ``--resume DIR`` appended is accepted; a flag given
+with another value that would change the trajectory is refused with its name; harmless changes apply."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from common.choices import ConfigError
+from jobs.cli import build_parser, config_from_args
+from jobs.resume import given_flags, resumed_config
+from processors.models import build_model
+from scheduling import checkpoint
+
+ORIGINAL = (
+    "--method fedrevive --dataset synthetic --num-leaf-nodes 2 --devices-per-leaf 4 --device-selection-size 4 "
+    "--max-model-version 3 --local-iters 3 --seed 1 --delays paper --fr-s-max 20"
+).split()
+
+
+def saved_run(tmp_path) -> str:
+    """A results folder as a run leaves it: its config in metrics.json and a checkpoint of its model."""
+    cfg = parsed(ORIGINAL)
+    (tmp_path / "metrics.json").write_text(json.dumps({"config": cfg.to_dict(), "versions": []}))
+    weights = {k: v.numpy() for k, v in build_model(cfg.training.model).state_dict().items()}
+    state = {"meta": {"version": 1}, "model_manager": {"current_version": 1, "versions": {1: weights}}}
+    checkpoint.write(str(tmp_path), state)
+    return str(tmp_path)
+
+
+def parsed(argv: list[str]):
+    parser = build_parser("test", method_choice=True)
+    return config_from_args(parser.parse_args(argv), "fedrevive", presets=True)
+
+
+def resume(folder: str, argv: list[str]):
+    parser = build_parser("test", method_choice=True)
+    argv = [*argv, "--resume", folder]
+    return resumed_config(
+        folder, config_from_args(parser.parse_args(argv), "fedrevive", True), given_flags(parser, argv)
+    )
+
+
+def test_the_original_command_with_resume_appended_is_accepted(tmp_path):
+    folder = saved_run(tmp_path)
+    cfg = resume(folder, [*ORIGINAL, "-v"])
+    assert cfg.data.dataset == "synthetic" and cfg.run.seed == 1 and cfg.run.resume == folder
+    assert cfg.federation.max_model_version == 3 and cfg.fedrevive.s_max == 20
+
+
+def test_a_changed_value_that_would_change_the_trajectory_is_refused_with_its_name(tmp_path):
+    folder = saved_run(tmp_path)
+    with pytest.raises(ConfigError, match="--seed would change the result"):
+        resume(folder, [*ORIGINAL, "--seed", "2"])
+    with pytest.raises(ConfigError, match="--delays would change the result"):
+        resume(folder, [*ORIGINAL, "--delays", "none"])
+    with pytest.raises(ConfigError, match="--fr-s-max would change the result"):
+        resume(folder, [*ORIGINAL, "--fr-s-max", "10"])
+
+
+def test_harmless_changes_apply(tmp_path):
+    folder = saved_run(tmp_path)
+    cfg = resume(folder, [*ORIGINAL, "--max-model-version", "9", "--eval-backlog", "wait"])
+    assert cfg.federation.max_model_version == 9 and cfg.run.eval_backlog == "wait"
