@@ -2,7 +2,7 @@
 sends each device's update up on its own.
 
 It is NVFlare's ``EdgeModelExecutor`` (the edge protocol: job, selection, task and result requests from devices)
-with ``VersionedUpdater`` as its updater, and four changes:
+with ``VersionedUpdater`` as its updater, and these changes:
 
 * a task carries the model version of the device's selection id, not the leaf's newest model (a device selected
   at version v trains v, even if the leaf already holds v + 3);
@@ -10,14 +10,27 @@ with ``VersionedUpdater`` as its updater, and four changes:
   applies it in arrival order;
 * a simulated leaf's device range (``site-1?100``) is registered once, as a range;
 * no request or reply is ever rendered as text (``simulation.nvflare_private.NoPayloadRendering``: NVFlare
-  renders whole models with numpy's ``repr`` for every device request, about 15 ms per device each).
+  renders whole models with numpy's ``repr`` for every device request, about 15 ms per device each);
+* it syncs with its parent when there is something to send or fetch, not on a timer
+  (``simulation.nvflare_private.EventDrivenSync``): a device's result, a child's report, or the parent's wake
+  message (``WAKE_TOPIC``) sends the next report at once; as a relay it wakes its children when its parent's
+  reply brought them news; ``update_interval`` is only the heartbeat;
+* it is the ``LeafGateway`` of the leaf's device simulator (``simulation.leaf_gateway``): the simulator
+  registers the leaf's devices, takes every newly selected device's task and hands back a group's results in one
+  call each, in the same process, instead of one edge request per device. Real devices still use the edge
+  requests above.
 """
 
 from __future__ import annotations
 
+import math
+import threading
+
 from nvflare.apis.dxo import from_dict
+from nvflare.apis.event_type import EventType
+from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
-from nvflare.apis.shareable import Shareable
+from nvflare.apis.shareable import ReturnCode, Shareable, make_reply
 from nvflare.edge.constants import CookieKey, EdgeApiStatus, MsgKey, SpecialDeviceId
 from nvflare.edge.executors.edge_model_executor import EdgeModelExecutor
 from nvflare.edge.executors.hug import TaskInfo
@@ -26,16 +39,27 @@ from nvflare.edge.web.models.result_report import ResultReport
 from nvflare.edge.web.models.task_request import TaskRequest
 from nvflare.edge.web.models.task_response import TaskResponse
 
-from aggregation.versioned_updater import VersionedState, VersionedUpdater
-from common.protocol import DEVICE_RANGES, DEVICE_UPDATES, LOCAL_REPORT, DeviceUpdate
-from simulation.nvflare_private import NoPayloadRendering, share_stream_cleanup_thread
+from aggregation.versioned_updater import DEFER_SYNC, VersionedState, VersionedUpdater
+from common.protocol import (
+    AWAITED,
+    DEVICE_RANGES,
+    DEVICE_UPDATES,
+    LOCAL_REPORT,
+    NEWS_FOR,
+    WAKE_TOPIC,
+    DeviceUpdate,
+)
+from simulation.leaf_gateway import FIND_GATEWAY, GATEWAY_PROP, DeviceResult, GatewayTask, LeafWork
+from simulation.nvflare_private import EventDrivenSync, NoPayloadRendering, install_nvflare_fixes
+
+BATCH_WINDOW = 0.1  # seconds a result the server is not waiting for may wait for others, to go up in one sync
 
 
 def retry(job_id: str, message: str) -> TaskResponse:
     return TaskResponse(EdgeApiStatus.RETRY, job_id, 30, message=message)
 
 
-class EdgeSimExecutor(NoPayloadRendering, EdgeModelExecutor):
+class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
     """Args:
     update_timeout: seconds to wait for the parent to take an update.
     sum_selections: a synchronous run: the leaf sends one sum per selection (``VersionedUpdater``).
@@ -43,15 +67,110 @@ class EdgeSimExecutor(NoPayloadRendering, EdgeModelExecutor):
 
     def __init__(self, update_timeout: float = 10.0, sum_selections: bool = False):
         super().__init__(aggr_factory_id="", max_model_versions=None, update_timeout=update_timeout)
-        share_stream_cleanup_thread()  # one thread for finished streams, not one per sync
+        install_nvflare_fixes()  # one thread for finished streams, no payload rendering (nvflare_private)
         self.sum_selections = sum_selections
         self.updater: VersionedUpdater | None = None
+        self.sync_cond = threading.Condition()
+        self.sync_due = math.inf
         self._registered_ranges: dict[str, int] = {}
         self._registered: set[str] = set()
+        self._engine = None
+        self._child_names: list[str] = []
+        self._task_ready = threading.Event()  # the leaf has the job's task: devices may register
+        self.register_event_handler(EventType.START_RUN, self._start_sync)
+        self.register_event_handler(FIND_GATEWAY, self._offer_gateway)
 
     def get_updater(self, fl_ctx: FLContext) -> VersionedUpdater:
-        self.updater = VersionedUpdater(self.sum_selections)
+        self.updater = VersionedUpdater(self.sum_selections, on_work=self.sync_now)
         return self.updater
+
+    # -- syncing at once ----------------------------------------------------------------------------------------
+    def _start_sync(self, _event: str, fl_ctx: FLContext) -> None:
+        self._engine = fl_ctx.get_engine()
+        hierarchy = fl_ctx.get_prop(FLContextKey.CLIENT_HIERARCHY)
+        node = hierarchy.nodes.get(fl_ctx.get_identity_name()) if hierarchy is not None else None
+        self._child_names = [n.obj.name for n in node.children] if node is not None else []
+        self._engine.register_aux_message_handler(WAKE_TOPIC, self._on_wake)
+
+    def _on_wake(self, topic: str, request: Shareable, fl_ctx: FLContext) -> Shareable:
+        """The parent waits for an update: sync now if it has news for this node (newly selected devices) or this
+        node holds the awaited update; else remember which device is awaited (its result then goes up at once). A
+        relay passes the word on to its children."""
+        awaited = set(request.get(AWAITED) or ())
+        if self.updater is not None:
+            self.updater.awaited = awaited
+        mine = fl_ctx.get_identity_name() in (request.get(NEWS_FOR) or ())
+        if mine or (self.updater is not None and self.updater.holds_update_of(awaited)):
+            self.sync_now()
+        if self._child_names:
+            news = Shareable()
+            news[AWAITED] = sorted(awaited)
+            news[NEWS_FOR] = list(self._child_names) if mine else []
+            fl_ctx.get_engine().send_aux_request(
+                targets=self._child_names, topic=WAKE_TOPIC, request=news, timeout=0, fl_ctx=fl_ctx, optional=True
+            )
+        return make_reply(ReturnCode.OK)
+
+    def after_parent_reply(self, changed: bool, fl_ctx: FLContext) -> None:
+        """A relay whose parent brought news wakes its children (each then takes its part of it)."""
+        if changed and self._child_names:
+            fl_ctx.get_engine().send_aux_request(
+                targets=self._child_names,
+                topic=WAKE_TOPIC,
+                request=Shareable(),
+                timeout=0,
+                fl_ctx=fl_ctx,
+                optional=True,
+            )
+
+    def task_started(self, task: TaskInfo, fl_ctx: FLContext) -> None:
+        super().task_started(task, fl_ctx)
+        self._task_ready.set()
+
+    def task_ended(self, task: TaskInfo, fl_ctx: FLContext) -> None:
+        self._task_ready.clear()
+        super().task_ended(task, fl_ctx)
+
+    # -- the leaf's device simulator (LeafGateway) --------------------------------------------------------------
+    def _offer_gateway(self, _event: str, fl_ctx: FLContext) -> None:
+        fl_ctx.set_prop(GATEWAY_PROP, self, private=True, sticky=False)
+
+    def register_devices(self, prefix: str, count: int, timeout: float) -> bool:
+        if not self._task_ready.wait(timeout):
+            return False
+        with self._engine.new_context() as fl_ctx:
+            return bool(self.accept_alive_device(f"{prefix}{SpecialDeviceId.MAX_INDICATOR}{count}", fl_ctx))
+
+    def take_work(self, prefix: str, stamp: int, timeout: float) -> LeafWork:
+        updater = self.updater
+        if updater is None:  # no task yet
+            self._task_ready.wait(timeout)
+            return LeafWork(stamp)
+        stamp, _ = updater.wait_changed(stamp, timeout)
+        tasks, models = updater.take_tasks(prefix + SpecialDeviceId.NUM_INDICATOR)
+        return LeafWork(
+            stamp, [GatewayTask(d, sid, v) for d, sid, v in tasks], {v: dxo.data for v, dxo in models.items()}
+        )
+
+    def report(self, results: list[DeviceResult]) -> None:
+        report = StateUpdateReport(0, 0, None, None).to_shareable()
+        report.set_header(LOCAL_REPORT, True)
+        report.set_header(DEFER_SYNC, True)  # asked for below
+        # a local report never leaves this process: the updates go in as objects, packed once when sent up
+        report[DEVICE_UPDATES] = [DeviceUpdate(r.device, r.selection_id, r.version, r.diff, r.count) for r in results]
+        with self._engine.new_context() as fl_ctx:
+            self.accept_update("", report, fl_ctx)  # the current task's
+        # a sync is a message each way, dearer than a device at near-zero training: results the server waits for
+        # go up at once (an awaited device's, a synchronous selection's complete sum); others wait up to
+        # BATCH_WINDOW seconds for more to join them
+        updater = self.updater
+        if updater.sum_selections:
+            if updater.has_sums():
+                self.sync_now()
+        elif updater.awaited & {r.device for r in results}:
+            self.sync_now()
+        else:
+            self.sync_soon(BATCH_WINDOW)
 
     # -- devices ------------------------------------------------------------------------------------------------
     def _known(self, device_id: str) -> bool:
@@ -118,5 +237,5 @@ class EdgeSimExecutor(NoPayloadRendering, EdgeModelExecutor):
         )
         report = StateUpdateReport(0, 0, None, None).to_shareable()
         report.set_header(LOCAL_REPORT, True)
-        report[DEVICE_UPDATES] = [update.to_dict()]
+        report[DEVICE_UPDATES] = [update]
         return self.accept_update(result_report.task_id, report, fl_ctx)

@@ -23,14 +23,13 @@ version) and ``SIM_TIME`` (the simulated time it was made at) in the context, fo
 from __future__ import annotations
 
 import numpy as np
-from nvflare.apis.dxo import DXO, DataKind
 from nvflare.apis.fl_component import FLComponent
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.model import make_model_learnable
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
-from nvflare.edge.constants import MsgKey
 
+from common.packed_weights import pack
 from common.protocol import METHOD_STATUS, SIM_TIME, DeviceUpdate, SelectionSum
 from processors.models import build_model, statistic_names
 
@@ -52,7 +51,7 @@ class BufferedModelManager(FLComponent):
         self.statistics: frozenset[str] = frozenset(statistic_names(build_model(model))) if model else frozenset()
         self.current_version = 0
         self._versions: dict[int, dict[str, np.ndarray]] = {}
-        self._dxos: dict[int, DXO] = {}
+        self._packed: dict[int, dict] = {}
         self._sum: dict[str, np.ndarray] | None = None
         self._count = 0
         self._groups: list = []  # the selection sums already in the buffer
@@ -64,13 +63,12 @@ class BufferedModelManager(FLComponent):
     def weights_of(self, version: int) -> dict[str, np.ndarray]:
         return self._versions[version]
 
-    def model_dxo(self, version: int) -> DXO:
-        """The WEIGHTS DXO of a version, as it travels to the leaves (built once per version)."""
-        dxo = self._dxos.get(version)
-        if dxo is None:
-            dxo = self._dxos[version] = DXO(DataKind.WEIGHTS, data=self._versions[version])
-            dxo.set_meta_prop(MsgKey.MODEL_VERSION, version)
-        return dxo
+    def model_packed(self, version: int) -> dict:
+        """A version's weights as they travel to the leaves (``common.packed_weights``; packed once per version)."""
+        packed = self._packed.get(version)
+        if packed is None:
+            packed = self._packed[version] = pack(self._versions[version])
+        return packed
 
     def start(self, initial: dict, fl_ctx: FLContext) -> None:
         """The initial model becomes version 1 (at simulated time 0)."""
@@ -129,7 +127,7 @@ class BufferedModelManager(FLComponent):
     def load_state_dict(self, state: dict) -> None:
         self.current_version = state["current_version"]
         self._versions = {int(v): w for v, w in state["versions"].items()}
-        self._dxos = {}
+        self._packed = {}
         self._sum, self._count = state["sum"], state["count"]
         self._groups = [SelectionSum.from_dict(g) for g in state["groups"]]
 
@@ -138,7 +136,7 @@ class BufferedModelManager(FLComponent):
         keep = set(versions) | {self.current_version}
         for v in [v for v in self._versions if v not in keep]:
             del self._versions[v]
-            self._dxos.pop(v, None)
+            self._packed.pop(v, None)
 
     def status(self) -> str:
         """The method's word on where it stands, for the progress line ("": nothing to say)."""

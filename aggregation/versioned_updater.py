@@ -4,9 +4,13 @@ NVFlare's ``EdgeModelUpdater`` holds one model (the newest) and sums device diff
 simulated time a device trains the version that was current when the server selected it, and the server applies
 each device's update on its own (``scheduling.exact_assessor``), so ``VersionedUpdater``:
 
-* keeps every model version its selected devices still need (the reply's ``MODELS`` and the current version),
-  and forgets a version once no selected device of this node still has to fetch it;
-* knows which version each selection id trains (``SELECTION_VERSIONS``);
+* keeps every model version its selected devices train (the reply's ``MODELS``), until the parent has their
+  updates, and tells the parent which it holds (``HELD_VERSIONS``), so a model travels to a node once, and only
+  when one of its devices trains it (never the newest model just because it is new);
+* knows which version each selection id trains (``SELECTION_VERSIONS``), hands a leaf's newly selected devices
+  their tasks in one call (``take_tasks``) and lets a waiter know when its state changed (``wait_changed``);
+* asks its node to sync at once (``on_work``) when something waits to go up: a device's update, a child's report,
+  a synchronous selection's complete sum;
 * forwards each device's update unchanged (``DEVICE_UPDATES``) instead of summing them: the server needs each
   one's device, selection and base version, and sums in the schedule's order (the same bits every run). In a
   synchronous run (``sum_selections``) every device of a selection goes into the same version, so the leaf sends
@@ -25,17 +29,22 @@ from __future__ import annotations
 import copy
 import threading
 import time
+from collections.abc import Callable
 
-from nvflare.apis.dxo import DXO
+from nvflare.apis.dxo import DXO, DataKind
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import Shareable
+from nvflare.edge.constants import MsgKey
 from nvflare.edge.mud import BaseState, PropKey, StateUpdateReply, StateUpdateReport
 from nvflare.edge.updater import Updater
 
 from common.leaf_outbox import OUTBOX_PROP
+from common.packed_weights import pack, unpack
 from common.protocol import (
+    AWAITED,
     DEVICE_RANGES,
     DEVICE_UPDATES,
+    HELD_VERSIONS,
     LEAF_PLANS,
     LEAF_REPORTS,
     LEAVES_SEEN,
@@ -46,6 +55,16 @@ from common.protocol import (
     DeviceUpdate,
     SelectionSum,
 )
+
+
+def weights_dxo(version: int, weights: dict) -> DXO:
+    """The WEIGHTS DXO of a model version, as a device's task carries it."""
+    dxo = DXO(DataKind.WEIGHTS, data=weights)
+    dxo.set_meta_prop(MsgKey.MODEL_VERSION, version)
+    return dxo
+
+
+DEFER_SYNC = "edgesim_defer_sync"  # header of a local report whose sender asks for the sync itself
 
 
 class VersionedState(BaseState):
@@ -71,16 +90,20 @@ class VersionedUpdater(Updater):
     sum_selections: a synchronous run: send one sum per selection (see the module docstring).
     """
 
-    def __init__(self, sum_selections: bool = False):
+    def __init__(self, sum_selections: bool = False, on_work: Callable[[], None] | None = None):
         super().__init__()
         self.sum_selections = sum_selections
+        self.on_work = on_work  # called when something waits to go up (the node then syncs at once)
         self._buckets: dict[int, list[DeviceUpdate]] = {}  # selection id -> its reported device updates
         self._sums: list[dict] = []  # complete selection sums to send up
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # the state changed (selection or models): stamp + 1
+        self.stamp = 0
+        self.awaited: set[str] = set()  # devices whose update the parent waits for now (it says so)
         self._models: dict[int, DXO] = {}
         self._selection_versions: dict[int, int] = {}
         self._fetched: set[tuple[str, int]] = set()
-        self._pending: list[dict] = []  # device updates to send up
+        self._pending: list[DeviceUpdate | dict] = []  # device updates to send up (a child's: as it sent them)
         self._ranges: dict[str, list] = {}  # prefix -> [count, leaf], every range known here
         self._ranges_unsent: dict[str, list] = {}
         self._ranges_sent: dict[str, list] = {}  # in the last report, until its reply confirms it
@@ -101,11 +124,9 @@ class VersionedUpdater(Updater):
             self._fetched.add((device_id, selection_id))
 
     def _needed(self, selection: dict) -> set[int]:
-        return {
-            self._selection_versions[sid]
-            for d, sid in selection.items()
-            if (d, sid) not in self._fetched and sid in self._selection_versions
-        }
+        """The versions this node's selected devices train: kept until the parent has the devices' updates (the
+        parent's selection leaves a device out once its update arrived), so nothing is ever sent twice."""
+        return {self._selection_versions[sid] for sid in set(selection.values()) if sid in self._selection_versions}
 
     # -- up: report to the parent -------------------------------------------------------------------------------
     def _complete_sums(self) -> None:
@@ -125,11 +146,13 @@ class VersionedUpdater(Updater):
                 state.model_version, state.device_selection_version, None, self._devices_unsent or None
             ).to_shareable()
             self._devices_unsent = {}
+            report[HELD_VERSIONS] = sorted(self._models)
             if self._ranges_unsent:
                 report[DEVICE_RANGES] = dict(self._ranges_unsent)
                 self._ranges_sent, self._ranges_unsent = self._ranges_unsent, {}
-            if self._pending:
-                report[DEVICE_UPDATES], self._pending = self._pending, []
+            if self._pending:  # this leaf's own updates are packed here, once
+                report[DEVICE_UPDATES] = [u.to_dict() if isinstance(u, DeviceUpdate) else u for u in self._pending]
+                self._pending = []
             if self._sums:
                 report[SELECTION_SUMS], self._sums = self._sums, []
             outbox = fl_ctx.get_prop(OUTBOX_PROP) if fl_ctx is not None else None
@@ -148,23 +171,31 @@ class VersionedUpdater(Updater):
             return report
 
     # -- down: the parent's reply -------------------------------------------------------------------------------
-    def process_parent_update_reply(self, reply: Shareable, fl_ctx: FLContext) -> None:
+    def process_parent_update_reply(self, reply: Shareable, fl_ctx: FLContext) -> bool:
+        """Take the parent's word: the current version, this node's selection and the versions it trains, the
+        models it lacked. True if the selection or the models changed (children and devices may have work)."""
         r = StateUpdateReply.from_shareable(reply)
         with self._lock:
             self._ranges_sent = {}  # the parent has them
             state = copy.copy(self.current_state)
-            self._models.update(reply.get(MODELS) or {})
-            if r.model_version != state.model_version and r.model is not None:
-                state.model_version, state.model = r.model_version, r.model
+            models = {v: weights_dxo(v, unpack(p)) for v, p in (reply.get(MODELS) or {}).items()}
+            self._models.update(models)
+            if r.model is not None:  # a parent that sends the current model itself (as NVFlare's do)
                 self._models[r.model_version] = r.model
+                state.model = r.model
+            changed = bool(models) or r.model is not None
+            if r.model_version and r.model_version > (state.model_version or 0):
+                state.model_version = r.model_version
             if r.device_selection_version != state.device_selection_version and PropKey.DEVICE_SELECTION in reply:
                 state.device_selection_version = r.device_selection_version
                 state.device_selection = reply[PropKey.DEVICE_SELECTION] or {}
+                changed = True
             if SELECTION_VERSIONS in reply:
                 self._selection_versions = dict(reply[SELECTION_VERSIONS])
+            self.awaited = set(reply.get(AWAITED) or ())
             selection = state.device_selection
             self._fetched.intersection_update(selection.items())
-            keep = self._needed(selection) | {state.model_version}
+            keep = self._needed(selection)
             self._models = {v: m for v, m in self._models.items() if v in keep}
             # the executor's task dicts, one per version (versions never change, so a cached one stays valid)
             state.converted_models = {v: c for v, c in state.converted_models.items() if v in keep}
@@ -174,6 +205,51 @@ class VersionedUpdater(Updater):
                 self._fetched,
             )
             self.current_state = state
+            if changed:
+                self.stamp += 1
+                self._changed.notify_all()
+            return changed
+
+    def holds_update_of(self, devices: set[str]) -> bool:
+        """Whether an update of one of ``devices`` waits here to go up (alone, or in a complete selection sum)."""
+        with self._lock:
+            self._complete_sums()
+            pending = {u.device if isinstance(u, DeviceUpdate) else u["device"] for u in self._pending}
+            summed = {d for s in self._sums for d in s["devices"]}
+            return bool(devices & (pending | summed))
+
+    def has_sums(self) -> bool:
+        """Whether a complete selection sum waits to go up."""
+        with self._lock:
+            self._complete_sums()
+            return bool(self._sums)
+
+    def wait_changed(self, stamp: int, timeout: float) -> tuple[int, VersionedState | None]:
+        """Wait until the state's stamp differs from ``stamp`` (or ``timeout`` passes); the stamp and the state."""
+        with self._changed:
+            if self.stamp == stamp:
+                self._changed.wait(timeout)
+            return self.stamp, self.current_state
+
+    def take_tasks(self, prefix: str) -> tuple[list[tuple[str, int, int]], dict[int, DXO]]:
+        """Hand out the tasks of ``prefix``'s selected devices not handed out yet whose model is here:
+        ``[(device, selection id, version)]`` in device-id order, and those versions' models."""
+        with self._lock:
+            state = self.current_state
+            if state is None:
+                return [], {}
+            tasks, models = [], {}
+            for device, sid in sorted(state.device_selection.items()):
+                if not device.startswith(prefix) or (device, sid) in self._fetched:
+                    continue
+                version = self._selection_versions.get(sid)
+                model = self._models.get(version)
+                if model is None:  # not here yet: a later reply brings it (and a new stamp)
+                    continue
+                tasks.append((device, sid, version))
+                models[version] = model
+                self._fetched.add((device, sid))
+            return tasks, models
 
     # -- from children (a relay), or from this leaf's executor --------------------------------------------------
     def process_child_update(self, update: Shareable, fl_ctx: FLContext) -> tuple[bool, Shareable | None]:
@@ -182,7 +258,7 @@ class VersionedUpdater(Updater):
             local = bool(update.get_header(LOCAL_REPORT))
             if self.sum_selections and local:
                 for entry in update.get(DEVICE_UPDATES) or ():
-                    u = DeviceUpdate.from_dict(entry)
+                    u = entry if isinstance(entry, DeviceUpdate) else DeviceUpdate.from_dict(entry)
                     self._buckets.setdefault(u.selection_id, []).append(u)
             else:
                 self._pending.extend(update.get(DEVICE_UPDATES) or ())
@@ -192,6 +268,13 @@ class VersionedUpdater(Updater):
                     self._ranges[prefix] = self._ranges_unsent[prefix] = list(entry)
             self._devices_unsent.update(report.available_devices or {})
             self._merge_leaf_info(update.get(LEAF_PLANS) or {}, update.get(LEAF_REPORTS) or {})
+            work = bool(update.get(DEVICE_UPDATES) or update.get(SELECTION_SUMS) or update.get(DEVICE_RANGES))
+            if self.sum_selections and local:
+                self._complete_sums()
+                work = bool(self._sums)  # a synchronous leaf has work to send once a selection's sum is complete
+        if work and self.on_work is not None and not update.get_header(DEFER_SYNC):
+            self.on_work()
+        with self._lock:
             if local:
                 return True, None
             peer = fl_ctx.get_peer_context() if fl_ctx is not None else None
@@ -202,28 +285,26 @@ class VersionedUpdater(Updater):
                     self._children_seen[peer.get_identity_name()] = now
                 for leaf, age in below.items():
                     self._below_seen[leaf] = (float(age), now)
-            return True, self._reply_to_child(report)
+            return True, self._reply_to_child(report, set(update.get(HELD_VERSIONS) or ()))
 
     def _merge_leaf_info(self, plans: dict, lines: dict) -> None:
         self._leaf_plans.update(plans)
         for leaf, entries in lines.items():
             self._leaf_reports.setdefault(leaf, []).extend(entries)
 
-    def _reply_to_child(self, report: StateUpdateReport) -> Shareable | None:
+    def _reply_to_child(self, report: StateUpdateReport, held: set[int]) -> Shareable | None:
         state = self.current_state
         if state is None or not state.model_version:
             return StateUpdateReply(0, None, 0, None).to_shareable()
-        child_version = report.current_model_version or 0
-        model = state.model if child_version != state.model_version else None
         changed = report.current_device_selection_version != state.device_selection_version
         reply = StateUpdateReply(
-            state.model_version, model, state.device_selection_version, state.device_selection if changed else None
+            state.model_version, None, state.device_selection_version, state.device_selection if changed else None
         ).to_shareable()
         if changed:
             reply[PropKey.DEVICE_SELECTION] = state.device_selection  # even when empty
-        needed = {v for v in set(self._selection_versions.values()) if v > child_version} - {state.model_version}
+        needed = set(self._selection_versions.values()) - held
         if needed:
-            reply[MODELS] = {v: self._models[v] for v in sorted(needed) if v in self._models}
+            reply[MODELS] = {v: pack(self._models[v].data) for v in sorted(needed) if v in self._models}
         reply[SELECTION_VERSIONS] = dict(self._selection_versions)
         return reply
 

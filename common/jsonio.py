@@ -16,17 +16,30 @@ def write_json_atomic(path: str, payload: dict) -> None:
 
 
 class JsonlWriter:
-    """Appends one JSON object per line to a file kept open (thread-safe), flushing each line."""
+    """Appends one JSON object per line to a file kept open (thread-safe), flushing each line unless told not to
+    (a writer of many lines a second flushes when it has a moment: ``flush``)."""
 
     def __init__(self, path: str):
         self.path = path
         self._lock = threading.Lock()
         self._file = open(path, "a")  # noqa: SIM115 - kept open for the writer's lifetime, closed in close()
 
-    def write(self, record: dict) -> None:
+    def write(self, record: dict, flush: bool = True) -> None:
         line = json.dumps(record) + "\n"
         with self._lock:
             self._file.write(line)
+            if flush:
+                self._file.flush()
+
+    def write_many(self, records: list[dict]) -> None:
+        """Several lines, one flush."""
+        text = "".join(json.dumps(r) + "\n" for r in records)
+        with self._lock:
+            self._file.write(text)
+            self._file.flush()
+
+    def flush(self) -> None:
+        with self._lock:
             self._file.flush()
 
     def truncate(self, lines: int) -> None:

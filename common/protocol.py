@@ -9,23 +9,34 @@ simulated time needs more, added as extra keys of the same messages, which NVFla
   the sum, taken in device-id order, gives the same bits every run); ``DEVICE_RANGES``, the devices a leaf
   simulates, sent once as ranges (``prefix`` -> count), not as one entry per device on every sync; ``LEAF_PLANS``
   and ``LEAF_REPORTS``, each leaf's own worker plan and its per-device report lines (``common.leaf_outbox``);
-* down (server -> relay -> leaf, in ``StateUpdateReply`` shareables): ``MODELS``, the model versions the child
-  still needs for its selected devices; ``SELECTION_VERSIONS``, the model version of each selection id.
+  ``HELD_VERSIONS``, the model versions the child holds;
+* down (server -> relay -> leaf, in ``StateUpdateReply`` shareables): ``MODELS``, the model versions the child's
+  selected devices train that it does not hold (never a model it holds or does not need); ``SELECTION_VERSIONS``,
+  the model version of each selection id; ``AWAITED``, the devices whose update the server waits for now. When
+  the server waits for an update that has not come, it wakes the children that have news (newly selected devices)
+  and the one holding the awaited device with a ``WAKE_TOPIC`` aux message (``NEWS_FOR``, ``AWAITED``): a child
+  with news syncs at once; a leaf sends an awaited device's result the moment it has it, and others' in batches.
 """
 
 from __future__ import annotations
 
+from common.packed_weights import packed_or_none, unpacked
+
 # result metadata naming the device, so leaves and the server can tell per-device updates apart
 DEVICE_ID_META = "edgesim_device_id"
 
-DEVICE_UPDATES = "edgesim_device_updates"  # list of DeviceUpdate dicts
+DEVICE_UPDATES = "edgesim_device_updates"  # list of DeviceUpdate dicts (objects in a leaf's report to itself)
 SELECTION_SUMS = "edgesim_selection_sums"  # list of SelectionSum dicts
 LEAVES_SEEN = "edgesim_leaves_seen"  # from a relay: {leaf below it: seconds since that leaf last reported}
 DEVICE_RANGES = "edgesim_device_ranges"  # {prefix: [count, client name]}
 LEAF_PLANS = "edgesim_leaf_plans"  # {leaf: its own worker plan (dict)}, sent once (common.leaf_outbox)
 LEAF_REPORTS = "edgesim_leaf_reports"  # {leaf: [one dict per device report, in the leaf's order]}
 LOCAL_REPORT = "edgesim_local_report"  # header: a leaf executor's report to its own updater
-MODELS = "edgesim_models"  # {model version: WEIGHTS DXO}
+HELD_VERSIONS = "edgesim_held_versions"  # up: the model versions the child holds (the parent sends the others)
+WAKE_TOPIC = "edgesim.wake"  # down, an aux message of its own: news for some children, or an awaited device
+AWAITED = "edgesim_awaited"  # down (reply or wake): the devices whose update the server is waiting for now
+NEWS_FOR = "edgesim_news_for"  # down (wake): the children with newly selected devices (they sync at once)
+MODELS = "edgesim_models"  # {model version: its weights, packed (common.packed_weights)}
 SELECTION_VERSIONS = "edgesim_selection_versions"  # {selection id: model version}
 
 # FLContext key set by the server's model manager next to AppConstants.GLOBAL_MODEL: the simulated time at which
@@ -36,8 +47,8 @@ METHOD_STATUS = "edgesim.method_status"
 
 
 class DeviceUpdate:
-    """One device's answer to one selection: its diff from the version it trained, as it travels up (a dict of
-    plain values and numpy arrays, which FOBS serialises natively).
+    """One device's answer to one selection: its diff from the version it trained. It travels up as a dict of plain
+    values with the diff packed into one blob (``common.packed_weights``).
 
     Attributes:
         device: the device id.
@@ -70,13 +81,14 @@ class DeviceUpdate:
             "device": self.device,
             "selection_id": self.selection_id,
             "base_version": self.base_version,
-            "diff": self.diff,
+            "diff": packed_or_none(self.diff),
             "count": self.count,
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> DeviceUpdate:
-        return cls(d["device"], int(d["selection_id"]), int(d["base_version"]), d["diff"], int(d.get("count", 1)))
+        diff = unpacked(d["diff"], writable=False)  # only ever read (summed, blended): no copy
+        return cls(d["device"], int(d["selection_id"]), int(d["base_version"]), diff, int(d.get("count", 1)))
 
 
 class SelectionSum:
@@ -125,13 +137,14 @@ class SelectionSum:
             "selection_id": self.selection_id,
             "base_version": self.base_version,
             "devices": self.devices,
-            "diff": self.diff,
+            "diff": packed_or_none(self.diff),
             "count": self.count,
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> SelectionSum:
-        return cls(int(d["selection_id"]), int(d["base_version"]), dict(d["devices"]), d["diff"], int(d["count"]))
+        diff = unpacked(d["diff"], writable=False)
+        return cls(int(d["selection_id"]), int(d["base_version"]), dict(d["devices"]), diff, int(d["count"]))
 
 
 # fired by the server's assessor when it ends the run; fl_ctx[RUN_OUTCOME] is {"status", "reason", "version",

@@ -50,8 +50,7 @@ class LeafLogWriter(FLComponent):
                 writer = self._writers.get(leaf)
                 if writer is None:
                     writer = self._writers[leaf] = JsonlWriter(os.path.join(self._out, f"leaf_{leaf}.jsonl"))
-                for line in lines:
-                    writer.write(line)
+                writer.write_many(lines)
 
     def _close(self, _event: str, fl_ctx: FLContext) -> None:
         with self._lock:

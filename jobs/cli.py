@@ -241,7 +241,8 @@ def build_parser(description: str, method_choice: bool = False) -> JobArgumentPa
         "--update-interval",
         type=float,
         default=d["update_interval"],
-        help="seconds between a leaf's syncs with the server (NVFlare's default 1.0)",
+        help="a leaf's heartbeat: it syncs with the server at once when it has results or news, and at least this "
+        "often (NVFlare's fixed interval is 1.0)",
     )
     sim.add_argument(
         "--update-timeout",

@@ -26,13 +26,14 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 
 import psutil
+
+from common.ports import listen_ports
 
 ADMIN = "admin@nvidia.com"
 STATE_FILE = "deployment.json"
@@ -87,18 +88,9 @@ class Deployment:
 
 
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports free on this machine now (the kernel's choice; they stay free unless something else
-    takes them before the sites start, which a retry of ``start`` fixes)."""
-    sockets = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+    """``n`` distinct ports free on this machine now, below the ephemeral range (``common.ports``); they stay free
+    unless another program takes them before the sites start, which a retry of ``start`` fixes."""
+    return listen_ports(n)
 
 
 def project_dict(relays: int, leaves: int, ports: list[int]) -> tuple[dict, dict[str, int], list[str]]:

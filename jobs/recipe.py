@@ -48,6 +48,12 @@ from jobs.plan import RunPlan
 from processors.models import initial_model_config
 
 TASK_NAME = "train"
+# NVFlare 2.9 sends each numpy array above a size threshold through a separate download transaction (an .npz
+# written, a download request and reply, CRC-checked on the way): an extra round trip inside every leaf sync that
+# carries a diff or a model. A chunk size of 0 makes its numpy decomposer put the arrays in the message itself
+# (``ViaDownloaderDecomposer.decompose``: ``max_chunk_size <= 0``). An application config variable, so it travels
+# with the job to every site.
+INLINE_ARRAYS = {"np_download_chunk_size": 0}
 STOCK_UPDATE_INTERVAL = 1.0  # NVFlare's EdgeJob default
 STOCK_MODEL_VERSIONS = 3  # NVFlare's ModelManagerConfig default: model versions a leaf keeps aggregators for
 
@@ -121,6 +127,9 @@ class EdgeSimRecipe(Recipe):
             if registered != comp_id:  # never build a job that would silently lack a result component
                 raise RuntimeError(f"NVFlare registered {comp_id!r} as {registered!r}")
         self._add_clients(job)
+        if not stock:  # numpy arrays inline in each message (see INLINE_ARRAYS), on every site of the job
+            job.to_server(dict(INLINE_ARRAYS))
+            job.to_clients(dict(INLINE_ARRAYS))
         ship_packages(job)
         ship_user_code(job, cfg)
         super().__init__(job)

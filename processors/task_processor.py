@@ -202,6 +202,13 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
             diffs = self.train_group(device_ids, weights, version)
         return [weight_diff_result(d, diff) for d, diff in zip(device_ids, diffs, strict=True)]
 
+    def train_devices(self, device_ids: list[str], weights: dict, version: int) -> list[dict[str, np.ndarray]]:
+        """The leaf gateway's entry point (``simulation.trainer.WeightsTrainer``): train the devices from the
+        global ``weights`` of ``version``, as ``process_group`` does from a task; one diff each, in order."""
+        if len(device_ids) == 1:
+            return [self.train(device_ids[0], weights, version)]
+        return self.train_group(device_ids, weights, version)
+
     def failed_result(self, device_id: str, task: TaskResponse) -> dict:
         """What a device whose training failed for good reports: an all-zero diff with weight ``count`` 0. The
         server then frees the device's slot while the mean over the other updates is unchanged (the mean divides

@@ -5,10 +5,11 @@ thread applies them: strictly in simulated arrival order (exact time: the earlie
 arrived, every later one waits), or as received (the real-time mode). So a slow step (FedRevive's distillation,
 seconds per update on a CPU) never holds a leaf's report past its timeout.
 
-After each applied update it publishes a ``ServerView``: what leaves are told (current version, selection, the
-model version of each selection id, the models still needed). A selection is published only together with the
-model version it trains, and devices whose update has already arrived are left out of it (a leaf need not train
-them again, e.g. after a resume).
+What a child is told (``child_view``: the current version, its leaves' part of the selection, the model version
+of each of its selection ids) is kept per leaf as updates are applied and received, so answering a child costs in
+proportion to its own devices in flight, not to the whole selection. A selection is published at the end of the
+apply that made it, together with the model version it trains; a device whose update has arrived is left out at
+once (its leaf need not train it again, e.g. after a resume).
 """
 
 from __future__ import annotations
@@ -18,30 +19,28 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from nvflare.apis.dxo import DXO
-
 from common.jsonio import JsonlWriter
 from common.protocol import DeviceUpdate
 from simulation.schedule import ExactSchedule
 
 
 @dataclass(frozen=True)
-class ServerView:
-    """A consistent snapshot of what the server tells its children.
+class ChildView:
+    """What the server tells one child (a leaf, or a relay above leaves).
 
     Attributes:
         version: the current model version (0 before the first selection).
-        selection_version: bumped whenever ``selection`` changes.
-        selection: device -> selection id, for in-flight devices whose update has not arrived yet.
-        selection_versions: selection id -> the model version its devices train.
-        models: model version -> WEIGHTS DXO, for the current version and every version a listed device trains.
+        selection_version: changes whenever ``selection`` changes (the sum of its leaves' counters).
+        selection: device -> selection id, for the child's in-flight devices whose update has not arrived yet.
+        selection_versions: selection id -> the model version its devices train, for the ids in ``selection``.
+        awaited: the child's devices whose update the server is waiting for now.
     """
 
     version: int = 0
     selection_version: int = 0
     selection: dict[str, int] = field(default_factory=dict)
     selection_versions: dict[int, int] = field(default_factory=dict)
-    models: dict[int, DXO] = field(default_factory=dict)
+    awaited: tuple[str, ...] = ()
 
 
 class UpdateApplier:
@@ -53,6 +52,9 @@ class UpdateApplier:
     time_scale: 0: exact order; S > 0: the real-time mode (apply as received, at wall / S).
     on_version: called after each new model version (the checkpoint hook), on this thread.
     log_error: reports a failed update application.
+    on_selected: called with the devices each applied update selected (their leaves have news), on this thread.
+    on_stalled: called, under the applier's lock, when the update due next has not arrived (with its device), once
+        per device awaited.
     """
 
     def __init__(
@@ -64,8 +66,13 @@ class UpdateApplier:
         time_scale: float = 0.0,
         on_version: Callable[[], None] | None = None,
         log_error: Callable[[str], None] = print,
+        on_selected: Callable[[list[str]], None] | None = None,
+        on_stalled: Callable[[str], None] | None = None,
     ):
         self.schedule = schedule
+        self.on_selected = on_selected
+        self.on_stalled = on_stalled
+        self._awaited: str | None = None  # the device the applier waits for (its update has not arrived)
         self.model_manager = model_manager
         self.events = events
         self.new_context = new_context
@@ -76,8 +83,10 @@ class UpdateApplier:
         self.applied = 0  # updates applied (lines in events.jsonl)
         self.error = ""  # set when an update could not be applied: the run must stop
         self.finished = False  # the schedule is done and its last update fully applied (its version announced)
-        self.view = ServerView()
-        self.selection_version = 0
+        self._by_leaf: dict[str, dict[str, int]] = {}  # leaf -> {device: selection id} published, not arrived
+        self._leaf_counters: dict[str, int] = {}  # leaf -> how often its part changed
+        self._version = 0  # the published current version
+        self._applying = False  # an update was taken for applying and its publish has not come yet
         self._started_at = time.time()
         self._cond = threading.Condition()
         self._stop = False
@@ -96,25 +105,88 @@ class UpdateApplier:
                     f"{flight.base_version}"
                 )
             self.received[update.device] = update
+            self._unlist(update.device)
             self._cond.notify_all()
         return ""
 
-    def publish(self) -> None:
-        """Make the schedule's current selection, versions and models what children are told."""
+    def _leaf_part(self, device: str) -> tuple[str | None, dict[str, int] | None]:
+        leaf = self.schedule.pool.leaf_of(device)
+        return leaf, (self._by_leaf.setdefault(leaf, {}) if leaf is not None else None)
+
+    def _unlist(self, device: str) -> None:
+        """``device``'s update arrived (or it is gone): out of its leaf's part."""
+        leaf, part = self._leaf_part(device)
+        if part is not None and part.pop(device, None) is not None:
+            self._leaf_counters[leaf] = self._leaf_counters.get(leaf, 0) + 1
+
+    def publish(self, selected: list | None = None) -> None:
+        """Tell children what changed: the current version, and the devices ``selected`` (dispatches) since."""
         with self._cond:
-            s, mm = self.schedule, self.model_manager
-            selection = {d: f.selection_id for d, f in s.in_flight.items() if d not in self.received}
-            if selection != self.view.selection or mm.current_version != self.view.version:
-                self.selection_version += 1
-            versions = {f.selection_id: f.base_version for f in s.in_flight.values()}
-            needed = {f.base_version for d, f in s.in_flight.items() if d in selection} | {mm.current_version}
-            self.view = ServerView(
-                mm.current_version, self.selection_version, selection, versions, {v: mm.model_dxo(v) for v in needed}
+            for d in selected or ():
+                if d.device in self.received:
+                    continue
+                leaf, part = self._leaf_part(d.device)
+                if part is not None:
+                    part[d.device] = d.selection_id
+                    self._leaf_counters[leaf] = self._leaf_counters.get(leaf, 0) + 1
+            self._version = self.model_manager.current_version
+            self._applying = False
+            self._cond.notify_all()
+
+    def republish(self) -> None:
+        """Rebuild what children are told from the schedule (after a resume, or once a leaf is lost)."""
+        with self._cond:
+            self._by_leaf, self._leaf_counters = {}, {leaf: n + 1 for leaf, n in self._leaf_counters.items()}
+        self.publish(list(self.schedule.in_flight.values()))
+
+    def forget_leaf(self, leaf: str) -> None:
+        """A lost leaf: nothing more is told about it."""
+        with self._cond:
+            self._by_leaf.pop(leaf, None)
+
+    def child_view(self, leaves: set[str]) -> ChildView:
+        """What a child whose subtree holds ``leaves`` is told now."""
+        with self._cond:
+            selection: dict[str, int] = {}
+            for leaf in leaves:
+                selection.update(self._by_leaf.get(leaf) or {})
+            known = self.schedule.selection_version
+            awaited = self._awaited
+            mine = (
+                awaited in self.schedule.in_flight
+                and awaited not in self.received
+                and self.schedule.pool.leaf_of(awaited) in leaves
             )
+            return ChildView(
+                self._version,
+                sum(self._leaf_counters.get(leaf, 0) for leaf in leaves),
+                selection,
+                {sid: known[sid] for sid in set(selection.values())},
+                (awaited,) if mine else (),
+            )
+
+    def model(self, version: int) -> dict:
+        """A version's packed weights (one a published selection trains is always kept)."""
+        return self.model_manager.model_packed(version)
+
+    def wait_settled(self, timeout: float) -> None:
+        """Wait (up to ``timeout`` seconds) until every received update that can be applied now has been: the next
+        one due has not arrived, or the schedule is done. A leaf's reply then brings what its own updates caused."""
+        deadline = time.time() + timeout
+        with self._cond:
+            while not self._stop and not self.finished:
+                due = self.schedule.next_due() if self.time_scale <= 0 else None
+                busy = self._applying or (due is not None and due.device in self.received)
+                if self.time_scale > 0:
+                    busy = self._applying or bool(self.received)
+                left = deadline - time.time()
+                if not busy or left <= 0:
+                    return
+                self._cond.wait(left)
 
     def start(self) -> None:
         self._started_at = time.time()
-        self.publish()
+        self.republish()
         self._thread = threading.Thread(target=self._run, name="update-applier", daemon=True)
         self._thread.start()
 
@@ -136,17 +208,25 @@ class UpdateApplier:
         with self._cond:
             while not self._stop:
                 if self.schedule.done:
+                    self.events.flush()
                     self.finished = True
                     return None
                 if self.time_scale > 0:
                     if self.received:
                         device = next(iter(self.received))
                         now = (time.time() - self._started_at) / self.time_scale
+                        self._applying = True
                         return self.received.pop(device), now
                 else:
                     due = self.schedule.next_due()
                     if due is not None and due.device in self.received:
+                        self._applying = True
                         return self.received.pop(due.device), None
+                    if due is not None and due.device != self._awaited:
+                        self._awaited = due.device
+                        if self.on_stalled is not None:
+                            self.on_stalled(due.device)  # its leaf, or one holding news, may be asleep: wake it
+                self.events.flush()  # nothing to apply now: the trace so far goes to disk
                 self._cond.wait(0.5)
         return None
 
@@ -167,7 +247,7 @@ class UpdateApplier:
         s, mm = self.schedule, self.model_manager
         counted = update.count > 0
         with self._cond:
-            arrival, _ = s.apply(update.device, counted=counted, at=now)
+            arrival, selected = s.apply(update.device, counted=counted, at=now)
         if counted:
             mm.add_update(update, arrival.tau, fl_ctx)
         if arrival.made_version:
@@ -177,9 +257,11 @@ class UpdateApplier:
             record["arrival"] = round(now, 9)
         if not counted:
             record["failed"] = True
-        self.events.write(record)
+        self.events.write(record, flush=False)  # flushed when the applier waits, and before a checkpoint
         self.applied += 1
         mm.retain(s.needed_versions())
-        self.publish()
+        self.publish(selected)
+        if selected and self.on_selected is not None:
+            self.on_selected([d.device for d in selected])
         if arrival.made_version and self.on_version is not None:
             self.on_version()

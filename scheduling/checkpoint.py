@@ -22,6 +22,7 @@ import torch
 
 from common.jsonio import write_json_atomic
 
+PICKLE_PROTOCOL = 4
 CHECKPOINT_DIR = "checkpoint"
 STATE_FILE = "state.pt"
 AUTO_MIN_SECONDS = 60.0
@@ -39,7 +40,9 @@ def write(results_dir: str, state: dict) -> float:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp"
     try:
-        torch.save(state, tmp)
+        # pickle protocol 4, not torch's default 2: protocol 2 writes every bytes object (a packed diff, each numpy
+        # array's buffer) as a latin-1 string, encoded to UTF-8 on the way: 3x the time, 1.3x the bytes
+        torch.save(state, tmp, pickle_protocol=PICKLE_PROTOCOL)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -44,8 +44,10 @@ from common.delays import DelayConfig, DeviceDelays
 from common.jsonio import JsonlWriter
 from common.output import output_dir
 from common.protocol import (
+    AWAITED,
     DEVICE_RANGES,
     DEVICE_UPDATES,
+    HELD_VERSIONS,
     LEAF_INFO,
     LEAF_PLANS,
     LEAF_REPORTS,
@@ -60,9 +62,14 @@ from common.protocol import (
 )
 from scheduling import checkpoint
 from scheduling.applier import UpdateApplier
+from scheduling.waker import Waker
 from simulation.device_pool import DevicePool
-from simulation.nvflare_private import share_stream_cleanup_thread
+from simulation.nvflare_private import install_nvflare_fixes
 from simulation.schedule import ExactSchedule
+
+# seconds a report's reply may wait for the updates it brought to be applied (then it carries the selections they
+# caused); a slower method (FedRevive's distillation) answers sooner, and the waker brings the news later
+SETTLE_SECONDS = 0.05
 
 
 def leaves_under(hierarchy: Forest | None) -> dict[str, set[str]]:
@@ -120,7 +127,7 @@ class ExactTimeAssessor(Assessor):
         results_dir: str = "",
     ):
         super().__init__()
-        share_stream_cleanup_thread()  # one thread for finished streams, not one per leaf sync
+        install_nvflare_fixes()  # one thread for finished streams, no payload rendering (nvflare_private)
         self.persistor_id = persistor_id
         self.model_manager_id = model_manager_id
         self.num_leaves = num_leaves
@@ -152,6 +159,11 @@ class ExactTimeAssessor(Assessor):
         self._policy = checkpoint.CheckpointPolicy(checkpoint_every)
         self._events: JsonlWriter | None = None
         self._leaves_under: dict[str, set[str]] = {}  # child -> the leaves in its subtree
+        self._root_of: dict[str, str] = {}  # leaf -> the server's child above it (itself, without relays)
+        self._waker: Waker | None = None
+        self._news: set[str] = set()  # children with newly selected devices they have not heard of yet
+        self.reports = 0  # reports (syncs) received from children
+        self._news_lock = threading.Lock()
         self._seen: dict[str, float] = {}  # leaf -> wall time of its last report
         self._waiting_since = time.time()
         self._lock = threading.Lock()
@@ -186,13 +198,25 @@ class ExactTimeAssessor(Assessor):
         self._out = output_dir(self.results_dir, fl_ctx)
         self._events = JsonlWriter(os.path.join(self._out, "events.jsonl"))
         self._waiting_since = self._started_wall = time.time()
-        self._leaves_under = leaves_under(fl_ctx.get_prop(FLContextKey.CLIENT_HIERARCHY))
+        hierarchy = fl_ctx.get_prop(FLContextKey.CLIENT_HIERARCHY)
+        self._leaves_under = leaves_under(hierarchy)
+        roots = list(hierarchy.roots) if hierarchy is not None else []
+        self._root_of = {leaf: root for root in roots for leaf in self._leaves_under.get(root, {root})}
+        self._waker = Waker(self._engine, self._engine.new_context, lambda msg: self.log_warning(fl_ctx, msg))
         if self.resume:
             self._restore(checkpoint.read(self._out), fl_ctx)
 
     def _end_run(self, _event: str, fl_ctx: FLContext) -> None:
         if self.applier is not None:
             self.applier.stop()
+            wakes = self._waker.sent if self._waker is not None else 0
+            self.log_info(
+                fl_ctx,
+                f"protocol: {self.reports} reports from children, {wakes} wake messages, "
+                f"{self.applier.applied} updates applied",
+            )
+        if self._waker is not None:
+            self._waker.stop()
         if self.outcome is None:  # ended by NVFlare (an abort) before the schedule was done
             self._finish("stopped", "the run was aborted before its last version", fl_ctx)
         if self._events is not None:
@@ -205,8 +229,27 @@ class ExactTimeAssessor(Assessor):
     def _start(self, fl_ctx: FLContext) -> None:
         self.log_info(fl_ctx, f"all {self.num_leaves} leaves registered {len(self.schedule.pool)} devices: starting")
         self.model_manager.start(self._initial, fl_ctx)
-        self.schedule.start()
+        selected = self.schedule.start()
+        self._note_news([d.device for d in selected])
         self._make_applier(fl_ctx).start()
+
+    def _note_news(self, devices: list[str]) -> None:
+        """Newly selected ``devices``: the children above their leaves have news (they hear it on their next
+        sync, or are woken when the applier waits)."""
+        pool = self.schedule.pool
+        with self._news_lock:
+            self._news.update(self._root_of.get(leaf, leaf) for leaf in map(pool.leaf_of, devices) if leaf is not None)
+
+    def _wake_for(self, awaited: str) -> None:
+        """The applier waits for ``awaited``'s update: wake every child that has not heard of its newly selected
+        devices yet, and the one holding ``awaited`` (an idle leaf sleeps until woken; a busy one batches its
+        results, except an awaited device's)."""
+        leaf = self.schedule.pool.leaf_of(awaited)
+        holder = self._root_of.get(leaf, leaf) if leaf is not None else None
+        with self._news_lock:
+            news, self._news = self._news, set()
+        if self._waker is not None:
+            self._waker.wake(news, holder, awaited)
 
     def _make_applier(self, fl_ctx: FLContext) -> UpdateApplier:
         self.applier = UpdateApplier(
@@ -217,6 +260,8 @@ class ExactTimeAssessor(Assessor):
             self.time_scale,
             on_version=lambda: self._on_version(fl_ctx),
             log_error=lambda msg: self.log_error(fl_ctx, msg),
+            on_selected=self._note_news,
+            on_stalled=self._wake_for,
         )
         return self.applier
 
@@ -241,7 +286,6 @@ class ExactTimeAssessor(Assessor):
                     for u in received
                 ],
                 "groups": [g.to_dict() for g in groups],
-                "selection_version": a.selection_version,
             }
         return state | {"model_manager": self.model_manager.state_dict()}
 
@@ -255,7 +299,7 @@ class ExactTimeAssessor(Assessor):
             update = DeviceUpdate.from_dict(entry)
             update.group = groups[entry["group"]] if entry["group"] is not None else None
             applier.received[update.device] = update
-        applier.applied, applier.selection_version = meta["applied"], state["selection_version"]
+        applier.applied = meta["applied"]
         self._events.truncate(meta["applied"])
         self._wall_offset = meta["wall_seconds"]
         self.log_info(fl_ctx, f"resumed at version {meta['version']}, simulated time {meta['sim_seconds']:.6g}")
@@ -267,6 +311,7 @@ class ExactTimeAssessor(Assessor):
         if not self._policy.due(version):
             return
         try:
+            self._events.flush()  # the trace up to the checkpoint is on disk: a resume truncates it there
             seconds = checkpoint.write(self._out, self._state())
         except OSError as ex:
             self.log_error(fl_ctx, f"checkpoint at version {version} not written ({ex}); the previous one is kept")
@@ -347,6 +392,7 @@ class ExactTimeAssessor(Assessor):
             "selected again (--on-leaf-loss continue)",
         )
         for leaf in lost:
+            self.applier.forget_leaf(leaf)
             for device in self.schedule.pool.remove_leaf(leaf):
                 if device in self.applier.received:  # it reported before the leaf went silent
                     continue
@@ -356,6 +402,8 @@ class ExactTimeAssessor(Assessor):
     # -- reports from children ----------------------------------------------------------------------------------
     def process_child_update(self, update: Shareable, fl_ctx: FLContext) -> tuple[bool, Shareable | None]:
         child = fl_ctx.get_peer_context().get_identity_name()
+        received = False
+        self.reports += 1
         with self._lock:
             if self.schedule is None:
                 return False, None
@@ -376,10 +424,15 @@ class ExactTimeAssessor(Assessor):
                     refused = self.applier.receive(u)
                     if refused:
                         self.log_warning(fl_ctx, f"dropped an update: {refused}")
+                received = bool(updates)
         plans, lines = update.get(LEAF_PLANS), update.get(LEAF_REPORTS)
         if plans or lines:  # recorded by the result components (evaluation)
             self.fire_event_with_data(LEAF_INFO, fl_ctx, LEAF_INFO, {"plans": plans or {}, "reports": lines or {}})
-        return True, self._reply(report, child)
+        if received:  # answer with what they caused (new selections), unless applying them takes long
+            self.applier.wait_settled(SETTLE_SECONDS)
+        with self._news_lock:
+            self._news.discard(child)  # this reply is built from the view as of now: it carries the news
+        return True, self._reply(report, child, set(update.get(HELD_VERSIONS) or ()))
 
     def _note_alive(self, child: str, update: Shareable) -> None:
         now = time.time()
@@ -397,25 +450,23 @@ class ExactTimeAssessor(Assessor):
             if device.client_name not in self.lost_leaves:
                 pool.register(device_id, device.client_name)
 
-    def _reply(self, report: StateUpdateReport, child: str) -> Shareable:
-        """What ``child`` needs, from the applier's last published view: the current version, its part of the
-        selection, the version of each of its selection ids, and every version its devices train that it does not
-        hold yet (it holds the version it reported and every older one its devices still need)."""
-        view = self.applier.view if self.applier is not None else None
-        if view is None or not view.version:
+    def _reply(self, report: StateUpdateReport, child: str, held: set[int]) -> Shareable:
+        """What ``child`` needs, from the applier's view: the current version, its part of the selection, the
+        version of each of its selection ids, and every version its devices train that it does not hold (``held``:
+        what it said it holds). The newest model itself travels only when a device of the child trains it."""
+        if self.applier is None:
             return StateUpdateReply(0, None, 0, None).to_shareable()
-        leaves = self._leaves_under.get(child, {child})
-        pool = self.schedule.pool
-        mine = {d: sid for d, sid in view.selection.items() if pool.leaf_of(d) in leaves}
-        versions = {sid: view.selection_versions[sid] for sid in set(mine.values())}
-        child_version = report.current_model_version or 0
-        model = view.models[view.version] if child_version != view.version else None
+        view = self.applier.child_view(self._leaves_under.get(child, {child}))
+        if not view.version:
+            return StateUpdateReply(0, None, 0, None).to_shareable()
+        mine, versions = view.selection, view.selection_versions
         changed = report.current_device_selection_version != view.selection_version
-        reply = StateUpdateReply(view.version, model, view.selection_version, mine if changed else None).to_shareable()
+        reply = StateUpdateReply(view.version, None, view.selection_version, mine if changed else None).to_shareable()
         if changed:
             reply[PropKey.DEVICE_SELECTION] = mine  # even when empty: the child's devices are all done
-        needed = {v for v in versions.values() if v > child_version} - {view.version}
+        needed = set(versions.values()) - held
         if needed:
-            reply[MODELS] = {v: view.models[v] for v in sorted(needed)}
+            reply[MODELS] = {v: self.applier.model(v) for v in sorted(needed)}
+        reply[AWAITED] = list(view.awaited)
         reply[SELECTION_VERSIONS] = versions
         return reply

@@ -25,7 +25,8 @@ class EngineConfig:
     time_scale: 0: exact simulated time, nothing sleeps (``simulation.schedule``). S > 0: real-time mode for load
         tests: each result is held for its delays x S wall seconds, and updates are applied as they arrive.
     job_timeout: seconds a leaf's device simulator waits for the job to reach it (only that).
-    update_interval: seconds between a leaf's syncs with its parent (NVFlare's default: 1.0).
+    update_interval: a leaf's heartbeat: the longest a leaf waits between syncs with its parent (it syncs at once
+        when it has results the server waits for, or news; NVFlare's own leaves sync every 1.0 s).
     update_timeout: seconds a leaf waits for its parent to take an update (None: derived from what a leaf sends,
         ``simulation.planner.update_timeout``).
     """

@@ -34,6 +34,8 @@ class DevicePool:
         self._ranges: dict[str, tuple[int, str]] = {}  # prefix -> (count, leaf)
         self._singles: dict[str, str] = {}  # device id -> leaf
         self._layout: tuple[list[str], list[int], list[str]] | None = None  # prefixes, offsets, sorted singles
+        self._indices: dict[str, int] = {}  # global index of busy or retired devices, while the mask is kept
+        self._mask: np.ndarray | None = None  # see _excluded_mask
         self.busy: set[str] = set()
         self.retired: set[str] = set()
 
@@ -43,12 +45,12 @@ class DevicePool:
             raise ValueError(f"device range {prefix}: negative count {count}")
         if self._ranges.get(prefix) != (count, leaf):
             self._ranges[prefix] = (count, leaf)
-            self._layout = None
+            self._relayout()
 
     def register(self, device_id: str, leaf: str) -> None:
         if device_id not in self and self._singles.get(device_id) != leaf:
             self._singles[device_id] = leaf
-            self._layout = None
+            self._relayout()
 
     def __contains__(self, device_id: str) -> bool:
         prefix, _, index = device_id.rpartition(NUM_INDICATOR)
@@ -61,9 +63,10 @@ class DevicePool:
         busy = sorted(d for d in self.busy if self.leaf_of(d) == leaf)
         self.busy -= set(busy)
         self.retired = {d for d in self.retired if self.leaf_of(d) != leaf}
+        self._relayout()
         self._ranges = {p: v for p, v in self._ranges.items() if v[1] != leaf}
         self._singles = {d: lf for d, lf in self._singles.items() if lf != leaf}
-        self._layout = None
+        self._relayout()
         return busy
 
     def leaf_of(self, device_id: str) -> str | None:
@@ -84,6 +87,22 @@ class DevicePool:
         return len(self) - len(self.busy | self.retired)
 
     # -- selection ----------------------------------------------------------------------------------------------
+    def _relayout(self) -> None:
+        """Membership changed: device indices (and the excluded mask) are recomputed when next needed."""
+        self._layout = None
+        self._indices = {}
+        self._mask = None
+
+    def _excluded_mask(self) -> np.ndarray:
+        """A bool per global index, True for busy and retired devices: built once, then kept up to date by
+        ``sample`` and ``release``, so an exact draw costs no walk over the devices in flight."""
+        if self._mask is None:
+            self._mask = np.zeros(len(self), dtype=bool)
+            for device in self.busy | self.retired:
+                index = self._indices[device] = self.index_of(device)
+                self._mask[index] = True
+        return self._mask
+
     def _index_layout(self) -> tuple[list[str], list[int], list[str]]:
         if self._layout is None:
             prefixes = sorted(self._ranges)
@@ -112,24 +131,29 @@ class DevicePool:
 
     def sample(self, count: int) -> list[str]:
         """Up to ``count`` idle devices, uniformly without replacement (fewer when fewer are idle); marks them busy."""
-        excluded = self.busy | self.retired
         total = len(self)
-        count = min(count, total - len(excluded))
+        excluded = len(self.busy) + len(self.retired)  # disjoint: a retired device is never busy again
+        count = min(count, total - excluded)
         if count <= 0:
             return []
         chosen: list[str] = []
-        if len(excluded) <= total // 2:
+        if excluded <= total // 2:
             seen: set[str] = set()
             while len(chosen) < count:
                 device = self.device_at(int(self.rng.integers(total)))
-                if device not in excluded and device not in seen:
+                if device not in self.busy and device not in self.retired and device not in seen:
                     seen.add(device)
                     chosen.append(device)
+            if self._mask is not None:
+                for device in chosen:
+                    index = self._indices[device] = self.index_of(device)
+                    self._mask[index] = True
         else:
-            mask = np.ones(total, dtype=bool)
-            mask[[self.index_of(d) for d in excluded]] = False
-            idle = np.flatnonzero(mask)
-            chosen = [self.device_at(int(i)) for i in self.rng.choice(idle, size=count, replace=False)]
+            mask = self._excluded_mask()
+            picks = self.rng.choice(np.flatnonzero(~mask), size=count, replace=False)
+            chosen = [self.device_at(int(i)) for i in picks]
+            mask[picks] = True
+            self._indices.update(zip(chosen, (int(i) for i in picks), strict=True))
         self.busy.update(chosen)
         return chosen
 
@@ -138,6 +162,10 @@ class DevicePool:
         self.busy.discard(device_id)
         if retire:
             self.retired.add(device_id)
+            return
+        index = self._indices.pop(device_id, None)
+        if self._mask is not None:
+            self._mask[index if index is not None else self.index_of(device_id)] = False
 
     # -- checkpointing ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -152,6 +180,6 @@ class DevicePool:
     def load_state_dict(self, state: dict) -> None:
         self._ranges = {p: (int(c), leaf) for p, (c, leaf) in state["ranges"].items()}
         self._singles = dict(state["singles"])
-        self._layout = None
+        self._relayout()
         self.busy, self.retired = set(state["busy"]), set(state["retired"])
         self.rng.bit_generator.state = state["rng"]

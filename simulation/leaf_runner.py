@@ -27,10 +27,12 @@ from common.jsonio import JsonlWriter, write_json_atomic
 from common.leaf_outbox import OUTBOX_PROP, LeafOutbox
 from processors.task_processor import TrainingTaskProcessor
 from simulation.fast_simulator import FastSimulator
+from simulation.leaf_channels import EdgeRequestChannel, GatewayChannel
+from simulation.leaf_gateway import FIND_GATEWAY, GATEWAY_PROP, LeafGateway
 from simulation.leaf_plan import PlanRequest, count_leaf_processes, hardware_summary, plan_leaf
 from simulation.planner import WorkerPlan, probe_hardware
 from simulation.process_watch import ChildProcessWatch
-from simulation.trainer import GroupTrainer
+from simulation.trainer import GroupTrainer, WeightsTrainer
 
 
 def device_id_prefix(site_name: str) -> str:
@@ -148,25 +150,36 @@ class FastDeviceRunner(TPORunner):
                 os.remove(lines)
             self._local_log = JsonlWriter(lines)
             reporters.append(self._local_log.write)
-        trainer = self.tpo if isinstance(self.tpo, GroupTrainer) else None
+        channel = self.make_channel(fl_ctx, job_name, device_id_prefix(site))
         if isinstance(self.tpo, TrainingTaskProcessor):
             self.tpo.apply_plan(plan.torch_threads, plan.leaves_per_gpu)
         else:  # someone else's processor: the leaf's share of the cores, and a word if it forks per task
             torch.set_num_threads(plan.torch_threads)
             self._watch = ChildProcessWatch(self.logger).start()
+        grouped = plan.engine == "vectorized" and not (
+            isinstance(channel, EdgeRequestChannel) and channel.trainer is None
+        )  # a processor without a group entry point trains each device through its own copy
         return FastSimulator(
-            job_name=job_name,
-            device_factory=PhoneFactory() if trainer is not None else TPODeviceFactory(self.tpo),
-            device_id_prefix=device_id_prefix(site),
-            num_devices=self.num_devices,
+            channel=channel,
             num_workers=plan.num_workers,
             get_job_timeout=self.job_timeout,
             delays=DeviceDelays(DelayConfig.from_dict(self.delays), self.seed),
-            trainer=trainer,
             time_scale=self.time_scale,
             on_report=_fan_out(reporters),
-            group_size=plan.group_size if plan.engine == "vectorized" else 1,
+            group_size=plan.group_size if grouped else 1,
         )
+
+    def make_channel(self, fl_ctx: FLContext, job_name: str, prefix: str):
+        """The leaf's gateway when its executor offers one and the processor trains from weights (ours); NVFlare's
+        edge requests otherwise (``simulation.leaf_channels``)."""
+        if fl_ctx.get_engine() is not None:
+            self.fire_event(FIND_GATEWAY, fl_ctx)
+        gateway = fl_ctx.get_prop(GATEWAY_PROP)
+        if isinstance(gateway, LeafGateway) and isinstance(self.tpo, WeightsTrainer):
+            return GatewayChannel(gateway, self.tpo, prefix, self.num_devices)
+        trainer = self.tpo if isinstance(self.tpo, GroupTrainer) else None
+        factory = PhoneFactory() if trainer is not None else TPODeviceFactory(self.tpo)
+        return EdgeRequestChannel(job_name, factory, prefix, self.num_devices, trainer)
 
     def _close(self, _event: str, fl_ctx: FLContext) -> None:
         if self._watch is not None:

@@ -21,20 +21,46 @@ any of them, before a run silently changes behaviour.
    removing the finished stream. A process receiving a few syncs a second thus holds hundreds of idle threads
    (``benchmarks/bench_soak.py``: a leaf went from 129 to 297 threads in 150 FedBuff versions), and a faster
    protocol would hold thousands. ``share_stream_cleanup_thread`` gives every finished stream's removal, with the
-   same delay, to one scheduler thread per process; our server and leaf components install it.
+   same delay, to one scheduler thread per process.
+5. **No payload rendering in the cell.** ``nvflare.fuel.f3.cellnet.cell.Adapter.call`` evaluates
+   ``f"... incoming data={result}"`` for every streamed message, debug logging off or not, where ``result`` is the
+   received payload as a ``ConsumableBufferList`` (a ``list`` of byte chunks): the whole payload rendered with
+   ``repr``, 23% of the server's CPU in a FedBuff run (py-spy, ``PERFORMANCE_OPTIMIZATION.md``).
+   ``ConsumableBufferList`` gets a ``__repr__`` that names its size instead.
+
+``install_nvflare_fixes`` applies 4 and 5 once per process, and 7 in NVFlare's simulator processes; our
+server and leaf components call it.
+6. **Syncs when there is news, not on a timer.** ``HierarchicalUpdateGatherer._do_task`` is the loop in which a
+   leaf (or relay) reports to its parent and takes its reply, then sleeps ``update_interval`` plus up to 0.5 s of
+   jitter. Every result of a device thus waited for the next sync, and every selection for the one after: a
+   full round trip of sleeps whenever the server waits for a device it just selected. ``EventDrivenSync`` is the
+   same loop, except that it sleeps until ``sync_now()`` is called (a device result, a child's report, or the
+   parent's wake message) or ``update_interval`` has passed (a heartbeat), and hands each reply to
+   ``after_parent_reply`` (a relay then wakes its children).
+7. **Simulator worker ports outside the ephemeral range.** NVFlare's simulator gives each client worker process a
+   port from ``get_open_ports`` (the kernel's choice, then closed) that the worker binds seconds later; an outgoing
+   connection of the run can take it meanwhile (``Address already in use``, a leaf that never starts: seen in CI).
+   ``simulator_ports_outside_ephemeral_range`` makes ``simulator_runner`` and ``simulator_deployer`` pick with
+   ``common.ports.listen_ports`` (our server component installs it in the simulator's process, before the
+   simulator starts its client workers).
 """
 
 from __future__ import annotations
 
+import math
+import threading
 import time
 from collections.abc import Callable
 
 from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.job_def import ALL_SITES, SERVER_SITE_NAME, JobMetaKey
-from nvflare.edge.constants import EdgeApiStatus, EdgeContextKey
+from nvflare.apis.shareable import ReturnCode, Shareable, make_reply
+from nvflare.apis.signal import Signal
+from nvflare.edge.constants import EdgeApiStatus, EdgeContextKey, EdgeTaskHeaderKey
 from nvflare.edge.controllers.sage import ScatterAndGatherForEdge
 from nvflare.edge.executors.edge_model_executor import EdgeModelExecutor
+from nvflare.edge.utils import message_topic_for_task_update
 from nvflare.edge.web.models.job_response import JobResponse
 from nvflare.job_config.api import FedJob
 from nvflare.recipe.spec import Recipe
@@ -42,6 +68,7 @@ from nvflare.recipe.spec import Recipe
 from simulation.due_timer import DueTimer
 
 NVFLARE_PRIVATE_OVERRIDES = {
+    "nvflare.edge.executors.hug.HierarchicalUpdateGatherer._do_task": ("self", "fl_ctx", "abort_signal"),
     "nvflare.edge.executors.ete.EdgeTaskExecutor._handle_edge_request": (
         "self",
         "event_type",
@@ -55,10 +82,24 @@ NVFLARE_PRIVATE_PATCHES = {
     "nvflare.fuel.f3.streaming.byte_receiver.RxTask._schedule_remove_task": ("self", "ttl"),
     "nvflare.fuel.f3.streaming.byte_receiver.RxTask._remove_task": ("self",),
 }
+NVFLARE_PRIVATE_MODULE_FUNCTIONS = {  # a private module's function, replaced in that module only
+    "nvflare.private.fed.app.simulator.simulator_runner.get_open_ports": ("number",),
+    "nvflare.private.fed.app.deployer.simulator_deployer.get_open_ports": ("number",),
+}
 NVFLARE_PRIVATE_ATTRIBUTES = {
     "nvflare.job_config.api.FedJob": ("_deploy_map",),
     "nvflare.recipe.spec.Recipe": ("_job",),
     "nvflare.edge.controllers.sage.ScatterAndGatherForEdge": ("_update_interval", "_assess_interval"),
+    "nvflare.edge.executors.hug.HierarchicalUpdateGatherer": (
+        "_pending_task",
+        "_task_done",
+        "_process_error",
+        "_parent_name",
+        "_num_children",
+        "_updater",
+        "_make_update_report",
+        "_pending_clients_status",
+    ),
 }
 
 
@@ -78,6 +119,86 @@ class NoPayloadRendering:
         job_name = fl_ctx.get_prop(FLContextKey.JOB_META).get(JobMetaKey.JOB_NAME)
         reply = JobResponse(EdgeApiStatus.OK, fl_ctx.get_job_id(), job_name, job_data={})
         fl_ctx.set_prop(EdgeContextKey.REPLY_TO_EDGE, reply, private=True, sticky=False)
+
+
+class EventDrivenSync:
+    """Mixin for a ``HierarchicalUpdateGatherer`` (an edge executor): its sync loop (``_do_task``), waking when a
+    sync is asked for instead of sleeping a fixed interval (see the module docstring, 6). The class sets
+    ``self.sync_cond = threading.Condition()`` and ``self.sync_due = math.inf`` in its constructor."""
+
+    sync_cond: threading.Condition
+    sync_due: float
+
+    def sync_now(self) -> None:
+        """Report to the parent at once (there is something to send, or news to fetch)."""
+        self.sync_soon(0.0)
+
+    def sync_soon(self, delay: float) -> None:
+        """Report to the parent within ``delay`` seconds (what else arrives by then goes in the same report)."""
+        with self.sync_cond:
+            self.sync_due = min(self.sync_due, time.monotonic() + delay)
+            self.sync_cond.notify()
+
+    def _wait_for_sync(self, interval: float) -> None:
+        """Until a sync is due, or ``interval`` (the heartbeat) has passed."""
+        heartbeat = time.monotonic() + interval
+        with self.sync_cond:
+            while (due := min(self.sync_due, heartbeat)) > time.monotonic():
+                self.sync_cond.wait(due - time.monotonic())
+            self.sync_due = math.inf
+
+    def after_parent_reply(self, changed: bool, fl_ctx: FLContext) -> None:
+        """Called with what ``process_parent_update_reply`` returned, after each reply."""
+
+    def _do_task(self, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
+        # HierarchicalUpdateGatherer._do_task (NVFlare 2.9), with its sleep replaced by the event
+        task_info = self._pending_task
+        update_interval = task_info.update_interval
+        engine = fl_ctx.get_engine()
+        while not (self._task_done or self._process_error):
+            report = self._make_update_report(task_info, fl_ctx)
+            replies = engine.send_aux_request(
+                targets=self._parent_name,
+                topic=message_topic_for_task_update(task_info.name),
+                request=report,
+                timeout=self.update_timeout,
+                fl_ctx=fl_ctx,
+            )
+            if len(replies) != 1:
+                self.log_error(fl_ctx, f"no reply from parent {self._parent_name}")
+                self._process_error = True
+                break
+            reply = next(iter(replies.values()))
+            if not isinstance(reply, Shareable):
+                self.log_error(fl_ctx, f"bad reply from parent {self._parent_name}: {type(reply)}")
+                self._process_error = True
+                break
+            rc = reply.get_return_code()
+            if rc == ReturnCode.TASK_ABORTED:
+                self.log_info(fl_ctx, f"task {task_info.seq} is done: parent task is gone")
+                break
+            if rc != ReturnCode.OK:
+                if not (rc == ReturnCode.TIMEOUT and self._task_done):
+                    self.log_error(fl_ctx, f"error updating parent {self._parent_name}: {rc}")
+                break
+            if reply.get_header(EdgeTaskHeaderKey.TASK_SEQ, task_info.seq) != task_info.seq:
+                self.log_info(fl_ctx, f"task {task_info.seq} is done: the parent moved on")
+                break
+            if self._num_children > 0 and self._pending_clients_status()[0] >= self._num_children:
+                self.log_info(fl_ctx, f"task {task_info.seq} is done: all child clients are done")
+                break
+            try:
+                changed = self._updater.process_parent_update_reply(reply, fl_ctx)
+            except Exception as ex:
+                self.log_exception(fl_ctx, f"processing the parent's reply failed: {ex}")
+            else:
+                self.after_parent_reply(bool(changed), fl_ctx)
+            if abort_signal.triggered:
+                return make_reply(ReturnCode.TASK_ABORTED)
+            self._wait_for_sync(update_interval)
+        if self._process_error:
+            return make_reply(ReturnCode.EXECUTION_EXCEPTION)
+        return self._make_update_report(task_info, fl_ctx)
 
 
 class QuietEdgeModelExecutor(NoPayloadRendering, EdgeModelExecutor):
@@ -140,6 +261,52 @@ class _Scheduled:
 
 STREAM_CLEANUP = DueTimer()  # every finished stream's delayed removal, on one thread per process
 ORIGINALS: dict[str, Callable] = {}  # NVFlare's own methods this process replaced, by name
+
+
+def install_nvflare_fixes() -> None:
+    """Fixes 4 and 5 of the module docstring, and 7 in the simulator's processes; once per process."""
+    share_stream_cleanup_thread()
+    render_payloads_by_size()
+    if in_simulator():
+        simulator_ports_outside_ephemeral_range()
+
+
+def in_simulator() -> bool:
+    """This process is one of NVFlare's simulator processes (the one running its server and client runner, or a
+    client worker), not a deployed site's."""
+    import sys
+
+    names = {"nvflare.private.fed.app.simulator.simulator_runner", "nvflare.private.fed.app.simulator.simulator_worker"}
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)  # a worker runs as python -m ...simulator_worker
+    return bool(names & set(sys.modules)) or (main is not None and main.name in names)
+
+
+def simulator_ports_outside_ephemeral_range() -> None:
+    """NVFlare's simulator picks its workers' ports with ``common.ports.listen_ports`` (fix 7); idempotent."""
+    from nvflare.private.fed.app.deployer import simulator_deployer
+    from nvflare.private.fed.app.simulator import simulator_runner
+
+    from common.ports import listen_ports
+
+    for module in (simulator_runner, simulator_deployer):
+        key = f"{module.__name__}.get_open_ports"
+        if key not in ORIGINALS:
+            ORIGINALS[key] = module.get_open_ports
+            module.get_open_ports = listen_ports
+
+
+def render_payloads_by_size() -> None:
+    """``ConsumableBufferList`` (a received payload's chunks) renders as its size, not its bytes (fix 5)."""
+    from nvflare.fuel.utils.buffer_list import ConsumableBufferList
+
+    if "ConsumableBufferList.__repr__" in ORIGINALS:
+        return
+    ORIGINALS["ConsumableBufferList.__repr__"] = ConsumableBufferList.__repr__
+
+    def __repr__(self) -> str:
+        return f"<payload of {len(self)} chunk(s), {sum(len(c) for c in self)} bytes>"
+
+    ConsumableBufferList.__repr__ = __repr__
 
 
 def share_stream_cleanup_thread() -> None:

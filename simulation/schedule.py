@@ -25,6 +25,7 @@ same model version is a new selection), and ``selection_version`` maps each to t
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from dataclasses import asdict, dataclass
 
 from common.delays import DeviceDelays
@@ -108,6 +109,9 @@ class ExactSchedule:
         self.selection_seq = 0  # the last selection id issued
         self.selection_version: dict[int, int] = {}  # selection id -> the model version its devices train
         self._due: list[tuple[float, str, int]] = []  # heap of (arrival, device, selection id)
+        self._base_counts: Counter[int] = Counter()  # model version -> devices in flight training it
+        self._sid_counts: Counter[int] = Counter()  # selection id -> its devices in flight
+        self._finished_sids: set[int] = set()  # selections with no device in flight any more
 
     # -- queries ------------------------------------------------------------------------------------------------
     def next_due(self) -> Dispatch | None:
@@ -135,7 +139,7 @@ class ExactSchedule:
 
     def needed_versions(self) -> set[int]:
         """Model versions some in-flight device trains, plus the current one."""
-        return {f.base_version for f in self.in_flight.values()} | {self.version}
+        return set(self._base_counts) | {self.version}
 
     # -- transitions --------------------------------------------------------------------------------------------
     def start(self) -> list[Dispatch]:
@@ -149,6 +153,7 @@ class ExactSchedule:
         """Apply the arrival of ``device`` (at its scheduled time, or ``at``: the real-time mode's receipt time);
         returns it and the devices selected in reply."""
         dispatch = self.in_flight.pop(device)
+        self._landed(dispatch)
         self.now = max(self.now, dispatch.arrival if at is None else at)
         tau = self.version - dispatch.base_version
         made = False
@@ -182,11 +187,23 @@ class ExactSchedule:
             arrival = self.now + self.delays.durations(device, n).total
             d = Dispatch(device, sid, self.version, self.now, arrival, n)
             self.in_flight[device] = d
+            self._base_counts[d.base_version] += 1
+            self._sid_counts[sid] += 1
             heapq.heappush(self._due, (arrival, device, sid))
             out.append(d)
-        live = {f.selection_id for f in self.in_flight.values()}
-        self.selection_version = {s: v for s, v in self.selection_version.items() if s in live}
+        for done in self._finished_sids:  # keep only the selections still in flight
+            self.selection_version.pop(done, None)
+        self._finished_sids = set()
         return out
+
+    def _landed(self, dispatch: Dispatch) -> None:
+        """A device is no longer in flight: count it out of its version and its selection."""
+        for counts, key in ((self._base_counts, dispatch.base_version), (self._sid_counts, dispatch.selection_id)):
+            counts[key] -= 1
+            if not counts[key]:
+                del counts[key]
+        if dispatch.selection_id not in self._sid_counts:
+            self._finished_sids.add(dispatch.selection_id)
 
     # -- checkpointing ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -204,9 +221,12 @@ class ExactSchedule:
     def load_state_dict(self, state: dict) -> None:
         self.now, self.version, self.buffered = state["now"], state["version"], state["buffered"]
         self.in_flight = {d["device"]: Dispatch(**d) for d in state["in_flight"]}
+        self._base_counts = Counter(d.base_version for d in self.in_flight.values())
+        self._sid_counts = Counter(d.selection_id for d in self.in_flight.values())
         self._due = [(d.arrival, d.device, d.selection_id) for d in self.in_flight.values()]
         heapq.heapify(self._due)
         self.task_counts = dict(state["task_counts"])
         self.selection_seq = state["selection_seq"]
         self.selection_version = {int(k): v for k, v in state["selection_version"].items()}
+        self._finished_sids = set(self.selection_version) - set(self._sid_counts)
         self.pool.load_state_dict(state["pool"])

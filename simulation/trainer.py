@@ -1,7 +1,9 @@
-"""The contract between the device simulator and a task processor that can train many devices in one call.
+"""The contracts between the device simulator and a task processor that can train many devices in one call.
 
 ``FastSimulator`` holds one such trainer per leaf (the job's task processor component itself, not a per-device
-copy) and gives it groups of devices that received the same task. A processor without these methods (any NVFlare
+copy). Through NVFlare's edge requests (``simulation.leaf_channels.EdgeRequestChannel``) a ``GroupTrainer`` gets
+groups of devices that received the same task; through our leaf's gateway (``GatewayChannel``) a
+``WeightsTrainer`` gets the model weights themselves. A processor with neither (any NVFlare
 ``DeviceTaskProcessor``) still works: each device then trains through its own copy's ``process_task``.
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+import numpy as np
 from nvflare.edge.web.models.task_response import TaskResponse
 
 
@@ -20,4 +23,12 @@ class GroupTrainer(Protocol):
 
     def failed_result(self, device_id: str, task: TaskResponse) -> dict:
         """The result a device reports when its training failed for good (a zero-weight update)."""
+        ...
+
+
+@runtime_checkable
+class WeightsTrainer(Protocol):
+    def train_devices(self, device_ids: list[str], weights: dict, version: int) -> list[dict[str, np.ndarray]]:
+        """Train every device in ``device_ids`` from the global ``weights`` of ``version``; one diff each
+        (trained - received), in order."""
         ...

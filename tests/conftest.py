@@ -59,3 +59,19 @@ def job_args(tmp_path, *extra: str, output: bool = True) -> list[str]:
         str(tmp_path / "ws"),
         *extra,
     ]
+
+
+GUARD_DIR = os.path.join(REPO, "tests", "repr_guard")
+
+
+def run_guarded(tmp_path, script: str, *flags: str) -> tuple[str, str]:
+    """Run ``script`` (or ``-c CODE``) with ``tests/repr_guard`` in every process of it: its stdout, and every
+    numpy rendering of a large array the guard recorded ("": none; ``tests/e2e/test_no_payload_rendering.py``)."""
+    import subprocess
+
+    guard = tmp_path / "rendered.txt"
+    env = dict(os.environ, EDGESIM_REPR_GUARD=str(guard))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (GUARD_DIR, env.get("PYTHONPATH")) if p)
+    proc = subprocess.run([PYTHON, script, *flags], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout, guard.read_text() if guard.exists() else ""

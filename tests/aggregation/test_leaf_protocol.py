@@ -1,5 +1,6 @@
 """The leaf and relay side of exact time: a device gets the version it was selected for, each device's update goes
-up on its own, a leaf keeps exactly the versions its selected devices still need, and devices register once."""
+up on its own, a leaf keeps exactly the versions its selected devices train and hands each task out once, and
+devices register once."""
 
 from __future__ import annotations
 
@@ -18,7 +19,15 @@ from nvflare.edge.web.models.user_info import UserInfo
 
 from aggregation.leaf_executor import EdgeSimExecutor
 from aggregation.versioned_updater import VersionedUpdater
-from common.protocol import DEVICE_RANGES, DEVICE_UPDATES, MODELS, SELECTION_SUMS, SELECTION_VERSIONS
+from common.packed_weights import pack, unpack
+from common.protocol import (
+    DEVICE_RANGES,
+    DEVICE_UPDATES,
+    HELD_VERSIONS,
+    MODELS,
+    SELECTION_SUMS,
+    SELECTION_VERSIONS,
+)
 
 
 def model(version: int) -> DXO:
@@ -36,7 +45,7 @@ def reply(
     r[PropKey.DEVICE_SELECTION] = selection
     r[SELECTION_VERSIONS] = sid_versions
     if extra:
-        r[MODELS] = {v: model(v) for v in extra}
+        r[MODELS] = {v: pack(model(v).data) for v in extra}
     return r
 
 
@@ -53,7 +62,7 @@ def ctx(name: str = "site-1") -> FLContext:
     return c
 
 
-def test_a_leaf_keeps_the_versions_its_selected_devices_still_fetch_and_forgets_them_after():
+def test_a_leaf_keeps_the_versions_its_selected_devices_train_until_the_parent_has_their_updates():
     updater = started_updater()
     updater.process_parent_update_reply(
         reply(5, {"site-1#0": 11, "site-1#1": 12, "site-1#2": 13}, {11: 3, 12: 4, 13: 5}, extra=(3, 4)), FLContext()
@@ -61,12 +70,29 @@ def test_a_leaf_keeps_the_versions_its_selected_devices_still_fetch_and_forgets_
     state = updater.current_state
     assert (state.model_version, sorted(state.models)) == (5, [3, 4, 5])
     assert state.selection_versions == {11: 3, 12: 4, 13: 5}
-    updater.mark_fetched("site-1#0", 11)  # its task was handed out: version 3 is no longer needed here
+    assert updater.prepare_update_for_parent(FLContext())[HELD_VERSIONS] == [3, 4, 5]  # the parent sends no other
+    updater.mark_fetched("site-1#0", 11)  # handed out, still training: version 3 stays (it is never sent twice)
     updater.process_parent_update_reply(
         reply(6, {"site-1#0": 11, "site-1#1": 12, "site-1#2": 13}, {11: 3, 12: 4, 13: 5}, selection_version=2),
         FLContext(),
     )
-    assert sorted(updater.current_state.models) == [4, 5, 6]
+    assert sorted(updater.current_state.models) == [3, 4, 5]  # version 6 trains no device here: not kept
+    updater.process_parent_update_reply(  # the parent has site-1#0's update: it left the selection
+        reply(6, {"site-1#1": 12, "site-1#2": 13}, {12: 4, 13: 5}, selection_version=3), FLContext()
+    )
+    assert sorted(updater.current_state.models) == [4, 5] and updater.current_state.model_version == 6
+
+
+def test_a_leaf_hands_out_each_selected_devices_task_once_and_says_when_its_state_changed():
+    updater = started_updater()
+    stamp = updater.stamp
+    changed = updater.process_parent_update_reply(
+        reply(5, {"site-1#1": 12, "site-2#0": 12, "site-1#0": 11}, {11: 3, 12: 5}, extra=(3,)), FLContext()
+    )
+    assert changed and updater.wait_changed(stamp, timeout=0.0)[0] == stamp + 1
+    tasks, models = updater.take_tasks("site-1#")
+    assert tasks == [("site-1#0", 11, 3), ("site-1#1", 12, 5)] and sorted(models) == [3, 5]
+    assert updater.take_tasks("site-1#") == ([], {})  # each task once
 
 
 def test_each_device_update_and_device_range_goes_up_once_unsummed():
@@ -92,10 +118,11 @@ def test_a_relay_replies_to_a_child_with_the_versions_it_lacks():
     relay.process_parent_update_reply(
         reply(7, {"site-3#0": 21, "site-3#1": 22}, {21: 4, 22: 6}, extra=(4, 6)), FLContext()
     )
-    child_report = StateUpdateReport(5, 0, None, None).to_shareable()  # the child holds version 5 and older
+    child_report = StateUpdateReport(5, 0, None, None).to_shareable()
+    child_report[HELD_VERSIONS] = [4, 5]
     ok, answer = relay.process_child_update(child_report, FLContext())
     assert ok and answer.get_header(PropKey.MODEL_VERSION) == 7
-    assert sorted(answer[MODELS]) == [6]  # not 4 (the child has it), not 7 (the reply's own model)
+    assert sorted(answer[MODELS]) == [6]  # not 4 (the child has it), not 7 (no device trains it)
     assert answer[PropKey.DEVICE_SELECTION] == {"site-3#0": 21, "site-3#1": 22}
     assert answer[SELECTION_VERSIONS] == {21: 4, 22: 6}
 
@@ -145,7 +172,7 @@ def test_a_result_goes_up_as_that_devices_own_update_with_its_selection_and_base
     executor.process_edge_result_report(report, task, ctx())
     (update,) = executor.updater.prepare_update_for_parent(FLContext())[DEVICE_UPDATES]
     assert (update["device"], update["selection_id"], update["base_version"], update["count"]) == ("site-1#0", 31, 2, 1)
-    np.testing.assert_array_equal(update["diff"]["w"], np.ones(2))
+    np.testing.assert_array_equal(unpack(update["diff"])["w"], np.ones(2))
 
 
 def test_a_simulated_leaf_registers_its_range_once_and_its_devices_are_known_by_it():
@@ -202,7 +229,7 @@ def test_a_synchronous_leaf_sends_one_sum_per_selection_once_all_its_devices_rep
     report("site-1#0", 7, 0.5)
     (total,) = updater.prepare_update_for_parent(FLContext())[SELECTION_SUMS]
     assert total["devices"] == {"site-1#0": 1, "site-1#2": 1} and total["count"] == 2
-    np.testing.assert_array_equal(total["diff"]["w"], [2.5, 2.5])
+    np.testing.assert_array_equal(unpack(total["diff"])["w"], [2.5, 2.5])
     assert DEVICE_UPDATES not in updater.prepare_update_for_parent(FLContext())  # nothing sent per device
 
 

@@ -1,18 +1,16 @@
-"""Both training engines in real SimEnv runs: the vectorised one (the default for models without BatchNorm)
-and the per-device one."""
+"""The per-device training engine in a real SimEnv run (the vectorised one, the default for models without
+BatchNorm, is checked on ``tests/e2e/test_fedavg.py``'s run)."""
 
 import glob
 import json
 import subprocess
 
-import pytest
-
 from tests.conftest import PYTHON, REPO, job_args
 
 
-@pytest.mark.parametrize("engine, group", [("per-device", 1), ("vectorized", 3)])
-def test_engine_trains_every_selected_device_and_learns(tmp_path, engine, group):
-    extra = ["--engine", engine, "--max-model-version", "3"] + (["--group-size", str(group)] if group > 1 else [])
+def test_the_per_device_engine_trains_every_selected_device_and_learns(tmp_path):
+    engine, group = "per-device", 1
+    extra = ["--engine", engine, "--max-model-version", "3"]
     proc = subprocess.run(
         [PYTHON, "jobs/pt_job_fedavg.py", *job_args(tmp_path, *extra)],
         cwd=REPO,

@@ -5,10 +5,11 @@ import json
 import os
 import subprocess
 
+import pytest
 import torch
 
 from processors.models import build_model
-from tests.conftest import PYTHON, REPO, job_args
+from tests.conftest import PYTHON, REPO, job_args, run_guarded
 
 CHANCE = 0.1
 
@@ -19,10 +20,33 @@ def _run(args, timeout=400):
     return proc.stdout
 
 
-def test_fedavg_in_simenv_learns_and_writes_all_outputs(tmp_path):
-    out = _run([PYTHON, "jobs/pt_job_fedavg.py", *job_args(tmp_path, "--max-model-version", "3")])
+@pytest.fixture(scope="module")
+def simenv_run(tmp_path_factory) -> tuple:
+    """One real SimEnv FedAvg run, checked by the three tests below: the vectorised engine in groups of 3, with
+    ``tests/repr_guard`` in every process. Returns (results folder, stdout, what the guard recorded)."""
+    tmp = tmp_path_factory.mktemp("fedavg")
+    flags = job_args(tmp, "--max-model-version", "3", "--engine", "vectorized", "--group-size", "3")
+    out, rendered = run_guarded(tmp, "jobs/pt_job_fedavg.py", *flags)
+    return tmp / "out", out, rendered
+
+
+def test_no_process_of_a_run_renders_a_model_or_diff_as_text(simenv_run):
+    _, _, rendered = simenv_run
+    assert rendered == "", rendered[:4000]
+
+
+def test_the_vectorized_engine_trains_every_selected_device_in_its_groups(simenv_run):
+    results, out, _ = simenv_run
+    assert "engine: vectorized, groups of 3 device(s)" in out
+    metrics = json.loads((results / "metrics.json").read_text())
+    assert (metrics["planner"]["engine"], metrics["planner"]["group_size"]) == ("vectorized", 3)
+    reports = [json.loads(line) for f in glob.glob(str(results / "leaf_*.jsonl")) for line in open(f)]
+    assert all(r["ok"] for r in reports) and max(r["group"] for r in reports) == 3
+
+
+def test_fedavg_in_simenv_learns_and_writes_all_outputs(simenv_run):
+    results, out, _ = simenv_run
     assert "Parallel workers:" in out and "[edgesim] version 3/3" in out and "devices trained per second" in out
-    results = tmp_path / "out"
     metrics = json.loads((results / "metrics.json").read_text())
     versions = metrics["versions"]
     assert [r["version"] for r in versions] == [1, 2, 3]

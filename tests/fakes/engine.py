@@ -14,6 +14,11 @@ from nvflare.apis.utils.event import fire_event_to_components
 class EventEngine:
     def __init__(self, components: dict[str, FLComponent]):
         self.components = components
+        self.aux_sent: list[tuple[list[str], str]] = []  # (targets, topic) of every aux request sent
+
+    def send_aux_request(self, targets, topic, request, timeout, fl_ctx, optional=False, secure=False) -> dict:
+        self.aux_sent.append((list(targets), topic))
+        return {}
 
     def fire_event(self, event_type: str, fl_ctx: FLContext) -> None:
         fire_event_to_components(event_type, list(self.components.values()), fl_ctx)

@@ -22,7 +22,7 @@ def test_a_checkpoint_round_trips_and_replaces_the_previous_one_atomically(tmp_p
 def test_a_full_disk_keeps_the_previous_checkpoint_and_leaves_no_partial_file(tmp_path, monkeypatch):
     checkpoint.write(str(tmp_path), {"meta": {"version": 2}})
 
-    def full(obj, path):
+    def full(obj, path, **_):
         open(path, "wb").write(b"half")
         raise OSError(errno.ENOSPC, "No space left on device")
 

@@ -25,10 +25,12 @@ from common.delays import DELAY_PRESETS
 from common.protocol import (
     DEVICE_RANGES,
     DEVICE_UPDATES,
+    HELD_VERSIONS,
     MODELS,
     SELECTION_SUMS,
     SELECTION_VERSIONS,
     SIM_TIME,
+    WAKE_TOPIC,
     DeviceUpdate,
     SelectionSum,
 )
@@ -63,12 +65,14 @@ class ScriptedLeaf:
         self.models: set[int] = set()
         self.reported: set[tuple[str, int]] = set()
         self.held: list[dict] = []  # reported device updates not yet sent up as a sum
+        self.sent_models = 0  # models the server sent it
 
     def report(self, assessor: ExactTimeAssessor, engine: EventEngine, rng: random.Random, first=False) -> None:
         todo = [(d, s) for d, s in self.selection.items() if (d, s) not in self.reported]
         rng.shuffle(todo)
         batch = todo[: rng.randint(0, len(todo))]  # some, in any order; the rest later
         shareable = StateUpdateReport(self.version, self.selection_version, None, None).to_shareable()
+        shareable[HELD_VERSIONS] = sorted(self.models)  # the server sends only the versions it lacks
         if first:
             shareable[DEVICE_RANGES] = {self.name: [LEAVES[self.name], self.name]}
         updates = []
@@ -104,8 +108,8 @@ class ScriptedLeaf:
         assert ok
         version = reply.get_header(PropKey.MODEL_VERSION)
         if version:
-            self.models.add(version)
-            self.models.update(reply.get(MODELS) or {})
+            self.models.update(reply.get(MODELS) or {})  # what it holds: only what was sent
+            self.sent_models += len(reply.get(MODELS) or {})
             self.version = version
         if PropKey.DEVICE_SELECTION in reply:
             self.selection = reply[PropKey.DEVICE_SELECTION]
@@ -165,6 +169,11 @@ def test_reports_in_any_order_give_the_reference_trace_and_model(tmp_path, b, ho
         weights = weights + np.float32(0.5 / len(records)) * total
     assert manager.current_version == 25
     np.testing.assert_array_equal(manager.current_weights["w"], weights)
+    # the applier, waiting for an update that has not come, woke the leaves with news (and only leaves)
+    woken = [set(targets) for targets, topic in engine.aux_sent if topic == WAKE_TOPIC]
+    assert woken and set().union(*woken) <= set(LEAVES)
+    # a model travels to a leaf once, and only when one of its devices trains it: never more often than versions
+    assert all(leaf.sent_models <= len({r["base_version"] for r in expected}) for leaf in leaves)
 
 
 def test_the_model_manager_announces_each_version_with_its_simulated_time():

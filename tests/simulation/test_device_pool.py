@@ -84,3 +84,20 @@ def test_a_removed_leaf_is_never_sampled_and_its_busy_devices_are_returned():
     for d in busy:
         pool.release(d)
     assert len(pool) == 3 and {d.split("#")[0] for d in pool.sample(3)} == {"site-1"}
+
+
+def test_the_exact_draws_kept_mask_gives_the_draws_of_a_pool_built_afresh_each_time():
+    """The exact draw keeps its mask of busy and retired devices up to date instead of rebuilding it: a pool
+    restored from the same state before every draw (a fresh mask each time) draws the same devices."""
+    import random
+
+    pool, steps = pool_of({"site-1": 40, "site-2": 25, "x": 1}, seed=3), random.Random(1)
+    for step in range(300):
+        fresh = DevicePool(0)
+        fresh.load_state_dict(pool.state_dict())
+        count = steps.randint(1, 6)
+        assert pool.sample(count) == fresh.sample(count), step
+        for device in steps.sample(sorted(pool.busy), k=min(len(pool.busy), steps.randint(0, 7))):
+            pool.release(device, retire=steps.random() < 0.02)
+        if step == 150:
+            pool.register_range("site-3", 10, "site-3")  # membership changes: indices are recomputed

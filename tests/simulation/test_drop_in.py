@@ -27,6 +27,7 @@ from torch import nn
 from common.choices import ConfigError
 from common.leaf_outbox import OUTBOX_PROP
 from simulation import use_fast_simulator
+from simulation.leaf_channels import EdgeRequestChannel
 from simulation.leaf_plan import PlanRequest
 from simulation.leaf_runner import FastDeviceRunner
 from simulation.nvflare_private import QuietEdgeModelExecutor, client_app_config, recipe_job, server_app_config
@@ -147,7 +148,8 @@ def test_the_runner_gives_a_foreign_processor_the_leafs_share_of_threads_and_log
         # 8 cores over 2 leaves: 4 each, bounded by the 3 devices -> 3 workers of 1 thread
         assert (runner.plan.num_workers, runner.plan.engine) == (3, "per-device")
         assert torch.get_num_threads() == runner.plan.torch_threads == 1
-        assert simulator.trainer is None and simulator.limit.limit == 3
+        assert isinstance(simulator.channel, EdgeRequestChannel) and simulator.channel.trainer is None
+        assert simulator.limit.limit == 3 and simulator.group_size == 1
         assert fl_ctx.get_prop(OUTBOX_PROP) is None  # nobody would send it up
         assert (tmp_path / "leaf_site-1_plan.json").is_file()
         simulator._on_report({"device": "site-1#0", "ok": True})  # noqa: SLF001

@@ -1,12 +1,14 @@
-"""The device simulator's dispatch, grouping, failure handling and real-time holding, driven through NVFlare's device
-protocol objects.
+"""The device simulator's dispatch, grouping, failure handling and real-time holding, over both of its channels:
+NVFlare's device protocol objects (edge requests) and the leaf's gateway.
 
-A scripted leaf answers task requests and records result reports, so these tests run the simulator's real dispatch
-and task code without starting NVFlare."""
+A scripted leaf answers task requests and records result reports, and a scripted gateway hands out tasks and
+records reported groups, so these tests run the simulator's real dispatch and task code without starting
+NVFlare."""
 
 import threading
 import time
 
+import numpy as np
 import pytest
 from nvflare.edge.constants import CookieKey, EdgeApiStatus
 from nvflare.edge.simulation.simulated_device import DeviceFactory, SimulatedDevice
@@ -18,6 +20,8 @@ from nvflare.edge.web.models.task_response import TaskResponse
 
 from common.delays import DelayConfig, DeviceDelays
 from simulation.fast_simulator import MAX_ATTEMPTS, FastSimulator
+from simulation.leaf_channels import EdgeRequestChannel, GatewayChannel
+from simulation.leaf_gateway import DeviceResult, GatewayTask, LeafWork
 
 
 class ScriptedDevice(SimulatedDevice):
@@ -63,16 +67,20 @@ class ScriptedLeaf:
 JOB = JobResponse(EdgeApiStatus.OK, job_id="job", job_name="job", method="edge", job_data={})
 
 
-def make_simulator(leaf, num_workers: int, factory=None, delays=None, **kwargs) -> FastSimulator:
+def make_simulator(leaf, num_workers: int, factory=None, delays=None, trainer=None, **kwargs) -> FastSimulator:
     delays = DeviceDelays(delays or DelayConfig(), seed=0)
-    sim = FastSimulator("job", factory or ScriptedFactory(), "site-1", 100, num_workers, 5.0, delays, **kwargs)
+    channel = EdgeRequestChannel("job", factory or ScriptedFactory(), "site-1", 100, trainer)
+    channel.job = JOB
+    sim = FastSimulator(channel, num_workers, 5.0, delays, **kwargs)
     sim.set_send_func(leaf)
     return sim
 
 
 def dispatch(sim: FastSimulator, selection: dict[str, int]) -> None:
     """Request the new devices' tasks and hand them to the pool, as one turn of the control loop does."""
-    sim._submit([sim._dispatch(JOB, did, sid) for did, sid in sorted(sim._my_new_devices(selection).items())])
+    channel = sim.channel
+    tasks = [channel._dispatch(did, sid) for did, sid in sorted(channel._new_devices(selection).items())]
+    sim.submit([t for t in tasks if not isinstance(t, str)])
 
 
 def run_devices(scripts: dict, device_ids: list[str], num_workers: int = 4):
@@ -94,7 +102,7 @@ def test_a_raising_task_is_retried_then_reported_failed_and_the_others_go_on(cap
     assert reports["site-1#0"].status == reports["site-1#2"].status == EdgeApiStatus.OK
     assert sim.failed_tasks == 1
     assert "site-1#1" in caplog.text and "corrupt sample" in caplog.text
-    assert not sim._busy, "a failed device is released, not left busy"
+    assert not sim.channel._busy, "a failed device is released, not left busy"
 
 
 def test_out_of_memory_halves_concurrency_and_the_task_succeeds_on_retry():
@@ -123,10 +131,10 @@ def test_only_this_leafs_new_devices_are_dispatched():
     dispatch(sim, {"site-1#0": 1, "site-2#0": 1, "site-10#0": 1})  # another leaf's, and a prefix look-alike
     assert sim.drain(timeout=5)
     assert [r.get_device_id() for r in leaf.reports] == ["site-1#0"]
-    sim2 = make_simulator(leaf, 2)
-    sim2._reported = {"site-1#0": 1}
-    assert sim2._my_new_devices({"site-1#0": 1, "site-1#1": 1}) == {"site-1#1": 1}  # reported for selection 1
-    assert sim2._my_new_devices({"site-1#0": 2}) == {"site-1#0": 2}  # selected again: a new selection
+    channel = make_simulator(leaf, 2).channel
+    channel._reported = {"site-1#0": 1}
+    assert channel._new_devices({"site-1#0": 1, "site-1#1": 1}) == {"site-1#1": 1}  # reported for selection 1
+    assert channel._new_devices({"site-1#0": 2}) == {"site-1#0": 2}  # selected again: a new selection
 
 
 class GroupingTrainer:
@@ -208,3 +216,71 @@ def test_real_time_mode_holds_results_without_holding_the_worker(tmp_path):
     wall = {e["device"]: e["wall"] for e in events}
     assert wall[fast[0]] < started + 1.0 and wall[fast[1]] < started + 1.0, "fast devices waited for the slow one"
     assert wall[slow] >= started + 1.0 - 0.01
+
+
+class ScriptedGateway:
+    """A leaf executor's gateway: hands out scripted work once, records registrations and reported groups."""
+
+    def __init__(self, work: list[GatewayTask], weights: dict):
+        self.work, self.weights = work, weights
+        self.registered: list[tuple[str, int]] = []
+        self.reports: list[list[DeviceResult]] = []
+        self.stamps: list[int] = []
+        self.lock = threading.Lock()
+
+    def register_devices(self, prefix, count, timeout) -> bool:
+        self.registered.append((prefix, count))
+        return True
+
+    def take_work(self, prefix, stamp, timeout) -> LeafWork:
+        self.stamps.append(stamp)
+        tasks, self.work = [t for t in self.work if t.device.startswith(prefix + "#")], []
+        return LeafWork(stamp + 1, tasks, {t.version: self.weights for t in tasks})
+
+    def report(self, results) -> None:
+        with self.lock:
+            self.reports.append(list(results))
+
+
+class WeightsTrainerFake:
+    """Trains from weights (``WeightsTrainer``): each diff is the weights plus the device's index."""
+
+    def __init__(self, fail: set[str] = frozenset()):
+        self.calls: list[list[str]] = []
+        self.fail = fail
+
+    def train_devices(self, device_ids, weights, version):
+        self.calls.append(list(device_ids))
+        if self.fail & set(device_ids):
+            raise RuntimeError("corrupt sample")
+        return [{"w": weights["w"] + int(d.rpartition("#")[2])} for d in device_ids]
+
+
+def test_the_gateway_channel_registers_once_takes_work_at_once_and_reports_each_group_in_one_call():
+    work = [GatewayTask(f"site-1#{i}", 7, 3) for i in (4, 1, 3, 2, 0)] + [GatewayTask("site-2#0", 7, 3)]
+    gateway = ScriptedGateway(work, {"w": np.zeros(2, np.float32)})
+    trainer = WeightsTrainerFake(fail={"site-1#4"})
+    lines = []
+    sim = FastSimulator(
+        GatewayChannel(gateway, trainer, "site-1", 5),
+        1,
+        5.0,
+        DeviceDelays(DelayConfig(), 0),
+        on_report=lines.append,
+        group_size=2,
+    )
+    assert sim.channel.open(1.0) and gateway.registered == [("site-1", 5)]
+    sim.submit(sim.channel.next_tasks(0.1))
+    assert sim.drain()
+    assert sim.channel.next_tasks(0.1) == [] and gateway.stamps == [-1, 0]  # it waits from the stamp it saw
+    assert trainer.calls[:2] == [["site-1#0", "site-1#1"], ["site-1#2", "site-1#3"]]  # sorted groups of 2
+    assert [[r.device for r in group] for group in gateway.reports] == [
+        ["site-1#0", "site-1#1"],
+        ["site-1#2", "site-1#3"],
+        ["site-1#4"],
+    ]
+    first = gateway.reports[0][1]
+    assert (first.selection_id, first.version, first.count) == (7, 3, 1) and first.diff["w"][0] == 1.0
+    failed = gateway.reports[2][0]
+    assert failed.count == 0 and not failed.diff["w"].any()  # a zero-weight update frees its slot
+    assert sim.failed_tasks == 1 and [line["ok"] for line in lines].count(False) == 1

@@ -18,30 +18,36 @@ from nvflare.edge.tools.edge_job import EdgeJob
 from nvflare.edge.widgets.tpo_runner import TPORunner
 
 from aggregation.leaf_executor import EdgeSimExecutor
+from common.ports import ephemeral_range
 from simulation.nvflare_private import (
     NVFLARE_PRIVATE_ATTRIBUTES,
+    NVFLARE_PRIVATE_MODULE_FUNCTIONS,
     NVFLARE_PRIVATE_OVERRIDES,
     NVFLARE_PRIVATE_PATCHES,
     ORIGINALS,
     STREAM_CLEANUP,
     QuietEdgeModelExecutor,
     client_app_config,
+    install_nvflare_fixes,
     recipe_job,
     server_app_config,
     set_sync_interval,
     share_stream_cleanup_thread,
+    simulator_ports_outside_ephemeral_range,
 )
 from tests.fakes.processors import UsersProcessor
 
 
 @pytest.mark.parametrize("path, parameters", sorted(NVFLARE_PRIVATE_OVERRIDES.items()))
-@pytest.mark.parametrize("executor", [EdgeSimExecutor, QuietEdgeModelExecutor])
-def test_overridden_private_nvflare_method_is_unchanged(path, parameters, executor):
+def test_overridden_private_nvflare_method_is_unchanged(path, parameters):
     module_name, class_name, method = path.rsplit(".", 2)
     cls = getattr(importlib.import_module(module_name), class_name)
     assert hasattr(cls, method), f"NVFlare no longer has {path}: review simulation/nvflare_private.py"
     assert tuple(inspect.signature(getattr(cls, method)).parameters) == parameters
-    assert getattr(executor, method) is not getattr(cls, method), "the override is gone"
+    # our leaf executor overrides all three; the quiet stock executor only the payload-rendering handlers
+    executors = [EdgeSimExecutor] + ([QuietEdgeModelExecutor] if method != "_do_task" else [])
+    for executor in executors:
+        assert getattr(executor, method) is not getattr(cls, method), f"the override is gone from {executor}"
 
 
 @pytest.mark.parametrize("executor", [EdgeSimExecutor(), QuietEdgeModelExecutor("aggr_factory")])
@@ -63,6 +69,7 @@ def test_a_built_jobs_apps_hold_its_components_where_they_are_replaced():
         "nvflare.job_config.api.FedJob": EdgeJob(name="probe", edge_method="edge"),
         "nvflare.recipe.spec.Recipe": recipe,
         "nvflare.edge.controllers.sage.ScatterAndGatherForEdge": sage,
+        "nvflare.edge.executors.hug.HierarchicalUpdateGatherer": EdgeSimExecutor(),
     }
     assert set(instances) == set(NVFLARE_PRIVATE_ATTRIBUTES)
     for path, attributes in NVFLARE_PRIVATE_ATTRIBUTES.items():
@@ -96,6 +103,29 @@ def test_patched_private_nvflare_methods_are_unchanged(path, parameters):
     assert tuple(inspect.signature(original).parameters) == parameters
 
 
+@pytest.mark.parametrize("path, parameters", sorted(NVFLARE_PRIVATE_MODULE_FUNCTIONS.items()))
+def test_replaced_private_nvflare_functions_are_unchanged(path, parameters):
+    module_name, name = path.rsplit(".", 1)
+    module = importlib.import_module(module_name)
+    assert hasattr(module, name), f"NVFlare no longer has {path}: review simulation/nvflare_private.py"
+    original = ORIGINALS.get(path, getattr(module, name))
+    assert tuple(inspect.signature(original).parameters) == parameters
+
+
+def test_simulator_workers_get_ports_below_the_ephemeral_range():
+    """Fix 7: the port NVFlare's simulator gives a client worker comes from ``listen_ports``, outside the range
+    outgoing connections draw from, and two workers never get the same one."""
+    from nvflare.private.fed.app.simulator import simulator_runner
+
+    assert "get_open_ports(1)" in inspect.getsource(simulator_runner.SimulatorClientRunner.do_one_task)
+    simulator_ports_outside_ephemeral_range()
+    simulator_ports_outside_ephemeral_range()  # idempotent: NVFlare's original stays recorded
+    assert ORIGINALS[f"{simulator_runner.__name__}.get_open_ports"].__module__ == "nvflare.fuel.utils.network_utils"
+    low, _ = ephemeral_range()
+    ports = [simulator_runner.get_open_ports(1)[0] for _ in range(50)]
+    assert len(set(ports)) == 50 and all(port < low for port in ports)
+
+
 def test_finished_streams_are_removed_by_one_shared_thread_after_the_same_delay():
     """A real ``RxTask`` (NVFlare's receiving side of a stream): its delayed removal takes no thread of its own,
     happens after its delay, and a removal done earlier cancels it."""
@@ -119,3 +149,43 @@ def test_finished_streams_are_removed_by_one_shared_thread_after_the_same_delay(
     time.sleep(0.6)
     assert ("probe-origin", 1) not in RxTask.rx_task_map
     assert STREAM_CLEANUP.wait_idle(1.0)
+
+
+def test_a_received_payload_renders_as_its_size_not_its_bytes():
+    """NVFlare's cell renders every received payload in a debug f-string (fix 5): it must cost nothing."""
+    from nvflare.fuel.f3.cellnet.cell import Adapter
+    from nvflare.fuel.utils.buffer_list import ConsumableBufferList
+
+    assert "incoming data={result}" in inspect.getsource(Adapter.call)  # the f-string the fix is for
+    install_nvflare_fixes()
+    payload = ConsumableBufferList([bytes(1 << 20), bytes(1 << 19)])
+    assert repr(payload) == f"{payload!s}" == "<payload of 2 chunk(s), 1572864 bytes>"
+
+
+def test_the_event_driven_sync_waits_for_a_request_batches_within_its_window_and_keeps_a_heartbeat():
+    import math
+
+    from simulation.nvflare_private import EventDrivenSync
+
+    class Node(EventDrivenSync):
+        def __init__(self):
+            self.sync_cond, self.sync_due = threading.Condition(), math.inf
+
+    node = Node()
+    started = time.monotonic()
+    node._wait_for_sync(0.2)  # nothing asked: the heartbeat
+    assert 0.19 <= time.monotonic() - started < 1.0
+    threading.Timer(0.05, node.sync_now).start()
+    started = time.monotonic()
+    node._wait_for_sync(5.0)  # woken at once by the request
+    assert time.monotonic() - started < 1.0
+    node.sync_soon(0.15)  # a result with more to come: it waits for them, within its window
+    node.sync_soon(0.5)  # a later request does not push the sync back
+    started = time.monotonic()
+    node._wait_for_sync(5.0)
+    assert 0.1 <= time.monotonic() - started < 0.45
+    node.sync_soon(0.3)
+    node.sync_now()  # and one that cannot wait brings it forward
+    started = time.monotonic()
+    node._wait_for_sync(5.0)
+    assert time.monotonic() - started < 0.2

@@ -1,0 +1,77 @@
+"""The one interface between a leaf's device simulator and the leaf's executor, inside the leaf process.
+
+Simulated devices need not talk to their leaf the way real ones do (an edge request per device for its selection,
+its task and its result, each an event through every component of the leaf). A leaf executor that implements
+``LeafGateway`` (ours, ``aggregation.leaf_executor.EdgeSimExecutor``) lets the simulator on the same leaf:
+
+* register its devices once, as a range (``register_devices``);
+* take the tasks of every newly selected device of the leaf at once, with the model weights they train, as soon
+  as the leaf learns of them (``take_work`` blocks until the leaf's state changes, not on a polling interval);
+* report a whole group's results in one call (``report``), after which the leaf sends them up at once.
+
+Real devices, and a leaf executor that is not ours (``use_fast_simulator`` keeps NVFlare's), still use NVFlare's
+edge requests (``simulation.leaf_channels.EdgeRequestChannel``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+FIND_GATEWAY = "edgesim.find_leaf_gateway"  # event the leaf's runner fires; the gateway answers in GATEWAY_PROP
+GATEWAY_PROP = "edgesim.leaf_gateway"
+
+
+@dataclass(frozen=True)
+class GatewayTask:
+    """A selected device's task: train ``version`` for selection ``selection_id``."""
+
+    device: str
+    selection_id: int
+    version: int
+
+
+@dataclass(frozen=True)
+class LeafWork:
+    """What ``take_work`` hands the simulator.
+
+    Attributes:
+        stamp: the leaf's state counter when the work was taken (pass it back to wait for the next change).
+        tasks: this leaf's newly selected devices (each handed out once), in device-id order.
+        models: model version -> its weights, for every version in ``tasks``.
+    """
+
+    stamp: int
+    tasks: list[GatewayTask] = field(default_factory=list)
+    models: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+
+
+@dataclass
+class DeviceResult:
+    """One device's result: ``diff`` (trained - received) of ``version``; ``count`` 0 for a failed device."""
+
+    device: str
+    selection_id: int
+    version: int
+    diff: dict[str, np.ndarray]
+    count: int = 1
+
+
+@runtime_checkable
+class LeafGateway(Protocol):
+    def register_devices(self, prefix: str, count: int, timeout: float) -> bool:
+        """Register the leaf's simulated devices ``<prefix>#0`` .. ``<prefix>#<count - 1>`` with the server, once
+        the leaf has the job's task (waiting up to ``timeout`` seconds for it); False if it never came."""
+        ...
+
+    def take_work(self, prefix: str, stamp: int, timeout: float) -> LeafWork:
+        """Wait until the leaf's state differs from ``stamp`` (or ``timeout`` seconds pass), then hand out the tasks
+        of the devices of ``prefix`` selected and not handed out yet (possibly none)."""
+        ...
+
+    def report(self, results: list[DeviceResult]) -> None:
+        """Take a group's results for the parent and send them up: at once if the server waits for one of them,
+        else within a short window, so more results share the message."""
+        ...
