@@ -1,7 +1,7 @@
 """The table of FL methods: what each one changes in a job, in one place.
 
 FedAvg, FedBuff and FedRevive share the device side (local training is the same); they differ in the server's
-model manager, in their leaf aggregation (``leaf_sums``), in their presets, in whether they are synchronous, and
+strategy (``aggregation.strategy``), in their leaf aggregation (``leaf_sums``), in their presets, in whether they are synchronous, and
 in whether NVFlare's stock path (which sums updates on the leaves) can run them as a baseline. Every other module
 asks this table instead of testing method names.
 """
@@ -21,24 +21,34 @@ if TYPE_CHECKING:
 MethodName = Literal["fedavg", "fedbuff", "fedrevive"]
 
 
-def buffered_model_manager(cfg: JobConfig, results_dir: str):
-    """FedAvg / FedBuff on the server: the mean of the buffered updates, times the server learning rate."""
-    from aggregation.model_manager import BufferedModelManager
+def global_model(cfg: JobConfig, results_dir: str, strategy: str, strategy_args: dict):
+    """The server's global model, its versions made by ``strategy`` (``aggregation.strategy``)."""
+    from aggregation.global_model import GlobalModel
 
-    return BufferedModelManager(global_lr=cfg.federation.global_lr, model=cfg.training.model)
-
-
-def fedrevive_model_manager(cfg: JobConfig, results_dir: str):
-    """FedRevive on the server: each update revived by data-free distillation before it is buffered."""
-    from aggregation.fedrevive_model_manager import FedReviveModelManager
-
-    return FedReviveModelManager(
-        global_lr=cfg.federation.global_lr,
+    return GlobalModel(
+        strategy=strategy,
+        strategy_args=strategy_args,
         model=cfg.training.model,
-        fedrevive=cfg.fedrevive.to_dict(),
-        compute_device=cfg.training.compute_device,
         seed=cfg.run.seed,
+        compute_device=cfg.training.compute_device,
         results_dir=results_dir,
+    )
+
+
+def buffered_mean(cfg: JobConfig, results_dir: str):
+    """FedAvg / FedBuff on the server: the mean of the buffered updates, times the server learning rate."""
+    return global_model(
+        cfg, results_dir, "aggregation.buffered_mean:BufferedMean", {"global_lr": cfg.federation.global_lr}
+    )
+
+
+def fedrevive_strategy(cfg: JobConfig, results_dir: str):
+    """FedRevive on the server: each update revived by data-free distillation before it is buffered."""
+    return global_model(
+        cfg,
+        results_dir,
+        "aggregation.fedrevive_strategy:FedReviveStrategy",
+        {"global_lr": cfg.federation.global_lr, "fedrevive": cfg.fedrevive.to_dict()},
     )
 
 
@@ -47,7 +57,8 @@ class MethodSpec:
     """Attributes:
     name: the ``--method`` value.
     synchronous: every selected device's update goes into the next model (updates = min hole = selection).
-    model_manager: builds the server's model manager from the job config and the results folder.
+    model_manager: builds the server's global model, with the method's strategy (``aggregation.strategy``), from
+        the job config and the results folder.
     presets: federation values of the FedRevive paper's reference runs (concurrency 100), applied by
         ``jobs/pt_job_fedrevive.py`` to whatever is not given as a flag (FedAvg's buffer and min hole follow the
         selection, whatever it is).
@@ -86,20 +97,20 @@ METHODS: dict[str, MethodSpec] = {
     "fedavg": MethodSpec(
         "fedavg",
         True,
-        buffered_model_manager,
+        buffered_mean,
         presets={"device_selection_size": 100, "global_lr": 1.4},  # updates and min hole: the selection
         stock_baseline=True,
     ),
     "fedbuff": MethodSpec(
         "fedbuff",
         False,
-        buffered_model_manager,
+        buffered_mean,
         presets={"device_selection_size": 100, "num_updates_for_model": 2, "min_hole_to_fill": 1, "global_lr": 0.05},
     ),
     "fedrevive": MethodSpec(
         "fedrevive",
         False,
-        fedrevive_model_manager,
+        fedrevive_strategy,
         presets={"device_selection_size": 100, "num_updates_for_model": 1, "min_hole_to_fill": 1, "global_lr": 0.10},
         distills=True,
     ),

@@ -46,7 +46,7 @@ class ChildView:
 class UpdateApplier:
     """Args:
     schedule: the run's schedule (started).
-    model_manager: the method's model manager (``aggregation.model_manager``).
+    model_manager: the run's global model (``aggregation.global_model``; the method's strategy makes versions).
     events: where each applied update's trace line goes.
     new_context: makes an ``FLContext`` for this thread (the engine's ``new_context``).
     time_scale: 0: exact order; S > 0: the real-time mode (apply as received, at wall / S).
@@ -249,7 +249,7 @@ class UpdateApplier:
         with self._cond:
             arrival, selected = s.apply(update.device, counted=counted, at=now)
         if counted:
-            mm.add_update(update, arrival.tau, fl_ctx)
+            mm.add_update(update, arrival.tau, fl_ctx, sim_time=arrival.arrival)
         if arrival.made_version:
             mm.make_version(s.now, fl_ctx)
         record = arrival.trace_record()

@@ -86,7 +86,7 @@ def leaves_under(hierarchy: Forest | None) -> dict[str, set[str]]:
 class ExactTimeAssessor(Assessor):
     """Args:
     persistor_id: component id of the persistor holding the initial model.
-    model_manager_id: component id of the method's model manager (``aggregation.model_manager``).
+    model_manager_id: component id of the run's global model (``aggregation.global_model``).
     num_leaves: leaves whose devices must all be registered before the first selection.
     selection_size: devices in flight (K).
     updates_per_version: updates per new model version (B).
@@ -292,7 +292,7 @@ class ExactTimeAssessor(Assessor):
     def _restore(self, state: dict, fl_ctx: FLContext) -> None:
         meta = state["meta"]
         self.schedule.load_state_dict(state["schedule"])
-        self.model_manager.load_state_dict(state["model_manager"])
+        self.model_manager.load_state_dict(state["model_manager"], fl_ctx)
         applier = self._make_applier(fl_ctx)
         groups = [SelectionSum.from_dict(g) for g in state["groups"]]
         for entry in state["received"]:

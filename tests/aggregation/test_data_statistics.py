@@ -15,8 +15,7 @@ import torch.nn as nn
 from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_component import FLComponent
 
-from aggregation.fedrevive_model_manager import FedReviveModelManager
-from aggregation.model_manager import BufferedModelManager
+from aggregation.global_model import GlobalModel
 from common.protocol import DeviceUpdate
 from evaluation.evaluator import GlobalModelEvaluator, load_into
 from evaluation.events import VERSION_EVALUATED, VERSION_RECORD
@@ -31,6 +30,8 @@ from tests.fakes.engine import EventEngine
 SYNTHETIC_SIZE = 2000
 DATA = DataConfig(synthetic_size=SYNTHETIC_SIZE, subset_size=350).to_dict()
 TINY = f"{__name__}:TinyBatchNormNet"
+FEDREVIVE = "aggregation.fedrevive_strategy:FedReviveStrategy"
+MEAN = "aggregation.buffered_mean:BufferedMean"
 
 
 class TinyBatchNormNet(nn.Module):
@@ -74,7 +75,7 @@ def test_server_model_accuracy_equals_the_device_model_accuracy_on_the_same_weig
     data = load_dataset(DataConfig(**DATA).spec(0))
     device_accuracy = evaluate_accuracy(device_model, data.x_test, data.y_test, prepare=data.prepare)
 
-    manager = BufferedModelManager(global_lr=1.0, model="resnet18")
+    manager = GlobalModel(MEAN, strategy_args={"global_lr": 1.0}, model="resnet18")
     listener = EvaluationListener()
     engine = EventEngine(
         {
@@ -124,7 +125,7 @@ def _stats_diff(weights: dict, mean: float, var: float) -> dict:
 def test_statistics_are_the_mean_of_the_devices_own_not_a_scaled_step_and_stale_bases_count():
     engine = EventEngine({})
     ctx = engine.new_context()
-    manager = BufferedModelManager(global_lr=0.5, model=TINY)
+    manager = GlobalModel(MEAN, strategy_args={"global_lr": 0.5}, model=TINY)
     assert manager.statistics == {"bn.running_mean", "bn.running_var"}
     v1 = _numpy_state(TinyBatchNormNet())
     manager.start(v1, ctx)
@@ -150,8 +151,8 @@ class PlainNet(nn.Module):
 
 
 def test_a_model_without_statistics_aggregates_every_weight_as_a_step():
-    assert BufferedModelManager(global_lr=0.5, model=f"{__name__}:PlainNet").statistics == frozenset()
-    convnet = BufferedModelManager(global_lr=0.5, model="cifar10_convnet")
+    assert GlobalModel(MEAN, model=f"{__name__}:PlainNet").statistics == frozenset()
+    convnet = GlobalModel(MEAN, model="cifar10_convnet")
     assert convnet.statistics == {f"track{i}.running_{s}" for i in (1, 2) for s in ("mean", "var")}
 
 
@@ -169,14 +170,14 @@ def test_convnet_devices_report_their_trackers_statistics_of_real_data(engine):
 
 
 def test_fedrevive_teachers_carry_their_clients_statistics_as_feature_targets(tmp_path):
-    manager = FedReviveModelManager(model=TINY, compute_device="cpu", results_dir=str(tmp_path))
+    manager = GlobalModel(FEDREVIVE, model=TINY, compute_device="cpu", results_dir=str(tmp_path))
     engine = EventEngine({"model_manager": manager})
     ctx = engine.new_context()
     engine.fire_event(EventType.START_RUN, ctx)
     v1 = _numpy_state(TinyBatchNormNet())
     manager.start(v1, ctx)
     manager.add_update(_update("d#0", 1, _stats_diff(v1, 2.0, 4.0)), 0, ctx)
-    (teacher,) = list(manager.distiller.teachers)
+    (teacher,) = list(manager.server_strategy.distiller.teachers)
     assert torch.equal(teacher.model.bn.running_mean, torch.full((4,), 2.0))
     assert torch.equal(teacher.model.bn.running_var, torch.full((4,), 4.0))
     with FeatureStats(teacher.model) as stats:

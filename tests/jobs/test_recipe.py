@@ -46,12 +46,17 @@ def exported(tmp_path, method: str, *flags: str) -> tuple[dict, dict]:
 
 
 @pytest.mark.parametrize(
-    "method, manager",
-    [("fedavg", "BufferedModelManager"), ("fedbuff", "BufferedModelManager"), ("fedrevive", "FedReviveModelManager")],
+    "method, strategy",
+    [
+        ("fedavg", "aggregation.buffered_mean:BufferedMean"),
+        ("fedbuff", "aggregation.buffered_mean:BufferedMean"),
+        ("fedrevive", "aggregation.fedrevive_strategy:FedReviveStrategy"),
+    ],
 )
-def test_each_method_gets_its_model_manager_on_the_exact_time_server(tmp_path, method, manager):
+def test_each_method_gets_its_strategy_on_the_exact_time_server(tmp_path, method, strategy):
     server, client = exported(tmp_path, method)
-    assert server["model_manager"]["path"].endswith(manager)
+    assert server["model_manager"]["path"] == "aggregation.global_model.GlobalModel"
+    assert server["model_manager"]["args"]["strategy"] == strategy
     assert server["wf_assessor"]["path"] == "scheduling.exact_assessor.ExactTimeAssessor"
     assert RESULT_COMPONENTS <= set(server), "a result component is missing from the job"
     assert client["executor"]["path"] == "aggregation.leaf_executor.EdgeSimExecutor"

@@ -20,7 +20,7 @@ from nvflare.app_common.app_event_type import AppEventType
 from nvflare.edge.assessor import Assessment
 from nvflare.edge.mud import PropKey, StateUpdateReport
 
-from aggregation.model_manager import BufferedModelManager
+from aggregation.global_model import GlobalModel
 from common.delays import DELAY_PRESETS
 from common.protocol import (
     DEVICE_RANGES,
@@ -39,6 +39,8 @@ from simulation.event_reference import make_schedule, reference_trace
 from tests.fakes.engine import EventEngine
 
 LEAVES = {"site-1": 12, "site-2": 12}
+
+MEAN = "aggregation.buffered_mean:BufferedMean"
 
 
 class ZeroPersistor(LearnablePersistor):
@@ -120,7 +122,7 @@ class ScriptedLeaf:
 @pytest.mark.parametrize("b, hole, sums", [(2, 1, False), (1, 1, False), (8, 8, False), (8, 8, True)])
 def test_reports_in_any_order_give_the_reference_trace_and_model(tmp_path, b, hole, sums):
     kw = dict(selection_size=8, updates_per_version=b, min_hole_to_fill=hole, max_model_version=25)
-    manager = BufferedModelManager(global_lr=0.5)
+    manager = GlobalModel(MEAN, strategy_args={"global_lr": 0.5})
     assessor = ExactTimeAssessor(
         "persistor",
         "model_manager",
@@ -184,7 +186,7 @@ def test_the_model_manager_announces_each_version_with_its_simulated_time():
             if event_type == AppEventType.GLOBAL_WEIGHTS_UPDATED:
                 seen.append((fl_ctx.get_prop(AppConstants.CURRENT_ROUND), fl_ctx.get_prop(SIM_TIME)))
 
-    manager = BufferedModelManager()
+    manager = GlobalModel(MEAN)
     engine = EventEngine({"m": manager, "l": Listener()})
     ctx = engine.new_context()
     manager.start({"w": np.zeros(1)}, ctx)

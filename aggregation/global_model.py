@@ -1,0 +1,184 @@
+"""The server's global model: the versions a run still needs, made by the method's ``ServerStrategy``.
+
+The exact-time assessor and its applier drive it (``scheduling``): ``start`` with the initial model (version 1),
+``add_update`` for each applied update in the schedule's order, ``make_version`` when the schedule says a version
+is due (after exactly B updates), ``retain`` with the versions devices in flight still train. What goes into the
+next version is the strategy's decision (``aggregation.strategy``); keeping versions, packing them for the leaves,
+handing a synchronous selection's sum to the strategy once, checkpoints and announcing versions are this
+component's.
+
+In a synchronous run the leaves send one sum per selection (``common.protocol.SelectionSum``): the strategy gets
+it once, as one ``Update`` of ``count`` devices, when its first device is applied (a fixed order, so the same bits
+whatever order leaves reported in).
+
+Version 1 is the initial model. Every version some in-flight device still trains, or the strategy still reads,
+stays available: the assessor sends it to leaves that lack it. Weights are float32 numpy arrays (never Python
+lists: NVFlare's debug f-strings would print them whole).
+
+Each new version fires ``GLOBAL_WEIGHTS_UPDATED`` with ``AppConstants.GLOBAL_MODEL``, ``CURRENT_ROUND`` (the
+version), ``SIM_TIME`` (the simulated time it was made at) and ``METHOD_STATUS`` (the strategy's ``status``) in
+the context, for the evaluator and recorder.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from nvflare.apis.event_type import EventType
+from nvflare.apis.fl_component import FLComponent
+from nvflare.apis.fl_constant import FLContextKey
+from nvflare.apis.fl_context import FLContext
+from nvflare.app_common.abstract.model import make_model_learnable
+from nvflare.app_common.app_constant import AppConstants
+from nvflare.app_common.app_event_type import AppEventType
+
+from aggregation.strategy import ServerContext, ServerStrategy, Update, Weights
+from common.imports import import_object
+from common.output import output_dir
+from common.packed_weights import pack
+from common.protocol import METHOD_STATUS, SIM_TIME, DeviceUpdate, SelectionSum
+from processors.models import build_model, statistic_names
+
+
+def as_float32_arrays(weights: dict) -> Weights:
+    return {k: np.asarray(v, dtype=np.float32) for k, v in weights.items()}
+
+
+def make_strategy(strategy: str, strategy_args: dict | None = None) -> ServerStrategy:
+    """The strategy an import path ``package.module:Class`` names, built with ``strategy_args``."""
+    cls = import_object(strategy, "strategy")
+    made = cls(**(strategy_args or {}))
+    if not isinstance(made, ServerStrategy):
+        raise ValueError(f"strategy {strategy!r}: {type(made).__name__} is not an aggregation.strategy.ServerStrategy")
+    return made
+
+
+class GlobalModel(FLComponent):
+    """Args:
+    strategy: the method's ``ServerStrategy``, as an import path ``package.module:Class``.
+    strategy_args: its constructor's keyword arguments.
+    model: model name (``processors.models``), to know which weights are data statistics ("": none are).
+    seed: the run's seed (``ServerContext.seed``).
+    compute_device: the torch device the strategy may compute on.
+    results_dir: the run's results folder ("": the server app's run folder).
+    """
+
+    def __init__(
+        self,
+        strategy: str,
+        strategy_args: dict | None = None,
+        model: str = "",
+        seed: int = 0,
+        compute_device: str = "auto",
+        results_dir: str = "",
+    ):
+        super().__init__()
+        self.strategy = strategy  # NVFlare exports a component's arguments from its attributes of the same name
+        self.strategy_args = strategy_args or {}
+        self.server_strategy = make_strategy(strategy, self.strategy_args)
+        self.model = model
+        self.seed = seed
+        self.compute_device = compute_device
+        self.results_dir = results_dir
+        self.statistics: frozenset[str] = frozenset(statistic_names(build_model(model))) if model else frozenset()
+        self.current_version = 0
+        self._versions: dict[int, Weights] = {}
+        self._packed: dict[int, dict] = {}
+        self._groups: list = []  # the selection sums already given to the strategy since the last version
+        self._set_up = False
+        self.register_event_handler(EventType.START_RUN, lambda _event, fl_ctx: self._setup(fl_ctx))
+
+    def _setup(self, fl_ctx: FLContext) -> None:
+        if self._set_up:
+            return
+        # "": no folder (only a bare engine, as in unit tests, has neither a results folder nor an app root)
+        has_folder = self.results_dir or fl_ctx.get_prop(FLContextKey.APP_ROOT)
+        context = ServerContext(
+            model=self.model,
+            statistics=self.statistics,
+            seed=self.seed,
+            compute_device=self.compute_device,
+            results_dir=output_dir(self.results_dir, fl_ctx) if has_folder else "",
+        )
+        self.server_strategy.setup(context)
+        self._set_up = True
+
+    @property
+    def current_weights(self) -> Weights:
+        return self._versions[self.current_version]
+
+    def weights_of(self, version: int) -> Weights:
+        return self._versions[version]
+
+    def model_packed(self, version: int) -> dict:
+        """A version's weights as they travel to the leaves (``common.packed_weights``; packed once per version)."""
+        packed = self._packed.get(version)
+        if packed is None:
+            packed = self._packed[version] = pack(self._versions[version])
+        return packed
+
+    def start(self, initial: dict, fl_ctx: FLContext) -> None:
+        """The initial model becomes version 1 (at simulated time 0)."""
+        self._setup(fl_ctx)
+        self.current_version = 1
+        self._versions = {1: as_float32_arrays(initial)}
+        self.server_strategy.start(self._versions[1])
+        self._announce(0.0, fl_ctx)
+
+    def add_update(self, update: DeviceUpdate, tau: int, fl_ctx: FLContext, sim_time: float = 0.0) -> None:
+        """Hand one applied update to the strategy (``tau``: its staleness). A device whose diff came summed with
+        its selection's (a synchronous run) hands over that sum once, when the first of them is applied."""
+        if update.group is None:
+            diff, count, base = update.diff, update.count, update.base_version
+        elif not any(g is update.group for g in self._groups):
+            self._groups.append(update.group)
+            diff, count, base = update.group.diff, update.group.count, update.group.base_version
+        else:
+            return
+        self.server_strategy.add_update(
+            Update(update.device, base, count, as_float32_arrays(diff), tau, sim_time), self
+        )
+
+    def make_version(self, sim_time: float, fl_ctx: FLContext) -> None:
+        """The strategy's next version becomes the current one, and is announced."""
+        new = self.server_strategy.make_version(self, sim_time)
+        self._groups = []
+        self.current_version += 1
+        self._versions[self.current_version] = new
+        self._announce(sim_time, fl_ctx)
+
+    def state_dict(self) -> dict:
+        """The versions kept, the current one, and the strategy's state (for a checkpoint)."""
+        return {
+            "current_version": self.current_version,
+            "versions": self._versions,
+            "groups": [g.to_dict() for g in self._groups],
+        } | self.server_strategy.state_dict()
+
+    def load_state_dict(self, state: dict, fl_ctx: FLContext | None = None) -> None:
+        if fl_ctx is not None:
+            self._setup(fl_ctx)
+        self.current_version = state["current_version"]
+        self._versions = {int(v): w for v, w in state["versions"].items()}
+        self._packed = {}
+        self._groups = [SelectionSum.from_dict(g) for g in state["groups"]]
+        self.server_strategy.load_state_dict(state)
+
+    def retain(self, versions: set[int]) -> None:
+        """Forget every version but these, the strategy's ``needed_versions()`` and the current one."""
+        keep = set(versions) | self.server_strategy.needed_versions() | {self.current_version}
+        for v in [v for v in self._versions if v not in keep]:
+            del self._versions[v]
+            self._packed.pop(v, None)
+
+    def status(self) -> str:
+        """The method's word on where it stands, for the progress line ("": nothing to say)."""
+        return self.server_strategy.status(self)
+
+    def _announce(self, sim_time: float, fl_ctx: FLContext) -> None:
+        fl_ctx.set_prop(
+            AppConstants.GLOBAL_MODEL, make_model_learnable(self.current_weights, {}), private=True, sticky=True
+        )
+        fl_ctx.set_prop(AppConstants.CURRENT_ROUND, self.current_version, private=True, sticky=True)
+        fl_ctx.set_prop(SIM_TIME, sim_time, private=True, sticky=True)
+        fl_ctx.set_prop(METHOD_STATUS, self.status(), private=True, sticky=True)
+        self.fire_event(AppEventType.GLOBAL_WEIGHTS_UPDATED, fl_ctx)

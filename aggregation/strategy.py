@@ -1,0 +1,123 @@
+"""The server side of an FL method: what a method decides, and nothing else.
+
+The exact-time machinery is the project's: which devices are selected, the order updates arrive in, when a
+version is due (after exactly B updates), the trace, checkpoints, evaluation and results
+(``scheduling.exact_assessor``, ``scheduling.applier``). It keeps every model version still needed, and announces
+each new one (``aggregation.global_model.GlobalModel``). What it asks of a method is a ``ServerStrategy``:
+
+1. ``setup(context)`` once per server process, before anything else (also before a resumed run loads its state);
+2. ``start(initial)``: the initial model is version 1;
+3. ``add_update(update, model)`` for each applied update, in the schedule's order, with its staleness ``tau``
+   and simulated arrival time;
+4. ``make_version(model, sim_time)`` when the schedule says a version is due: the strategy returns the weights of
+   the next version (the buffer it kept since the last one is its own business);
+5. ``needed_versions()``: versions it still reads (besides those devices in flight train, which are kept anyway);
+6. ``state_dict()`` / ``load_state_dict(state)`` for checkpoints: a resumed run must continue bit for bit;
+7. ``status(model)``: a few words for the progress line ("" for nothing).
+
+Weights are ``dict[str, np.ndarray]`` of float32 (parameters and the model's data statistics, named in
+``context.statistics``); a strategy never changes the arrays it is given (``model`` hands out the versions
+themselves, diffs may be read-only views).
+
+FedAvg and FedBuff are ``aggregation.buffered_mean.BufferedMean``; FedRevive is
+``aggregation.fedrevive_strategy.FedReviveStrategy``. ``docs/bring-your-own.md`` shows a strategy of one's own.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+Weights = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class ServerContext:
+    """What a strategy may know of the run it serves.
+
+    Attributes:
+        model: the model's name or import path (``processors.models.build_model`` builds it).
+        statistics: the names of the model's data statistics (BatchNorm running mean / variance, statistic
+            trackers): estimates, not parameters, for a strategy to treat as such (``BufferedMean`` averages them).
+        seed: the run's seed (for anything random a strategy does).
+        compute_device: the torch device the server may compute on (``processors.device.resolve_device``).
+        results_dir: the run's results folder, for a strategy's own logs.
+    """
+
+    model: str
+    statistics: frozenset[str]
+    seed: int
+    compute_device: str
+    results_dir: str
+
+
+@dataclass(frozen=True)
+class Update:
+    """One applied update, as a strategy sees it.
+
+    Attributes:
+        device: the device id (``site-1#17``); for a leaf's sum of a synchronous selection, its first device.
+        base_version: the model version the device trained.
+        count: how many devices' diffs ``diff`` sums (1, or a synchronous selection's devices on one leaf).
+        diff: the summed diff, trained minus received, of parameters and statistics (float32, do not modify).
+        tau: staleness: versions made between ``base_version`` and this update's application.
+        sim_time: the simulated time it arrived at.
+    """
+
+    device: str
+    base_version: int
+    count: int
+    diff: Weights
+    tau: int
+    sim_time: float
+
+
+class ModelHistory(Protocol):
+    """The versions a strategy may read: the current one, and every one still needed."""
+
+    @property
+    def current_version(self) -> int: ...
+
+    @property
+    def current_weights(self) -> Weights: ...
+
+    def weights_of(self, version: int) -> Weights: ...
+
+
+class ServerStrategy(ABC):
+    """A method's server side (see the module docstring for when each method is called)."""
+
+    context: ServerContext
+
+    def setup(self, context: ServerContext) -> None:
+        """Once per server process, before ``start`` or ``load_state_dict``."""
+        self.context = context
+
+    def start(self, initial: Weights) -> None:  # noqa: B027 - nothing to do by default
+        """The run starts from ``initial`` (version 1)."""
+
+    @abstractmethod
+    def add_update(self, update: Update, model: ModelHistory) -> None:
+        """Take one update, in the schedule's order."""
+
+    @abstractmethod
+    def make_version(self, model: ModelHistory, sim_time: float) -> Weights:
+        """The next version's weights (new arrays; ``model.current_weights`` is the version before it)."""
+
+    def needed_versions(self) -> set[int]:
+        """Versions this strategy will still read through ``model.weights_of``."""
+        return set()
+
+    def state_dict(self) -> dict:
+        """Everything a resumed run needs to continue exactly (picklable: numpy arrays, numbers, strings)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:  # noqa: B027 - no state by default
+        """Continue from ``state_dict()``'s result (after ``setup``)."""
+
+    def status(self, model: ModelHistory) -> str:
+        """A few words on where the method stands at ``model.current_version``, for the progress line ("": nothing to say)."""
+        return ""
