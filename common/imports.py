@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+from collections.abc import Callable
 
 
 def import_object(path: str, what: str) -> object:
@@ -18,3 +21,22 @@ def import_object(path: str, what: str) -> object:
     except (ImportError, AttributeError) as ex:
         raise ValueError(f"{what} {path!r}: cannot import {attr} from {module_name} ({ex})") from ex
     return obj
+
+
+def import_path(obj: Callable, what: str) -> str:
+    """``module:qualname`` of a class or function, importable by the job's processes. One defined in the script
+    being run is named by the script's file, which the job ships (``jobs.recipe.ship_user_code``)."""
+    module = obj.__module__
+    if module == "__main__":
+        main = sys.modules["__main__"]
+        main_file = getattr(main, "__file__", None)
+        if not main_file:
+            raise ValueError(
+                f"{what} {obj.__qualname__} is defined in an interactive session; define it in a "
+                "module file (e.g. my_models.py) and import it from there"
+            )
+        spec = getattr(main, "__spec__", None)  # python -m package.module: its real name
+        module = spec.name if spec is not None else os.path.splitext(os.path.basename(main_file))[0]
+    if "<locals>" in obj.__qualname__:
+        raise ValueError(f"{what} {obj.__qualname__} is defined inside a function; define it at module level")
+    return f"{module}:{obj.__qualname__}"

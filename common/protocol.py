@@ -154,6 +154,10 @@ RUN_OUTCOME = "edgesim.run_outcome"
 # fired by the server's assessor at START_RUN when it resumes from a checkpoint; fl_ctx[RUN_RESUMED] is the
 # checkpoint's meta: {"version", "sim_seconds", "applied", "wall_seconds"}
 RUN_RESUMED = "edgesim.run_resumed"
+# fired by the server's assessor just before it writes a checkpoint; fl_ctx[CHECKPOINT_DUE] is its version. A
+# component whose record of a version up to it is still pending finishes that record first: a run killed after
+# the checkpoint resumes past those versions, and could not make their records again.
+CHECKPOINT_DUE = "edgesim.checkpoint_due"
 
 # fired by the server's assessor when a report carries leaf information (``LEAF_PLANS`` / ``LEAF_REPORTS``);
 # fl_ctx[LEAF_INFO] is {"plans": {leaf: plan}, "reports": {leaf: [report line, ...]}}

@@ -34,7 +34,7 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 
-from common.protocol import METHOD_STATUS, RUN_OUTCOME, RUN_RESUMED, SIM_TIME
+from common.protocol import CHECKPOINT_DUE, METHOD_STATUS, RUN_OUTCOME, RUN_RESUMED, SIM_TIME
 from evaluation.events import VERSION_EVALUATED, VERSION_RECORD, VERSION_WEIGHTS
 from processors.data.config import DataConfig
 from processors.data.sources import load_dataset
@@ -107,6 +107,7 @@ class GlobalModelEvaluator(FLComponent):
         self._evaluated: set[int] = set()  # versions submitted (evaluated, waiting or skipped)
         self._waiting: list[tuple] = []  # (version, weights, sim time, method status), oldest first
         self._skipped = 0  # versions superseded since the last evaluated one
+        self._evaluating: int | None = None  # the version being evaluated now
         self._closing = False
         self._cond = threading.Condition()
         self._wall_offset = 0.0
@@ -115,6 +116,7 @@ class GlobalModelEvaluator(FLComponent):
         self.register_event_handler(AppEventType.GLOBAL_WEIGHTS_UPDATED, self._on_version)
         self.register_event_handler(RUN_OUTCOME, self._on_outcome)
         self.register_event_handler(RUN_RESUMED, self._on_resume)
+        self.register_event_handler(CHECKPOINT_DUE, self._before_checkpoint)
         self.register_event_handler(EventType.END_RUN, self._end_run)
 
     def _start_run(self, _event: str, fl_ctx: FLContext) -> None:
@@ -138,6 +140,20 @@ class GlobalModelEvaluator(FLComponent):
         meta = fl_ctx.get_prop(RUN_RESUMED)
         self._wall_offset = meta["wall_seconds"]  # wall seconds continue from the interrupted run's
         self._evaluated.update(range(1, meta["version"] + 1))
+
+    def _before_checkpoint(self, _event: str, fl_ctx: FLContext) -> None:
+        """With ``backlog`` ``wait``, every scheduled version up to the checkpoint's is recorded before it is
+        written: a run resumed from it starts after them (``skip`` may drop pending versions anyway)."""
+        version = fl_ctx.get_prop(CHECKPOINT_DUE)
+        if self.backlog != "wait" or self._thread is None:
+            return
+        with self._cond:
+            while any(v <= version for v in self._owed()):
+                self._cond.wait(0.5)
+
+    def _owed(self) -> list[int]:
+        """Versions submitted and not recorded yet (under ``_cond``)."""
+        return [item[0] for item in self._waiting] + ([self._evaluating] if self._evaluating is not None else [])
 
     def _on_outcome(self, _event: str, fl_ctx: FLContext) -> None:
         if self._latest is not None:  # the run ended: its last version is always scored
@@ -170,7 +186,9 @@ class GlobalModelEvaluator(FLComponent):
             if not self._waiting:
                 return None
             skipped, self._skipped = self._skipped, 0
-            return self._waiting.pop(0), skipped
+            item = self._waiting.pop(0)
+            self._evaluating = item[0]
+            return item, skipped
 
     def _run(self) -> None:
         while (job := self._next()) is not None:
@@ -194,3 +212,6 @@ class GlobalModelEvaluator(FLComponent):
             fl_ctx = self._engine.new_context()
             fl_ctx.set_prop(VERSION_WEIGHTS, weights, private=True, sticky=False)
             self.fire_event_with_data(VERSION_EVALUATED, fl_ctx, VERSION_RECORD, record)
+            with self._cond:  # recorded (the recorder writes on VERSION_EVALUATED): nothing owed for it now
+                self._evaluating = None
+                self._cond.notify_all()

@@ -21,6 +21,10 @@ is a thin layer over it: every flag is an option here, with underscores (``--dev
   dict of ``DelayConfig`` fields (with an optional ``"preset"``).
 * ``presets`` (default True): the method's concurrency / buffer / server learning rate presets (``jobs.methods``)
   fill the federation options not given.
+* ``method``: a built-in method's name (``fedavg``, ``fedbuff``, ``fedrevive``), an import path
+  ``package.module:Name``, or a ``jobs.methods.Method`` subclass (or an instance of one); its settings are the
+  options ``<flag_prefix>_<field>`` (FedRevive's: ``fr_s_max=...``). One defined in the script you run is shipped
+  with the job, like a model.
 
 ``make_config`` checks everything and returns the frozen ``JobConfig``; ``run`` runs it (or a config) and returns
 a ``RunResult``. Bad options raise ``ConfigError`` naming the fix.
@@ -31,17 +35,15 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
-import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from common.choices import ConfigError
 from common.delays import DelayConfig
-from fedrevive.config import FedReviveConfig
+from common.imports import import_path
 from jobs.config import FederationConfig, JobConfig, RunConfig
-from jobs.methods import METHODS
+from jobs.methods import BUILT_IN, Method, method_of
 from jobs.outputs import DATASET_FILE
 from jobs.results import read_metrics
 from processors.data.config import DataConfig
@@ -57,19 +59,27 @@ PARTS = {
     "run": RunConfig,
 }
 DELAY_FIELDS = tuple(f.name for f in dataclasses.fields(DelayConfig))
-FEDREVIVE_PREFIX = "fr_"
 NOT_CONFIG = {"verbose", "method"}  # command-line destinations that are not part of a JobConfig
 
 
-def option_names() -> set[str]:
-    """Every option ``make_config`` knows: the config parts' fields, the delay fields and ``fr_*``."""
+def option_names(method: Method | None = None) -> set[str]:
+    """Every option ``make_config`` knows: the config parts' fields, the delay fields, and the built-in methods'
+    (and ``method``'s) settings (``fr_*``)."""
     names = {f.name for part in PARTS.values() for f in dataclasses.fields(part)}
-    return (
-        names
-        | set(DELAY_FIELDS)
-        | {"delays"}
-        | {FEDREVIVE_PREFIX + f.name for f in dataclasses.fields(FedReviveConfig)}
-    )
+    methods = [*BUILT_IN.values(), *([method] if method is not None else [])]
+    return names | set(DELAY_FIELDS) | {"delays"} | {n for m in methods for n in m.option_names()}
+
+
+def method_option(method) -> str:
+    """``method`` as ``JobConfig.method`` holds it: a name, or a class's (or an instance's class's) import path."""
+    if isinstance(method, str):
+        return method
+    if isinstance(method, Method):
+        method = type(method)
+    if inspect.isclass(method) and issubclass(method, Method):
+        built_in = BUILT_IN.get(method.name)
+        return method.name if built_in is not None and type(built_in) is method else _import_path(method, "method")
+    raise ConfigError(f"method={method!r}: give a method name, an import path package.module:Name, or a Method class")
 
 
 def _part(cls, given: dict) -> dict:
@@ -80,7 +90,8 @@ def config_from_options(method: str, options: dict, presets: bool = False) -> Jo
     """The ``JobConfig`` of flat options (the command line's destinations; ``None`` means not given). ``presets``:
     the method's federation presets fill every federation option not given. ``ConfigError`` names the fix."""
     given = {k: v for k, v in options.items() if v is not None and k not in NOT_CONFIG}
-    unknown = sorted(set(given) - option_names())
+    chosen = method_of(method)
+    unknown = sorted(set(given) - option_names(chosen))
     if unknown:
         raise ConfigError(
             f"unknown option(s) {', '.join(unknown)}; the options are the command line's flags with "
@@ -88,8 +99,11 @@ def config_from_options(method: str, options: dict, presets: bool = False) -> Jo
         )
     federation = _part(FederationConfig, given)
     if presets:
-        federation = METHODS[method].presets | federation
-    fedrevive = {k[len(FEDREVIVE_PREFIX) :]: v for k, v in given.items() if k.startswith(FEDREVIVE_PREFIX)}
+        federation = chosen.presets | federation
+    mine = chosen.option_names()
+    prefix = f"{chosen.flag_prefix}_"
+    # another method's settings are left unused, so one command line serves several methods (reproduce_fedrevive)
+    settings = {k[len(prefix) :]: v for k, v in given.items() if k in mine}
     try:
         return JobConfig(
             method=method,
@@ -101,7 +115,7 @@ def config_from_options(method: str, options: dict, presets: bool = False) -> Jo
                 given.get("delays", "none"), **{k: given[k] for k in DELAY_FIELDS if k in given}
             ),
             run=RunConfig(**_part(RunConfig, given)),
-            fedrevive=FedReviveConfig(**fedrevive),
+            method_settings=chosen.settings_from(settings),
         )
     except ConfigError:
         raise
@@ -109,30 +123,18 @@ def config_from_options(method: str, options: dict, presets: bool = False) -> Jo
         raise ConfigError(str(ex)) from ex
 
 
-def import_path(obj: Callable, what: str) -> str:
-    """``module:qualname`` of a class or function, importable by the job's processes. One defined in the script
-    being run is named by the script's file, which the job ships (``jobs.recipe.ship_user_code``)."""
-    module = obj.__module__
-    if module == "__main__":
-        main = sys.modules["__main__"]
-        main_file = getattr(main, "__file__", None)
-        if not main_file:
-            raise ConfigError(
-                f"{what} {obj.__qualname__} is defined in an interactive session; define it in a "
-                "module file (e.g. my_models.py) and import it from there"
-            )
-        spec = getattr(main, "__spec__", None)  # python -m package.module: its real name
-        module = spec.name if spec is not None else os.path.splitext(os.path.basename(main_file))[0]
-    if "<locals>" in obj.__qualname__:
-        raise ConfigError(f"{what} {obj.__qualname__} is defined inside a function; define it at module level")
-    return f"{module}:{obj.__qualname__}"
+def _import_path(obj, what: str) -> str:
+    try:
+        return import_path(obj, what)
+    except ValueError as ex:
+        raise ConfigError(str(ex)) from ex
 
 
 def model_option(model) -> str:
     if isinstance(model, str):
         return model
     if inspect.isclass(model):
-        return import_path(model, "model")
+        return _import_path(model, "model")
     raise ConfigError(
         f"model={model!r}: give a model name, an import path package.module:Class, or the class itself "
         "(not an instance: every device builds its own)"
@@ -156,14 +158,16 @@ def data_option(data, results_dir: str) -> str:
     if isinstance(data, str):
         return data
     if inspect.isfunction(data):
-        return import_path(data, "data function")
+        return _import_path(data, "data function")
     return save_arrays(data, results_dir)
 
 
 def make_config(
-    method: str = "fedavg", *, model="cifar10_convnet", data="synthetic", delays="none", presets: bool = True, **options
+    method="fedavg", *, model="cifar10_convnet", data="synthetic", delays="none", presets: bool = True, **options
 ) -> JobConfig:
-    """A checked ``JobConfig`` (see the module docstring for ``model``, ``data``, ``delays`` and ``presets``)."""
+    """A checked ``JobConfig`` (see the module docstring for ``method``, ``model``, ``data``, ``delays`` and
+    ``presets``)."""
+    method = method_option(method)
     options = dict(options, model=model_option(model), delays=delays)
     if not isinstance(data, str) and not inspect.isfunction(data):
         draft = config_from_options(method, options | {"dataset": "synthetic"}, presets)  # where its results go
@@ -199,10 +203,14 @@ class RunResult:
         return self.metrics.get("outcome")
 
 
-def run(config_or_method: JobConfig | str = "fedavg", *, verbose: bool = False, **options) -> RunResult:
-    """Run a job: a ``JobConfig``, or a method name and ``make_config``'s options."""
+def run(config_or_method=None, *, verbose: bool = False, method=None, **options) -> RunResult:
+    """Run a job: a ``JobConfig``, or a method (positional or ``method=``: a name, an import path, a ``Method``
+    class or instance; default ``fedavg``) and ``make_config``'s options."""
     from jobs.driver import run as run_job
 
-    cfg = config_or_method if isinstance(config_or_method, JobConfig) else make_config(config_or_method, **options)
+    if isinstance(config_or_method, JobConfig):
+        cfg = config_or_method
+    else:
+        cfg = make_config(method or config_or_method or "fedavg", **options)
     code = run_job(cfg, verbose=verbose)
     return RunResult(code, cfg.output_dir, read_metrics(cfg.output_dir))

@@ -18,10 +18,9 @@ from common.config_flags import add_dataclass_flags
 from common.delays import DelayPreset, SpeedDistribution
 from common.profiles import ProfileName
 from evaluation.evaluator import EvalBacklog
-from fedrevive.config import FedReviveConfig
 from jobs.api import config_from_options, option_names
 from jobs.config import EnvName, FederationConfig, JobConfig, LeafLossPolicy, RunConfig
-from jobs.methods import MethodName
+from jobs.methods import BUILT_IN, Method, method_of
 from processors.data.config import DataConfig
 from processors.training import Optimizer, TrainingConfig
 from simulation.config import EngineConfig, EngineName, SimulatorName
@@ -307,19 +306,28 @@ def build_parser(description: str, method_choice: bool = False) -> JobArgumentPa
         p.add_argument(
             "--method",
             default="fedrevive",
-            choices=literal_choices(MethodName),
-            help="FL method (its preset fills the federation flags not given)",
+            help=f"FL method: {', '.join(BUILT_IN)}, or package.module:Name of your own jobs.methods.Method subclass "
+            "(its preset fills the federation flags not given)",
         )
-        fr = p.add_argument_group("FedRevive (server-side data-free distillation; fedrevive/config.py)")
-        add_dataclass_flags(fr, FedReviveConfig, prefix="fr-", dest_prefix="fr_")
+        for method in BUILT_IN.values():
+            add_method_flags(p, method)
     return p
+
+
+def add_method_flags(parser: argparse.ArgumentParser, method: Method) -> None:
+    """A group of ``--<flag_prefix>-<field>`` flags for the method's settings, help from their docstring."""
+    if method.settings is None:
+        return
+    doc = (method.settings.__doc__ or "").strip().splitlines()[0]
+    group = parser.add_argument_group(f"{method.label} ({doc})")
+    add_dataclass_flags(group, method.settings, prefix=f"{method.flag_prefix}-", dest_prefix=f"{method.flag_prefix}_")
 
 
 def config_from_args(args: argparse.Namespace, method: str, presets: bool = False) -> JobConfig:
     """The ``JobConfig`` a parsed command line describes (``jobs.api.config_from_options``: the flags are its
     options). ``presets``: the method's federation presets fill every federation flag not given. Raises
     ``ConfigError`` (a ``ValueError``) naming the fix."""
-    known = option_names()  # a parser may carry its own flags too (the tuner's)
+    known = option_names(method_of(method))  # a parser may carry its own flags too (the tuner's)
     return config_from_options(method, {k: v for k, v in vars(args).items() if k in known}, presets)
 
 
@@ -331,6 +339,15 @@ def job_main(description: str, argv: list[str] | None, method: str | None = None
 
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(description, method_choice=method is None)
+    if method is None:  # a user's method (--method package.module:Name) brings its own settings' flags
+        prescan = argparse.ArgumentParser(add_help=False)  # --help must wait until those flags exist
+        prescan.add_argument("--method", default="fedrevive")
+        chosen, _ = prescan.parse_known_args(argv)
+        if chosen.method not in BUILT_IN:
+            try:
+                add_method_flags(parser, method_of(chosen.method))
+            except ConfigError as ex:
+                parser.error(str(ex))
     args = parser.parse_args(argv)
     chosen = method or args.method
     try:

@@ -14,7 +14,6 @@ from evaluation.run_recorder import RunRecorder
 from evaluation.system_monitor import SystemMonitorComponent
 from evaluation.tensorboard_writer import TensorBoardWriter
 from jobs.config import JobConfig
-from jobs.methods import METHODS
 from jobs.plan import plan_request
 from processors.task_processor import TrainingTaskProcessor
 from scheduling.exact_assessor import ExactTimeAssessor
@@ -61,8 +60,18 @@ def make_leaf_runner(cfg: JobConfig, plan: WorkerPlan | None, processor_id: str)
 
 
 def make_model_manager(cfg: JobConfig, results_dir: str):
-    """The server's model manager of the job's method (``jobs.methods``)."""
-    return METHODS[cfg.method].model_manager(cfg, results_dir)
+    """The server's global model, its versions made by the method's strategy (``jobs.methods``)."""
+    from aggregation.global_model import GlobalModel
+
+    method = cfg.method_spec
+    return GlobalModel(
+        strategy=method.strategy_path,
+        strategy_args=method.strategy_args(cfg),
+        model=cfg.training.model,
+        seed=cfg.run.seed,
+        compute_device=cfg.training.compute_device,
+        results_dir=results_dir,
+    )
 
 
 def make_assessor(

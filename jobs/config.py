@@ -11,7 +11,7 @@ local training              ``processors.training``         task processor, plan
 engine                      ``simulation.config``           planner, device simulator
 heterogeneity (delays)      ``common.delays``               the simulated-time schedule, device simulator
 run/output                  ``RunConfig`` (here)            driver, results
-FedRevive                   ``fedrevive.config``            FedRevive's model manager
+method settings             the method's own dataclass      its server strategy (FedRevive: ``fedrevive.config``)
 ==========================  ==============================  ===========================================
 
 ``JobConfig`` checks what spans parts (a selection larger than the pool, a batch larger than a device's data, a
@@ -25,13 +25,12 @@ import math
 import os
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from common.choices import ConfigError, check_choice, check_positive
 from common.delays import DelayConfig
 from evaluation.evaluator import EvalBacklog
-from fedrevive.config import FedReviveConfig
-from jobs.methods import METHODS, MethodName
+from jobs.methods import Method, method_of
 from processors.data.config import DataConfig
 from processors.models import build_model
 from processors.models.stat_tracker import untracked_buffers
@@ -187,21 +186,35 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class JobConfig:
-    """One run: the method and one part per concern (see the module docstring)."""
+    """One run: the method and one part per concern (see the module docstring).
 
-    method: MethodName = "fedavg"
+    Attributes:
+        method: a built-in method's name (``fedavg``, ``fedbuff``, ``fedrevive``) or a ``jobs.methods.Method``
+            subclass's import path ``package.module:Name``.
+        method_settings: the method's own settings (an instance of its ``settings`` dataclass; ``None``: its
+            defaults, or it has none).
+    """
+
+    method: str = "fedavg"
     data: DataConfig = field(default_factory=DataConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     delays: DelayConfig = field(default_factory=DelayConfig)
     run: RunConfig = field(default_factory=RunConfig)
-    fedrevive: FedReviveConfig = field(default_factory=FedReviveConfig)
+    method_settings: Any = None
 
     def __post_init__(self) -> None:
-        check_choice("--method", self.method, MethodName)
+        method = method_of(self.method)
+        if self.method_settings is None:
+            object.__setattr__(self, "method_settings", method.default_settings())
+        elif method.settings is None or not isinstance(self.method_settings, method.settings):
+            raise ConfigError(
+                f"method_settings {type(self.method_settings).__name__}: --method {self.method} takes "
+                f"{method.settings.__name__ if method.settings else 'no settings'}"
+            )
         if not self.run.job_name:
-            object.__setattr__(self, "run", replace(self.run, job_name=f"edgesim_{self.method}"))
+            object.__setattr__(self, "run", replace(self.run, job_name=f"edgesim_{method.short_name}"))
         if not self.run.output and not self.run.export_only:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             output = os.path.join(self.run.workspace, "results", f"{self.run.job_name}-{stamp}-{os.getpid()}")
@@ -211,12 +224,17 @@ class JobConfig:
                 f"--subset-size {self.data.subset_size} is smaller than --local-batch-size "
                 f"{self.training.local_batch_size}; raise --subset-size or lower the batch size"
             )
-        METHODS[self.method].check(self.federation, self.engine)
+        method.check(self)
         if self.engine.engine == "vectorized" and untracked_buffers(build_model(self.training.model)):
             raise ConfigError(
                 "--engine vectorized cannot keep per-device BatchNorm statistics, which this model has; "
                 "use --engine per-device (or auto)"
             )
+
+    @property
+    def method_spec(self) -> Method:
+        """The method object ``method`` names (``jobs.methods``)."""
+        return method_of(self.method)
 
     @property
     def spec(self):
@@ -229,14 +247,16 @@ class JobConfig:
 
     def to_dict(self) -> dict:
         d = {"method": self.method} | {name: getattr(self, name).to_dict() for name in PARTS}
-        d["fedrevive"] = self.fedrevive.to_dict() if METHODS[self.method].distills else None
+        d["method_settings"] = asdict(self.method_settings) if self.method_settings is not None else None
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> JobConfig:
         """The config a ``to_dict`` wrote (e.g. the ``config`` of a run's ``metrics.json``)."""
         parts = {name: PARTS[name].from_dict(d[name]) if name == "delays" else PARTS[name](**d[name]) for name in PARTS}
-        return cls(method=d["method"], **parts, fedrevive=FedReviveConfig(**(d.get("fedrevive") or {})))
+        settings = d.get("method_settings", d.get("fedrevive"))  # "fedrevive": written before the method API
+        method = method_of(d["method"])
+        return cls(method=d["method"], **parts, method_settings=method.settings_from(settings or {}))
 
 
 PARTS = {

@@ -1,117 +1,205 @@
-"""The table of FL methods: what each one changes in a job, in one place.
+"""FL methods: a method is one class that owns everything about itself, and this module finds it.
 
-FedAvg, FedBuff and FedRevive share the device side (local training is the same); they differ in the server's
-strategy (``aggregation.strategy``), in their leaf aggregation (``leaf_sums``), in their presets, in whether they are synchronous, and
-in whether NVFlare's stock path (which sums updates on the leaves) can run them as a baseline. Every other module
-asks this table instead of testing method names.
+A method subclasses ``Method`` and says, in class attributes and a few overridable methods:
+
+* its server strategy (``aggregation.strategy.ServerStrategy``, by import path) and the arguments it gets;
+* its own settings, a frozen dataclass that checks itself in ``__post_init__`` and names the fix; its fields
+  become the flags ``--<flag_prefix>-<field>`` (help from the dataclass's ``Attributes:`` docstring,
+  ``common.config_flags``) and the ``jobs.api`` options ``<flag_prefix>_<field>``;
+* its federation presets (``jobs/pt_job_fedrevive.py`` applies them to the flags not given);
+* whether it is synchronous, and its leaf aggregation (``leaf_sums``);
+* its checks of a whole configuration, and notes for the user before a run starts.
+
+FedAvg, FedBuff and FedRevive are the built-in ones (``BUILT_IN``, chosen by name). A user's method is chosen by
+its import path, ``--method package.module:Name`` (shipped with the job like ``--model``; a class defined in the
+script that runs the job works too), or passed to ``jobs.api.run(method=...)`` as the class or an instance.
+``docs/bring-your-own.md`` walks through one. Every other module asks the method, never its name.
+
+The exact-time machinery (selection, arrival order, B, events, checkpoints, evaluation, results) is the same for
+every method.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+import dataclasses
+import inspect
+from typing import Any, ClassVar
 
 from common.choices import ConfigError
-
-if TYPE_CHECKING:
-    from jobs.config import FederationConfig, JobConfig
-    from simulation.config import EngineConfig
-
-MethodName = Literal["fedavg", "fedbuff", "fedrevive"]
+from common.imports import import_object, import_path
+from fedrevive.config import FedReviveConfig
 
 
-def global_model(cfg: JobConfig, results_dir: str, strategy: str, strategy_args: dict):
-    """The server's global model, its versions made by ``strategy`` (``aggregation.strategy``)."""
-    from aggregation.global_model import GlobalModel
+class Method:
+    """A federated learning method (see the module docstring).
 
-    return GlobalModel(
-        strategy=strategy,
-        strategy_args=strategy_args,
-        model=cfg.training.model,
-        seed=cfg.run.seed,
-        compute_device=cfg.training.compute_device,
-        results_dir=results_dir,
-    )
-
-
-def buffered_mean(cfg: JobConfig, results_dir: str):
-    """FedAvg / FedBuff on the server: the mean of the buffered updates, times the server learning rate."""
-    return global_model(
-        cfg, results_dir, "aggregation.buffered_mean:BufferedMean", {"global_lr": cfg.federation.global_lr}
-    )
-
-
-def fedrevive_strategy(cfg: JobConfig, results_dir: str):
-    """FedRevive on the server: each update revived by data-free distillation before it is buffered."""
-    return global_model(
-        cfg,
-        results_dir,
-        "aggregation.fedrevive_strategy:FedReviveStrategy",
-        {"global_lr": cfg.federation.global_lr, "fedrevive": cfg.fedrevive.to_dict()},
-    )
-
-
-@dataclass(frozen=True)
-class MethodSpec:
-    """Attributes:
-    name: the ``--method`` value.
-    synchronous: every selected device's update goes into the next model (updates = min hole = selection).
-    model_manager: builds the server's global model, with the method's strategy (``aggregation.strategy``), from
-        the job config and the results folder.
-    presets: federation values of the FedRevive paper's reference runs (concurrency 100), applied by
-        ``jobs/pt_job_fedrevive.py`` to whatever is not given as a flag (FedAvg's buffer and min hole follow the
-        selection, whatever it is).
-    distills: the method runs FedRevive's server-side distillation (its ``--fr-*`` settings apply).
-    stock_baseline: NVFlare's stock path (``--simulator stock``) can run it, for the benchmarks' comparisons.
+    Attributes:
+        name: the ``--method`` value of a built-in method; a user's method is named by its import path.
+        strategy: its server strategy: a ``ServerStrategy`` subclass, or its import path ``package.module:Class``.
+        settings: its own settings, a frozen dataclass (``None``: it has none).
+        flag_prefix: the prefix of its settings' flags and options (required with ``settings``).
+        presets: federation values applied to whatever is not given as a flag (``jobs/pt_job_fedrevive.py``).
+        synchronous: every selected device's update goes into the next model (updates = min hole = selection).
+        stock_baseline: NVFlare's stock path (``--simulator stock``) can run it, for the benchmarks' comparisons.
     """
 
-    name: MethodName
-    synchronous: bool
-    model_manager: Callable
-    presets: dict = field(default_factory=dict)
-    distills: bool = False
-    stock_baseline: bool = False
+    name: ClassVar[str] = ""
+    strategy: ClassVar[str | type] = "aggregation.buffered_mean:BufferedMean"
+    settings: ClassVar[type | None] = None
+    flag_prefix: ClassVar[str] = ""
+    presets: ClassVar[dict] = {}
+    synchronous: ClassVar[bool] = False
+    stock_baseline: ClassVar[bool] = False
 
-    def leaf_sums(self, cfg: JobConfig) -> bool:
+    def strategy_args(self, cfg: Any) -> dict:
+        """The strategy's constructor arguments for this run (``cfg``: the ``JobConfig``)."""
+        return {"global_lr": cfg.federation.global_lr}
+
+    def leaf_sums(self, cfg: Any) -> bool:
         """Leaf aggregation: ``True``, a leaf sends one sum per selection (every device of a synchronous
-        selection goes into the same version); ``False``, each device's own update (asynchronous runs, and
-        FedRevive, which revives each update on its own)."""
-        return cfg.federation.synchronous and not self.distills
+        selection goes into the same version); ``False``, each device's own update."""
+        return cfg.federation.synchronous
 
-    def check(self, federation: FederationConfig, engine: EngineConfig) -> None:
-        """Refuse a configuration this method cannot run, naming the fix."""
-        if self.synchronous and not federation.synchronous:
+    def check(self, cfg: Any) -> None:
+        """Refuse a configuration this method cannot run, naming the fix (``ConfigError``)."""
+        if self.synchronous and not cfg.federation.synchronous:
             raise ConfigError(
-                f"{self.name} is synchronous and waits for every selected device: leave --num-updates-for-model "
+                f"{self.label} is synchronous and waits for every selected device: leave --num-updates-for-model "
                 "and --min-hole-to-fill at the selection size, or use --method fedbuff for buffered asynchronous FL"
             )
-        if engine.simulator == "stock" and not self.stock_baseline:
+        if cfg.engine.simulator == "stock" and not self.stock_baseline:
             raise ConfigError(
-                f"--simulator stock is NVFlare's own path, a baseline for synchronous FedAvg; --method {self.name} "
+                f"--simulator stock is NVFlare's own path, a baseline for synchronous FedAvg; --method {self.label} "
                 "needs our server (each device's update, applied on exact simulated time): use --simulator fast"
             )
 
+    def check_data(self, cfg: Any, dataset: Any) -> None:
+        """Refuse data this method cannot train on (``dataset``: ``processors.data.sources.Dataset``)."""
 
-METHODS: dict[str, MethodSpec] = {
-    "fedavg": MethodSpec(
-        "fedavg",
-        True,
-        buffered_mean,
-        presets={"device_selection_size": 100, "global_lr": 1.4},  # updates and min hole: the selection
-        stock_baseline=True,
-    ),
-    "fedbuff": MethodSpec(
-        "fedbuff",
-        False,
-        buffered_mean,
-        presets={"device_selection_size": 100, "num_updates_for_model": 2, "min_hole_to_fill": 1, "global_lr": 0.05},
-    ),
-    "fedrevive": MethodSpec(
-        "fedrevive",
-        False,
-        fedrevive_strategy,
-        presets={"device_selection_size": 100, "num_updates_for_model": 1, "min_hole_to_fill": 1, "global_lr": 0.10},
-        distills=True,
-    ),
-}
+    def notes(self, cfg: Any) -> tuple[str, ...]:
+        """What the user should know before this run starts (printed by the driver)."""
+        return ()
+
+    @property
+    def strategy_path(self) -> str:
+        """The import path of its strategy (what the server builds it from)."""
+        return self.strategy if isinstance(self.strategy, str) else import_path(self.strategy, "strategy")
+
+    @property
+    def short_name(self) -> str:
+        """Its name, or its class's name in lower case (for job names)."""
+        return self.name or type(self).__name__.lower()
+
+    @property
+    def label(self) -> str:
+        """Its name, or the import path it was chosen by."""
+        return self.name or f"{type(self).__module__}:{type(self).__qualname__}"
+
+    def default_settings(self) -> Any:
+        return self.settings() if self.settings is not None else None
+
+    def settings_from(self, values: dict) -> Any:
+        """Its settings from option values (``fr_s_max=...`` without the prefix); ``None`` if it has none."""
+        if self.settings is None:
+            if values:
+                raise ConfigError(f"--method {self.label} has no settings of its own; leave out {sorted(values)}")
+            return None
+        return self.settings(**values)
+
+    def option_names(self) -> set[str]:
+        """Its settings' option names (``fr_s_max``)."""
+        if self.settings is None:
+            return set()
+        return {f"{self.flag_prefix}_{f.name}" for f in dataclasses.fields(self.settings)}
+
+
+class FedAvg(Method):
+    """Synchronous FedAvg: every selected device's update, averaged, times the server learning rate."""
+
+    name = "fedavg"
+    presets = {"device_selection_size": 100, "global_lr": 1.4}  # updates and min hole: the selection
+    synchronous = True
+    stock_baseline = True
+
+
+class FedBuff(Method):
+    """Buffered asynchronous FL: every B arrived updates, averaged, times the server learning rate."""
+
+    name = "fedbuff"
+    presets = {"device_selection_size": 100, "num_updates_for_model": 2, "min_hole_to_fill": 1, "global_lr": 0.05}
+
+
+class FedRevive(Method):
+    """FedBuff whose stale updates are revived by server-side data-free distillation (arXiv 2511.00655)."""
+
+    name = "fedrevive"
+    strategy = "aggregation.fedrevive_strategy:FedReviveStrategy"
+    settings = FedReviveConfig
+    flag_prefix = "fr"
+    presets = {"device_selection_size": 100, "num_updates_for_model": 1, "min_hole_to_fill": 1, "global_lr": 0.10}
+
+    def strategy_args(self, cfg: Any) -> dict:
+        return super().strategy_args(cfg) | {"fedrevive": cfg.method_settings.to_dict()}
+
+    def leaf_sums(self, cfg: Any) -> bool:
+        return False  # it revives each update on its own
+
+    def check_data(self, cfg: Any, dataset: Any) -> None:
+        if dataset.input_shape != (3, 32, 32) or dataset.mean is None:
+            raise ConfigError(
+                f"FedRevive synthesizes 3 x 32 x 32 images; the data's samples are {dataset.input_shape}"
+                f"{'' if dataset.mean is not None else ' floats'}: use --method fedbuff or fedavg"
+            )
+        if dataset.num_classes != cfg.method_settings.num_classes:
+            raise ConfigError(
+                f"the data has {dataset.num_classes} classes; give --fr-num-classes {dataset.num_classes}"
+            )
+
+    def notes(self, cfg: Any) -> tuple[str, ...]:
+        """A run too short to revive anything is FedBuff with FedRevive's presets: say so."""
+        fr, last = cfg.method_settings, cfg.federation.max_model_version
+        if last <= fr.distill_from_version:
+            return (
+                f"FedRevive neither synthesises nor revives before version {fr.distill_from_version} "
+                f"(--fr-distill-from-version) and this run ends at version {last}: every update passes unchanged, "
+                "as in FedBuff. Raise --max-model-version or lower --fr-distill-from-version and "
+                "--fr-kd-train-from-version.",
+            )
+        if last <= fr.kd_train_from_version:
+            return (
+                f"FedRevive revives no update before version {fr.kd_train_from_version} (--fr-kd-train-from-version) "
+                f"and this run ends at version {last}: it only warms up its generator. Raise --max-model-version or "
+                "lower --fr-kd-train-from-version.",
+            )
+        return ()
+
+
+BUILT_IN: dict[str, Method] = {m.name: m for m in (FedAvg(), FedBuff(), FedRevive())}
+
+
+def method_of(method: str | Method | type) -> Method:
+    """The method a ``--method`` value names (a built-in name or an import path ``package.module:Name``), or the
+    method itself; ``ConfigError`` naming the fix otherwise."""
+    if isinstance(method, Method):
+        return method
+    if inspect.isclass(method) and issubclass(method, Method):
+        return method()
+    if not isinstance(method, str):
+        raise ConfigError(f"method={method!r}: give a method name, an import path, or a Method subclass")
+    if method in BUILT_IN:
+        return BUILT_IN[method]
+    if ":" not in method:
+        raise ConfigError(
+            f"--method {method!r}: use {', '.join(BUILT_IN)}, or an import path package.module:Name of a "
+            "jobs.methods.Method subclass"
+        )
+    try:
+        found = import_object(method, "--method")
+    except ValueError as ex:
+        raise ConfigError(str(ex)) from ex
+    if not (inspect.isclass(found) and issubclass(found, Method)):
+        raise ConfigError(f"--method {method!r}: {method.partition(':')[2]} is not a jobs.methods.Method subclass")
+    made = found()
+    if made.settings is not None and not made.flag_prefix:
+        raise ConfigError(f"--method {method!r}: a method with settings needs a flag_prefix for their flags")
+    return made

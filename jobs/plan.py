@@ -12,7 +12,6 @@ import torch
 from common.choices import ConfigError
 from common.profiles import get_profile
 from jobs.config import JobConfig
-from jobs.methods import METHODS
 from processors.data.sources import Dataset, load_dataset
 from processors.device import resolve_device
 from processors.models import build_model
@@ -114,7 +113,7 @@ def timeouts_for(cfg: JobConfig) -> Timeouts:
     return derive_timeouts(
         model_bytes,
         cfg.federation.devices_per_leaf_per_round,
-        METHODS[cfg.method].leaf_sums(cfg),
+        cfg.method_spec.leaf_sums(cfg),
         cfg.engine.update_interval,
         cfg.engine.update_timeout,
         cfg.federation.leaf_timeout,
@@ -159,36 +158,12 @@ def check_model_fits_data(cfg: JobConfig, dataset: Dataset) -> None:
             f"--model {name} gives outputs of shape {tuple(out.shape[1:])} per sample; the data has "
             f"{dataset.num_classes} classes, so it must give ({dataset.num_classes},)"
         )
-    if cfg.method == "fedrevive":
-        if dataset.input_shape != (3, 32, 32) or dataset.mean is None:
-            raise ConfigError(
-                f"FedRevive synthesizes 3 x 32 x 32 images; the data's samples are {dataset.input_shape}"
-                f"{'' if dataset.mean is not None else ' floats'}: use --method fedbuff or fedavg"
-            )
-        if dataset.num_classes != cfg.fedrevive.num_classes:
-            raise ConfigError(
-                f"the data has {dataset.num_classes} classes; give --fr-num-classes {dataset.num_classes}"
-            )
+    cfg.method_spec.check_data(cfg, dataset)
 
 
 def method_notes(cfg: JobConfig) -> tuple[str, ...]:
-    """A FedRevive run too short to revive anything is FedBuff with FedRevive's presets: say so."""
-    if not METHODS[cfg.method].distills:
-        return ()
-    fr, last = cfg.fedrevive, cfg.federation.max_model_version
-    if last <= fr.distill_from_version:
-        return (
-            f"FedRevive neither synthesises nor revives before version {fr.distill_from_version} "
-            f"(--fr-distill-from-version) and this run ends at version {last}: every update passes unchanged, as in "
-            "FedBuff. Raise --max-model-version or lower --fr-distill-from-version and --fr-kd-train-from-version.",
-        )
-    if last <= fr.kd_train_from_version:
-        return (
-            f"FedRevive revives no update before version {fr.kd_train_from_version} (--fr-kd-train-from-version) and "
-            f"this run ends at version {last}: it only warms up its generator. Raise --max-model-version or lower "
-            "--fr-kd-train-from-version.",
-        )
-    return ()
+    """What the method wants the user to know before the run (e.g. a FedRevive run too short to revive)."""
+    return cfg.method_spec.notes(cfg)
 
 
 def prepare(cfg: JobConfig) -> RunPlan:

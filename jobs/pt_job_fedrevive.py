@@ -3,7 +3,8 @@
 ``python jobs/pt_job_fedrevive.py --method fedrevive|fedbuff|fedavg --help``. Presets follow the FedRevive paper's
 reference runs (concurrent devices / updates buffered per global model / server learning rate):
 FedAvg 100 / 100 / 1.4, FedBuff 100 / 2 / 0.05, FedRevive 100 / 1 / 0.10 (``jobs.methods``). Any preset value
-given as a flag wins. FedRevive's knobs are the ``--fr-*`` flags (one per ``FedReviveConfig`` field).
+given as a flag wins. FedRevive's knobs are the ``--fr-*`` flags (one per ``FedReviveConfig`` field). Your own
+method: ``--method package.module:Name`` (a ``jobs.methods.Method`` subclass; docs/bring-your-own.md).
 """
 
 from __future__ import annotations

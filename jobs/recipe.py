@@ -43,7 +43,6 @@ from jobs.components import (
     make_task_processor,
 )
 from jobs.config import JobConfig
-from jobs.methods import METHODS
 from jobs.plan import RunPlan
 from processors.models import initial_model_config
 
@@ -60,8 +59,9 @@ STOCK_MODEL_VERSIONS = 3  # NVFlare's ModelManagerConfig default: model versions
 
 def user_modules(cfg: JobConfig) -> list[str]:
     """Top-level modules of the user's code the job names by import path (``--model pkg.mod:Class``, ``--dataset
-    pkg.mod:function``) that are neither this project's nor installed (site-packages, the standard library)."""
-    paths = [cfg.training.model, cfg.data.dataset]
+    pkg.mod:function``, ``--method pkg.mod:Name`` and its strategy) that are neither this project's nor installed
+    (site-packages, the standard library)."""
+    paths = [cfg.training.model, cfg.data.dataset, cfg.method, cfg.method_spec.strategy_path]
     tops = {p.partition(":")[0].split(".")[0] for p in paths if ":" in p and not p.endswith(".npz")}
     installed = {os.path.realpath(sysconfig.get_path(k)) for k in ("purelib", "platlib", "stdlib", "platstdlib")}
     found = []
@@ -166,7 +166,7 @@ class EdgeSimRecipe(Recipe):
             factory_id = job.to_clients(ModelUpdateDXOAggrFactory(), id="aggr_factory")
             executor = EdgeModelExecutor(factory_id, STOCK_MODEL_VERSIONS, self.plan.timeouts.update_timeout)
         else:
-            executor = EdgeSimExecutor(self.plan.timeouts.update_timeout, METHODS[cfg.method].leaf_sums(cfg))
+            executor = EdgeSimExecutor(self.plan.timeouts.update_timeout, cfg.method_spec.leaf_sums(cfg))
         job.to_clients(executor, id="executor", tasks=[TASK_NAME])
         processor_id = job.to_clients(make_task_processor(cfg, self.plan.workers), id="task_processor")
         job.to_clients(make_leaf_runner(cfg, self.plan.workers, processor_id), id="device_runner")

@@ -16,7 +16,7 @@ import os
 
 from common.choices import ConfigError
 from jobs.config import PARTS, JobConfig
-from jobs.methods import METHODS
+from jobs.methods import BUILT_IN
 from processors.models import build_model
 from scheduling import checkpoint
 from scheduling.checkpoint import state_path
@@ -58,23 +58,38 @@ def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
 
 
 def field_of(dest: str) -> tuple[str, str] | None:
-    """(part, field) a command-line destination sets, or None for the method and FedRevive's ``fr_*``."""
+    """(part, field) a command-line destination sets, or None for the method and its settings (``fr_*``)."""
     for part, cls in PARTS.items():
         if dest in {f.name for f in dataclasses.fields(cls)}:
             return part, dest
     return None
 
 
+def setting_of(dest: str, cfg: JobConfig) -> str | None:
+    """The field of ``cfg``'s method settings a command-line destination sets (``fr_s_max`` -> ``s_max``)."""
+    method = cfg.method_spec
+    return dest[len(method.flag_prefix) + 1 :] if dest in method.option_names() else None
+
+
+def is_method_setting(dest: str) -> bool:
+    """A destination of some built-in method's settings."""
+    return any(dest in m.option_names() for m in BUILT_IN.values())
+
+
 def value_of(dest: str, cfg: JobConfig):
-    """What a command-line destination sets in ``cfg``: a part's field, the method, a FedRevive field, or the whole
-    delay model (``--delays`` and each delay field build one ``DelayConfig``)."""
+    """What a command-line destination sets in ``cfg``: a part's field, the method, one of its settings, or the
+    whole delay model (``--delays`` and each delay field build one ``DelayConfig``); ``None`` for another
+    method's settings."""
     where = field_of(dest)
     if where is not None:
         return getattr(getattr(cfg, where[0]), where[1])
     if dest == "method":
         return cfg.method
-    if dest.startswith("fr_"):
-        return getattr(cfg.fedrevive, dest[len("fr_") :])
+    setting = setting_of(dest, cfg)
+    if setting is not None:
+        return getattr(cfg.method_settings, setting)
+    if is_method_setting(dest):
+        return None
     return cfg.delays
 
 
@@ -95,10 +110,10 @@ def resumed_config(results_dir: str, flags_cfg: JobConfig, given: set[str]) -> J
         where = field_of(dest)
         if value_of(dest, flags_cfg) == value_of(dest, saved):
             continue  # given again with the saved value: the original command plus --resume
-        if dest.startswith("fr_") and not METHODS[saved.method].distills:
-            continue  # FedRevive's settings mean nothing to this method
+        if setting_of(dest, saved) is None and is_method_setting(dest):
+            continue  # another method's settings mean nothing to this one
         if where is None or where not in HARMLESS:
-            flag = "--" + dest.replace("_", "-").replace("fr-", "fr-")
+            flag = "--" + dest.replace("_", "-")
             raise ConfigError(
                 f"{flag} would change the result of the resumed run: leave it out (the saved "
                 f"configuration applies), or start a new run"

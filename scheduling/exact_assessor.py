@@ -45,6 +45,7 @@ from common.jsonio import JsonlWriter
 from common.output import output_dir
 from common.protocol import (
     AWAITED,
+    CHECKPOINT_DUE,
     DEVICE_RANGES,
     DEVICE_UPDATES,
     HELD_VERSIONS,
@@ -310,6 +311,8 @@ class ExactTimeAssessor(Assessor):
         version = self.schedule.version
         if not self._policy.due(version):
             return
+        # the evaluator records what it still owes up to this version (a resume starts after it)
+        self.fire_event_with_data(CHECKPOINT_DUE, fl_ctx, CHECKPOINT_DUE, version)
         try:
             self._events.flush()  # the trace up to the checkpoint is on disk: a resume truncates it there
             seconds = checkpoint.write(self._out, self._state())

@@ -30,9 +30,9 @@ METHODS = {  # B, min hole, versions
 }
 
 
-def run(tmp_path, method: str, *extra: str) -> tuple[list[dict], list[float]]:
+def start(tmp_path, method: str, *extra: str) -> subprocess.Popen:
+    """Start the job (two runs of a test go at once: their results must not depend on it)."""
     b, hole, versions = METHODS[method]
-    out = tmp_path / "out"
     flags = [
         *COMMON,
         "--method",
@@ -40,19 +40,37 @@ def run(tmp_path, method: str, *extra: str) -> tuple[list[dict], list[float]]:
         "--max-model-version",
         str(versions),
         "--output",
-        str(out),
+        str(tmp_path / "out"),
         "--workspace",
         str(tmp_path / "ws"),
         *(FEDREVIVE_SMALL if method == "fedrevive" else ()),
         *extra,
     ]
-    proc = subprocess.run(
-        [PYTHON, "jobs/pt_job_fedrevive.py", *flags], cwd=REPO, capture_output=True, text=True, timeout=400
+    return subprocess.Popen(
+        [PYTHON, "jobs/pt_job_fedrevive.py", *flags],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    trace = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
-    metrics = json.loads((out / "metrics.json").read_text())
+
+
+def results(tmp_path, proc: subprocess.Popen) -> tuple[list[dict], list[float]]:
+    """The trace and accuracies of a started job, once it has ended."""
+    try:
+        out, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    out_dir = tmp_path / "out"
+    trace = [json.loads(line) for line in (out_dir / "events.jsonl").read_text().splitlines()]
+    metrics = json.loads((out_dir / "metrics.json").read_text())
     return trace, [r["accuracy"] for r in metrics["versions"]]
+
+
+def run(tmp_path, method: str, *extra: str) -> tuple[list[dict], list[float]]:
+    return results(tmp_path, start(tmp_path, method, *extra))
 
 
 def reference(method: str) -> list[dict]:
@@ -71,10 +89,12 @@ def reference(method: str) -> list[dict]:
 
 @pytest.mark.parametrize("method", ["fedbuff", "fedrevive", "fedavg"])
 def test_trace_equals_the_reference_and_repeats_across_workers_and_sync_intervals(tmp_path, method):
-    first, accuracy = run(tmp_path / "a", method, "--num-workers", "1", "--update-interval", "0.1")
+    one = start(tmp_path / "a", method, "--num-workers", "1", "--update-interval", "0.1")
+    two = start(tmp_path / "b", method, "--num-workers", "2", "--update-interval", "0.4")
+    first, accuracy = results(tmp_path / "a", one)
+    second, accuracy_again = results(tmp_path / "b", two)
     assert first == reference(method)
     b = METHODS[method][0]
     assert set(collections.Counter(r["version"] for r in first).values()) == {b}  # exactly B updates a version
-    second, accuracy_again = run(tmp_path / "b", method, "--num-workers", "2", "--update-interval", "0.4")
     assert second == first
     assert accuracy_again == accuracy

@@ -53,7 +53,7 @@ def test_fedrevive_distills_stale_updates_and_finishes(tmp_path):
     assert all(e["kd_seconds"] > 0 and 0 < e["beta"] <= 1 and e["tau"] >= 1 for e in distilled)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["versions"][-1]["version"] >= 8  # async versions can overshoot: the server checks every 0.5 s
-    assert metrics["config"]["fedrevive"]["kd_iters"] == 2
+    assert metrics["config"]["method_settings"]["kd_iters"] == 2
     assert metrics["versions"][-1]["sim_seconds"] > 0
     # one version numbering: an update's log line names the version it goes into, as events.jsonl does
     events = [json.loads(line) for line in open(out / "events.jsonl")]

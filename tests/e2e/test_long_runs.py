@@ -88,12 +88,13 @@ def results(out) -> tuple[str, list, dict]:
 @pytest.mark.parametrize("method", ["fedavg", "fedbuff", "fedrevive"])
 def test_a_run_killed_and_resumed_ends_exactly_like_an_uninterrupted_run(tmp_path, method):
     flags = [*METHOD_FLAGS[method], "--checkpoint-every", "2"]
-    code, out = finish(start(tmp_path, "whole", *flags))
-    assert code == 0, out[-3000:]
+    whole = start(tmp_path, "whole", *flags)  # the uninterrupted run goes at the same time
     killed = start(tmp_path, "killed", *flags)
     middle = 4 if method == "fedavg" else 10
     wait_for(lambda: checkpoint_version(tmp_path / "killed") >= middle, killed, 300, f"checkpoint at {middle}")
     kill_tree(killed.pid)
+    code, out = finish(whole)
+    assert code == 0, out[-3000:]
     resumed = subprocess.run(  # the original command with --resume appended
         [
             PYTHON,

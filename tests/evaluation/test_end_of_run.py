@@ -21,7 +21,7 @@ from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 
 import evaluation.evaluator as evaluator_module
-from common.protocol import RUN_OUTCOME
+from common.protocol import CHECKPOINT_DUE, RUN_OUTCOME
 from evaluation.evaluator import GlobalModelEvaluator
 from evaluation.model_saver import GlobalModelSaver
 from evaluation.progress import ProgressReporter, progress_line
@@ -43,8 +43,12 @@ def weights_of(version: int) -> dict[str, np.ndarray]:
     return weights, first_bias
 
 
-def run_versions(tmp_path, monkeypatch, versions: int, backlog: str, eval_seconds: float) -> dict:
-    """Versions 1..``versions`` made faster than they are evaluated, then the outcome and END_RUN."""
+def run_versions(
+    tmp_path, monkeypatch, versions: int, backlog: str, eval_seconds: float, checkpoint_at: int = 0
+) -> dict:
+    """Versions 1..``versions`` made faster than they are evaluated, then the outcome and END_RUN. With
+    ``checkpoint_at``, the assessor's CHECKPOINT_DUE is fired after that version, and the versions ``metrics.json``
+    records when it returns are kept under ``"at_checkpoint"``."""
     real = evaluator_module.evaluate_accuracy
 
     def slow(*args, **kwargs):
@@ -69,12 +73,18 @@ def run_versions(tmp_path, monkeypatch, versions: int, backlog: str, eval_second
         ctx.set_prop(AppConstants.CURRENT_ROUND, version, private=True, sticky=False)
         ctx.set_prop(AppConstants.GLOBAL_MODEL, {"weights": weights}, private=True, sticky=False)
         engine.fire_event(AppEventType.GLOBAL_WEIGHTS_UPDATED, ctx)
+        if version == checkpoint_at:
+            ctx.set_prop(CHECKPOINT_DUE, version, private=True, sticky=False)
+            engine.fire_event(CHECKPOINT_DUE, ctx)
+            recorded = json.loads((tmp_path / "metrics.json").read_text())["versions"]
+            at_checkpoint = [r["version"] for r in recorded]
         time.sleep(eval_seconds / 10)  # versions come ten times faster than they are evaluated
     outcome = {"status": "completed", "reason": f"version {versions}", "version": versions, "sim_seconds": 0.0}
     ctx.set_prop(RUN_OUTCOME, outcome, private=True, sticky=False)
     engine.fire_event(RUN_OUTCOME, ctx)
     engine.fire_event(EventType.END_RUN, ctx)
-    return json.loads((tmp_path / "metrics.json").read_text())
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    return metrics | ({"at_checkpoint": at_checkpoint} if checkpoint_at else {})
 
 
 def test_a_slow_evaluator_skips_superseded_versions_but_evaluates_records_and_saves_the_last(
@@ -101,6 +111,14 @@ def test_the_wait_backlog_evaluates_every_scheduled_version(tmp_path, monkeypatc
     metrics = run_versions(tmp_path, monkeypatch, versions=5, backlog="wait", eval_seconds=0.2)
     assert [r["version"] for r in metrics["versions"]] == [1, 2, 3, 4, 5]
     assert not any("skipped" in r for r in metrics["versions"])
+
+
+def test_a_checkpoint_waits_until_every_version_up_to_it_is_recorded(tmp_path, monkeypatch):
+    """A run killed after a checkpoint resumes past its version: with ``--eval-backlog wait`` every scheduled
+    version up to it must be in ``metrics.json`` before it is written (seen lost: version 13 of a resumed run)."""
+    metrics = run_versions(tmp_path, monkeypatch, versions=5, backlog="wait", eval_seconds=0.3, checkpoint_at=4)
+    assert metrics["at_checkpoint"] == [1, 2, 3, 4]
+    assert [r["version"] for r in metrics["versions"]] == [1, 2, 3, 4, 5]
 
 
 def write_events(folder, counted: int, failed: int = 0) -> None:

@@ -46,7 +46,7 @@ def test_the_original_command_with_resume_appended_is_accepted(tmp_path):
     folder = saved_run(tmp_path)
     cfg = resume(folder, [*ORIGINAL, "-v"])
     assert cfg.data.dataset == "synthetic" and cfg.run.seed == 1 and cfg.run.resume == folder
-    assert cfg.federation.max_model_version == 3 and cfg.fedrevive.s_max == 20
+    assert cfg.federation.max_model_version == 3 and cfg.method_settings.s_max == 20
 
 
 def test_a_changed_value_that_would_change_the_trajectory_is_refused_with_its_name(tmp_path):
