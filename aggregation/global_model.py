@@ -35,7 +35,7 @@ from aggregation.strategy import ServerContext, ServerStrategy, Update, Weights
 from common.imports import import_object
 from common.output import output_dir
 from common.packed_weights import pack
-from common.protocol import METHOD_STATUS, SIM_TIME, DeviceUpdate, SelectionSum
+from common.protocol import DEVICE_EXTRA_PREFIX, METHOD_STATUS, SIM_TIME, DeviceUpdate, SelectionSum
 from processors.models import build_model, statistic_names
 
 
@@ -82,6 +82,7 @@ class GlobalModel(FLComponent):
         self.statistics: frozenset[str] = frozenset(statistic_names(build_model(model))) if model else frozenset()
         self.current_version = 0
         self._versions: dict[int, Weights] = {}
+        self._extras: dict[int, Weights] = {}  # the strategy's device_extras of each version that has any
         self._packed: dict[int, dict] = {}
         self._groups: list = []  # the selection sums already given to the strategy since the last version
         self._set_up = False
@@ -110,10 +111,12 @@ class GlobalModel(FLComponent):
         return self._versions[version]
 
     def model_packed(self, version: int) -> dict:
-        """A version's weights as they travel to the leaves (``common.packed_weights``; packed once per version)."""
+        """A version's weights as they travel to the leaves (``common.packed_weights``; packed once per version),
+        with the strategy's extra state for devices, if any, under ``DEVICE_EXTRA_PREFIX``."""
         packed = self._packed.get(version)
         if packed is None:
-            packed = self._packed[version] = pack(self._versions[version])
+            extras = {DEVICE_EXTRA_PREFIX + k: v for k, v in self._extras.get(version, {}).items()}
+            packed = self._packed[version] = pack(self._versions[version] | extras)
         return packed
 
     def start(self, initial: dict, fl_ctx: FLContext) -> None:
@@ -122,6 +125,7 @@ class GlobalModel(FLComponent):
         self.current_version = 1
         self._versions = {1: as_float32_arrays(initial)}
         self.server_strategy.start(self._versions[1])
+        self._keep_extras()
         self._announce(0.0, fl_ctx)
 
     def add_update(self, update: DeviceUpdate, tau: int, fl_ctx: FLContext, sim_time: float = 0.0) -> None:
@@ -144,21 +148,31 @@ class GlobalModel(FLComponent):
         self._groups = []
         self.current_version += 1
         self._versions[self.current_version] = new
+        self._keep_extras()
         self._announce(sim_time, fl_ctx)
+
+    def _keep_extras(self) -> None:
+        extras = self.server_strategy.device_extras(self)
+        if extras:
+            self._extras[self.current_version] = as_float32_arrays(extras)
 
     def state_dict(self) -> dict:
         """The versions kept, the current one, and the strategy's state (for a checkpoint)."""
-        return {
+        state = {
             "current_version": self.current_version,
             "versions": self._versions,
             "groups": [g.to_dict() for g in self._groups],
-        } | self.server_strategy.state_dict()
+        }
+        if self._extras:
+            state["device_extras"] = self._extras
+        return state | self.server_strategy.state_dict()
 
     def load_state_dict(self, state: dict, fl_ctx: FLContext | None = None) -> None:
         if fl_ctx is not None:
             self._setup(fl_ctx)
         self.current_version = state["current_version"]
         self._versions = {int(v): w for v, w in state["versions"].items()}
+        self._extras = {int(v): w for v, w in state.get("device_extras", {}).items()}
         self._packed = {}
         self._groups = [SelectionSum.from_dict(g) for g in state["groups"]]
         self.server_strategy.load_state_dict(state)
@@ -168,6 +182,7 @@ class GlobalModel(FLComponent):
         keep = set(versions) | self.server_strategy.needed_versions() | {self.current_version}
         for v in [v for v in self._versions if v not in keep]:
             del self._versions[v]
+            self._extras.pop(v, None)
             self._packed.pop(v, None)
 
     def status(self) -> str:

@@ -13,7 +13,9 @@ each new one (``aggregation.global_model.GlobalModel``). What it asks of a metho
    the next version (the buffer it kept since the last one is its own business);
 5. ``needed_versions()``: versions it still reads (besides those devices in flight train, which are kept anyway);
 6. ``state_dict()`` / ``load_state_dict(state)`` for checkpoints: a resumed run must continue bit for bit;
-7. ``status(model)``: a few words for the progress line ("" for nothing).
+7. ``status(model)``: a few words for the progress line ("" for nothing);
+8. ``device_extras(model)``, optional: float32 arrays sent to the devices with each new version, for the method's
+   device hook (``processors.objective.DeviceObjective``), e.g. a control variate.
 
 Weights are ``dict[str, np.ndarray]`` of float32 (parameters and the model's data statistics, named in
 ``context.statistics``); a strategy never changes the arrays it is given (``model`` hands out the versions
@@ -117,6 +119,11 @@ class ServerStrategy(ABC):
 
     def load_state_dict(self, state: dict) -> None:  # noqa: B027 - no state by default
         """Continue from ``state_dict()``'s result (after ``setup``)."""
+
+    def device_extras(self, model: ModelHistory) -> Weights:
+        """Extra state for the devices that will train ``model.current_version`` (sent with its weights, handed to
+        the method's ``DeviceObjective.loss`` as ``extras``); none by default."""
+        return {}
 
     def status(self, model: ModelHistory) -> str:
         """A few words on where the method stands at ``model.current_version``, for the progress line ("": nothing to say)."""

@@ -13,7 +13,9 @@ makes as many versions as it can within it. Two scales:
   paper's delays, 40 time units (about 10 minutes per seed on 2 cores, most of it FedRevive's server work);
   FedRevive at its paper defaults except ``s_max`` = 75 x K / 100 (staleness grows with the devices in flight).
 
-Any other job flag after ``--`` is passed to every run and wins. Writes to ``--output``: ``results.md`` (mean +-
+``--methods`` takes the built-in names and any user method by import path (``fedasync:FedAsync``, importable
+through ``PYTHONPATH``, as ``--method`` takes it; its folder and row are named by its class). Any other job flag
+after ``--`` is passed to every run and wins. Writes to ``--output``: ``results.md`` (mean +-
 std over seeds of the final and best accuracy, and the simulated time to reach 0.5 / 0.6 / 0.7, with how many
 seeds reached it), ``accuracy_vs_simtime.png`` (mean with a +-1 std band), ``staleness.png`` (tau of every applied
 update per method, and FedRevive's beta), ``commands.txt``, and one folder per run. A run whose folder already
@@ -53,8 +55,9 @@ SCALES = {
             "--dataset synthetic --synthetic-difficulty 1 --synthetic-size 20000 --model cifar10_convnet "
             "--num-leaf-nodes 2 --devices-per-leaf 100 --device-selection-size 20 --subset-size 100 --dirichlet-alpha "
             "0.5 --local-iters 25 --local-batch-size 32 --local-lr 1e-3 --delays paper --eval-frequency 10 "
-            "--eval-backlog wait --fr-s-max 15"
+            "--eval-backlog wait"
         ).split(),
+        "method_flags": {"fedrevive": ["--fr-s-max", "15"]},
     },
 }
 
@@ -108,6 +111,7 @@ def on_grid(records: list[dict], grid: list[float]) -> list[float | None]:
 
 # -- running --------------------------------------------------------------------------------------------------
 def job_command(method: str, seed: int, scale: str, budget: float, out: str, extra: list[str]) -> list[str]:
+    """One run's command: the scale's flags, the method's own ones at this scale, the budget, then ``extra``."""
     return [
         sys.executable,
         os.path.join(REPO, "jobs", "pt_job_fedrevive.py"),
@@ -116,6 +120,7 @@ def job_command(method: str, seed: int, scale: str, budget: float, out: str, ext
         "--seed",
         str(seed),
         *SCALES[scale]["flags"],
+        *SCALES[scale].get("method_flags", {}).get(method, []),
         "--max-sim-time",
         str(budget),
         "--max-model-version",
@@ -126,6 +131,24 @@ def job_command(method: str, seed: int, scale: str, budget: float, out: str, ext
         os.path.join(out, "..", "ws"),
         *extra,
     ]
+
+
+def method_labels(methods: list[str]) -> dict[str, str]:
+    """``--methods`` values -> the name of their folders and rows: a built-in's name, a user method's class name
+    in lower case; ``ValueError`` naming the fix for a method that cannot be found or two with one name."""
+    sys.path.insert(0, REPO)  # jobs.methods, when the project is not installed
+    from common.choices import ConfigError
+    from jobs.methods import method_of
+
+    labels = {}
+    for m in methods:
+        try:
+            labels[m] = method_of(m).short_name
+        except ConfigError as ex:
+            raise ValueError(str(ex)) from ex
+    if len(set(labels.values())) < len(labels):
+        raise ValueError(f"--methods {','.join(methods)}: two methods share a name; give each class its own")
+    return labels
 
 
 def finished(metrics_path: str) -> bool:
@@ -194,26 +217,33 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scale", choices=sorted(SCALES), default="cpu")
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help="built-in names or import paths package.module:Name, comma-separated",
+    )
     p.add_argument("--budget", type=float, default=None, help="simulated time units (default: the scale's)")
     p.add_argument("--output", default="", help="results folder (default: a new temporary one)")
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     methods = [m for m in args.methods.split(",") if m]
-    if bad := [m for m in methods if m not in METHODS]:
-        p.error(f"--methods: unknown {bad}; choose from {', '.join(METHODS)}")
+    try:
+        labels = method_labels(methods)
+    except ValueError as ex:
+        p.error(str(ex))
     budget = args.budget or SCALES[args.scale]["budget"]
     output = os.path.abspath(args.output or f"reproduce_fedrevive-{time.strftime('%Y%m%d-%H%M%S')}")
     os.makedirs(output, exist_ok=True)
 
-    curves: dict[str, list[list[dict]]] = {m: [] for m in methods}
-    staleness: dict[str, list[int]] = {m: [] for m in methods}
+    curves: dict[str, list[list[dict]]] = {labels[m]: [] for m in methods}
+    staleness: dict[str, list[int]] = {labels[m]: [] for m in methods}
     betas: list[float] = []
     with open(os.path.join(output, "commands.txt"), "w") as commands:
         for seed in seeds:
-            for method in methods:
+            for option in methods:
+                method = labels[option]
                 out = os.path.join(output, f"{method}-seed{seed}", "out")
-                cmd = job_command(method, seed, args.scale, budget, out, extra)
+                cmd = job_command(option, seed, args.scale, budget, out, extra)
                 commands.write(shlex.join(cmd) + "\n")
                 metrics_path = os.path.join(out, "metrics.json")
                 started, code = time.time(), 0
@@ -239,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{last.get('accuracy')}, {time.time() - started:.0f} s",
                     flush=True,
                 )
-    table = markdown([summary_row(m, curves[m]) for m in methods])
+    table = markdown([summary_row(labels[m], curves[labels[m]]) for m in methods])
     with open(os.path.join(output, "results.md"), "w") as f:
         f.write(f"{args.scale} scale, budget {budget:g} time units, seeds {args.seeds}\n\n{table}")
     plot(curves, budget, staleness, betas, output)

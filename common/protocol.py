@@ -37,6 +37,9 @@ WAKE_TOPIC = "edgesim.wake"  # down, an aux message of its own: news for some ch
 AWAITED = "edgesim_awaited"  # down (reply or wake): the devices whose update the server is waiting for now
 NEWS_FOR = "edgesim_news_for"  # down (wake): the children with newly selected devices (they sync at once)
 MODELS = "edgesim_models"  # {model version: its weights, packed (common.packed_weights)}
+# a version's weights may carry the strategy's extra state for devices (ServerStrategy.device_extras) under this
+# prefix; a device hands it to the method's DeviceObjective and leaves it out of its diff
+DEVICE_EXTRA_PREFIX = "edgesim_extra/"
 SELECTION_VERSIONS = "edgesim_selection_versions"  # {selection id: model version}
 
 # FLContext key set by the server's model manager next to AppConstants.GLOBAL_MODEL: the simulated time at which

@@ -23,6 +23,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
+from common.nvml import Nvml
+
 logger = logging.getLogger(__name__)
 
 GB = 1024**3
@@ -63,51 +65,27 @@ class PsutilSource:
 
 
 class NvmlSource:
-    """Per-GPU utilisation and memory via ``pynvml``; ``read()`` returns ``None`` when NVML is unusable.
-
-    Any failure to import or initialise NVML, or a machine with no GPU, leaves the source ``available == False``
-    silently (a debug log line only).
-    """
+    """Per-GPU utilisation and memory, read through the project's NVML probe (``common.nvml``); ``read()`` returns
+    ``None`` when NVML is unusable or finds no GPU."""
 
     def __init__(self) -> None:
-        self._nvml: Any = None
-        self._handles: list[Any] = []
-        self._names: list[str] = []
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-        except Exception as e:  # ImportError, NVMLError_LibraryNotFound, driver mismatch, ...
-            logger.debug("NVML unavailable, monitoring CPU and RAM only: %s", e)
-            return
-        try:
-            count = pynvml.nvmlDeviceGetCount()
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-            names = [_decode(pynvml.nvmlDeviceGetName(h)) for h in handles]
-        except Exception as e:
-            logger.debug("NVML could not list GPUs, monitoring CPU and RAM only: %s", e)
-            handles, names = [], []
-        if not handles:
-            _quiet(pynvml.nvmlShutdown)
-            return
-        self._nvml, self._handles, self._names = pynvml, handles, names
+        self._nvml = Nvml()
 
     @property
     def available(self) -> bool:
-        return self._nvml is not None
+        return self._nvml.available
 
     def read(self) -> list[dict[str, Any]] | None:
-        if self._nvml is None:
+        if not self._nvml.available:
             return None
         gpus = []
-        for i, (handle, name) in enumerate(zip(self._handles, self._names, strict=True)):
-            util = _quiet(lambda h=handle: float(self._nvml.nvmlDeviceGetUtilizationRates(h).gpu))
-            mem = _quiet(lambda h=handle: self._nvml.nvmlDeviceGetMemoryInfo(h))
+        for i, name in enumerate(self._nvml.names):
+            mem = self._nvml.memory(i)
             gpus.append(
                 {
                     "index": i,
                     "name": name,
-                    "util_percent": util,
+                    "util_percent": self._nvml.utilisation(i),
                     "mem_used_gb": mem.used / GB if mem is not None else None,
                     "mem_total_gb": mem.total / GB if mem is not None else None,
                 }
@@ -115,9 +93,7 @@ class NvmlSource:
         return gpus
 
     def close(self) -> None:
-        if self._nvml is not None:
-            _quiet(self._nvml.nvmlShutdown)
-            self._nvml = None
+        self._nvml.close()
 
 
 class SystemMonitor:
@@ -522,14 +498,3 @@ def _round(value: Any, digits: int) -> float | None:
 
 def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
-
-
-def _decode(name: Any) -> str:
-    return name.decode() if isinstance(name, bytes) else str(name)
-
-
-def _quiet(fn: Any) -> Any:
-    try:
-        return fn()
-    except Exception:
-        return None

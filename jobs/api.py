@@ -42,7 +42,7 @@ import numpy as np
 from common.choices import ConfigError
 from common.delays import DelayConfig
 from common.imports import import_path
-from jobs.config import FederationConfig, JobConfig, RunConfig
+from jobs.config import PARTS, FederationConfig, JobConfig, RunConfig
 from jobs.methods import BUILT_IN, Method, method_of
 from jobs.outputs import DATASET_FILE
 from jobs.results import read_metrics
@@ -51,20 +51,13 @@ from processors.data.sources import NPZ_KEYS, DatasetError, as_arrays, from_arra
 from processors.training import TrainingConfig
 from simulation.config import EngineConfig
 
-PARTS = {
-    "data": DataConfig,
-    "federation": FederationConfig,
-    "training": TrainingConfig,
-    "engine": EngineConfig,
-    "run": RunConfig,
-}
 DELAY_FIELDS = tuple(f.name for f in dataclasses.fields(DelayConfig))
 NOT_CONFIG = {"verbose", "method"}  # command-line destinations that are not part of a JobConfig
 
 
 def option_names(method: Method | None = None) -> set[str]:
-    """Every option ``make_config`` knows: the config parts' fields, the delay fields, and the built-in methods'
-    (and ``method``'s) settings (``fr_*``)."""
+    """Every option ``make_config`` knows: the config parts' fields (the delay model's too), the delay preset, and
+    the built-in methods' (and ``method``'s) settings (``fr_*``)."""
     names = {f.name for part in PARTS.values() for f in dataclasses.fields(part)}
     methods = [*BUILT_IN.values(), *([method] if method is not None else [])]
     return names | set(DELAY_FIELDS) | {"delays"} | {n for m in methods for n in m.option_names()}

@@ -39,6 +39,8 @@ def make_task_processor(
         torch_threads=torch_threads,
         leaves_per_gpu=plan.leaves_per_gpu if plan is not None else 1,
         stock_delays=cfg.delays.to_dict() if stock else None,
+        objective=cfg.method_spec.objective_path,
+        objective_args=cfg.method_spec.objective_args(cfg),
     )
 
 

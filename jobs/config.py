@@ -33,8 +33,8 @@ from evaluation.evaluator import EvalBacklog
 from jobs.methods import Method, method_of
 from processors.data.config import DataConfig
 from processors.models import build_model
-from processors.models.stat_tracker import untracked_buffers
 from processors.training import TrainingConfig
+from processors.training_vectorized import NotVectorizable, check_vectorizable
 from simulation.config import EngineConfig
 
 EnvName = Literal["sim", "poc", "prod"]
@@ -225,11 +225,11 @@ class JobConfig:
                 f"{self.training.local_batch_size}; raise --subset-size or lower the batch size"
             )
         method.check(self)
-        if self.engine.engine == "vectorized" and untracked_buffers(build_model(self.training.model)):
-            raise ConfigError(
-                "--engine vectorized cannot keep per-device BatchNorm statistics, which this model has; "
-                "use --engine per-device (or auto)"
-            )
+        if self.engine.engine == "vectorized":
+            try:
+                check_vectorizable(build_model(self.training.model))
+            except NotVectorizable as ex:
+                raise ConfigError(str(ex)) from ex
 
     @property
     def method_spec(self) -> Method:

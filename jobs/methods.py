@@ -3,6 +3,8 @@
 A method subclasses ``Method`` and says, in class attributes and a few overridable methods:
 
 * its server strategy (``aggregation.strategy.ServerStrategy``, by import path) and the arguments it gets;
+* optionally its device hook (``processors.objective.DeviceObjective``): a term added to every device's local
+  loss, in both training engines, with extra state the strategy sends down with each version;
 * its own settings, a frozen dataclass that checks itself in ``__post_init__`` and names the fix; its fields
   become the flags ``--<flag_prefix>-<field>`` (help from the dataclass's ``Attributes:`` docstring,
   ``common.config_flags``) and the ``jobs.api`` options ``<flag_prefix>_<field>``;
@@ -36,6 +38,8 @@ class Method:
     Attributes:
         name: the ``--method`` value of a built-in method; a user's method is named by its import path.
         strategy: its server strategy: a ``ServerStrategy`` subclass, or its import path ``package.module:Class``.
+        objective: its device hook: a ``DeviceObjective`` subclass, or its import path (``None``: plain local
+            training, the cross-entropy only).
         settings: its own settings, a frozen dataclass (``None``: it has none).
         flag_prefix: the prefix of its settings' flags and options (required with ``settings``).
         presets: federation values applied to whatever is not given as a flag (``jobs/pt_job_fedrevive.py``).
@@ -45,6 +49,7 @@ class Method:
 
     name: ClassVar[str] = ""
     strategy: ClassVar[str | type] = "aggregation.buffered_mean:BufferedMean"
+    objective: ClassVar[str | type | None] = None
     settings: ClassVar[type | None] = None
     flag_prefix: ClassVar[str] = ""
     presets: ClassVar[dict] = {}
@@ -54,6 +59,10 @@ class Method:
     def strategy_args(self, cfg: Any) -> dict:
         """The strategy's constructor arguments for this run (``cfg``: the ``JobConfig``)."""
         return {"global_lr": cfg.federation.global_lr}
+
+    def objective_args(self, cfg: Any) -> dict:
+        """Its device hook's constructor arguments for this run (``cfg``: the ``JobConfig``)."""
+        return {}
 
     def leaf_sums(self, cfg: Any) -> bool:
         """Leaf aggregation: ``True``, a leaf sends one sum per selection (every device of a synchronous
@@ -84,6 +93,13 @@ class Method:
     def strategy_path(self) -> str:
         """The import path of its strategy (what the server builds it from)."""
         return self.strategy if isinstance(self.strategy, str) else import_path(self.strategy, "strategy")
+
+    @property
+    def objective_path(self) -> str:
+        """The import path of its device hook ("": none)."""
+        if self.objective is None:
+            return ""
+        return self.objective if isinstance(self.objective, str) else import_path(self.objective, "objective")
 
     @property
     def short_name(self) -> str:
@@ -140,6 +156,10 @@ class FedRevive(Method):
 
     def strategy_args(self, cfg: Any) -> dict:
         return super().strategy_args(cfg) | {"fedrevive": cfg.method_settings.to_dict()}
+
+    def objective_args(self, cfg: Any) -> dict:
+        """Its device hook's constructor arguments for this run (``cfg``: the ``JobConfig``)."""
+        return {}
 
     def leaf_sums(self, cfg: Any) -> bool:
         return False  # it revives each update on its own

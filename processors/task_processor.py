@@ -26,12 +26,13 @@ from nvflare.edge.web.models.task_response import TaskResponse
 
 from common.delays import DelayConfig, DeviceDelays
 from common.profiles import DEFAULT_PROFILE, UtilisationProfile, get_profile
-from common.protocol import DEVICE_ID_META
+from common.protocol import DEVICE_EXTRA_PREFIX, DEVICE_ID_META
 from common.seeds import stable_seed
 from processors.data.config import DataConfig
 from processors.data.partition import device_indices
 from processors.data.sources import Dataset, DatasetSpec, load_dataset
 from processors.device import resolve_device
+from processors.objective import DeviceObjective, make_objective
 from processors.training import TrainingConfig, train_local, worker_model
 from processors.training_vectorized import train_group
 
@@ -114,6 +115,12 @@ def received_model(task: TaskResponse) -> tuple[int, dict]:
     return int(model.get_meta_prop(MsgKey.MODEL_VERSION, 0) or 0), model.data
 
 
+def device_extras(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The server's extra state for devices that came with a version's weights (``common.protocol``), by name."""
+    n = len(DEVICE_EXTRA_PREFIX)
+    return {k[n:]: v for k, v in params.items() if k.startswith(DEVICE_EXTRA_PREFIX)}
+
+
 def weight_diff_result(device_id: str, diff: dict[str, np.ndarray], count: int = 1, stock_lists: bool = False) -> dict:
     """A device's result: its WEIGHT_DIFF DXO (as a dict), with its id in the metadata. ``stock_lists``: weights as
     Python lists, the format of NVFlare's example (the stock baseline)."""
@@ -142,6 +149,8 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         leaves_per_gpu: leaves sharing this leaf's GPU (they split its memory share).
         stock_delays: ``DelayConfig.to_dict()`` to sleep each task's delays after training, as NVFlare's example
             does (the stock-simulator baseline only); ``None``: no sleeping.
+        objective: the method's device hook (``processors.objective.DeviceObjective``) by import path; "": none.
+        objective_args: its constructor's keyword arguments.
     """
 
     def __init__(
@@ -153,6 +162,8 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         torch_threads: int = 0,
         leaves_per_gpu: int = 1,
         stock_delays: dict | None = None,
+        objective: str = "",
+        objective_args: dict | None = None,
     ):
         DeviceTaskProcessor.__init__(self)
         self.data = data
@@ -162,6 +173,9 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         self.torch_threads = torch_threads
         self.leaves_per_gpu = leaves_per_gpu
         self.stock_delays = stock_delays
+        self.objective = objective
+        self.objective_args = objective_args or {}
+        self._objective: DeviceObjective | None = make_objective(objective, self.objective_args)
         self._data = DataConfig(**data)
         self._training = TrainingConfig(**training)
         self._settings = get_profile(profile)
@@ -214,7 +228,11 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         server then frees the device's slot while the mean over the other updates is unchanged (the mean divides
         the summed diffs by the summed counts)."""
         _, weights = received_model(task)
-        zeros = {k: np.zeros(np.shape(v), dtype=np.float32) for k, v in weights.items()}
+        zeros = {
+            k: np.zeros(np.shape(v), dtype=np.float32)
+            for k, v in weights.items()
+            if not k.startswith(DEVICE_EXTRA_PREFIX)
+        }
         return weight_diff_result(device_id, zeros, count=0)
 
     def _prepare(
@@ -258,7 +276,16 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
             net = worker_model(self._training.model, device)
             params = global_params_on(model_data, version, device, settings.cached_versions)
             return train_local(
-                net, params, x, y, self._training, generator, settings.pinned_streams, self._input_prep()
+                net,
+                params,
+                x,
+                y,
+                self._training,
+                generator,
+                settings.pinned_streams,
+                self._input_prep(),
+                self._objective,
+                device_extras(params),
             )
 
     def train_group(self, device_ids: list[str], model_data: dict, version: int) -> list[dict[str, np.ndarray]]:
@@ -278,4 +305,6 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
                 device,
                 settings.pinned_streams,
                 self._input_prep(),
+                self._objective,
+                device_extras(params),
             )

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from common.choices import ConfigError, check_choice, check_positive
 from processors.data.sources import normalize
 from processors.models import build_model, model_class, statistic_names
+from processors.objective import DeviceObjective
 
 Optimizer = Literal["adam", "sgd"]
 
@@ -134,14 +135,17 @@ def train_local(
     generator: torch.Generator,
     pinned: bool = False,
     prepare: Callable[[torch.Tensor], torch.Tensor] = normalize,
+    objective: DeviceObjective | None = None,
+    extras: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, np.ndarray]:
     """Train ``model`` from ``global_params`` on one device's samples; return its diff (parameters and statistics).
 
     ``global_params`` holds the global model's full state (parameters and buffers), on the model's device; the
     data is on it too, or on the CPU (each batch is then indexed there and moved over). ``prepare`` turns a
     stored batch into the model's input (``Dataset.prepare``; the default standardises uint8 images with
-    CIFAR-10's statistics). The diff is computed on the model's device, then copied out (``copy_to_host``,
-    through pinned buffers when ``pinned``).
+    CIFAR-10's statistics). ``objective`` (the method's device hook, ``processors.objective``) adds its term to
+    each step's loss, with the server's ``extras``. The diff is computed on the model's device, then copied out
+    (``copy_to_host``, through pinned buffers when ``pinned``).
     """
     device = next(model.parameters()).device
     shared = dict(model.named_parameters()) | {name: model.get_buffer(name) for name in statistic_names(model)}
@@ -161,6 +165,9 @@ def train_local(
                 b.copy_(global_params[name])
     model.train()
     optimizer = cfg.make_optimizer(model.parameters())
+    if objective is not None:
+        params = dict(model.named_parameters())
+        received = {name: global_params[name] for name in params}
     data_device = x.device
     for positions in batch_schedule(len(y), cfg, generator):
         positions = positions.to(data_device, non_blocking=True)
@@ -168,6 +175,8 @@ def train_local(
         if data_device != device:
             xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
         loss = F.cross_entropy(model(prepare(xb)), yb)
+        if objective is not None:
+            loss = loss + objective.loss(params, received, extras or {})
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -29,15 +29,35 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
 from processors.data.sources import normalize
 from processors.models.stat_tracker import collecting, tracker_buffer_names, trackers, untracked_buffers
+from processors.objective import DeviceObjective
 from processors.training import TrainingConfig, batch_schedule, copy_to_host, worker_model
 
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam defaults
 ADAM_EPS = 1e-8
+
+
+class NotVectorizable(NotImplementedError, ValueError):
+    """A model with buffers other than statistic trackers (BatchNorm's running statistics), which the vectorised
+    engine does not keep per device. The one refusal: the config check, the leaf's planner and the engine itself
+    raise it, with this message."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "--engine vectorized cannot keep per-device BatchNorm statistics, which this model has; use --engine "
+            "per-device (or auto, which picks it): the per-device engine (processors.training.train_local) keeps them"
+        )
+
+
+def check_vectorizable(model: nn.Module) -> None:
+    """Refuse, naming the fix, a model the vectorised engine cannot train (``NotVectorizable``)."""
+    if untracked_buffers(model):
+        raise NotVectorizable()
 
 
 def train_group(
@@ -49,6 +69,8 @@ def train_group(
     device: torch.device,
     pinned: bool = False,
     prepare: Callable[[torch.Tensor], torch.Tensor] = normalize,
+    objective: DeviceObjective | None = None,
+    extras: dict[str, torch.Tensor] | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """Train K devices from ``global_params``, all at once; return each device's diff (trained - received) as
     float32 numpy arrays, the same keys, shapes and values as ``train_local`` would return.
@@ -56,7 +78,9 @@ def train_group(
     ``device_data[i]`` is device i's (stored inputs N_i x ..., int64 labels N_i), on ``device`` or on the CPU (each
     iteration's batch is then gathered there and moved over); ``prepare`` turns a stored batch into the model's
     input, as in ``train_local``; ``pinned``: see ``copy_to_host``;
-    ``generators[i]`` is the CPU generator ``train_local`` would get for device i (it is advanced the same way).
+    ``generators[i]`` is the CPU generator ``train_local`` would get for device i (it is advanced the same way);
+    ``objective`` and ``extras``: the method's device hook, as in ``train_local`` (its ``loss`` runs under ``vmap``
+    on each device's parameters).
     """
     if len(device_data) != len(generators):
         raise ValueError(f"{len(device_data)} devices but {len(generators)} generators")
@@ -67,11 +91,7 @@ def train_group(
         return []
     device = torch.device(device)
     model = worker_model(model_name, device)
-    if untracked_buffers(model):
-        raise NotImplementedError(
-            f"model {model_name!r} has buffers (e.g. BatchNorm statistics); the vectorised engine does not "
-            "update per-device statistics - use the per-device engine (processors.training.train_local) for it"
-        )
+    check_vectorizable(model)
     model.train()
     names = [name for name, _ in model.named_parameters()]
     tracked = trackers(model)
@@ -103,16 +123,22 @@ def train_group(
     data_device = x_all.device
     index, mask, counts = index.to(data_device), mask.to(device), counts.to(device)
 
+    received_by_name = {name: global_params[name].detach() for name in names}
+    extras = extras or {}
+
     def device_loss(params: dict[str, torch.Tensor], x, y, m, count) -> tuple[torch.Tensor, dict]:
         with collecting(tracked, m) as collector:
             logits = functional_call(model, params, (x,))
-        return (F.cross_entropy(logits, y, reduction="none") * m).sum() / count, collector.stats
+        loss = (F.cross_entropy(logits, y, reduction="none") * m).sum() / count
+        if objective is not None:
+            loss = loss + objective.loss(params, received_by_name, extras)
+        return loss, collector.stats
 
     group_grad = vmap(grad(device_loss, has_aux=True))
 
     # The stacked state of K modules all loaded with the global weights (what stack_module_state would give
     # for K copies, without building K modules).
-    received = [global_params[name].detach() for name in names]
+    received = list(received_by_name.values())
     params = [p.unsqueeze(0).expand(k, *p.shape).clone() for p in received]
     state_a: list[torch.Tensor] = []  # Adam exp_avg / SGD momentum buffer
     state_b: list[torch.Tensor] = []  # Adam exp_avg_sq

@@ -19,7 +19,9 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 import torch.nn as nn
 
+from common.nvml import Nvml, visible_indices
 from common.profiles import DEFAULT_PROFILE, UtilisationProfile, get_profile
+from processors.training_vectorized import NotVectorizable
 
 # Per-process CUDA context and allocator slack, not available to workers.
 CUDA_CONTEXT_BYTES = 600 * 2**20
@@ -106,25 +108,15 @@ def probe_hardware() -> HardwareProfile:
 
 
 def _probe_gpus() -> list[GpuInfo]:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-            count = pynvml.nvmlDeviceGetCount()
-            indices = [int(i) for i in visible.split(",") if i.strip().isdigit()] if visible else range(count)
-            out = []
-            for i in indices:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-                mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-                name = pynvml.nvmlDeviceGetName(handle)
-                out.append(GpuInfo(name if isinstance(name, str) else name.decode(), mem.total, mem.free))
-            return out
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # no driver / no NVML: fall back to torch, which also covers "no GPU"
-        pass
+    """Each GPU this process may use (``common.nvml``); torch's view when NVML is unusable (it also covers "no
+    GPU")."""
+    with Nvml() as nvml:
+        if nvml.available:
+            return [
+                GpuInfo(nvml.names[i], mem.total, mem.free)
+                for i in visible_indices(nvml.count)
+                if (mem := nvml.memory(i)) is not None
+            ]
     if not torch.cuda.is_available():
         return []
     out = []
@@ -236,10 +228,7 @@ def plan_engine(
         return replace(plan, engine="per-device", group_size=1, engine_reason="--engine per-device")
     if model_has_buffers:
         if requested == "vectorized":
-            raise ValueError(
-                "--engine vectorized cannot keep per-device BatchNorm statistics, which this model has; "
-                "use --engine per-device (or auto)"
-            )
+            raise NotVectorizable()
         reason = "the model has BatchNorm statistics, which only the per-device engine keeps per device"
         return replace(plan, engine="per-device", group_size=1, engine_reason=reason)
     limits = {"devices per worker": math.ceil(plan.devices_per_leaf / plan.num_workers)}

@@ -1,6 +1,11 @@
 """The reproduction harness's arithmetic: time to an accuracy, mean +- std over seeds, curves on a common grid."""
 
-from benchmarks.reproduce_fedrevive import SCALES, job_command, on_grid, summary_row, time_to
+import os
+
+import pytest
+
+from benchmarks.reproduce_fedrevive import SCALES, job_command, method_labels, on_grid, summary_row, time_to
+from tests.conftest import REPO
 
 RUN_A = [
     {"version": 1, "sim_seconds": 0.0, "accuracy": 0.1},
@@ -31,3 +36,17 @@ def test_each_run_gets_the_budget_the_seed_and_its_own_folders_and_extra_flags_w
     assert cmd[cmd.index("--max-sim-time") + 1] == "40.0" and cmd[cmd.index("--seed") + 1] == "2"
     assert cmd[-2:] == ["--local-iters", "3"]  # after the scale's own --local-iters: argparse keeps the last
     assert "--synthetic-difficulty" in SCALES["cpu"]["flags"] and "resnet18" in SCALES["paper"]["flags"]
+
+
+def test_user_methods_are_named_by_their_class_and_only_fedrevive_gets_its_own_flags(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(os.path.join(REPO, "examples"))
+    assert method_labels(["fedavg", "fedasync:FedAsync"]) == {"fedavg": "fedavg", "fedasync:FedAsync": "fedasync"}
+    with pytest.raises(ValueError, match="Nope"):
+        method_labels(["fedasync:Nope"])
+    fedrevive = job_command("fedrevive", 0, "cpu", 40.0, str(tmp_path), [])
+    user = job_command("fedasync:FedAsync", 0, "cpu", 40.0, str(tmp_path), [])
+    assert (
+        "--fr-s-max" in fedrevive
+        and "--fr-s-max" not in user
+        and user[user.index("--method") + 1] == "fedasync:FedAsync"
+    )

@@ -165,25 +165,3 @@ def test_a_bad_import_path_is_refused_before_any_process_starts(tmp_path):
         assert proc.returncode == 2, (flag, value, proc.stderr[-2000:])
         assert named in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
         assert not (tmp_path / "ws").exists()  # refused before NVFlare made a workspace
-
-
-def test_a_users_method_from_the_command_line_runs_on_exact_time(tmp_path):
-    """``examples/own_method.py`` by import path: the project's exact time drives the user's strategy (the trace
-    equals the reference schedule's), its settings are recorded, and its versions move the model."""
-    from tests.e2e.test_exact_time import COMMON, reference
-
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in (EXAMPLES, os.environ.get("PYTHONPATH")) if p)}
-    flags = [*COMMON, "--method", "own_method:StalenessWeightedFedBuff", "--sw-exponent", "1.0"]
-    flags += "--num-updates-for-model 2 --min-hole-to-fill 1 --max-model-version 12 --global-lr 0.5".split()
-    flags += ["--output", str(tmp_path / "out"), "--workspace", str(tmp_path / "ws")]
-    proc = subprocess.run(
-        [PYTHON, "jobs/pt_job_fedrevive.py", *flags], cwd=REPO, env=env, capture_output=True, text=True, timeout=400
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    trace = [json.loads(line) for line in (tmp_path / "out" / "events.jsonl").read_text().splitlines()]
-    assert trace == reference("fedbuff")
-    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
-    assert metrics["config"]["method"] == "own_method:StalenessWeightedFedBuff"
-    assert metrics["config"]["method_settings"] == {"exponent": 1.0}
-    accuracies = [r["accuracy"] for r in metrics["versions"]]
-    assert len(accuracies) == 12 and len(set(accuracies)) > 1, accuracies  # the versions changed the model

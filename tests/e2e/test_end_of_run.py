@@ -88,7 +88,9 @@ def test_a_slow_evaluator_never_loses_the_last_version_and_a_terminal_shows_a_ba
     assert summary["last_version"] == summary["last_evaluated_version"] == 14
     assert f"13 version(s) trained, {len(evaluated)} evaluated" in output
     assert f"final accuracy {summary['final_accuracy']:.4f} (version 14)" in output
-    assert "warning" not in output.lower()  # nothing was cut short
+    # Nothing was cut short: none of our own warnings. (NVFlare may log that it dropped a leaf's update that
+    # arrived after the job's last task ended: a device trained past the last version, which no run keeps.)
+    assert "[edgesim] warning" not in output.lower()
     saved = torch.load(tmp_path / "out" / "global_model.pt")
     assert set(saved) == {"net.0.weight", "net.0.bias", "net.3.weight", "net.3.bias"}
     assert "[edgesim] versions:" in output and "%|" in output  # the tqdm bar, drawn on the terminal

@@ -218,6 +218,7 @@ def test_nvml_source_reads_per_device_util_and_memory(monkeypatch):
     class Mem:
         used = 3 * 1024**3
         total = 80 * 1024**3
+        free = 77 * 1024**3
 
     def util(handle):
         if handle == 1:

@@ -21,7 +21,7 @@ from jobs.recipe import EdgeSimRecipe
 from tests.conftest import REPO
 
 EXAMPLES = os.path.join(REPO, "examples")
-OWN = "own_method:StalenessWeightedFedBuff"
+OWN = "fedasync:FedAsync"
 SMALL = dict(device_selection_size=4, devices_per_leaf=3, synthetic_size=500)
 
 
@@ -41,24 +41,24 @@ def test_built_in_methods_are_found_by_name_and_unknown_ones_are_refused_naming_
 
 
 def test_a_users_method_by_import_path_gets_its_presets_settings_and_checks(examples_importable):
-    cfg = make_config(OWN, sw_exponent=1.5, **SMALL)
-    assert cfg.method == OWN and cfg.method_settings.exponent == 1.5
-    assert cfg.federation.num_updates_for_model == 2 and cfg.federation.global_lr == 0.05  # its presets
-    assert cfg.run.job_name == "edgesim_stalenessweightedfedbuff"
-    assert cfg.method_spec.strategy_args(cfg) == {"global_lr": 0.05, "exponent": 1.5}
-    with pytest.raises(ConfigError, match="--sw-exponent -1"):
-        make_config(OWN, sw_exponent=-1.0, **SMALL)
+    cfg = make_config(OWN, fa_exponent=1.5, **SMALL)
+    assert cfg.method == OWN and cfg.method_settings.exponent == 1.5 and cfg.method_settings.alpha == 0.6
+    assert cfg.federation.num_updates_for_model == 1 and cfg.federation.min_hole_to_fill == 1  # its presets
+    assert cfg.run.job_name == "edgesim_fedasync"
+    assert cfg.method_spec.strategy_args(cfg) == {"alpha": 0.6, "exponent": 1.5}
+    with pytest.raises(ConfigError, match="--fa-exponent -1"):
+        make_config(OWN, fa_exponent=-1.0, **SMALL)
     again = JobConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))  # as metrics.json records it
     assert again.method_settings == cfg.method_settings and again.method == OWN
 
 
 def test_a_method_class_or_instance_is_named_by_its_import_path_and_built_ins_by_name(examples_importable):
-    from own_method import StalenessWeightedFedBuff
+    from fedasync import FedAsync
 
-    assert method_option(StalenessWeightedFedBuff) == OWN
-    assert method_option(StalenessWeightedFedBuff()) == OWN
+    assert method_option(FedAsync) == OWN
+    assert method_option(FedAsync()) == OWN
     assert method_option(FedRevive) == "fedrevive"
-    assert make_config(StalenessWeightedFedBuff, **SMALL).method == OWN
+    assert make_config(FedAsync, **SMALL).method == OWN
 
 
 def test_a_config_written_before_the_method_api_still_loads():
@@ -70,8 +70,8 @@ def test_a_config_written_before_the_method_api_still_loads():
 def test_the_command_line_adds_a_users_method_flags_and_refuses_a_bad_method_in_one_line(examples_importable, capsys):
     with pytest.raises(SystemExit) as ended:
         job_main("test", ["--method", OWN, "--help"])
-    assert ended.value.code == 0 and "--sw-exponent" in capsys.readouterr().out
-    for bad, named in (("own_method:Nope", "Nope"), ("fedprox", "fedprox")):
+    assert ended.value.code == 0 and "--fa-exponent" in capsys.readouterr().out
+    for bad, named in (("fedasync:Nope", "Nope"), ("fedprox", "fedprox")):
         with pytest.raises(SystemExit) as ended:
             job_main("test", ["--method", bad, "--devices-per-leaf", "3"])
         err = capsys.readouterr().err
@@ -81,25 +81,83 @@ def test_the_command_line_adds_a_users_method_flags_and_refuses_a_bad_method_in_
 def test_the_exported_job_carries_the_users_strategy_and_ships_its_module(examples_importable, tmp_path):
     args = build_parser("test", method_choice=True).parse_args(["--method", OWN])
     assert args.method == OWN
-    cfg = make_config(OWN, sw_exponent=2.0, **SMALL)
+    cfg = make_config(OWN, fa_exponent=2.0, **SMALL)
     EdgeSimRecipe(cfg, prepare(cfg), results_dir=str(tmp_path / "out")).export(job_dir=str(tmp_path / "job"))
     job = tmp_path / "job" / cfg.run.job_name
     server = json.loads((job / "app" / "config" / "config_fed_server.json").read_text())
     manager = {c["id"]: c for c in server["components"]}["model_manager"]
-    assert manager["args"]["strategy"] == "own_method:StalenessWeightedMean"
-    assert manager["args"]["strategy_args"] == {"global_lr": 0.05, "exponent": 2.0}
-    assert list(job.glob("**/custom/own_method.py")), "the user's method module is not shipped with the job"
+    assert manager["args"]["strategy"] == "fedasync:StalenessMixing"
+    assert manager["args"]["strategy_args"] == {"alpha": 0.6, "exponent": 2.0}
+    assert list(job.glob("**/custom/fedasync.py")), "the user's method module is not shipped with the job"
 
 
-def test_the_examples_strategy_weights_updates_by_their_staleness(examples_importable, tmp_path):
-    from own_method import StalenessWeightedMean
+def test_a_device_hook_reaches_the_exported_jobs_task_processor(examples_importable, tmp_path):
+    cfg = make_config("fedprox:FedProx", prox_mu=0.5, **SMALL)
+    assert cfg.federation.synchronous  # FedAvg's, inherited
+    EdgeSimRecipe(cfg, prepare(cfg), results_dir=str(tmp_path / "out")).export(job_dir=str(tmp_path / "job"))
+    job = tmp_path / "job" / cfg.run.job_name
+    client = json.loads(next(job.glob("**/config_fed_client.json")).read_text())
+    processor = next(c for c in client["components"] if c["path"].endswith("TrainingTaskProcessor"))
+    assert processor["args"]["objective"] == "fedprox:ProximalTerm"
+    assert processor["args"]["objective_args"] == {"mu": 0.5}
 
-    class History:
-        current_version = 3
-        current_weights = {"w": np.zeros(2, np.float32)}
 
-    strategy = StalenessWeightedMean(global_lr=1.0, exponent=1.0)
+class History:
+    """The versions a strategy reads (``aggregation.strategy.ModelHistory``), from a dict."""
+
+    def __init__(self, versions: dict, current: int):
+        self.versions, self.current_version = versions, current
+
+    @property
+    def current_weights(self):
+        return self.versions[self.current_version]
+
+    def weights_of(self, version: int):
+        return self.versions[version]
+
+
+def test_fedasync_mixes_each_trained_model_in_by_its_staleness(examples_importable, tmp_path):
+    from fedasync import StalenessMixing
+
+    history = History({1: {"w": np.zeros(2, np.float32)}, 2: {"w": np.full(2, 1.0, np.float32)}}, 2)
+    strategy = StalenessMixing(alpha=0.5, exponent=1.0)
     strategy.setup(ServerContext("m", frozenset(), 0, "cpu", str(tmp_path)))
-    strategy.add_update(Update("a#0", 3, 1, {"w": np.full(2, 3.0, np.float32)}, 0, 1.0), History())
-    strategy.add_update(Update("a#1", 1, 1, {"w": np.full(2, 6.0, np.float32)}, 2, 2.0), History())  # weight 1/3
-    np.testing.assert_allclose(strategy.make_version(History(), 2.0)["w"], (3.0 + 2.0) / (1 + 1 / 3), rtol=1e-6)
+    strategy.add_update(Update("a#0", 1, 1, {"w": np.full(2, 4.0, np.float32)}, 1, 1.0), history)  # x_new 4, a 1/4
+    state = strategy.state_dict()
+    strategy.load_state_dict(state)  # a checkpoint between two updates of one version
+    strategy.add_update(Update("a#1", 2, 1, {"w": np.full(2, 2.0, np.float32)}, 0, 2.0), history)  # x_new 3, a 1/2
+    np.testing.assert_allclose(strategy.make_version(history, 2.0)["w"], 0.5 * (0.75 * 1 + 0.25 * 4) + 0.5 * 3)
+
+
+def test_the_nvflare_weighting_example_makes_the_versions_nvflares_buff_model_manager_makes(examples_importable):
+    """The same stale and fresh updates, through NVFlare's own BuffModelManager(staleness_weight=True) and through
+    the example's strategy, give the same next version."""
+    from fedbuff_nvflare_weighting import NVFlareStalenessWeighting
+    from nvflare.apis.dxo import DXO, DataKind
+    from nvflare.edge.assessors.buff_model_manager import BuffModelManager
+    from nvflare.edge.mud import ModelUpdate
+
+    from tests.fakes.engine import EventEngine
+
+    rng = np.random.default_rng(0)
+    initial = {"w": rng.normal(size=3).astype(np.float32)}
+    rounds = [{1: 2}, {1: 1, 2: 1}, {1: 1, 3: 1}]  # per new version: {base version: devices}, stale ones too
+    diffs = [{v: [rng.normal(size=3).astype(np.float32) for _ in range(n)] for v, n in r.items()} for r in rounds]
+
+    stock = BuffModelManager(num_updates_for_model=2, global_lr=0.5, staleness_weight=True)
+    fl_ctx = EventEngine({}).new_context()
+    stock.initialize_model(DXO(DataKind.WEIGHTS, data=dict(initial)), fl_ctx)
+    stock.generate_new_model(fl_ctx)  # version 1: the initial model; then one version per 2 updates
+    ours = NVFlareStalenessWeighting(global_lr=0.5)
+    ours.setup(ServerContext("m", frozenset(), 0, "cpu", ""))
+    history = History({1: initial}, 1)
+    for made in diffs:
+        for v, ds in made.items():
+            for i, d in enumerate(ds):
+                update = DXO(DataKind.WEIGHT_DIFF, data={"dict": {"w": d.copy()}, "count": 1}).to_shareable()
+                stock.process_updates({v: ModelUpdate(v, update, {f"site-1#{v}{i}": 0.0})}, fl_ctx)
+                ours.add_update(Update(f"site-1#{v}{i}", v, 1, {"w": d}, history.current_version - v, 0.0), history)
+        history.versions[history.current_version + 1] = ours.make_version(history, 0.0)
+        history.current_version += 1
+        np.testing.assert_allclose(history.current_weights["w"], np.asarray(stock.current_model.data["w"]), 1e-6)
+    assert history.current_version == stock.current_model_version == 4

@@ -38,6 +38,58 @@ from simulation.nvflare_private import (
 from tests.fakes.processors import UsersProcessor
 
 
+def _real(owner, name: str) -> str:
+    """The dotted path of NVFlare's own member ``name`` of ``owner`` (a class or module, imported from NVFlare)."""
+    module = owner.__name__ if inspect.ismodule(owner) else f"{owner.__module__}.{owner.__qualname__}"
+    assert hasattr(owner, name), f"NVFlare's {module} has no {name} any more: review simulation/nvflare_private.py"
+    return f"{module}.{name}"
+
+
+def test_the_private_names_we_touch_are_nvflares_real_ones():
+    """Written with NVFlare's own classes and modules, not with our tables: an upgrade that moves or renames any
+    of them fails here (at the import, or naming the member), and our tables must list exactly these."""
+    from nvflare.edge.controllers.sage import ScatterAndGatherForEdge
+    from nvflare.edge.executors.ete import EdgeTaskExecutor
+    from nvflare.edge.executors.hug import HierarchicalUpdateGatherer
+    from nvflare.fuel.f3.streaming.byte_receiver import RxTask
+    from nvflare.job_config.api import FedJob
+    from nvflare.private.fed.app.deployer import simulator_deployer
+    from nvflare.private.fed.app.simulator import simulator_runner
+    from nvflare.recipe.spec import Recipe
+
+    assert NVFLARE_PRIVATE_OVERRIDES == {
+        _real(HierarchicalUpdateGatherer, "_do_task"): ("self", "fl_ctx", "abort_signal"),
+        _real(EdgeTaskExecutor, "_handle_edge_request"): ("self", "event_type", "fl_ctx", "process_f", "no_task_reply"),
+        _real(EdgeTaskExecutor, "_handle_edge_job_request"): ("self", "event_type", "fl_ctx"),
+    }
+    assert NVFLARE_PRIVATE_PATCHES == {
+        _real(RxTask, "_schedule_remove_task"): ("self", "ttl"),
+        _real(RxTask, "_remove_task"): ("self",),
+    }
+    assert NVFLARE_PRIVATE_MODULE_FUNCTIONS == {
+        _real(simulator_runner, "get_open_ports"): ("number",),
+        _real(simulator_deployer, "get_open_ports"): ("number",),
+    }
+    hug = ("_pending_task", "_task_done", "_process_error", "_parent_name", "_num_children", "_updater")
+    hug += ("_make_update_report", "_pending_clients_status")
+    assert NVFLARE_PRIVATE_ATTRIBUTES == {
+        f"{FedJob.__module__}.FedJob": ("_deploy_map",),
+        f"{Recipe.__module__}.Recipe": ("_job",),
+        f"{ScatterAndGatherForEdge.__module__}.ScatterAndGatherForEdge": ("_update_interval", "_assess_interval"),
+        f"{HierarchicalUpdateGatherer.__module__}.HierarchicalUpdateGatherer": hug,
+    }
+    # the methods' signatures, read from NVFlare's classes themselves (even where this process replaced them)
+    assert tuple(inspect.signature(HierarchicalUpdateGatherer._do_task).parameters) == (
+        "self",
+        "fl_ctx",
+        "abort_signal",
+    )
+    remove = ORIGINALS.get("RxTask._schedule_remove_task", RxTask._schedule_remove_task)
+    assert tuple(inspect.signature(remove).parameters) == ("self", "ttl")
+    ports = ORIGINALS.get(_real(simulator_runner, "get_open_ports"), simulator_runner.get_open_ports)
+    assert tuple(inspect.signature(ports).parameters) == ("number",)
+
+
 @pytest.mark.parametrize("path, parameters", sorted(NVFLARE_PRIVATE_OVERRIDES.items()))
 def test_overridden_private_nvflare_method_is_unchanged(path, parameters):
     module_name, class_name, method = path.rsplit(".", 2)
