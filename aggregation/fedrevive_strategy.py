@@ -15,6 +15,7 @@ import os
 from aggregation.buffered_mean import BufferedMean
 from aggregation.strategy import ModelHistory, ServerContext, Update
 from common.jsonio import JsonlWriter
+from common.protocol import LABEL_COUNTS
 from fedrevive.config import FedReviveConfig
 from fedrevive.distill import FedReviveDistiller
 from processors.device import resolve_device
@@ -62,7 +63,9 @@ class FedReviveStrategy(BufferedMean):
             raise ValueError("FedRevive revives each device's update: its leaves must not sum them")
         delta = update.diff
         base = model.weights_of(update.base_version)
-        self.distiller.observe_client_model(update.device, {k: base[k] + delta[k] for k in delta})
+        self.distiller.observe_client_model(
+            update.device, {k: base[k] + delta[k] for k in delta}, update.reports.get(LABEL_COUNTS)
+        )
         processed, info = self.distiller.process_update(
             model.current_weights, delta, update.device, update.base_version, model.current_version
         )
@@ -71,7 +74,7 @@ class FedReviveStrategy(BufferedMean):
         # "version": the version the update goes into, as in events.jsonl
         self._log.write({"version": model.current_version + 1, "base_version": update.base_version, **info})
         self._log_lines += 1
-        self._revived += info.get("beta", 0.0) > 0
+        self._revived += info.get("phase") == "distill" and info.get("beta", 0.0) > 0
 
     def status(self, model: ModelHistory) -> str:
         """FedRevive's phase at the current version and how many updates it has revived so far."""

@@ -138,8 +138,13 @@ class GlobalModel(FLComponent):
             diff, count, base = update.group.diff, update.group.count, update.group.base_version
         else:
             return
+        n = len(DEVICE_EXTRA_PREFIX)
+        reports = {k[n:]: v for k, v in diff.items() if k.startswith(DEVICE_EXTRA_PREFIX)}
+        if reports:
+            diff = {k: v for k, v in diff.items() if not k.startswith(DEVICE_EXTRA_PREFIX)}
         self.server_strategy.add_update(
-            Update(update.device, base, count, as_float32_arrays(diff), tau, sim_time), self
+            Update(update.device, base, count, as_float32_arrays(diff), tau, sim_time, as_float32_arrays(reports)),
+            self,
         )
 
     def make_version(self, sim_time: float, fl_ctx: FLContext) -> None:

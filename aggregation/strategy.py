@@ -28,7 +28,7 @@ FedAvg and FedBuff are ``aggregation.buffered_mean.BufferedMean``; FedRevive is
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -67,6 +67,8 @@ class Update:
         diff: the summed diff, trained minus received, of parameters and statistics (float32, do not modify).
         tau: staleness: versions made between ``base_version`` and this update's application.
         sim_time: the simulated time it arrived at.
+        reports: what the device reported besides its diff (``common.protocol.LABEL_COUNTS`` when its method asks
+            for its label histogram), by name.
     """
 
     device: str
@@ -75,6 +77,7 @@ class Update:
     diff: Weights
     tau: int
     sim_time: float
+    reports: Weights = field(default_factory=dict)
 
 
 class ModelHistory(Protocol):

@@ -1,15 +1,19 @@
 """Per-device vs. vectorised local training: samples/second for groups of K simulated devices.
 
-Each device: Cifar10ConvNet, ``--iters`` Adam iterations of batch ``--batch-size`` on ``--samples`` synthetic
+Each device: ``--model`` (Cifar10ConvNet by default; ``resnet18``, the FedRevive paper's), ``--iters`` Adam iterations of batch ``--batch-size`` on ``--samples`` synthetic
 images. The per-device engine is a loop of ``train_local`` reusing one model; the vectorised engine is one
 ``train_group`` call for all K devices. Both get identically seeded generators, so they train the same batches;
 the maximum |difference| of their diffs is printed as a sanity check.
 
     .venv/bin/python benchmarks/bench_engine.py --device auto --ks 1,8,32,100 --iters 25
 
-The line ``speedup: <X>x`` is vectorised over per-device for the largest K; the last line, ``trackers: <X>x``,
-is the vectorised engine's time with the model's statistic trackers over its time with them replaced by identities
-(what recording the devices' data statistics costs), measured alternately in the same run.
+The line ``speedup: <X>x`` is vectorised over per-device for the largest K; ``trackers: <X>x`` is the vectorised
+engine's time with the model's statistic trackers over its time with them replaced by identities (what recording
+the devices' data statistics costs; models whose trackers are top-level modules only); the last line,
+``augment: <X>x``, is its time with local augmentation (``--augment``: crop and flip) over its time without. Both
+ratios are measured alternately in the same run.
+
+    .venv/bin/python benchmarks/bench_engine.py --model resnet18 --ks 1,4 --iters 2 --batch-size 8 --samples 32
 """
 
 from __future__ import annotations
@@ -88,21 +92,24 @@ def best_of(repeats: int, fn, device, *args):
 
 
 def main() -> None:
+    global MODEL
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--model", default=MODEL, choices=["cifar10_convnet", "resnet18"])
     parser.add_argument("--ks", default="1,8,32,100", help="comma-separated group sizes")
     parser.add_argument("--iters", type=int, default=25, help="local Adam iterations per device")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--samples", type=int, default=350, help="samples per device")
     parser.add_argument("--repeats", type=int, default=1, help="time each engine this many times, keep the best")
     args = parser.parse_args()
+    MODEL = args.model
 
     if args.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
         device = torch.device(args.device)
     ks = [int(k) for k in args.ks.split(",") if k.strip()]
-    cfg = TrainingConfig(local_iters=args.iters, local_batch_size=args.batch_size, optimizer="adam")
+    cfg = TrainingConfig(model=MODEL, local_iters=args.iters, local_batch_size=args.batch_size, optimizer="adam")
 
     pool = min(max(ks) * args.samples, 20000)
     ds = make_synthetic(max(pool, 100), 100, seed=0).to(device)
@@ -146,9 +153,23 @@ def main() -> None:
             f"{k:>5} {rate_dev:>15.0f} {rate_vec:>15.0f} {speedup:>6.2f}x {pct(rate_dev):>14} {pct(rate_vec):>10} {err:>10.2e}"
         )
     print(f"speedup: {speedup:.2f}x")
-    with_trackers, without = tracker_cost(global_params, data_all[: max(ks)], cfg, device, args.repeats)
-    print(f"vectorised K={max(ks)}: {with_trackers:.3f} s with statistic trackers, {without:.3f} s without")
-    print(f"trackers: {with_trackers / without:.3f}x")
+    if all("." not in name for name in trackers(worker_model(MODEL, device))):
+        with_trackers, without = tracker_cost(global_params, data_all[: max(ks)], cfg, device, args.repeats)
+        print(f"vectorised K={max(ks)}: {with_trackers:.3f} s with statistic trackers, {without:.3f} s without")
+        print(f"trackers: {with_trackers / without:.3f}x")
+    augmented, plain = augment_cost(global_params, data_all[: max(ks)], cfg, device, args.repeats)
+    print(f"vectorised K={max(ks)}: {augmented:.3f} s with crop-and-flip augmentation, {plain:.3f} s without")
+    print(f"augment: {augmented / plain:.3f}x")
+
+
+def augment_cost(global_params, data, cfg, device, repeats: int) -> tuple[float, float]:
+    """Best-of times of the vectorised engine with and without local augmentation, alternating."""
+    configs = {True: TrainingConfig(**(cfg.to_dict() | {"augment": True})), False: cfg}
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(max(repeats, 3)):
+        for augment, c in configs.items():
+            times[augment].append(timed(run_vectorized, device, global_params, data, c)[0])
+    return min(times[True]), min(times[False])
 
 
 def tracker_cost(global_params, data, cfg, device, repeats: int) -> tuple[float, float]:

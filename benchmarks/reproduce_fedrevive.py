@@ -5,13 +5,17 @@ Every (method, seed) is one ``jobs/pt_job_fedrevive.py --method M --seed S --max
 process and results folder: each method gets the same simulated time (updates arriving later are not applied) and
 makes as many versions as it can within it. Two scales:
 
-* ``paper``: CIFAR-10, ResNet-18, 1,000 devices x 350 samples, Dirichlet 0.5, K = 100, Adam 3e-4 for 25 x 32,
-  the paper's delays, 200 time units, evaluation every 10 versions. It needs CIFAR-10 under ``--data-root`` and
-  a GPU. (ResNet-18's BatchNorm statistics do not reach the server yet: see the README's "Known limits".)
+* ``paper``: CIFAR-10, the paper's ResNet-18 (statistic trackers, no normalisation), 1,000 devices x 350
+  samples, Dirichlet 0.5, K = 100, Adam 3e-4 for 25 x 32 with the references' crop-and-flip augmentation, the
+  paper's delays, 200 time units. It needs CIFAR-10 under ``--data-root`` and a GPU.
 * ``cpu``: the calibrated hard generated data (``--synthetic-difficulty 1``), cifar10_convnet, 2 x 100 devices x
   100 samples, K = 20, 25 local Adam steps at 1e-3 (the paper's 3e-4 learned nothing within the budget), the
-  paper's delays, 40 time units (about 10 minutes per seed on 2 cores, most of it FedRevive's server work);
-  FedRevive at its paper defaults except ``s_max`` = 75 x K / 100 (staleness grows with the devices in flight).
+  paper's delays, local augmentation, 40 time units (about 10 minutes per seed on 2 cores, most of it FedRevive's
+  server work); FedRevive at its paper defaults except ``s_max`` = 75 x K / 100 (staleness grows with the devices
+  in flight).
+
+Evaluation, as both references do it: every version for a synchronous method (FedAvg), every 10 versions for
+an asynchronous one (and always the last), so the time-to-accuracy columns mean the same for every method.
 
 ``--methods`` takes the built-in names and any user method by import path (``fedasync:FedAsync``, importable
 through ``PYTHONPATH``, as ``--method`` takes it; its folder and row are named by its class). Any other job flag
@@ -46,7 +50,7 @@ SCALES = {
         "flags": (
             "--dataset cifar10 --model resnet18 --num-leaf-nodes 4 --devices-per-leaf 250 --device-selection-size 100 "
             "--subset-size 350 --dirichlet-alpha 0.5 --local-iters 25 --local-batch-size 32 --local-lr 3e-4 "
-            "--optimizer adam --delays paper --eval-frequency 10 --eval-backlog wait"
+            "--optimizer adam --delays paper --augment --eval-frequency 10 --eval-backlog wait"
         ).split(),
     },
     "cpu": {
@@ -54,7 +58,7 @@ SCALES = {
         "flags": (
             "--dataset synthetic --synthetic-difficulty 1 --synthetic-size 20000 --model cifar10_convnet "
             "--num-leaf-nodes 2 --devices-per-leaf 100 --device-selection-size 20 --subset-size 100 --dirichlet-alpha "
-            "0.5 --local-iters 25 --local-batch-size 32 --local-lr 1e-3 --delays paper --eval-frequency 10 "
+            "0.5 --local-iters 25 --local-batch-size 32 --local-lr 1e-3 --delays paper --augment --eval-frequency 10 "
             "--eval-backlog wait"
         ).split(),
         "method_flags": {"fedrevive": ["--fr-s-max", "15"]},
@@ -111,7 +115,12 @@ def on_grid(records: list[dict], grid: list[float]) -> list[float | None]:
 
 # -- running --------------------------------------------------------------------------------------------------
 def job_command(method: str, seed: int, scale: str, budget: float, out: str, extra: list[str]) -> list[str]:
-    """One run's command: the scale's flags, the method's own ones at this scale, the budget, then ``extra``."""
+    """One run's command: the scale's flags, the method's own ones at this scale (a synchronous method evaluates
+    every version), the budget, then ``extra``."""
+    sys.path.insert(0, REPO)  # jobs.methods, when the project is not installed
+    from jobs.methods import method_of
+
+    every_version = ["--eval-frequency", "1"] if method_of(method).synchronous else []
     return [
         sys.executable,
         os.path.join(REPO, "jobs", "pt_job_fedrevive.py"),
@@ -121,6 +130,7 @@ def job_command(method: str, seed: int, scale: str, budget: float, out: str, ext
         str(seed),
         *SCALES[scale]["flags"],
         *SCALES[scale].get("method_flags", {}).get(method, []),
+        *every_version,
         "--max-sim-time",
         str(budget),
         "--max-model-version",

@@ -69,6 +69,16 @@ def add_dataclass_flags(group, cls: type, prefix: str, dest_prefix: str) -> None
                 help=f"{help_text} (default: {'on' if field.default else 'off'})",
             )
             continue
+        hint = hints.get(field.name)
+        if typing.get_origin(hint) is typing.Literal:  # a choice: argparse names the others on a wrong one
+            group.add_argument(
+                flag,
+                dest=f"{dest_prefix}{field.name}",
+                choices=typing.get_args(hint),
+                default=field.default,
+                help=help_text,
+            )
+            continue
         group.add_argument(
             flag,
             dest=f"{dest_prefix}{field.name}",

@@ -40,6 +40,9 @@ MODELS = "edgesim_models"  # {model version: its weights, packed (common.packed_
 # a version's weights may carry the strategy's extra state for devices (ServerStrategy.device_extras) under this
 # prefix; a device hands it to the method's DeviceObjective and leaves it out of its diff
 DEVICE_EXTRA_PREFIX = "edgesim_extra/"
+# up, the same way: a device's own reports travel in its diff under that prefix and reach the strategy as
+# Update.reports (the diff the strategy sums holds the model only)
+LABEL_COUNTS = "label_counts"  # a device's label histogram (float32, one count per class), when its method asks
 SELECTION_VERSIONS = "edgesim_selection_versions"  # {selection id: model version}
 
 # FLContext key set by the server's model manager next to AppConstants.GLOBAL_MODEL: the simulated time at which

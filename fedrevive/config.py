@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import typing
 from dataclasses import asdict, dataclass
+from typing import Literal
+
+WarmupBlend = Literal["zero", "pass"]
+ClassProportions = Literal["true", "estimate"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,11 @@ class FedReviveConfig:
             updates pass unchanged.
         kd_train_from_version: distillation and blending (revival), and the generator's adversarial term, start at
             this version.
+        warmup_blend: what a stale update becomes between distill_from_version and kd_train_from_version: zero,
+            (1 - beta) * delta, the blend with a zero distilled update, as both references do; pass, delta unchanged.
+        class_proportions: each teacher's class proportions: true, the label histogram its device reports with its
+            updates (as the authors' code and NVIDIA's port by default); estimate, the server's probe of the
+            client's first two models with Gaussian noise (probe_samples, probe_temperature).
         num_classes: classes the generator synthesises (the data's).
     """
 
@@ -67,6 +77,8 @@ class FedReviveConfig:
     probe_samples: int = 512
     distill_from_version: int = 50
     kd_train_from_version: int = 100
+    warmup_blend: WarmupBlend = "zero"
+    class_proportions: ClassProportions = "true"
     num_classes: int = 10
 
     def __post_init__(self) -> None:
@@ -85,6 +97,10 @@ class FedReviveConfig:
             raise ValueError(f"{', '.join(bad)}: must be >= 1")
         if self.kd_train_from_version < self.distill_from_version:
             raise ValueError("kd_train_from_version must be >= distill_from_version")
+        if self.warmup_blend not in typing.get_args(WarmupBlend):
+            raise ValueError(f"--fr-warmup-blend {self.warmup_blend!r}: use zero or pass")
+        if self.class_proportions not in typing.get_args(ClassProportions):
+            raise ValueError(f"--fr-class-proportions {self.class_proportions!r}: use true or estimate")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -5,7 +5,8 @@ Phases, by the current global version v (an update's staleness is tau = v - base
 * ``warm-up`` (v < distill_from_version): nothing runs on the server but bookkeeping; teachers are still
   buffered and class proportions estimated in ``observe_client_model``. The update passes through unchanged.
 * ``generator-warm-up`` (distill_from_version <= v < kd_train_from_version): synthesis rounds fill the pool (see
-  below); beta is forced to 0 and the update passes through unchanged (as NVIDIA's port; R1 blends a zero delta_KD).
+  below); no student is trained, and a stale update is blended with a zero delta_KD, ``(1 - beta) * delta``, as both
+  references do (``warmup_blend`` "zero"; "pass" leaves it unchanged).
 * ``distill`` (v >= kd_train_from_version, beta > 0): a student initialised from the current global model is
   trained ``kd_iters`` Adam steps (lr ``kd_lr``, weight decay ``kd_weight_decay``) on pool images: in each step
   every teacher k gets its own ``synth_per_teacher`` images whose labels are drawn from its class proportions q_k,
@@ -72,6 +73,7 @@ class FedReviveDistiller:
         self.rng = torch.Generator().manual_seed(seed + 1)
         self.teachers = TeacherBuffer(cfg.teacher_buffer_size, model_builder, device)
         self.estimator = ProportionEstimator(cfg.num_classes, cfg.probe_temperature)
+        self.parameter_names = frozenset(name for name, _ in model_builder().named_parameters())
         self.synthesizer = Synthesizer(cfg, device, seed)
         # One fixed probe batch: estimates of different clients are then comparable, and conv-mode teachers
         # get their feature-statistics reference from the same Gaussian noise (normalised image space).
@@ -94,10 +96,21 @@ class FedReviveDistiller:
         self.estimator.load_state_dict(state["estimator"])
         self.synthesizer.load_state_dict(state["synthesizer"])
 
-    def observe_client_model(self, client_id: str, weights: dict[str, np.ndarray]) -> None:
-        """Buffer a returned client model as a teacher; probe its class proportions if among its first two."""
+    def observe_client_model(
+        self, client_id: str, weights: dict[str, np.ndarray], label_counts: np.ndarray | None = None
+    ) -> None:
+        """Buffer a returned client model as a teacher. Its class proportions: the label histogram its device
+        reported (``class_proportions`` "true"), or the probe of the client's first two models ("estimate")."""
         teacher = self.teachers.add(client_id, weights, self.probe_noise)
-        self.estimator.observe(client_id, teacher.model, self.probe_noise)
+        if self.cfg.class_proportions == "true":
+            if label_counts is None:
+                raise ValueError(
+                    f"device {client_id} reported no label histogram, which --fr-class-proportions true needs; "
+                    "use --fr-class-proportions estimate for devices that do not report one"
+                )
+            self.estimator.record(client_id, label_counts)
+        else:
+            self.estimator.observe(client_id, teacher.model, self.probe_noise)
 
     def phase(self, current_version: int, beta: float) -> str:
         if current_version < self.cfg.distill_from_version:
@@ -131,8 +144,9 @@ class FedReviveDistiller:
         phase = self.phase(current_version, b)
         info: dict = {"client_id": client_id, "tau": tau, "beta": 0.0, "phase": phase, "kd_seconds": 0.0}
         synthesize = self.synthesizes(current_version, tau)
+        warmup_zero = phase == "generator-warm-up" and self.cfg.warmup_blend == "zero" and b > 0
         if not synthesize and phase != "distill":
-            return blend_update(delta, None, 0.0), info
+            return self._warmup_blend(delta, b, info) if warmup_zero else (blend_update(delta, None, 0.0), info)
 
         start = time.perf_counter()
         global_model = self.frozen_model(global_weights)
@@ -151,7 +165,15 @@ class FedReviveDistiller:
             delta_kd, losses = self.distill(global_model, global_weights, teachers, proportions)
             info.update(beta=b, kd_loss_first=losses[0], kd_loss_last=losses[-1])
         info["kd_seconds"] = time.perf_counter() - start
+        if warmup_zero:
+            return self._warmup_blend(delta, b, info)
         return blend_update(delta, delta_kd, info["beta"]), info
+
+    def _warmup_blend(self, delta: dict[str, np.ndarray], b: float, info: dict) -> tuple[dict[str, np.ndarray], dict]:
+        """(1 - beta) * delta: the blend with a zero distilled update (parameters; statistics stay the client's)."""
+        info["beta"] = b
+        zero = {k: np.zeros_like(v) for k, v in delta.items() if k in self.parameter_names}
+        return blend_update(delta, zero, b), info
 
     def distill(
         self,

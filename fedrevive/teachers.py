@@ -1,8 +1,9 @@
 """Teacher side of FedRevive: the buffer of recent client models and the server's class-proportion estimates.
 
-Devices never report label histograms. The server estimates each client's class proportions by pushing Gaussian
-noise (in normalised image space) through the client's first two uploaded models and averaging their softened
-softmax outputs: a model trained on skewed labels is biased towards its frequent classes on uninformative input.
+Each teacher's class proportions are its client's label histogram, reported by the device (``record``, as the
+authors' code feeds them), or estimated on the server (``observe``, as NVIDIA's port offers): Gaussian noise (in
+normalised image space) through the client's first two uploaded models, their softened softmax outputs averaged;
+a model trained on skewed labels is biased towards its frequent classes on uninformative input.
 """
 
 from __future__ import annotations
@@ -51,6 +52,17 @@ class ProportionEstimator:
         probs = probe_proportions(model, noise, self.temperature)
         self._sums[client_id] = self._sums.get(client_id, 0.0) + probs
         self._counts[client_id] = self._counts.get(client_id, 0) + 1
+
+    def record(self, client_id: str, label_counts: np.ndarray) -> None:
+        """The client's true label histogram (its first report is kept: a device's data does not change)."""
+        if client_id in self._counts:
+            return
+        counts = np.asarray(label_counts, dtype=np.float64)
+        if counts.shape != (self.num_classes,):
+            raise ValueError(f"label histogram of {client_id} has shape {counts.shape}, not ({self.num_classes},)")
+        total = counts.sum()
+        self._sums[client_id] = counts / total if total > 0 else np.full(self.num_classes, 1.0 / self.num_classes)
+        self._counts[client_id] = 1
 
     def state_dict(self) -> dict:
         return {"sums": {k: np.asarray(v) for k, v in self._sums.items()}, "counts": dict(self._counts)}

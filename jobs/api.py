@@ -9,7 +9,7 @@ is a thin layer over it: every flag is an option here, with underscores (``--dev
                  num_leaf_nodes=2, devices_per_leaf=50, device_selection_size=20, max_model_version=30)
     print(result.final_accuracy, result.output)
 
-* ``model``: a built-in name (``cifar10_convnet``, ``resnet18``), an import path ``package.module:Class``, or the
+* ``model``: a built-in name (``cifar10_convnet``, ``resnet18``, ``resnet18_bn``), an import path ``package.module:Class``, or the
   class itself. Its constructor takes no required argument (an optional ``init_seed`` keyword seeds it); its
   output for a batch is one score per class. A class defined in the script you run (``__main__``) is shipped
   with the job: guard the script's own work with ``if __name__ == "__main__":``.

@@ -160,13 +160,23 @@ def build_parser(description: str, method_choice: bool = False) -> JobArgumentPa
     d = _defaults(TrainingConfig)
     tr = p.add_argument_group("local training")
     tr.add_argument(
-        "--model", default=d["model"], help="cifar10_convnet, resnet18, or an nn.Module class as package.module:Class"
+        "--model",
+        default=d["model"],
+        help="cifar10_convnet, resnet18 (the FedRevive paper's: statistic trackers, no BatchNorm), resnet18_bn, or an "
+        "nn.Module class as package.module:Class",
     )
     tr.add_argument("--local-iters", type=int, default=d["local_iters"], help="local iterations per task")
     tr.add_argument("--local-batch-size", type=int, default=d["local_batch_size"], help="local batch size")
     tr.add_argument("--local-lr", type=float, default=d["local_lr"], help="local learning rate")
     tr.add_argument("--optimizer", default=d["optimizer"], choices=literal_choices(Optimizer), help="local optimizer")
     tr.add_argument("--compute-device", default=d["compute_device"], help="auto (CUDA when present), cpu, cuda, cuda:N")
+    tr.add_argument(
+        "--augment",
+        action=argparse.BooleanOptionalAction,
+        default=d["augment"],
+        help="random crop (padding 4) and horizontal flip of each local batch, as the FedRevive references train "
+        "their clients (default: off; on in benchmarks/reproduce_fedrevive.py)",
+    )
 
     het = p.add_argument_group("device heterogeneity: simulated delays (a preset, any field overridden)")
     het.add_argument(

@@ -41,6 +41,7 @@ def make_task_processor(
         stock_delays=cfg.delays.to_dict() if stock else None,
         objective=cfg.method_spec.objective_path,
         objective_args=cfg.method_spec.objective_args(cfg),
+        label_counts=cfg.method_spec.reports_label_counts(cfg),
     )
 
 

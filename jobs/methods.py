@@ -64,6 +64,10 @@ class Method:
         """Its device hook's constructor arguments for this run (``cfg``: the ``JobConfig``)."""
         return {}
 
+    def reports_label_counts(self, cfg: Any) -> bool:
+        """Whether devices report their label histogram with each update (``Update.reports``)."""
+        return False
+
     def leaf_sums(self, cfg: Any) -> bool:
         """Leaf aggregation: ``True``, a leaf sends one sum per selection (every device of a synchronous
         selection goes into the same version); ``False``, each device's own update."""
@@ -163,6 +167,9 @@ class FedRevive(Method):
 
     def leaf_sums(self, cfg: Any) -> bool:
         return False  # it revives each update on its own
+
+    def reports_label_counts(self, cfg: Any) -> bool:
+        return cfg.method_settings.class_proportions == "true"
 
     def check_data(self, cfg: Any, dataset: Any) -> None:
         if dataset.input_shape != (3, 32, 32) or dataset.mean is None:

@@ -158,6 +158,11 @@ def check_model_fits_data(cfg: JobConfig, dataset: Dataset) -> None:
             f"--model {name} gives outputs of shape {tuple(out.shape[1:])} per sample; the data has "
             f"{dataset.num_classes} classes, so it must give ({dataset.num_classes},)"
         )
+    if cfg.training.augment and len(dataset.input_shape) != 3:
+        raise ConfigError(
+            f"--augment crops and flips images (C x H x W); the data's samples are {dataset.input_shape}: "
+            "leave out --augment"
+        )
     cfg.method_spec.check_data(cfg, dataset)
 
 

@@ -26,7 +26,7 @@ from nvflare.edge.web.models.task_response import TaskResponse
 
 from common.delays import DelayConfig, DeviceDelays
 from common.profiles import DEFAULT_PROFILE, UtilisationProfile, get_profile
-from common.protocol import DEVICE_EXTRA_PREFIX, DEVICE_ID_META
+from common.protocol import DEVICE_EXTRA_PREFIX, DEVICE_ID_META, LABEL_COUNTS
 from common.seeds import stable_seed
 from processors.data.config import DataConfig
 from processors.data.partition import device_indices
@@ -151,6 +151,8 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
             does (the stock-simulator baseline only); ``None``: no sleeping.
         objective: the method's device hook (``processors.objective.DeviceObjective``) by import path; "": none.
         objective_args: its constructor's keyword arguments.
+        label_counts: each device also reports its label histogram (``common.protocol.LABEL_COUNTS``), in its
+            diff under ``DEVICE_EXTRA_PREFIX``, for a method that asks (FedRevive's true class proportions).
     """
 
     def __init__(
@@ -164,6 +166,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         stock_delays: dict | None = None,
         objective: str = "",
         objective_args: dict | None = None,
+        label_counts: bool = False,
     ):
         DeviceTaskProcessor.__init__(self)
         self.data = data
@@ -175,6 +178,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         self.stock_delays = stock_delays
         self.objective = objective
         self.objective_args = objective_args or {}
+        self.label_counts = label_counts
         self._objective: DeviceObjective | None = make_objective(objective, self.objective_args)
         self._data = DataConfig(**data)
         self._training = TrainingConfig(**training)
@@ -275,7 +279,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
             device, x, y, generator = self._prepare(device_id, version)
             net = worker_model(self._training.model, device)
             params = global_params_on(model_data, version, device, settings.cached_versions)
-            return train_local(
+            diff = train_local(
                 net,
                 params,
                 x,
@@ -287,6 +291,15 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
                 self._objective,
                 device_extras(params),
             )
+            return self._with_reports(diff, y)
+
+    def _with_reports(self, diff: dict[str, np.ndarray], y: torch.Tensor) -> dict[str, np.ndarray]:
+        """The diff, with the device's label histogram when the method asks for it."""
+        if self.label_counts:
+            classes = load_dataset(self._data.spec(self.seed)).num_classes
+            counts = torch.bincount(y.cpu(), minlength=classes).numpy().astype(np.float32)
+            diff[DEVICE_EXTRA_PREFIX + LABEL_COUNTS] = counts
+        return diff
 
     def train_group(self, device_ids: list[str], model_data: dict, version: int) -> list[dict[str, np.ndarray]]:
         """Train several devices from the same global weights in one vectorised call (``train_group``); each
@@ -296,7 +309,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
             prepared = [self._prepare(device_id, version) for device_id in device_ids]
             device = prepared[0][0]
             params = global_params_on(model_data, version, device, settings.cached_versions)
-            return train_group(
+            diffs = train_group(
                 self._training.model,
                 params,
                 [(x, y) for _, x, y, _ in prepared],
@@ -308,3 +321,4 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
                 self._objective,
                 device_extras(params),
             )
+            return [self._with_reports(d, y) for d, (_, _, y, _) in zip(diffs, prepared, strict=True)]

@@ -22,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from common.choices import ConfigError, check_choice, check_positive
+from processors import augment as augmentation
 from processors.data.sources import normalize
 from processors.models import build_model, model_class, statistic_names
 from processors.objective import DeviceObjective
@@ -42,6 +43,8 @@ class TrainingConfig:
         optimizer: ``adam`` or ``sgd``.
         momentum: SGD momentum.
         compute_device: torch device that trains: ``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N``.
+        augment: each local batch randomly cropped (padding 4) and flipped, as the FedRevive references train
+            their clients (``processors.augment``; 32 x 32 images only).
     """
 
     model: str = "cifar10_convnet"
@@ -51,6 +54,7 @@ class TrainingConfig:
     optimizer: Optimizer = "adam"
     momentum: float = 0.0
     compute_device: str = "auto"
+    augment: bool = False
 
     def __post_init__(self) -> None:
         check_positive({"--local-iters": self.local_iters, "--local-batch-size": self.local_batch_size})
@@ -169,11 +173,16 @@ def train_local(
         params = dict(model.named_parameters())
         received = {name: global_params[name] for name in params}
     data_device = x.device
-    for positions in batch_schedule(len(y), cfg, generator):
+    schedule = batch_schedule(len(y), cfg, generator)
+    if cfg.augment:  # drawn after the schedule, from the same generator: as the vectorised engine draws them
+        offsets, flips = augmentation.draw(len(schedule), len(schedule[0]) if schedule else 0, generator)
+    for step, positions in enumerate(schedule):
         positions = positions.to(data_device, non_blocking=True)
         xb, yb = x.index_select(0, positions), y.index_select(0, positions)
         if data_device != device:
             xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+        if cfg.augment:
+            xb = augmentation.crop_flip(xb, offsets[step], flips[step])
         loss = F.cross_entropy(model(prepare(xb)), yb)
         if objective is not None:
             loss = loss + objective.loss(params, received, extras or {})

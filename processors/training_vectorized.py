@@ -33,6 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
+from processors import augment as augmentation
 from processors.data.sources import normalize
 from processors.models.stat_tracker import collecting, tracker_buffer_names, trackers, untracked_buffers
 from processors.objective import DeviceObjective
@@ -121,6 +122,12 @@ def train_group(
     x_all = torch.cat([x for x, _ in device_data]) if k > 1 else device_data[0][0]
     y_all = torch.cat([y for _, y in device_data]) if k > 1 else device_data[0][1]
     data_device = x_all.device
+    if cfg.augment:  # each device's crops and flips, drawn after its schedule as train_local draws them
+        offsets = torch.zeros(iters, k, batch, 2, dtype=torch.int64)
+        flips = torch.zeros(iters, k, batch, dtype=torch.bool)
+        for i, (n, g) in enumerate(zip(sizes, generators, strict=True)):
+            b = min(cfg.local_batch_size, n)
+            offsets[:, i, :b], flips[:, i, :b] = augmentation.draw(iters, b, g)
     index, mask, counts = index.to(data_device), mask.to(device), counts.to(device)
 
     received_by_name = {name: global_params[name].detach() for name in names}
@@ -154,6 +161,8 @@ def train_group(
         xb, yb = x_all.index_select(0, flat), y_all.index_select(0, flat)
         if data_device != device:
             xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+        if cfg.augment:
+            xb = augmentation.crop_flip(xb, offsets[t].view(-1, 2), flips[t].view(-1))
         xb = prepare(xb).view(k, batch, *image_shape)
         yb = yb.view(k, batch)
         grads_by_name, batch_stats = group_grad(dict(zip(names, params, strict=True)), xb, yb, mask[t], counts)

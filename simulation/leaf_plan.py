@@ -27,6 +27,7 @@ from simulation.planner import (
     plan_engine,
     plan_workers,
     probe_hardware,
+    training_mflops,
 )
 
 DEFAULT_INPUT_SHAPE = (3, 32, 32)  # CIFAR-10's, when nothing better is known
@@ -135,7 +136,11 @@ def plan_leaf(
         requested=request.num_workers,
         profile=request.profile,
     )
-    return plan_engine(plan, request.engine, bool(untracked_buffers(model)), request.group_size)
+    # on the CPU a heavy model trains faster one device at a time (measured: plan_engine's reason)
+    mflops = training_mflops(model, request.input_shape or DEFAULT_INPUT_SHAPE) if device.type == "cpu" else None
+    return plan_engine(
+        plan, request.engine, bool(untracked_buffers(model)), request.group_size, mflops_per_sample=mflops
+    )
 
 
 def hardware_summary(hardware: HardwareProfile) -> dict:

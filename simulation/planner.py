@@ -12,6 +12,7 @@ GIL, so more threads than cores add queueing, not throughput.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from dataclasses import asdict, dataclass, field, replace
@@ -126,6 +127,20 @@ def _probe_gpus() -> list[GpuInfo]:
     return out
 
 
+CPU_GROUP_MAX_MFLOPS = 100.0  # auto on the CPU: a model costing more per training sample trains one device at a time
+
+
+def training_mflops(model: nn.Module, input_shape: tuple[int, ...]) -> float:
+    """Forward + backward MFLOP of one training sample of ``model`` (``torch.utils.flop_counter``, on the CPU)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    probe = copy.deepcopy(model).cpu().train()
+    x = torch.zeros(2, *input_shape)
+    with FlopCounterMode(display=False) as counter:
+        probe(x).float().sum().backward()
+    return counter.get_total_flops() / 2 / 1e6
+
+
 def estimate_worker_bytes(
     model: nn.Module, batch_size: int, optimizer: str, input_shape: tuple[int, ...] = (3, 32, 32)
 ) -> int:
@@ -212,6 +227,7 @@ def plan_engine(
     model_has_buffers: bool = False,
     group_size: int | None = None,
     profile: UtilisationProfile | str | None = None,
+    mflops_per_sample: float | None = None,
 ) -> WorkerPlan:
     """Choose the training engine and, for the vectorised one, how many devices a worker trains together.
 
@@ -219,6 +235,8 @@ def plan_engine(
     state that ``estimate_worker_bytes`` counts, per device), so on a GPU ``workers x g x per-device bytes`` must fit the leaf's
     share; and a group never exceeds the devices a worker gets per round (``ceil(devices per leaf / workers)``).
     The profile (default: the plan's) scales that group by its ``group_fraction``; ``--group-size`` overrides both.
+    On the CPU, ``auto`` trains a model of more than ``CPU_GROUP_MAX_MFLOPS`` per sample (``mflops_per_sample``,
+    ``training_mflops``) one device at a time: there batched convolutions do not pay (ResNet-18: 0.73x at K = 4).
     """
     prof = get_profile(profile or plan.profile)
     if requested not in ("auto", "vectorized", "per-device"):
@@ -230,6 +248,14 @@ def plan_engine(
         if requested == "vectorized":
             raise NotVectorizable()
         reason = "the model has BatchNorm statistics, which only the per-device engine keeps per device"
+        return replace(plan, engine="per-device", group_size=1, engine_reason=reason)
+    heavy = mflops_per_sample is not None and mflops_per_sample > CPU_GROUP_MAX_MFLOPS
+    if requested == "auto" and not on_gpu and heavy:
+        reason = (
+            f"auto on the CPU: {mflops_per_sample:.0f} MFLOP per training sample (> {CPU_GROUP_MAX_MFLOPS:.0f}); "
+            "there a group's batched convolutions are slower than one device at a time (benchmarks/bench_engine.py "
+            "--model resnet18: 0.73x at K=4)"
+        )
         return replace(plan, engine="per-device", group_size=1, engine_reason=reason)
     limits = {"devices per worker": math.ceil(plan.devices_per_leaf / plan.num_workers)}
     if on_gpu:

@@ -1,6 +1,6 @@
 """Model zoo: the networks simulated devices train, by name, or any ``nn.Module`` class by import path.
 
-A built-in name (``cifar10_convnet``, ``resnet18``) or ``package.module:ClassName``: a class whose constructor
+A built-in name (``cifar10_convnet``, ``resnet18``, ``resnet18_bn``) or ``package.module:ClassName``: a class whose constructor
 takes no required arguments. The initial global model depends on the run seed only: a class with an ``init_seed``
 keyword (the built-in models) gets the seed; any other class is built with torch's generator seeded
 (``SeededModel``), so its weights are the same in every run whatever ran before in the server process.
@@ -15,9 +15,13 @@ import torch
 import torch.nn as nn
 
 from processors.models.cifar10_convnet import Cifar10ConvNet
-from processors.models.resnet18 import CifarResNet18
+from processors.models.resnet18 import CifarResNet18, TrackedResNet18
 
-MODEL_CLASSES: dict[str, type[nn.Module]] = {"cifar10_convnet": Cifar10ConvNet, "resnet18": CifarResNet18}
+MODEL_CLASSES: dict[str, type[nn.Module]] = {
+    "cifar10_convnet": Cifar10ConvNet,
+    "resnet18": TrackedResNet18,  # the FedRevive paper's: statistic trackers, no normalisation
+    "resnet18_bn": CifarResNet18,
+}
 
 
 def model_class(name: str) -> type[nn.Module]:

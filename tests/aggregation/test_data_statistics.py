@@ -66,22 +66,22 @@ def test_server_model_accuracy_equals_the_device_model_accuracy_on_the_same_weig
     import processors.task_processor as tp
 
     monkeypatch.setattr(tp, "_global_params", {})  # the per-process weights cache: this test's model is its own
-    initial = _numpy_state(initial_model("resnet18", 0))
+    initial = _numpy_state(initial_model("resnet18_bn", 0))
     processor = make_processor(
-        synthetic_size=SYNTHETIC_SIZE, model="resnet18", local_iters=20, local_batch_size=32, local_lr=1e-3
+        synthetic_size=SYNTHETIC_SIZE, model="resnet18_bn", local_iters=20, local_batch_size=32, local_lr=1e-3
     )
     diff = processor.train("site-1#0", initial, version=1)
-    device_model = worker_model("resnet18", torch.device("cpu"))  # the trained model, as the device holds it
+    device_model = worker_model("resnet18_bn", torch.device("cpu"))  # the trained model, as the device holds it
     data = load_dataset(DataConfig(**DATA).spec(0))
     device_accuracy = evaluate_accuracy(device_model, data.x_test, data.y_test, prepare=data.prepare)
 
-    manager = GlobalModel(MEAN, strategy_args={"global_lr": 1.0}, model="resnet18")
+    manager = GlobalModel(MEAN, strategy_args={"global_lr": 1.0}, model="resnet18_bn")
     listener = EvaluationListener()
     engine = EventEngine(
         {
             "model_manager": manager,
             "listener": listener,
-            "evaluator": GlobalModelEvaluator("resnet18", DATA, compute_device="cpu", max_model_version=2),
+            "evaluator": GlobalModelEvaluator("resnet18_bn", DATA, compute_device="cpu", max_model_version=2),
         }
     )
     ctx = engine.new_context()
@@ -99,7 +99,7 @@ def test_server_model_accuracy_equals_the_device_model_accuracy_on_the_same_weig
     assert device_accuracy > 0.3  # the device learnt, so equal accuracies are no coincidence at chance level
     # the failure this guards against: the same weights with default statistics (mean 0, variance 1)
     default_stats = server | {k: initial[k] for k in statistic_names(device_model)}
-    net = load_into(initial_model("resnet18", 0), default_stats)
+    net = load_into(initial_model("resnet18_bn", 0), default_stats)
     assert evaluate_accuracy(net, data.x_test, data.y_test, prepare=data.prepare) != device_accuracy
 
 
@@ -170,7 +170,8 @@ def test_convnet_devices_report_their_trackers_statistics_of_real_data(engine):
 
 
 def test_fedrevive_teachers_carry_their_clients_statistics_as_feature_targets(tmp_path):
-    manager = GlobalModel(FEDREVIVE, model=TINY, compute_device="cpu", results_dir=str(tmp_path))
+    estimate = {"fedrevive": {"class_proportions": "estimate"}}  # this update brings no label histogram
+    manager = GlobalModel(FEDREVIVE, estimate, model=TINY, compute_device="cpu", results_dir=str(tmp_path))
     engine = EventEngine({"model_manager": manager})
     ctx = engine.new_context()
     engine.fire_event(EventType.START_RUN, ctx)
@@ -186,7 +187,7 @@ def test_fedrevive_teachers_carry_their_clients_statistics_as_feature_targets(tm
     assert torch.equal(target_mean, torch.full((4,), 2.0)) and torch.equal(target_var, torch.full((4,), 4.0))
 
 
-@pytest.mark.parametrize("model", ["resnet18", "cifar10_convnet", TINY])
+@pytest.mark.parametrize("model", ["resnet18", "resnet18_bn", "cifar10_convnet", TINY])
 def test_statistic_names_are_the_floating_point_buffers(model):
     from processors.models import build_model
 

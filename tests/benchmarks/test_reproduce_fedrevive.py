@@ -50,3 +50,13 @@ def test_user_methods_are_named_by_their_class_and_only_fedrevive_gets_its_own_f
         and "--fr-s-max" not in user
         and user[user.index("--method") + 1] == "fedasync:FedAsync"
     )
+
+
+def test_synchronous_methods_are_evaluated_every_version_and_asynchronous_ones_every_ten(tmp_path):
+    def eval_frequency(cmd: list[str]) -> str:
+        return cmd[len(cmd) - 1 - cmd[::-1].index("--eval-frequency") + 1]  # the last one given wins
+
+    assert eval_frequency(job_command("fedavg", 0, "cpu", 40.0, str(tmp_path), [])) == "1"
+    assert eval_frequency(job_command("fedbuff", 0, "cpu", 40.0, str(tmp_path), [])) == "10"
+    assert eval_frequency(job_command("fedrevive", 0, "paper", 200.0, str(tmp_path), [])) == "10"
+    assert "--augment" in SCALES["cpu"]["flags"] and "--augment" in SCALES["paper"]["flags"]

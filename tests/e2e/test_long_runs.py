@@ -224,14 +224,14 @@ def test_a_lost_leaf_ends_in_its_policys_outcome(tmp_path, policy):
 
 
 def test_a_resnet18_job_on_the_cpu_reaches_its_last_version(tmp_path):
-    """ResNet-18's evaluation on 2 CPU cores once took longer than the leaves' update timeout, and the run ended
+    """The BatchNorm ResNet-18 (``resnet18_bn``). ResNet-18's evaluation on 2 CPU cores once took longer than the leaves' update timeout, and the run ended
     after version 1 with exit code 0. Evaluation now runs beside the protocol and timeouts scale with the model."""
     proc = subprocess.run(
         [
             PYTHON,
             "jobs/pt_job_fedavg.py",
             "--model",
-            "resnet18",
+            "resnet18_bn",
             "--num-leaf-nodes",
             "2",
             "--devices-per-leaf",

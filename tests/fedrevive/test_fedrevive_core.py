@@ -16,7 +16,7 @@ from fedrevive.synthesis import Synthesizer, SyntheticPool, per_sample_kl
 from fedrevive.teachers import ProportionEstimator, TeacherBuffer
 from processors.data.sources import make_synthetic, normalize
 from processors.models.cifar10_convnet import Cifar10ConvNet
-from processors.models.resnet18 import CifarResNet18
+from processors.models.resnet18 import CifarResNet18, TrackedResNet18
 
 DOMINANT = 3
 CPU = torch.device("cpu")
@@ -40,6 +40,7 @@ def small_cfg(**overrides) -> FedReviveConfig:
         probe_samples=32,
         distill_from_version=2,
         kd_train_from_version=4,
+        class_proportions="estimate",  # these tests give no label histograms
     )
     base.update(overrides)
     return FedReviveConfig(**base)
@@ -134,22 +135,41 @@ def test_process_update_before_distill_from_version_returns_delta_unchanged():
         np.testing.assert_array_equal(out[k], delta[k])
 
 
-def test_generator_warm_up_phase_fills_pool_but_keeps_delta():
+@pytest.mark.parametrize("blend", ["zero", "pass"])
+def test_generator_warm_up_phase_fills_pool_and_blends_a_zero_distilled_update(blend):
+    """Between the two warm-ups no student is trained; as both references do ("zero"), a stale update becomes
+    (1 - beta) * delta (its statistics stay the client's); "pass" keeps it whole."""
     torch.manual_seed(0)
-    distiller = FedReviveDistiller(small_cfg(), Cifar10ConvNet, CPU, seed=0)
+    distiller = FedReviveDistiller(small_cfg(warmup_blend=blend), Cifar10ConvNet, CPU, seed=0)
     global_weights = weights_of(Cifar10ConvNet())
     distiller.observe_client_model("c0", weights_of(Cifar10ConvNet()))
     delta = {k: np.full_like(v, 0.01) for k, v in global_weights.items()}
+    delta["track1.running_var"] = np.full(6, 0.5, np.float32)  # a statistic: the client's, never blended
     gen_before = [p.detach().clone() for p in distiller.synthesizer.generator.parameters()]
     out, info = distiller.process_update(global_weights, delta, "c0", base_version=0, current_version=3)
-    assert info["phase"] == "generator-warm-up" and info["beta"] == 0.0
+    b = 1 - 0.5 * (1 + math.cos(math.pi * 3 / 4))  # beta(tau 3), s_max 2
+    assert info["phase"] == "generator-warm-up" and info["beta"] == pytest.approx(b if blend == "zero" else 0.0)
     assert len(distiller.synthesizer.pool) == 4  # synth_batch_size
     moved = any(
         not torch.equal(a, b) for a, b in zip(gen_before, distiller.synthesizer.generator.parameters(), strict=True)
     )
     assert moved  # the meta-Adam's Reptile step moved the persistent generator
-    for k in delta:
-        np.testing.assert_array_equal(out[k], delta[k])
+    np.testing.assert_array_equal(out["track1.running_var"], delta["track1.running_var"])
+    for k in global_weights:
+        np.testing.assert_allclose(out[k], delta[k] * ((1 - b) if blend == "zero" else 1.0), rtol=1e-6)
+    fresh, info = distiller.process_update(global_weights, delta, "c0", base_version=3, current_version=3)
+    assert info["beta"] == 0.0 and all(np.array_equal(fresh[k], delta[k]) for k in delta)  # tau 0: unchanged
+
+
+def test_true_class_proportions_are_the_reported_label_histogram_and_required():
+    distiller = FedReviveDistiller(small_cfg(class_proportions="true"), Cifar10ConvNet, CPU, seed=0)
+    counts = np.zeros(10, np.float32)
+    counts[[2, 7]] = [30, 10]
+    distiller.observe_client_model("c0", weights_of(Cifar10ConvNet()), counts)
+    distiller.observe_client_model("c0", weights_of(Cifar10ConvNet()), np.ones(10, np.float32))  # the first stays
+    np.testing.assert_allclose(distiller.estimator.proportions("c0"), counts / 40)
+    with pytest.raises(ValueError, match="--fr-class-proportions estimate"):
+        distiller.observe_client_model("c1", weights_of(Cifar10ConvNet()))
 
 
 def test_process_update_after_kd_train_from_version_blends_distilled_update(skewed_model):
@@ -234,9 +254,9 @@ def test_a_restored_synthetic_pool_keeps_only_what_it_holds_and_samples_the_same
     assert torch.equal(draws[0][0], draws[1][0]) and torch.equal(draws[0][1], draws[1][1])
 
 
-def test_cifar_resnet18_forward_shape():
-    model = CifarResNet18()
-    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+def test_both_resnet18s_take_cifar_images():
+    for model in (CifarResNet18(), TrackedResNet18()):
+        assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
 
 
 def test_synthesis_runs_for_stale_updates_at_multiples_of_synth_every_versions_only():

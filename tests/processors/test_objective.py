@@ -124,3 +124,37 @@ def test_what_is_not_an_objective_is_refused_naming_it():
     assert make_objective("") is None
     with pytest.raises(ValueError, match="is not a processors.objective.DeviceObjective"):
         make_objective("aggregation.buffered_mean:BufferedMean")
+
+
+def test_a_devices_label_histogram_reaches_the_strategy_beside_its_diff():
+    """FedRevive's true class proportions: the device reports its histogram in its diff's extra part, and the
+    strategy gets it as ``Update.reports``, with a diff of the model only."""
+    from aggregation.buffered_mean import BufferedMean
+    from aggregation.global_model import GlobalModel
+    from common.protocol import LABEL_COUNTS, DeviceUpdate
+    from tests.conftest import make_processor
+    from tests.fakes.engine import EventEngine
+
+    proc = make_processor(synthetic_size=500, subset_size=30, local_iters=1, local_batch_size=8)
+    proc.label_counts = True
+    weights = {k: v.numpy() for k, v in build_model(MODEL).state_dict().items()}
+    alone = proc.train("site-1#3", weights, version=1)
+    grouped = proc.train_group(["site-1#3", "site-1#4"], weights, version=1)
+    counts = alone[DEVICE_EXTRA_PREFIX + LABEL_COUNTS]
+    assert counts.sum() == 30 and np.array_equal(grouped[0][DEVICE_EXTRA_PREFIX + LABEL_COUNTS], counts)
+
+    seen = []
+
+    class Recording(BufferedMean):
+        def add_update(self, update, model):
+            seen.append(update)
+            super().add_update(update, model)
+
+    gm = GlobalModel("aggregation.buffered_mean:BufferedMean", {"global_lr": 1.0})
+    gm.server_strategy = Recording()
+    fl_ctx = EventEngine({}).new_context()
+    gm.start(weights, fl_ctx)
+    gm.add_update(DeviceUpdate("site-1#3", 1, 1, alone), 0, fl_ctx)
+    assert set(seen[0].diff) == set(weights) and np.array_equal(seen[0].reports[LABEL_COUNTS], counts)
+    gm.make_version(1.0, fl_ctx)
+    assert set(gm.current_weights) == set(weights)

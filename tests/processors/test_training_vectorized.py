@@ -47,20 +47,21 @@ def _generators(k, seed=11):
     return [torch.Generator().manual_seed(seed + i) for i in range(k)]
 
 
-def _assert_matches_per_device(global_params, data, cfg):
-    model = worker_model(MODEL, CPU)
+def _assert_matches_per_device(global_params, data, cfg, model_name=MODEL, atol=ATOL):
+    model = worker_model(model_name, CPU)
     expected = [
         train_local(model, global_params, x, y, cfg, g) for (x, y), g in zip(data, _generators(len(data)), strict=True)
     ]
-    got = train_group(MODEL, global_params, data, cfg, _generators(len(data)), CPU)
+    got = train_group(model_name, global_params, data, cfg, _generators(len(data)), CPU)
     assert len(got) == len(expected)
     for want, have in zip(expected, got, strict=True):
         assert want.keys() == have.keys()
         for name in want:
             assert have[name].dtype == np.float32 and have[name].shape == want[name].shape
-            np.testing.assert_allclose(have[name], want[name], rtol=0, atol=ATOL, err_msg=name)
+            np.testing.assert_allclose(have[name], want[name], rtol=0, atol=atol, err_msg=name)
         # the devices really trained, so the comparison is not vacuous
-        assert max(float(np.abs(d).max()) for d in want.values()) > 20 * ATOL
+        assert max(float(np.abs(d).max()) for d in want.values()) > 20 * atol
+    return expected
 
 
 def test_sgd_momentum_group_equals_per_device_training_with_unequal_sample_counts(dataset, global_params):
@@ -95,6 +96,25 @@ def test_generators_are_advanced_exactly_as_per_device_training_advances_them(da
     train_group(MODEL, global_params, data, cfg, grouped, CPU)
     for a, b in zip(per_device, grouped, strict=True):
         assert torch.equal(torch.randint(0, 2**30, (4,), generator=a), torch.randint(0, 2**30, (4,), generator=b))
+
+
+def test_augmented_groups_equal_per_device_training_and_differ_from_plain_training(dataset, global_params):
+    """Crops and flips come from each device's own generator after its schedule, in either engine."""
+    cfg = TrainingConfig(local_iters=4, local_batch_size=16, local_lr=0.05, optimizer="sgd", augment=True)
+    data = _device_data(dataset, [12, 40, 64])
+    augmented = _assert_matches_per_device(global_params, data, cfg)
+    plain = _assert_matches_per_device(global_params, data, TrainingConfig(**(cfg.to_dict() | {"augment": False})))
+    assert all(not np.allclose(a["fc1.weight"], p["fc1.weight"]) for a, p in zip(augmented, plain, strict=True))
+
+
+def test_the_papers_resnet18_trains_in_the_vectorised_engine_as_per_device(dataset):
+    """The FedRevive references' ResNet-18 (trackers, no BatchNorm): its trackers' per-device statistics too."""
+    torch.manual_seed(5)
+    params = {name: t.detach().clone() for name, t in build_model("resnet18").state_dict().items()}
+    # SGD: Adam moves a pure-noise gradient element by ~lr whatever its sign (see the module docstring)
+    cfg = TrainingConfig(model="resnet18", local_iters=2, local_batch_size=4, local_lr=0.05, optimizer="sgd")
+    diffs = _assert_matches_per_device(params, _device_data(dataset, [4, 6]), cfg, "resnet18", atol=2e-5)
+    assert "layer2.0.shortcut.1.running_var" in diffs[0]  # the shortcut's tracker, as in the references
 
 
 def test_empty_group_returns_no_diffs(global_params):

@@ -86,3 +86,17 @@ def test_requested_group_size_and_per_device_engine_are_honoured():
     plan = plan_workers(HardwareProfile(4), devices_per_leaf=10, per_worker_bytes=CONVNET_BYTES)
     assert plan_engine(plan, "auto", group_size=3).group_size == 3
     assert (plan_engine(plan, "per-device").engine, plan_engine(plan, "per-device").group_size) == ("per-device", 1)
+
+
+def test_auto_trains_a_heavy_model_one_device_at_a_time_on_the_cpu_only():
+    from simulation.planner import CPU_GROUP_MAX_MFLOPS, training_mflops
+
+    resnet, convnet = (training_mflops(build_model(m), (3, 32, 32)) for m in ("resnet18", "cifar10_convnet"))
+    assert convnet < CPU_GROUP_MAX_MFLOPS < resnet
+    cpu = plan_workers(HardwareProfile(4), devices_per_leaf=10, per_worker_bytes=CONVNET_BYTES)
+    heavy = plan_engine(cpu, "auto", mflops_per_sample=resnet)
+    assert heavy.engine == "per-device" and "MFLOP per training sample" in heavy.engine_reason
+    assert plan_engine(cpu, "auto", mflops_per_sample=convnet).engine == "vectorized"
+    assert plan_engine(cpu, "vectorized", mflops_per_sample=resnet).engine == "vectorized"  # asked for: given
+    gpu = plan_workers(HardwareProfile(16, (GpuInfo("fake", 80 * GB, 80 * GB),)), 10, CONVNET_BYTES, use_gpu=True)
+    assert plan_engine(gpu, "auto", mflops_per_sample=resnet).engine == "vectorized"
