@@ -175,7 +175,7 @@ def build_parser(description: str, method_choice: bool = False) -> JobArgumentPa
         action=argparse.BooleanOptionalAction,
         default=d["augment"],
         help="random crop (padding 4) and horizontal flip of each local batch, as the FedRevive references train "
-        "their clients (default: off; on in benchmarks/reproduce_fedrevive.py)",
+        "their clients, for natural images (default: off; on at reproduce_fedrevive.py's paper scale)",
     )
 
     het = p.add_argument_group("device heterogeneity: simulated delays (a preset, any field overridden)")
