@@ -256,7 +256,7 @@ class JobConfig:
         parts = {name: PARTS[name].from_dict(d[name]) if name == "delays" else PARTS[name](**d[name]) for name in PARTS}
         settings = d.get("method_settings", d.get("fedrevive"))  # "fedrevive": written before the method API
         method = method_of(d["method"])
-        return cls(method=d["method"], **parts, method_settings=method.settings_from(settings or {}))
+        return cls(method=d["method"], **parts, method_settings=method.settings_from_record(settings or {}))
 
 
 PARTS = {

@@ -126,6 +126,11 @@ class Method:
             return None
         return self.settings(**values)
 
+    def settings_from_record(self, values: dict) -> Any:
+        """Its settings as a run recorded them (``metrics.json``'s config, for ``--resume``): a field the record
+        lacks, because the run predates it, takes the value that run had, not today's default."""
+        return self.settings_from(values)
+
     def option_names(self) -> set[str]:
         """Its settings' option names (``fr_s_max``)."""
         if self.settings is None:
@@ -170,6 +175,10 @@ class FedRevive(Method):
 
     def reports_label_counts(self, cfg: Any) -> bool:
         return cfg.method_settings.class_proportions == "true"
+
+    def settings_from_record(self, values: dict) -> Any:
+        # runs recorded before these settings existed passed warm-up updates whole and probed for proportions
+        return self.settings_from({"warmup_blend": "pass", "class_proportions": "estimate"} | values)
 
     def check_data(self, cfg: Any, dataset: Any) -> None:
         if dataset.input_shape != (3, 32, 32) or dataset.mean is None:

@@ -7,6 +7,7 @@ import pytest
 
 from common.nvml import Nvml, visible_indices
 from simulation import planner
+from tests.fakes.monitor_fakes import break_nvml
 
 GB = 1024**3
 
@@ -63,11 +64,6 @@ def test_cuda_visible_devices_maps_onto_nvml_numbers(monkeypatch):
 
 
 def test_without_nvml_there_are_no_readings(monkeypatch):
-    pynvml = pytest.importorskip("pynvml")
-
-    def fail():
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
-
-    monkeypatch.setattr(pynvml, "nvmlInit", fail)
+    break_nvml(monkeypatch)
     nvml = Nvml()
     assert not nvml.available and nvml.count == 0 and nvml.memory(0) is None and nvml.utilisation(0) is None

@@ -16,7 +16,7 @@ from evaluation.monitor import (
     summarize,
     write_tensorboard,
 )
-from tests.fakes.monitor_fakes import FakeGpuSource, FakeHostSource, NoGpuSource
+from tests.fakes.monitor_fakes import FakeGpuSource, FakeHostSource, NoGpuSource, break_nvml
 
 PER_DEVICE_CTX = {"engine": "per-device", "num_workers": 4, "cpu_cores": 16, "compute_device": "cuda"}
 GOOD_CTX = {"engine": "vectorized", "num_workers": 4, "cpu_cores": 16, "compute_device": "cuda"}
@@ -197,12 +197,7 @@ def test_write_tensorboard_adds_scalars_against_sample_time():
 
 
 def test_nvml_init_failure_means_no_gpu_data(monkeypatch):
-    pynvml = pytest.importorskip("pynvml")
-
-    def fail():
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
-
-    monkeypatch.setattr(pynvml, "nvmlInit", fail)
+    break_nvml(monkeypatch)
     src = NvmlSource()
     assert not src.available and src.read() is None
     mon = SystemMonitor(gpu_source=src, host_source=FakeHostSource())

@@ -75,3 +75,15 @@ class NoGpuSource:
 
     def read(self) -> None:
         return None
+
+
+def break_nvml(monkeypatch) -> None:
+    """Make ``pynvml.nvmlInit`` fail as it does on a machine without the NVIDIA driver (skip without pynvml)."""
+    import pytest
+
+    pynvml = pytest.importorskip("pynvml")
+
+    def fail():
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", fail)

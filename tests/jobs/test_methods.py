@@ -64,7 +64,11 @@ def test_a_method_class_or_instance_is_named_by_its_import_path_and_built_ins_by
 def test_a_config_written_before_the_method_api_still_loads():
     d = make_config("fedrevive", fr_s_max=7, **SMALL).to_dict()
     d["fedrevive"] = d.pop("method_settings")  # the key metrics.json used before
-    assert JobConfig.from_dict(d).method_settings.s_max == 7
+    for field in ("warmup_blend", "class_proportions"):  # nor did it have these: the old behaviour stays
+        del d["fedrevive"][field]
+    old = JobConfig.from_dict(d).method_settings
+    assert (old.s_max, old.warmup_blend, old.class_proportions) == (7, "pass", "estimate")
+    assert make_config("fedrevive", **SMALL).method_settings.warmup_blend == "zero"  # a new run: today's default
 
 
 def test_the_command_line_adds_a_users_method_flags_and_refuses_a_bad_method_in_one_line(examples_importable, capsys):
