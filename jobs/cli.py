@@ -295,6 +295,12 @@ def build_parser(description: str, method_choice: bool = False) -> JobArgumentPa
         metavar="DIR",
         help="export the job to DIR and exit (run it with: nvflare simulator DIR/JOB -n L -t L)",
     )
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="compute the run's event trace only, in seconds (no training, no NVFlare): events.jsonl (the one a "
+        "real run writes) and timeline.json (versions per time unit, staleness, failure rate, fleet use)",
+    )
     run.add_argument("--job-name", default="", help="NVFlare job name (default edgesim_<method>)")
     run.add_argument(
         "--checkpoint-every",

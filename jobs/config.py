@@ -145,6 +145,8 @@ class RunConfig:
     output: the results folder (default: a new ``WORKSPACE/results/JOB_NAME-<date>-<time>-<pid>``, so two runs
         never share one).
     export_only: write the NVFlare job to this folder and exit.
+    dry_run: compute the run's event trace only (no training, no NVFlare; ``simulation.timeline``): write
+        ``events.jsonl`` and ``timeline.json`` to the results folder and exit.
     job_name: NVFlare job name (default ``edgesim_<method>``).
     checkpoint_every: versions between checkpoints of the server's state; 0: automatic (at most 5% of the run's
         wall time); -1: none.
@@ -160,6 +162,7 @@ class RunConfig:
     workspace: str = "~/.cache/edgesim-flare/workspace"
     output: str | None = None
     export_only: str | None = None
+    dry_run: bool = False
     job_name: str = ""
     checkpoint_every: int = 0
     resume: str | None = None
@@ -167,6 +170,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         check_positive({"--eval-frequency": self.eval_frequency})
         check_choice("--eval-backlog", self.eval_backlog, EvalBacklog)
+        if self.dry_run and (self.resume or self.export_only):
+            raise ConfigError("--dry-run computes a new run's trace: leave out --resume and --export-only")
         if self.checkpoint_every < -1:
             raise ConfigError(f"--checkpoint-every {self.checkpoint_every}: versions, 0 (automatic) or -1 (never)")
         check_choice("--env", self.env, EnvName)

@@ -29,6 +29,8 @@ from jobs.results import finalize, format_summary, read_metrics
 from jobs.watchdog import Watchdog
 from processors.data.sources import DatasetError
 from scheduling.checkpoint import state_path
+from simulation.event_reference import make_schedule
+from simulation.timeline import format_timeline, run_timeline, write_timeline
 
 
 def simulator_failure(ex: Exception) -> str:
@@ -95,6 +97,8 @@ def run(cfg: JobConfig, verbose: bool = False) -> int:
         f"[edgesim] {cfg.method} on {plan.device}, env {run_cfg.env}, simulator {cfg.engine.simulator}, "
         f"seed {run_cfg.seed}"
     )
+    if run_cfg.dry_run:
+        return dry_run(cfg, results_dir)
     print(plan.describe())
     print(get_profile(cfg.engine.profile).describe())
 
@@ -117,6 +121,28 @@ def run(cfg: JobConfig, verbose: bool = False) -> int:
     if sim:
         return run_sim(recipe, env, results_dir, plan)
     return run_remote(recipe, env, cfg, results_dir)
+
+
+def dry_run(cfg: JobConfig, results_dir: str) -> int:
+    """The run's event trace without training or NVFlare (``simulation.timeline``), with SimEnv's leaf names."""
+    f = cfg.federation
+    leaves = {f"site-{i + 1}": f.devices_per_leaf for i in range(f.num_leaf_nodes)}
+    schedule = make_schedule(
+        cfg.delays,
+        cfg.run.seed,
+        leaves,
+        f.device_selection_size,
+        f.num_updates_for_model,
+        f.min_hole_to_fill,
+        f.device_reuse,
+        f.max_model_version,
+        f.max_sim_time,
+    )
+    started = time.time()
+    summary = write_timeline(run_timeline(schedule, sum(leaves.values())), results_dir)
+    print(format_timeline(summary))
+    print(f"[edgesim] computed in {time.time() - started:.1f} s; events.jsonl and timeline.json in {results_dir}")
+    return 0
 
 
 def interrupted(results_dir: str, started: float, code: int, what: str, run_info: dict) -> int:

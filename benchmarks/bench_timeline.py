@@ -1,0 +1,52 @@
+"""How fast the timing-only planner (``--dry-run``, ``simulation.timeline``) computes a run's trace: FedBuff
+(B = 2, min hole 1) with the paper's delays, ``--versions`` versions, K = ``--selection`` devices in flight, for
+fleets of 10^4, 10^5 and 10^6 devices over two leaves. The goal: 10^6 devices and 10^5 versions in under a
+minute on 2 cores.
+
+    python benchmarks/bench_timeline.py --versions 100000 --selection 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common.delays import DELAY_PRESETS  # noqa: E402
+from simulation.event_reference import make_schedule  # noqa: E402
+from simulation.timeline import run_timeline, timeline_summary  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--versions", type=int, default=100_000)
+    parser.add_argument("--selection", type=int, default=1000)
+    parser.add_argument("--fleets", default="10000,100000,1000000")
+    args = parser.parse_args()
+    print(f"FedBuff B=2, K={args.selection}, paper delays, {args.versions} versions")
+    print(f"{'devices':>9} {'seconds':>8} {'updates/s':>10} {'sim time':>9} {'mean tau':>9} {'fleet used':>10}")
+    for fleet in (int(n) for n in args.fleets.split(",")):
+        schedule = make_schedule(
+            DELAY_PRESETS["paper"],
+            0,
+            {"site-1": fleet // 2, "site-2": fleet - fleet // 2},
+            selection_size=args.selection,
+            updates_per_version=2,
+            min_hole_to_fill=1,
+            max_model_version=args.versions,
+        )
+        started = time.perf_counter()
+        timeline = run_timeline(schedule, fleet)
+        seconds = time.perf_counter() - started
+        s = timeline_summary(timeline)
+        print(
+            f"{fleet:>9} {seconds:>8.1f} {s['updates'] / seconds:>10.0f} {s['sim_time']:>9.1f} "
+            f"{s['staleness_mean']:>9.1f} {s['devices_used'] / fleet:>10.3f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
