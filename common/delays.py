@@ -9,6 +9,10 @@ The model follows the FedRevive reference simulator (ZiyueXu77/NVFlare ``researc
   ``speed_stds[k]``)), upload time ~ Uniform(max(0, m - ``upload_jitter``), m + ``upload_jitter``) around the
   device's upload mean m, and the constant ``download_delay``.
 
+Or, with ``capacity_file``, measured speeds (``common.capacity``: a FedScale capacity trace): training takes
+``task_samples x ms per sample x capacity_cost / 1000`` and download and upload ``model_bytes x 8 / (kbit/s x
+1000)`` each, for the trace client the device is.
+
 Every draw comes from a generator seeded by SHA-256 of (run seed, device id[, task number]), never from a shared
 stream, so the server, a leaf and the pure reference schedule all compute the same durations for the same device
 and task, in any order and in any process.
@@ -16,11 +20,13 @@ and task, in any order and in any process.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 import numpy as np
 
+from common.capacity import device_capacity, load_capacities
 from common.choices import ConfigError, check_choice
 from common.seeds import stable_seed
 
@@ -40,6 +46,13 @@ class DelayConfig:
         download_delay: constant time from selection to the start of training.
         upload_delays: per-device upload means, one drawn per device with equal probability; empty: 0.
         upload_jitter: half-width of the uniform noise around a device's upload mean, per task.
+        capacity_file: a FedScale capacity trace (pickle or JSON, ``common.capacity``): each device's training,
+            download and upload times from its trace client's measured speeds instead of the fields above.
+        capacity_cost: the trace's milliseconds per sample are multiplied by this: 1 keeps them as measured (for
+            FedScale's own model); give your model's cost relative to it.
+        task_samples: samples a device trains on per task (with ``capacity_file``; the jobs set local iterations
+            x batch size).
+        model_bytes: bytes of the model sent each way (with ``capacity_file``; the jobs set the model's size).
     """
 
     speed_means: tuple[float, ...] = ()
@@ -49,6 +62,10 @@ class DelayConfig:
     download_delay: float = 0.0
     upload_delays: tuple[float, ...] = ()
     upload_jitter: float = 0.0
+    capacity_file: str = ""
+    capacity_cost: float = 1.0
+    task_samples: int = 0
+    model_bytes: int = 0
 
     def __post_init__(self) -> None:
         for name in ("speed_means", "speed_stds", "speed_probs", "upload_delays"):
@@ -68,10 +85,20 @@ class DelayConfig:
         values = (*self.speed_means, *self.speed_stds, *self.upload_delays, self.download_delay, self.upload_jitter)
         if any(v < 0 for v in values):
             raise ConfigError("speeds and delays must be >= 0 (a negative delay makes no sense)")
+        if not self.capacity_cost > 0:
+            raise ConfigError(f"--capacity-cost {self.capacity_cost}: must be > 0 (1: the trace's own speeds)")
+        if self.capacity_file:
+            if self.speed_means or self.upload_delays or self.download_delay:
+                raise ConfigError(
+                    "--capacity-file gives every device's training, download and upload times: leave out --delays "
+                    "and the speed / upload / download flags"
+                )
+            object.__setattr__(self, "capacity_file", os.path.abspath(os.path.expanduser(self.capacity_file)))
+            load_capacities(self.capacity_file)  # a bad file fails here, before any process starts
 
     @property
     def enabled(self) -> bool:
-        return bool(self.speed_means) or self.download_delay > 0 or any(self.upload_delays)
+        return bool(self.speed_means) or self.download_delay > 0 or any(self.upload_delays) or bool(self.capacity_file)
 
     def to_dict(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -161,6 +188,10 @@ class DeviceDelays:
         c = self.config
         if not c.enabled:
             return TaskDurations(0.0, 0.0, 0.0)
+        if c.capacity_file:
+            ms_per_sample, kbit_per_s = device_capacity(c.capacity_file, self.seed, device_id)
+            transfer = c.model_bytes * 8 / (kbit_per_s * 1000)
+            return TaskDurations(transfer, c.task_samples * ms_per_sample * c.capacity_cost / 1000, transfer)
         k, upload_mean = self.device_traits(device_id)
         rng = np.random.default_rng(stable_seed("delay-task", self.seed, device_id, task_number))
         train = 0.0

@@ -205,6 +205,20 @@ def build_parser(description: str, method_choice: bool = False) -> JobArgumentPa
     het.add_argument(
         "--upload-jitter", type=float, default=None, help="uniform half-width around a device's upload mean"
     )
+    het.add_argument(
+        "--capacity-file",
+        default=None,
+        metavar="FILE",
+        help="a FedScale capacity trace (pickle or JSON: {client: {computation: ms per sample, communication: "
+        "kbit/s}}): training time = local iterations x batch x ms per sample, transfers = model size / bandwidth, "
+        "per device from the trace client it is mapped to (seeded); replaces --delays",
+    )
+    het.add_argument(
+        "--capacity-cost",
+        type=float,
+        default=None,
+        help="multiplies the trace's ms per sample: your model's cost relative to the trace's (default 1)",
+    )
 
     d = _defaults(EngineConfig)
     sim = p.add_argument_group("simulation engine")

@@ -230,6 +230,16 @@ class JobConfig:
                 f"{self.training.local_batch_size}; raise --subset-size or lower the batch size"
             )
         method.check(self)
+        if self.delays.capacity_file and not (self.delays.task_samples and self.delays.model_bytes):
+            # measured speeds need the work: samples per task, and the model's float32 bytes each way
+            samples = self.training.local_iters * min(self.training.local_batch_size, self.data.subset_size)
+            size = 4 * sum(t.numel() for t in build_model(self.training.model).state_dict().values())
+            derived = replace(
+                self.delays,
+                task_samples=self.delays.task_samples or samples,
+                model_bytes=self.delays.model_bytes or size,
+            )
+            object.__setattr__(self, "delays", derived)
         if self.engine.engine == "vectorized":
             try:
                 check_vectorizable(build_model(self.training.model))

@@ -98,3 +98,23 @@ def test_trace_equals_the_reference_and_repeats_across_workers_and_sync_interval
     assert set(collections.Counter(r["version"] for r in first).values()) == {b}  # exactly B updates a version
     assert second == first
     assert accuracy_again == accuracy
+
+
+def test_measured_speeds_from_a_fedscale_trace_keep_the_trace_exact(tmp_path):
+    """``--capacity-file``: every device's times from its trace client (a small FedScale-format pickle); the real
+    run applies its updates exactly as the reference schedule with the same delay model does."""
+    import pickle
+
+    from jobs.api import make_config
+
+    trace = tmp_path / "capacity.pkl"
+    trace.write_bytes(
+        pickle.dumps({i: {"computation": 2.0 + 7 * i, "communication": 800.0 + 900 * i} for i in range(6)})
+    )
+    trace_run = results(tmp_path, start(tmp_path, "fedbuff", "--delays", "none", "--capacity-file", str(trace)))[0]
+    cfg = make_config("fedbuff", capacity_file=str(trace), local_iters=2, local_batch_size=16, subset_size=40)
+    schedule = make_schedule(
+        cfg.delays, 11, {"site-1": 12, "site-2": 12}, 8, 2, 1, max_model_version=METHODS["fedbuff"][2]
+    )
+    assert trace_run == reference_trace(schedule)
+    assert trace_run != reference("fedbuff")  # the trace's speeds, not the paper's delays
