@@ -26,6 +26,8 @@ from typing import Literal
 
 import numpy as np
 
+from common.availability import NAMED as NAMED_AVAILABILITY
+from common.availability import Availability, check_availability
 from common.capacity import device_capacity, load_capacities
 from common.choices import ConfigError, check_choice
 from common.seeds import stable_seed
@@ -53,6 +55,12 @@ class DelayConfig:
         task_samples: samples a device trains on per task (with ``capacity_file``; the jobs set local iterations
             x batch size).
         model_bytes: bytes of the model sent each way (with ``capacity_file``; the jobs set the model's size).
+        availability: when devices are online (``common.availability``): ``always``, ``diurnal``, or a FedScale
+            availability file. Only online devices are selected; one that goes offline before its update arrives
+            drops out then, its update lost.
+        availability_period: the diurnal model's day, in simulated time units.
+        availability_online: the share of its day a device is online in the diurnal model (one session of that
+            length each day, at the device's own seeded phase).
     """
 
     speed_means: tuple[float, ...] = ()
@@ -66,6 +74,9 @@ class DelayConfig:
     capacity_cost: float = 1.0
     task_samples: int = 0
     model_bytes: int = 0
+    availability: str = "always"
+    availability_period: float = 24.0
+    availability_online: float = 0.5
 
     def __post_init__(self) -> None:
         for name in ("speed_means", "speed_stds", "speed_probs", "upload_delays"):
@@ -85,6 +96,9 @@ class DelayConfig:
         values = (*self.speed_means, *self.speed_stds, *self.upload_delays, self.download_delay, self.upload_jitter)
         if any(v < 0 for v in values):
             raise ConfigError("speeds and delays must be >= 0 (a negative delay makes no sense)")
+        if self.availability not in NAMED_AVAILABILITY:
+            object.__setattr__(self, "availability", os.path.abspath(os.path.expanduser(self.availability)))
+        check_availability(self.availability, self.availability_period, self.availability_online)
         if not self.capacity_cost > 0:
             raise ConfigError(f"--capacity-cost {self.capacity_cost}: must be > 0 (1: the trace's own speeds)")
         if self.capacity_file:
@@ -170,6 +184,9 @@ class DeviceDelays:
     def __init__(self, config: DelayConfig, seed: int):
         self.config = config
         self.seed = seed
+        self.availability = Availability(
+            config.availability, seed, config.availability_period, config.availability_online
+        )
 
     def device_traits(self, device_id: str) -> tuple[int, float]:
         """(speed class, upload mean) of a device, drawn once from the seed and its id."""

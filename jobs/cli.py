@@ -214,6 +214,23 @@ def build_parser(description: str, method_choice: bool = False) -> JobArgumentPa
         "per device from the trace client it is mapped to (seeded); replaces --delays",
     )
     het.add_argument(
+        "--availability",
+        default=None,
+        metavar="MODEL",
+        help="when devices are online: always (default), diurnal (one session a day at each device's own seeded "
+        "hour), or a FedScale availability file; only online devices are selected, and one that goes offline "
+        "before its update arrives drops out then (failed in events.jsonl)",
+    )
+    het.add_argument(
+        "--availability-period", type=float, default=None, help="the diurnal model's day in time units (default 24)"
+    )
+    het.add_argument(
+        "--availability-online",
+        type=float,
+        default=None,
+        help="the diurnal model's share of a day online: the mean session length over the day (default 0.5)",
+    )
+    het.add_argument(
         "--capacity-cost",
         type=float,
         default=None,

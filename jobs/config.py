@@ -230,6 +230,11 @@ class JobConfig:
                 f"{self.training.local_batch_size}; raise --subset-size or lower the batch size"
             )
         method.check(self)
+        if self.delays.availability != "always" and self.engine.time_scale > 0:
+            raise ConfigError(
+                f"--availability {self.delays.availability} needs exact time: leave out --time-scale / --real-delays "
+                "(a real-time run cannot take a device offline mid-task)"
+            )
         if self.delays.capacity_file and not (self.delays.task_samples and self.delays.model_bytes):
             # measured speeds need the work: samples per task, and the model's float32 bytes each way
             samples = self.training.local_iters * min(self.training.local_batch_size, self.data.subset_size)

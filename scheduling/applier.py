@@ -123,7 +123,7 @@ class UpdateApplier:
         """Tell children what changed: the current version, and the devices ``selected`` (dispatches) since."""
         with self._cond:
             for d in selected or ():
-                if d.device in self.received:
+                if d.device in self.received or d.drops:  # a device that drops out never reports: nothing to train
                     continue
                 leaf, part = self._leaf_part(d.device)
                 if part is not None:
@@ -219,6 +219,11 @@ class UpdateApplier:
                         return self.received.pop(device), now
                 else:
                     due = self.schedule.next_due()
+                    if due is not None and due.drops:  # it went offline: it fails now, whatever it sent
+                        self.received.pop(due.device, None)
+                        self._unlist(due.device)
+                        self._applying = True
+                        return DeviceUpdate(due.device, due.selection_id, due.base_version, None, count=0), None
                     if due is not None and due.device in self.received:
                         self._applying = True
                         return self.received.pop(due.device), None
@@ -255,8 +260,6 @@ class UpdateApplier:
         record = arrival.trace_record()
         if now is not None:
             record["arrival"] = round(now, 9)
-        if not counted:
-            record["failed"] = True
         self.events.write(record, flush=False)  # flushed when the applier waits, and before a checkpoint
         self.applied += 1
         mm.retain(s.needed_versions())

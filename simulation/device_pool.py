@@ -16,12 +16,16 @@ the same busy and retired sets and the same generator state, the draw is the sam
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 
 import numpy as np
 
 from common.seeds import stable_seed
 
 NUM_INDICATOR = "#"  # NVFlare's SpecialDeviceId.NUM_INDICATOR: device i of leaf prefix p is "p#i"
+
+
+REJECTION_DRAWS = 50  # sampling with ``accept``: draws per device asked for before settling for fewer
 
 
 def range_device(prefix: str, index: int) -> str:
@@ -129,8 +133,10 @@ class DevicePool:
         ranged = sum(self._ranges[p][0] for p in prefixes)
         return ranged + bisect.bisect_left(singles, device_id)
 
-    def sample(self, count: int) -> list[str]:
-        """Up to ``count`` idle devices, uniformly without replacement (fewer when fewer are idle); marks them busy."""
+    def sample(self, count: int, accept: Callable[[str], bool] | None = None) -> list[str]:
+        """Up to ``count`` idle devices, uniformly without replacement (fewer when fewer are idle); marks them busy.
+        ``accept``: only devices it accepts (online ones); then fewer may come back when few idle devices pass (at
+        most ``REJECTION_DRAWS`` draws per device asked for, beyond the first thousand)."""
         total = len(self)
         excluded = len(self.busy) + len(self.retired)  # disjoint: a retired device is never busy again
         count = min(count, total - excluded)
@@ -139,23 +145,49 @@ class DevicePool:
         chosen: list[str] = []
         if excluded <= total // 2:
             seen: set[str] = set()
-            while len(chosen) < count:
+            draws, limit = 0, 1000 + REJECTION_DRAWS * count
+            while len(chosen) < count and (accept is None or draws < limit):
+                draws += 1
                 device = self.device_at(int(self.rng.integers(total)))
                 if device not in self.busy and device not in self.retired and device not in seen:
                     seen.add(device)
-                    chosen.append(device)
+                    if accept is None or accept(device):
+                        chosen.append(device)
             if self._mask is not None:
                 for device in chosen:
                     index = self._indices[device] = self.index_of(device)
                     self._mask[index] = True
         else:
             mask = self._excluded_mask()
-            picks = self.rng.choice(np.flatnonzero(~mask), size=count, replace=False)
+            idle = np.flatnonzero(~mask)
+            if accept is not None:
+                idle = np.asarray([i for i in idle if accept(self.device_at(int(i)))], dtype=np.int64)
+                count = min(count, len(idle))
+                if count == 0:
+                    return []
+            picks = self.rng.choice(idle, size=count, replace=False)
             chosen = [self.device_at(int(i)) for i in picks]
             mask[picks] = True
             self._indices.update(zip(chosen, (int(i) for i in picks), strict=True))
         self.busy.update(chosen)
         return chosen
+
+    def take(self, devices: list[str], count: int) -> list[str]:
+        """Up to ``count`` of ``devices`` (idle ones), uniformly without replacement; marks them busy."""
+        if not devices or count <= 0:
+            return []
+        picks = self.rng.choice(len(devices), size=min(count, len(devices)), replace=False)
+        chosen = [devices[int(i)] for i in picks]
+        for device in chosen:
+            if self._mask is not None:
+                index = self._indices[device] = self.index_of(device)
+                self._mask[index] = True
+        self.busy.update(chosen)
+        return chosen
+
+    def idle_devices(self) -> list[str]:
+        """Every idle device (a scan of the whole pool: for the rare moment no selected device is left)."""
+        return [self.device_at(int(i)) for i in np.flatnonzero(~self._excluded_mask())]
 
     def release(self, device_id: str, retire: bool = False) -> None:
         """A device's update arrived: it is idle again, or retired for good (``device_reuse`` off)."""

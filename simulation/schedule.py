@@ -14,6 +14,12 @@ time inside NVFlare"):
   version current at that time: after the arrival's own version, if it made one.
 * A device is idle again once its update has arrived (never again with ``device_reuse`` off).
 * A failed device (its update counts nothing) frees its slot at its arrival but does not count towards ``B``.
+  A synchronous run (``B`` = min hole = ``selection_size``: FedAvg) makes its version once every device of the
+  round has landed, from the updates that counted (all ``B`` of them when none failed), as FedAvg averages the
+  devices that report; a round in which every device failed makes none and selects again.
+* Under an availability model (``common.availability``) only devices online at the moment are selected, and a
+  device whose session ends before its update would arrive drops out then: it fails at that time. When no device
+  is in flight and no idle device is online, time moves on to the first moment one comes online.
 * Computation takes no simulated time. Nothing here depends on wall time, worker counts or message timing.
 
 ``ExactSchedule`` only decides *when* and *which*: the server's assessor feeds it the arrivals it has received and
@@ -40,8 +46,9 @@ class Dispatch:
     selection_id: int
     base_version: int
     selected_at: float
-    arrival: float
+    arrival: float  # when its update arrives, or, when it ``drops``, when it goes offline
     task_number: int  # the device's tasks before this one
+    drops: bool = False  # it goes offline before its update arrives: at ``arrival`` it fails
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -60,14 +67,17 @@ class Arrival:
     counted: bool  # False: a failed device, freed its slot only
 
     def trace_record(self) -> dict:
-        """One line of ``events.jsonl``."""
-        return {
+        """One line of ``events.jsonl`` (``failed``: the update counted nothing, or the device dropped out)."""
+        record = {
             "version": self.version,
             "device": self.device,
             "base_version": self.base_version,
             "arrival": round(self.arrival, 9),
             "tau": self.tau,
         }
+        if not self.counted:
+            record["failed"] = True
+        return record
 
 
 class ExactSchedule:
@@ -101,6 +111,7 @@ class ExactSchedule:
         self.device_reuse = device_reuse
         self.max_model_version = max_model_version
         self.max_sim_time = max_sim_time
+        self.synchronous = updates_per_version == min_hole_to_fill == selection_size
         self.now = 0.0
         self.version = 0  # 1 once started: version 1 is the initial model
         self.buffered = 0  # counted updates waiting for the next version
@@ -147,34 +158,59 @@ class ExactSchedule:
         if self.version:
             raise RuntimeError("the schedule has started already")
         self.version = 1
-        return self._select(self.selection_size)
+        return self._select_until_one_is_online(self.selection_size)
 
     def apply(self, device: str, counted: bool = True, at: float | None = None) -> tuple[Arrival, list[Dispatch]]:
         """Apply the arrival of ``device`` (at its scheduled time, or ``at``: the real-time mode's receipt time);
         returns it and the devices selected in reply."""
         dispatch = self.in_flight.pop(device)
+        counted = counted and not dispatch.drops  # gone offline: whatever it trained is lost
         self._landed(dispatch)
         self.now = max(self.now, dispatch.arrival if at is None else at)
         tau = self.version - dispatch.base_version
         made = False
         if counted:
             self.buffered += 1
-            if self.buffered >= self.updates_per_version:
-                self.buffered = 0
-                self.version += 1
-                made = True
+        round_over = self.synchronous and not self.in_flight  # a synchronous round ends with its last device
+        if self.buffered and (self.buffered >= self.updates_per_version or round_over):
+            self.buffered = 0
+            self.version += 1
+            made = True
         target = self.version if made else self.version + 1
         self.pool.release(device, retire=not self.device_reuse)
         selected: list[Dispatch] = []
         holes = self.selection_size - len(self.in_flight)
         last = self.max_model_version is not None and self.version >= self.max_model_version
         if holes >= self.min_hole_to_fill and not last:
-            selected = self._select(holes)
+            selected = self._select_until_one_is_online(holes)
         arrival = Arrival(device, dispatch.base_version, dispatch.arrival, tau, target, made, counted)
         return arrival, selected
 
-    def _select(self, count: int) -> list[Dispatch]:
-        devices = self.pool.sample(count)
+    def _select_until_one_is_online(self, count: int) -> list[Dispatch]:
+        """Select ``count`` online devices now; if none is in flight afterwards because no idle device is online,
+        time moves on to the first moment one comes online and they are selected then (nothing else can happen
+        before: no update is on its way)."""
+        selected = self._select(count)
+        availability = self.delays.availability
+        if self.in_flight or availability.always:
+            return selected
+        idle = self.pool.idle_devices()
+        wakes = {d: availability.online_from(d, self.now) for d in idle}
+        wake = min(wakes.values(), default=float("inf"))
+        if wake == float("inf"):
+            return selected  # no idle device ever comes online: the run ends
+        self.now = max(self.now, wake)
+        return self._select(count, self.pool.take([d for d in idle if wakes[d] <= wake], count))
+
+    def _select(self, count: int, devices: list[str] | None = None) -> list[Dispatch]:
+        """Select ``count`` idle devices (online ones, under an availability model), or dispatch ``devices``."""
+        availability = self.delays.availability
+        if devices is not None:
+            pass
+        elif availability.always:
+            devices = self.pool.sample(count)
+        else:  # only devices online now; each may go offline before its update arrives
+            devices = self.pool.sample(count, accept=lambda d: availability.online(d, self.now))
         if not devices:
             return []
         self.selection_seq += 1
@@ -185,11 +221,12 @@ class ExactSchedule:
             n = self.task_counts.get(device, 0)
             self.task_counts[device] = n + 1
             arrival = self.now + self.delays.durations(device, n).total
-            d = Dispatch(device, sid, self.version, self.now, arrival, n)
+            offline = availability.session_end(device, self.now)
+            d = Dispatch(device, sid, self.version, self.now, min(arrival, offline), n, offline < arrival)
             self.in_flight[device] = d
             self._base_counts[d.base_version] += 1
             self._sid_counts[sid] += 1
-            heapq.heappush(self._due, (arrival, device, sid))
+            heapq.heappush(self._due, (d.arrival, device, sid))
             out.append(d)
         for done in self._finished_sids:  # keep only the selections still in flight
             self.selection_version.pop(done, None)

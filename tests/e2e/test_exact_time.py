@@ -118,3 +118,26 @@ def test_measured_speeds_from_a_fedscale_trace_keep_the_trace_exact(tmp_path):
     )
     assert trace_run == reference_trace(schedule)
     assert trace_run != reference("fedbuff")  # the trace's speeds, not the paper's delays
+
+
+def test_diurnal_availability_drops_devices_exactly_as_the_reference_for_async_and_synchronous_methods(tmp_path):
+    """``--availability diurnal``: only online devices are selected, and a device whose session ends before its
+    update arrives fails then. Real FedBuff and FedAvg runs apply (and fail) exactly the reference's updates; a
+    FedAvg round averages the devices that reported."""
+    from jobs.api import make_config
+
+    flags = ("--availability", "diurnal", "--availability-period", "6", "--availability-online", "0.4")
+    procs = {m: start(tmp_path / m, m, *flags) for m in ("fedbuff", "fedavg")}
+    for method, proc in procs.items():
+        trace = results(tmp_path / method, proc)[0]
+        b, hole, versions = METHODS[method]
+        cfg = make_config(
+            method, delays="paper", availability="diurnal", availability_period=6, availability_online=0.4
+        )
+        schedule = make_schedule(cfg.delays, 11, {"site-1": 12, "site-2": 12}, 8, b, hole, max_model_version=versions)
+        assert trace == reference_trace(schedule)
+        assert any(r.get("failed") for r in trace) and trace[-1]["version"] == versions
+        counted = collections.Counter(r["version"] for r in trace if not r.get("failed"))
+        assert set(counted) == set(range(2, versions + 1))
+        if method == "fedavg":
+            assert min(counted.values()) < 8  # a round without its dropped devices

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from common.availability import Availability
 from common.delays import DELAY_PRESETS
 from simulation.device_pool import DevicePool
 from simulation.event_reference import make_schedule, reference_trace
@@ -23,6 +24,7 @@ class FixedDelays:
 
     def __init__(self, table: dict[tuple[str, int], float]):
         self.table = table
+        self.availability = Availability("always", seed=0)
 
     def durations(self, device: str, n: int) -> Total:
         return Total(self.table[(device, n)])
@@ -56,6 +58,20 @@ def test_one_update_per_version_in_arrival_order_with_replacements_at_the_arriva
         ("c", 1, 9, 4, 6, True),  # the last version: nothing more is applied or selected
     ]
     assert s.version == 6 and s.done
+
+
+def test_a_synchronous_round_with_a_failed_device_averages_the_others_when_its_last_device_lands():
+    table = {(d, n): t for d, ts in {"a": (5, 1, 1), "b": (3, 2, 1), "c": (9, 3, 1)}.items() for n, t in enumerate(ts)}
+    s = schedule("abc", table, k=3, b=3, hole=3, max_model_version=3)
+    s.start()
+    assert s.apply("b", counted=False)[0].made_version is False
+    assert s.apply("a")[0].made_version is False
+    arrival, selected = s.apply("c")
+    assert arrival.made_version and s.version == 2 and arrival.arrival == 9
+    assert sorted(d.device for d in selected) == ["a", "b", "c"] and {d.base_version for d in selected} == {2}
+    for device in "abc":  # a round in which every device fails makes no version and selects again
+        arrival, selected = s.apply(device, counted=False)
+    assert s.version == 2 and not arrival.made_version and len(selected) == 3
 
 
 def test_a_version_is_made_from_exactly_b_updates_at_the_bth_arrival():
