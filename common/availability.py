@@ -25,6 +25,8 @@ import os
 import pickle
 from collections.abc import Mapping
 
+import numpy as np
+
 from common.choices import ConfigError
 from common.seeds import stable_seed
 
@@ -95,6 +97,7 @@ class Availability:
 
     def __init__(self, spec: str, seed: int, period: float = 24.0, online: float = 0.5):
         self.spec, self.seed, self.period, self.online_share = spec, seed, period, online
+        self._fleet: tuple[int, np.ndarray] | None = None  # (pool size, each device's phase or trace client)
 
     @property
     def always(self) -> bool:
@@ -150,6 +153,35 @@ class Availability:
         if k + 1 < len(starts) or ends[k] < period or starts[0] > 0.0:
             return cycle * period + ends[k]
         return math.inf if ends[0] >= period else (cycle + 1) * period + ends[0]
+
+    def online_count(self, pool, t: float) -> int:
+        """How many devices of ``pool`` (a ``simulation.device_pool.DevicePool``, or any sized sequence of ids
+        with ``device_at``) are online at ``t``: vectorised over the devices, their phases or trace clients drawn
+        once per pool size."""
+        n = len(pool)
+        if self.always or n == 0:
+            return n
+        if self._fleet is None or self._fleet[0] != n:
+            ids = [pool.device_at(i) for i in range(n)]
+            if self.spec == "diurnal":
+                keys = np.array([self._phase(d) for d in ids])
+            else:
+                clients = load_availability(self.spec)
+                keys = np.array([stable_seed("availability", self.seed, d) % len(clients) for d in ids])
+            self._fleet = (n, keys)
+        keys = self._fleet[1]
+        if self.spec == "diurnal":
+            return int(np.count_nonzero((t / self.period + keys) % 1.0 < self.online_share))
+        clients = load_availability(self.spec)
+        per_client = np.array([self.online_client(c, t) for c in range(len(clients))])
+        return int(np.count_nonzero(per_client[keys]))
+
+    def online_client(self, index: int, t: float) -> bool:
+        """Whether trace client ``index`` (in ``load_availability`` order) is online at ``t``."""
+        _, starts, ends, period = load_availability(self.spec)[index]
+        offset = t % period
+        k = bisect.bisect_right(starts, offset) - 1
+        return k >= 0 and offset < ends[k]
 
     def online(self, device_id: str, t: float) -> bool:
         """Whether the device is online at simulated time ``t``."""

@@ -50,6 +50,8 @@ SELECTION_VERSIONS = "edgesim_selection_versions"  # {selection id: model versio
 SIM_TIME = "edgesim.sim_time"
 # FLContext key set next to it: the method's own word on where it stands ("" for none), shown in progress lines
 METHOD_STATUS = "edgesim.method_status"
+# fl_ctx prop beside it: the fleet as the version was made, ``ExactSchedule.fleet()`` (devices online, updates, failed)
+FLEET = "edgesim.fleet"
 
 
 class DeviceUpdate:

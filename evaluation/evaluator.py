@@ -5,7 +5,8 @@ Unlike NVFlare's ``GlobalEvaluator`` it neither embeds data in the job config no
 
     {"version", "accuracy", "eval_seconds", "wall_seconds" (since the run started), "epoch" (wall clock),
      "sim_seconds" (simulated time of the version, when the model manager reports one),
-     "method" (the method's status, when it has one), "skipped" (versions skipped before this one, if any)}
+     "method" (the method's status, when it has one), "fleet" (devices online as it was made, of "devices", and
+     the "updates" applied and "failed" so far), "skipped" (versions skipped before this one, if any)}
 
 Versions evaluated: 1, then every ``eval_frequency``-th, always ``max_model_version``, and the last version made
 when the run ends earlier (``RUN_OUTCOME``: a time budget, a lost leaf).
@@ -34,7 +35,7 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 
-from common.protocol import CHECKPOINT_DUE, METHOD_STATUS, RUN_OUTCOME, RUN_RESUMED, SIM_TIME
+from common.protocol import CHECKPOINT_DUE, FLEET, METHOD_STATUS, RUN_OUTCOME, RUN_RESUMED, SIM_TIME
 from evaluation.events import VERSION_EVALUATED, VERSION_RECORD, VERSION_WEIGHTS
 from processors.data.config import DataConfig
 from processors.data.sources import load_dataset
@@ -132,7 +133,13 @@ class GlobalModelEvaluator(FLComponent):
 
     def _on_version(self, _event: str, fl_ctx: FLContext) -> None:
         version = int(fl_ctx.get_prop(AppConstants.CURRENT_ROUND) or 0)
-        self._latest = (version, global_weights(fl_ctx), fl_ctx.get_prop(SIM_TIME), fl_ctx.get_prop(METHOD_STATUS))
+        self._latest = (
+            version,
+            global_weights(fl_ctx),
+            fl_ctx.get_prop(SIM_TIME),
+            fl_ctx.get_prop(METHOD_STATUS),
+            fl_ctx.get_prop(FLEET),
+        )
         if is_scheduled(version, self.eval_frequency, self.max_model_version):
             self._submit(self._latest)
 
@@ -192,7 +199,7 @@ class GlobalModelEvaluator(FLComponent):
 
     def _run(self) -> None:
         while (job := self._next()) is not None:
-            (version, weights, sim_time, status), skipped = job
+            (version, weights, sim_time, status, fleet), skipped = job
             started = time.time()
             accuracy = evaluate_accuracy(load_into(self._net, weights), *self._test, prepare=self._prepare)
             now = time.time()
@@ -209,6 +216,8 @@ class GlobalModelEvaluator(FLComponent):
                 record["skipped"] = skipped
             if status:
                 record["method"] = status
+            if fleet:
+                record["fleet"] = fleet
             fl_ctx = self._engine.new_context()
             fl_ctx.set_prop(VERSION_WEIGHTS, weights, private=True, sticky=False)
             self.fire_event_with_data(VERSION_EVALUATED, fl_ctx, VERSION_RECORD, record)

@@ -1,4 +1,5 @@
-"""``accuracy.png``: a run's accuracy against model version, wall seconds and (when it has them) simulated seconds.
+"""``accuracy.png``: a run's accuracy against model version, wall seconds and (when it has them) simulated seconds;
+under an availability model also the devices online at each version, and the failure rate in the title.
 
 Drawn by the server's run recorder at the end of the run (so an exported job run by ``nvflare simulator`` has it
 too) and by the driver when a run was interrupted before its server could.
@@ -7,6 +8,8 @@ too) and by the driver when a run was interrupted before its server could.
 from __future__ import annotations
 
 import os
+
+from evaluation.fleet import failure_rate
 
 
 def plot_accuracy(records: list[dict], path: str, title: str) -> None:
@@ -22,6 +25,15 @@ def plot_accuracy(records: list[dict], path: str, title: str) -> None:
     acc = [r["accuracy"] for r in records]
     axes[0].plot(versions, acc, marker="o")
     axes[0].set_xlabel("global model version")
+    fleet = [(r["version"], r["fleet"]) for r in records if r.get("fleet")]
+    if fleet and any(f["online"] < f["devices"] for _, f in fleet):  # an availability model: who was online
+        online = axes[0].twinx()
+        online.plot([v for v, _ in fleet], [f["online"] for _, f in fleet], color="grey", linestyle="--")
+        online.set_ylabel("devices online (dashed)")
+    rate = failure_rate(records)
+    if rate:
+        title = f"{title} (failure rate {100 * rate:.1f}%)"
+
     axes[1].plot([r["wall_seconds"] for r in records], acc, marker="o")
     axes[1].set_xlabel("wall-clock seconds since job start")
     if has_sim:

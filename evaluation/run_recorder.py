@@ -9,8 +9,11 @@ stopped and why) and, at END_RUN, the run summary are added the same way.
 
 A record (see ``version_record``)::
 
-    {"version", "accuracy", "wall_seconds", "eval_seconds", "epoch", ["sim_seconds"],
+    {"version", "accuracy", "wall_seconds", "eval_seconds", "epoch", ["sim_seconds"], ["fleet"],
      "seconds_per_version", "devices_per_second", "system": {GPU %, VRAM, CPU %, RAM of the stretch}}
+
+``fleet`` (exact-time runs): devices online as the version was made, of all ``devices``, and the ``updates``
+applied and ``failed`` so far; the summary's ``failure_rate`` is failed over applied.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from evaluation.events import (
     VERSION_RECORDED,
     SystemStretch,
 )
+from evaluation.fleet import failure_rate
 from evaluation.monitor import aggregate, system_fields
 from evaluation.plots import plot_accuracy
 
@@ -89,6 +93,9 @@ def run_summary(records: list[dict], updates_per_version: int, last_version: int
         summary["devices_per_second"] = round(updates_per_version * steps / span, 3) if span > 0 else None
     if records and records[-1].get("sim_seconds") is not None:
         summary["simulated_seconds"] = records[-1]["sim_seconds"]
+    rate = failure_rate(records)
+    if rate is not None:
+        summary["failure_rate"] = rate
     return summary
 
 

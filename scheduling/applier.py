@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from common.jsonio import JsonlWriter
-from common.protocol import DeviceUpdate
+from common.protocol import FLEET, DeviceUpdate
 from simulation.schedule import ExactSchedule
 
 
@@ -253,6 +253,8 @@ class UpdateApplier:
         counted = update.count > 0
         with self._cond:
             arrival, selected = s.apply(update.device, counted=counted, at=now)
+            if arrival.made_version:  # the fleet as the version is made, for its results record
+                fl_ctx.set_prop(FLEET, s.fleet(), private=True, sticky=True)
         if counted:
             mm.add_update(update, arrival.tau, fl_ctx, sim_time=arrival.arrival)
         if arrival.made_version:

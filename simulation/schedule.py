@@ -115,6 +115,8 @@ class ExactSchedule:
         self.now = 0.0
         self.version = 0  # 1 once started: version 1 is the initial model
         self.buffered = 0  # counted updates waiting for the next version
+        self.applied = 0  # updates applied so far, failed ones included
+        self.failed = 0  # of them, failed ones (dropped out, or counted nothing)
         self.in_flight: dict[str, Dispatch] = {}
         self.task_counts: dict[str, int] = {}
         self.selection_seq = 0  # the last selection id issued
@@ -148,6 +150,12 @@ class ExactSchedule:
         """Device -> selection id of every device in flight (what the leaves see)."""
         return {d: f.selection_id for d, f in self.in_flight.items()}
 
+    def fleet(self) -> dict:
+        """The fleet now, for results: devices online (all of them without an availability model), updates applied
+        and, of them, failed."""
+        online = self.delays.availability.online_count(self.pool, self.now)
+        return {"online": online, "devices": len(self.pool), "updates": self.applied, "failed": self.failed}
+
     def needed_versions(self) -> set[int]:
         """Model versions some in-flight device trains, plus the current one."""
         return set(self._base_counts) | {self.version}
@@ -169,6 +177,8 @@ class ExactSchedule:
         self.now = max(self.now, dispatch.arrival if at is None else at)
         tau = self.version - dispatch.base_version
         made = False
+        self.applied += 1
+        self.failed += not counted
         if counted:
             self.buffered += 1
         round_over = self.synchronous and not self.in_flight  # a synchronous round ends with its last device
@@ -248,6 +258,8 @@ class ExactSchedule:
             "now": self.now,
             "version": self.version,
             "buffered": self.buffered,
+            "applied": self.applied,
+            "failed": self.failed,
             "in_flight": [d.to_dict() for d in self.in_flight.values()],
             "task_counts": dict(self.task_counts),
             "selection_seq": self.selection_seq,
@@ -257,6 +269,7 @@ class ExactSchedule:
 
     def load_state_dict(self, state: dict) -> None:
         self.now, self.version, self.buffered = state["now"], state["version"], state["buffered"]
+        self.applied, self.failed = state.get("applied", 0), state.get("failed", 0)  # older checkpoints: from 0
         self.in_flight = {d["device"]: Dispatch(**d) for d in state["in_flight"]}
         self._base_counts = Counter(d.base_version for d in self.in_flight.values())
         self._sid_counts = Counter(d.selection_id for d in self.in_flight.values())

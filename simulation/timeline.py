@@ -67,7 +67,7 @@ def timeline_summary(timeline: Timeline) -> dict:
     updates = len(t.trace)
     per_unit = Counter(math.floor(v) for v in t.version_times)
     units = math.floor(t.sim_time) + 1 if t.trace else 0
-    taus = [r["tau"] for r in t.trace]
+    taus = [r["tau"] for r in t.trace if not r.get("failed")]  # staleness of the updates that went into a model
     return {
         "versions": t.versions,
         "updates": updates,
@@ -75,7 +75,7 @@ def timeline_summary(timeline: Timeline) -> dict:
         "versions_per_time_unit": (t.versions - 1) / t.sim_time if t.sim_time > 0 else None,
         "versions_in_each_time_unit": [per_unit.get(u, 0) for u in range(units)],
         "staleness_histogram": dict(sorted(Counter(taus).items())),
-        "staleness_mean": sum(taus) / updates if updates else None,
+        "staleness_mean": sum(taus) / len(taus) if taus else None,
         "failure_rate": t.failed / updates if updates else 0.0,
         "fleet": t.fleet,
         "devices_used": t.devices_used,

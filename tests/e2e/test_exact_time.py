@@ -141,3 +141,11 @@ def test_diurnal_availability_drops_devices_exactly_as_the_reference_for_async_a
         assert set(counted) == set(range(2, versions + 1))
         if method == "fedavg":
             assert min(counted.values()) < 8  # a round without its dropped devices
+        # the results show the fleet: devices online at each version, the failure rate over the run
+        metrics = json.loads((tmp_path / method / "out" / "metrics.json").read_text())
+        last = metrics["versions"][-1]
+        assert last["version"] == versions and last["fleet"]["updates"] == len(trace)
+        failed = sum(1 for r in trace if r.get("failed"))
+        assert metrics["summary"]["failure_rate"] == round(failed / len(trace), 4)
+        online = [r["fleet"]["online"] for r in metrics["versions"] if "fleet" in r]
+        assert all(0 < n <= 24 for n in online) and min(online) < 24

@@ -81,6 +81,18 @@ def test_run_summary_covers_the_recorded_versions():
     assert summary["seconds_per_version"] == 2.0 and summary["devices_per_second"] == 2.0
 
 
+def test_the_fleet_gives_the_failure_rate_and_the_plot_the_devices_online(tmp_path):
+    from evaluation.plots import plot_accuracy
+
+    records = [version_record(_evaluated(v, 2.0 * v), None, 4, None) for v in (1, 2, 3)]
+    assert "failure_rate" not in run_summary(records, 4)  # no fleet figures: nothing claimed
+    for r, (online, updates, failed) in zip(records[1:], ((7, 10, 2), (4, 22, 6)), strict=True):
+        r["fleet"] = {"online": online, "devices": 10, "updates": updates, "failed": failed}
+    assert run_summary(records, 4)["failure_rate"] == round(6 / 22, 4)
+    plot_accuracy(records, str(tmp_path / "accuracy.png"), "fedbuff")
+    assert (tmp_path / "accuracy.png").stat().st_size > 0
+
+
 class ScriptedMonitor(SystemMonitorComponent):
     """The monitor component on scripted sources, sampling every 10 ms."""
 
