@@ -30,6 +30,7 @@ from jobs.watchdog import Watchdog
 from processors.data.sources import DatasetError
 from scheduling.checkpoint import state_path
 from simulation.event_reference import make_schedule
+from simulation.schedule import ExactSchedule
 from simulation.timeline import format_timeline, run_timeline, write_timeline
 
 
@@ -123,11 +124,12 @@ def run(cfg: JobConfig, verbose: bool = False) -> int:
     return run_remote(recipe, env, cfg, results_dir)
 
 
-def dry_run(cfg: JobConfig, results_dir: str) -> int:
-    """The run's event trace without training or NVFlare (``simulation.timeline``), with SimEnv's leaf names."""
+def schedule_for(cfg: JobConfig) -> ExactSchedule:
+    """The run's schedule alone, not started, with SimEnv's leaf names: what ``--dry-run`` runs, and the reference
+    a real run's ``events.jsonl`` must equal (``simulation.event_reference``)."""
     f = cfg.federation
     leaves = {f"site-{i + 1}": f.devices_per_leaf for i in range(f.num_leaf_nodes)}
-    schedule = make_schedule(
+    return make_schedule(
         cfg.delays,
         cfg.run.seed,
         leaves,
@@ -138,8 +140,13 @@ def dry_run(cfg: JobConfig, results_dir: str) -> int:
         f.max_model_version,
         f.max_sim_time,
     )
+
+
+def dry_run(cfg: JobConfig, results_dir: str) -> int:
+    """The run's event trace without training or NVFlare (``simulation.timeline``), with SimEnv's leaf names."""
+    schedule = schedule_for(cfg)
     started = time.time()
-    summary = write_timeline(run_timeline(schedule, sum(leaves.values())), results_dir)
+    summary = write_timeline(run_timeline(schedule, len(schedule.pool)), results_dir)
     print(format_timeline(summary))
     print(f"[edgesim] computed in {time.time() - started:.1f} s; events.jsonl and timeline.json in {results_dir}")
     return 0

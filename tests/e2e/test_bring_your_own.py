@@ -65,26 +65,6 @@ def test_a_users_recipe_and_processor_run_to_the_end_on_our_simulator(tmp_path):
     assert {r["version"] for r in reports} >= {1, 2}
 
 
-def test_a_custom_module_and_custom_arrays_run_through_the_python_api(tmp_path):
-    env = os.environ | {"HOME": str(tmp_path)}  # the default results root is under ~
-    proc = subprocess.run(
-        [PYTHON, os.path.join(REPO, "examples", "own_model_and_data.py")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (metrics_path,) = glob.glob(str(tmp_path / ".cache" / "edgesim-flare" / "**" / "metrics.json"), recursive=True)
-    results = os.path.dirname(metrics_path)
-    metrics = json.load(open(metrics_path))
-    assert metrics["outcome"]["status"] == "completed" and metrics["versions"][-1]["version"] == 15
-    assert metrics["versions"][-1]["accuracy"] > 0.5  # 3 separable classes: chance is 0.33
-    assert os.path.isfile(os.path.join(results, "dataset.npz"))  # the arrays, as the run read them
-    assert f"results in {results}" in proc.stdout
-
-
 def _users_package(root) -> str:
     package = root / "users_pkg"
     package.mkdir(parents=True)
@@ -116,10 +96,22 @@ def _users_package(root) -> str:
     return str(root)
 
 
-def test_the_cli_takes_a_model_and_a_dataset_by_import_path(tmp_path):
-    env = os.environ | {"PYTHONPATH": _users_package(tmp_path / "src")}
+def test_own_models_and_data_run_through_the_python_api_and_by_import_path_on_the_cli(tmp_path):
+    """A custom module and custom arrays through ``jobs.api`` (``examples/own_model_and_data.py``), and a model and
+    a dataset by import path on the command line; the two jobs run at once."""
+    api_home = tmp_path / "api"
+    api_home.mkdir()
+    api = subprocess.Popen(
+        [PYTHON, os.path.join(REPO, "examples", "own_model_and_data.py")],
+        cwd=api_home,
+        env=os.environ | {"HOME": str(api_home)},  # the default results root is under ~
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    cli_root = tmp_path / "cli"
     flags = job_args(
-        tmp_path,
+        cli_root,
         "--model",
         "users_pkg.models:Mlp",
         "--dataset",
@@ -131,16 +123,31 @@ def test_the_cli_takes_a_model_and_a_dataset_by_import_path(tmp_path):
         "--local-batch-size",
         "8",
     )
-    proc = subprocess.run(
+    cli = subprocess.Popen(
         [PYTHON, os.path.join(REPO, "jobs", "pt_job_fedavg.py"), *flags],
         cwd=tmp_path,
-        env=env,
-        capture_output=True,
+        env=os.environ | {"PYTHONPATH": _users_package(tmp_path / "src")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=400,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    metrics = json.load(open(tmp_path / "out" / "metrics.json"))
+    try:
+        api_out, cli_out = api.communicate(timeout=400)[0], cli.communicate(timeout=400)[0]
+    finally:
+        for proc in (api, cli):
+            if proc.poll() is None:
+                proc.kill()
+    assert api.returncode == 0, api_out[-3000:]
+    (metrics_path,) = glob.glob(str(api_home / ".cache" / "edgesim-flare" / "**" / "metrics.json"), recursive=True)
+    results = os.path.dirname(metrics_path)
+    metrics = json.load(open(metrics_path))
+    assert metrics["outcome"]["status"] == "completed" and metrics["versions"][-1]["version"] == 15
+    assert metrics["versions"][-1]["accuracy"] > 0.5  # 3 separable classes: chance is 0.33
+    assert os.path.isfile(os.path.join(results, "dataset.npz"))  # the arrays, as the run read them
+    assert f"results in {results}" in api_out
+
+    assert cli.returncode == 0, cli_out[-3000:]
+    metrics = json.load(open(cli_root / "out" / "metrics.json"))
     assert metrics["config"]["training"]["model"] == "users_pkg.models:Mlp"
     assert [r["version"] for r in metrics["versions"]][-1] == 3 and metrics["versions"][-1]["accuracy"] > 0.25
 

@@ -1,18 +1,28 @@
-"""Long runs survive: a run killed with SIGKILL and resumed ends exactly where an uninterrupted run ends; two runs at
-once both finish; a dead server or a lost leaf is noticed, the run ends non-zero with the reason, and nothing is
+"""Long runs survive: a run killed with SIGKILL and resumed ends exactly where an uninterrupted run ends (on a diurnal
+fleet, or with measured speeds: the uninterrupted run equals the reference schedule too); two runs at once both
+finish; a dead server or a lost leaf is noticed, the run ends non-zero with the reason, and nothing is
 left running."""
 
 from __future__ import annotations
 
+import collections
 import json
+import pickle
 import subprocess
 import time
+from dataclasses import replace
 
 import psutil
 import pytest
 import torch
 
+from common.delays import DELAY_PRESETS
+from jobs.config import JobConfig
+from jobs.driver import schedule_for
+from simulation.event_reference import reference_trace
 from tests.conftest import PYTHON, REPO
+
+PAPER = DELAY_PRESETS["paper"]
 
 SMALL = (
     "--num-leaf-nodes 2 --devices-per-leaf 12 --device-selection-size 8 --delays paper --synthetic-size 1500 "
@@ -85,13 +95,43 @@ def results(out) -> tuple[str, list, dict]:
     return (out / "events.jsonl").read_text(), [(r["version"], r["accuracy"]) for r in metrics["versions"]], metrics
 
 
-# FedBuff's case runs on a diurnal fleet: the resumed run's devices come and go as the uninterrupted run's
-AVAILABILITY = {"fedbuff": ["--availability", "diurnal", "--availability-period", "6", "--availability-online", "0.5"]}
+DIURNAL = ["--availability", "diurnal", "--availability-period", "6", "--availability-online", "0.5"]
+
+
+def fleet_flags(method: str, tmp_path) -> list[str]:
+    """Each method's case on another fleet model, so a resume covers it too: FedAvg and FedBuff on a diurnal fleet
+    (devices come and go, and drop out), FedRevive with measured speeds from a small FedScale capacity trace."""
+    if method != "fedrevive":
+        return DIURNAL
+    trace = tmp_path / "capacity.pkl"
+    trace.write_bytes(
+        pickle.dumps({i: {"computation": 2.0 + 7 * i, "communication": 800.0 + 900 * i} for i in range(6)})
+    )
+    return ["--delays", "none", "--capacity-file", str(trace)]
+
+
+def check_fleet(method: str, trace: list[dict], metrics: dict) -> None:
+    """The trace is the reference schedule's for the run's own recorded config, and the results show the fleet."""
+    assert trace == reference_trace(schedule_for(JobConfig.from_dict(metrics["config"])))
+    assert trace != reference_trace(schedule_for(replace(JobConfig.from_dict(metrics["config"]), delays=PAPER)))
+    failed = sum(1 for r in trace if r.get("failed"))
+    last = metrics["versions"][-1]
+    assert last["fleet"]["updates"] == len(trace)
+    assert metrics["summary"].get("failure_rate", 0.0) == round(failed / len(trace), 4)
+    if method == "fedrevive":
+        return
+    assert failed > 0  # devices dropped out
+    online = [r["fleet"]["online"] for r in metrics["versions"] if "fleet" in r]
+    assert all(0 < n <= 24 for n in online) and min(online) < 24
+    counted = collections.Counter(r["version"] for r in trace if not r.get("failed"))
+    if method == "fedavg":  # a round averages the devices that reported, without those that dropped out
+        assert min(counted.values()) < 8 and set(counted) == set(range(2, last["version"] + 1))
 
 
 @pytest.mark.parametrize("method", ["fedavg", "fedbuff", "fedrevive"])
 def test_a_run_killed_and_resumed_ends_exactly_like_an_uninterrupted_run(tmp_path, method):
-    flags = [*METHOD_FLAGS[method], *AVAILABILITY.get(method, ()), "--checkpoint-every", "2"]
+    """Each on a fleet model of its own (``fleet_flags``): the uninterrupted run also equals the reference schedule."""
+    flags = [*METHOD_FLAGS[method], *fleet_flags(method, tmp_path), "--checkpoint-every", "2"]
     whole = start(tmp_path, "whole", *flags)  # the uninterrupted run goes at the same time
     killed = start(tmp_path, "killed", *flags)
     middle = 4 if method == "fedavg" else 10
@@ -120,7 +160,7 @@ def test_a_run_killed_and_resumed_ends_exactly_like_an_uninterrupted_run(tmp_pat
     events, accuracy, whole = results(tmp_path / "whole")
     events_again, accuracy_again, again = results(tmp_path / "killed")
     assert events_again == events
-    assert method not in AVAILABILITY or '"failed": true' in events  # devices dropped out, the same ones
+    check_fleet(method, [json.loads(line) for line in events.splitlines()], whole)
     assert accuracy_again == accuracy
     assert again["outcome"]["status"] == "completed" and again["outcome"]["version"] == whole["outcome"]["version"]
     assert (tmp_path / "killed" / "global_model.pt").read_bytes() == (
@@ -140,25 +180,60 @@ def test_resume_refuses_a_flag_that_would_change_the_result(tmp_path):
     assert proc.returncode == 2 and "no metrics.json there" in proc.stderr
 
 
-def test_two_runs_at_once_with_default_outputs_both_finish(tmp_path):
-    flags = [*SMALL, *METHOD_FLAGS["fedavg"], "--max-model-version", "3", "--workspace", str(tmp_path / "ws")]
-    runs = [
-        subprocess.Popen(
-            [PYTHON, "jobs/pt_job_fedrevive.py", *flags],
+RESNET18_BN = (
+    "--model resnet18_bn --num-leaf-nodes 2 --devices-per-leaf 4 --device-selection-size 8 --max-model-version 3 "
+    "--local-iters 1 --synthetic-size 600"
+).split()
+
+
+def test_two_runs_at_once_with_default_outputs_both_finish_one_a_resnet18_on_the_cpu(tmp_path):
+    """Two jobs at once in one workspace, each in its own default results folder. One is the BatchNorm ResNet-18
+    (``resnet18_bn``) through ``pt_job_fedavg.py``: its evaluation on 2 CPU cores once took longer than the leaves'
+    update timeout, and the run ended after version 1 with exit code 0. Evaluation now runs beside the protocol and
+    timeouts scale with the model."""
+    workspace = ["--workspace", str(tmp_path / "ws")]
+    small = [*SMALL, *METHOD_FLAGS["fedavg"], "--max-model-version", "3", *workspace]
+    runs = {
+        "small": subprocess.Popen(
+            [PYTHON, "jobs/pt_job_fedrevive.py", *small],
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-        )
-        for _ in range(2)
-    ]
-    outputs = [finish(p) for p in runs]
-    for code, out in outputs:
-        assert code == 0, out[-3000:]
+        ),
+        "resnet18_bn": subprocess.Popen(
+            [PYTHON, "jobs/pt_job_fedavg.py", *RESNET18_BN, *workspace],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ),
+    }
+    try:
+        outputs = {name: proc.communicate(timeout=600) for name, proc in runs.items()}
+    finally:
+        for proc in runs.values():
+            if proc.poll() is None:
+                kill_tree(proc.pid)
+    for name, proc in runs.items():
+        assert proc.returncode == 0, "".join(o or "" for o in outputs[name])[-3000:]
     folders = sorted((tmp_path / "ws" / "results").iterdir())
     assert len(folders) == 2, folders
+    metrics = {}
     for folder in folders:
-        assert json.loads((folder / "metrics.json").read_text())["outcome"]["status"] == "completed"
+        m = json.loads((folder / "metrics.json").read_text())
+        metrics[m["config"]["training"]["model"]] = (m, folder)
+    for m, _ in metrics.values():
+        assert m["outcome"] == m["outcome"] | {"status": "completed", "version": 3}
+    m, folder = metrics["resnet18_bn"]
+    assert [r["version"] for r in m["versions"]] == [1, 2, 3]
+    assert "warning" not in outputs["resnet18_bn"][1], outputs["resnet18_bn"][1][-2000:]
+    # the devices' BatchNorm statistics travelled through NVFlare and made the server's model's own
+    state = torch.load(folder / "global_model.pt")
+    for name in ("bn1", "layer4.1.bn2"):
+        assert not torch.allclose(state[f"{name}.running_mean"], torch.zeros(1)), name
+        assert not torch.allclose(state[f"{name}.running_var"], torch.ones(1)), name
+        assert bool((state[f"{name}.running_var"] > 0).all()), name
 
 
 def processes_of(proc: subprocess.Popen, marker: str) -> list[psutil.Process]:
@@ -226,47 +301,3 @@ def test_a_lost_leaf_ends_in_its_policys_outcome(tmp_path, policy):
         lost_at = max(e["base_version"] for e in lost)
         later = [e for e in events if e["base_version"] > lost_at]
         assert later and not any(e["device"].startswith("site-2#") for e in later)  # never selected again
-
-
-def test_a_resnet18_job_on_the_cpu_reaches_its_last_version(tmp_path):
-    """The BatchNorm ResNet-18 (``resnet18_bn``). ResNet-18's evaluation on 2 CPU cores once took longer than the leaves' update timeout, and the run ended
-    after version 1 with exit code 0. Evaluation now runs beside the protocol and timeouts scale with the model."""
-    proc = subprocess.run(
-        [
-            PYTHON,
-            "jobs/pt_job_fedavg.py",
-            "--model",
-            "resnet18_bn",
-            "--num-leaf-nodes",
-            "2",
-            "--devices-per-leaf",
-            "4",
-            "--device-selection-size",
-            "8",
-            "--max-model-version",
-            "3",
-            "--local-iters",
-            "1",
-            "--synthetic-size",
-            "600",
-            "--output",
-            str(tmp_path / "out"),
-            "--workspace",
-            str(tmp_path / "ws"),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
-    assert metrics["outcome"] == metrics["outcome"] | {"status": "completed", "version": 3}
-    assert [r["version"] for r in metrics["versions"]] == [1, 2, 3]
-    assert "warning" not in proc.stderr, proc.stderr[-2000:]
-    # the devices' BatchNorm statistics travelled through NVFlare and made the server's model's own
-    state = torch.load(tmp_path / "out" / "global_model.pt")
-    for name in ("bn1", "layer4.1.bn2"):
-        assert not torch.allclose(state[f"{name}.running_mean"], torch.zeros(1)), name
-        assert not torch.allclose(state[f"{name}.running_var"], torch.ones(1)), name
-        assert bool((state[f"{name}.running_var"] > 0).all()), name
