@@ -1,7 +1,7 @@
-"""Long runs survive: a run killed with SIGKILL and resumed ends exactly where an uninterrupted run ends (on a diurnal
-fleet, or with measured speeds: the uninterrupted run equals the reference schedule too); two runs at once both
-finish; a dead server or a lost leaf is noticed, the run ends non-zero with the reason, and nothing is
-left running."""
+"""Long runs survive: a run killed with SIGKILL and resumed ends exactly where an uninterrupted run ends (on a
+diurnal fleet, a FedScale availability trace, or measured speeds: the uninterrupted run
+equals the reference schedule too); two runs at once both finish; a dead server or a lost leaf is noticed, the run
+ends non-zero with the reason, and nothing is left running."""
 
 from __future__ import annotations
 
@@ -98,11 +98,27 @@ def results(out) -> tuple[str, list, dict]:
 DIURNAL = ["--availability", "diurnal", "--availability-period", "6", "--availability-online", "0.5"]
 
 
+# a FedScale-format availability trace: 6 clients, on/off windows repeating every 6 units (one always online)
+AVAILABILITY_TRACE = {
+    0: {"active": [0.0, 3.5], "inactive": [2.0, 5.5], "finish_time": 6.0},
+    1: {"active": [1.0], "inactive": [4.0], "finish_time": 6.0},
+    2: {"active": [0.0], "inactive": [6.0], "finish_time": 6.0},
+    3: {"active": [2.5], "inactive": [5.0], "finish_time": 6.0},
+    4: {"active": [0.5, 4.0], "inactive": [1.5, 5.8], "finish_time": 6.0},
+    5: {"active": [0.0, 5.0], "inactive": [3.0, 6.0], "finish_time": 6.0},
+}
+
+
 def fleet_flags(method: str, tmp_path) -> list[str]:
-    """Each method's case on another fleet model, so a resume covers it too: FedAvg and FedBuff on a diurnal fleet
-    (devices come and go, and drop out), FedRevive with measured speeds from a small FedScale capacity trace."""
-    if method != "fedrevive":
+    """Each method's case on another fleet model, so a resume covers it too: FedAvg on a FedScale availability
+    trace, FedBuff on a diurnal fleet (devices come and go, and drop out), FedRevive with measured speeds from a
+    small FedScale capacity trace."""
+    if method == "fedbuff":
         return DIURNAL
+    if method == "fedavg":
+        trace = tmp_path / "availability.pkl"
+        trace.write_bytes(pickle.dumps(AVAILABILITY_TRACE))
+        return ["--availability", str(trace)]
     trace = tmp_path / "capacity.pkl"
     trace.write_bytes(
         pickle.dumps({i: {"computation": 2.0 + 7 * i, "communication": 800.0 + 900 * i} for i in range(6)})
