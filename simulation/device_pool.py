@@ -153,10 +153,7 @@ class DevicePool:
                     seen.add(device)
                     if accept is None or accept(device):
                         chosen.append(device)
-            if self._mask is not None:
-                for device in chosen:
-                    index = self._indices[device] = self.index_of(device)
-                    self._mask[index] = True
+            self._mark_in_mask(chosen)
         else:
             mask = self._excluded_mask()
             idle = np.flatnonzero(~mask)
@@ -178,12 +175,16 @@ class DevicePool:
             return []
         picks = self.rng.choice(len(devices), size=min(count, len(devices)), replace=False)
         chosen = [devices[int(i)] for i in picks]
-        for device in chosen:
-            if self._mask is not None:
-                index = self._indices[device] = self.index_of(device)
-                self._mask[index] = True
+        self._mark_in_mask(chosen)
         self.busy.update(chosen)
         return chosen
+
+    def _mark_in_mask(self, devices: list[str]) -> None:
+        """Newly busy ``devices`` into the excluded mask, while it is kept."""
+        if self._mask is not None:
+            for device in devices:
+                index = self._indices[device] = self.index_of(device)
+                self._mask[index] = True
 
     def idle_devices(self) -> list[str]:
         """Every idle device (a scan of the whole pool: for the rare moment no selected device is left)."""

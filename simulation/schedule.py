@@ -215,12 +215,9 @@ class ExactSchedule:
     def _select(self, count: int, devices: list[str] | None = None) -> list[Dispatch]:
         """Select ``count`` idle devices (online ones, under an availability model), or dispatch ``devices``."""
         availability = self.delays.availability
-        if devices is not None:
-            pass
-        elif availability.always:
-            devices = self.pool.sample(count)
-        else:  # only devices online now; each may go offline before its update arrives
-            devices = self.pool.sample(count, accept=lambda d: availability.online(d, self.now))
+        if devices is None:  # under an availability model, only devices online now (each may go offline later)
+            accept = None if availability.always else lambda d: availability.online(d, self.now)
+            devices = self.pool.sample(count, accept)
         if not devices:
             return []
         self.selection_seq += 1
