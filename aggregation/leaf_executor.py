@@ -18,7 +18,11 @@ with ``VersionedUpdater`` as its updater, and these changes:
 * it is the ``LeafGateway`` of the leaf's device simulator (``simulation.leaf_gateway``): the simulator
   registers the leaf's devices, takes every newly selected device's task and hands back a group's results in one
   call each, in the same process, instead of one edge request per device. Real devices still use the edge
-  requests above.
+  requests above;
+* with real devices (``real_devices``: the job's task processor, whose settings describe the training), tasks and
+  results cross NVFlare's routing proxy as JSON (``common.device_wire``): a version's weights become lists once,
+  with the training settings in the task's metadata, and a device's diff becomes float32 arrays as it arrives; a
+  device whose task failed (a result with an error status) is reported failed at once, so its slot is refilled.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from __future__ import annotations
 import math
 import threading
 
-from nvflare.apis.dxo import from_dict
+from nvflare.apis.dxo import DXO, DataKind, from_dict
 from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
@@ -36,10 +40,12 @@ from nvflare.edge.executors.edge_model_executor import EdgeModelExecutor
 from nvflare.edge.executors.hug import TaskInfo
 from nvflare.edge.mud import Device, StateUpdateReport
 from nvflare.edge.web.models.result_report import ResultReport
+from nvflare.edge.web.models.result_response import ResultResponse
 from nvflare.edge.web.models.task_request import TaskRequest
 from nvflare.edge.web.models.task_response import TaskResponse
 
 from aggregation.versioned_updater import DEFER_SYNC, VersionedState, VersionedUpdater
+from common.device_wire import DEVICE_SETTINGS_META, from_wire, to_wire
 from common.protocol import (
     AWAITED,
     DEVICE_RANGES,
@@ -55,6 +61,16 @@ from simulation.nvflare_private import EventDrivenSync, NoPayloadRendering, inst
 BATCH_WINDOW = 0.1  # seconds a result the server is not waiting for may wait for others, to go up in one sync
 
 
+def device_settings(processor) -> dict:
+    """What a real device needs to train this job as a simulated one would: the job's task processor's data,
+    training, seed and the method's device hook (``processors.device_processor`` reads it from each task)."""
+    names = ("data", "training", "seed", "objective", "objective_args", "label_counts")
+    missing = [n for n in names if not hasattr(processor, n)]
+    if missing:
+        raise TypeError(f"{type(processor).__name__} is not the job's task processor: it lacks {missing}")
+    return {n: getattr(processor, n) for n in names}
+
+
 def retry(job_id: str, message: str) -> TaskResponse:
     return TaskResponse(EdgeApiStatus.RETRY, job_id, 30, message=message)
 
@@ -63,12 +79,16 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
     """Args:
     update_timeout: seconds to wait for the parent to take an update.
     sum_selections: a synchronous run: the leaf sends one sum per selection (``VersionedUpdater``).
+    real_devices: "" for simulated devices; with real ones, the id of the job's task processor (its settings go
+        to each device with its task) and tasks and results travel JSON-safe.
     """
 
-    def __init__(self, update_timeout: float = 10.0, sum_selections: bool = False):
+    def __init__(self, update_timeout: float = 10.0, sum_selections: bool = False, real_devices: str = ""):
         super().__init__(aggr_factory_id="", max_model_versions=None, update_timeout=update_timeout)
         install_nvflare_fixes()  # one thread for finished streams, no payload rendering (nvflare_private)
         self.sum_selections = sum_selections
+        self.real_devices = real_devices
+        self._device_settings: dict | None = None  # with real devices: what each task tells its device
         self.updater: VersionedUpdater | None = None
         self.sync_cond = threading.Condition()
         self.sync_due = math.inf
@@ -91,6 +111,8 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
         node = hierarchy.nodes.get(fl_ctx.get_identity_name()) if hierarchy is not None else None
         self._child_names = [n.obj.name for n in node.children] if node is not None else []
         self._engine.register_aux_message_handler(WAKE_TOPIC, self._on_wake)
+        if self.real_devices:
+            self._device_settings = device_settings(self._engine.get_component(self.real_devices))
 
     def _on_wake(self, topic: str, request: Shareable, fl_ctx: FLContext) -> Shareable:
         """The parent waits for an update: sync now if it has news for this node (newly selected devices) or this
@@ -217,25 +239,55 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
             return retry(job_id, f"model version {version} not here yet")
         task_data = state.converted_models.get(version)
         if task_data is None:
-            model.set_meta_prop(MsgKey.MODEL_VERSION, version)
-            task_data = state.converted_models[version] = model.to_dict()
+            task_data = state.converted_models[version] = self._task_data(model, version)
         self.updater.mark_fetched(device_id, sid)
         cookie = {CookieKey.MODEL_VERSION: version, CookieKey.DEVICE_SELECTION_ID: sid}
         return TaskResponse(EdgeApiStatus.OK, job_id, 0, current_task.id, current_task.name, task_data, cookie)
+
+    def _task_data(self, model: DXO, version: int) -> dict:
+        """A version's task as a device receives it (built once per version): the WEIGHTS DXO with its version,
+        and with real devices JSON-safe, carrying the training settings."""
+        if not self.real_devices:
+            model.set_meta_prop(MsgKey.MODEL_VERSION, version)
+            return model.to_dict()
+        task = DXO(DataKind.WEIGHTS, data=to_wire(model.data))
+        task.set_meta_prop(MsgKey.MODEL_VERSION, version)
+        task.set_meta_prop(DEVICE_SETTINGS_META, self._device_settings)
+        return task.to_dict()
+
+    def process_edge_result_report(
+        self, request: ResultReport, current_task: TaskInfo, fl_ctx: FLContext
+    ) -> ResultResponse:
+        """A real device whose task failed (an error status, or no result) is reported failed at once: its slot is
+        refilled and its version's mean is unchanged. Anything else as NVFlare's executor does."""
+        if not self.real_devices or (request.result and request.status == EdgeApiStatus.OK):
+            return super().process_edge_result_report(request, current_task, fl_ctx)
+        cookie = request.cookie or {}
+        if CookieKey.MODEL_VERSION not in cookie or CookieKey.DEVICE_SELECTION_ID not in cookie:
+            return ResultResponse(EdgeApiStatus.ERROR, task_id=request.task_id, message="no version/selection cookie")
+        device = request.get_device_id()
+        self.log_warning(fl_ctx, f"device {device} reports its task failed ({request.status}): counted failed")
+        failed = DeviceUpdate(device, cookie[CookieKey.DEVICE_SELECTION_ID], cookie[CookieKey.MODEL_VERSION], None, 0)
+        self._send_up([failed], request.task_id, fl_ctx)
+        return ResultResponse(EdgeApiStatus.OK, task_id=request.task_id, task_name=request.task_name)
+
+    def _send_up(self, updates: list[DeviceUpdate], task_id: str, fl_ctx: FLContext):
+        report = StateUpdateReport(0, 0, None, None).to_shareable()
+        report.set_header(LOCAL_REPORT, True)
+        report[DEVICE_UPDATES] = updates
+        return self.accept_update(task_id, report, fl_ctx)
 
     def accept_device_result(self, result_report: ResultReport, current_task: TaskInfo, fl_ctx: FLContext):
         dxo = from_dict(result_report.result)
         cookie = result_report.cookie or {}
         if CookieKey.MODEL_VERSION not in cookie or CookieKey.DEVICE_SELECTION_ID not in cookie:
             raise ValueError(f"result of device {result_report.get_device_id()} has no version/selection cookie")
+        diff = dxo.data["dict"]
         update = DeviceUpdate(
             result_report.get_device_id(),
-            cookie[CookieKey.DEVICE_SELECTION_ID],
-            cookie[CookieKey.MODEL_VERSION],
-            dxo.data["dict"],
-            dxo.data.get("count", 1),
+            int(cookie[CookieKey.DEVICE_SELECTION_ID]),
+            int(cookie[CookieKey.MODEL_VERSION]),
+            from_wire(diff) if self.real_devices else diff,
+            int(dxo.data.get("count", 1)),
         )
-        report = StateUpdateReport(0, 0, None, None).to_shareable()
-        report.set_header(LOCAL_REPORT, True)
-        report[DEVICE_UPDATES] = [update]
-        return self.accept_update(result_report.task_id, report, fl_ctx)
+        return self._send_up([update], result_report.task_id, fl_ctx)

@@ -23,7 +23,7 @@ from jobs.config import EnvName, FederationConfig, JobConfig, LeafLossPolicy, Ru
 from jobs.methods import BUILT_IN, Method, method_of
 from processors.data.config import DataConfig
 from processors.training import Optimizer, TrainingConfig
-from simulation.config import EngineConfig, EngineName, SimulatorName
+from simulation.config import DevicesName, EngineConfig, EngineName, SimulatorName
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -271,6 +271,21 @@ def build_parser(description: str, method_choice: bool = False) -> JobArgumentPa
         "updates as they come (simulated time = wall time / S)",
     )
     sim.add_argument("--real-delays", dest="time_scale", action="store_const", const=1.0, help="same as --time-scale 1")
+    sim.add_argument(
+        "--devices",
+        default=d["devices"],
+        choices=literal_choices(DevicesName),
+        help="simulated: each leaf runs our device simulator; real: leaves wait for real devices (NVFlare's HTTP "
+        "device client or an app, through NVFlare's routing proxy: python -m jobs.deploy up --proxy) and the "
+        "server applies updates as they arrive, on the wall clock (needs --env poc or prod; docs/real-devices.md)",
+    )
+    sim.add_argument(
+        "--device-timeout",
+        type=float,
+        default=d["device_timeout"],
+        help="with --devices real: seconds a selected device may take before it counts as failed and its slot is "
+        "refilled (default 0: derived, printed at the start)",
+    )
     sim.add_argument(
         "--job-timeout",
         type=float,

@@ -6,6 +6,7 @@ the component the config parts it needs, as the plain values NVFlare writes into
 
 from __future__ import annotations
 
+from common.delays import DelayConfig
 from evaluation.evaluator import GlobalModelEvaluator
 from evaluation.leaf_log_writer import LeafLogWriter
 from evaluation.model_saver import GlobalModelSaver
@@ -80,8 +81,10 @@ def make_model_manager(cfg: JobConfig, results_dir: str):
 def make_assessor(
     cfg: JobConfig, timeouts: Timeouts, persistor_id: str, model_manager_id: str, results_dir: str
 ) -> ExactTimeAssessor:
-    """The server's schedule: selection, and applying updates in simulated arrival order."""
+    """The server's schedule: selection, and applying updates in simulated arrival order (with real devices: in
+    the order they arrive)."""
     f = cfg.federation
+    real = cfg.engine.devices == "real"
     return ExactTimeAssessor(
         persistor_id,
         model_manager_id,
@@ -91,7 +94,7 @@ def make_assessor(
         min_hole_to_fill=f.min_hole_to_fill,
         device_reuse=f.device_reuse,
         max_model_version=f.max_model_version,
-        delays=cfg.delays.to_dict(),
+        delays=DelayConfig().to_dict() if real else cfg.delays.to_dict(),  # real devices: no simulated delays
         seed=cfg.run.seed,
         time_scale=cfg.engine.time_scale,
         device_wait_timeout=f.device_wait_timeout,
@@ -101,6 +104,8 @@ def make_assessor(
         checkpoint_every=cfg.run.checkpoint_every,
         resume=bool(cfg.run.resume),
         results_dir=results_dir,
+        real_devices=real,
+        device_timeout=cfg.engine.device_timeout,
     )
 
 

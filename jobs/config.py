@@ -235,6 +235,7 @@ class JobConfig:
                 f"--availability {self.delays.availability} needs exact time: leave out --time-scale / --real-delays "
                 "(a real-time run cannot take a device offline mid-task)"
             )
+        self._check_real_devices()
         if self.delays.capacity_file and not (self.delays.task_samples and self.delays.model_bytes):
             # measured speeds need the work: samples per task, and the model's float32 bytes each way
             samples = self.training.local_iters * min(self.training.local_batch_size, self.data.subset_size)
@@ -250,6 +251,25 @@ class JobConfig:
                 check_vectorizable(build_model(self.training.model))
             except NotVectorizable as ex:
                 raise ConfigError(str(ex)) from ex
+
+    def _check_real_devices(self) -> None:
+        """``--devices real`` needs a deployment and the wall clock: nothing simulated may shape its time."""
+        if self.engine.devices != "real":
+            return
+        if self.run.env == "sim" and not self.run.export_only:
+            raise ConfigError(
+                "--devices real needs devices that reach the leaves: use --env poc or --env prod (with "
+                "python -m jobs.deploy up --proxy), or leave out --devices for simulated ones"
+            )
+        if self.run.dry_run:
+            raise ConfigError("--dry-run plans simulated time: leave out --devices real")
+        if self.federation.max_sim_time is not None:
+            raise ConfigError("--max-sim-time budgets simulated time: leave it out with --devices real")
+        if self.delays.availability != "always" or self.delays.capacity_file:
+            raise ConfigError(
+                "--devices real: real devices bring their own availability and speed; leave out --availability "
+                "and --capacity-file"
+            )
 
     @property
     def method_spec(self) -> Method:

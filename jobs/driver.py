@@ -29,6 +29,7 @@ from jobs.results import finalize, format_summary, read_metrics
 from jobs.watchdog import Watchdog
 from processors.data.sources import DatasetError
 from scheduling.checkpoint import state_path
+from simulation.config import FIRST_DEVICE_TIMEOUT
 from simulation.event_reference import make_schedule
 from simulation.schedule import ExactSchedule
 from simulation.timeline import format_timeline, run_timeline, write_timeline
@@ -102,6 +103,8 @@ def run(cfg: JobConfig, verbose: bool = False) -> int:
         return dry_run(cfg, results_dir)
     print(plan.describe())
     print(get_profile(cfg.engine.profile).describe())
+    if cfg.engine.devices == "real":
+        print(describe_real_devices(cfg))
 
     if run_cfg.export_only:
         # an exported job writes its results inside the app's run folder, unless --output names a place
@@ -122,6 +125,24 @@ def run(cfg: JobConfig, verbose: bool = False) -> int:
     if sim:
         return run_sim(recipe, env, results_dir, plan)
     return run_remote(recipe, env, cfg, results_dir)
+
+
+def describe_real_devices(cfg: JobConfig) -> str:
+    """What a ``--devices real`` run waits for, and when a device counts as failed."""
+    f, e = cfg.federation, cfg.engine
+    timeout = (
+        f"{e.device_timeout:g} s (--device-timeout)"
+        if e.device_timeout > 0
+        else f"derived: {FIRST_DEVICE_TIMEOUT:g} s until a task is measured, then 3x the slowest task seen "
+        "(--device-timeout S fixes it)"
+    )
+    return (
+        f"[edgesim] real devices: the leaves run no simulator; devices ask for job {cfg.run.job_name!r} through "
+        f"NVFlare's routing proxy (python -m jobs.deploy up --proxy; docs/real-devices.md). The run starts once "
+        f"{f.device_selection_size} devices have registered (--device-wait-timeout {f.device_wait_timeout:g} s) "
+        f"and applies updates as they arrive; a selected device that does not report within {timeout} counts "
+        "as failed and its slot is refilled"
+    )
 
 
 def schedule_for(cfg: JobConfig) -> ExactSchedule:

@@ -11,9 +11,11 @@ NVFlare's own tooling:
   folder instead of NVFlare's shared ``/tmp/nvflare/...``, so two deployments never share jobs;
 * each site's own ``startup/sub_start.sh --once`` (no restart loop), in a session of its own, with its console
   in ``<site>/console.log`` and NVFlare's INFO logging in the site's log files only;
-* the admin Session API: wait until every leaf client is connected; ``shutdown("all")`` to stop.
+* the admin Session API: wait until every leaf client is connected; ``shutdown("all")`` to stop;
+* with ``proxy``: NVFlare's routing proxy for real edge devices (``jobs.device_proxy``, on loopback), in a session
+  of its own like a site's, routing each device to a leaf's edge API by the LCP map it writes in the folder.
 
-``deployment.json`` in the folder records what was started (the sites' process ids and sessions), so ``stop``
+``deployment.json`` in the folder records what was started (the sites' and the proxy's sessions), so ``stop``
 finds and ends every process of the deployment, job processes included, even when the admin API cannot.
 """
 
@@ -29,15 +31,22 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import asdict, dataclass
 
 import psutil
 
 from common.ports import listen_ports
+from jobs.device_proxy import LOOPBACK, write_lcp_map
 
 ADMIN = "admin@nvidia.com"
 STATE_FILE = "deployment.json"
 PROJECT = "edgesim"
+PROXY = "proxy"  # the proxy's key in ``Deployment.sessions`` (no site is named so)
+LCP_MAP_FILE = "lcp_map.json"
+PROXY_LOG = "proxy.log"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclass(frozen=True)
@@ -50,7 +59,9 @@ class Deployment:
         admin_kit: the admin's startup kit: ``--startup-kit`` of ``--env prod``.
         leaves: the leaf clients' names.
         ports: port by role (``server``, ``admin``, each relay's and each leaf's).
-        sessions: each site's process session id (every process a site starts stays in it).
+        sessions: each site's process session id (every process a site starts stays in it), and the proxy's.
+        proxy_port: the routing proxy's HTTP port on loopback, or None without one (and in older
+            ``deployment.json`` files, which lack the field).
     """
 
     folder: str
@@ -59,6 +70,23 @@ class Deployment:
     leaves: list[str]
     ports: dict[str, int]
     sessions: dict[str, int]
+    proxy_port: int | None = None
+
+    @property
+    def proxy_endpoint(self) -> str | None:
+        """The URL devices connect to, or None without a proxy."""
+        return None if self.proxy_port is None else f"http://{LOOPBACK}:{self.proxy_port}/"
+
+    @property
+    def lcp_map_file(self) -> str:
+        """The proxy's LCP map (written when the proxy starts)."""
+        return os.path.join(self.folder, LCP_MAP_FILE)
+
+    @property
+    def ca_cert(self) -> str:
+        """The deployment's root CA certificate, which signed the leaves' edge API certificates (every site's
+        startup kit holds a copy; the server's always exists)."""
+        return os.path.join(self.prod_dir, "server", "startup", "rootCA.pem")
 
     @property
     def job_flags(self) -> list[str]:
@@ -135,7 +163,10 @@ def project_dict(relays: int, leaves: int, ports: list[int]) -> tuple[dict, dict
                     type="client",
                     org="edgesim",
                     connect_to={"name": relay},
-                    listening_host="localhost",
+                    # The leaf's listener certificate also serves its edge API (TLS): it names 127.0.0.1 too, so
+                    # the routing proxy's LCP map may address the leaf by IP (a certificate for "localhost" only
+                    # fails the proxy's host-name check there).
+                    listening_host={"default_host": "localhost", "host_names": ["localhost", LOOPBACK]},
                     edge_service_port=used[leaf],
                 )
             )
@@ -245,8 +276,72 @@ def wait_for_leaves(deployment: Deployment, timeout: float) -> None:
     raise TimeoutError(f"leaf clients {sorted(missing)} did not connect within {timeout:g} s")
 
 
-def start(folder: str, relays: int = 2, leaves: int = 4, timeout: float = 180.0) -> Deployment:
-    """Provision and start a hierarchy in ``folder`` (new or empty) and wait for its leaves; stops everything it
+def start_proxy(deployment: Deployment) -> int:
+    """Start NVFlare's routing proxy (``jobs.device_proxy``) on loopback at ``deployment.proxy_port``, routing to
+    the deployment's leaves (LCP map written in its folder), in a new session; its session id. Its log goes to
+    ``<folder>/proxy.log``."""
+    write_lcp_map(deployment, deployment.lcp_map_file)
+    env = dict(os.environ)
+    # ``-m jobs.device_proxy`` must find this checkout whatever the caller's working folder is.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [REPO, env.get("PYTHONPATH", "")] if p)
+    command = [sys.executable, "-m", "jobs.device_proxy", str(deployment.proxy_port)]
+    command += [deployment.lcp_map_file, deployment.ca_cert, "--host", LOOPBACK]
+    with open(os.path.join(deployment.folder, PROXY_LOG), "ab") as log:
+        proc = subprocess.Popen(
+            command,
+            cwd=deployment.folder,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    return proc.pid  # a new session's leader: its pid is the session id
+
+
+def proxy_answers(url: str, timeout: float = 2.0) -> bool:
+    """Whether an HTTP server answers at ``url`` (the proxy's base URL), with any status.
+
+    The probe is a ``POST /job`` without the device-id header: the proxy's own app rejects it (400, an error JSON)
+    before routing anything, so the probe never reaches a leaf nor registers a device there."""
+    request = urllib.request.Request(url.rstrip("/") + "/job", data=b"{}", method="POST")
+    request.add_header("Content-Type", "application/json")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via an http_proxy of the env
+    try:
+        with opener.open(request, timeout=timeout):
+            return True
+    except urllib.error.HTTPError:
+        return True  # an HTTP answer: it is up
+    except (urllib.error.URLError, OSError):
+        return False  # nothing listens yet (connection refused), or no answer in time
+
+
+def wait_for_proxy(deployment: Deployment, timeout: float) -> None:
+    """Until the proxy answers HTTP; ``RuntimeError`` if it exited, ``TimeoutError`` if it never answered."""
+    log = os.path.join(deployment.folder, PROXY_LOG)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proxy_answers(deployment.proxy_endpoint):
+            return
+        if not _session_processes(deployment.sessions[PROXY]):
+            raise RuntimeError(f"NVFlare's routing proxy exited at start; see {log}")
+        time.sleep(0.5)
+    raise TimeoutError(
+        f"NVFlare's routing proxy did not answer on port {deployment.proxy_port} within {timeout:g} s; see {log}"
+    )
+
+
+def start(
+    folder: str,
+    relays: int = 2,
+    leaves: int = 4,
+    timeout: float = 180.0,
+    proxy: bool = False,
+    proxy_port: int | None = None,
+    proxy_timeout: float = 60.0,
+) -> Deployment:
+    """Provision and start a hierarchy in ``folder`` (new or empty) and wait for its leaves, then, with ``proxy``,
+    NVFlare's routing proxy on ``proxy_port`` (a free one if None) and wait until it answers; stops everything it
     started if that fails."""
     folder = os.path.abspath(folder)
     if os.path.exists(folder) and os.listdir(folder):
@@ -254,24 +349,39 @@ def start(folder: str, relays: int = 2, leaves: int = 4, timeout: float = 180.0)
     os.makedirs(folder, exist_ok=True)
     prod, ports, names = provision(folder, relays, leaves)
     sites = ["server", *[f"R{r}" for r in range(1, relays + 1)], *names]
-    deployment = Deployment(folder, prod, os.path.join(prod, ADMIN), names, ports, {})
+    if proxy and proxy_port is None:
+        proxy_port = listen_ports(1)[0]  # the same picker as the sites' ports: never one of theirs
+    deployment = Deployment(
+        folder, prod, os.path.join(prod, ADMIN), names, ports, {}, proxy_port=proxy_port if proxy else None
+    )
     try:
         for site in sites:
             quiet_site_logging(os.path.join(prod, site))
             deployment.sessions[site] = start_site(os.path.join(prod, site))
             deployment.save()
         wait_for_leaves(deployment, timeout)
+        if proxy:
+            deployment.sessions[PROXY] = start_proxy(deployment)
+            deployment.save()
+            wait_for_proxy(deployment, proxy_timeout)
     except BaseException:
         stop(folder)
         raise
     return deployment
 
 
+def _exited(p: psutil.Process) -> bool:
+    """A zombie: it has exited, but its parent has not reaped it yet. Processes this one started (the sites, the
+    proxy) stay so until it exits, and still report their session: without this, a site or proxy that exits at
+    start would look alive, and ``stop`` would wait its whole grace for it."""
+    return p.info.get("status") == psutil.STATUS_ZOMBIE
+
+
 def _session_processes(sid: int) -> list[psutil.Process]:
     found = []
-    for p in psutil.process_iter():
+    for p in psutil.process_iter(["status"]):
         try:
-            if os.getsid(p.pid) == sid:
+            if os.getsid(p.pid) == sid and not _exited(p):
                 found.append(p)
         except (ProcessLookupError, PermissionError, psutil.Error):
             pass
@@ -283,10 +393,10 @@ def deployment_processes(deployment: Deployment) -> list[psutil.Process]:
     their own (their command lines name their site's folder)."""
     found = []
     sessions = set(deployment.sessions.values())
-    for p in psutil.process_iter(["cmdline"]):
+    for p in psutil.process_iter(["cmdline", "status"]):
         try:
-            mine = os.getsid(p.pid) in sessions or any(
-                a.startswith(deployment.prod_dir) for a in p.info["cmdline"] or ()
+            mine = not _exited(p) and (
+                os.getsid(p.pid) in sessions or any(a.startswith(deployment.prod_dir) for a in p.info["cmdline"] or ())
             )
         except (ProcessLookupError, PermissionError, psutil.Error):
             continue
@@ -295,10 +405,28 @@ def deployment_processes(deployment: Deployment) -> list[psutil.Process]:
     return found
 
 
+def stop_session(sid: int, grace: float = 10.0) -> None:
+    """End every process of session ``sid``: SIGTERM, then SIGKILL to those still there after ``grace`` s."""
+    procs = _session_processes(sid)
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=grace)
+
+
 def stop(folder: str, grace: float = 30.0) -> int:
-    """Stop every process of the deployment in ``folder``: the admin API's ``shutdown all`` first, then whatever
-    is left of it (``deployment_processes``: job processes included). Returns how many had to be killed."""
+    """Stop every process of the deployment in ``folder``: the proxy (SIGTERM: it has no other way to stop), the
+    admin API's ``shutdown all``, then whatever is left of it (``deployment_processes``: job processes included).
+    Returns how many had to be killed (the proxy is not counted: SIGTERM is how it stops)."""
     deployment = Deployment.load(folder)
+    if PROXY in deployment.sessions:
+        # First, so devices stop reaching leaves that go down; and the shutdown below never ends it, so waiting
+        # ``grace`` for it would only delay ``down``.
+        stop_session(deployment.sessions[PROXY])
     logging.disable(logging.ERROR)  # the admin client logs "no connection to server" while the server goes down
     try:
         with contextlib.suppress(Exception), admin_session(deployment.admin_kit, timeout=5.0) as session:

@@ -7,7 +7,8 @@ server   persistor (the seeded initial model), the method's model manager (``job
          assessor (``scheduling``: selection and the order updates are applied in), the result components
          (``evaluation``)
 clients  edge task receiver, leaf executor (``aggregation.leaf_executor``), task processor, and the widget that
-         runs the leaf's device simulator
+         runs the leaf's device simulator (none with ``--devices real``: the leaves wait for real devices, and
+         the task processor only describes the training the leaf hands each device)
 
 ``--simulator stock`` is NVFlare's own path end to end (model manager with Python-list weights, device manager,
 assessor, leaf executor with summing aggregators and a 1 s sync, device simulator): the baseline the benchmarks
@@ -47,6 +48,7 @@ from jobs.plan import RunPlan
 from processors.models import initial_model_config
 
 TASK_NAME = "train"
+PROCESSOR_ID = "task_processor"
 # NVFlare 2.9 sends each numpy array above a size threshold through a separate download transaction (an .npz
 # written, a download request and reply, CRC-checked on the way): an extra round trip inside every leaf sync that
 # carries a diff or a model. A chunk size of 0 makes its numpy decomposer put the arrays in the message itself
@@ -162,12 +164,17 @@ class EdgeSimRecipe(Recipe):
 
     def _add_clients(self, job: EdgeJob) -> None:
         cfg = self.cfg
+        real = cfg.engine.devices == "real"
         job.to_clients(EdgeTaskReceiver(), id="edge_task_receiver")
         if cfg.engine.simulator == "stock":
             factory_id = job.to_clients(ModelUpdateDXOAggrFactory(), id="aggr_factory")
             executor = EdgeModelExecutor(factory_id, STOCK_MODEL_VERSIONS, self.plan.timeouts.update_timeout)
+        elif real:  # each device's update goes up on its own: its selection's devices may report at any leaf
+            executor = EdgeSimExecutor(self.plan.timeouts.update_timeout, False, real_devices=PROCESSOR_ID)
         else:
             executor = EdgeSimExecutor(self.plan.timeouts.update_timeout, cfg.method_spec.leaf_sums(cfg))
         job.to_clients(executor, id="executor", tasks=[TASK_NAME])
-        processor_id = job.to_clients(make_task_processor(cfg, self.plan.workers), id="task_processor")
-        job.to_clients(make_leaf_runner(cfg, self.plan.workers, processor_id), id="device_runner")
+        # with real devices the processor only describes their training (what the leaf tells each device)
+        processor_id = job.to_clients(make_task_processor(cfg, self.plan.workers), id=PROCESSOR_ID)
+        if not real:
+            job.to_clients(make_leaf_runner(cfg, self.plan.workers, processor_id), id="device_runner")

@@ -2,8 +2,13 @@
 
 The assessor hands it every per-device update a leaf reports (``receive``) and answers the leaf at once; this
 thread applies them: strictly in simulated arrival order (exact time: the earliest due update only once it has
-arrived, every later one waits), or as received (the real-time mode). So a slow step (FedRevive's distillation,
-seconds per update on a CPU) never holds a leaf's report past its timeout.
+arrived, every later one waits), or as received, on the wall clock (real devices, and the simulated real-time
+mode: time = wall seconds since the start / ``time_scale``). So a slow step (FedRevive's distillation, seconds
+per update on a CPU) never holds a leaf's report past its timeout.
+
+On the wall clock a selected device that has not reported within the device timeout counts as failed at that
+moment (its slot is refilled; a late report is refused), so a device that vanishes never stalls the run. The
+timeout is fixed, or derived: ``FIRST_DEVICE_TIMEOUT`` until a task is measured, then 3x the slowest task seen.
 
 What a child is told (``child_view``: the current version, its leaves' part of the selection, the model version
 of each of its selection ids) is kept per leaf as updates are applied and received, so answering a child costs in
@@ -14,6 +19,7 @@ once (its leaf need not train it again, e.g. after a resume).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +27,8 @@ from dataclasses import dataclass, field
 
 from common.jsonio import JsonlWriter
 from common.protocol import FLEET, DeviceUpdate
-from simulation.schedule import ExactSchedule
+from simulation.config import FIRST_DEVICE_TIMEOUT
+from simulation.schedule import Dispatch, ExactSchedule
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,8 @@ class UpdateApplier:
     on_selected: called with the devices each applied update selected (their leaves have news), on this thread.
     on_stalled: called, under the applier's lock, when the update due next has not arrived (with its device), once
         per device awaited.
+    device_timeout: on the wall clock, seconds a device may take before it counts as failed; 0: derived (see the
+        module docstring); ``math.inf``: never (simulated devices always report).
     """
 
     def __init__(
@@ -68,8 +77,11 @@ class UpdateApplier:
         log_error: Callable[[str], None] = print,
         on_selected: Callable[[list[str]], None] | None = None,
         on_stalled: Callable[[str], None] | None = None,
+        device_timeout: float = math.inf,
     ):
         self.schedule = schedule
+        self.device_timeout = device_timeout
+        self.slowest = 0.0  # wall seconds of the slowest task measured so far (wall clock only)
         self.on_selected = on_selected
         self.on_stalled = on_stalled
         self._awaited: str | None = None  # the device the applier waits for (its update has not arrived)
@@ -212,11 +224,16 @@ class UpdateApplier:
                     self.finished = True
                     return None
                 if self.time_scale > 0:
+                    now = self.wall_now()
                     if self.received:
                         device = next(iter(self.received))
-                        now = (time.time() - self._started_at) / self.time_scale
                         self._applying = True
                         return self.received.pop(device), now
+                    late = self._timed_out(now)
+                    if late is not None:  # it never reported: it fails now, and a late report is refused
+                        self._unlist(late.device)
+                        self._applying = True
+                        return DeviceUpdate(late.device, late.selection_id, late.base_version, None, count=0), now
                 else:
                     due = self.schedule.next_due()
                     if due is not None and due.drops:  # it went offline: it fails now, whatever it sent
@@ -235,6 +252,25 @@ class UpdateApplier:
                 self._cond.wait(0.5)
         return None
 
+    def wall_now(self) -> float:
+        """The wall clock's time: seconds since the applier started, / ``time_scale``."""
+        return (time.time() - self._started_at) / self.time_scale
+
+    def timeout(self) -> float:
+        """Wall seconds a device may take now (fixed, or derived from the slowest task measured)."""
+        if self.device_timeout > 0:
+            return self.device_timeout
+        return max(FIRST_DEVICE_TIMEOUT, 3 * self.slowest)
+
+    def _timed_out(self, now: float) -> Dispatch | None:
+        """The in-flight device selected longest ago, if it has taken longer than the timeout (none has reported;
+        called under the lock)."""
+        if self.device_timeout == math.inf or not self.schedule.in_flight:
+            return None
+        oldest = min(self.schedule.in_flight.values(), key=lambda d: (d.selected_at, d.device))
+        late = (now - oldest.selected_at) * self.time_scale > self.timeout()
+        return oldest if late else None
+
     def _run(self) -> None:
         fl_ctx = self.new_context()
         while True:
@@ -252,6 +288,9 @@ class UpdateApplier:
         s, mm = self.schedule, self.model_manager
         counted = update.count > 0
         with self._cond:
+            if now is not None and counted:  # the wall clock: how long a device took (the derived timeout)
+                took = (now - s.in_flight[update.device].selected_at) * self.time_scale
+                self.slowest = max(self.slowest, took)
             arrival, selected = s.apply(update.device, counted=counted, at=now)
             if arrival.made_version:  # the fleet as the version is made, for its results record
                 fl_ctx.set_prop(FLEET, s.fleet(), private=True, sticky=True)

@@ -21,10 +21,16 @@ Around the schedule it:
 * ends the run when the schedule is done (the last version or the time budget), a leaf is lost (``stop``), the
   devices never all registered, or an update could not be applied, and fires ``RUN_OUTCOME`` saying which;
 * can save its whole state and restore it (``scheduling.checkpoint``).
+
+With real devices (``real_devices``) the same machinery runs on the wall clock: it starts once ``selection_size``
+devices have registered (at whichever leaves NVFlare's routing proxy sent them), tells every child the whole
+selection (the proxy routes a device to a leaf by a hash of its id, so any leaf may have to serve any device), and
+its applier applies updates as they arrive, failing a device that does not report within the device timeout.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -64,6 +70,7 @@ from common.protocol import (
 from scheduling import checkpoint
 from scheduling.applier import UpdateApplier
 from scheduling.waker import Waker
+from simulation.config import FIRST_DEVICE_TIMEOUT
 from simulation.device_pool import DevicePool
 from simulation.nvflare_private import install_nvflare_fixes
 from simulation.schedule import ExactSchedule
@@ -104,6 +111,9 @@ class ExactTimeAssessor(Assessor):
     checkpoint_every: versions between checkpoints; 0: automatic (at most 5% of the wall time); -1: never.
     resume: continue from the results folder's checkpoint instead of starting afresh.
     results_dir: where ``events.jsonl`` and ``checkpoint/`` go ("": the server app's run folder).
+    real_devices: devices are real (see the module docstring): the wall clock, ``selection_size`` devices to
+        start, the whole selection for every child.
+    device_timeout: with real devices, seconds a selected device may take (0: derived, ``scheduling.applier``).
     """
 
     def __init__(
@@ -126,8 +136,12 @@ class ExactTimeAssessor(Assessor):
         checkpoint_every: int = 0,
         resume: bool = False,
         results_dir: str = "",
+        real_devices: bool = False,
+        device_timeout: float = 0.0,
     ):
         super().__init__()
+        self.real_devices = real_devices
+        self.device_timeout = device_timeout
         install_nvflare_fixes()  # one thread for finished streams, no payload rendering (nvflare_private)
         self.persistor_id = persistor_id
         self.model_manager_id = model_manager_id
@@ -227,8 +241,23 @@ class ExactTimeAssessor(Assessor):
     def start_task(self, fl_ctx: FLContext) -> Shareable:
         return BaseState(model_version=0, model=None, device_selection_version=0, device_selection={}).to_shareable()
 
+    def _ready(self) -> bool:
+        """Whether the first selection can be made: every leaf's devices registered (simulated), or enough
+        devices for one selection (real ones)."""
+        pool = self.schedule.pool
+        return len(pool) >= self.selection_size if self.real_devices else len(pool.leaves) >= self.num_leaves
+
     def _start(self, fl_ctx: FLContext) -> None:
-        self.log_info(fl_ctx, f"all {self.num_leaves} leaves registered {len(self.schedule.pool)} devices: starting")
+        if self.real_devices:
+            self.log_info(
+                fl_ctx,
+                f"{len(self.schedule.pool)} real devices registered: starting on the wall clock; a device that "
+                f"does not report within {self._timeout_words()} counts as failed",
+            )
+        else:
+            self.log_info(
+                fl_ctx, f"all {self.num_leaves} leaves registered {len(self.schedule.pool)} devices: starting"
+            )
         self.model_manager.start(self._initial, fl_ctx)
         selected = self.schedule.start()
         self._note_news([d.device for d in selected])
@@ -252,17 +281,26 @@ class ExactTimeAssessor(Assessor):
         if self._waker is not None:
             self._waker.wake(news, holder, awaited)
 
+    def _timeout_words(self) -> str:
+        if self.device_timeout > 0:
+            return f"{self.device_timeout:g} s (--device-timeout)"
+        return (
+            f"{FIRST_DEVICE_TIMEOUT:g} s, or 3x the slowest task once one is measured (derived; --device-timeout S "
+            "fixes it)"
+        )
+
     def _make_applier(self, fl_ctx: FLContext) -> UpdateApplier:
         self.applier = UpdateApplier(
             self.schedule,
             self.model_manager,
             self._events,
             self._engine.new_context,
-            self.time_scale,
+            1.0 if self.real_devices else self.time_scale,
             on_version=lambda: self._on_version(fl_ctx),
             log_error=lambda msg: self.log_error(fl_ctx, msg),
             on_selected=self._note_news,
             on_stalled=self._wake_for,
+            device_timeout=self.device_timeout if self.real_devices else math.inf,
         )
         return self.applier
 
@@ -344,12 +382,7 @@ class ExactTimeAssessor(Assessor):
                 return Assessment.CONTINUE
             if not s.version:
                 if time.time() - self._waiting_since > self.device_wait_timeout:
-                    self._finish(
-                        "stopped",
-                        f"only leaves {sorted(s.pool.leaves)} of {self.num_leaves} registered "
-                        f"devices within --device-wait-timeout {self.device_wait_timeout:g} s",
-                        fl_ctx,
-                    )
+                    self._finish("stopped", self._not_ready_reason(), fl_ctx)
                     return Assessment.WORKFLOW_DONE
                 return Assessment.CONTINUE
             with self.applier.lock:  # the applier thread changes the schedule
@@ -373,6 +406,17 @@ class ExactTimeAssessor(Assessor):
                             fl_ctx,
                         )
             return Assessment.WORKFLOW_DONE if self.outcome is not None else Assessment.CONTINUE
+
+    def _not_ready_reason(self) -> str:
+        wait = f"within --device-wait-timeout {self.device_wait_timeout:g} s"
+        pool = self.schedule.pool
+        if self.real_devices:
+            return (
+                f"only {len(pool)} real devices registered {wait}, and one selection needs "
+                f"{self.selection_size}: start more devices (docs/real-devices.md) or lower "
+                "--device-selection-size"
+            )
+        return f"only leaves {sorted(pool.leaves)} of {self.num_leaves} registered devices {wait}"
 
     def _check_leaves(self, fl_ctx: FLContext) -> None:
         now = time.time()
@@ -414,7 +458,7 @@ class ExactTimeAssessor(Assessor):
             self._note_alive(child, update)
             if self.applier is None:
                 self._register_devices(update, report)
-                if len(self.schedule.pool.leaves) >= self.num_leaves:
+                if self._ready():
                     self._start(fl_ctx)
             else:
                 with self.applier.lock:
@@ -459,7 +503,9 @@ class ExactTimeAssessor(Assessor):
         what it said it holds). The newest model itself travels only when a device of the child trains it."""
         if self.applier is None:
             return StateUpdateReply(0, None, 0, None).to_shareable()
-        view = self.applier.child_view(self._leaves_under.get(child, {child}))
+        # real devices: every leaf may be asked by any device (the proxy's hash decides), so each hears everything
+        leaves = self.schedule.pool.leaves if self.real_devices else self._leaves_under.get(child, {child})
+        view = self.applier.child_view(leaves)
         if not view.version:
             return StateUpdateReply(0, None, 0, None).to_shareable()
         mine, versions = view.selection, view.selection_versions

@@ -10,6 +10,9 @@ from common.profiles import DEFAULT_PROFILE, ProfileName
 
 SimulatorName = Literal["fast", "stock"]
 EngineName = Literal["auto", "vectorized", "per-device"]
+DevicesName = Literal["simulated", "real"]
+# a real device's timeout before any task is measured (--device-timeout 0: derived)
+FIRST_DEVICE_TIMEOUT = 120.0
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,13 @@ class EngineConfig:
         when it has results the server waits for, or news; NVFlare's own leaves sync every 1.0 s).
     update_timeout: seconds a leaf waits for its parent to take an update (None: derived from what a leaf sends,
         ``simulation.planner.update_timeout``).
+    devices: ``simulated`` (each leaf runs our device simulator) or ``real``: leaves run no simulator and wait for
+        devices (NVFlare's HTTP device client or a phone app, through NVFlare's routing proxy); the server applies
+        updates in the order they arrive, on the wall clock (``docs/real-devices.md``). Needs ``--env poc`` or
+        ``prod``.
+    device_timeout: with real devices, seconds a selected device may take before it counts as failed and its slot
+        is refilled; 0: derived (``FIRST_DEVICE_TIMEOUT`` until a task is measured, then 3x the slowest task
+        seen, at least that).
     """
 
     simulator: SimulatorName = "fast"
@@ -40,8 +50,17 @@ class EngineConfig:
     job_timeout: float = 120.0
     update_interval: float = 0.25
     update_timeout: float | None = None
+    devices: DevicesName = "simulated"
+    device_timeout: float = 0.0
 
     def __post_init__(self) -> None:
+        check_choice("--devices", self.devices, DevicesName)
+        if not self.device_timeout >= 0:
+            raise ConfigError(f"--device-timeout {self.device_timeout}: must be >= 0 (0: derived)")
+        if self.devices == "real" and self.time_scale > 0:
+            raise ConfigError("--devices real runs on the wall clock already: leave out --time-scale / --real-delays")
+        if self.devices == "real" and self.simulator == "stock":
+            raise ConfigError("--devices real needs --simulator fast (our server applies what real devices send)")
         check_choice("--simulator", self.simulator, SimulatorName)
         check_choice("--engine", self.engine, EngineName)
         check_choice("--profile", self.profile, ProfileName)

@@ -1,18 +1,23 @@
-"""A provisioned NVFlare edge hierarchy on this machine (2 relays, 4 leaf clients), stood up with
-``python -m jobs.deploy up`` and torn down with ``down`` even when a test fails: a FedAvg job through
-``--env prod`` brings home the same files a SimEnv run writes, every leaf records the plan it made for itself, and
-a FedBuff job's applied-update trace is the exact reference schedule's, as in SimEnv."""
+"""A provisioned NVFlare edge hierarchy on this machine (2 relays, 4 leaf clients, NVFlare's routing proxy), stood
+up with ``python -m jobs.deploy up --proxy`` and torn down with ``down`` even when a test fails: a FedAvg job
+through ``--env prod`` brings home the same files a SimEnv run writes, every leaf records the plan it made for
+itself, a FedBuff job's applied-update trace is the exact reference schedule's, as in SimEnv, and with
+``--devices real`` NVFlare's own HTTP device client (``run_device_simulator``, with this project's device
+processor) trains FedBuff and FedRevive jobs through the proxy, failed and silent devices included."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 
 import psutil
 import pytest
 
 from common.delays import DELAY_PRESETS
+from jobs.device_proxy import device_client_config
 from jobs.hierarchy import Deployment
 from simulation.event_reference import make_schedule, reference_trace
 from tests.conftest import PYTHON, REPO
@@ -39,6 +44,8 @@ def processes_of(folder, sessions: dict[str, int]) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
         try:
+            if p.status() == psutil.STATUS_ZOMBIE:  # it has exited; only its reaping by init may lag a moment
+                continue
             if os.getsid(p.pid) in sessions.values() or any(str(folder) in a for a in p.info["cmdline"] or ()):
                 found.append(p)
         except (ProcessLookupError, PermissionError, psutil.Error):
@@ -50,7 +57,7 @@ def processes_of(folder, sessions: dict[str, int]) -> list[psutil.Process]:
 def deployment(tmp_path_factory):
     folder = tmp_path_factory.mktemp("hierarchy") / "h"
     up = subprocess.run(
-        [PYTHON, "-m", "jobs.deploy", "up", "--relays", "2", "--leaves", "4", str(folder)],
+        [PYTHON, "-m", "jobs.deploy", "up", "--relays", "2", "--leaves", "4", "--proxy", str(folder)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -60,7 +67,9 @@ def deployment(tmp_path_factory):
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
         assert "--env prod" in up.stdout
         dep = Deployment.load(str(folder))
-        assert dep.leaves == LEAVES and len(dep.sessions) == 7  # server, 2 relays, 4 leaves
+        assert dep.leaves == LEAVES and len(dep.sessions) == 8  # server, 2 relays, 4 leaves, the proxy
+        assert dep.proxy_endpoint and dep.proxy_endpoint in up.stdout
+        assert "run_device_simulator" in up.stdout and (folder / "devices.json").exists()
         yield dep
     finally:
         sessions = (
@@ -121,3 +130,110 @@ def test_a_prod_fedbuff_run_applies_the_exact_reference_schedule(deployment, tmp
         max_model_version=10,
     )
     assert trace == reference_trace(schedule)
+
+
+def start_devices(deployment: Deployment, folder, job_name: str, processor: str, count: int) -> subprocess.Popen:
+    """NVFlare's HTTP device client with ``count`` devices, in a session of its own, logging to ``folder``."""
+    config = device_client_config(deployment.proxy_endpoint, job_name, count, processor)
+    (folder / "devices.json").write_text(json.dumps(config))
+    with open(folder / "devices.log", "w") as log:
+        return subprocess.Popen(
+            [PYTHON, "-m", "nvflare.edge.simulation.run_device_simulator", str(folder / "devices.json")],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def stop_devices(devices: subprocess.Popen) -> None:
+    """End the device client's session (a silent device sleeps in it) and make sure nothing of it is left."""
+    sid = devices.pid
+    with_session = [p for p in psutil.process_iter() if _session(p) == sid]
+    os.killpg(sid, signal.SIGKILL) if with_session else None
+    devices.wait(30)
+    assert not [p for p in psutil.process_iter() if _session(p) == sid], "a device client process was left"
+
+
+def _session(p: psutil.Process) -> int | None:
+    try:
+        return os.getsid(p.pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
+def finish_times(log: str) -> dict[tuple[str, int], list[float]]:
+    """When each device finished training each base version (``tests.fakes.devices``), in order (one clock: the
+    devices and the server share this machine)."""
+    found: dict[tuple[str, int], list[float]] = {}
+    for device, version, when in re.findall(r"^FINISHED (\S+) (\d+) (\S+)$", log, re.M):
+        found.setdefault((device, int(version)), []).append(float(when))
+    return found
+
+
+REAL = ["--devices", "real", "--device-selection-size", "4", "--device-wait-timeout", "300"]
+
+
+def test_real_http_devices_train_a_fedbuff_job_through_the_proxy_and_failed_or_silent_ones_never_stall_it(
+    deployment, tmp_path
+):
+    out = tmp_path / "out"
+    # 4 devices, all selected at once: device 0 fails its first task, device 1 never reports
+    devices = start_devices(deployment, tmp_path, "edgesim_real_fedbuff", "tests.fakes.devices.FlakyDeviceProcessor", 4)
+    try:
+        proc = run_prod(
+            deployment,
+            out,
+            *("--method", "fedbuff", "--job-name", "edgesim_real_fedbuff", "--max-model-version", "8"),
+            *(*REAL, "--device-timeout", "8"),
+        )
+    finally:
+        stop_devices(devices)
+    log = (tmp_path / "devices.log").read_text()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
+    assert "[edgesim] real devices:" in proc.stdout and "--device-timeout" in proc.stdout
+    assert {"metrics.json", "events.jsonl", "global_model.pt", "accuracy.png"} <= {p.name for p in out.iterdir()}
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["outcome"]["status"] == "completed" and metrics["versions"][-1]["version"] == 8
+    trace = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    by_index = {e["device"].rpartition("#")[2]: e["device"] for e in trace}
+    failed = [e for e in trace if e.get("failed")]
+    assert by_index["0"] in {e["device"] for e in failed}, "device 0's failed task must count failed"
+    silent = [e for e in failed if e["device"] == by_index["1"]]
+    assert silent and silent[0]["arrival"] >= 8, "the silent device fails once --device-timeout has passed"
+    assert not [e for e in trace if e["device"] == by_index["1"] and not e.get("failed")]
+    counted = [e for e in trace if not e.get("failed")]
+    assert len(counted) == 2 * 7  # B = 2 updates for each of versions 2..8
+    assert [e["arrival"] for e in trace] == sorted(e["arrival"] for e in trace)  # the wall clock
+    # applied in the order the devices really finished: any two tasks finished over a second apart keep it
+    finished = finish_times(log)
+    when = [finished[(e["device"], e["base_version"])].pop(0) for e in counted]
+    assert all(b > a - 1.0 for a, b in zip(when, when[1:], strict=False)), when
+
+
+def test_real_http_devices_train_a_fedrevive_job_through_the_proxy(deployment, tmp_path):
+    out = tmp_path / "out"
+    devices = start_devices(
+        deployment, tmp_path, "edgesim_real_fedrevive", "processors.device_processor.RealDeviceProcessor", 4
+    )
+    try:
+        proc = run_prod(
+            deployment,
+            out,
+            *("--method", "fedrevive", "--job-name", "edgesim_real_fedrevive", "--max-model-version", "8", *REAL),
+            *("--fr-distill-from-version", "2", "--fr-kd-train-from-version", "3", "--fr-s-max", "2"),
+            *("--fr-teacher-buffer-size", "3", "--fr-synth-per-teacher", "4", "--fr-kd-iters", "2"),
+            *("--fr-gen-width", "8", "--fr-synth-every-versions", "1", "--fr-synth-batch-size", "8"),
+            *("--fr-pool-size", "64", "--fr-probe-samples", "16"),
+        )
+    finally:
+        stop_devices(devices)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["outcome"]["status"] == "completed" and metrics["versions"][-1]["version"] == 8
+    log = [json.loads(line) for line in open(out / "fedrevive_log.jsonl")]
+    events = [json.loads(line) for line in open(out / "events.jsonl")]
+    assert [(e["version"], e["base_version"]) for e in log] == [(e["version"], e["base_version"]) for e in events]
+    assert len({e["device"] for e in events}) == 4  # every HTTP device trained
+    # four devices in flight and one update a version: real devices' updates arrive stale, and are revived
+    assert [e for e in log if e["phase"] == "distill" and e["tau"] >= 1 and e["beta"] > 0], log

@@ -47,6 +47,12 @@ def no_nvflare(monkeypatch):
         ),
         (["--checkpoint-every", "-2"], "--checkpoint-every -2"),
         (["--leaf-timeout", "0"], "--leaf-timeout 0"),
+        (["--devices", "phones"], "invalid choice: 'phones'"),
+        (["--devices", "real"], "--devices real needs devices that reach the leaves: use --env poc"),
+        (["--devices", "real", "--env", "poc", "--time-scale", "1"], "leave out --time-scale"),
+        (["--devices", "real", "--env", "poc", "--availability", "diurnal"], "leave out --availability"),
+        (["--devices", "real", "--env", "poc", "--max-sim-time", "10"], "--max-sim-time budgets simulated"),
+        (["--devices", "real", "--env", "poc", "--device-timeout", "-1"], "--device-timeout -1.0: must be >= 0"),
     ],
 )
 def test_invalid_config_is_refused_early(flags, message, capsys):

@@ -1,0 +1,32 @@
+"""What crosses NVFlare's routing proxy to and from a real device: JSON-safe weights.
+
+A real device (NVFlare's HTTP device client, a phone app) reaches a leaf through NVFlare's routing proxy, whose
+answers are JSON: a model or diff travels as nested lists of numbers, NVFlare's own convention on that path (its
+``BuffModelManager`` sends lists, its ``ETTaskProcessor`` returns them). The leaf converts once at each crossing:
+a version's weights to lists when a device first asks for it (cached per version), a device's diff back to float32
+arrays when it reports. Summing and aggregation never see lists; simulated devices never take this path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# task metadata: what a device needs to train this job as the simulation would (data, model, optimiser, seed, the
+# method's device hook); a real device with its own data and model may ignore it
+DEVICE_SETTINGS_META = "edgesim_device_settings"
+
+
+def to_wire(weights: dict) -> dict:
+    """Arrays as nested lists (JSON-safe); anything else as it is."""
+    return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in weights.items()}
+
+
+def from_wire(weights: dict) -> dict[str, np.ndarray]:
+    """A device's diff as float32 arrays (nested lists keep their shape); refuses anything that is not numbers."""
+    out = {}
+    for k, v in weights.items():
+        try:
+            out[k] = np.asarray(v, dtype=np.float32)
+        except (TypeError, ValueError) as ex:  # a ragged list, a string, a dict: not an array of numbers
+            raise ValueError(f"entry {k!r} of a device's result is not an array of numbers ({ex})") from ex
+    return out

@@ -1,0 +1,103 @@
+"""NVFlare's routing proxy for real edge devices, next to a local hierarchy (``python -m jobs.deploy up --proxy``).
+
+    python -m jobs.device_proxy PORT LCP_MAP CA_CERT [--host 127.0.0.1]
+
+Devices speak HTTP to the proxy (``/job``, ``/task``, ``/selection``, ``/result``); it hashes each device's id to
+one leaf client of the LCP map and forwards the request to that leaf's gRPC edge API over TLS (the deployment's
+``rootCA.pem``). This is NVFlare's own app (``nvflare.edge.web.routing_proxy``), set up exactly as its
+``__main__`` does; the one difference is the address it listens on: NVFlare's binds ``0.0.0.0`` (every interface,
+the network included), this one binds ``--host``, loopback unless asked otherwise.
+
+``write_lcp_map`` writes the LCP map of a deployment: ``{leaf: {"host": H, "port": its edge service port}}``, the
+format ``nvflare.edge.web.service.query.Query.load_lcp_map`` reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jobs.hierarchy import Deployment
+
+LOOPBACK = "127.0.0.1"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the device client imports the processor here
+
+
+def lcp_map(deployment: Deployment, host: str = LOOPBACK) -> dict[str, dict[str, str | int]]:
+    """The LCP map of ``deployment``: each leaf client at ``host`` and its edge service port (``ports[leaf]``)."""
+    return {leaf: {"host": host, "port": deployment.ports[leaf]} for leaf in deployment.leaves}
+
+
+def write_lcp_map(deployment: Deployment, path: str, host: str = LOOPBACK) -> dict[str, dict[str, str | int]]:
+    """Write ``deployment``'s LCP map to ``path`` (JSON) for the proxy; returns it."""
+    mapping = lcp_map(deployment, host)
+    with open(path, "w") as f:
+        json.dump(mapping, f, indent=1)
+    return mapping
+
+
+DEVICE_PROCESSOR = "processors.device_processor.RealDeviceProcessor"
+DEVICES_FILE = "devices.json"
+
+
+def device_client_config(
+    endpoint: str, job_name: str, count: int = 8, processor: str = DEVICE_PROCESSOR, workers: int | None = None
+) -> dict:
+    """A config for NVFlare's HTTP device client (``python -m nvflare.edge.simulation.run_device_simulator
+    FILE``): ``count`` devices asking for ``job_name`` at ``endpoint``, each training with ``processor`` (this
+    project's device side by default, which reads how to train from each task), ``workers`` at a time (all)."""
+    return {
+        "endpoint": endpoint,
+        "job_name": job_name,
+        "num_devices": count,
+        "num_workers": workers or count,
+        "get_job_timeout": 600,  # seconds a device waits for the job to be submitted
+        "processor": {"path": processor, "python_path": REPO, "args": {}},
+    }
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line: NVFlare's routing proxy's positional arguments, plus ``--host``."""
+    parser = argparse.ArgumentParser(prog="python -m jobs.device_proxy", description=__doc__.split("\n\n")[0])
+    parser.add_argument("port", type=int, metavar="PORT", help="the HTTP port devices connect to")
+    parser.add_argument("lcp_map", metavar="LCP_MAP", help='JSON file {leaf: {"host": H, "port": P}}')
+    parser.add_argument("ca_cert", metavar="CA_CERT", help="the deployment's rootCA.pem (the leaves' edge API is TLS)")
+    parser.add_argument(
+        "--host",
+        default=LOOPBACK,
+        help=f"address to listen on (default {LOOPBACK}: this machine only); 0.0.0.0 exposes the proxy, "
+        "and through it the leaves' edge API, to the network",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Set up NVFlare's routing-proxy app as its ``__main__`` does, then serve on ``--host:PORT`` until killed."""
+    args = parse_args(argv)
+    # The same logging as NVFlare's __main__: each routed request and gRPC failure is logged at INFO/ERROR.
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s - %(name)s - %(levelname)s - %(message)s",
+        handlers=[logging.StreamHandler()],
+    )
+    # Imported here: Flask and NVFlare's edge web stack are needed only by the proxy process, not by its launcher.
+    from nvflare.edge.web.routing_proxy import FilteredJSONProvider, app  # importing it registers the ApiError handler
+    from nvflare.edge.web.views.feg_views import api_query, feg_bp
+
+    api_query.set_lcp_mapping(args.lcp_map)
+    api_query.set_ca_cert(args.ca_cert)
+    api_query.start()
+    app.json = FilteredJSONProvider(app)
+    app.register_blueprint(feg_bp)
+    print(f"[edgesim] NVFlare's routing proxy on http://{args.host}:{args.port}/ (LCP map {args.lcp_map})", flush=True)
+    app.run(host=args.host, port=args.port, debug=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

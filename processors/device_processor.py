@@ -1,0 +1,86 @@
+"""The device side of a ``--devices real`` job: NVFlare's ``DeviceTaskProcessor`` for a device that reaches the
+leaves over HTTP, through NVFlare's routing proxy.
+
+NVFlare's HTTP device client runs it (``python -m nvflare.edge.simulation.run_device_simulator CONFIG``, with
+``"processor": {"path": "processors.device_processor.RealDeviceProcessor"}`` in CONFIG; ``docs/real-devices.md``).
+Each task is a JSON-safe WEIGHTS DXO (nested lists, ``common.device_wire``) whose metadata says how the job trains
+(``DEVICE_SETTINGS_META``: model, data, optimiser, seed, the method's device hook). The device trains exactly as a
+simulated device of the same id would (``processors.task_processor.TrainingTaskProcessor.train``: its own data
+partition, its own seeded batch order) and answers with its WEIGHT_DIFF as lists. A phone app does the same with
+its own data: it must return ``{"kind": "WEIGHT_DIFF", "data": {"dict": {name: nested list}, "count": 1},
+"meta": {}}``, with the keys of the task's weights.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+from nvflare.apis.dxo import DXO, DataKind, from_dict
+from nvflare.edge.simulation.device_task_processor import DeviceTaskProcessor
+from nvflare.edge.web.models.job_response import JobResponse
+from nvflare.edge.web.models.task_response import TaskResponse
+
+from common.device_wire import DEVICE_SETTINGS_META, to_wire
+from common.protocol import DEVICE_ID_META
+from processors.task_processor import TrainingTaskProcessor, received_model
+
+
+@functools.lru_cache(maxsize=4)
+def _trainer(settings_json: str, compute_device: str, data_root: str) -> TrainingTaskProcessor:
+    """One trainer per job settings in this process (its data and models are cached per process)."""
+    settings = json.loads(settings_json)
+    training = dict(settings["training"])
+    data = dict(settings["data"])
+    if compute_device:
+        training["compute_device"] = compute_device
+    if data_root:
+        data["data_root"] = data_root
+    return TrainingTaskProcessor(
+        data=data,
+        training=training,
+        seed=settings["seed"],
+        objective=settings.get("objective", ""),
+        objective_args=settings.get("objective_args") or {},
+        label_counts=bool(settings.get("label_counts")),
+    )
+
+
+def task_settings(task: TaskResponse) -> dict:
+    """The job's training settings a task carries; a clear error for a task of another kind of job."""
+    dxo = from_dict(task.task_data)
+    settings = dxo.get_meta_prop(DEVICE_SETTINGS_META)
+    if not isinstance(settings, dict):
+        raise ValueError(
+            "the task carries no edgesim training settings: run the job with --devices real (or give this "
+            "device a processor for that job)"
+        )
+    return settings
+
+
+class RealDeviceProcessor(DeviceTaskProcessor):
+    """Args:
+    compute_device: this device's torch device (``cpu``, ``cuda:0``); "": the job's ``--compute-device``.
+    data_root: where this device finds a downloaded dataset; "": the job's ``--data-root``.
+    """
+
+    def __init__(self, compute_device: str = "", data_root: str = ""):
+        DeviceTaskProcessor.__init__(self)
+        self.compute_device = compute_device
+        self.data_root = data_root
+
+    def setup(self, job: JobResponse) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+    def process_task(self, task: TaskResponse) -> dict:
+        settings = task_settings(task)
+        trainer = _trainer(json.dumps(settings, sort_keys=True), self.compute_device, self.data_root)
+        version, weights = received_model(task)
+        device_id = self.device.device_id
+        diff = trainer.train(device_id, weights, version)
+        result = DXO(data_kind=DataKind.WEIGHT_DIFF, data={"dict": to_wire(diff), "count": 1})
+        result.set_meta_prop(DEVICE_ID_META, device_id)
+        return result.to_dict()

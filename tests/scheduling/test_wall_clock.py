@@ -1,0 +1,122 @@
+"""With real devices the server runs on the wall clock: it starts once one selection's worth of devices has
+registered (at any leaf), tells every leaf the whole selection, applies updates in the order they arrive, and
+counts failed a device that reports a failed task or never reports, refilling its slot, so the run completes.
+NVFlare-job free: the assessor, a real model manager and a persistor on a stand-in engine; leaves report through
+the assessor's NVFlare interface as NVFlare's routing proxy would spread devices over them."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+from nvflare.apis.event_type import EventType
+from nvflare.apis.fl_constant import ReservedKey
+from nvflare.apis.fl_context import FLContext
+from nvflare.edge.assessor import Assessment
+from nvflare.edge.mud import PropKey, StateUpdateReport
+
+from aggregation.global_model import GlobalModel
+from common.protocol import DEVICE_RANGES, DEVICE_UPDATES, SELECTION_VERSIONS, DeviceUpdate
+from scheduling.applier import UpdateApplier
+from scheduling.exact_assessor import ExactTimeAssessor
+from simulation.config import FIRST_DEVICE_TIMEOUT
+from tests.fakes.engine import EventEngine
+from tests.scheduling.test_exact_assessor import MEAN, ZeroPersistor
+
+LEAVES = ("C11", "C12")
+
+
+def sync(assessor, engine, leaf: str, updates=(), ranges=None):
+    """One report of ``leaf`` (as a leaf executor sends it) and the server's reply."""
+    report = StateUpdateReport(0, 0, None, None).to_shareable()
+    if ranges:
+        report[DEVICE_RANGES] = ranges
+    report[DEVICE_UPDATES] = [u.to_dict() for u in updates]
+    ctx = engine.new_context()
+    peer = FLContext()
+    peer.set_prop(ReservedKey.IDENTITY_NAME, leaf, private=True, sticky=False)
+    ctx.set_peer_context(peer)
+    ok, reply = assessor.process_child_update(report, ctx)
+    assert ok
+    return reply
+
+
+@pytest.mark.parametrize("b, hole", [(2, 1), (4, 4)], ids=["fedbuff", "fedavg"])
+def test_real_devices_are_applied_as_they_arrive_and_failed_or_silent_ones_never_stall_the_run(tmp_path, b, hole):
+    manager = GlobalModel(MEAN)
+    assessor = ExactTimeAssessor(
+        "persistor",
+        "model_manager",
+        num_leaves=2,
+        selection_size=4,
+        updates_per_version=b,
+        min_hole_to_fill=hole,
+        max_model_version=6,
+        seed=3,
+        results_dir=str(tmp_path),
+        real_devices=True,
+        device_timeout=0.4,
+    )
+    engine = EventEngine({"persistor": ZeroPersistor(), "model_manager": manager, "wf_assessor": assessor})
+    engine.fire_event(EventType.START_RUN, engine.new_context())
+    # NVFlare's HTTP client registers its devices as one range, at whichever leaf the proxy sent it to
+    sync(assessor, engine, "C11", ranges={"phones": [3, "C11"]})
+    assert manager.current_version == 0, "started before one selection's worth of devices had registered"
+    sync(assessor, engine, "C11", ranges={"tablets": [3, "C11"]})
+    assert manager.current_version == 1
+
+    sent: list[str] = []  # counted updates, in the order the devices sent them
+    handled: set[tuple[str, int]] = set()
+    silent = failing = None
+    started = time.time()
+    while assessor.assess(engine.new_context()) != Assessment.WORKFLOW_DONE:
+        assert time.time() - started < 30, "the run stalled"
+        replies = [sync(assessor, engine, leaf) for leaf in LEAVES]
+        selections = [r.get(PropKey.DEVICE_SELECTION) or {} for r in replies]
+        assert selections[0] == selections[1], "each leaf must hear the whole selection"
+        versions = replies[0].get(SELECTION_VERSIONS) or {}
+        for device, sid in sorted(selections[0].items()):
+            if (device, sid) in handled:
+                continue
+            silent = silent or device  # the first device selected never reports
+            failing = failing or (device if device != silent else None)  # the next fails its first task
+            if device == silent:
+                continue
+            handled.add((device, sid))
+            count = 0 if device == failing and failing not in sent and (failing, "failed") not in handled else 1
+            if count == 0:
+                handled.add((failing, "failed"))
+            diff = {"w": np.full(3, len(sent) + 1, np.float32)} if count else None
+            # the proxy routes each device to one leaf by its id: here by its last digit
+            leaf = LEAVES[int(device[-1]) % 2]
+            sync(assessor, engine, leaf, [DeviceUpdate(device, sid, versions[sid], diff, count)])
+            if count:
+                sent.append(device)
+            break  # one device finishes at a time, 50 ms apart: the silent one's timeout passes mid-run
+        time.sleep(0.05)
+    engine.fire_event(EventType.END_RUN, engine.new_context())
+
+    assert assessor.outcome["status"] == "completed", assessor.outcome
+    trace = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    counted = [r["device"] for r in trace if not r.get("failed")]
+    assert counted == sent[: len(counted)], "updates must be applied in the order they arrived"
+    assert [r["arrival"] for r in trace] == sorted(r["arrival"] for r in trace), "wall-clock arrivals"
+    failed = [r for r in trace if r.get("failed")]
+    assert failing in {r["device"] for r in failed}, "a failed task counts failed"
+    timed_out = [r for r in failed if r["device"] == silent]
+    assert timed_out and timed_out[0]["arrival"] >= 0.4, "a silent device fails once its timeout has passed"
+    assert {r["version"] for r in trace} <= set(range(2, 7)) and manager.current_version == 6
+    for r in trace:  # staleness keeps its meaning: versions made between the base version and the arrival
+        assert r["tau"] == r["version"] - 1 - r["base_version"]
+
+
+def test_the_derived_device_timeout_starts_at_its_default_then_follows_the_slowest_task():
+    applier = UpdateApplier(None, None, None, None, time_scale=1.0, device_timeout=0.0)
+    assert applier.timeout() == FIRST_DEVICE_TIMEOUT
+    applier.slowest = FIRST_DEVICE_TIMEOUT  # a slow fleet: three times its slowest task
+    assert applier.timeout() == 3 * FIRST_DEVICE_TIMEOUT
+    applier.slowest = 1.0  # a fast fleet: never below the default (a device may still be downloading)
+    assert applier.timeout() == FIRST_DEVICE_TIMEOUT
+    assert UpdateApplier(None, None, None, None, time_scale=1.0, device_timeout=7.5).timeout() == 7.5
