@@ -6,7 +6,14 @@
     python -m jobs.deploy down DIR                         # stop every process it started
     python -m jobs.deploy down --remove DIR                # ... and delete DIR
 
-The work is in ``jobs.hierarchy``.
+On several machines (``jobs.multi_host``: its docstring walks through it):
+
+    python -m jobs.deploy provision DIR --relays 1 --leaves 2 --host server=H1 --host R1=H2 --host C11=H3 ...
+    python -m jobs.deploy start-site SITE_KIT                   # on each site's machine
+    python -m jobs.deploy wait --startup-kit ADMIN_KIT --leaves C11,C12
+    python -m jobs.deploy shutdown --startup-kit ADMIN_KIT      # every site, through the admin API
+
+The work is in ``jobs.hierarchy`` and ``jobs.multi_host``.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import shlex
 import sys
 
 from common.jsonio import write_json_atomic
-from jobs import hierarchy
+from jobs import hierarchy, multi_host
 from jobs.device_proxy import DEVICES_FILE, device_client_config
 
 
@@ -40,37 +47,75 @@ def main(argv: list[str] | None = None) -> int:
     down = sub.add_parser("down", help="stop every process of the hierarchy in DIR")
     down.add_argument("folder", metavar="DIR")
     down.add_argument("--remove", action="store_true", help="then delete DIR")
+    prov = sub.add_parser("provision", help="provision kits for a hierarchy on several machines (NAME=HOST pairs)")
+    prov.add_argument("folder", metavar="DIR")
+    prov.add_argument("--relays", type=int, default=1)
+    prov.add_argument("--leaves", type=int, default=2, help="leaf clients in all (a multiple of --relays)")
+    prov.add_argument(
+        "--host",
+        action="append",
+        default=[],
+        metavar="NAME=HOST",
+        help="a site's host name or address, once per site: server, R1.., C11..",
+    )
+    prov.add_argument(
+        "--base-port",
+        type=int,
+        default=multi_host.BASE_PORT,
+        help="ports are fixed: the server's, the admin's, then each relay's and leaf's edge API, from this one",
+    )
+    start = sub.add_parser("start-site", help="start one site of a provisioned kit on this machine")
+    start.add_argument("site", metavar="SITE_KIT", help="the site's folder (server, R1, C11, ...)")
+    wait = sub.add_parser("wait", help="wait until the server lists every leaf as connected (admin API)")
+    wait.add_argument("--startup-kit", required=True, metavar="ADMIN_KIT")
+    wait.add_argument("--leaves", required=True, help="comma-separated leaf names, e.g. C11,C12")
+    wait.add_argument("--timeout", type=float, default=180.0)
+    stop = sub.add_parser("shutdown", help="stop every site of a deployment through the admin API")
+    stop.add_argument("--startup-kit", required=True, metavar="ADMIN_KIT")
     args = parser.parse_args(argv)
+    if args.command == "up" and args.proxy_port is not None and not args.proxy:
+        parser.error("--proxy-port needs --proxy")
+    commands = {
+        "up": _up,
+        "down": _down,
+        "provision": _provision,
+        "start-site": _start_site,
+        "wait": _wait,
+        "shutdown": _shutdown,
+    }
+    return commands[args.command](args)
 
-    if args.command == "up":
-        if args.proxy_port is not None and not args.proxy:
-            parser.error("--proxy-port needs --proxy")
-        try:
-            deployment = hierarchy.start(
-                args.folder, args.relays, args.leaves, args.timeout, proxy=args.proxy, proxy_port=args.proxy_port
-            )
-        except (ValueError, FileExistsError) as ex:
-            print(f"error: {ex}", file=sys.stderr)
-            return 2
-        except (RuntimeError, TimeoutError) as ex:
-            print(f"error: the hierarchy did not come up, and everything it started was stopped: {ex}", file=sys.stderr)
-            return 1
-        print(
-            f"[edgesim] hierarchy up in {deployment.folder}: server, {args.relays} relays, leaves "
-            f"{', '.join(deployment.leaves)} (ports {deployment.ports})"
+
+def _up(args: argparse.Namespace) -> int:
+    try:
+        deployment = hierarchy.start(
+            args.folder, args.relays, args.leaves, args.timeout, proxy=args.proxy, proxy_port=args.proxy_port
         )
-        if deployment.proxy_endpoint:
-            devices = os.path.join(deployment.folder, DEVICES_FILE)
-            write_json_atomic(devices, device_client_config(deployment.proxy_endpoint, "edgesim_fedbuff"))
-            print(
-                f"[edgesim] devices connect to {deployment.proxy_endpoint} (NVFlare's routing proxy; LCP map "
-                f"{deployment.lcp_map_file})\n[edgesim] 8 HTTP devices for a --devices real job named edgesim_fedbuff "
-                f"(edit {devices} for another):\n  python -m nvflare.edge.simulation.run_device_simulator "
-                f"{shlex.quote(devices)}"
-            )
-        print(f"[edgesim] run a job on it with:\n  python jobs/pt_job_fedavg.py {shlex.join(deployment.job_flags)}")
-        print(f"[edgesim] stop it with: python -m jobs.deploy down {shlex.quote(deployment.folder)}")
-        return 0
+    except (ValueError, FileExistsError) as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        return 2
+    except (RuntimeError, TimeoutError) as ex:
+        print(f"error: the hierarchy did not come up, and everything it started was stopped: {ex}", file=sys.stderr)
+        return 1
+    print(
+        f"[edgesim] hierarchy up in {deployment.folder}: server, {args.relays} relays, leaves "
+        f"{', '.join(deployment.leaves)} (ports {deployment.ports})"
+    )
+    if deployment.proxy_endpoint:
+        devices = os.path.join(deployment.folder, DEVICES_FILE)
+        write_json_atomic(devices, device_client_config(deployment.proxy_endpoint, "edgesim_fedbuff"))
+        print(
+            f"[edgesim] devices connect to {deployment.proxy_endpoint} (NVFlare's routing proxy; LCP map "
+            f"{deployment.lcp_map_file})\n[edgesim] 8 HTTP devices for a --devices real job named edgesim_fedbuff "
+            f"(edit {devices} for another):\n  python -m nvflare.edge.simulation.run_device_simulator "
+            f"{shlex.quote(devices)}"
+        )
+    print(f"[edgesim] run a job on it with:\n  python jobs/pt_job_fedavg.py {shlex.join(deployment.job_flags)}")
+    print(f"[edgesim] stop it with: python -m jobs.deploy down {shlex.quote(deployment.folder)}")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
     try:
         killed = hierarchy.stop(args.folder)
     except FileNotFoundError as ex:
@@ -82,6 +127,66 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.remove:
         hierarchy.remove(args.folder)
+    return 0
+
+
+def _provision(args: argparse.Namespace) -> int:
+    try:
+        hosts = multi_host.parse_hosts(args.host, args.relays, args.leaves)
+        if os.path.exists(args.folder) and os.listdir(args.folder):
+            raise ValueError(f"{args.folder} is not empty: give a new or empty folder")
+        made = multi_host.provision(args.folder, args.relays, args.leaves, hosts, args.base_port)
+    except (ValueError, RuntimeError) as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        return 2
+    prod, kit = made["prod"], made["admin_kit"]
+    print(f"[edgesim] kits in {prod} (project: {os.path.join(args.folder, multi_host.PROJECT_FILE)})")
+    print("[edgesim] what listens where:\n  " + "\n  ".join(made["listening"]))
+    print(
+        f"[edgesim] copy each site's folder from {prod} to its host, install this project there, and start it "
+        "there (server, then relays, then leaves):\n  python -m jobs.deploy start-site <site folder>"
+    )
+    leaves = ",".join(made["leaves"])
+    print(
+        f"[edgesim] then, with the admin kit {kit}:\n  python -m jobs.deploy wait --startup-kit {shlex.quote(kit)} "
+        f"--leaves {leaves}\n  python jobs/pt_job_fedavg.py --env prod --startup-kit {shlex.quote(kit)} --username "
+        f"{hierarchy.ADMIN} --num-leaf-nodes {len(made['leaves'])} ...\n  python -m jobs.deploy shutdown "
+        f"--startup-kit {shlex.quote(kit)}"
+    )
+    return 0
+
+
+def _start_site(args: argparse.Namespace) -> int:
+    try:
+        sid = multi_host.start_site(args.site)
+    except FileNotFoundError as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        return 2
+    print(
+        f"[edgesim] {os.path.basename(os.path.abspath(args.site))} started (session {sid}; console in "
+        f"{os.path.join(os.path.abspath(args.site), 'console.log')})"
+    )
+    return 0
+
+
+def _wait(args: argparse.Namespace) -> int:
+    leaves = [name for name in args.leaves.split(",") if name]
+    try:
+        hierarchy.wait_for_clients(os.path.abspath(args.startup_kit), leaves, args.timeout)
+    except TimeoutError as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        return 1
+    print(f"[edgesim] every leaf is connected: {', '.join(leaves)}")
+    return 0
+
+
+def _shutdown(args: argparse.Namespace) -> int:
+    try:
+        multi_host.shutdown(args.startup_kit)
+    except Exception as ex:  # the admin API's own errors: no connection, not authorised
+        print(f"error: the server did not take the shutdown ({type(ex).__name__}: {ex})", file=sys.stderr)
+        return 1
+    print("[edgesim] shutdown sent: the server, the relays and the leaves stop")
     return 0
 
 

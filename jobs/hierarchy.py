@@ -45,6 +45,7 @@ STATE_FILE = "deployment.json"
 PROJECT = "edgesim"
 PROXY = "proxy"  # the proxy's key in ``Deployment.sessions`` (no site is named so)
 LCP_MAP_FILE = "lcp_map.json"
+EDGE_RESOURCES = "edge__p_resources.json"  # a leaf's edge API settings, written by NVFlare's edge builder
 PROXY_LOG = "proxy.log"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -121,13 +122,34 @@ def free_ports(n: int) -> list[int]:
     return listen_ports(n)
 
 
-def project_dict(relays: int, leaves: int, ports: list[int]) -> tuple[dict, dict[str, int], list[str]]:
-    """The provisioning project: server, relays ``R1..``, leaves ``C11, C12, .. C21 ..`` (``lcp_only``)."""
+def site_names(relays: int, leaves: int) -> tuple[list[str], list[str]]:
+    """The relays ``R1..`` and the leaves ``C11, C12, .. C21 ..`` of a project (``leaves / relays`` per relay)."""
     if relays < 1 or leaves < relays or leaves % relays:
         raise ValueError(f"--leaves ({leaves}) must be a positive multiple of --relays ({relays})")
     per_relay = leaves // relays
     if per_relay > 9 or relays > 9:
         raise ValueError("at most 9 relays and 9 leaves per relay (site names C<relay><leaf>)")
+    names = [f"C{r}{c}" for r in range(1, relays + 1) for c in range(1, per_relay + 1)]
+    return [f"R{r}" for r in range(1, relays + 1)], names
+
+
+def project_dict(
+    relays: int, leaves: int, ports: list[int], hosts: dict[str, str] | None = None
+) -> tuple[dict, dict[str, int], list[str]]:
+    """The provisioning project: server, relays ``R1..``, leaves ``C11, C12, .. C21 ..`` (``lcp_only``).
+
+    ``hosts`` gives each site's host name or address (``server``, ``R1``, ``C11``, ...); without it every site is on
+    this machine (``localhost``, certificates naming ``127.0.0.1`` too). The leaves reach their relay over mutual
+    TLS (NVFlare's relay default is clear TCP), as they reach the server."""
+    relay_names, names = site_names(relays, leaves)
+
+    def host(site: str) -> str:
+        return hosts[site] if hosts else "localhost"
+
+    def host_names(site: str) -> list[str]:
+        # a certificate naming 127.0.0.1 too lets the routing proxy's LCP map address a local leaf by IP
+        return [host(site)] if hosts else ["localhost", LOOPBACK]
+
     it = iter(ports)
     used = {"server": next(it), "admin": next(it)}
     participants = [
@@ -137,36 +159,35 @@ def project_dict(relays: int, leaves: int, ports: list[int]) -> tuple[dict, dict
             org="edgesim",
             fed_learn_port=used["server"],
             admin_port=used["admin"],
-            host_names=["localhost", "127.0.0.1"],
-            default_host="localhost",
+            host_names=host_names("server"),
+            default_host=host("server"),
         )
     ]
-    names = []
-    for r in range(1, relays + 1):
-        relay = f"R{r}"
+    for r, relay in enumerate(relay_names, start=1):
         used[relay] = next(it)
         participants.append(
             dict(
                 name=relay,
                 type="relay",
                 org="edgesim",
-                listening_host={"default_host": "localhost", "port": used[relay]},
+                listening_host={
+                    "default_host": host(relay),
+                    "host_names": host_names(relay),
+                    "port": used[relay],
+                    "connection_security": "mtls",
+                },
             )
         )
-        for c in range(1, per_relay + 1):
-            leaf = f"C{r}{c}"
+        for leaf in (n for n in names if n.startswith(f"C{r}")):
             used[leaf] = next(it)
-            names.append(leaf)
             participants.append(
                 dict(
                     name=leaf,
                     type="client",
                     org="edgesim",
                     connect_to={"name": relay},
-                    # The leaf's listener certificate also serves its edge API (TLS): it names 127.0.0.1 too, so
-                    # the routing proxy's LCP map may address the leaf by IP (a certificate for "localhost" only
-                    # fails the proxy's host-name check there).
-                    listening_host={"default_host": "localhost", "host_names": ["localhost", LOOPBACK]},
+                    # the leaf's certificate also serves its edge API (TLS), which devices reach through the proxy
+                    listening_host={"default_host": host(leaf), "host_names": host_names(leaf)},
                     edge_service_port=used[leaf],
                 )
             )
@@ -190,15 +211,22 @@ def project_dict(relays: int, leaves: int, ports: list[int]) -> tuple[dict, dict
     return project, used, names
 
 
-def provision(folder: str, relays: int, leaves: int) -> tuple[str, dict[str, int], list[str]]:
-    """Provision the kits under ``folder``; returns (prod dir, ports, leaf names)."""
+def provision(
+    folder: str,
+    relays: int,
+    leaves: int,
+    hosts: dict[str, str] | None = None,
+    ports: list[int] | None = None,
+) -> tuple[str, dict[str, int], list[str]]:
+    """Provision the kits under ``folder`` (``project_dict``: on this machine, or on ``hosts`` with ``ports``);
+    returns (prod dir, ports, leaf names). Each leaf's edge API listens on its own host only (NVFlare's edge
+    builder binds it to every interface)."""
     from nvflare.lighter.constants import CtxKey
     from nvflare.lighter.prov_utils import prepare_builders, prepare_packager
     from nvflare.lighter.provision import prepare_project
     from nvflare.lighter.provisioner import Provisioner
-    from nvflare.lighter.utils import update_storage_locations
 
-    project, ports, names = project_dict(relays, leaves, free_ports(2 + relays + leaves))
+    project, used, names = project_dict(relays, leaves, ports or free_ports(2 + relays + leaves), hosts)
     with open(os.path.join(folder, "provision.log"), "w") as log, contextlib.redirect_stdout(log):  # its summary
         ctx = Provisioner(folder, prepare_builders(project), prepare_packager(project)).provision(
             prepare_project(project)
@@ -206,8 +234,32 @@ def provision(folder: str, relays: int, leaves: int) -> tuple[str, dict[str, int
     if ctx.get(CtxKey.BUILD_ERROR):
         raise RuntimeError(f"NVFlare's provisioning failed: {ctx.get(CtxKey.ERRORS)}")
     prod = ctx.get_result_location()
-    update_storage_locations(local_dir=os.path.join(prod, "server", "local"), workspace=os.path.join(folder, "storage"))
-    return prod, ports, names
+    for leaf in names:
+        bind_edge_api(os.path.join(prod, leaf), hosts[leaf] if hosts else LOOPBACK)
+    keep_storage_in(os.path.join(prod, "server"), os.path.join(folder, "storage") if not hosts else None)
+    return prod, used, names
+
+
+def bind_edge_api(leaf_dir: str, host: str) -> None:
+    """The leaf's edge API (``local/edge__p_resources.json``, NVFlare's ``ApiService``) listens on ``host`` only."""
+    path = os.path.join(leaf_dir, "local", EDGE_RESOURCES)
+    with open(path) as f:
+        resources = json.load(f)
+    for component in resources["components"]:
+        if component["id"] == "api_service":
+            component["args"]["host"] = host
+    with open(path, "w") as f:
+        json.dump(resources, f, indent=2)
+
+
+def keep_storage_in(server_dir: str, storage: str | None = None) -> None:
+    """The server's job and snapshot stores under ``storage`` (default: ``<server kit>/storage``), not NVFlare's
+    shared ``/tmp/nvflare/...``: two deployments never share jobs, and a copied kit keeps its jobs with it."""
+    from nvflare.lighter.utils import update_storage_locations
+
+    update_storage_locations(
+        local_dir=os.path.join(server_dir, "local"), workspace=storage or os.path.join(server_dir, "storage")
+    )
 
 
 def quiet_site_logging(site_dir: str) -> None:
@@ -252,20 +304,32 @@ def admin_session(admin_kit: str, timeout: float = 5.0):
 
 
 def wait_for_leaves(deployment: Deployment, timeout: float) -> None:
-    """Until the server lists every leaf client as connected; raises ``TimeoutError`` naming the missing ones."""
-    deadline = time.time() + timeout
-    missing = set(deployment.leaves)
-    while time.time() < deadline:
+    """Until the server lists every leaf client as connected; raises ``TimeoutError`` naming the missing ones, or
+    ``RuntimeError`` when a site of the deployment exited."""
+
+    def check_sites() -> None:
         dead = [site for site, sid in deployment.sessions.items() if not _session_processes(sid)]
         if dead:
             raise RuntimeError(
                 f"site(s) {', '.join(dead)} exited at start; see their console.log under {deployment.prod_dir}"
             )
+
+    wait_for_clients(deployment.admin_kit, deployment.leaves, timeout, check_sites)
+
+
+def wait_for_clients(admin_kit: str, leaves: list[str], timeout: float, check_sites=None) -> None:
+    """Until the server (reached with the admin's startup kit) lists every one of ``leaves`` as connected; raises
+    ``TimeoutError`` naming the missing ones. ``check_sites`` is called between tries (it may raise)."""
+    deadline = time.time() + timeout
+    missing = set(leaves)
+    while time.time() < deadline:
+        if check_sites is not None:
+            check_sites()
         try:
-            with admin_session(deployment.admin_kit) as session:
+            with admin_session(admin_kit) as session:
                 while time.time() < deadline:
                     clients = session.check_status("server").get("clients", [])
-                    missing = set(deployment.leaves) - {c["client_name"] for c in clients}
+                    missing = set(leaves) - {c["client_name"] for c in clients}
                     if not missing:
                         return
                     time.sleep(1.0)
