@@ -20,24 +20,11 @@ import tempfile
 import threading
 import time
 
-import psutil
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_hierarchy import resident  # noqa: E402
 from benchmarks.harness import REPO  # noqa: E402
 from jobs import hierarchy  # noqa: E402
 from jobs.device_proxy import device_client_config  # noqa: E402
-
-
-def session_processes(sid: int) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if os.getsid(p.pid) == sid:
-                found.append(p)
-        except (ProcessLookupError, PermissionError, psutil.Error):
-            pass
-    return found
 
 
 def run(deployment, tmp: str, mode: str, devices: int, versions: int, clients_count: int = 1) -> dict:
@@ -67,7 +54,7 @@ def run(deployment, tmp: str, mode: str, devices: int, versions: int, clients_co
         while not done.wait(0.5):
             procs = hierarchy.deployment_processes(deployment)
             for client in clients:
-                procs += session_processes(client.pid)
+                procs += hierarchy.session_processes(client.pid)
             rss = resident(procs)
             if rss > peak[0]:
                 peak[:] = [rss, len(procs)]

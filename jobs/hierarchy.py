@@ -272,21 +272,28 @@ def quiet_site_logging(site_dir: str) -> None:
         json.dump(config, f, indent=1)
 
 
-def start_site(site_dir: str) -> int:
-    """Start one site in the foreground mode of its own start script, in a new session; its session id."""
-    env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])  # the scripts run python3
-    with open(os.path.join(site_dir, "console.log"), "ab") as console:
+def start_in_session(command: list[str], cwd: str, log_path: str, env: dict[str, str]) -> int:
+    """Start ``command`` in a new session (every process it starts stays in it), its output appended to
+    ``log_path``; its session id."""
+    with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            ["bash", os.path.join(site_dir, "startup", "sub_start.sh"), "--once"],
-            cwd=site_dir,
+            command,
+            cwd=cwd,
             env=env,
-            stdout=console,
+            stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
     return proc.pid  # a new session's leader: its pid is the session id
+
+
+def start_site(site_dir: str) -> int:
+    """Start one site in the foreground mode of its own start script, in a new session; its session id."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])  # the scripts run python3
+    command = ["bash", os.path.join(site_dir, "startup", "sub_start.sh"), "--once"]
+    return start_in_session(command, site_dir, os.path.join(site_dir, "console.log"), env)
 
 
 @contextlib.contextmanager
@@ -308,7 +315,7 @@ def wait_for_leaves(deployment: Deployment, timeout: float) -> None:
     ``RuntimeError`` when a site of the deployment exited."""
 
     def check_sites() -> None:
-        dead = [site for site, sid in deployment.sessions.items() if not _session_processes(sid)]
+        dead = [site for site, sid in deployment.sessions.items() if not session_processes(sid)]
         if dead:
             raise RuntimeError(
                 f"site(s) {', '.join(dead)} exited at start; see their console.log under {deployment.prod_dir}"
@@ -350,17 +357,7 @@ def start_proxy(deployment: Deployment) -> int:
     env["PYTHONPATH"] = os.pathsep.join(p for p in [REPO, env.get("PYTHONPATH", "")] if p)
     command = [sys.executable, "-m", "jobs.device_proxy", str(deployment.proxy_port)]
     command += [deployment.lcp_map_file, deployment.ca_cert, "--host", LOOPBACK]
-    with open(os.path.join(deployment.folder, PROXY_LOG), "ab") as log:
-        proc = subprocess.Popen(
-            command,
-            cwd=deployment.folder,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    return proc.pid  # a new session's leader: its pid is the session id
+    return start_in_session(command, deployment.folder, os.path.join(deployment.folder, PROXY_LOG), env)
 
 
 def proxy_answers(url: str, timeout: float = 2.0) -> bool:
@@ -387,7 +384,7 @@ def wait_for_proxy(deployment: Deployment, timeout: float) -> None:
     while time.time() < deadline:
         if proxy_answers(deployment.proxy_endpoint):
             return
-        if not _session_processes(deployment.sessions[PROXY]):
+        if not session_processes(deployment.sessions[PROXY]):
             raise RuntimeError(f"NVFlare's routing proxy exited at start; see {log}")
         time.sleep(0.5)
     raise TimeoutError(
@@ -441,7 +438,8 @@ def _exited(p: psutil.Process) -> bool:
     return p.info.get("status") == psutil.STATUS_ZOMBIE
 
 
-def _session_processes(sid: int) -> list[psutil.Process]:
+def session_processes(sid: int) -> list[psutil.Process]:
+    """The living processes of session ``sid`` (zombies left out: they have exited)."""
     found = []
     for p in psutil.process_iter(["status"]):
         try:
@@ -471,7 +469,7 @@ def deployment_processes(deployment: Deployment) -> list[psutil.Process]:
 
 def stop_session(sid: int, grace: float = 10.0) -> None:
     """End every process of session ``sid``: SIGTERM, then SIGKILL to those still there after ``grace`` s."""
-    procs = _session_processes(sid)
+    procs = session_processes(sid)
     for p in procs:
         with contextlib.suppress(psutil.Error):
             p.send_signal(signal.SIGTERM)

@@ -18,7 +18,7 @@ import pytest
 
 from common.delays import DELAY_PRESETS
 from jobs.device_proxy import device_client_config
-from jobs.hierarchy import Deployment
+from jobs.hierarchy import Deployment, session_processes
 from simulation.event_reference import make_schedule, reference_trace
 from tests.conftest import PYTHON, REPO
 from tests.e2e.test_multi_host import namespaces_available
@@ -152,18 +152,21 @@ def start_devices(deployment: Deployment, folder, job_name: str, processor: str,
 
 def stop_devices(devices: subprocess.Popen) -> None:
     """End the device client's session (a silent device sleeps in it) and make sure nothing of it is left."""
-    sid = devices.pid
-    with_session = [p for p in psutil.process_iter() if _session(p) == sid]
-    os.killpg(sid, signal.SIGKILL) if with_session else None
+    if session_processes(devices.pid):
+        os.killpg(devices.pid, signal.SIGKILL)
     devices.wait(30)
-    assert not [p for p in psutil.process_iter() if _session(p) == sid], "a device client process was left"
+    assert not session_processes(devices.pid), "a device client process was left"
 
 
-def _session(p: psutil.Process) -> int | None:
+def run_with_devices(deployment: Deployment, folder, job: str, processor: str, *flags: str):
+    """A ``--devices real`` job named ``job``, trained by 4 HTTP devices through the proxy; the job's process and
+    the devices' log."""
+    devices = start_devices(deployment, folder, job, processor, 4)
     try:
-        return os.getsid(p.pid)
-    except (ProcessLookupError, PermissionError):
-        return None
+        proc = run_prod(deployment, folder / "out", "--job-name", job, *REAL, *flags)
+    finally:
+        stop_devices(devices)
+    return proc, (folder / "devices.log").read_text()
 
 
 def finish_times(log: str) -> dict[tuple[str, int], list[float]]:
@@ -183,17 +186,13 @@ def test_real_http_devices_train_a_fedbuff_job_through_the_proxy_and_failed_or_s
 ):
     out = tmp_path / "out"
     # 4 devices, all selected at once: device 0 fails its first task, device 1 never reports
-    devices = start_devices(deployment, tmp_path, "edgesim_real_fedbuff", "tests.fakes.devices.FlakyDeviceProcessor", 4)
-    try:
-        proc = run_prod(
-            deployment,
-            out,
-            *("--method", "fedbuff", "--job-name", "edgesim_real_fedbuff", "--max-model-version", "8"),
-            *(*REAL, "--device-timeout", "8"),
-        )
-    finally:
-        stop_devices(devices)
-    log = (tmp_path / "devices.log").read_text()
+    proc, log = run_with_devices(
+        deployment,
+        tmp_path,
+        "edgesim_real_fedbuff",
+        "tests.fakes.devices.FlakyDeviceProcessor",
+        *("--method", "fedbuff", "--max-model-version", "8", "--device-timeout", "8"),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
     assert "[edgesim] real devices:" in proc.stdout and "--device-timeout" in proc.stdout
     assert {"metrics.json", "events.jsonl", "global_model.pt", "accuracy.png"} <= {p.name for p in out.iterdir()}
@@ -217,21 +216,17 @@ def test_real_http_devices_train_a_fedbuff_job_through_the_proxy_and_failed_or_s
 
 def test_real_http_devices_train_a_fedrevive_job_through_the_proxy(deployment, tmp_path):
     out = tmp_path / "out"
-    devices = start_devices(
-        deployment, tmp_path, "edgesim_real_fedrevive", "processors.device_processor.RealDeviceProcessor", 4
+    proc, _ = run_with_devices(
+        deployment,
+        tmp_path,
+        "edgesim_real_fedrevive",
+        "processors.device_processor.RealDeviceProcessor",
+        *("--method", "fedrevive", "--max-model-version", "8"),
+        *("--fr-distill-from-version", "2", "--fr-kd-train-from-version", "3", "--fr-s-max", "2"),
+        *("--fr-teacher-buffer-size", "3", "--fr-synth-per-teacher", "4", "--fr-kd-iters", "2"),
+        *("--fr-gen-width", "8", "--fr-synth-every-versions", "1", "--fr-synth-batch-size", "8"),
+        *("--fr-pool-size", "64", "--fr-probe-samples", "16"),
     )
-    try:
-        proc = run_prod(
-            deployment,
-            out,
-            *("--method", "fedrevive", "--job-name", "edgesim_real_fedrevive", "--max-model-version", "8", *REAL),
-            *("--fr-distill-from-version", "2", "--fr-kd-train-from-version", "3", "--fr-s-max", "2"),
-            *("--fr-teacher-buffer-size", "3", "--fr-synth-per-teacher", "4", "--fr-kd-iters", "2"),
-            *("--fr-gen-width", "8", "--fr-synth-every-versions", "1", "--fr-synth-batch-size", "8"),
-            *("--fr-pool-size", "64", "--fr-probe-samples", "16"),
-        )
-    finally:
-        stop_devices(devices)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["outcome"]["status"] == "completed" and metrics["versions"][-1]["version"] == 8

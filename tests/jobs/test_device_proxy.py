@@ -21,7 +21,7 @@ from nvflare.edge.constants import HttpHeaderKey
 
 from common.ports import listen_ports
 from jobs.device_proxy import write_lcp_map
-from jobs.hierarchy import Deployment, proxy_answers, stop_session
+from jobs.hierarchy import Deployment, proxy_answers, session_processes, stop_session
 from tests.conftest import PYTHON, REPO
 
 
@@ -85,17 +85,6 @@ def test_a_deployment_json_without_a_proxy_field_still_loads(tmp_path):
     assert loaded.proxy_port is None and loaded.proxy_endpoint is None
     a_deployment(str(tmp_path), proxy_port=12345).save()
     assert Deployment.load(str(tmp_path)).proxy_endpoint == "http://127.0.0.1:12345/"
-
-
-def session_processes(sid: int) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if os.getsid(p.pid) == sid:
-                found.append(p)
-        except (ProcessLookupError, PermissionError, psutil.Error):
-            pass
-    return found
 
 
 @pytest.fixture
