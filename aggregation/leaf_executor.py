@@ -22,7 +22,9 @@ with ``VersionedUpdater`` as its updater, and these changes:
 * with real devices (``real_devices``: the job's task processor, whose settings describe the training), tasks and
   results cross NVFlare's routing proxy as JSON (``common.device_wire``): a version's weights become lists once,
   with the training settings in the task's metadata, and a device's diff becomes float32 arrays as it arrives; a
-  device whose task failed (a result with an error status) is reported failed at once, so its slot is refilled.
+  device whose task failed (a result with an error status), or whose diff does not fit the model it trained
+  (entries, shapes, non-finite values), is reported failed at once, so its slot is refilled and the model is
+  never touched by it.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from nvflare.edge.web.models.task_request import TaskRequest
 from nvflare.edge.web.models.task_response import TaskResponse
 
 from aggregation.versioned_updater import DEFER_SYNC, VersionedState, VersionedUpdater
-from common.device_wire import DEVICE_SETTINGS_META, from_wire, to_wire
+from common.device_wire import DEVICE_SETTINGS_META, diff_problem, from_wire, to_wire
 from common.protocol import (
     AWAITED,
     DEVICE_RANGES,
@@ -282,12 +284,24 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
         cookie = result_report.cookie or {}
         if CookieKey.MODEL_VERSION not in cookie or CookieKey.DEVICE_SELECTION_ID not in cookie:
             raise ValueError(f"result of device {result_report.get_device_id()} has no version/selection cookie")
-        diff = dxo.data["dict"]
-        update = DeviceUpdate(
+        device, sid, version = (
             result_report.get_device_id(),
             int(cookie[CookieKey.DEVICE_SELECTION_ID]),
             int(cookie[CookieKey.MODEL_VERSION]),
-            from_wire(diff) if self.real_devices else diff,
-            int(dxo.data.get("count", 1)),
         )
-        return self._send_up([update], result_report.task_id, fl_ctx)
+        diff, count = dxo.data["dict"], int(dxo.data.get("count", 1))
+        if self.real_devices:  # from JSON, and from a device we do not control: checked before it can reach the model
+            diff = from_wire(diff)
+            problem = self._diff_problem(diff, version, current_task)
+            if problem:
+                self.log_warning(fl_ctx, f"device {device}'s result is refused and counted failed: {problem}")
+                diff, count = None, 0
+        return self._send_up([DeviceUpdate(device, sid, version, diff, count)], result_report.task_id, fl_ctx)
+
+    @staticmethod
+    def _diff_problem(diff: dict, version: int, current_task: TaskInfo) -> str:
+        """Why a real device's diff cannot be used (``common.device_wire.diff_problem``), against the version it
+        trained (held here while its device is selected)."""
+        state = current_task.task
+        model = state.models.get(version) if isinstance(state, VersionedState) else None
+        return diff_problem(diff, model.data) if model is not None else ""

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from common.protocol import DEVICE_EXTRA_PREFIX
+
 # task metadata: what a device needs to train this job as the simulation would (data, model, optimiser, seed, the
 # method's device hook); a real device with its own data and model may ignore it
 DEVICE_SETTINGS_META = "edgesim_device_settings"
@@ -30,3 +32,21 @@ def from_wire(weights: dict) -> dict[str, np.ndarray]:
         except (TypeError, ValueError) as ex:  # a ragged list, a string, a dict: not an array of numbers
             raise ValueError(f"entry {k!r} of a device's result is not an array of numbers ({ex})") from ex
     return out
+
+
+def diff_problem(diff: dict[str, np.ndarray], weights: dict) -> str:
+    """Why a real device's diff cannot go into the model trained from ``weights`` ("" if it can): a missing or
+    unknown entry, a wrong shape, a value that is not finite. A device's own reports (``DEVICE_EXTRA_PREFIX``) and
+    the server's extra state for devices are not model entries."""
+    model = {k: v for k, v in weights.items() if not k.startswith(DEVICE_EXTRA_PREFIX)}
+    entries = {k: v for k, v in diff.items() if not k.startswith(DEVICE_EXTRA_PREFIX)}
+    if set(model) != set(entries):
+        missing, unknown = sorted(set(model) - set(entries)), sorted(set(entries) - set(model))
+        return f"its entries differ from the model's (missing {missing[:3]}, unknown {unknown[:3]})"
+    for k, v in entries.items():
+        if v.shape != np.shape(model[k]):
+            return f"entry {k!r} has shape {v.shape}, the model's {np.shape(model[k])}"
+    for k, v in diff.items():
+        if not np.isfinite(v).all():
+            return f"entry {k!r} is not finite"
+    return ""

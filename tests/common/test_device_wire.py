@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from common.device_wire import from_wire, to_wire
+from common.device_wire import diff_problem, from_wire, to_wire
 
 
 def test_weights_survive_json_with_their_shapes_and_float32_values():
@@ -27,3 +27,13 @@ def test_weights_survive_json_with_their_shapes_and_float32_values():
 def test_a_result_that_is_not_numbers_is_refused_by_name():
     with pytest.raises(ValueError, match="entry 'w'"):
         from_wire({"w": [{"a": 1}]})
+
+
+def test_a_diff_that_does_not_fit_its_model_is_named_and_a_fitting_one_passes():
+    weights = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32), "edgesim_extra/anchor": np.zeros(1)}
+    good = {"w": np.ones((2, 3), np.float32), "b": np.ones(3, np.float32), "edgesim_extra/label_counts": np.ones(10)}
+    assert diff_problem(good, weights) == ""
+    assert "missing ['b']" in diff_problem({"w": good["w"]}, weights)
+    assert "unknown ['x']" in diff_problem(good | {"x": np.ones(1, np.float32)}, weights)
+    assert "shape (3, 2)" in diff_problem(good | {"w": np.ones((3, 2), np.float32)}, weights)
+    assert "'b' is not finite" in diff_problem(good | {"b": np.array([1, np.nan, 0], np.float32)}, weights)

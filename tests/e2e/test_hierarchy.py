@@ -185,28 +185,30 @@ def test_real_http_devices_train_a_fedbuff_job_through_the_proxy_and_failed_or_s
     deployment, tmp_path
 ):
     out = tmp_path / "out"
-    # 4 devices, all selected at once: device 0 fails its first task, device 1 never reports
+    # 4 devices, all selected at once: device 0 fails its first task, device 1 never reports, device 2 first sends a misshapen diff
     proc, log = run_with_devices(
         deployment,
         tmp_path,
         "edgesim_real_fedbuff",
         "tests.fakes.devices.FlakyDeviceProcessor",
-        *("--method", "fedbuff", "--max-model-version", "8", "--device-timeout", "8"),
+        *("--method", "fedbuff", "--max-model-version", "10", "--device-timeout", "12"),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
     assert "[edgesim] real devices:" in proc.stdout and "--device-timeout" in proc.stdout
     assert {"metrics.json", "events.jsonl", "global_model.pt", "accuracy.png"} <= {p.name for p in out.iterdir()}
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["outcome"]["status"] == "completed" and metrics["versions"][-1]["version"] == 8
+    assert metrics["outcome"]["status"] == "completed" and metrics["versions"][-1]["version"] == 10
     trace = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     by_index = {e["device"].rpartition("#")[2]: e["device"] for e in trace}
     failed = [e for e in trace if e.get("failed")]
     assert by_index["0"] in {e["device"] for e in failed}, "device 0's failed task must count failed"
+    refused = [e for e in failed if e["device"] == by_index["2"]]
+    assert refused and refused[0]["arrival"] < 12, "device 2's misshapen diff is refused at once (not timed out)"
     silent = [e for e in failed if e["device"] == by_index["1"]]
-    assert silent and silent[0]["arrival"] >= 8, "the silent device fails once --device-timeout has passed"
+    assert silent and silent[0]["arrival"] >= 12, "the silent device fails once --device-timeout has passed"
     assert not [e for e in trace if e["device"] == by_index["1"] and not e.get("failed")]
     counted = [e for e in trace if not e.get("failed")]
-    assert len(counted) == 2 * 7  # B = 2 updates for each of versions 2..8
+    assert len(counted) == 2 * 9  # B = 2 updates for each of versions 2..10
     assert [e["arrival"] for e in trace] == sorted(e["arrival"] for e in trace)  # the wall clock
     # applied in the order the devices really finished: any two tasks finished over a second apart keep it
     finished = finish_times(log)
@@ -221,7 +223,7 @@ def test_real_http_devices_train_a_fedrevive_job_through_the_proxy(deployment, t
         tmp_path,
         "edgesim_real_fedrevive",
         "processors.device_processor.RealDeviceProcessor",
-        *("--method", "fedrevive", "--max-model-version", "8"),
+        *("--method", "fedrevive", "--max-model-version", "6"),
         *("--fr-distill-from-version", "2", "--fr-kd-train-from-version", "3", "--fr-s-max", "2"),
         *("--fr-teacher-buffer-size", "3", "--fr-synth-per-teacher", "4", "--fr-kd-iters", "2"),
         *("--fr-gen-width", "8", "--fr-synth-every-versions", "1", "--fr-synth-batch-size", "8"),
@@ -229,7 +231,7 @@ def test_real_http_devices_train_a_fedrevive_job_through_the_proxy(deployment, t
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["outcome"]["status"] == "completed" and metrics["versions"][-1]["version"] == 8
+    assert metrics["outcome"]["status"] == "completed" and metrics["versions"][-1]["version"] == 6
     log = [json.loads(line) for line in open(out / "fedrevive_log.jsonl")]
     events = [json.loads(line) for line in open(out / "events.jsonl")]
     assert [(e["version"], e["base_version"]) for e in log] == [(e["version"], e["base_version"]) for e in events]
