@@ -7,6 +7,7 @@ processor) trains FedBuff and FedRevive jobs through the proxy, failed and silen
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -158,15 +159,35 @@ def stop_devices(devices: subprocess.Popen) -> None:
     assert not session_processes(devices.pid), "a device client process was left"
 
 
-def run_with_devices(deployment: Deployment, folder, job: str, processor: str, *flags: str):
-    """A ``--devices real`` job named ``job``, trained by 4 HTTP devices through the proxy; the job's process and
-    the devices' log."""
+def start_real_job(deployment: Deployment, folder, job: str, processor: str, *flags: str):
+    """A ``--devices real`` job named ``job`` and 4 HTTP devices for it (NVFlare's client, through the proxy), both
+    started; their processes. The job writes into ``folder``: its console ``job.log``, its results ``out/``."""
+    folder.mkdir()
     devices = start_devices(deployment, folder, job, processor, 4)
+    command = [PYTHON, "jobs/pt_job_fedrevive.py", *deployment.job_flags, *SMALL, "--job-name", job, *REAL, *flags]
+    with open(folder / "job.log", "w") as log:
+        run = subprocess.Popen(
+            [*command, "--output", str(folder / "out")], cwd=REPO, stdout=log, stderr=subprocess.STDOUT
+        )
+    return devices, run
+
+
+def finish_real_job(folder, devices: subprocess.Popen, run: subprocess.Popen) -> tuple[int, str, str]:
+    """Wait for the job, then stop its devices; (exit code, the job's console, the devices' log)."""
     try:
-        proc = run_prod(deployment, folder / "out", "--job-name", job, *REAL, *flags)
+        code = run.wait(400)
     finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait(30)
         stop_devices(devices)
-    return proc, (folder / "devices.log").read_text()
+    return code, (folder / "job.log").read_text(), (folder / "devices.log").read_text()
+
+
+def leaf_log_lines(deployment: Deployment, text: str) -> list[str]:
+    """The leaves' job-log lines holding ``text``."""
+    logs = glob.glob(os.path.join(deployment.prod_dir, "C*", "*", "log.txt"))
+    return [line for path in logs for line in open(path, errors="replace") if text in line]
 
 
 def finish_times(log: str) -> dict[tuple[str, int], list[float]]:
@@ -181,20 +202,39 @@ def finish_times(log: str) -> dict[tuple[str, int], list[float]]:
 REAL = ["--devices", "real", "--device-selection-size", "4", "--device-wait-timeout", "300"]
 
 
-def test_real_http_devices_train_a_fedbuff_job_through_the_proxy_and_failed_or_silent_ones_never_stall_it(
+def test_real_http_devices_train_fedbuff_and_fedrevive_jobs_at_once_and_failed_or_silent_ones_never_stall_them(
     deployment, tmp_path
 ):
-    out = tmp_path / "out"
-    # 4 devices, all selected at once: device 0 fails its first task, device 1 never reports, device 2 first sends a misshapen diff
-    proc, log = run_with_devices(
+    # FedBuff: 4 devices, all selected at once: device 0 fails its first task, device 1 never reports, device 2
+    # first sends a misshapen diff. FedRevive, on the same hierarchy at the same time: 4 devices that train well.
+    fedbuff = start_real_job(
         deployment,
-        tmp_path,
+        tmp_path / "fedbuff",
         "edgesim_real_fedbuff",
         "tests.fakes.devices.FlakyDeviceProcessor",
         *("--method", "fedbuff", "--max-model-version", "10", "--device-timeout", "12"),
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
-    assert "[edgesim] real devices:" in proc.stdout and "--device-timeout" in proc.stdout
+    fedrevive = start_real_job(
+        deployment,
+        tmp_path / "fedrevive",
+        "edgesim_real_fedrevive",
+        "processors.device_processor.RealDeviceProcessor",
+        *("--method", "fedrevive", "--max-model-version", "6"),
+        *("--fr-distill-from-version", "2", "--fr-kd-train-from-version", "3", "--fr-s-max", "2"),
+        *("--fr-teacher-buffer-size", "3", "--fr-synth-per-teacher", "4", "--fr-kd-iters", "2"),
+        *("--fr-gen-width", "8", "--fr-synth-every-versions", "1", "--fr-synth-batch-size", "8"),
+        *("--fr-pool-size", "64", "--fr-probe-samples", "16"),
+    )
+    fedbuff_result = finish_real_job(tmp_path / "fedbuff", *fedbuff)
+    fedrevive_result = finish_real_job(tmp_path / "fedrevive", *fedrevive)
+    check_the_fedbuff_job(deployment, tmp_path / "fedbuff", *fedbuff_result)
+    check_the_fedrevive_job(tmp_path / "fedrevive", *fedrevive_result)
+
+
+def check_the_fedbuff_job(deployment: Deployment, folder, code: int, console: str, log: str) -> None:
+    out = folder / "out"
+    assert code == 0, console[-3000:] + log[-3000:]
+    assert "[edgesim] real devices:" in console and "--device-timeout" in console
     assert {"metrics.json", "events.jsonl", "global_model.pt", "accuracy.png"} <= {p.name for p in out.iterdir()}
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["outcome"]["status"] == "completed" and metrics["versions"][-1]["version"] == 10
@@ -202,8 +242,9 @@ def test_real_http_devices_train_a_fedbuff_job_through_the_proxy_and_failed_or_s
     by_index = {e["device"].rpartition("#")[2]: e["device"] for e in trace}
     failed = [e for e in trace if e.get("failed")]
     assert by_index["0"] in {e["device"] for e in failed}, "device 0's failed task must count failed"
-    refused = [e for e in failed if e["device"] == by_index["2"]]
-    assert refused and refused[0]["arrival"] < 12, "device 2's misshapen diff is refused at once (not timed out)"
+    assert by_index["2"] in {e["device"] for e in failed}, "device 2's misshapen diff must count failed"
+    refusal = f"device {by_index['2']}'s result is refused and counted failed: entry"
+    assert leaf_log_lines(deployment, refusal), "the leaf must refuse device 2's diff, naming the wrong entry"
     silent = [e for e in failed if e["device"] == by_index["1"]]
     assert silent and silent[0]["arrival"] >= 12, "the silent device fails once --device-timeout has passed"
     assert not [e for e in trace if e["device"] == by_index["1"] and not e.get("failed")]
@@ -216,25 +257,14 @@ def test_real_http_devices_train_a_fedbuff_job_through_the_proxy_and_failed_or_s
     assert all(b > a - 1.0 for a, b in zip(when, when[1:], strict=False)), when
 
 
-def test_real_http_devices_train_a_fedrevive_job_through_the_proxy(deployment, tmp_path):
-    out = tmp_path / "out"
-    proc, _ = run_with_devices(
-        deployment,
-        tmp_path,
-        "edgesim_real_fedrevive",
-        "processors.device_processor.RealDeviceProcessor",
-        *("--method", "fedrevive", "--max-model-version", "6"),
-        *("--fr-distill-from-version", "2", "--fr-kd-train-from-version", "3", "--fr-s-max", "2"),
-        *("--fr-teacher-buffer-size", "3", "--fr-synth-per-teacher", "4", "--fr-kd-iters", "2"),
-        *("--fr-gen-width", "8", "--fr-synth-every-versions", "1", "--fr-synth-batch-size", "8"),
-        *("--fr-pool-size", "64", "--fr-probe-samples", "16"),
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def check_the_fedrevive_job(folder, code: int, console: str, log: str) -> None:
+    out = folder / "out"
+    assert code == 0, console[-3000:] + log[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["outcome"]["status"] == "completed" and metrics["versions"][-1]["version"] == 6
-    log = [json.loads(line) for line in open(out / "fedrevive_log.jsonl")]
+    revived = [json.loads(line) for line in open(out / "fedrevive_log.jsonl")]
     events = [json.loads(line) for line in open(out / "events.jsonl")]
-    assert [(e["version"], e["base_version"]) for e in log] == [(e["version"], e["base_version"]) for e in events]
+    assert [(e["version"], e["base_version"]) for e in revived] == [(e["version"], e["base_version"]) for e in events]
     assert len({e["device"] for e in events}) == 4  # every HTTP device trained
     # four devices in flight and one update a version: real devices' updates arrive stale, and are revived
-    assert [e for e in log if e["phase"] == "distill" and e["tau"] >= 1 and e["beta"] > 0], log
+    assert [e for e in revived if e["phase"] == "distill" and e["tau"] >= 1 and e["beta"] > 0], revived
