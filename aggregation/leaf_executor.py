@@ -73,6 +73,14 @@ def device_settings(processor) -> dict:
     return {n: getattr(processor, n) for n in names}
 
 
+def selection_of(cookie: dict | None) -> tuple[int, int] | None:
+    """(selection id, model version) a device's result answers, from the cookie its task gave it; None without."""
+    cookie = cookie or {}
+    if CookieKey.MODEL_VERSION not in cookie or CookieKey.DEVICE_SELECTION_ID not in cookie:
+        return None
+    return int(cookie[CookieKey.DEVICE_SELECTION_ID]), int(cookie[CookieKey.MODEL_VERSION])
+
+
 def retry(job_id: str, message: str) -> TaskResponse:
     return TaskResponse(EdgeApiStatus.RETRY, job_id, 30, message=message)
 
@@ -264,12 +272,12 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
         refilled and its version's mean is unchanged. Anything else as NVFlare's executor does."""
         if not self.real_devices or (request.result and request.status == EdgeApiStatus.OK):
             return super().process_edge_result_report(request, current_task, fl_ctx)
-        cookie = request.cookie or {}
-        if CookieKey.MODEL_VERSION not in cookie or CookieKey.DEVICE_SELECTION_ID not in cookie:
+        selection = selection_of(request.cookie)
+        if selection is None:
             return ResultResponse(EdgeApiStatus.ERROR, task_id=request.task_id, message="no version/selection cookie")
         device = request.get_device_id()
         self.log_warning(fl_ctx, f"device {device} reports its task failed ({request.status}): counted failed")
-        failed = DeviceUpdate(device, cookie[CookieKey.DEVICE_SELECTION_ID], cookie[CookieKey.MODEL_VERSION], None, 0)
+        failed = DeviceUpdate(device, *selection, None, 0)
         self._send_up([failed], request.task_id, fl_ctx)
         return ResultResponse(EdgeApiStatus.OK, task_id=request.task_id, task_name=request.task_name)
 
@@ -281,14 +289,10 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
 
     def accept_device_result(self, result_report: ResultReport, current_task: TaskInfo, fl_ctx: FLContext):
         dxo = from_dict(result_report.result)
-        cookie = result_report.cookie or {}
-        if CookieKey.MODEL_VERSION not in cookie or CookieKey.DEVICE_SELECTION_ID not in cookie:
-            raise ValueError(f"result of device {result_report.get_device_id()} has no version/selection cookie")
-        device, sid, version = (
-            result_report.get_device_id(),
-            int(cookie[CookieKey.DEVICE_SELECTION_ID]),
-            int(cookie[CookieKey.MODEL_VERSION]),
-        )
+        device, selection = result_report.get_device_id(), selection_of(result_report.cookie)
+        if selection is None:
+            raise ValueError(f"result of device {device} has no version/selection cookie")
+        sid, version = selection
         diff, count = dxo.data["dict"], int(dxo.data.get("count", 1))
         if self.real_devices:  # from JSON, and from a device we do not control: checked before it can reach the model
             diff = from_wire(diff)

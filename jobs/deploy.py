@@ -140,7 +140,7 @@ def _provision(args: argparse.Namespace) -> int:
         print(f"error: {ex}", file=sys.stderr)
         return 2
     prod, kit = made["prod"], made["admin_kit"]
-    print(f"[edgesim] kits in {prod} (project: {os.path.join(args.folder, multi_host.PROJECT_FILE)})")
+    print(f"[edgesim] kits in {prod} (project: {os.path.join(args.folder, hierarchy.PROJECT_FILE)})")
     print("[edgesim] what listens where:\n  " + "\n  ".join(made["listening"]))
     print(
         f"[edgesim] copy each site's folder from {prod} to its host, install this project there, and start it "

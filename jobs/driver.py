@@ -29,7 +29,7 @@ from jobs.results import finalize, format_summary, read_metrics
 from jobs.watchdog import Watchdog
 from processors.data.sources import DatasetError
 from scheduling.checkpoint import state_path
-from simulation.config import FIRST_DEVICE_TIMEOUT
+from simulation.config import device_timeout_words
 from simulation.event_reference import make_schedule
 from simulation.schedule import ExactSchedule
 from simulation.timeline import format_timeline, run_timeline, write_timeline
@@ -129,13 +129,8 @@ def run(cfg: JobConfig, verbose: bool = False) -> int:
 
 def describe_real_devices(cfg: JobConfig) -> str:
     """What a ``--devices real`` run waits for, and when a device counts as failed."""
-    f, e = cfg.federation, cfg.engine
-    timeout = (
-        f"{e.device_timeout:g} s (--device-timeout)"
-        if e.device_timeout > 0
-        else f"derived: {FIRST_DEVICE_TIMEOUT:g} s until a task is measured, then 3x the slowest task seen "
-        "(--device-timeout S fixes it)"
-    )
+    f = cfg.federation
+    timeout = device_timeout_words(cfg.engine.device_timeout)
     return (
         f"[edgesim] real devices: the leaves run no simulator; devices ask for job {cfg.run.job_name!r} through "
         f"NVFlare's routing proxy (python -m jobs.deploy up --proxy; docs/real-devices.md). The run starts once "

@@ -36,6 +36,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 
 import psutil
+import yaml
 
 from common.ports import listen_ports
 from jobs.device_proxy import LOOPBACK, write_lcp_map
@@ -45,6 +46,7 @@ STATE_FILE = "deployment.json"
 PROJECT = "edgesim"
 PROXY = "proxy"  # the proxy's key in ``Deployment.sessions`` (no site is named so)
 LCP_MAP_FILE = "lcp_map.json"
+PROJECT_FILE = "project.yml"
 EDGE_RESOURCES = "edge__p_resources.json"  # a leaf's edge API settings, written by NVFlare's edge builder
 PROXY_LOG = "proxy.log"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -218,8 +220,8 @@ def provision(
     hosts: dict[str, str] | None = None,
     ports: list[int] | None = None,
 ) -> tuple[str, dict[str, int], list[str]]:
-    """Provision the kits under ``folder`` (``project_dict``: on this machine, or on ``hosts`` with ``ports``);
-    returns (prod dir, ports, leaf names). Each leaf's edge API listens on its own host only (NVFlare's edge
+    """Provision the kits under ``folder`` (``project_dict``: on this machine, or on ``hosts`` with ``ports``), its
+    project also written as ``folder/project.yml``; returns (prod dir, ports, leaf names). Each leaf's edge API listens on its own host only (NVFlare's edge
     builder binds it to every interface)."""
     from nvflare.lighter.constants import CtxKey
     from nvflare.lighter.prov_utils import prepare_builders, prepare_packager
@@ -227,6 +229,8 @@ def provision(
     from nvflare.lighter.provisioner import Provisioner
 
     project, used, names = project_dict(relays, leaves, ports or free_ports(2 + relays + leaves), hosts)
+    with open(os.path.join(folder, PROJECT_FILE), "w") as f:  # NVFlare's project file: `nvflare provision -p`
+        yaml.safe_dump(project, f, sort_keys=False)
     with open(os.path.join(folder, "provision.log"), "w") as log, contextlib.redirect_stdout(log):  # its summary
         ctx = Provisioner(folder, prepare_builders(project), prepare_packager(project)).provision(
             prepare_project(project)

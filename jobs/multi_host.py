@@ -21,12 +21,9 @@ from __future__ import annotations
 
 import os
 
-import yaml
-
 from jobs import hierarchy
 
 BASE_PORT = 8002
-PROJECT_FILE = "project.yml"
 
 
 def parse_hosts(pairs: list[str], relays: int, leaves: int) -> dict[str, str]:
@@ -57,12 +54,8 @@ def fixed_ports(relays: int, leaves: int, base: int = BASE_PORT) -> list[int]:
 
 def provision(folder: str, relays: int, leaves: int, hosts: dict[str, str], base_port: int = BASE_PORT) -> dict:
     """Write ``folder/project.yml`` and provision the kits for ``hosts``; what listens where (``listening``)."""
-    ports = fixed_ports(relays, leaves, base_port)
-    project, used, _ = hierarchy.project_dict(relays, leaves, ports, hosts)
     os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, PROJECT_FILE), "w") as f:
-        yaml.safe_dump(project, f, sort_keys=False)
-    prod, used, leaf_names = hierarchy.provision(folder, relays, leaves, hosts, ports)
+    prod, used, leaf_names = hierarchy.provision(folder, relays, leaves, hosts, fixed_ports(relays, leaves, base_port))
     return {"prod": prod, "admin_kit": os.path.join(prod, hierarchy.ADMIN), "leaves": leaf_names} | {
         "listening": listening(hosts, used)
     }

@@ -70,7 +70,7 @@ from common.protocol import (
 from scheduling import checkpoint
 from scheduling.applier import UpdateApplier
 from scheduling.waker import Waker
-from simulation.config import FIRST_DEVICE_TIMEOUT
+from simulation.config import device_timeout_words
 from simulation.device_pool import DevicePool
 from simulation.nvflare_private import install_nvflare_fixes
 from simulation.schedule import ExactSchedule
@@ -252,7 +252,7 @@ class ExactTimeAssessor(Assessor):
             self.log_info(
                 fl_ctx,
                 f"{len(self.schedule.pool)} real devices registered: starting on the wall clock; a device that "
-                f"does not report within {self._timeout_words()} counts as failed",
+                f"does not report within {device_timeout_words(self.device_timeout)} counts as failed",
             )
         else:
             self.log_info(
@@ -280,14 +280,6 @@ class ExactTimeAssessor(Assessor):
             news, self._news = self._news, set()
         if self._waker is not None:
             self._waker.wake(news, holder, awaited)
-
-    def _timeout_words(self) -> str:
-        if self.device_timeout > 0:
-            return f"{self.device_timeout:g} s (--device-timeout)"
-        return (
-            f"{FIRST_DEVICE_TIMEOUT:g} s, or 3x the slowest task once one is measured (derived; --device-timeout S "
-            "fixes it)"
-        )
 
     def _make_applier(self, fl_ctx: FLContext) -> UpdateApplier:
         self.applier = UpdateApplier(

@@ -15,6 +15,16 @@ DevicesName = Literal["simulated", "real"]
 FIRST_DEVICE_TIMEOUT = 120.0
 
 
+def device_timeout_words(device_timeout: float) -> str:
+    """How long a real device may take, as the driver and the server say it (``scheduling.applier`` applies it)."""
+    if device_timeout > 0:
+        return f"{device_timeout:g} s (--device-timeout)"
+    return (
+        f"derived: {FIRST_DEVICE_TIMEOUT:g} s until a task is measured, then 3x the slowest task seen "
+        "(--device-timeout S fixes it)"
+    )
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Attributes:
