@@ -17,7 +17,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.harness import REPO  # noqa: E402
-from jobs import hierarchy  # noqa: E402
+from jobs.deploy import local  # noqa: E402
 
 
 def resident(processes) -> int:
@@ -40,17 +40,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench_hierarchy_") as tmp:
         folder = os.path.join(tmp, "h")
         started = time.time()
-        deployment = hierarchy.start(folder, args.relays, args.leaves)
+        deployment = local.start(folder, args.relays, args.leaves)
         up_seconds = time.time() - started
         try:
-            idle = hierarchy.deployment_processes(deployment)
+            idle = local.deployment_processes(deployment)
             idle_rss = resident(idle)
             peak = [0, 0]
             done = threading.Event()
 
             def sample() -> None:
                 while not done.wait(0.5):
-                    procs = hierarchy.deployment_processes(deployment)
+                    procs = local.deployment_processes(deployment)
                     rss = resident(procs)
                     if rss > peak[0]:
                         peak[:] = [rss, len(procs)]
@@ -82,7 +82,7 @@ def main() -> None:
             if job.returncode:
                 sys.exit(f"the job failed:\n{job.stdout[-2000:]}\n{job.stderr[-2000:]}")
         finally:
-            hierarchy.stop(folder)
+            local.stop(folder)
 
     print(f"\nlocal hierarchy: server, {args.relays} relays, {args.leaves} leaves (2 devices a leaf a round)")
     print(f"  up, every leaf connected:   {up_seconds:.1f} s")

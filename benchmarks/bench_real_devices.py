@@ -23,8 +23,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_hierarchy import resident  # noqa: E402
 from benchmarks.harness import REPO  # noqa: E402
-from jobs import hierarchy  # noqa: E402
-from jobs.device_proxy import device_client_config  # noqa: E402
+from jobs.deploy import local, sessions  # noqa: E402
+from jobs.deploy.device_proxy import device_client_config  # noqa: E402
 
 
 def run(deployment, tmp: str, mode: str, devices: int, versions: int, clients_count: int = 1) -> dict:
@@ -52,9 +52,9 @@ def run(deployment, tmp: str, mode: str, devices: int, versions: int, clients_co
 
     def sample() -> None:
         while not done.wait(0.5):
-            procs = hierarchy.deployment_processes(deployment)
+            procs = local.deployment_processes(deployment)
             for client in clients:
-                procs += hierarchy.session_processes(client.pid)
+                procs += sessions.session_processes(client.pid)
             rss = resident(procs)
             if rss > peak[0]:
                 peak[:] = [rss, len(procs)]
@@ -119,16 +119,16 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench_real_devices_") as tmp:
         folder = os.path.join(tmp, "h")
-        deployment = hierarchy.start(folder, 1, 2, proxy=True)
+        deployment = local.start(folder, 1, 2, proxy=True)
         try:
-            idle = hierarchy.deployment_processes(deployment)
+            idle = local.deployment_processes(deployment)
             idle_rss = resident(idle)
             counts = [int(c) for c in args.clients.split(",")]
             results = {"simulated": run(deployment, tmp, "simulated", args.devices, args.versions)}
             for n in counts:
                 results[f"real, {n} client(s)"] = run(deployment, tmp, "real", args.devices, args.versions, n)
         finally:
-            hierarchy.stop(folder)
+            local.stop(folder)
 
     print(
         f"\nlocal hierarchy: server, 1 relay, 2 leaves, the routing proxy; idle {len(idle)} processes, "

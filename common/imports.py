@@ -25,7 +25,7 @@ def import_object(path: str, what: str) -> object:
 
 def import_path(obj: Callable, what: str) -> str:
     """``module:qualname`` of a class or function, importable by the job's processes. One defined in the script
-    being run is named by the script's file, which the job ships (``jobs.recipe.ship_user_code``)."""
+    being run is named by the script's file, which the job ships (``jobs.run.recipe.ship_user_code``)."""
     module = obj.__module__
     if module == "__main__":
         main = sys.modules["__main__"]

@@ -44,8 +44,8 @@ from common.delays import DelayConfig
 from common.imports import import_path
 from jobs.config import PARTS, FederationConfig, JobConfig, RunConfig
 from jobs.methods import BUILT_IN, Method, method_of
-from jobs.outputs import DATASET_FILE
-from jobs.results import read_metrics
+from jobs.run.outputs import DATASET_FILE
+from jobs.run.results import read_metrics
 from processors.data.config import DataConfig
 from processors.data.sources import NPZ_KEYS, DatasetError, as_arrays, from_arrays
 from processors.training import TrainingConfig
@@ -199,7 +199,7 @@ class RunResult:
 def run(config_or_method=None, *, verbose: bool = False, method=None, **options) -> RunResult:
     """Run a job: a ``JobConfig``, or a method (positional or ``method=``: a name, an import path, a ``Method``
     class or instance; default ``fedavg``) and ``make_config``'s options."""
-    from jobs.driver import run as run_job
+    from jobs.run.driver import run as run_job
 
     if isinstance(config_or_method, JobConfig):
         cfg = config_or_method

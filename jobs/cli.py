@@ -396,8 +396,8 @@ def config_from_args(args: argparse.Namespace, method: str, presets: bool = Fals
 def job_main(description: str, argv: list[str] | None, method: str | None = None) -> int:
     """An entry point: parse, build (or, with ``--resume``, recover) the config, run. ``method`` None: the
     ``--method`` flag chooses, and the method's presets apply."""
-    from jobs.driver import run
     from jobs.resume import given_flags, resumed_config
+    from jobs.run.driver import run
 
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(description, method_choice=method is None)

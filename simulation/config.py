@@ -41,7 +41,7 @@ class EngineConfig:
     update_interval: a leaf's heartbeat: the longest a leaf waits between syncs with its parent (it syncs at once
         when it has results the server waits for, or news; NVFlare's own leaves sync every 1.0 s).
     update_timeout: seconds a leaf waits for its parent to take an update (None: derived from what a leaf sends,
-        ``simulation.planner.update_timeout``).
+        ``simulation.timeouts.derive_timeouts``).
     devices: ``simulated`` (each leaf runs our device simulator) or ``real``: leaves run no simulator and wait for
         devices (NVFlare's HTTP device client or a phone app, through NVFlare's routing proxy); the server applies
         updates in the order they arrive, on the wall clock (``docs/real-devices.md``). Needs ``--env poc`` or

@@ -56,3 +56,100 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from jobs.config import JobConfig\n")
     assert project_imports(str(bad)) == {"jobs"}
+
+
+def module_name(path: str) -> str:
+    """``jobs/run/driver.py`` -> ``jobs.run.driver``; a package's ``__init__.py`` -> the package."""
+    parts = os.path.relpath(path, REPO)[: -len(".py")].split(os.sep)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _runs_at_import(body: list[ast.stmt]):
+    """The import statements a module executes when it is imported: its top level, its class bodies and the
+    branches of its ``if``/``try``/``with`` blocks, but not function bodies, nor ``if TYPE_CHECKING:``."""
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If):
+            test = ast.unparse(node.test)
+            if test not in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+                yield from _runs_at_import(node.body)
+            yield from _runs_at_import(node.orelse)
+        elif isinstance(node, (ast.Try, ast.With, ast.ClassDef)):
+            for block in ("body", "orelse", "finalbody"):
+                yield from _runs_at_import(getattr(node, block, []))
+            for handler in getattr(node, "handlers", []):
+                yield from _runs_at_import(handler.body)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports at import time (``from a import b`` counts ``a.b`` when that is a
+    module, else ``a``)."""
+    paths = {}
+    for package in LEVEL:
+        for root, _, files in os.walk(os.path.join(REPO, package)):
+            paths.update(
+                {module_name(os.path.join(root, f)): os.path.join(root, f) for f in files if f.endswith(".py")}
+            )
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        found = set()
+        for node in _runs_at_import(ast.parse(open(path).read(), path).body):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif node.level == 0 and node.module:
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    found.add(sub if sub in paths else node.module)
+        graph[module] = {m for m in found if m in paths and m != module}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_import_cycle_between_modules():
+    assert import_cycles(import_graph()) == []
+
+
+def test_the_cycle_check_sees_a_cycle_and_ignores_type_checking_imports(tmp_path):
+    a = tmp_path / "a.py"
+    a.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import c\nimport b\n")
+    graph = {"a": {"b"}, "b": {"a"}, "c": {"a"}}
+    assert import_cycles(graph) == [["a", "b"]]
+    assert [ast.unparse(n) for n in _runs_at_import(ast.parse(a.read_text()).body)] == [
+        "from typing import TYPE_CHECKING",
+        "import b",
+    ]

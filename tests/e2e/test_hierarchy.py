@@ -18,8 +18,9 @@ import psutil
 import pytest
 
 from common.delays import DELAY_PRESETS
-from jobs.device_proxy import device_client_config
-from jobs.hierarchy import Deployment, session_processes
+from jobs.deploy.device_proxy import device_client_config
+from jobs.deploy.local import Deployment
+from jobs.deploy.sessions import session_processes
 from simulation.event_reference import make_schedule, reference_trace
 from tests.conftest import PYTHON, REPO
 from tests.e2e.test_multi_host import namespaces_available

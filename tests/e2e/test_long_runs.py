@@ -18,7 +18,7 @@ import torch
 
 from common.delays import DELAY_PRESETS
 from jobs.config import JobConfig
-from jobs.driver import schedule_for
+from jobs.run.driver import schedule_for
 from simulation.event_reference import reference_trace
 from tests.conftest import PYTHON, REPO
 

@@ -26,7 +26,7 @@ from evaluation.evaluator import GlobalModelEvaluator
 from evaluation.model_saver import GlobalModelSaver
 from evaluation.progress import ProgressReporter, progress_line
 from evaluation.run_recorder import RunRecorder, record_interruption, versions_made
-from jobs.results import finalize, format_summary
+from jobs.run.results import finalize, format_summary
 from processors.models import build_model
 from tests.conftest import REPO
 from tests.fakes.engine import EventEngine
@@ -175,7 +175,7 @@ WATCHDOG = textwrap.dedent(
     """
     import subprocess, sys, time
     sys.path.insert(0, {repo!r})
-    from jobs.watchdog import Watchdog
+    from jobs.run.watchdog import Watchdog
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     with Watchdog({out!r}, shutdown_grace=1.0, interval=0.1) as dog:
         while child.poll() is None and time.time() < {deadline}:

@@ -25,7 +25,7 @@ from evaluation.progress import ProgressReporter
 from evaluation.run_recorder import RunRecorder, run_summary, version_record
 from evaluation.system_monitor import SystemMonitorComponent
 from evaluation.tensorboard_writer import TensorBoardWriter
-from jobs.results import format_summary
+from jobs.run.results import format_summary
 from processors.models import build_model
 from tests.fakes.engine import EventEngine
 from tests.fakes.monitor_fakes import FakeGpuSource, FakeHostSource, NoGpuSource

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from jobs import driver
 from jobs.pt_job_fedavg import main
+from jobs.run import driver
 
 
 @pytest.fixture(autouse=True)
@@ -192,7 +192,7 @@ def test_an_argparse_error_is_one_line_that_points_at_help(capsys):
 
 def test_a_fedrevive_run_too_short_to_revive_says_so_before_it_starts():
     from jobs.api import make_config
-    from jobs.plan import method_notes
+    from jobs.run.plan import method_notes
 
     short = method_notes(make_config("fedrevive", max_model_version=12))
     assert len(short) == 1 and "every update passes unchanged, as in FedBuff" in short[0]

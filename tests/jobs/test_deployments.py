@@ -9,9 +9,9 @@ import subprocess
 
 import pytest
 
-from jobs import deploy
-from jobs.hierarchy import project_dict
-from jobs.remote import bring_home, progress_lines
+from jobs.deploy import cli as deploy
+from jobs.deploy.provisioning import project_dict
+from jobs.run.remote import bring_home, progress_lines
 from tests.conftest import PYTHON, REPO
 
 

@@ -1,4 +1,4 @@
-"""NVFlare's routing proxy for real devices (``jobs.device_proxy``) without a hierarchy: the LCP map written from a
+"""NVFlare's routing proxy for real devices (``jobs.deploy.device_proxy``) without a hierarchy: the LCP map written from a
 deployment is the one NVFlare's ``Query`` reads, and the launcher serves NVFlare's proxy app on loopback, answers
 a device with a JSON body even when its leaf cannot be reached, and ends with no process left behind."""
 
@@ -20,13 +20,14 @@ import pytest
 from nvflare.edge.constants import HttpHeaderKey
 
 from common.ports import listen_ports
-from jobs.device_proxy import write_lcp_map
-from jobs.hierarchy import Deployment, proxy_answers, session_processes, stop_session
+from jobs.deploy.device_proxy import write_lcp_map
+from jobs.deploy.local import Deployment, proxy_answers
+from jobs.deploy.sessions import session_processes, stop_session
 from tests.conftest import PYTHON, REPO
 
 
 def a_deployment(folder: str, **extra) -> Deployment:
-    """A deployment record as ``jobs.hierarchy.start`` saves it (nothing runs)."""
+    """A deployment record as ``jobs.deploy.local.start`` saves it (nothing runs)."""
     return Deployment(
         folder=folder,
         prod_dir=os.path.join(folder, "edgesim", "prod_00"),
@@ -100,7 +101,7 @@ def proxy(tmp_path):
     log_path = tmp_path / "proxy.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [PYTHON, "-m", "jobs.device_proxy", str(port), str(lcp_map), str(ca)],
+            [PYTHON, "-m", "jobs.deploy.device_proxy", str(port), str(lcp_map), str(ca)],
             cwd=REPO,
             stdout=log,
             stderr=subprocess.STDOUT,

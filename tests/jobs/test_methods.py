@@ -16,8 +16,8 @@ from jobs.api import make_config, method_option
 from jobs.cli import build_parser, job_main
 from jobs.config import JobConfig
 from jobs.methods import BUILT_IN, FedRevive, method_of
-from jobs.plan import prepare
-from jobs.recipe import EdgeSimRecipe
+from jobs.run.plan import prepare
+from jobs.run.recipe import EdgeSimRecipe
 from tests.conftest import REPO
 
 EXAMPLES = os.path.join(REPO, "examples")

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from jobs import multi_host
-from jobs.deploy import main
+from jobs.deploy import multi_host
+from jobs.deploy.cli import main
 
 HOSTS = ["server=10.9.0.1", "R1=10.9.0.2", "C11=10.9.0.3", "C12=10.9.0.4"]
 

@@ -6,7 +6,7 @@ import time
 
 import psutil
 
-from jobs.process_guard import stop_descendants
+from jobs.run.process_guard import stop_descendants
 
 
 def test_stop_descendants_reaches_grandchildren_in_their_own_session():

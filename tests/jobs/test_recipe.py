@@ -8,8 +8,8 @@ import json
 import pytest
 
 from jobs.cli import build_parser, config_from_args
-from jobs.plan import prepare
-from jobs.recipe import EdgeSimRecipe
+from jobs.run.plan import prepare
+from jobs.run.recipe import EdgeSimRecipe
 
 RESULT_COMPONENTS = {
     "edgesim_evaluator",

@@ -3,7 +3,7 @@ NVFlare's own and decides none, completed when its last evaluated version is the
 
 import json
 
-from jobs.driver import report_end
+from jobs.run.driver import report_end
 
 
 def write_metrics(folder, versions, outcome=None):

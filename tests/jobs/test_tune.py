@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from evaluation.monitor import GB
-from jobs import tune
 from jobs.config import JobConfig
-from jobs.tune import (
+from jobs.tune import cli, measure, probe, search
+from jobs.tune.search import (
     NO_GAIN,
     OK,
     OOM,
@@ -79,7 +79,7 @@ def test_out_of_memory_is_survived_reported_and_stops_the_branch():
     rec = recommend(results)
     assert rec.num_workers == 2 and rec.devices_per_s == 19.0
     assert "out of memory at W=4" in rec.reason
-    table = tune.format_table(results)
+    table = search.format_table(results)
     assert "oom" in table.splitlines()[-1] and table.splitlines()[-1].split()[2] == "-"
 
 
@@ -172,18 +172,18 @@ def test_first_reports_take_each_leafs_earliest_wall_time(tmp_path):
     )
     (tmp_path / "leaf_site-2.jsonl").write_text('{"wall": 108.0, "sim": 0.0, "device": "site-2#0", "version": 1}\n')
     (tmp_path / "leaf_site-3.jsonl").write_text("")
-    assert tune.first_reports(str(tmp_path)) == {"site-1": 103.5, "site-2": 108.0}
+    assert probe.first_reports(str(tmp_path)) == {"site-1": 103.5, "site-2": 108.0}
 
 
 def test_probe_args_shrink_the_job_and_tuner_flags_are_not_passed_on(tmp_path):
-    parser = tune.build_tune_parser()
+    parser = cli.build_tune_parser()
     argv = (
         "--num-leaf-nodes 3 --trial-devices 4 --skip-job-probe --json=x.json --min-gain 0.1 --local-iters 7 "
         "--max-workers 2"
     ).split()
-    job_argv = tune._job_argv(argv, parser)
+    job_argv = cli._job_argv(argv, parser)
     assert job_argv == ["--num-leaf-nodes", "3", "--local-iters", "7"]
-    args = parser.parse_args(tune.probe_args(job_argv, str(tmp_path), leaves=3, devices_per_leaf=100))
+    args = parser.parse_args(probe.probe_args(job_argv, str(tmp_path), leaves=3, devices_per_leaf=100))
     assert (args.num_leaf_nodes, args.local_iters, args.max_model_version) == (3, 2, 2)
     assert (args.devices_per_leaf, args.device_selection_size, args.env) == (2, 6, "sim")
     assert args.output == str(tmp_path / "out")
@@ -191,7 +191,7 @@ def test_probe_args_shrink_the_job_and_tuner_flags_are_not_passed_on(tmp_path):
 
 def test_peak_sampler_keeps_the_highest_reading_of_a_scripted_source():
     host = FakeHostSource(ram_used_gb=(1.0, 3.0, 2.0))
-    sampler = tune.PeakSampler(lambda: host.read()["ram_used_gb"] * GB, interval=0.001)
+    sampler = measure.PeakSampler(lambda: host.read()["ram_used_gb"] * GB, interval=0.001)
     with sampler:
         while host.reads < 4:
             pass
@@ -209,7 +209,7 @@ def test_one_small_real_trial_measures_a_positive_throughput():
     threads = torch.get_num_threads()
     try:
         plan = plan_workers(HardwareProfile(1), devices_per_leaf=2, per_worker_bytes=2**20)
-        run = tune.make_trial_runner(_tiny_config(), plan, torch.device("cpu"), trial_devices=2, cores=1)
+        run = measure.make_trial_runner(_tiny_config(), plan, torch.device("cpu"), trial_devices=2, cores=1)
         results = explore(run, [TrialPoint(1)])
     finally:
         torch.set_num_threads(threads)
@@ -224,7 +224,7 @@ def test_cli_without_job_probe_prints_a_table_and_writes_json(tmp_path, capsys):
     threads = torch.get_num_threads()
     out = tmp_path / "tune.json"
     try:
-        rc = tune.main(
+        rc = cli.main(
             [
                 "--synthetic-size",
                 "500",
@@ -261,7 +261,7 @@ def test_cli_without_job_probe_prints_a_table_and_writes_json(tmp_path, capsys):
 
 
 def test_cli_refuses_a_bad_job_configuration(capsys):
-    assert tune.main(["--max-model-version", "1", "--skip-job-probe"]) == 2
+    assert cli.main(["--max-model-version", "1", "--skip-job-probe"]) == 2
     assert "--max-model-version" in capsys.readouterr().err
 
 
@@ -278,13 +278,13 @@ def test_measure_trial_out_of_memory_cancels_queued_devices_and_is_recorded():
     threads = torch.get_num_threads()
     try:
         ids = [f"d{i}" for i in range(200)]
-        results = explore(lambda p: tune.measure_trial(p, train_one, ids, cores=1), [TrialPoint(2), TrialPoint(4)])
+        results = explore(lambda p: measure.measure_trial(p, train_one, ids, cores=1), [TrialPoint(2), TrialPoint(4)])
     finally:
         torch.set_num_threads(threads)
     assert [(r.workers, r.status) for r in results] == [(2, OOM)]
     assert "d199" not in started  # the devices still queued were cancelled
     assert (
-        tune.format_table(results)
+        search.format_table(results)
         .splitlines()[1]
         .endswith("oom RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB")
     )
@@ -295,7 +295,7 @@ def test_group_trials_train_groups_per_call_and_the_recommendation_names_the_eng
     threads = torch.get_num_threads()
     try:
         ids = [f"d{i}" for i in range(10)]
-        result = tune.measure_trial(TrialPoint(1, 4), lambda group: calls.append(len(group)), ids, cores=1)
+        result = measure.measure_trial(TrialPoint(1, 4), lambda group: calls.append(len(group)), ids, cores=1)
     finally:
         torch.set_num_threads(threads)
     assert calls == [4, 4, 4, 2] and result.devices == 10  # one warm-up group, then the 10 devices in groups of 4

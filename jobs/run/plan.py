@@ -16,15 +16,8 @@ from processors.data.sources import Dataset, load_dataset
 from processors.device import resolve_device
 from processors.models import build_model
 from simulation.leaf_plan import DEFAULT_INPUT_SHAPE, PlanRequest, plan_leaf
-from simulation.planner import (
-    HardwareProfile,
-    Timeouts,
-    WorkerPlan,
-    derive_timeouts,
-    estimate_worker_bytes,
-    plan_workers,
-    probe_hardware,
-)
+from simulation.planner import HardwareProfile, WorkerPlan, estimate_worker_bytes, plan_workers, probe_hardware
+from simulation.timeouts import Timeouts, derive_timeouts
 
 
 @dataclass(frozen=True)

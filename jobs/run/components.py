@@ -15,11 +15,12 @@ from evaluation.run_recorder import RunRecorder
 from evaluation.system_monitor import SystemMonitorComponent
 from evaluation.tensorboard_writer import TensorBoardWriter
 from jobs.config import JobConfig
-from jobs.plan import plan_request
+from jobs.run.plan import plan_request
 from processors.task_processor import TrainingTaskProcessor
 from scheduling.exact_assessor import ExactTimeAssessor
 from simulation.leaf_runner import FastDeviceRunner, StockDeviceRunner
-from simulation.planner import Timeouts, WorkerPlan
+from simulation.planner import WorkerPlan
+from simulation.timeouts import Timeouts
 
 MONITOR_ID = "edgesim_monitor"
 

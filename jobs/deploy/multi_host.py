@@ -10,7 +10,7 @@ for the leaves and stopping everything through the admin API, with no state kept
     python -m jobs.deploy shutdown --startup-kit <admin kit>     # every site, through the admin API
 
 ``provision`` writes ``DIR/project.yml`` (NVFlare's project file, for ``nvflare provision -p`` too) and the kits.
-The project is ``jobs.hierarchy.project_dict`` with every host given: the server's ``default_host`` and
+The project is ``jobs.deploy.provisioning.project_dict`` with every host given: the server's ``default_host`` and
 ``host_names``, each relay's ``listening_host`` (left at ``localhost`` a relay binds 127.0.0.1 and its leaves
 retry for ever), fixed ports from ``--base-port``, mutual TLS between every pair (NVFlare's relay default is clear
 TCP), each leaf's edge API on its own address only, and the server's job store inside its own kit (set again by
@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import os
 
-from jobs import hierarchy
+from jobs.deploy import admin, provisioning, sessions
 
 BASE_PORT = 8002
 
 
 def parse_hosts(pairs: list[str], relays: int, leaves: int) -> dict[str, str]:
     """``["server=H", "R1=H", ...]`` as a dict; every site of the project must be named once, and nothing else."""
-    relay_names, leaf_names = hierarchy.site_names(relays, leaves)
+    relay_names, leaf_names = provisioning.site_names(relays, leaves)
     sites = ["server", *relay_names, *leaf_names]
     hosts: dict[str, str] = {}
     for pair in pairs:
@@ -55,8 +55,10 @@ def fixed_ports(relays: int, leaves: int, base: int = BASE_PORT) -> list[int]:
 def provision(folder: str, relays: int, leaves: int, hosts: dict[str, str], base_port: int = BASE_PORT) -> dict:
     """Write ``folder/project.yml`` and provision the kits for ``hosts``; what listens where (``listening``)."""
     os.makedirs(folder, exist_ok=True)
-    prod, used, leaf_names = hierarchy.provision(folder, relays, leaves, hosts, fixed_ports(relays, leaves, base_port))
-    return {"prod": prod, "admin_kit": os.path.join(prod, hierarchy.ADMIN), "leaves": leaf_names} | {
+    prod, used, leaf_names = provisioning.provision(
+        folder, relays, leaves, hosts, fixed_ports(relays, leaves, base_port)
+    )
+    return {"prod": prod, "admin_kit": os.path.join(prod, provisioning.ADMIN), "leaves": leaf_names} | {
         "listening": listening(hosts, used)
     }
 
@@ -83,12 +85,12 @@ def start_site(site_dir: str) -> int:
     if not os.path.isfile(os.path.join(site_dir, "startup", "sub_start.sh")):
         raise FileNotFoundError(f"{site_dir} is not a site's kit (no startup/sub_start.sh)")
     if os.path.isfile(os.path.join(site_dir, "startup", "fed_server.json")):
-        hierarchy.keep_storage_in(site_dir)
-    hierarchy.quiet_site_logging(site_dir)
-    return hierarchy.start_site(site_dir)
+        provisioning.keep_storage_in(site_dir)
+    provisioning.quiet_site_logging(site_dir)
+    return sessions.launch_site(site_dir)
 
 
 def shutdown(admin_kit: str) -> None:
     """Stop every site (clients, relays' leaves and the server) through the admin API: nothing local is needed."""
-    with hierarchy.admin_session(os.path.abspath(admin_kit), timeout=10.0) as session:
+    with admin.admin_session(os.path.abspath(admin_kit), timeout=10.0) as session:
         session.shutdown("all")

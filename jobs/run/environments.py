@@ -1,7 +1,7 @@
 """Where a job runs: NVFlare's ``SimEnv``, ``PocEnv`` or ``ProdEnv``, set up for this project.
 
 In SimEnv NVFlare's workspace (the job's apps and every process's log) goes into the run's own results folder
-(``jobs.outputs.nvflare_workspace``), and NVFlare's INFO logging goes to files there only: the console shows the
+(``jobs.run.outputs.nvflare_workspace``), and NVFlare's INFO logging goes to files there only: the console shows the
 project's progress lines and NVFlare's warnings and errors (``verbose`` brings NVFlare's console logging back).
 """
 

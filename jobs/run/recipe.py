@@ -1,7 +1,7 @@
 """Assembles the NVFlare edge job of a ``JobConfig``: which component goes where, by id. Nothing else.
 
 The job is NVFlare's ``EdgeJob`` with the edge workflow (``ScatterAndGatherForEdge``) and these components, each
-built by its factory in ``jobs.components``:
+built by its factory in ``jobs.run.components``:
 
 server   persistor (the seeded initial model), the method's model manager (``jobs.methods``), the exact-time
          assessor (``scheduling``: selection and the order updates are applied in), the result components
@@ -36,15 +36,15 @@ from nvflare.recipe.spec import Recipe
 
 from aggregation.leaf_executor import EdgeSimExecutor
 from common.job_files import SHIPPED_PACKAGES, ship_packages
-from jobs.components import (
+from jobs.config import JobConfig
+from jobs.run.components import (
     make_assessor,
     make_leaf_runner,
     make_model_manager,
     make_result_components,
     make_task_processor,
 )
-from jobs.config import JobConfig
-from jobs.plan import RunPlan
+from jobs.run.plan import RunPlan
 from processors.models import initial_model_config
 
 TASK_NAME = "train"
@@ -99,7 +99,7 @@ def ship_user_code(job: EdgeJob, cfg: JobConfig) -> None:
 class EdgeSimRecipe(Recipe):
     """Args:
     cfg: the job's configuration.
-    plan: what the driver decided (``jobs.plan.RunPlan``: workers, timeouts, the run's recorded info).
+    plan: what the driver decided (``jobs.run.plan.RunPlan``: workers, timeouts, the run's recorded info).
     results_dir: where the server writes results ("": the server app's run folder).
     """
 

@@ -21,8 +21,8 @@ import time
 
 import psutil
 
-from jobs.process_guard import stop_processes
-from jobs.results import read_metrics
+from jobs.run.process_guard import stop_processes
+from jobs.run.results import read_metrics
 
 
 class Watchdog:

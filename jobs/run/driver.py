@@ -19,14 +19,14 @@ from common.choices import ConfigError
 from common.profiles import get_profile
 from evaluation.run_recorder import record_interruption
 from jobs.config import JobConfig
-from jobs.environments import make_env
-from jobs.outputs import nvflare_workspace, prepare_output_dir
-from jobs.plan import RunPlan, prepare
-from jobs.process_guard import Interrupts, no_orphans
-from jobs.recipe import EdgeSimRecipe
-from jobs.remote import ProdFollower, follow_poc
-from jobs.results import finalize, format_summary, read_metrics
-from jobs.watchdog import Watchdog
+from jobs.run.environments import make_env
+from jobs.run.outputs import nvflare_workspace, prepare_output_dir
+from jobs.run.plan import RunPlan, prepare
+from jobs.run.process_guard import Interrupts, no_orphans
+from jobs.run.recipe import EdgeSimRecipe
+from jobs.run.remote import ProdFollower, follow_poc
+from jobs.run.results import finalize, format_summary, read_metrics
+from jobs.run.watchdog import Watchdog
 from processors.data.sources import DatasetError
 from scheduling.checkpoint import state_path
 from simulation.config import device_timeout_words
@@ -119,7 +119,7 @@ def run(cfg: JobConfig, verbose: bool = False) -> int:
     print(f"[edgesim] results go to {results_dir}" + (" (resuming)" if run_cfg.resume else ""))
     sim = run_cfg.env == "sim"
     # sim: the server writes straight into the results folder; on a deployment it writes into its own job
-    # workspace, and the results come home when the job ends (jobs.remote)
+    # workspace, and the results come home when the job ends (jobs.run.remote)
     recipe = EdgeSimRecipe(cfg, plan, results_dir=results_dir if sim else "")
     env = make_env(cfg, nvflare_workspace(results_dir) if sim else "", verbose)
     if sim:
@@ -206,7 +206,7 @@ def run_sim(recipe: EdgeSimRecipe, env, results_dir: str, plan: RunPlan) -> int:
 
 
 def run_remote(recipe: EdgeSimRecipe, env, cfg: JobConfig, results_dir: str) -> int:
-    """PocEnv / ProdEnv: submit, follow, bring the results home (``jobs.remote``); Ctrl-C aborts the job."""
+    """PocEnv / ProdEnv: submit, follow, bring the results home (``jobs.run.remote``); Ctrl-C aborts the job."""
     started = time.time()
     with contextlib.redirect_stdout(sys.stderr):  # NVFlare's "Connecting to FLARE ..." / "Submitted job ..."
         job_id = recipe.run(env).get_job_id()

@@ -6,14 +6,15 @@
     python -m jobs.deploy down DIR                         # stop every process it started
     python -m jobs.deploy down --remove DIR                # ... and delete DIR
 
-On several machines (``jobs.multi_host``: its docstring walks through it):
+On several machines (``jobs.deploy.multi_host``: its docstring walks through it):
 
     python -m jobs.deploy provision DIR --relays 1 --leaves 2 --host server=H1 --host R1=H2 --host C11=H3 ...
     python -m jobs.deploy start-site SITE_KIT                   # on each site's machine
     python -m jobs.deploy wait --startup-kit ADMIN_KIT --leaves C11,C12
     python -m jobs.deploy shutdown --startup-kit ADMIN_KIT      # every site, through the admin API
 
-The work is in ``jobs.hierarchy`` and ``jobs.multi_host``.
+The work is in ``jobs.deploy.local`` (this machine), ``jobs.deploy.multi_host`` (several), with
+``jobs.deploy.provisioning``, ``jobs.deploy.sessions``, ``jobs.deploy.admin`` and ``jobs.deploy.device_proxy``.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import shlex
 import sys
 
 from common.jsonio import write_json_atomic
-from jobs import hierarchy, multi_host
-from jobs.device_proxy import DEVICES_FILE, device_client_config
+from jobs.deploy import admin, local, multi_host, provisioning
+from jobs.deploy.device_proxy import DEVICES_FILE, device_client_config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _up(args: argparse.Namespace) -> int:
     try:
-        deployment = hierarchy.start(
+        deployment = local.start(
             args.folder, args.relays, args.leaves, args.timeout, proxy=args.proxy, proxy_port=args.proxy_port
         )
     except (ValueError, FileExistsError) as ex:
@@ -117,7 +118,7 @@ def _up(args: argparse.Namespace) -> int:
 
 def _down(args: argparse.Namespace) -> int:
     try:
-        killed = hierarchy.stop(args.folder)
+        killed = local.stop(args.folder)
     except FileNotFoundError as ex:
         print(f"error: {ex}", file=sys.stderr)
         return 2
@@ -126,7 +127,7 @@ def _down(args: argparse.Namespace) -> int:
         + (f" ({killed} process(es) had to be killed)" if killed else "")
     )
     if args.remove:
-        hierarchy.remove(args.folder)
+        local.remove(args.folder)
     return 0
 
 
@@ -140,7 +141,7 @@ def _provision(args: argparse.Namespace) -> int:
         print(f"error: {ex}", file=sys.stderr)
         return 2
     prod, kit = made["prod"], made["admin_kit"]
-    print(f"[edgesim] kits in {prod} (project: {os.path.join(args.folder, hierarchy.PROJECT_FILE)})")
+    print(f"[edgesim] kits in {prod} (project: {os.path.join(args.folder, provisioning.PROJECT_FILE)})")
     print("[edgesim] what listens where:\n  " + "\n  ".join(made["listening"]))
     print(
         f"[edgesim] copy each site's folder from {prod} to its host, install this project there, and start it "
@@ -150,7 +151,7 @@ def _provision(args: argparse.Namespace) -> int:
     print(
         f"[edgesim] then, with the admin kit {kit}:\n  python -m jobs.deploy wait --startup-kit {shlex.quote(kit)} "
         f"--leaves {leaves}\n  python jobs/pt_job_fedavg.py --env prod --startup-kit {shlex.quote(kit)} --username "
-        f"{hierarchy.ADMIN} --num-leaf-nodes {len(made['leaves'])} ...\n  python -m jobs.deploy shutdown "
+        f"{provisioning.ADMIN} --num-leaf-nodes {len(made['leaves'])} ...\n  python -m jobs.deploy shutdown "
         f"--startup-kit {shlex.quote(kit)}"
     )
     return 0
@@ -172,7 +173,7 @@ def _start_site(args: argparse.Namespace) -> int:
 def _wait(args: argparse.Namespace) -> int:
     leaves = [name for name in args.leaves.split(",") if name]
     try:
-        hierarchy.wait_for_clients(os.path.abspath(args.startup_kit), leaves, args.timeout)
+        admin.wait_for_clients(os.path.abspath(args.startup_kit), leaves, args.timeout)
     except TimeoutError as ex:
         print(f"error: {ex}", file=sys.stderr)
         return 1

@@ -1,6 +1,6 @@
 """NVFlare's routing proxy for real edge devices, next to a local hierarchy (``python -m jobs.deploy up --proxy``).
 
-    python -m jobs.device_proxy PORT LCP_MAP CA_CERT [--host 127.0.0.1]
+    python -m jobs.deploy.device_proxy PORT LCP_MAP CA_CERT [--host 127.0.0.1]
 
 Devices speak HTTP to the proxy (``/job``, ``/task``, ``/selection``, ``/result``); it hashes each device's id to
 one leaf client of the LCP map and forwards the request to that leaf's gRPC edge API over TLS (the deployment's
@@ -17,15 +17,18 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from jobs.hierarchy import Deployment
+from common.job_files import REPO  # the device client imports the processor from this checkout
+from jobs.deploy.provisioning import LOOPBACK
 
-LOOPBACK = "127.0.0.1"
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the device client imports the processor here
+
+class Deployment(Protocol):
+    """What an LCP map needs of a deployment (``jobs.deploy.local.Deployment`` has it)."""
+
+    leaves: list[str]
+    ports: dict[str, int]
 
 
 def lcp_map(deployment: Deployment, host: str = LOOPBACK) -> dict[str, dict[str, str | int]]:
@@ -63,7 +66,7 @@ def device_client_config(
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line: NVFlare's routing proxy's positional arguments, plus ``--host``."""
-    parser = argparse.ArgumentParser(prog="python -m jobs.device_proxy", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m jobs.deploy.device_proxy", description=__doc__.split("\n\n")[0])
     parser.add_argument("port", type=int, metavar="PORT", help="the HTTP port devices connect to")
     parser.add_argument("lcp_map", metavar="LCP_MAP", help='JSON file {leaf: {"host": H, "port": P}}')
     parser.add_argument("ca_cert", metavar="CA_CERT", help="the deployment's rootCA.pem (the leaves' edge API is TLS)")
