@@ -112,3 +112,101 @@ def test_the_checker_catches_a_stale_path_entry_point_and_link(tmp_path, monkeyp
 def test_the_readme_is_a_short_guide():
     lines = open(os.path.join(REPO, "README.md")).read().splitlines()
     assert len(lines) <= 250, len(lines)
+
+
+PACKAGES = ("common", "processors", "simulation", "fedrevive", "aggregation", "evaluation", "scheduling", "jobs")
+DOTTED = re.compile(r"``((?:%s)(?:\.\w+)+)" % "|".join(PACKAGES))
+
+
+def _module_file(parts: list[str], root: str) -> str | None:
+    base = os.path.join(root, *parts)
+    for candidate in (base + ".py", os.path.join(base, "__init__.py")):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def _top_level_names(path: str) -> set[str]:
+    """Names a module defines or imports at its top level (functions, classes, assignments, imports)."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def stale_docstring_names(root: str = REPO) -> list[str]:
+    """Dotted names of this project in docstrings (``package.module`` or ``package.module.name``) whose module
+    does not exist, or whose first name after the module is not defined there."""
+    import ast
+
+    problems = []
+    for package in PACKAGES:
+        for folder, dirs, files in os.walk(os.path.join(root, package)):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for name in sorted(f for f in files if f.endswith(".py")):
+                path = os.path.join(folder, name)
+                tree = ast.parse(open(path).read(), path)
+                nodes = [tree] + [
+                    n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                ]
+                for node in nodes:
+                    doc = ast.get_docstring(node, clean=False) or ""
+                    for dotted in DOTTED.findall(doc):
+                        parts = dotted.split(".")
+                        split = next((i for i in range(len(parts), 0, -1) if _module_file(parts[:i], root)), 0)
+                        where = os.path.relpath(path, root)
+                        if split == 1 and parts[1] in _top_level_names(_module_file(parts[:1], root)):
+                            continue  # a name the package itself defines
+                        if split < 2:
+                            problems.append(f"{where}: ``{dotted}``: no module {'.'.join(parts[:2])}")
+                        elif split < len(parts) and parts[split] not in _top_level_names(
+                            _module_file(parts[:split], root)
+                        ):
+                            problems.append(f"{where}: ``{dotted}``: {'.'.join(parts[:split])} has no {parts[split]}")
+    return sorted(set(problems))
+
+
+def test_every_module_named_in_a_docstring_exists():
+    assert stale_docstring_names() == []
+
+
+def test_the_docstring_check_catches_a_missing_module_and_a_missing_name(tmp_path):
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "__init__.py").write_text("")
+    (tmp_path / "jobs" / "api.py").write_text(
+        '"""See ``jobs.hierarchy.start``, ``jobs.api.run``, ``jobs.api.nothing`` and ``jobs.api``."""\n'
+        "def run():\n    pass\n"
+    )
+    assert stale_docstring_names(str(tmp_path)) == [
+        "jobs/api.py: ``jobs.api.nothing``: jobs.api has no nothing",
+        "jobs/api.py: ``jobs.hierarchy.start``: no module jobs.hierarchy",
+    ]
+
+
+FILE = re.compile(r"`([\w./-]+\.py)`")
+
+
+def architecture_rows() -> list[tuple[str, list[str], list[str]]]:
+    """(question, files named in 'the file', files named in 'and') of ARCHITECTURE.md's table."""
+    text = open(os.path.join(REPO, "ARCHITECTURE.md")).read()
+    table = text[text.index("| question | the file | and |") :].split("\n\n")[0].splitlines()[2:]
+    rows = []
+    for line in table:
+        question, the_file, also = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        rows.append((question, FILE.findall(the_file), FILE.findall(also)))
+    return rows
+
+
+def test_each_architecture_row_names_one_file_and_at_most_one_more():
+    rows = architecture_rows()
+    assert len(rows) >= 30
+    assert [(q, f) for q, f, _ in rows if len(set(f)) != 1] == []
+    assert [(q, a) for q, _, a in rows if len(set(a)) > 1] == []

@@ -81,6 +81,6 @@ def statistic_names(model: nn.Module) -> list[str]:
     """Names of the model's data statistics: its floating-point buffers (BatchNorm running mean and variance).
 
     They travel with the parameters (a device's diff holds both, ``processors.training.train_local``), but the
-    server averages them as values instead of stepping along them (``aggregation.model_manager``). Integer buffers
+    server averages them as values instead of stepping along them (``aggregation.buffered_mean``). Integer buffers
     (BatchNorm's ``num_batches_tracked``) are counters, not statistics: they stay out."""
     return [name for name, buf in model.named_buffers() if buf.is_floating_point()]

@@ -1,0 +1,150 @@
+"""Same bits: the digests of seeded FedAvg, FedBuff and FedRevive runs, to compare two commits after a refactor.
+
+    python benchmarks/same_bits.py --out A.json                    # this checkout
+    python benchmarks/same_bits.py --out B.json --repo OTHER_TREE  # another checkout (e.g. a git worktree)
+    python benchmarks/same_bits.py --compare A.json B.json         # exit 0 when every digest is equal
+
+Each run is small but real (SimEnv, 2 leaves): FedAvg; FedBuff with the paper's delays (updates of many versions,
+stale ones included); FedRevive with its phases from version 2, so distillation runs. Every scheduled version is
+evaluated (``--eval-backlog wait``), so the accuracy curve does not depend on the machine's load. A digest is the
+SHA-256 of ``events.jsonl`` and of ``global_model.pt``, the list of (version, accuracy), and FedRevive's log without
+its wall-clock field (``kd_seconds``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = [
+    "--seed",
+    "3",
+    "--num-leaf-nodes",
+    "2",
+    "--devices-per-leaf",
+    "10",
+    "--device-selection-size",
+    "8",
+    "--synthetic-size",
+    "3000",
+    "--local-iters",
+    "10",
+    "--local-lr",
+    "1e-3",
+    "--eval-backlog",
+    "wait",
+    "--eval-frequency",
+    "1",
+]
+FEDREVIVE = [
+    "--fr-distill-from-version",
+    "2",
+    "--fr-kd-train-from-version",
+    "3",
+    "--fr-s-max",
+    "2",
+    "--fr-teacher-buffer-size",
+    "3",
+    "--fr-synth-per-teacher",
+    "4",
+    "--fr-kd-iters",
+    "2",
+    "--fr-gen-width",
+    "8",
+    "--fr-synth-every-versions",
+    "1",
+    "--fr-synth-batch-size",
+    "8",
+    "--fr-pool-size",
+    "64",
+    "--fr-probe-samples",
+    "16",
+]
+RUNS = {
+    "fedavg": ["jobs/pt_job_fedavg.py", *SMALL, "--max-model-version", "4"],
+    "fedbuff": ["jobs/pt_job_fedrevive.py", "--method", "fedbuff", *SMALL, "--delays", "paper"]
+    + ["--max-model-version", "12"],
+    "fedrevive": ["jobs/pt_job_fedrevive.py", "--method", "fedrevive", *SMALL, "--delays", "paper"]
+    + ["--max-model-version", "8", *FEDREVIVE],
+}
+
+
+def sha256(path: str) -> str | None:
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def digest(out: str) -> dict:
+    """What must not change: the trace, the model's bytes, the curve and FedRevive's decisions."""
+    with open(os.path.join(out, "metrics.json")) as f:
+        metrics = json.load(f)
+    found = {
+        "events.jsonl": sha256(os.path.join(out, "events.jsonl")),
+        "global_model.pt": sha256(os.path.join(out, "global_model.pt")),
+        "accuracies": [[v["version"], v.get("accuracy")] for v in metrics["versions"]],
+    }
+    log = os.path.join(out, "fedrevive_log.jsonl")
+    if os.path.exists(log):
+        with open(log) as f:
+            lines = [{k: v for k, v in json.loads(line).items() if k != "kd_seconds"} for line in f if line.strip()]
+        found["fedrevive_log"] = hashlib.sha256(json.dumps(lines, sort_keys=True).encode()).hexdigest()
+    return found
+
+
+def run_all(repo: str, names: list[str]) -> dict:
+    digests = {}
+    env = dict(os.environ, PYTHONPATH=repo)
+    with tempfile.TemporaryDirectory(prefix="same_bits_") as tmp:
+        for name in names:
+            out, ws = os.path.join(tmp, name, "out"), os.path.join(tmp, name, "ws")
+            command = [sys.executable, *RUNS[name], "--output", out, "--workspace", ws]
+            proc = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+            if proc.returncode != 0:
+                sys.exit(f"{name} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+            digests[name] = digest(out)
+            print(f"{name}: {json.dumps(digests[name])}", flush=True)
+    return digests
+
+
+def compare(a: dict, b: dict) -> list[str]:
+    """The fields that differ, one line each."""
+    return [
+        f"{run}.{field}: {a[run].get(field)} != {b.get(run, {}).get(field)}"
+        for run in sorted(a)
+        for field in sorted(a[run])
+        if a[run].get(field) != b.get(run, {}).get(field)
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", help="write the digests here (JSON)")
+    parser.add_argument("--repo", default=REPO, help="the checkout whose jobs run (default: this one)")
+    parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)}")
+    parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two digest files instead")
+    args = parser.parse_args(argv)
+    if args.compare:
+        with open(args.compare[0]) as fa, open(args.compare[1]) as fb:
+            differences = compare(json.load(fa), json.load(fb))
+        print("\n".join(differences) or "same bits: every digest is equal")
+        return 1 if differences else 0
+    names = args.runs.split(",")
+    unknown = sorted(set(names) - set(RUNS))
+    if unknown or not args.out:
+        parser.error(f"unknown run(s) {unknown}" if unknown else "--out FILE is needed (or --compare A B)")
+    digests = run_all(os.path.abspath(args.repo), names)
+    with open(args.out, "w") as f:
+        json.dump(digests, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
