@@ -20,4 +20,4 @@ class SystemStretch(NamedTuple):
 
     samples: list  # raw samples, ``t`` in seconds since ``start_walltime``
     start_walltime: float | None
-    aggregate: dict | None  # ``evaluation.monitor.aggregate(samples)``
+    aggregate: dict | None  # ``evaluation.utilisation.aggregate(samples)``

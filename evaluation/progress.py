@@ -18,7 +18,7 @@ from nvflare.apis.fl_context import FLContext
 from tqdm import tqdm
 
 from evaluation.events import SYSTEM_SAMPLES, SYSTEM_SUMMARY, SYSTEM_SUMMARY_READY, VERSION_RECORD, VERSION_RECORDED
-from evaluation.monitor import format_status
+from evaluation.utilisation import format_status
 
 
 def emit(line: str) -> None:
@@ -47,7 +47,7 @@ def console_shows_info(logger: logging.Logger) -> bool:
 
 
 def progress_line(record: dict, stretch: dict | None = None, max_model_version: int = 0) -> str:
-    """The line of one recorded version; ``stretch`` (``evaluation.monitor.aggregate``) adds its system figures."""
+    """The line of one recorded version; ``stretch`` (``evaluation.utilisation.aggregate``) adds its system figures."""
     line = f"[edgesim] version {record['version']}"
     if max_model_version:
         line += f"/{max_model_version}"

@@ -39,8 +39,8 @@ from evaluation.events import (
     SystemStretch,
 )
 from evaluation.fleet import failure_rate
-from evaluation.monitor import aggregate, system_fields
 from evaluation.plots import plot_accuracy
+from evaluation.utilisation import aggregate, system_fields
 
 
 def version_record(evaluated: dict, previous: dict | None, updates_per_version: int, stretch: dict | None) -> dict:
@@ -48,7 +48,7 @@ def version_record(evaluated: dict, previous: dict | None, updates_per_version: 
 
     ``previous`` is the record of the version recorded before (``None`` for the first): ``seconds_per_version`` and
     ``devices_per_second`` (``updates_per_version`` per version over those seconds) cover the versions since then
-    and are ``None`` for the first. ``stretch`` is ``evaluation.monitor.aggregate`` of the samples since the
+    and are ``None`` for the first. ``stretch`` is ``evaluation.utilisation.aggregate`` of the samples since the
     previous record; its figures go under ``system`` (GPU fields ``None`` without GPU data).
     """
     seconds = devices = None

@@ -3,7 +3,7 @@
 In SimEnv the server and every leaf run on this host, so one monitor sampling host-wide CPU/RAM and every GPU
 covers the whole simulation. ``take_stretch`` hands the recorder the samples since the previous version; at
 END_RUN the thread is joined and SYSTEM_SUMMARY_READY carries the summary and any low-GPU-use warnings
-(``evaluation.monitor.diagnose``), judged over the training stretch (from the first recorded version to the last).
+(``evaluation.utilisation.diagnose``), judged over the training stretch (from the first recorded version to the last).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from nvflare.apis.fl_component import FLComponent
 from nvflare.apis.fl_context import FLContext
 
 from evaluation.events import SYSTEM_SUMMARY, SYSTEM_SUMMARY_READY
-from evaluation.monitor import SystemMonitor, diagnose, summarize
+from evaluation.monitor import SystemMonitor
+from evaluation.utilisation import diagnose, summarize
 
 LOW_UTIL_SECONDS = 10.0  # the GPU must stay under-used this long (in consecutive samples) before we warn
 

@@ -16,7 +16,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from common.output import output_dir
 from evaluation.events import SYSTEM_SAMPLES, VERSION_RECORD, VERSION_RECORDED
-from evaluation.monitor import write_tensorboard
+from evaluation.utilisation import write_tensorboard
 
 
 class TensorBoardWriter(FLComponent):

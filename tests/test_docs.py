@@ -115,7 +115,7 @@ def test_the_readme_is_a_short_guide():
 
 
 PACKAGES = ("common", "processors", "simulation", "fedrevive", "aggregation", "evaluation", "scheduling", "jobs")
-DOTTED = re.compile(r"``((?:%s)(?:\.\w+)+)" % "|".join(PACKAGES))
+DOTTED = re.compile(r"``((?:" + "|".join(PACKAGES) + r")(?:\.\w+)+)")
 
 
 def _module_file(parts: list[str], root: str) -> str | None:

@@ -153,3 +153,25 @@ def test_the_cycle_check_sees_a_cycle_and_ignores_type_checking_imports(tmp_path
         "from typing import TYPE_CHECKING",
         "import b",
     ]
+
+
+MAX_LINES = 400
+WHY_LONGER = "Over 400 lines:"  # how a module's docstring says why it is longer
+
+
+def long_modules() -> list[str]:
+    """Modules over ``MAX_LINES`` lines whose docstring does not say why (``WHY_LONGER``)."""
+    found = []
+    for top in (*LEVEL, "benchmarks", "examples", "tests"):
+        for root, _, files in os.walk(os.path.join(REPO, top)):
+            for name in sorted(f for f in files if f.endswith(".py")):
+                path = os.path.join(root, name)
+                text = open(path).read()
+                lines = text.count("\n")
+                if lines > MAX_LINES and WHY_LONGER not in (ast.get_docstring(ast.parse(text)) or ""):
+                    found.append(f"{os.path.relpath(path, REPO)}: {lines} lines")
+    return found
+
+
+def test_every_module_is_under_400_lines_or_says_why():
+    assert long_modules() == []

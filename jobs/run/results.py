@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import os
 
-from evaluation.monitor import format_summary as format_system_summary
 from evaluation.plots import plot_accuracy
 from evaluation.run_recorder import run_summary, versions_made
+from evaluation.utilisation import format_summary as format_system_summary
 
 RESULT_NAMES = ("metrics.json", "events.jsonl", "global_model.pt", "accuracy.png", "fedrevive_log.jsonl", "tensorboard")
 

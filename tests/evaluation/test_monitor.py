@@ -7,15 +7,8 @@ import time
 
 import pytest
 
-from evaluation.monitor import (
-    NvmlSource,
-    PsutilSource,
-    SystemMonitor,
-    diagnose,
-    format_status,
-    summarize,
-    write_tensorboard,
-)
+from evaluation.monitor import NvmlSource, PsutilSource, SystemMonitor
+from evaluation.utilisation import diagnose, format_status, summarize, write_tensorboard
 from tests.fakes.monitor_fakes import FakeGpuSource, FakeHostSource, NoGpuSource, break_nvml
 
 PER_DEVICE_CTX = {"engine": "per-device", "num_workers": 4, "cpu_cores": 16, "compute_device": "cuda"}

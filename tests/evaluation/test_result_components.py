@@ -20,11 +20,12 @@ from nvflare.app_common.app_event_type import AppEventType
 
 from evaluation.evaluator import GlobalModelEvaluator
 from evaluation.model_saver import GlobalModelSaver
-from evaluation.monitor import SystemMonitor, aggregate, system_fields
+from evaluation.monitor import SystemMonitor
 from evaluation.progress import ProgressReporter
 from evaluation.run_recorder import RunRecorder, run_summary, version_record
 from evaluation.system_monitor import SystemMonitorComponent
 from evaluation.tensorboard_writer import TensorBoardWriter
+from evaluation.utilisation import aggregate, system_fields
 from jobs.run.results import format_summary
 from processors.models import build_model
 from tests.fakes.engine import EventEngine

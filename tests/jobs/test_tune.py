@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from evaluation.monitor import GB
+from evaluation.utilisation import GB
 from jobs.config import JobConfig
 from jobs.tune import cli, measure, probe, search
 from jobs.tune.search import (
