@@ -1,1 +1,2 @@
-"""Server-side model managers: how device updates become the next global model."""
+"""How device updates travel and combine: the leaves' executor and updater, the server's global model and the
+methods' strategies that make its next version."""

@@ -2,7 +2,7 @@
 
 The chain of one evaluated version (events in ``evaluation.events``)::
 
-    model manager --GLOBAL_WEIGHTS_UPDATED--> GlobalModelEvaluator --VERSION_EVALUATED--> RunRecorder
+    global model --GLOBAL_WEIGHTS_UPDATED--> GlobalModelEvaluator --VERSION_EVALUATED--> RunRecorder
         --VERSION_RECORDED--> ProgressReporter, TensorBoardWriter, GlobalModelSaver
 
 ``SystemMonitorComponent`` samples the machine; the recorder reads its figures for each version, and at the end

@@ -4,7 +4,7 @@ Unlike NVFlare's ``GlobalEvaluator`` it neither embeds data in the job config no
 ``DataConfig`` the devices use. For each evaluated version it fires ``VERSION_EVALUATED`` with a record::
 
     {"version", "accuracy", "eval_seconds", "wall_seconds" (since the run started), "epoch" (wall clock),
-     "sim_seconds" (simulated time of the version, when the model manager reports one),
+     "sim_seconds" (simulated time of the version, when the global model reports one),
      "method" (the method's status, when it has one), "fleet" (devices online as it was made, of "devices", and
      the "updates" applied and "failed" so far), "skipped" (versions skipped before this one, if any)}
 

@@ -3,7 +3,7 @@
 ``checkpoint/state.pt`` in the results folder holds everything the run's future depends on: the schedule (the
 simulated time, the version counter, every in-flight device with its selection, base version and arrival time,
 each device's task count, the device pool with its sampling generator), the updates received but not yet applied,
-the model manager's kept versions and the buffer of the next one (FedRevive: teachers, estimates, generator, image
+the global model's kept versions and the buffer of the next one (FedRevive: teachers, estimates, generator, image
 pool and their generators too), and how many updates were applied (the length of ``events.jsonl`` to keep).
 
 It is written to ``state.pt.tmp`` and renamed over ``state.pt``: a crash mid-write leaves the previous checkpoint.

@@ -3,14 +3,14 @@
 The job is NVFlare's ``EdgeJob`` with the edge workflow (``ScatterAndGatherForEdge``) and these components, each
 built by its factory in ``jobs.run.components``:
 
-server   persistor (the seeded initial model), the method's model manager (``jobs.methods``), the exact-time
+server   persistor (the seeded initial model), the global model driving the method's strategy (``jobs.methods``), the exact-time
          assessor (``scheduling``: selection and the order updates are applied in), the result components
          (``evaluation``)
 clients  edge task receiver, leaf executor (``aggregation.leaf_executor``), task processor, and the widget that
          runs the leaf's device simulator (none with ``--devices real``: the leaves wait for real devices, and
          the task processor only describes the training the leaf hands each device)
 
-``--simulator stock`` is NVFlare's own path end to end (model manager with Python-list weights, device manager,
+``--simulator stock`` is NVFlare's own path end to end (its BuffModelManager with Python-list weights, device manager,
 assessor, leaf executor with summing aggregators and a 1 s sync, device simulator): the baseline the benchmarks
 compare with. It keeps our result components, so both paths are measured alike.
 """
@@ -142,7 +142,7 @@ class EdgeSimRecipe(Recipe):
         return job.to_server(PTModel(model=model), id="persistor")["persistor_id"]
 
     def _add_server(self, job: EdgeJob, persistor_id: str, results_dir: str) -> str:
-        """Our server: the method's model manager and the exact-time assessor."""
+        """Our server: the global model (the method's strategy) and the exact-time assessor."""
         model_manager_id = job.to_server(make_model_manager(self.cfg, results_dir), id="model_manager")
         assessor = make_assessor(self.cfg, self.plan.timeouts, persistor_id, model_manager_id, results_dir)
         return job.to_server(assessor, id="wf_assessor")
