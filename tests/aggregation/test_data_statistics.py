@@ -96,7 +96,9 @@ def test_server_model_accuracy_equals_the_device_model_accuracy_on_the_same_weig
         if value.is_floating_point():
             np.testing.assert_allclose(server[name], value.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
     assert listener.records[2]["accuracy"] == device_accuracy
-    assert device_accuracy > 0.3  # the device learnt, so equal accuracies are no coincidence at chance level
+    # the device learnt (chance is 0.1; 0.26 on an AMD EPYC, over 0.3 elsewhere: BLAS kernels differ), so equal
+    # accuracies are no coincidence at chance level
+    assert device_accuracy > 0.2
     # the failure this guards against: the same weights with default statistics (mean 0, variance 1)
     default_stats = server | {k: initial[k] for k in statistic_names(device_model)}
     net = load_into(initial_model("resnet18_bn", 0), default_stats)
