@@ -12,7 +12,8 @@ import pytest
 
 from common.config_flags import attribute_docs, show
 from common.delays import DELAY_PRESETS
-from jobs.cli import DEFAULT_METHOD, FLAGS, PRESET_FIELDS, build_parser
+from jobs.api import config_from_options
+from jobs.cli import DEFAULT_METHOD, FLAGS, PRESET_FIELDS, build_parser, config_from_args
 from jobs.config import PARTS
 from jobs.methods import BUILT_IN
 from simulation.config import EngineConfig
@@ -158,3 +159,35 @@ def test_the_delays_help_describes_each_preset_from_its_config():
     for name, preset in DELAY_PRESETS.items():
         assert re.search(rf"(: |; ){name}( \([^)]*\))?: {re.escape(preset.summary())}(;|$| \(default)", delays), name
     assert "exponential speeds 1/1.3/1.6 (p 0.25/0.5/0.25), download 0.1, upload 0.15 or 0.25 +-0.02" in delays
+
+
+@pytest.mark.parametrize("method", list(BUILT_IN))
+def test_no_flag_given_builds_the_config_of_no_option_given(method, tmp_path):
+    """The parser's defaults add nothing: each field keeps its own default, or the preset's."""
+    for presets in (False, True):
+        for delays in ([], ["--delays", "paper"]):  # a delay flag's default must not undo the preset's value
+            argv = ["--output", str(tmp_path), *delays] + (["--method", method] if presets else [])
+            args = build_parser("test", method_choice=presets).parse_args(argv)
+            options = {"output": str(tmp_path)} | ({"delays": "paper"} if delays else {})
+            assert config_from_args(args, method, presets) == config_from_options(method, options, presets)
+
+
+def test_each_flag_is_the_option_of_its_name_with_underscores(tmp_path):
+    argv = "--delays paper --speed-probs 0.2,0.3,0.5 --availability diurnal --availability-period 10 --no-device-reuse"
+    argv += " --global-lr 0.5 --fr-s-max 10 --fr-warmup-blend pass --dry-run --eval-backlog wait --num-workers 3"
+    args = build_parser("test", method_choice=True).parse_args([*argv.split(), "--output", str(tmp_path)])
+    options = {
+        "delays": "paper",
+        "speed_probs": (0.2, 0.3, 0.5),
+        "availability": "diurnal",
+        "availability_period": 10.0,
+        "device_reuse": False,
+        "global_lr": 0.5,
+        "fr_s_max": 10.0,
+        "fr_warmup_blend": "pass",
+        "dry_run": True,
+        "eval_backlog": "wait",
+        "num_workers": 3,
+        "output": str(tmp_path),
+    }
+    assert config_from_args(args, "fedrevive", presets=True) == config_from_options("fedrevive", options, presets=True)
