@@ -34,6 +34,7 @@ from common.seeds import stable_seed
 
 SpeedDistribution = Literal["normal", "exponential"]
 DelayPreset = Literal["none", "paper", "paper-shifted", "edge-example"]
+DEFAULT_DELAY_PRESET: DelayPreset = "none"
 
 
 @dataclass(frozen=True)
@@ -41,26 +42,30 @@ class DelayConfig:
     """Device heterogeneity: the delay model of every simulated device (all zero: no heterogeneity).
 
     Attributes:
-        speed_means: mean training time of each speed class (simulated seconds); empty: training takes 0.
+        speed_means: mean training time of each speed class (simulated seconds), e.g. ``1,1.3,1.6``; empty:
+            training takes 0.
         speed_stds: standard deviation of each class (``normal`` only).
         speed_probs: probability of each class; empty: equally likely.
         speed_distribution: ``exponential`` (the FedRevive paper) or ``normal`` (NVFlare's edge example).
         download_delay: constant time from selection to the start of training.
         upload_delays: per-device upload means, one drawn per device with equal probability; empty: 0.
         upload_jitter: half-width of the uniform noise around a device's upload mean, per task.
-        capacity_file: a FedScale capacity trace (pickle or JSON, ``common.capacity``): each device's training,
-            download and upload times from its trace client's measured speeds instead of the fields above.
+        capacity_file: a FedScale capacity trace (pickle or JSON ``{client: {computation: ms per sample,
+            communication: kbit/s}}``, ``common.capacity``): each device's training time (local iterations x batch
+            x ms per sample) and transfers (model size / bandwidth) from the trace client it is mapped to (seeded),
+            instead of the delay preset and the fields above.
+        availability: when devices are online (``common.availability``): ``always``, ``diurnal`` (one session a
+            day at each device's own seeded hour), or a FedScale availability file. Only online devices are
+            selected; one that goes offline before its update arrives drops out then, its update lost (failed in
+            ``events.jsonl``).
+        availability_period: the diurnal model's day, in simulated time units.
+        availability_online: the share of its day a device is online in the diurnal model (one session of that
+            length each day, at the device's own seeded phase).
         capacity_cost: the trace's milliseconds per sample are multiplied by this: 1 keeps them as measured (for
             FedScale's own model); give your model's cost relative to it.
         task_samples: samples a device trains on per task (with ``capacity_file``; the jobs set local iterations
             x batch size).
         model_bytes: bytes of the model sent each way (with ``capacity_file``; the jobs set the model's size).
-        availability: when devices are online (``common.availability``): ``always``, ``diurnal``, or a FedScale
-            availability file. Only online devices are selected; one that goes offline before its update arrives
-            drops out then, its update lost.
-        availability_period: the diurnal model's day, in simulated time units.
-        availability_online: the share of its day a device is online in the diurnal model (one session of that
-            length each day, at the device's own seeded phase).
     """
 
     speed_means: tuple[float, ...] = ()
@@ -110,6 +115,29 @@ class DelayConfig:
             object.__setattr__(self, "capacity_file", os.path.abspath(os.path.expanduser(self.capacity_file)))
             load_capacities(self.capacity_file)  # a bad file fails here, before any process starts
 
+    def summary(self) -> str:
+        """The delay model in a few words (``--help`` describes each preset with it)."""
+        if not self.enabled:
+            return "no delays"
+
+        def values(v: tuple[float, ...]) -> str:
+            return "/".join(f"{x:g}" for x in v)
+
+        parts = []
+        if self.speed_means:
+            spread = f"std {values(self.speed_stds)}" if self.speed_stds else ""
+            odds = f"p {values(self.speed_probs)}" if self.speed_probs else ""
+            detail = ", ".join(p for p in (spread, odds) if p)
+            parts.append(
+                f"{self.speed_distribution} speeds {values(self.speed_means)}" + (f" ({detail})" if detail else "")
+            )
+        if self.download_delay:
+            parts.append(f"download {self.download_delay:g}")
+        if self.upload_delays:
+            jitter = f" +-{self.upload_jitter:g}" if self.upload_jitter else ""
+            parts.append(f"upload {' or '.join(f'{u:g}' for u in self.upload_delays)}{jitter}")
+        return ", ".join(parts)
+
     @property
     def enabled(self) -> bool:
         return bool(self.speed_means) or self.download_delay > 0 or any(self.upload_delays) or bool(self.capacity_file)
@@ -137,10 +165,10 @@ class DelayConfig:
             return replace(spec, **overrides)
         if isinstance(spec, dict):
             fields = dict(spec)
-            return cls.from_spec(fields.pop("preset", "none"), **(fields | overrides))
+            return cls.from_spec(fields.pop("preset", DEFAULT_DELAY_PRESET), **(fields | overrides))
         if overrides.get("speed_distribution") == "exponential" and "speed_stds" not in overrides:
             overrides = overrides | {"speed_stds": ()}
-        return cls.preset(spec or "none", **overrides)
+        return cls.preset(spec or DEFAULT_DELAY_PRESET, **overrides)
 
 
 DELAY_PRESETS: dict[str, DelayConfig] = {
@@ -165,6 +193,12 @@ DELAY_PRESETS: dict[str, DelayConfig] = {
     # NVFlare's edge example: speeds 100/200/400 s (std 4), 5 s upload
     "edge-example": DelayConfig(speed_means=(100.0, 200.0, 400.0), speed_stds=(4.0, 4.0, 4.0), upload_delays=(5.0,)),
 }
+DELAY_PRESET_ORIGINS: dict[str, str] = {
+    "paper": "the FedRevive paper's main setting",
+    "paper-shifted": "the paper's shifted schedule",
+    "edge-example": "NVFlare's edge example, in seconds",
+}
+"""Where each preset comes from, for ``--help`` (which adds each preset's ``summary``)."""
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.choices import ConfigError
-from common.delays import DelayConfig
+from common.delays import DEFAULT_DELAY_PRESET, DelayConfig
 from common.imports import import_path
 from jobs.config import PARTS, FederationConfig, JobConfig, RunConfig
 from jobs.methods import BUILT_IN, Method, method_of
@@ -104,9 +104,7 @@ def config_from_options(method: str, options: dict, presets: bool = False) -> Jo
             federation=FederationConfig(**federation),
             training=TrainingConfig(**_part(TrainingConfig, given)),
             engine=EngineConfig(**_part(EngineConfig, given)),
-            delays=DelayConfig.from_spec(
-                given.get("delays", "none"), **{k: given[k] for k in DELAY_FIELDS if k in given}
-            ),
+            delays=DelayConfig.from_spec(given.get("delays"), **{k: given[k] for k in DELAY_FIELDS if k in given}),
             run=RunConfig(**_part(RunConfig, given)),
             method_settings=chosen.settings_from(settings),
         )
@@ -156,7 +154,13 @@ def data_option(data, results_dir: str) -> str:
 
 
 def make_config(
-    method="fedavg", *, model="cifar10_convnet", data="synthetic", delays="none", presets: bool = True, **options
+    method="fedavg",
+    *,
+    model="cifar10_convnet",
+    data="synthetic",
+    delays=DEFAULT_DELAY_PRESET,
+    presets: bool = True,
+    **options,
 ) -> JobConfig:
     """A checked ``JobConfig`` (see the module docstring for ``method``, ``model``, ``data``, ``delays`` and
     ``presets``)."""

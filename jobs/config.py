@@ -14,6 +14,10 @@ run/output                  ``RunConfig`` (here)            driver, results
 method settings             the method's own dataclass      its server strategy (FedRevive: ``fedrevive.config``)
 ==========================  ==============================  ===========================================
 
+Each part documents its fields once, in its ``Attributes:`` docstring: that text, in that order, is also the
+help of their flags (``common.config_flags``), so it is written for users; a field whose default is ``None`` says
+what it becomes in a trailing ``(default: ...)``.
+
 ``JobConfig`` checks what spans parts (a selection larger than the pool, a batch larger than a device's data, a
 method the engine cannot run), builds once before any process starts, and is written whole into
 ``metrics.json`` (``to_dict``).
@@ -47,16 +51,18 @@ class FederationConfig:
     num_leaf_nodes: leaf clients (NVFlare simulator clients in ``sim``).
     devices_per_leaf: simulated devices on each leaf.
     device_selection_size: devices training at once (concurrency, K).
-    num_updates_for_model: device updates buffered per new global model (B); default: the selection size.
-    min_hole_to_fill: finished devices before new ones are selected; default: the selection size.
-    device_reuse: a device may be selected again after its update arrived.
+    num_updates_for_model: device updates buffered per new global model (B) (default: the selection size).
+    min_hole_to_fill: finished devices before new ones are selected (default: the selection size).
     global_lr: server learning rate applied to the mean update.
     max_model_version: the last global model version (1 is the initial model).
-    max_sim_time: simulated-time budget: no update arriving later is applied (None: no limit).
+    max_sim_time: simulated-time budget: no update arriving later is applied (default: none).
+    device_reuse: a device may be selected again once its update arrived (off: each device at most once).
     device_wait_timeout: seconds the server waits for every leaf's devices before it stops the job.
-    leaf_timeout: seconds a leaf may stay silent before it is lost (None: derived from the sync interval).
-    on_leaf_loss: ``stop`` the run naming the leaf, or ``continue`` with the living leaves (the lost leaf's
-        in-flight devices count as failed; fits asynchronous methods).
+    leaf_timeout: seconds a leaf may stay silent before the server counts it lost (default: derived from the sync
+        interval and the report size, printed at the start).
+    on_leaf_loss: ``stop``: end the run naming the lost leaf (``metrics.json`` keeps what was made); ``continue``:
+        go on with the living leaves, the lost leaf's in-flight devices counted as failed (fits asynchronous
+        methods).
     """
 
     num_leaf_nodes: int = 2
@@ -134,23 +140,26 @@ class FederationConfig:
 @dataclass(frozen=True)
 class RunConfig:
     """Attributes:
-    seed: fixes the initial model, data, partition, device delays, local sampling and device selection.
     eval_frequency: evaluate every N global model versions (and always the last).
     eval_backlog: when evaluation falls behind the versions made: ``skip`` evaluates the newest scheduled version
         and skips the older ones still waiting (never the last); ``wait`` evaluates every scheduled version.
+    seed: fixes the initial model, data, partition, device delays, local sampling and device selection.
     env: ``sim`` (NVFlare's SimEnv), ``poc`` (PocEnv) or ``prod`` (ProdEnv on a provisioned hierarchy).
-    startup_kit: the admin's startup kit folder (``prod``).
-    username: the admin user name (``prod``).
+    startup_kit: the admin's startup kit folder (``--env prod``).
+    username: the admin user name (``--env prod``).
     workspace: the default results root.
-    output: the results folder (default: a new ``WORKSPACE/results/JOB_NAME-<date>-<time>-<pid>``, so two runs
-        never share one).
-    export_only: write the NVFlare job to this folder and exit.
-    dry_run: compute the run's event trace only (no training, no NVFlare; ``simulation.timeline``): write
-        ``events.jsonl`` and ``timeline.json`` to the results folder and exit.
-    job_name: NVFlare job name (default ``edgesim_<method>``).
+    output: the results folder, two runs never sharing one; NVFlare's own workspace and logs go into its
+        ``nvflare/`` subfolder (default: a new ``WORKSPACE/results/JOB_NAME-DATE-TIME-PID``).
+    export_only: write the NVFlare job to this folder and exit (run it with ``nvflare simulator DIR/JOB -n L -t
+        L``).
+    dry_run: compute the run's event trace only, in seconds (no training, no NVFlare; ``simulation.timeline``):
+        ``events.jsonl`` (the one a real run writes) and ``timeline.json`` (versions per time unit, staleness,
+        failure rate, fleet use) in the results folder, then exit.
+    job_name: NVFlare job name (default: ``edgesim_<method>``).
     checkpoint_every: versions between checkpoints of the server's state; 0: automatic (at most 5% of the run's
         wall time); -1: none.
-    resume: continue the run whose results folder this is, from its last checkpoint.
+    resume: continue the run whose results (``--output``) folder this is, from its last checkpoint, with its saved
+        configuration (flags that would change its result are refused).
     """
 
     seed: int = 0

@@ -36,15 +36,17 @@ class TrainingConfig:
     lr 3e-4, 25 iterations of batch 32).
 
     Attributes:
-        model: network the devices train, a name in ``processors.models.MODEL_CLASSES``.
+        model: ``cifar10_convnet``, ``resnet18`` (the FedRevive paper's: statistic trackers, no BatchNorm),
+            ``resnet18_bn``, or an ``nn.Module`` class as ``package.module:Class`` (``processors.models``).
         local_iters: optimizer steps per task.
         local_batch_size: samples per step (a device with fewer samples uses them all).
         local_lr: local learning rate.
-        optimizer: ``adam`` or ``sgd``.
-        momentum: SGD momentum.
+        optimizer: the local optimizer.
+        momentum: SGD momentum (no flag: ``jobs.api`` only).
         compute_device: torch device that trains: ``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N``.
         augment: each local batch randomly cropped (padding 4) and flipped, as the FedRevive references train
-            their clients (``processors.augment``; 32 x 32 images only).
+            their clients (``processors.augment``; 32 x 32 natural images only; ``reproduce_fedrevive.py`` turns
+            it on at the paper's scale).
     """
 
     model: str = "cifar10_convnet"

@@ -30,25 +30,31 @@ class EngineConfig:
     """Attributes:
     simulator: ``fast`` (our device simulator and server components) or ``stock`` (NVFlare's own simulator,
         model manager and Python-list weights, as in NVFlare's edge example: the baseline benchmarks compare to).
-    engine: how a leaf trains its devices: ``vectorized`` (a group of devices in one batched step), ``per-device``,
-        or ``auto`` (vectorized unless the model has BatchNorm statistics).
-    num_workers: device workers per leaf (its thread pool); ``None``: planned from the hardware.
-    group_size: devices one worker trains together with the vectorized engine; ``None``: planned.
-    profile: utilisation profile (``common.profiles``).
-    time_scale: 0: exact simulated time, nothing sleeps (``simulation.schedule``). S > 0: real-time mode for load
-        tests: each result is held for its delays x S wall seconds, and updates are applied as they arrive.
-    job_timeout: seconds a leaf's device simulator waits for the job to reach it (only that).
+    engine: how a leaf trains its devices: ``vectorized`` (a group of devices in one batched step,
+        ``torch.func.vmap``), ``per-device`` (one at a time), or ``auto``: vectorized unless the model has
+        BatchNorm statistics or, on the CPU, costs over 100 MFLOP per training sample
+        (``simulation.planner.CPU_GROUP_MAX_MFLOPS``).
+    num_workers: device workers per leaf (its thread pool) (default: planned from the hardware).
+    group_size: devices one worker trains together with the vectorized engine (default: planned).
+    profile: utilisation profile (``common.profiles``): ``conservative`` (half the workers and groups, half the
+        GPU memory, data on the CPU, cache emptied after every task), ``high`` (the planner's defaults),
+        ``aggressive`` (90% of free GPU memory, tighter memory estimate); printed at the start.
+    time_scale: 0: exact simulated time, nothing sleeps (``simulation.schedule``). S > 0: a real-time mode for
+        load-testing a deployment: each result is held for its delays x S wall seconds and the server applies
+        updates as they arrive (simulated time = wall time / S).
+    devices: ``simulated`` (each leaf runs our device simulator) or ``real``: leaves run no simulator and wait for
+        devices (NVFlare's HTTP device client or a phone app, through NVFlare's routing proxy: ``python -m
+        jobs.deploy up --proxy``); the server applies updates in the order they arrive, on the wall clock
+        (``docs/real-devices.md``). Needs ``--env poc`` or ``prod``.
+    device_timeout: with ``--devices real``, seconds a selected device may take before it counts as failed and
+        its slot is refilled; 0: derived (``FIRST_DEVICE_TIMEOUT`` until a task is measured, then 3x the slowest
+        task seen, at least that; printed at the start).
+    job_timeout: seconds a leaf's device simulator waits for the job to reach it (only that: not a limit on the
+        job).
     update_interval: a leaf's heartbeat: the longest a leaf waits between syncs with its parent (it syncs at once
         when it has results the server waits for, or news; NVFlare's own leaves sync every 1.0 s).
-    update_timeout: seconds a leaf waits for its parent to take an update (None: derived from what a leaf sends,
-        ``simulation.timeouts.derive_timeouts``).
-    devices: ``simulated`` (each leaf runs our device simulator) or ``real``: leaves run no simulator and wait for
-        devices (NVFlare's HTTP device client or a phone app, through NVFlare's routing proxy); the server applies
-        updates in the order they arrive, on the wall clock (``docs/real-devices.md``). Needs ``--env poc`` or
-        ``prod``.
-    device_timeout: with real devices, seconds a selected device may take before it counts as failed and its slot
-        is refilled; 0: derived (``FIRST_DEVICE_TIMEOUT`` until a task is measured, then 3x the slowest task
-        seen, at least that).
+    update_timeout: seconds a leaf waits for its parent to take an update (default: derived from the report size,
+        printed at the start; ``simulation.timeouts.derive_timeouts``).
     """
 
     simulator: SimulatorName = "fast"

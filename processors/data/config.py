@@ -12,8 +12,8 @@ from processors.data.sources import BUILTIN_DATASETS, DatasetError, DatasetSpec
 @dataclass(frozen=True)
 class DataConfig:
     """Attributes:
-    dataset: ``cifar10``, ``synthetic`` (seeded, class-structured images), a path to an ``.npz`` file, or an import
-        path ``package.module:function`` returning the arrays (``processors.data.sources``).
+    dataset: ``cifar10``, ``synthetic`` (seeded, class-structured images), ``PATH.npz`` (``x_train``, ``y_train``,
+        ``x_test``, ``y_test``), or ``package.module:function`` returning those arrays (``processors.data.sources``).
     data_root: where torchvision's CIFAR-10 lives (downloaded there when the network allows).
     synthetic_size: training images of the synthetic dataset (its test split is a fifth of it).
     synthetic_difficulty: 0 (easy: every method reaches ~1.0) .. 1 (hard: centralised ``cifar10_convnet`` ends in
