@@ -42,9 +42,9 @@ import numpy as np
 from common.choices import ConfigError
 from common.delays import DelayConfig
 from common.imports import import_path
+from common.result_files import DATASET
 from jobs.config import PARTS, FederationConfig, JobConfig, RunConfig
 from jobs.methods import BUILT_IN, Method, method_of
-from jobs.outputs import DATASET_FILE
 from jobs.results import read_metrics
 from processors.data.config import DataConfig
 from processors.data.sources import NPZ_KEYS, DatasetError, as_arrays, from_arrays
@@ -142,7 +142,7 @@ def save_arrays(data, results_dir: str) -> str:
     except DatasetError as ex:
         raise ConfigError(str(ex)) from ex
     os.makedirs(results_dir, exist_ok=True)
-    path = os.path.join(results_dir, DATASET_FILE)
+    path = os.path.join(results_dir, DATASET)
     np.savez(path, **{k: arrays[k] for k in NPZ_KEYS})
     return path
 

@@ -50,6 +50,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from common.result_files import LEAF_LOGS
 from simulation.fast_simulator import is_out_of_memory
 
 MIB = 2**20
@@ -444,8 +445,9 @@ def probe_args(argv: Sequence[str], workdir: str, leaves: int, devices_per_leaf:
 def first_reports(results_dir: str) -> dict[str, float]:
     """Wall time of each leaf's first device report, from its ``leaf_<site>.jsonl``."""
     firsts = {}
-    for path in sorted(glob.glob(os.path.join(results_dir, "leaf_*.jsonl"))):
-        site = os.path.basename(path)[len("leaf_") : -len(".jsonl")]
+    prefix, suffix = LEAF_LOGS.split("*")
+    for path in sorted(glob.glob(os.path.join(results_dir, LEAF_LOGS))):
+        site = os.path.basename(path)[len(prefix) : -len(suffix)]
         with open(path) as f:
             walls = [json.loads(line)["wall"] for line in f if line.strip()]
         if walls:
