@@ -13,11 +13,10 @@ import os
 import sys
 import typing
 
-from common.choices import ConfigError, literal_choices
+from common.choices import ConfigError, EvalBacklog, literal_choices
 from common.config_flags import add_dataclass_flags
 from common.delays import DelayPreset, SpeedDistribution
 from common.profiles import ProfileName
-from evaluation.evaluator import EvalBacklog
 from jobs.api import config_from_options, option_names
 from jobs.config import EnvName, FederationConfig, JobConfig, LeafLossPolicy, RunConfig
 from jobs.methods import BUILT_IN, Method, method_of
@@ -416,6 +415,7 @@ def job_main(description: str, argv: list[str] | None, method: str | None = None
         cfg = config_from_args(args, chosen, presets=method is None)
         if args.resume:
             cfg = resumed_config(os.path.abspath(os.path.expanduser(args.resume)), cfg, given_flags(parser, argv))
+        cfg = cfg.validate()
     except ConfigError as ex:
         parser.error(str(ex))
     return run(cfg, verbose=args.verbose)

@@ -27,9 +27,8 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from common.choices import ConfigError, check_choice, check_positive
+from common.choices import ConfigError, EvalBacklog, check_choice, check_positive
 from common.delays import DelayConfig
-from evaluation.evaluator import EvalBacklog
 from jobs.methods import Method, method_of
 from processors.data.config import DataConfig
 from processors.models import build_model
