@@ -26,7 +26,7 @@ is a thin layer over it: every flag is an option here, with underscores (``--dev
   options ``<flag_prefix>_<field>`` (FedRevive's: ``fr_s_max=...``). One defined in the script you run is shipped
   with the job, like a model.
 
-``make_config`` checks everything and returns the frozen ``JobConfig``; ``run`` runs it (or a config) and returns
+``make_config`` checks everything (``JobConfig.validate`` too) and returns the frozen ``JobConfig``; ``run`` runs it (or a config) and returns
 a ``RunResult``. Bad options raise ``ConfigError`` naming the fix.
 """
 
@@ -158,8 +158,8 @@ def data_option(data, results_dir: str) -> str:
 def make_config(
     method="fedavg", *, model="cifar10_convnet", data="synthetic", delays="none", presets: bool = True, **options
 ) -> JobConfig:
-    """A checked ``JobConfig`` (see the module docstring for ``method``, ``model``, ``data``, ``delays`` and
-    ``presets``)."""
+    """A checked ``JobConfig``, validated (``JobConfig.validate``: the files and models it names); see the module
+    docstring for ``method``, ``model``, ``data``, ``delays`` and ``presets``."""
     method = method_option(method)
     options = dict(options, model=model_option(model), delays=delays)
     if not isinstance(data, str) and not inspect.isfunction(data):
@@ -168,7 +168,7 @@ def make_config(
         options["dataset"] = data_option(data, draft.output_dir)
     else:
         options["dataset"] = data_option(data, "")
-    return config_from_options(method, options, presets)
+    return config_from_options(method, options, presets).validate()
 
 
 @dataclass(frozen=True)

@@ -90,8 +90,10 @@ def report_end(
 
 
 def run(cfg: JobConfig, verbose: bool = False) -> int:
-    """Run (or export) the job a config describes; returns a process exit code."""
+    """Run (or export) the job a config describes; returns a process exit code (2: refused before anything
+    started, ``JobConfig.validate``'s message printed)."""
     try:
+        cfg = cfg.validate()
         plan: RunPlan = prepare(cfg)
         results_dir = (
             ""
