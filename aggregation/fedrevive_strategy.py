@@ -16,7 +16,7 @@ from aggregation.buffered_mean import BufferedMean
 from aggregation.strategy import ModelHistory, ServerContext, Update
 from common.jsonio import JsonlWriter
 from common.protocol import LABEL_COUNTS
-from fedrevive.config import FedReviveConfig
+from fedrevive.config import LOG_FILE, FedReviveConfig
 from fedrevive.distill import FedReviveDistiller
 from processors.device import resolve_device
 from processors.models import build_model
@@ -42,7 +42,7 @@ class FedReviveStrategy(BufferedMean):
         self.distiller = FedReviveDistiller(
             cfg, lambda: build_model(context.model), resolve_device(context.compute_device), context.seed
         )
-        self._log = JsonlWriter(os.path.join(context.results_dir, "fedrevive_log.jsonl"))
+        self._log = JsonlWriter(os.path.join(context.results_dir, LOG_FILE))
 
     def state_dict(self) -> dict:
         return super().state_dict() | {

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.harness import run_job  # noqa: E402
 from benchmarks.reproduce_fedrevive import SCALES  # noqa: E402
+from common.result_files import EVENTS, METRICS  # noqa: E402
 
 
 def fleet_flags(online: float, period: float) -> list[str]:
@@ -34,8 +35,8 @@ def fleet_flags(online: float, period: float) -> list[str]:
 
 def summarise(out: str) -> dict:
     """The row of one finished run, from its ``metrics.json`` and ``events.jsonl``."""
-    metrics = json.loads(Path(out, "metrics.json").read_text())
-    events = [json.loads(line) for line in Path(out, "events.jsonl").read_text().splitlines()]
+    metrics = json.loads(Path(out, METRICS).read_text())
+    events = [json.loads(line) for line in Path(out, EVENTS).read_text().splitlines()]
     counted = [e["tau"] for e in events if not e.get("failed")]
     online = [r["fleet"]["online"] for r in metrics["versions"] if r.get("fleet")]
     return {

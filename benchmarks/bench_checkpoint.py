@@ -22,6 +22,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.harness import run_job  # noqa: E402
+from common.result_files import CHECKPOINT  # noqa: E402
 from scheduling.checkpoint import AUTO_COST_SHARE, AUTO_MIN_SECONDS  # noqa: E402
 
 METHOD_FLAGS = {
@@ -76,7 +77,7 @@ def main() -> None:
                 steady = result.steady_state()
                 per_version[every] = steady["wall_seconds"] / (steady["to_version"] - steady["from_version"])
                 if every == "1":
-                    with open(os.path.join(out, "checkpoint", "meta.json")) as f:
+                    with open(os.path.join(out, CHECKPOINT, "meta.json")) as f:
                         meta = json.load(f)
             interval = max(AUTO_MIN_SECONDS, AUTO_COST_SHARE * meta["write_seconds"])
             rows.append((method, per_version["1"], per_version["-1"], meta["bytes"], meta["write_seconds"], interval))

@@ -64,7 +64,9 @@ def run_job(flags: list[str], out: str) -> dict:
     sampler.join()
     if popen.returncode:
         sys.exit(f"job failed ({' '.join(flags)}):\n{output[-3000:]}")
-    with open(os.path.join(out, "metrics.json")) as f:
+    from common.result_files import METRICS
+
+    with open(os.path.join(out, METRICS)) as f:
         metrics = json.load(f)
     summary = metrics["summary"]
     system = metrics.get("system") or {}

@@ -42,6 +42,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.harness import REPO, run_job  # noqa: E402
+from common.result_files import LEAF_LOGS  # noqa: E402
 
 NEAR_ZERO_TRAINING = ["--local-iters", "1", "--local-batch-size", "8", "--subset-size", "32"]
 
@@ -121,7 +122,7 @@ def protocol_runs(args) -> dict[str, tuple[str, list[str]]]:
 def group_sizes(out: str) -> collections.Counter:
     """How many devices the run's leaves trained in groups of each size (their report lines)."""
     sizes: collections.Counter = collections.Counter()
-    for path in glob.glob(os.path.join(out, "leaf_*.jsonl")):
+    for path in glob.glob(os.path.join(out, LEAF_LOGS)):
         with open(path) as f:
             sizes.update(json.loads(line)["group"] for line in f if line.strip())
     return sizes

@@ -23,6 +23,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_hierarchy import resident  # noqa: E402
 from benchmarks.harness import REPO  # noqa: E402
+from common.result_files import METRICS  # noqa: E402
 from jobs.deploy import local, sessions  # noqa: E402
 from jobs.deploy.device_proxy import device_client_config  # noqa: E402
 
@@ -83,7 +84,7 @@ def run(deployment, tmp: str, mode: str, devices: int, versions: int, clients_co
             client.wait(30)
     if job.returncode:
         sys.exit(f"the {mode} job failed:\n{job.stdout[-2000:]}\n{job.stderr[-2000:]}")
-    with open(os.path.join(out, "metrics.json")) as f:
+    with open(os.path.join(out, METRICS)) as f:
         summary = json.load(f)["summary"]
     return {"job": seconds, "peak": peak, **summary}
 

@@ -35,7 +35,9 @@ def run_job(flags: list[str], out: str) -> dict:
     )
     if proc.returncode:
         sys.exit(f"job failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    with open(os.path.join(out, "metrics.json")) as f:
+    from common.result_files import METRICS
+
+    with open(os.path.join(out, METRICS)) as f:
         metrics = json.load(f)
     metrics["summary"]["process_seconds"] = round(time.time() - started, 2)
     return metrics

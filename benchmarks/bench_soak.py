@@ -28,6 +28,7 @@ import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.harness import REPO  # noqa: E402
+from common.result_files import METRICS  # noqa: E402
 
 FIELDS = ("rss_mb", "threads", "fds", "files")
 
@@ -99,7 +100,7 @@ def run(args, work: str) -> tuple[list[tuple[float, int, dict]], str, int]:
 
     def sampler() -> None:
         while not stop.is_set():
-            samples.append((time.time() - started, last_version(os.path.join(out, "metrics.json")), sample(root)))
+            samples.append((time.time() - started, last_version(os.path.join(out, METRICS)), sample(root)))
             stop.wait(args.interval)
 
     thread = threading.Thread(target=sampler, daemon=True)

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from common.result_files import METRICS
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROLES = ("driver", "server", "leaves")
 
@@ -88,7 +90,7 @@ def run_job(
     cpu_at_version: dict[int, dict[str, float]] = {}
     peak = 0
     stop = threading.Event()
-    metrics_path = os.path.join(out, "metrics.json")
+    metrics_path = os.path.join(out, METRICS)
 
     def totals() -> dict[str, float]:
         sums = dict.fromkeys(ROLES, 0.0)

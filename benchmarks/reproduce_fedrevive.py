@@ -222,6 +222,10 @@ def plot(
 
 
 def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, REPO)  # the result files' names, when the project is not installed
+    from common.result_files import EVENTS, METRICS
+    from fedrevive.config import LOG_FILE as FEDREVIVE_LOG
+
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
@@ -256,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                 out = os.path.join(output, f"{method}-seed{seed}", "out")
                 cmd = job_command(option, seed, args.scale, budget, out, extra)
                 commands.write(shlex.join(cmd) + "\n")
-                metrics_path = os.path.join(out, "metrics.json")
+                metrics_path = os.path.join(out, METRICS)
                 started, code = time.time(), 0
                 if finished(metrics_path):
                     print(f"[reproduce] {method} seed {seed}: already finished in {out}", flush=True)
@@ -272,8 +276,8 @@ def main(argv: list[str] | None = None) -> int:
                     metrics = json.load(f)
                 records = [r for r in metrics.get("versions", []) if r["sim_seconds"] <= budget]
                 curves[method].append(records)
-                staleness[method] += [e["tau"] for e in read_jsonl(os.path.join(out, "events.jsonl"))]
-                betas += [e["beta"] for e in read_jsonl(os.path.join(out, "fedrevive_log.jsonl")) if e["beta"] > 0]
+                staleness[method] += [e["tau"] for e in read_jsonl(os.path.join(out, EVENTS))]
+                betas += [e["beta"] for e in read_jsonl(os.path.join(out, FEDREVIVE_LOG)) if e["beta"] > 0]
                 last = records[-1] if records else {}
                 print(
                     f"[reproduce] {method} seed {seed}: exit {code}, version {last.get('version')}, accuracy "

@@ -22,6 +22,10 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from common.result_files import EVENTS, GLOBAL_MODEL, METRICS  # noqa: E402
+from fedrevive.config import LOG_FILE as FEDREVIVE_LOG  # noqa: E402
+
 SMALL = [
     "--seed",
     "3",
@@ -84,14 +88,14 @@ def sha256(path: str) -> str | None:
 
 def digest(out: str) -> dict:
     """What must not change: the trace, the model's bytes, the curve and FedRevive's decisions."""
-    with open(os.path.join(out, "metrics.json")) as f:
+    with open(os.path.join(out, METRICS)) as f:
         metrics = json.load(f)
     found = {
-        "events.jsonl": sha256(os.path.join(out, "events.jsonl")),
-        "global_model.pt": sha256(os.path.join(out, "global_model.pt")),
+        EVENTS: sha256(os.path.join(out, EVENTS)),
+        GLOBAL_MODEL: sha256(os.path.join(out, GLOBAL_MODEL)),
         "accuracies": [[v["version"], v.get("accuracy")] for v in metrics["versions"]],
     }
-    log = os.path.join(out, "fedrevive_log.jsonl")
+    log = os.path.join(out, FEDREVIVE_LOG)
     if os.path.exists(log):
         with open(log) as f:
             lines = [{k: v for k, v in json.loads(line).items() if k != "kd_seconds"} for line in f if line.strip()]

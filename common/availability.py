@@ -80,14 +80,19 @@ def load_availability(path: str) -> tuple[tuple[str, tuple[float, ...], tuple[fl
     return tuple(sorted(out))
 
 
+def check_named_availability(spec: str, period: float, online: float) -> None:
+    """Refuse a named model's settings that cannot be used, naming the fix (no file is read)."""
+    if spec == "diurnal" and not (period > 0 and 0 < online <= 1):
+        raise ConfigError(
+            f"--availability diurnal needs --availability-period > 0 and --availability-online in (0, 1]; got "
+            f"{period} and {online}"
+        )
+
+
 def check_availability(spec: str, period: float, online: float) -> None:
-    """Refuse a model that cannot be used, naming the fix."""
+    """Refuse a model that cannot be used, naming the fix: a named one's settings, or a trace file (read here)."""
     if spec in NAMED:
-        if spec == "diurnal" and not (period > 0 and 0 < online <= 1):
-            raise ConfigError(
-                f"--availability diurnal needs --availability-period > 0 and --availability-online in (0, 1]; got "
-                f"{period} and {online}"
-            )
+        check_named_availability(spec, period, online)
         return
     load_availability(spec)
 

@@ -6,7 +6,10 @@ what ``check_choice`` validates against, so a new value is added in one place.
 
 from __future__ import annotations
 
-from typing import Any, get_args
+from typing import Any, Literal, get_args
+
+# when the server's evaluation falls behind the versions made (``evaluation.evaluator``; ``--eval-backlog``)
+EvalBacklog = Literal["skip", "wait"]
 
 
 class ConfigError(ValueError):

@@ -16,6 +16,10 @@ Or, with ``capacity_file``, measured speeds (``common.capacity``: a FedScale cap
 Every draw comes from a generator seeded by SHA-256 of (run seed, device id[, task number]), never from a shared
 stream, so the server, a leaf and the pure reference schedule all compute the same durations for the same device
 and task, in any order and in any process.
+
+Building a ``DelayConfig`` checks its values only; the trace files it names are read by ``validate()`` (the job
+calls it before anything starts; ``DeviceDelays`` calls it too, so a model built from a dict on the server or a
+leaf refuses a bad file before it is used).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Literal
 import numpy as np
 
 from common.availability import NAMED as NAMED_AVAILABILITY
-from common.availability import Availability, check_availability
+from common.availability import Availability, check_availability, check_named_availability
 from common.capacity import device_capacity, load_capacities
 from common.choices import ConfigError, check_choice
 from common.seeds import stable_seed
@@ -103,7 +107,7 @@ class DelayConfig:
             raise ConfigError("speeds and delays must be >= 0 (a negative delay makes no sense)")
         if self.availability not in NAMED_AVAILABILITY:
             object.__setattr__(self, "availability", os.path.abspath(os.path.expanduser(self.availability)))
-        check_availability(self.availability, self.availability_period, self.availability_online)
+        check_named_availability(self.availability, self.availability_period, self.availability_online)
         if not self.capacity_cost > 0:
             raise ConfigError(f"--capacity-cost {self.capacity_cost}: must be > 0 (1: the trace's own speeds)")
         if self.capacity_file:
@@ -113,7 +117,12 @@ class DelayConfig:
                     "and the speed / upload / download flags"
                 )
             object.__setattr__(self, "capacity_file", os.path.abspath(os.path.expanduser(self.capacity_file)))
-            load_capacities(self.capacity_file)  # a bad file fails here, before any process starts
+
+    def validate(self) -> None:
+        """Read the trace files it names (``ConfigError`` naming the fix for a missing or malformed one)."""
+        check_availability(self.availability, self.availability_period, self.availability_online)
+        if self.capacity_file:
+            load_capacities(self.capacity_file)
 
     def summary(self) -> str:
         """The delay model in a few words (``--help`` describes each preset with it)."""
@@ -216,6 +225,7 @@ class DeviceDelays:
     """The delay model of one run: ``durations(device_id, task_number)`` is a pure function of its arguments."""
 
     def __init__(self, config: DelayConfig, seed: int):
+        config.validate()  # its trace files, before any duration is drawn from them
         self.config = config
         self.seed = seed
         self.availability = Availability(

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Literal
 
 import numpy as np
 import torch
@@ -35,6 +34,7 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 
+from common.choices import EvalBacklog
 from common.protocol import CHECKPOINT_DUE, FLEET, METHOD_STATUS, RUN_OUTCOME, RUN_RESUMED, SIM_TIME
 from evaluation.events import VERSION_EVALUATED, VERSION_RECORD, VERSION_WEIGHTS
 from processors.data.config import DataConfig
@@ -62,9 +62,6 @@ def load_into(net: torch.nn.Module, weights: dict) -> torch.nn.Module:
     }
     net.load_state_dict(state)
     return net
-
-
-EvalBacklog = Literal["skip", "wait"]
 
 
 def is_scheduled(version: int, eval_frequency: int, max_model_version: int) -> bool:

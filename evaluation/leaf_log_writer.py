@@ -19,6 +19,7 @@ from nvflare.apis.fl_context import FLContext
 from common.jsonio import JsonlWriter
 from common.output import output_dir
 from common.protocol import LEAF_INFO
+from common.result_files import LEAF_LOGS, leaf_log
 
 
 class LeafLogWriter(FLComponent):
@@ -41,7 +42,7 @@ class LeafLogWriter(FLComponent):
     def _start(self, _event: str, fl_ctx: FLContext) -> None:
         self._out = output_dir(self.results_dir, fl_ctx)
         if not self.resume:
-            for path in glob.glob(os.path.join(self._out, "leaf_*.jsonl")):
+            for path in glob.glob(os.path.join(self._out, LEAF_LOGS)):
                 os.remove(path)
 
     def _write(self, _event: str, fl_ctx: FLContext) -> None:
@@ -49,7 +50,7 @@ class LeafLogWriter(FLComponent):
             with self._lock:
                 writer = self._writers.get(leaf)
                 if writer is None:
-                    writer = self._writers[leaf] = JsonlWriter(os.path.join(self._out, f"leaf_{leaf}.jsonl"))
+                    writer = self._writers[leaf] = JsonlWriter(os.path.join(self._out, leaf_log(leaf)))
                 writer.write_many(lines)
 
     def _close(self, _event: str, fl_ctx: FLContext) -> None:

@@ -9,6 +9,7 @@ from nvflare.apis.fl_component import FLComponent
 from nvflare.apis.fl_context import FLContext
 
 from common.output import output_dir
+from common.result_files import GLOBAL_MODEL
 from evaluation.evaluator import load_into
 from evaluation.events import VERSION_RECORDED, VERSION_WEIGHTS
 from processors.models import build_model
@@ -31,6 +32,6 @@ class GlobalModelSaver(FLComponent):
         if self._net is None:
             self._net = build_model(self.model)
         state = load_into(self._net, fl_ctx.get_prop(VERSION_WEIGHTS)).state_dict()
-        path = os.path.join(output_dir(self.results_dir, fl_ctx), "global_model.pt")
+        path = os.path.join(output_dir(self.results_dir, fl_ctx), GLOBAL_MODEL)
         torch.save({k: v.cpu() for k, v in state.items()}, f"{path}.tmp")
         os.replace(f"{path}.tmp", path)

@@ -29,6 +29,7 @@ from nvflare.apis.fl_context import FLContext
 from common.jsonio import write_json_atomic
 from common.output import output_dir
 from common.protocol import LEAF_INFO, RUN_OUTCOME, RUN_RESUMED
+from common.result_files import ACCURACY_PLOT, EVENTS, METRICS
 from evaluation.events import (
     SYSTEM_SAMPLES,
     SYSTEM_SUMMARY,
@@ -65,7 +66,7 @@ def version_record(evaluated: dict, previous: dict | None, updates_per_version: 
 def versions_made(results_dir: str, updates_per_version: int) -> int | None:
     """The last version a run made, from its ``events.jsonl`` (None without one): every version after the initial
     one is made from exactly ``updates_per_version`` counted updates (failed ones count nothing)."""
-    path = os.path.join(results_dir, "events.jsonl")
+    path = os.path.join(results_dir, EVENTS)
     if not os.path.exists(path) or updates_per_version < 1:
         return None
     with open(path) as f:
@@ -104,7 +105,7 @@ def record_interruption(results_dir: str, run_info: dict, signal_name: str) -> d
     signal, the last version made) and the ``summary`` to its ``metrics.json`` (written from ``run_info`` when the
     server wrote none). The driver calls it once every process of the job has stopped, so nothing else writes the
     file any more. Returns the metrics written."""
-    path = os.path.join(results_dir, "metrics.json")
+    path = os.path.join(results_dir, METRICS)
     try:
         with open(path) as f:
             metrics = json.load(f)
@@ -160,7 +161,7 @@ class RunRecorder(FLComponent):
 
     @property
     def metrics_path(self) -> str:
-        return os.path.join(self._out, "metrics.json")
+        return os.path.join(self._out, METRICS)
 
     def _start(self, _event: str, fl_ctx: FLContext) -> None:
         self._out = output_dir(self.results_dir, fl_ctx)
@@ -189,7 +190,7 @@ class RunRecorder(FLComponent):
     def _resume(self, _event: str, fl_ctx: FLContext) -> None:
         """A resumed run: keep the records up to the checkpoint's version, drop the rest (they are made again)."""
         version = fl_ctx.get_prop(RUN_RESUMED)["version"]
-        path = os.path.join(output_dir(self.results_dir, fl_ctx), "metrics.json")
+        path = os.path.join(output_dir(self.results_dir, fl_ctx), METRICS)
         if os.path.exists(path):
             with open(path) as f:
                 self._records = [r for r in json.load(f).get("versions", []) if r["version"] <= version]
@@ -213,7 +214,7 @@ class RunRecorder(FLComponent):
             self._write()
             if self._records:  # here too, so a job run by ``nvflare simulator`` has it
                 title = (self.run_info.get("config") or {}).get("run", {}).get("job_name", "")
-                plot_accuracy(self._records, os.path.join(self._out, "accuracy.png"), title)
+                plot_accuracy(self._records, os.path.join(self._out, ACCURACY_PLOT), title)
 
     def _write(self) -> None:
         payload = dict(self.run_info)

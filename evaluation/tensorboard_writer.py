@@ -15,6 +15,7 @@ from nvflare.apis.fl_context import FLContext
 from torch.utils.tensorboard import SummaryWriter
 
 from common.output import output_dir
+from common.result_files import TENSORBOARD
 from evaluation.events import SYSTEM_SAMPLES, VERSION_RECORD, VERSION_RECORDED
 from evaluation.utilisation import write_tensorboard
 
@@ -33,7 +34,7 @@ class TensorBoardWriter(FLComponent):
         self.register_event_handler(EventType.END_RUN, self._close)
 
     def _start(self, _event: str, fl_ctx: FLContext) -> None:
-        self._writer = SummaryWriter(log_dir=os.path.join(output_dir(self.results_dir, fl_ctx), "tensorboard"))
+        self._writer = SummaryWriter(log_dir=os.path.join(output_dir(self.results_dir, fl_ctx), TENSORBOARD))
 
     def _write_version(self, _event: str, fl_ctx: FLContext) -> None:
         if self._writer is None:

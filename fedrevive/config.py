@@ -8,6 +8,8 @@ from typing import Literal
 
 WarmupBlend = Literal["zero", "pass"]
 ClassProportions = Literal["true", "estimate"]
+# FedRevive's own result file, per update (``aggregation.fedrevive_strategy``); ``jobs.methods.FedRevive`` declares it
+LOG_FILE = "fedrevive_log.jsonl"
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ is a thin layer over it: every flag is an option here, with underscores (``--dev
   options ``<flag_prefix>_<field>`` (FedRevive's: ``fr_s_max=...``). One defined in the script you run is shipped
   with the job, like a model.
 
-``make_config`` checks everything and returns the frozen ``JobConfig``; ``run`` runs it (or a config) and returns
+``make_config`` checks everything (``JobConfig.validate`` too) and returns the frozen ``JobConfig``; ``run`` runs it (or a config) and returns
 a ``RunResult``. Bad options raise ``ConfigError`` naming the fix.
 """
 
@@ -42,9 +42,9 @@ import numpy as np
 from common.choices import ConfigError
 from common.delays import DEFAULT_DELAY_PRESET, DelayConfig
 from common.imports import import_path
+from common.result_files import DATASET
 from jobs.config import PARTS, FederationConfig, JobConfig, RunConfig
 from jobs.methods import BUILT_IN, Method, method_of
-from jobs.run.outputs import DATASET_FILE
 from jobs.run.results import read_metrics
 from processors.data.config import DataConfig
 from processors.data.sources import NPZ_KEYS, DatasetError, as_arrays, from_arrays
@@ -140,7 +140,7 @@ def save_arrays(data, results_dir: str) -> str:
     except DatasetError as ex:
         raise ConfigError(str(ex)) from ex
     os.makedirs(results_dir, exist_ok=True)
-    path = os.path.join(results_dir, DATASET_FILE)
+    path = os.path.join(results_dir, DATASET)
     np.savez(path, **{k: arrays[k] for k in NPZ_KEYS})
     return path
 
@@ -162,8 +162,8 @@ def make_config(
     presets: bool = True,
     **options,
 ) -> JobConfig:
-    """A checked ``JobConfig`` (see the module docstring for ``method``, ``model``, ``data``, ``delays`` and
-    ``presets``)."""
+    """A checked ``JobConfig``, validated (``JobConfig.validate``: the files and models it names); see the module
+    docstring for ``method``, ``model``, ``data``, ``delays`` and ``presets``."""
     method = method_option(method)
     options = dict(options, model=model_option(model), delays=delays)
     if not isinstance(data, str) and not inspect.isfunction(data):
@@ -172,7 +172,7 @@ def make_config(
         options["dataset"] = data_option(data, draft.output_dir)
     else:
         options["dataset"] = data_option(data, "")
-    return config_from_options(method, options, presets)
+    return config_from_options(method, options, presets).validate()
 
 
 @dataclass(frozen=True)

@@ -197,6 +197,7 @@ def job_main(description: str, argv: list[str] | None, method: str | None = None
         cfg = config_from_args(args, chosen, presets=method is None)
         if args.resume:
             cfg = resumed_config(os.path.abspath(os.path.expanduser(args.resume)), cfg, given_flags(parser, argv))
+        cfg = cfg.validate()
     except ConfigError as ex:
         parser.error(str(ex))
     return run(cfg, verbose=args.verbose)

@@ -21,6 +21,11 @@ what it becomes in a trailing ``(default: ...)``.
 ``JobConfig`` checks what spans parts (a selection larger than the pool, a batch larger than a device's data, a
 method the engine cannot run), builds once before any process starts, and is written whole into
 ``metrics.json`` (``to_dict``).
+
+Building a config reads no file and builds no model: each part checks its own values only. What needs the files
+and models a config names (the startup kit, trace files, a user's model class, whether the vectorised engine can
+run the model) is checked by ``JobConfig.validate()``, one explicit step the driver (and ``jobs.api.make_config``,
+the CLI, the tuner) runs before anything starts; it raises the same one-line ``ConfigError``.
 """
 
 from __future__ import annotations
@@ -31,14 +36,11 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from common.choices import ConfigError, check_choice, check_positive
+from common.choices import ConfigError, EvalBacklog, check_choice, check_positive
 from common.delays import DelayConfig
-from evaluation.evaluator import EvalBacklog
 from jobs.methods import Method, method_of
 from processors.data.config import DataConfig
-from processors.models import build_model
 from processors.training import TrainingConfig
-from processors.training_vectorized import NotVectorizable, check_vectorizable
 from simulation.config import EngineConfig
 
 EnvName = Literal["sim", "poc", "prod"]
@@ -186,13 +188,16 @@ class RunConfig:
         check_choice("--env", self.env, EnvName)
         if self.env == "prod" and not (self.startup_kit and self.username):
             raise ConfigError("--env prod needs --startup-kit DIR (the admin's startup kit) and --username NAME")
-        if self.env == "prod" and not os.path.isdir(os.path.expanduser(self.startup_kit)):
-            raise ConfigError(f"--startup-kit {self.startup_kit}: no such directory")
         if self.resume and self.env != "sim":
             raise ConfigError(
                 f"--resume with --env {self.env}: resuming continues SimEnv runs only (a deployment's "
                 "server keeps its checkpoint in its own job workspace); run it again, or leave out --env"
             )
+
+    def validate(self) -> None:
+        """The startup kit must be a folder (``prod``)."""
+        if self.env == "prod" and not os.path.isdir(os.path.expanduser(self.startup_kit)):
+            raise ConfigError(f"--startup-kit {self.startup_kit}: no such directory")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -245,6 +250,28 @@ class JobConfig:
                 "(a real-time run cannot take a device offline mid-task)"
             )
         self._check_real_devices()
+
+    def validate(self) -> JobConfig:
+        """Check what needs the files and models the config names, before anything starts: the parts' own
+        (``RunConfig``, ``TrainingConfig``, ``DelayConfig``: the startup kit, the model's import, the trace files),
+        and whether ``--engine vectorized`` can run the model. Returns the config ready to run: with a capacity
+        trace, its task's samples and the model's bytes filled in where not given (measured speeds need them).
+        ``ConfigError`` naming the fix otherwise; validating twice gives the same config."""
+        try:
+            return self._validated()
+        except ConfigError:
+            raise
+        except (TypeError, ValueError) as ex:  # a user's model that cannot be built as the devices build it
+            raise ConfigError(str(ex)) from ex
+
+    def _validated(self) -> JobConfig:
+        from processors.models import build_model
+        from processors.training_vectorized import NotVectorizable, check_vectorizable
+
+        self.run.validate()
+        self.training.validate()
+        self.delays.validate()
+        cfg = self
         if self.delays.capacity_file and not (self.delays.task_samples and self.delays.model_bytes):
             # measured speeds need the work: samples per task, and the model's float32 bytes each way
             samples = self.training.local_iters * min(self.training.local_batch_size, self.data.subset_size)
@@ -254,12 +281,13 @@ class JobConfig:
                 task_samples=self.delays.task_samples or samples,
                 model_bytes=self.delays.model_bytes or size,
             )
-            object.__setattr__(self, "delays", derived)
+            cfg = replace(self, delays=derived)
         if self.engine.engine == "vectorized":
             try:
                 check_vectorizable(build_model(self.training.model))
             except NotVectorizable as ex:
                 raise ConfigError(str(ex)) from ex
+        return cfg
 
     def _check_real_devices(self) -> None:
         """``--devices real`` needs a deployment and the wall clock: nothing simulated may shape its time."""

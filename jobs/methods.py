@@ -10,7 +10,8 @@ A method subclasses ``Method`` and says, in class attributes and a few overridab
   ``common.config_flags``) and the ``jobs.api`` options ``<flag_prefix>_<field>``;
 * its federation presets (``jobs/pt_job_fedrevive.py`` applies them to the flags not given);
 * whether it is synchronous, and its leaf aggregation (``leaf_sums``);
-* its checks of a whole configuration, and notes for the user before a run starts.
+* its checks of a whole configuration, and notes for the user before a run starts;
+* the files its strategy writes besides every run's (``result_files``: FedRevive's ``fedrevive_log.jsonl``).
 
 FedAvg, FedBuff and FedRevive are the built-in ones (``BUILT_IN``, chosen by name). A user's method is chosen by
 its import path, ``--method package.module:Name`` (shipped with the job like ``--model``; a class defined in the
@@ -29,6 +30,7 @@ from typing import Any, ClassVar
 
 from common.choices import ConfigError
 from common.imports import import_object, import_path
+from fedrevive.config import LOG_FILE as FEDREVIVE_LOG
 from fedrevive.config import FedReviveConfig
 
 
@@ -45,6 +47,9 @@ class Method:
         presets: federation values applied to whatever is not given as a flag (``jobs/pt_job_fedrevive.py``).
         synchronous: every selected device's update goes into the next model (updates = min hole = selection).
         stock_baseline: NVFlare's stock path (``--simulator stock``) can run it, for the benchmarks' comparisons.
+        result_files: the files (names or glob patterns) its strategy writes into the results folder besides every
+            run's own (``common.result_files``): the end-of-run report names them, a deployment's download brings
+            them home, and a new run in the same folder clears them.
     """
 
     name: ClassVar[str] = ""
@@ -55,6 +60,7 @@ class Method:
     presets: ClassVar[dict] = {}
     synchronous: ClassVar[bool] = False
     stock_baseline: ClassVar[bool] = False
+    result_files: ClassVar[tuple[str, ...]] = ()
 
     def strategy_args(self, cfg: Any) -> dict:
         """The strategy's constructor arguments for this run (``cfg``: the ``JobConfig``)."""
@@ -162,6 +168,7 @@ class FedRevive(Method):
     settings = FedReviveConfig
     flag_prefix = "fr"
     presets = {"device_selection_size": 100, "num_updates_for_model": 1, "min_hole_to_fill": 1, "global_lr": 0.10}
+    result_files = (FEDREVIVE_LOG,)
 
     def strategy_args(self, cfg: Any) -> dict:
         return super().strategy_args(cfg) | {"fedrevive": cfg.method_settings.to_dict()}

@@ -15,6 +15,7 @@ import json
 import os
 
 from common.choices import ConfigError
+from common.result_files import METRICS
 from jobs.config import PARTS, JobConfig
 from jobs.methods import BUILT_IN
 from processors.models import build_model
@@ -96,11 +97,9 @@ def value_of(dest: str, cfg: JobConfig):
 def resumed_config(results_dir: str, flags_cfg: JobConfig, given: set[str]) -> JobConfig:
     """The saved run's config with the harmless flags of ``flags_cfg`` that were ``given``; ``ConfigError`` for a
     folder that cannot be resumed or a flag that would change the result."""
-    metrics = os.path.join(results_dir, "metrics.json")
+    metrics = os.path.join(results_dir, METRICS)
     if not os.path.exists(metrics):
-        raise ConfigError(
-            f"--resume {results_dir}: no metrics.json there; give the --output folder of the run to resume"
-        )
+        raise ConfigError(f"--resume {results_dir}: no {METRICS} there; give the --output folder of the run to resume")
     if not os.path.exists(state_path(results_dir)):
         raise ConfigError(f"--resume {results_dir}: the run wrote no checkpoint before it ended; run it again")
     with open(metrics) as f:

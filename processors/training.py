@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from common.choices import ConfigError, check_choice, check_positive
 from processors import augment as augmentation
 from processors.data.sources import normalize
-from processors.models import build_model, model_class, statistic_names
+from processors.models import build_model, check_model_name, model_class, statistic_names
 from processors.objective import DeviceObjective
 
 Optimizer = Literal["adam", "sgd"]
@@ -62,6 +62,13 @@ class TrainingConfig:
         check_positive({"--local-iters": self.local_iters, "--local-batch-size": self.local_batch_size})
         check_positive({"--local-lr": self.local_lr}, integer=False)
         check_choice("--optimizer", self.optimizer, Optimizer)
+        try:
+            check_model_name(self.model)
+        except ValueError as ex:
+            raise ConfigError(str(ex)) from ex
+
+    def validate(self) -> None:
+        """Import the model it names (a user's ``package.module:Class``); ``ConfigError`` naming the fix."""
         try:
             model_class(self.model)
         except ValueError as ex:

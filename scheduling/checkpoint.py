@@ -21,9 +21,10 @@ import time
 import torch
 
 from common.jsonio import write_json_atomic
+from common.result_files import CHECKPOINT
 
 PICKLE_PROTOCOL = 4
-CHECKPOINT_DIR = "checkpoint"
+CHECKPOINT_DIR = CHECKPOINT
 STATE_FILE = "state.pt"
 AUTO_MIN_SECONDS = 60.0
 AUTO_COST_SHARE = 20.0  # wall time between checkpoints >= this x the last write's duration (<= 5% overhead)

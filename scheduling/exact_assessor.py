@@ -67,6 +67,7 @@ from common.protocol import (
     DeviceUpdate,
     SelectionSum,
 )
+from common.result_files import EVENTS
 from scheduling import checkpoint
 from scheduling.applier import UpdateApplier
 from scheduling.waker import Waker
@@ -211,7 +212,7 @@ class ExactTimeAssessor(Assessor):
             self.max_sim_time,
         )
         self._out = output_dir(self.results_dir, fl_ctx)
-        self._events = JsonlWriter(os.path.join(self._out, "events.jsonl"))
+        self._events = JsonlWriter(os.path.join(self._out, EVENTS))
         self._waiting_since = self._started_wall = time.time()
         hierarchy = fl_ctx.get_prop(FLContextKey.CLIENT_HIERARCHY)
         self._leaves_under = leaves_under(hierarchy)

@@ -25,6 +25,7 @@ from nvflare.edge.widgets.tpo_runner import TPORunner
 from common.delays import DelayConfig, DeviceDelays
 from common.jsonio import JsonlWriter, write_json_atomic
 from common.leaf_outbox import OUTBOX_PROP, LeafOutbox
+from common.result_files import LEAF_PLAN, leaf_log
 from processors.task_processor import TrainingTaskProcessor
 from simulation.fast_simulator import FastSimulator
 from simulation.leaf_channels import EdgeRequestChannel, GatewayChannel
@@ -144,8 +145,8 @@ class FastDeviceRunner(TPORunner):
             reporters.append(outbox.add_report)
         if self.leaf_log_dir:
             os.makedirs(self.leaf_log_dir, exist_ok=True)
-            write_json_atomic(os.path.join(self.leaf_log_dir, f"leaf_{site}_plan.json"), plan_record)
-            lines = os.path.join(self.leaf_log_dir, f"leaf_{site}.jsonl")
+            write_json_atomic(os.path.join(self.leaf_log_dir, LEAF_PLAN.format(leaf=site)), plan_record)
+            lines = os.path.join(self.leaf_log_dir, leaf_log(site))
             if os.path.exists(lines):  # a new run's lines, not appended to an earlier run's
                 os.remove(lines)
             self._local_log = JsonlWriter(lines)

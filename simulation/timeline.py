@@ -16,6 +16,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
+from common.result_files import EVENTS, TIMELINE
 from simulation.schedule import ExactSchedule
 
 
@@ -87,10 +88,10 @@ def timeline_summary(timeline: Timeline) -> dict:
 def write_timeline(timeline: Timeline, out_dir: str) -> dict:
     """``events.jsonl`` (as a real run writes it) and ``timeline.json`` (the summary) in ``out_dir``."""
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "events.jsonl"), "w") as f:
+    with open(os.path.join(out_dir, EVENTS), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in timeline.trace)
     summary = timeline_summary(timeline)
-    with open(os.path.join(out_dir, "timeline.json"), "w") as f:
+    with open(os.path.join(out_dir, TIMELINE), "w") as f:
         json.dump(summary, f, indent=1)
     return summary
 

@@ -17,6 +17,7 @@ import time
 
 from common.choices import ConfigError
 from common.profiles import get_profile
+from common.result_files import DRY_RUN_FILES, METRICS
 from evaluation.run_recorder import record_interruption
 from jobs.config import JobConfig
 from jobs.run.environments import make_env
@@ -25,7 +26,7 @@ from jobs.run.plan import RunPlan, prepare
 from jobs.run.process_guard import Interrupts, no_orphans
 from jobs.run.recipe import EdgeSimRecipe
 from jobs.run.remote import ProdFollower, follow_poc
-from jobs.run.results import finalize, format_summary, read_metrics
+from jobs.run.results import finalize, format_summary, read_metrics, result_files_of
 from jobs.run.watchdog import Watchdog
 from processors.data.sources import DatasetError
 from scheduling.checkpoint import state_path
@@ -56,13 +57,15 @@ def stock_outcome(metrics: dict, max_version: int) -> dict | None:
     return None
 
 
-def report_end(results_dir: str, started: float, cause: str = "", stock_max_version: int | None = None) -> int:
-    """Print the summary and how the run ended; the exit code. ``stock_max_version``: the run's server is
-    NVFlare's (no outcome of its own), whose last version this is."""
+def report_end(
+    results_dir: str, started: float, files: tuple[str, ...], cause: str = "", stock_max_version: int | None = None
+) -> int:
+    """Print the summary (naming which of the run's result ``files`` exist) and how the run ended; the exit code.
+    ``stock_max_version``: the run's server is NVFlare's (no outcome of its own), whose last version this is."""
     summary = None
-    if os.path.exists(os.path.join(results_dir, "metrics.json")):
+    if os.path.exists(os.path.join(results_dir, METRICS)):
         summary = finalize(results_dir, time.time() - started)
-        print(format_summary(summary, results_dir))
+        print(format_summary(summary, results_dir, files))
     metrics = read_metrics(results_dir)
     outcome = metrics.get("outcome")
     last_evaluated = (summary or {}).get("last_evaluated_version")
@@ -87,10 +90,16 @@ def report_end(results_dir: str, started: float, cause: str = "", stock_max_vers
 
 
 def run(cfg: JobConfig, verbose: bool = False) -> int:
-    """Run (or export) the job a config describes; returns a process exit code."""
+    """Run (or export) the job a config describes; returns a process exit code (2: refused before anything
+    started, ``JobConfig.validate``'s message printed)."""
     try:
+        cfg = cfg.validate()
         plan: RunPlan = prepare(cfg)
-        results_dir = "" if cfg.run.export_only else prepare_output_dir(cfg.output_dir, resume=bool(cfg.run.resume))
+        results_dir = (
+            ""
+            if cfg.run.export_only
+            else prepare_output_dir(cfg.output_dir, bool(cfg.run.resume), cfg.method_spec.result_files)
+        )
     except (ConfigError, DatasetError, ValueError) as ex:
         print(f"error: {ex}", file=sys.stderr)
         return 2
@@ -164,17 +173,18 @@ def dry_run(cfg: JobConfig, results_dir: str) -> int:
     started = time.time()
     summary = write_timeline(run_timeline(schedule, len(schedule.pool)), results_dir)
     print(format_timeline(summary))
-    print(f"[edgesim] computed in {time.time() - started:.1f} s; events.jsonl and timeline.json in {results_dir}")
+    print(f"[edgesim] computed in {time.time() - started:.1f} s; {' and '.join(DRY_RUN_FILES)} in {results_dir}")
     return 0
 
 
-def interrupted(results_dir: str, started: float, code: int, what: str, run_info: dict) -> int:
+def interrupted(results_dir: str, started: float, code: int, what: str, run_info: dict, files: tuple[str, ...]) -> int:
     """A run ended by Ctrl-C / SIGTERM: record it as ``interrupted`` in ``metrics.json`` (once every process of the
-    job has stopped), say what was kept, return the exit code (128 + the signal)."""
+    job has stopped), say what was kept (which of the run's result ``files`` exist), return the exit code (128 + the
+    signal)."""
     name = signal.Signals(code - 128).name if code - 128 in signal.valid_signals() else str(code)
     print(f"[edgesim] interrupted ({name}); {what}", file=sys.stderr)
     record_interruption(results_dir, run_info, name)
-    print(format_summary(finalize(results_dir, time.time() - started), results_dir))
+    print(format_summary(finalize(results_dir, time.time() - started), results_dir, files))
     print(f"[edgesim] partial results (what was made before the interrupt) kept in {results_dir}")
     if os.path.exists(state_path(results_dir)):
         print(f"[edgesim] continue it from its last checkpoint with: --resume {results_dir}", file=sys.stderr)
@@ -186,6 +196,7 @@ def run_sim(recipe: EdgeSimRecipe, env, results_dir: str, plan: RunPlan) -> int:
     started = time.time()
     cause = ""
     interrupts = Interrupts()
+    files = result_files_of(recipe.cfg.method_spec)
     try:
         with no_orphans() as interrupts, Watchdog(results_dir, shutdown_grace=60 + plan.timeouts.update_timeout) as dog:
             try:
@@ -199,27 +210,29 @@ def run_sim(recipe: EdgeSimRecipe, env, results_dir: str, plan: RunPlan) -> int:
     if interrupts.signum is not None:
         # NVFlare may turn the KeyboardInterrupt into its own error, so the signal, not the exception, decides
         what = "every process of the job was stopped"
-        return interrupted(results_dir, started, interrupts.exit_code, what, plan.run_info)
+        return interrupted(results_dir, started, interrupts.exit_code, what, plan.run_info, files)
     cfg = recipe.cfg
     stock_max = cfg.federation.max_model_version if cfg.engine.simulator == "stock" else None
-    return report_end(results_dir, started, cause, stock_max_version=stock_max)
+    return report_end(results_dir, started, files, cause, stock_max_version=stock_max)
 
 
 def run_remote(recipe: EdgeSimRecipe, env, cfg: JobConfig, results_dir: str) -> int:
     """PocEnv / ProdEnv: submit, follow, bring the results home (``jobs.run.remote``); Ctrl-C aborts the job."""
     started = time.time()
+    files = result_files_of(cfg.method_spec)
     with contextlib.redirect_stdout(sys.stderr):  # NVFlare's "Connecting to FLARE ..." / "Submitted job ..."
         job_id = recipe.run(env).get_job_id()
     print(f"[edgesim] submitted job {job_id} ({cfg.run.env}); following it")
     try:
         if cfg.run.env == "prod":
-            status = ProdFollower(os.path.expanduser(cfg.run.startup_kit), cfg.run.username).follow(job_id, results_dir)
+            follower = ProdFollower(os.path.expanduser(cfg.run.startup_kit), cfg.run.username, files)
+            status = follower.follow(job_id, results_dir)
         else:
-            status = follow_poc(env, job_id, results_dir)
+            status = follow_poc(env, job_id, results_dir, files)
     except KeyboardInterrupt:
         return interrupted(
-            results_dir, started, 130, f"job {job_id} was aborted on the deployment", recipe.plan.run_info
+            results_dir, started, 130, f"job {job_id} was aborted on the deployment", recipe.plan.run_info, files
         )
     print(f"[edgesim] job {job_id} ended: {status}; results in {results_dir}")
     cause = "" if status == "FINISHED:COMPLETED" else f"the job ended with NVFlare status {status}"
-    return report_end(results_dir, started, cause)
+    return report_end(results_dir, started, files, cause)

@@ -4,7 +4,8 @@ The server of a deployment writes the run's results into its own job workspace (
 ``events.jsonl``, ``global_model.pt``, ``tensorboard/``, the leaves' report logs, checkpoints), which is not on
 this machine. ``follow`` waits for the job, printing its status changes and the server's progress lines as they
 appear in its log (prod: through the admin Session API), then downloads the job's result through NVFlare's
-admin API and copies the result files into ``--output``, with NVFlare's server logs under ``nvflare/server/``.
+admin API and copies the run's result files (``common.result_files`` and the method's own, as the driver names
+them: ``jobs.run.results.result_files_of``) into ``--output``, with NVFlare's server logs under ``nvflare/server/``.
 A failed or aborted job still brings home what exists. Ctrl-C aborts the job on the deployment first.
 """
 
@@ -18,8 +19,9 @@ import sys
 import tempfile
 import time
 
+from common.result_files import NVFLARE, matches
+
 PROGRESS_MARK = "[edgesim] "
-NVFLARE_APP_FOLDERS = {"config", "custom"}  # in the server's app folder: the job's own files, not results
 SERVER_LOGS = ("log.txt", "error_log.txt", "meta.json")
 
 
@@ -34,13 +36,14 @@ def find_server_app(downloaded: str) -> str | None:
     return None
 
 
-def bring_home(downloaded: str, results_dir: str) -> list[str]:
-    """Copy a downloaded job result's result files into ``results_dir``; returns the names copied."""
+def bring_home(downloaded: str, results_dir: str, files: tuple[str, ...]) -> list[str]:
+    """Copy the run's result ``files`` (names or glob patterns) found in a downloaded job result's server app folder
+    into ``results_dir`` (the job's own ``config/`` and ``custom/`` are not among them); returns the names copied."""
     copied = []
     app = find_server_app(downloaded)
     if app is not None:
         for name in sorted(os.listdir(app)):
-            if name in NVFLARE_APP_FOLDERS or name.startswith("."):
+            if not matches(name, files):
                 continue
             src, dst = os.path.join(app, name), os.path.join(results_dir, name)
             if os.path.isdir(src):
@@ -48,14 +51,14 @@ def bring_home(downloaded: str, results_dir: str) -> list[str]:
             else:
                 shutil.copy2(src, dst)
             copied.append(name)
-    logs = os.path.join(results_dir, "nvflare", "server")
+    logs = os.path.join(results_dir, NVFLARE, "server")
     os.makedirs(logs, exist_ok=True)
     for name in SERVER_LOGS:
         src = os.path.join(downloaded, "workspace", name)
         if os.path.exists(src):
             shutil.copy2(src, os.path.join(logs, name))
     if os.path.exists(os.path.join(downloaded, "meta.json")):
-        shutil.copy2(os.path.join(downloaded, "meta.json"), os.path.join(results_dir, "nvflare", "job_meta.json"))
+        shutil.copy2(os.path.join(downloaded, "meta.json"), os.path.join(results_dir, NVFLARE, "job_meta.json"))
     return copied
 
 
@@ -70,11 +73,12 @@ class ProdFollower:
     Args:
         startup_kit: the admin's startup kit folder.
         username: the admin user.
+        files: the run's result files to bring home (``bring_home``).
         poll: seconds between two looks at the job.
     """
 
-    def __init__(self, startup_kit: str, username: str, poll: float = 5.0):
-        self.startup_kit, self.username, self.poll = startup_kit, username, poll
+    def __init__(self, startup_kit: str, username: str, files: tuple[str, ...], poll: float = 5.0):
+        self.startup_kit, self.username, self.files, self.poll = startup_kit, username, files, poll
 
     @contextlib.contextmanager
     def _session(self):
@@ -121,19 +125,18 @@ class ProdFollower:
                 return status
             time.sleep(self.poll)
 
-    @staticmethod
-    def _download(session, job_id: str, results_dir: str) -> None:
+    def _download(self, session, job_id: str, results_dir: str) -> None:
         with tempfile.TemporaryDirectory(prefix="download-", dir=results_dir) as tmp:
             try:
                 downloaded = session.download_job_result(job_id, destination=tmp)
             except Exception as ex:  # nothing to download (a job that never ran)
                 print(f"[edgesim] the job's result could not be downloaded: {ex}", file=sys.stderr)
                 return
-            copied = bring_home(downloaded, results_dir)
+            copied = bring_home(downloaded, results_dir, self.files)
         print(f"[edgesim] brought home from the server: {', '.join(copied) or 'nothing'}")
 
 
-def follow_poc(env, job_id: str, results_dir: str, poll: float = 5.0) -> str:
+def follow_poc(env, job_id: str, results_dir: str, files: tuple[str, ...], poll: float = 5.0) -> str:
     """The same through ``PocEnv``'s public methods (status only; the POC workspace is removed afterwards)."""
     last = None
     try:
@@ -154,7 +157,7 @@ def follow_poc(env, job_id: str, results_dir: str, poll: float = 5.0) -> str:
             downloaded = env.get_job_result(job_id, timeout=60.0)
         if downloaded:
             print(
-                f"[edgesim] brought home from the server: {', '.join(bring_home(downloaded, results_dir)) or 'nothing'}"
+                f"[edgesim] brought home from the server: {', '.join(bring_home(downloaded, results_dir, files)) or 'nothing'}"
             )
         env.stop(clean_up=True)
     return last

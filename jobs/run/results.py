@@ -1,22 +1,28 @@
 """After a run: read ``metrics.json`` (written by the server's ``RunRecorder`` only), make sure ``accuracy.png``
-is drawn, and summarise for the console."""
+is drawn, and summarise for the console, naming the result files that exist (``common.result_files``, and the
+method's own: ``result_files_of``)."""
 
 from __future__ import annotations
 
 import json
 import os
 
+from common.result_files import ACCURACY_PLOT, METRICS, present, run_files
 from evaluation.plots import plot_accuracy
 from evaluation.run_recorder import run_summary, versions_made
 from evaluation.utilisation import format_summary as format_system_summary
+from jobs.methods import Method
 
-RESULT_NAMES = ("metrics.json", "events.jsonl", "global_model.pt", "accuracy.png", "fedrevive_log.jsonl", "tensorboard")
+
+def result_files_of(method: Method) -> tuple[str, ...]:
+    """Every file (name or glob pattern) a run of ``method`` writes: every run's, then the method's own."""
+    return run_files(method.result_files)
 
 
 def read_metrics(results_dir: str) -> dict:
     """The run's ``metrics.json`` as written so far (``{}`` while there is none or it cannot be read)."""
     try:
-        with open(os.path.join(results_dir, "metrics.json")) as f:
+        with open(os.path.join(results_dir, METRICS)) as f:
             return json.load(f)
     except (OSError, ValueError):
         return {}
@@ -25,7 +31,7 @@ def read_metrics(results_dir: str) -> dict:
 def finalize(results_dir: str, total_seconds: float) -> dict:
     """Draw the plot when the server did not (an interrupted run) and return the run's summary (the recorder's, or
     one computed from what was recorded), with ``total_seconds`` and the system summary under ``system``."""
-    metrics_path = os.path.join(results_dir, "metrics.json")
+    metrics_path = os.path.join(results_dir, METRICS)
     if not os.path.exists(metrics_path):
         raise RuntimeError(f"the job wrote no {metrics_path}: see the NVFlare logs in the workspace")
     with open(metrics_path) as f:
@@ -37,7 +43,7 @@ def finalize(results_dir: str, total_seconds: float) -> dict:
         updates = (config.get("federation") or {}).get("num_updates_for_model", 0)
         summary = run_summary(records, updates, versions_made(results_dir, updates))
     summary = {"total_seconds": round(total_seconds, 2)} | summary
-    plot = os.path.join(results_dir, "accuracy.png")
+    plot = os.path.join(results_dir, ACCURACY_PLOT)
     if records and (not os.path.exists(plot) or os.path.getmtime(plot) < os.path.getmtime(metrics_path)):
         plot_accuracy(records, plot, (config.get("run") or {}).get("job_name", ""))
     if metrics.get("system") is not None:
@@ -45,8 +51,9 @@ def finalize(results_dir: str, total_seconds: float) -> dict:
     return summary
 
 
-def format_summary(summary: dict, results_dir: str) -> str:
-    """The end-of-run lines: versions made and evaluated, speed, accuracy, system, and the files that exist."""
+def format_summary(summary: dict, results_dir: str, files: tuple[str, ...]) -> str:
+    """The end-of-run lines: versions made and evaluated, speed, accuracy, system, and which of the run's result
+    ``files`` (``result_files_of``) exist."""
     trained, evaluated = summary["versions_trained"], summary.get("versions_evaluated")
     line = f"[edgesim] done in {summary['total_seconds']:.1f} s: {trained} version(s) trained"
     last, last_evaluated = summary.get("last_version"), summary.get("last_evaluated_version")
@@ -73,10 +80,5 @@ def format_summary(summary: dict, results_dir: str) -> str:
     if system:
         lines.append(f"[edgesim] system: {format_system_summary(system) or 'no samples'}")
         lines += [f"[edgesim] WARNING: {w}" for w in system.get("warnings") or ()]
-    present = [
-        n + ("/" if os.path.isdir(os.path.join(results_dir, n)) else "")
-        for n in RESULT_NAMES
-        if os.path.exists(os.path.join(results_dir, n))
-    ]
-    lines.append(f"[edgesim] results: {results_dir} ({', '.join(present) or 'no result files'})")
+    lines.append(f"[edgesim] results: {results_dir} ({', '.join(present(results_dir, files)) or 'no result files'})")
     return "\n".join(lines)

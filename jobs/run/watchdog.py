@@ -21,6 +21,7 @@ import time
 
 import psutil
 
+from common.result_files import METRICS
 from jobs.run.process_guard import stop_processes
 from jobs.run.results import read_metrics
 
@@ -57,7 +58,7 @@ class Watchdog:
         """Read ``metrics.json`` if it changed since the last look (whether the outcome is decided, the longest
         evaluation); True if it changed."""
         try:
-            mtime = os.path.getmtime(os.path.join(self.results_dir, "metrics.json"))
+            mtime = os.path.getmtime(os.path.join(self.results_dir, METRICS))
         except OSError:
             return False
         if mtime == self._mtime:

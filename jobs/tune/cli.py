@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_tune_parser()
     args = parser.parse_args(argv)
     try:
-        cfg = config_from_args(args, "fedavg")
+        cfg = config_from_args(args, "fedavg").validate()
         run_plan = prepare(cfg)
         plan, run_info, device = run_plan.workers, run_plan.run_info, run_plan.device
     except (ConfigError, DatasetError, ValueError) as ex:

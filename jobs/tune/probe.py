@@ -13,6 +13,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from common.result_files import LEAF_LOGS
+
 
 # -- job start probe -----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -72,8 +74,9 @@ def probe_args(argv: Sequence[str], workdir: str, leaves: int, devices_per_leaf:
 def first_reports(results_dir: str) -> dict[str, float]:
     """Wall time of each leaf's first device report, from its ``leaf_<site>.jsonl``."""
     firsts = {}
-    for path in sorted(glob.glob(os.path.join(results_dir, "leaf_*.jsonl"))):
-        site = os.path.basename(path)[len("leaf_") : -len(".jsonl")]
+    prefix, suffix = LEAF_LOGS.split("*")
+    for path in sorted(glob.glob(os.path.join(results_dir, LEAF_LOGS))):
+        site = os.path.basename(path)[len(prefix) : -len(suffix)]
         with open(path) as f:
             walls = [json.loads(line)["wall"] for line in f if line.strip()]
         if walls:

@@ -24,12 +24,18 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
 }
 
 
+def check_model_name(name: str) -> None:
+    """``ValueError`` naming the fix unless ``name`` is a built-in name or has an import path's shape (nothing is
+    imported: ``model_class`` does that)."""
+    if name not in MODEL_CLASSES and ":" not in name:
+        raise ValueError(f"--model {name!r}: use {', '.join(MODEL_CLASSES)} or an import path package.module:Class")
+
+
 def model_class(name: str) -> type[nn.Module]:
-    """The class a model name stands for; ``ValueError`` naming the fix otherwise."""
+    """The class a model name stands for (importing its module); ``ValueError`` naming the fix otherwise."""
     if name in MODEL_CLASSES:
         return MODEL_CLASSES[name]
-    if ":" not in name:
-        raise ValueError(f"--model {name!r}: use {', '.join(MODEL_CLASSES)} or an import path package.module:Class")
+    check_model_name(name)
     module_name, _, attr = name.partition(":")
     try:
         cls = getattr(importlib.import_module(module_name), attr)

@@ -13,7 +13,7 @@ import pytest
 
 from common.availability import Availability, load_availability
 from common.choices import ConfigError
-from common.delays import DelayConfig
+from common.delays import DelayConfig, DeviceDelays
 from simulation.event_reference import make_schedule, reference_trace
 
 DIURNAL = dict(availability="diurnal", availability_period=4.0, availability_online=0.5)
@@ -77,10 +77,13 @@ def test_a_fedscale_trace_repeats_with_its_period_and_maps_devices_by_a_seeded_r
 def test_a_malformed_trace_is_refused_naming_the_fix(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"3": {"active": [5.0], "inactive": [4.0], "finish_time": 10.0}}))
+    malformed, unknown = DelayConfig(availability=str(bad)), DelayConfig(availability="weekly")  # read no file
     with pytest.raises(ConfigError, match="ordered windows"):
-        DelayConfig(availability=str(bad))
+        malformed.validate()
     with pytest.raises(ConfigError, match="use always, diurnal"):
-        DelayConfig(availability="weekly")
+        unknown.validate()
+    with pytest.raises(ConfigError, match="ordered windows"):  # a model built from a dict, on a server or leaf
+        DeviceDelays(DelayConfig.from_dict(malformed.to_dict()), 0)
 
 
 def schedule(**delays):

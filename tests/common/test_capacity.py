@@ -51,15 +51,19 @@ def test_devices_take_trace_clients_by_a_seeded_rule_across_the_whole_trace(trac
 def test_a_bad_trace_or_a_second_delay_model_is_refused_naming_the_fix(tmp_path, trace_files):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"7": {"computation": 3.0}}))
+    malformed, missing = DelayConfig(capacity_file=str(bad)), DelayConfig(capacity_file=str(tmp_path / "x.pkl"))
     with pytest.raises(ConfigError, match="client '7' is not"):
-        DelayConfig(capacity_file=str(bad))
+        malformed.validate()
     with pytest.raises(ConfigError, match="leave out --delays"):
         DelayConfig.preset("paper", capacity_file=trace_files[0])
     with pytest.raises(ConfigError, match="no such file"):
-        DelayConfig(capacity_file=str(tmp_path / "missing.pkl"))
+        missing.validate()
+    with pytest.raises(ConfigError, match="no such file"):  # a model built from a dict, on a server or leaf
+        DeviceDelays(DelayConfig.from_dict(missing.to_dict()), 0)
 
 
 def test_the_jobs_give_the_trace_the_work_of_a_task_and_the_models_size(trace_files):
     cfg = make_config("fedbuff", capacity_file=trace_files[0], local_iters=3, local_batch_size=16, subset_size=40)
     assert cfg.delays.task_samples == 48
     assert cfg.delays.model_bytes == 4 * 62_050  # cifar10_convnet's weights and tracker statistics, float32
+    assert cfg.validate() == cfg  # validating again changes nothing

@@ -22,6 +22,7 @@ from nvflare.app_common.app_event_type import AppEventType
 
 import evaluation.evaluator as evaluator_module
 from common.protocol import CHECKPOINT_DUE, RUN_OUTCOME
+from common.result_files import RUN_FILES
 from evaluation.evaluator import GlobalModelEvaluator
 from evaluation.model_saver import GlobalModelSaver
 from evaluation.progress import ProgressReporter, progress_line
@@ -148,7 +149,7 @@ def test_an_interrupted_run_records_its_signal_last_version_and_summary(tmp_path
     }
     assert metrics["summary"]["last_version"] == 5 and metrics["summary"]["last_evaluated_version"] == 3
     assert json.loads((tmp_path / "metrics.json").read_text()) == metrics
-    lines = format_summary(finalize(str(tmp_path), 1.0), str(tmp_path))
+    lines = format_summary(finalize(str(tmp_path), 1.0), str(tmp_path), RUN_FILES)
     assert "4 version(s) trained, 3 evaluated (the last evaluated is version 3 of 5)" in lines
     assert "final accuracy 0.3000 (version 3)" in lines
 
@@ -158,7 +159,7 @@ def test_interrupted_before_version_one_says_so_and_lists_only_files_that_exist(
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["outcome"]["status"] == "interrupted" and metrics["outcome"]["version"] == 1
     assert metrics["config"] == RUN_INFO["config"]
-    lines = format_summary(finalize(str(tmp_path), 1.0), str(tmp_path))
+    lines = format_summary(finalize(str(tmp_path), 1.0), str(tmp_path), RUN_FILES)
     assert "no version evaluated" in lines and "None" not in lines
     assert "(metrics.json)" in lines  # not global_model.pt nor accuracy.png: they do not exist
     assert not (tmp_path / "accuracy.png").exists()

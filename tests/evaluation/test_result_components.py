@@ -18,6 +18,7 @@ from nvflare.apis.event_type import EventType
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 
+from common.result_files import RUN_FILES
 from evaluation.evaluator import GlobalModelEvaluator
 from evaluation.model_saver import GlobalModelSaver
 from evaluation.monitor import SystemMonitor
@@ -172,6 +173,7 @@ def test_components_record_system_figures_and_warn_on_low_gpu_use(tmp_path, caps
     summary = format_summary(
         {"total_seconds": 1.0, "versions_trained": 2, "final_accuracy": 0.1, "best_accuracy": 0.1, "system": system},
         str(tmp_path),
+        RUN_FILES,
     )
     assert "[edgesim] system: GPU0 mean 12%" in summary and "--engine vectorized" in summary
 

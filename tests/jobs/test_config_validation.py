@@ -200,3 +200,65 @@ def test_a_fedrevive_run_too_short_to_revive_says_so_before_it_starts():
     assert "revives no update before version 100" in warming[0]
     assert method_notes(make_config("fedrevive", max_model_version=150)) == ()
     assert method_notes(make_config("fedbuff", max_model_version=12)) == ()
+
+
+@pytest.fixture
+def missing(tmp_path):
+    return str(tmp_path / "missing")
+
+
+BUILD_IO_CASES = [
+    ({"env": "prod", "startup_kit": "{missing}", "username": "admin"}, "--startup-kit {missing}: no such directory"),
+    ({"capacity_file": "{missing}.pkl"}, "--capacity-file {missing}.pkl: no such file"),
+    ({"availability": "{missing}.json"}, "--availability {missing}.json: no such file"),
+    ({"model": "resnet18_bn", "engine": "vectorized"}, "use --engine per-device"),
+    ({"model": "no_such_package_here:Net"}, "cannot import Net from no_such_package_here"),
+]
+
+
+@pytest.mark.parametrize("options, message", BUILD_IO_CASES)
+def test_building_a_config_reads_no_file_and_builds_no_model_validate_refuses(options, message, missing, monkeypatch):
+    """A config that names a missing file or an unusable model builds (nothing is read, imported or built while
+    it is), and ``validate()`` refuses it with the message the command line prints."""
+    import builtins
+    import importlib
+
+    import torch
+
+    from common.choices import ConfigError
+    from jobs.api import config_from_options
+
+    options = {k: v.format(missing=missing) for k, v in options.items()}
+
+    def touched(*args, **_kwargs):
+        raise AssertionError(f"building a config did I/O: {args}")
+
+    with monkeypatch.context() as io:
+        for owner, name in ((builtins, "open"), (os, "stat"), (os, "listdir"), (os, "scandir")):
+            io.setattr(owner, name, touched)
+        io.setattr(importlib, "import_module", touched)
+        io.setattr(torch.nn.Module, "__init__", touched)
+        cfg = config_from_options("fedavg", options | {"output": missing + "-out"})
+    with pytest.raises(ConfigError) as refused:
+        cfg.validate()
+    assert message.format(missing=missing) in str(refused.value)
+
+
+@pytest.mark.parametrize("options, message", BUILD_IO_CASES)
+def test_the_driver_validates_a_config_built_without_it(options, message, missing, capsys):
+    """A ``JobConfig`` handed to ``jobs.api.run`` / the driver unvalidated is refused before anything starts: exit 2,
+    one line."""
+    from jobs.api import config_from_options
+
+    cfg = config_from_options("fedavg", {k: v.format(missing=missing) for k, v in options.items()})
+    assert driver.run(cfg) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {err.removeprefix('error: ').strip()}\n" and message.format(missing=missing) in err
+    assert not os.path.exists(cfg.output_dir)
+
+
+def test_the_command_line_refuses_a_missing_trace_before_start(missing, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--capacity-file", missing + ".pkl"])
+    assert exit_info.value.code == 2
+    assert f"--capacity-file {missing}.pkl: no such file" in capsys.readouterr().err

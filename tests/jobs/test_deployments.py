@@ -11,7 +11,9 @@ import pytest
 
 from jobs.deploy import cli as deploy
 from jobs.deploy.provisioning import project_dict
+from jobs.methods import method_of
 from jobs.run.remote import bring_home, progress_lines
+from jobs.run.results import result_files_of
 from tests.conftest import PYTHON, REPO
 
 
@@ -33,7 +35,7 @@ def test_a_downloaded_result_comes_home_without_the_jobs_own_files(tmp_path):
     (downloaded / "meta.json").write_text(json.dumps({"status": "FINISHED:COMPLETED"}))
     results = tmp_path / "out"
     results.mkdir()
-    copied = bring_home(str(downloaded), str(results))
+    copied = bring_home(str(downloaded), str(results), result_files_of(method_of("fedavg")))
     assert copied == ["events.jsonl", "leaf_C11.jsonl", "metrics.json", "tensorboard"]
     assert (results / "tensorboard" / "ev.0").read_text() == "x"
     assert (results / "nvflare" / "server" / "log.txt").read_text() == "server log"
