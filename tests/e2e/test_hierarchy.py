@@ -18,8 +18,9 @@ import psutil
 import pytest
 
 from common.delays import DELAY_PRESETS
+from jobs.deploy import exposure
 from jobs.deploy.device_proxy import device_client_config
-from jobs.deploy.local import Deployment
+from jobs.deploy.local import Deployment, deployment_processes
 from jobs.deploy.sessions import session_processes
 from simulation.event_reference import make_schedule, reference_trace
 from tests.conftest import PYTHON, REPO
@@ -73,6 +74,7 @@ def deployment(tmp_path_factory):
         assert dep.leaves == LEAVES and len(dep.sessions) == 8  # server, 2 relays, 4 leaves, the proxy
         assert dep.proxy_endpoint and dep.proxy_endpoint in up.stdout
         assert "run_device_simulator" in up.stdout and (folder / "devices.json").exists()
+        check_every_listener_is_on_loopback_and_documented(dep)
         yield dep
     finally:
         sessions = (
@@ -85,6 +87,16 @@ def deployment(tmp_path_factory):
         )
         assert down.returncode == 0, down.stdout + down.stderr
         assert not processes_of(folder, sessions), "processes of the hierarchy were left running"
+
+
+def check_every_listener_is_on_loopback_and_documented(dep: Deployment) -> None:
+    """What the sites and the proxy listen on: each socket on 127.0.0.1 or ::1, at a port of the documented
+    table (docs/deployment.md, "What is exposed")."""
+    found = exposure.listening_sockets({p.pid for p in deployment_processes(dep)})
+    table = exposure.documented(dep.ports, None, dep.proxy_port)
+    assert {port for _, port, _ in found} == {row.port for row in table}, (found, table)  # every row, no other
+    assert {address for address, _, _ in found} <= {"127.0.0.1", "::1"}, found
+    assert not exposure.undocumented(found, table)
 
 
 def run_prod(deployment: Deployment, out, *flags: str) -> subprocess.CompletedProcess:
