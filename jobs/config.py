@@ -30,6 +30,7 @@ from typing import Any, Literal
 from common.choices import ConfigError, check_choice, check_positive
 from common.delays import DelayConfig
 from evaluation.evaluator import EvalBacklog
+from jobs.deploy.kit import check_user
 from jobs.methods import Method, method_of
 from processors.data.config import DataConfig
 from processors.models import build_model
@@ -184,6 +185,13 @@ class RunConfig:
                 f"--resume with --env {self.env}: resuming continues SimEnv runs only (a deployment's "
                 "server keeps its checkpoint in its own job workspace); run it again, or leave out --env"
             )
+        if self.env == "prod":
+            # the kit names its user: a wrong --username or a folder that is no admin kit is refused here, in one
+            # line, not after NVFlare's login fails (a traceback, and an --output folder made for nothing)
+            try:
+                check_user(self.startup_kit, self.username)
+            except ValueError as ex:
+                raise ConfigError(str(ex)) from ex
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -25,7 +25,7 @@ import shlex
 import sys
 
 from common.jsonio import write_json_atomic
-from jobs.deploy import admin, local, multi_host, provisioning
+from jobs.deploy import admin, kit, local, multi_host, provisioning
 from jobs.deploy.device_proxy import DEVICES_FILE, device_client_config
 
 
@@ -173,7 +173,12 @@ def _start_site(args: argparse.Namespace) -> int:
 def _wait(args: argparse.Namespace) -> int:
     leaves = [name for name in args.leaves.split(",") if name]
     try:
+        kit.admin_config(args.startup_kit)
+        kit.check_leaves(args.startup_kit, leaves)
         admin.wait_for_clients(os.path.abspath(args.startup_kit), leaves, args.timeout)
+    except ValueError as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        return 2
     except TimeoutError as ex:
         print(f"error: {ex}", file=sys.stderr)
         return 1
@@ -183,8 +188,14 @@ def _wait(args: argparse.Namespace) -> int:
 
 def _shutdown(args: argparse.Namespace) -> int:
     try:
+        kit.check_server_answers(args.startup_kit)
+    except ValueError as ex:
+        # a stopped deployment is said so at once, not after the admin client's retries and connection noise
+        print(f"error: nothing shut down: {ex}", file=sys.stderr)
+        return 2
+    try:
         multi_host.shutdown(args.startup_kit)
-    except Exception as ex:  # the admin API's own errors: no connection, not authorised
+    except Exception as ex:  # the admin API's own errors: not authorised
         print(f"error: the server did not take the shutdown ({type(ex).__name__}: {ex})", file=sys.stderr)
         return 1
     print("[edgesim] shutdown sent: the server, the relays and the leaves stop")

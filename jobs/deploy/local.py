@@ -39,6 +39,7 @@ from common.job_files import REPO
 from common.ports import listen_ports
 from jobs.deploy.admin import admin_session, wait_for_clients
 from jobs.deploy.device_proxy import write_lcp_map
+from jobs.deploy.kit import check_server_answers
 from jobs.deploy.provisioning import ADMIN, LOOPBACK, provision, quiet_site_logging
 from jobs.deploy.sessions import exited, launch_site, session_processes, start_in_session, stop_session
 
@@ -238,12 +239,18 @@ def stop(folder: str, grace: float = 30.0) -> int:
         # First, so devices stop reaching leaves that go down; and the shutdown below never ends it, so waiting
         # ``grace`` for it would only delay ``down``.
         stop_session(deployment.sessions[PROXY])
-    logging.disable(logging.ERROR)  # the admin client logs "no connection to server" while the server goes down
     try:
-        with contextlib.suppress(Exception), admin_session(deployment.admin_kit, timeout=5.0) as session:
-            session.shutdown("all")  # the server may be gone already: then the sessions below are ended
-    finally:
-        logging.disable(logging.NOTSET)
+        check_server_answers(deployment.admin_kit, timeout=2.0)
+        server_up = True
+    except ValueError:
+        server_up = False  # stopped already, or its server is gone: the sessions below are ended at once
+    if server_up:
+        logging.disable(logging.ERROR)  # the admin client logs "no connection to server" while the server stops
+        try:
+            with contextlib.suppress(Exception), admin_session(deployment.admin_kit, timeout=5.0) as session:
+                session.shutdown("all")
+        finally:
+            logging.disable(logging.NOTSET)
     deadline = time.time() + grace
     left = []
     while time.time() < deadline:

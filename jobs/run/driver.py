@@ -19,6 +19,7 @@ from common.choices import ConfigError
 from common.profiles import get_profile
 from evaluation.run_recorder import record_interruption
 from jobs.config import JobConfig
+from jobs.deploy.kit import check_server_answers
 from jobs.run.environments import make_env
 from jobs.run.outputs import nvflare_workspace, prepare_output_dir
 from jobs.run.plan import RunPlan, prepare
@@ -90,6 +91,9 @@ def run(cfg: JobConfig, verbose: bool = False) -> int:
     """Run (or export) the job a config describes; returns a process exit code."""
     try:
         plan: RunPlan = prepare(cfg)
+        if cfg.run.env == "prod" and not (cfg.run.dry_run or cfg.run.export_only):
+            # before the --output folder exists: a server that does not answer leaves nothing behind
+            check_server_answers(cfg.run.startup_kit)
         results_dir = "" if cfg.run.export_only else prepare_output_dir(cfg.output_dir, resume=bool(cfg.run.resume))
     except (ConfigError, DatasetError, ValueError) as ex:
         print(f"error: {ex}", file=sys.stderr)
@@ -208,8 +212,13 @@ def run_sim(recipe: EdgeSimRecipe, env, results_dir: str, plan: RunPlan) -> int:
 def run_remote(recipe: EdgeSimRecipe, env, cfg: JobConfig, results_dir: str) -> int:
     """PocEnv / ProdEnv: submit, follow, bring the results home (``jobs.run.remote``); Ctrl-C aborts the job."""
     started = time.time()
-    with contextlib.redirect_stdout(sys.stderr):  # NVFlare's "Connecting to FLARE ..." / "Submitted job ..."
-        job_id = recipe.run(env).get_job_id()
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # NVFlare's "Connecting to FLARE ..." / "Submitted job ..."
+            job_id = recipe.run(env).get_job_id()
+    except BaseException:
+        with contextlib.suppress(OSError):  # nothing was submitted: no empty results folder is left behind
+            os.rmdir(results_dir)
+        raise
     print(f"[edgesim] submitted job {job_id} ({cfg.run.env}); following it")
     try:
         if cfg.run.env == "prod":
