@@ -63,13 +63,29 @@ def user_of(kit: str) -> str:
     return admin_config(kit)["username"]
 
 
-def check_leaves(kit: str, leaves: list[str]) -> None:
-    """Every one of ``leaves`` is a leaf of the kit's project (known when ``jobs.deploy`` provisioned the kit)."""
+def project_leaves(kit: str) -> list[str] | None:
+    """The project's leaves, in the project's order (C11, C12, .. C21, ..), when ``jobs.deploy`` provisioned the
+    kit (``local/edgesim_sites.json``); None for a kit provisioned otherwise."""
     path = os.path.join(os.path.expanduser(kit), SITES)
     if not os.path.isfile(path):
-        return  # a kit provisioned otherwise: the server's answer is all there is
+        return None
     with open(path) as f:
-        known = json.load(f)["leaves"]
-    unknown = [leaf for leaf in leaves if leaf not in known]
+        return list(json.load(f)["leaves"])
+
+
+def check_leaves(kit: str, leaves: list[str]) -> None:
+    """Every one of ``leaves`` is a leaf of the kit's project (when ``project_leaves`` knows them)."""
+    known = project_leaves(kit)
+    unknown = [leaf for leaf in leaves if known is not None and leaf not in known]
     if unknown:
         raise ValueError(f"--leaves: no leaf {', '.join(unknown)} in this project; its leaves are {','.join(known)}")
+
+
+def check_leaf_count(kit: str, count: int) -> None:
+    """``--num-leaf-nodes`` is the number of leaves the kit's project has (when ``project_leaves`` knows them)."""
+    known = project_leaves(kit)
+    if known is not None and count != len(known):
+        raise ValueError(
+            f"--num-leaf-nodes {count}: the deployment has {len(known)} leaves ({','.join(known)}): "
+            f"use --num-leaf-nodes {len(known)}"
+        )

@@ -19,7 +19,7 @@ from common.choices import ConfigError
 from common.profiles import get_profile
 from evaluation.run_recorder import record_interruption
 from jobs.config import JobConfig
-from jobs.deploy.kit import check_server_answers
+from jobs.deploy.kit import check_leaf_count, check_server_answers, project_leaves
 from jobs.run.environments import make_env
 from jobs.run.outputs import nvflare_workspace, prepare_output_dir
 from jobs.run.plan import RunPlan, prepare
@@ -91,6 +91,8 @@ def run(cfg: JobConfig, verbose: bool = False) -> int:
     """Run (or export) the job a config describes; returns a process exit code."""
     try:
         plan: RunPlan = prepare(cfg)
+        if cfg.run.env == "prod":
+            check_leaf_count(cfg.run.startup_kit, cfg.federation.num_leaf_nodes)
         if cfg.run.env == "prod" and not (cfg.run.dry_run or cfg.run.export_only):
             # before the --output folder exists: a server that does not answer leaves nothing behind
             check_server_answers(cfg.run.startup_kit)
@@ -145,10 +147,13 @@ def describe_real_devices(cfg: JobConfig) -> str:
 
 
 def schedule_for(cfg: JobConfig) -> ExactSchedule:
-    """The run's schedule alone, not started, with SimEnv's leaf names: what ``--dry-run`` runs, and the reference
-    a real run's ``events.jsonl`` must equal (``simulation.event_reference``)."""
+    """The run's schedule alone, not started: what ``--dry-run`` runs, and the reference a real run's
+    ``events.jsonl`` must equal (``simulation.event_reference``). Its leaves are named as the run's will be:
+    SimEnv's ``site-1, site-2, ..``, or with ``--env prod`` the deployment's (``C11, C12, ..``, from its kit)."""
     f = cfg.federation
-    leaves = {f"site-{i + 1}": f.devices_per_leaf for i in range(f.num_leaf_nodes)}
+    names = project_leaves(cfg.run.startup_kit) if cfg.run.env == "prod" else None
+    names = names or [f"site-{i + 1}" for i in range(f.num_leaf_nodes)]
+    leaves = dict.fromkeys(names, f.devices_per_leaf)
     return make_schedule(
         cfg.delays,
         cfg.run.seed,
@@ -163,7 +168,7 @@ def schedule_for(cfg: JobConfig) -> ExactSchedule:
 
 
 def dry_run(cfg: JobConfig, results_dir: str) -> int:
-    """The run's event trace without training or NVFlare (``simulation.timeline``), with SimEnv's leaf names."""
+    """The run's event trace without training or NVFlare (``simulation.timeline``), with the run's leaf names."""
     schedule = schedule_for(cfg)
     started = time.time()
     summary = write_timeline(run_timeline(schedule, len(schedule.pool)), results_dir)

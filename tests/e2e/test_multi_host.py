@@ -110,6 +110,7 @@ def check_what_each_host_opens(hosts: dict[str, str]) -> None:
         assert scan.returncode == 0, scan.stderr
         found = [tuple(s) for s in json.loads(scan.stdout)]
         assert found or site == "admin", f"{site} listens on nothing: the scan is blind"
+        print(f"{site} listens on {sorted(found)}")  # pytest -s: what each host opens
         wrong = exposure.undocumented(found, [row for row in table if row.site == site])
         assert not wrong, f"{site} listens where docs/deployment.md does not say: {wrong}"
 
@@ -156,6 +157,21 @@ def test_a_fedbuff_job_across_hosts_applies_the_exact_reference_schedule_and_shu
             max_model_version=6,
         )
         assert trace == reference_trace(schedule)
+        # a prod --dry-run names the project's leaves: its trace is the prod run's
+        dry = in_host(
+            "admin",
+            PYTHON,
+            "jobs/pt_job_fedrevive.py",
+            *flags,
+            "--startup-kit",
+            kit,
+            "--dry-run",
+            "--output",
+            str(tmp_path / "dry"),
+            timeout=120,
+        )
+        assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
+        assert [json.loads(line) for line in (tmp_path / "dry" / "events.jsonl").read_text().splitlines()] == trace
         # the job store stayed inside the server's kit, not NVFlare's shared /tmp/nvflare
         assert any((prod / "server" / "storage" / "jobs-storage").iterdir())
         down = in_host("admin", PYTHON, "-m", "jobs.deploy", "shutdown", "--startup-kit", kit, timeout=60)

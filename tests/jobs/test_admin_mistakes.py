@@ -1,7 +1,8 @@
 """An admin's mistakes cost one line naming the fix and exit 2, before anything is sent or made: a ``--username``
 the kit was not made for, a folder that is no admin kit, a server that does not answer (its host and port
-named, no ``--output`` folder left), ``wait`` for a leaf the project lacks, ``shutdown`` of a stopped
-deployment. The kits are really provisioned (for hosts on loopback); no site is started."""
+named, no ``--output`` folder left), ``wait`` for a leaf the project lacks or a job for a leaf count it does
+not have, ``shutdown`` of a stopped deployment. A prod ``--dry-run`` names the project's leaves. The kits are
+really provisioned (for hosts on loopback); no site is started."""
 
 from __future__ import annotations
 
@@ -93,3 +94,17 @@ def test_shutdown_of_a_stopped_deployment_says_so_at_once(kit, capsys):
     line = one_line(capsys.readouterr().err)
     assert line.startswith("error: nothing shut down: the server's admin port 127.0.0.1:") and "does not answer" in line
     assert time.time() - started < 5
+
+
+def test_a_leaf_count_the_deployment_does_not_have_is_refused(kit, capsys):
+    argv = ["--env", "prod", "--startup-kit", kit, "--username", "admin@nvidia.com", *SMALL, "--num-leaf-nodes", "3"]
+    line = job_refused(argv, capsys)
+    assert line == "error: --num-leaf-nodes 3: the deployment has 2 leaves (C11,C12): use --num-leaf-nodes 2"
+
+
+def test_a_prod_dry_run_names_the_deployments_leaves_as_the_prod_run_does(kit, tmp_path, capsys):
+    out = tmp_path / "dry"
+    argv = ["--env", "prod", "--startup-kit", kit, "--username", "admin@nvidia.com", *SMALL, "--dry-run"]
+    assert fedavg([*argv, "--output", str(out)]) == 0  # no server needed: nothing is sent
+    devices = {json.loads(line)["device"] for line in (out / "events.jsonl").read_text().splitlines()}
+    assert devices and {d.partition("#")[0] for d in devices} == {"C11", "C12"}
