@@ -30,7 +30,7 @@ from typing import Any, Literal
 from common.choices import ConfigError, check_choice, check_positive
 from common.delays import DelayConfig
 from evaluation.evaluator import EvalBacklog
-from jobs.deploy.kit import check_user
+from jobs.admin_kit import check_user
 from jobs.methods import Method, method_of
 from processors.data.config import DataConfig
 from processors.models import build_model

@@ -6,7 +6,7 @@ import contextlib
 import io
 import time
 
-from jobs.deploy.kit import server_address, user_of
+from jobs.admin_kit import server_address, user_of
 
 
 @contextlib.contextmanager

@@ -18,8 +18,8 @@ import time
 from common.choices import ConfigError
 from common.profiles import get_profile
 from evaluation.run_recorder import record_interruption
+from jobs.admin_kit import check_leaf_count, check_server_answers, project_leaves
 from jobs.config import JobConfig
-from jobs.deploy.kit import check_leaf_count, check_server_answers, project_leaves
 from jobs.run.environments import make_env
 from jobs.run.outputs import nvflare_workspace, prepare_output_dir
 from jobs.run.plan import RunPlan, prepare

@@ -3,7 +3,9 @@ up with ``python -m jobs.deploy up --proxy`` and torn down with ``down`` even wh
 through ``--env prod`` brings home the same files a SimEnv run writes, every leaf records the plan it made for
 itself, a FedBuff job's applied-update trace is the exact reference schedule's, as in SimEnv, and with
 ``--devices real`` NVFlare's own HTTP device client (``run_device_simulator``, with this project's device
-processor) trains FedBuff and FedRevive jobs through the proxy, failed and silent devices included."""
+processor, over HTTPS: the proxy's certificate is signed by the deployment's root CA) trains FedBuff and
+FedRevive jobs through the proxy, failed and silent devices included. The sites and the proxy listen on
+loopback only, at the ports of the documented table."""
 
 from __future__ import annotations
 
@@ -152,7 +154,9 @@ def test_a_prod_fedbuff_run_applies_the_exact_reference_schedule(deployment, tmp
 
 def start_devices(deployment: Deployment, folder, job_name: str, processor: str, count: int) -> subprocess.Popen:
     """NVFlare's HTTP device client with ``count`` devices, in a session of its own, logging to ``folder``."""
-    config = device_client_config(deployment.proxy_endpoint, job_name, count, processor)
+    # HTTPS: the proxy's certificate is signed by the deployment's root CA, which the devices trust
+    assert deployment.proxy_endpoint.startswith("https://") and deployment.proxy_ca
+    config = device_client_config(deployment.proxy_endpoint, job_name, count, processor, ca_cert=deployment.proxy_ca)
     (folder / "devices.json").write_text(json.dumps(config))
     with open(folder / "devices.log", "w") as log:
         return subprocess.Popen(
