@@ -108,3 +108,14 @@ def test_a_prod_dry_run_names_the_deployments_leaves_as_the_prod_run_does(kit, t
     assert fedavg([*argv, "--output", str(out)]) == 0  # no server needed: nothing is sent
     devices = {json.loads(line)["device"] for line in (out / "events.jsonl").read_text().splitlines()}
     assert devices and {d.partition("#")[0] for d in devices} == {"C11", "C12"}
+
+
+def test_down_of_a_stopped_local_deployment_ends_at_once(kit, tmp_path, capsys):
+    from jobs.deploy.local import Deployment
+
+    prod = os.path.dirname(kit)
+    Deployment(str(tmp_path), prod, kit, ["C11", "C12"], {}, {"server": 2**22}).save()  # no such session
+    started = time.time()
+    assert deploy(["down", str(tmp_path)]) == 0
+    assert "stopped" in capsys.readouterr().out
+    assert time.time() - started < 5  # no admin login to a server that is not there, no retries
