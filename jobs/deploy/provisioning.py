@@ -13,6 +13,7 @@ import os
 import yaml
 
 from common.ports import listen_ports
+from jobs.admin_kit import SITES
 
 LOOPBACK = "127.0.0.1"
 ADMIN = "admin@nvidia.com"
@@ -24,7 +25,6 @@ PROJECT = "edgesim"
 PROJECT_FILE = "project.yml"
 
 
-SITES_FILE = "edgesim_sites.json"  # in the admin kit's local/: the project's sites, so ``wait`` knows its leaves
 EDGE_RESOURCES = "edge__p_resources.json"  # a leaf's edge API settings, written by NVFlare's edge builder
 
 
@@ -166,7 +166,8 @@ def provision(
         bind_edge_api(os.path.join(prod, leaf), hosts[leaf] if hosts else LOOPBACK)
     bind_listeners(prod, used, names, hosts)
     relay_names = [f"R{r}" for r in range(1, relays + 1)]
-    _write(os.path.join(prod, ADMIN, "local", SITES_FILE), {"relays": relay_names, "leaves": names})
+    # the project's sites in the admin kit, which travels to the admin's machine: ``wait`` and a prod --dry-run
+    _write(os.path.join(prod, ADMIN, SITES), {"relays": relay_names, "leaves": names})
     keep_storage_in(os.path.join(prod, "server"), os.path.join(folder, "storage") if not hosts else None)
     return prod, used, names
 
@@ -201,12 +202,11 @@ def bind_listeners(prod: str, ports: dict[str, int], leaves: list[str], hosts: d
         service["service"]["target"] = f"{LOOPBACK}:{ports['server']}"
     service["admin_host"] = server
     _write(config_path, config)
-    for site in os.listdir(prod):
+    for site in (name for name in ports if name.startswith("R")):
         path = os.path.join(prod, site, "local", "comm_config.json")
-        if site.startswith("R") and os.path.exists(path):
-            config = _read(path)
-            config["internal"]["resources"]["listen_host"] = hosts[site] if hosts else LOOPBACK
-            _write(path, config)
+        config = _read(path)
+        config["internal"]["resources"]["listen_host"] = hosts[site] if hosts else LOOPBACK
+        _write(path, config)
     for site in ["server", *leaves]:
         path = os.path.join(prod, site, "local", "comm_config.json")
         config = _read(path) if os.path.exists(path) else {}
