@@ -214,6 +214,11 @@ def _wait(args: argparse.Namespace) -> int:
 
 def _shutdown(args: argparse.Namespace) -> int:
     try:
+        kit.admin_config(args.startup_kit)
+    except ValueError as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        return 2
+    try:
         kit.check_server_answers(args.startup_kit)
     except ValueError as ex:
         # a stopped deployment is said so at once, not after the admin client's retries and connection noise

@@ -67,8 +67,9 @@ def test_a_folder_that_is_no_admin_kit_is_refused(kit, tmp_path, capsys):
     site_kit = os.path.join(os.path.dirname(kit), "C11")  # a leaf's kit, not the admin's
     argv = ["--env", "prod", "--startup-kit", site_kit, "--username", "admin@nvidia.com", *SMALL]
     assert "is not an admin's startup kit (no startup/fed_admin.json)" in job_refused(argv, capsys)
-    assert deploy(["wait", "--startup-kit", site_kit, "--leaves", "C11"]) == 2
-    assert "is not an admin's startup kit" in one_line(capsys.readouterr().err)
+    for command in (["wait", "--startup-kit", site_kit, "--leaves", "C11"], ["shutdown", "--startup-kit", site_kit]):
+        assert deploy(command) == 2
+        assert one_line(capsys.readouterr().err).startswith(f"error: --startup-kit {site_kit} is not an admin's")
 
 
 def test_a_server_that_does_not_answer_is_named_and_no_output_folder_is_left(kit, tmp_path, capsys):
