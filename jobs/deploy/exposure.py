@@ -61,7 +61,7 @@ def documented(
             )
             rows.append(Listener(site, LOOPBACK, ports[internal(site)], "internal cell (TCP, its own job processes)"))
     if proxy_port is not None:
-        rows.append(Listener("proxy", LOOPBACK, proxy_port, "routing proxy (HTTP(S): real devices, no client auth)"))
+        rows.append(Listener("proxy", LOOPBACK, proxy_port, "routing proxy (HTTPS: real devices, not authenticated)"))
     return rows
 
 
