@@ -37,7 +37,12 @@ def run(deployment, tmp: str, mode: str, devices: int, versions: int, clients_co
     for i in range(clients_count if mode == "real" else 0):  # each client: its own id prefix, devices / clients
         config = os.path.join(tmp, f"devices-{i}.json")
         with open(config, "w") as f:
-            json.dump(device_client_config(deployment.proxy_endpoint, name, devices // clients_count), f)
+            json.dump(
+                device_client_config(
+                    deployment.proxy_endpoint, name, devices // clients_count, ca_cert=deployment.proxy_ca
+                ),
+                f,
+            )
         with open(os.path.join(tmp, f"devices-{i}.log"), "w") as log:
             clients.append(
                 subprocess.Popen(

@@ -38,6 +38,7 @@ from typing import Any, Literal
 
 from common.choices import ConfigError, EvalBacklog, check_choice, check_positive
 from common.delays import DelayConfig
+from jobs.admin_kit import check_user
 from jobs.methods import Method, method_of
 from processors.data.config import DataConfig
 from processors.training import TrainingConfig
@@ -195,9 +196,16 @@ class RunConfig:
             )
 
     def validate(self) -> None:
-        """The startup kit must be a folder (``prod``)."""
+        """The startup kit must be a folder (``prod``), an admin kit whose user is ``--username``."""
         if self.env == "prod" and not os.path.isdir(os.path.expanduser(self.startup_kit)):
             raise ConfigError(f"--startup-kit {self.startup_kit}: no such directory")
+        if self.env == "prod":
+            # the kit names its user: a wrong --username or a folder that is no admin kit is refused here, in one
+            # line, not after NVFlare's login fails (a traceback, and an --output folder made for nothing)
+            try:
+                check_user(self.startup_kit, self.username)
+            except ValueError as ex:
+                raise ConfigError(str(ex)) from ex
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 
 from nvflare.apis.dxo import DXO, DataKind, from_dict
 from nvflare.edge.simulation.device_task_processor import DeviceTaskProcessor
@@ -62,12 +63,21 @@ class RealDeviceProcessor(DeviceTaskProcessor):
     """Args:
     compute_device: this device's torch device (``cpu``, ``cuda:0``); "": the job's ``--compute-device``.
     data_root: where this device finds a downloaded dataset; "": the job's ``--data-root``.
+    ca_cert: a CA certificate (PEM) the device trusts for an HTTPS proxy, e.g. the deployment's ``rootCA.pem``
+        (``python -m jobs.deploy up --proxy`` signs the proxy's certificate with it); "": the system's CAs.
     """
 
-    def __init__(self, compute_device: str = "", data_root: str = ""):
+    def __init__(self, compute_device: str = "", data_root: str = "", ca_cert: str = ""):
         DeviceTaskProcessor.__init__(self)
         self.compute_device = compute_device
         self.data_root = data_root
+        if ca_cert:
+            # NVFlare's HTTP client (nvflare/edge/simulation/feg_api.py) calls requests.post without ``verify``:
+            # requests then trusts the bundle this variable names. NVFlare makes the processor before a device's
+            # first request, so every request of this client process verifies the proxy against ``ca_cert``.
+            if not os.path.isfile(ca_cert):
+                raise ValueError(f"ca_cert {ca_cert}: no such file (give the deployment's rootCA.pem)")
+            os.environ["REQUESTS_CA_BUNDLE"] = ca_cert
 
     def setup(self, job: JobResponse) -> None:
         pass

@@ -6,7 +6,7 @@ import contextlib
 import io
 import time
 
-from jobs.deploy.provisioning import ADMIN
+from jobs.admin_kit import server_address, user_of
 
 
 @contextlib.contextmanager
@@ -16,7 +16,7 @@ def admin_session(admin_kit: str, timeout: float = 5.0):
     from nvflare.fuel.flare_api.flare_api import new_secure_session
 
     with contextlib.redirect_stdout(io.StringIO()):  # "Connecting to FLARE ..." on every (re)connection
-        session = new_secure_session(ADMIN, admin_kit, timeout=timeout)
+        session = new_secure_session(user_of(admin_kit), admin_kit, timeout=timeout)
         try:
             yield session
         finally:
@@ -41,6 +41,9 @@ def wait_for_clients(admin_kit: str, leaves: list[str], timeout: float, check_si
                     time.sleep(1.0)
         except Exception as ex:  # the server is not up yet: NoConnection, then a retry
             if time.time() > deadline:
-                raise TimeoutError(f"the server did not answer within {timeout:g} s ({ex})") from ex
+                host, port = server_address(admin_kit)
+                raise TimeoutError(
+                    f"the server's admin port {host}:{port} did not answer within {timeout:g} s ({ex})"
+                ) from ex
             time.sleep(2.0)
     raise TimeoutError(f"leaf clients {sorted(missing)} did not connect within {timeout:g} s")

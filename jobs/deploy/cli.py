@@ -25,6 +25,7 @@ import shlex
 import sys
 
 from common.jsonio import write_json_atomic
+from jobs import admin_kit as kit
 from jobs.deploy import admin, local, multi_host, provisioning
 from jobs.deploy.device_proxy import DEVICES_FILE, device_client_config
 
@@ -42,9 +43,14 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument(
         "--proxy",
         action="store_true",
-        help="also start NVFlare's routing proxy (HTTP, on 127.0.0.1 only) that routes real edge devices to the leaves",
+        help="also start NVFlare's routing proxy (HTTPS, on 127.0.0.1 only) that routes real edge devices to the "
+        "leaves; its certificate is signed by the deployment's root CA unless --proxy-cert/--proxy-key give one",
     )
     up.add_argument("--proxy-port", type=int, default=None, help="the proxy's port (default: a free one)")
+    up.add_argument(
+        "--proxy-cert", default=None, metavar="PEM", help="the proxy's HTTPS certificate (with --proxy-key)"
+    )
+    up.add_argument("--proxy-key", default=None, metavar="PEM", help="its private key (with --proxy-cert)")
     down = sub.add_parser("down", help="stop every process of the hierarchy in DIR")
     down.add_argument("folder", metavar="DIR")
     down.add_argument("--remove", action="store_true", help="then delete DIR")
@@ -74,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = sub.add_parser("shutdown", help="stop every site of a deployment through the admin API")
     stop.add_argument("--startup-kit", required=True, metavar="ADMIN_KIT")
     args = parser.parse_args(argv)
-    if args.command == "up" and args.proxy_port is not None and not args.proxy:
-        parser.error("--proxy-port needs --proxy")
+    if args.command == "up":
+        check_proxy_flags(parser, args)
     commands = {
         "up": _up,
         "down": _down,
@@ -87,10 +93,28 @@ def main(argv: list[str] | None = None) -> int:
     return commands[args.command](args)
 
 
+def check_proxy_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The proxy's flags make sense together, and its certificate files exist, before anything starts."""
+    if not args.proxy and (args.proxy_port is not None or args.proxy_cert or args.proxy_key):
+        parser.error("--proxy-port, --proxy-cert and --proxy-key need --proxy")
+    if bool(args.proxy_cert) != bool(args.proxy_key):
+        parser.error("give --proxy-cert and --proxy-key together (or neither: up signs one with the root CA)")
+    for path in filter(None, (args.proxy_cert, args.proxy_key)):
+        if not os.path.isfile(path):
+            parser.error(f"{path}: no such file (give the proxy's PEM certificate and key)")
+
+
 def _up(args: argparse.Namespace) -> int:
+    tls = (args.proxy_cert, args.proxy_key) if args.proxy_cert else None
     try:
         deployment = local.start(
-            args.folder, args.relays, args.leaves, args.timeout, proxy=args.proxy, proxy_port=args.proxy_port
+            args.folder,
+            args.relays,
+            args.leaves,
+            args.timeout,
+            proxy=args.proxy,
+            proxy_port=args.proxy_port,
+            proxy_tls=tls,
         )
     except (ValueError, FileExistsError) as ex:
         print(f"error: {ex}", file=sys.stderr)
@@ -104,10 +128,12 @@ def _up(args: argparse.Namespace) -> int:
     )
     if deployment.proxy_endpoint:
         devices = os.path.join(deployment.folder, DEVICES_FILE)
-        write_json_atomic(devices, device_client_config(deployment.proxy_endpoint, "edgesim_fedbuff"))
+        config = device_client_config(deployment.proxy_endpoint, "edgesim_fedbuff", ca_cert=deployment.proxy_ca)
+        write_json_atomic(devices, config)
+        trust = f"; devices trust {deployment.proxy_ca}" if deployment.proxy_ca else ""
         print(
             f"[edgesim] devices connect to {deployment.proxy_endpoint} (NVFlare's routing proxy; LCP map "
-            f"{deployment.lcp_map_file})\n[edgesim] 8 HTTP devices for a --devices real job named edgesim_fedbuff "
+            f"{deployment.lcp_map_file}{trust})\n[edgesim] 8 HTTPS devices for a --devices real job named edgesim_fedbuff "
             f"(edit {devices} for another):\n  python -m nvflare.edge.simulation.run_device_simulator "
             f"{shlex.quote(devices)}"
         )
@@ -173,7 +199,12 @@ def _start_site(args: argparse.Namespace) -> int:
 def _wait(args: argparse.Namespace) -> int:
     leaves = [name for name in args.leaves.split(",") if name]
     try:
+        kit.admin_config(args.startup_kit)
+        kit.check_leaves(args.startup_kit, leaves)
         admin.wait_for_clients(os.path.abspath(args.startup_kit), leaves, args.timeout)
+    except ValueError as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        return 2
     except TimeoutError as ex:
         print(f"error: {ex}", file=sys.stderr)
         return 1
@@ -183,8 +214,19 @@ def _wait(args: argparse.Namespace) -> int:
 
 def _shutdown(args: argparse.Namespace) -> int:
     try:
+        kit.admin_config(args.startup_kit)
+    except ValueError as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        return 2
+    try:
+        kit.check_server_answers(args.startup_kit)
+    except ValueError as ex:
+        # a stopped deployment is said so at once, not after the admin client's retries and connection noise
+        print(f"error: nothing shut down: {ex}", file=sys.stderr)
+        return 2
+    try:
         multi_host.shutdown(args.startup_kit)
-    except Exception as ex:  # the admin API's own errors: no connection, not authorised
+    except Exception as ex:  # the admin API's own errors: not authorised
         print(f"error: the server did not take the shutdown ({type(ex).__name__}: {ex})", file=sys.stderr)
         return 1
     print("[edgesim] shutdown sent: the server, the relays and the leaves stop")

@@ -1,22 +1,26 @@
 """NVFlare's routing proxy for real edge devices, next to a local hierarchy (``python -m jobs.deploy up --proxy``).
 
-    python -m jobs.deploy.device_proxy PORT LCP_MAP CA_CERT [--host 127.0.0.1]
+    python -m jobs.deploy.device_proxy PORT LCP_MAP CA_CERT [--host 127.0.0.1] [--ssl-cert C --ssl-key K]
 
-Devices speak HTTP to the proxy (``/job``, ``/task``, ``/selection``, ``/result``); it hashes each device's id to
-one leaf client of the LCP map and forwards the request to that leaf's gRPC edge API over TLS (the deployment's
-``rootCA.pem``). This is NVFlare's own app (``nvflare.edge.web.routing_proxy``), set up exactly as its
-``__main__`` does; the one difference is the address it listens on: NVFlare's binds ``0.0.0.0`` (every interface,
-the network included), this one binds ``--host``, loopback unless asked otherwise.
+Devices speak HTTP (HTTPS with ``--ssl-cert``/``--ssl-key``, NVFlare's own options) to the proxy (``/job``,
+``/task``, ``/selection``, ``/result``); it hashes each device's id to one leaf client of the LCP map and
+forwards the request to that leaf's gRPC edge API over TLS (the deployment's ``rootCA.pem``). This is NVFlare's
+own app (``nvflare.edge.web.routing_proxy``), set up exactly as its ``__main__`` does; the one difference is the
+address it listens on: NVFlare's binds ``0.0.0.0`` (every interface, the network included), this one binds
+``--host``, loopback unless asked otherwise.
 
 ``write_lcp_map`` writes the LCP map of a deployment: ``{leaf: {"host": H, "port": its edge service port}}``, the
-format ``nvflare.edge.web.service.query.Query.load_lcp_map`` reads.
+format ``nvflare.edge.web.service.query.Query.load_lcp_map`` reads. ``sign_proxy_certificate`` makes the proxy a
+certificate signed by the deployment's root CA, which devices given ``rootCA.pem`` trust.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
+import os
 import sys
 from typing import Protocol
 
@@ -49,19 +53,66 @@ DEVICES_FILE = "devices.json"
 
 
 def device_client_config(
-    endpoint: str, job_name: str, count: int = 8, processor: str = DEVICE_PROCESSOR, workers: int | None = None
+    endpoint: str,
+    job_name: str,
+    count: int = 8,
+    processor: str = DEVICE_PROCESSOR,
+    workers: int | None = None,
+    ca_cert: str | None = None,
 ) -> dict:
     """A config for NVFlare's HTTP device client (``python -m nvflare.edge.simulation.run_device_simulator
     FILE``): ``count`` devices asking for ``job_name`` at ``endpoint``, each training with ``processor`` (this
-    project's device side by default, which reads how to train from each task), ``workers`` at a time (all)."""
+    project's device side by default, which reads how to train from each task), ``workers`` at a time (all).
+    ``ca_cert``: the CA the devices trust for an HTTPS endpoint (the processor's ``ca_cert`` argument)."""
     return {
         "endpoint": endpoint,
         "job_name": job_name,
         "num_devices": count,
         "num_workers": workers or count,
         "get_job_timeout": 600,  # seconds a device waits for the job to be submitted
-        "processor": {"path": processor, "python_path": REPO, "args": {}},
+        "processor": {"path": processor, "python_path": REPO, "args": {"ca_cert": ca_cert} if ca_cert else {}},
     }
+
+
+def sign_proxy_certificate(state_dir: str, dest: str, host: str = LOOPBACK, days: int = 360) -> tuple[str, str]:
+    """A certificate for the proxy on ``host`` (also ``localhost`` for loopback), signed by the root CA NVFlare's
+    provisioning keeps in ``state_dir/cert.json``, and its key, written to ``dest/proxy.crt`` and ``proxy.key``
+    (the key readable by its owner only); their paths. Made with NVFlare's lighter, as the sites' are."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+    from nvflare.lighter.utils import (
+        Identity,
+        generate_cert,
+        generate_keys,
+        load_private_key,
+        serialize_cert,
+        serialize_pri_key,
+    )
+
+    with open(os.path.join(state_dir, "cert.json")) as f:
+        state = json.load(f)
+    root = x509.load_pem_x509_certificate(state["root_cert"].encode("ascii"))
+    root_name = root.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+    root_org = root.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
+    issuer = Identity(root_name, root_org[0].value if root_org else None)
+    key, public = generate_keys()
+    cert = generate_cert(
+        Identity("proxy", issuer.org),
+        issuer,
+        load_private_key(state["root_pri_key"]),
+        public,
+        valid_days=days,
+        server_default_host=host,
+        server_additional_hosts=["localhost"] if host == LOOPBACK else None,
+        # a few minutes back: a device whose clock runs a little behind still accepts it
+        not_valid_before=datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=5),
+    )
+    cert_path, key_path = os.path.join(dest, "proxy.crt"), os.path.join(dest, "proxy.key")
+    with open(cert_path, "wb") as f:
+        f.write(serialize_cert(cert))
+    with open(os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+        f.write(serialize_pri_key(key))
+    return cert_path, key_path
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -76,7 +127,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"address to listen on (default {LOOPBACK}: this machine only); 0.0.0.0 exposes the proxy, "
         "and through it the leaves' edge API, to the network",
     )
-    return parser.parse_args(argv)
+    parser.add_argument("--ssl-cert", default=None, help="serve HTTPS with this certificate (PEM; with --ssl-key)")
+    parser.add_argument("--ssl-key", default=None, help="the certificate's private key (PEM; with --ssl-cert)")
+    args = parser.parse_args(argv)
+    if bool(args.ssl_cert) != bool(args.ssl_key):
+        parser.error("give --ssl-cert and --ssl-key together (or neither, for plain HTTP)")
+    for path in filter(None, (args.ssl_cert, args.ssl_key)):
+        if not os.path.isfile(path):
+            parser.error(f"{path}: no such file (give the proxy's PEM certificate and key)")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,8 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     api_query.start()
     app.json = FilteredJSONProvider(app)
     app.register_blueprint(feg_bp)
-    print(f"[edgesim] NVFlare's routing proxy on http://{args.host}:{args.port}/ (LCP map {args.lcp_map})", flush=True)
-    app.run(host=args.host, port=args.port, debug=False)
+    # NVFlare's __main__ passes its --ssl-cert/--ssl-key the same way: Flask's (cert, key) ssl_context
+    ssl_context = (args.ssl_cert, args.ssl_key) if args.ssl_cert else None
+    scheme = "https" if ssl_context else "http"
+    print(
+        f"[edgesim] NVFlare's routing proxy on {scheme}://{args.host}:{args.port}/ (LCP map {args.lcp_map})", flush=True
+    )
+    app.run(host=args.host, port=args.port, debug=False, ssl_context=ssl_context)
     return 0
 
 

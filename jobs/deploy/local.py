@@ -12,8 +12,9 @@ NVFlare's own tooling:
 * each site's own ``startup/sub_start.sh --once`` (no restart loop), in a session of its own, with its console
   in ``<site>/console.log`` and NVFlare's INFO logging in the site's log files only;
 * the admin Session API: wait until every leaf client is connected; ``shutdown("all")`` to stop;
-* with ``proxy``: NVFlare's routing proxy for real edge devices (``jobs.deploy.device_proxy``, on loopback), in a session
-  of its own like a site's, routing each device to a leaf's edge API by the LCP map it writes in the folder.
+* with ``proxy``: NVFlare's routing proxy for real edge devices (``jobs.deploy.device_proxy``, on loopback, HTTPS with
+  a certificate signed by the deployment's root CA or one given), in a session of its own like a site's, routing
+  each device to a leaf's edge API by the LCP map it writes in the folder.
 
 ``deployment.json`` in the folder records what was started (the sites' and the proxy's sessions), so ``stop``
 finds and ends every process of the deployment, job processes included, even when the admin API cannot.
@@ -27,6 +28,7 @@ import logging
 import os
 import shutil
 import signal
+import ssl
 import sys
 import time
 import urllib.error
@@ -37,8 +39,9 @@ import psutil
 
 from common.job_files import REPO
 from common.ports import listen_ports
+from jobs.admin_kit import check_server_answers
 from jobs.deploy.admin import admin_session, wait_for_clients
-from jobs.deploy.device_proxy import write_lcp_map
+from jobs.deploy.device_proxy import sign_proxy_certificate, write_lcp_map
 from jobs.deploy.provisioning import ADMIN, LOOPBACK, provision, quiet_site_logging
 from jobs.deploy.sessions import exited, launch_site, session_processes, start_in_session, stop_session
 
@@ -59,8 +62,12 @@ class Deployment:
         leaves: the leaf clients' names.
         ports: port by role (``server``, ``admin``, each relay's and each leaf's).
         sessions: each site's process session id (every process a site starts stays in it), and the proxy's.
-        proxy_port: the routing proxy's HTTP port on loopback, or None without one (and in older
+        proxy_port: the routing proxy's port on loopback, or None without one (and in older
             ``deployment.json`` files, which lack the field).
+        proxy_cert: the proxy's HTTPS certificate and ``proxy_key`` its key (None: plain HTTP, as older
+            deployments' proxies served).
+        proxy_ca: the CA certificate devices verify the proxy's certificate against (the deployment's
+            ``rootCA.pem`` when ``up`` signed it; None for a certificate given to ``up``: the devices' own CAs).
     """
 
     folder: str
@@ -70,11 +77,15 @@ class Deployment:
     ports: dict[str, int]
     sessions: dict[str, int]
     proxy_port: int | None = None
+    proxy_cert: str | None = None
+    proxy_key: str | None = None
+    proxy_ca: str | None = None
 
     @property
     def proxy_endpoint(self) -> str | None:
         """The URL devices connect to, or None without a proxy."""
-        return None if self.proxy_port is None else f"http://{LOOPBACK}:{self.proxy_port}/"
+        scheme = "https" if self.proxy_cert else "http"
+        return None if self.proxy_port is None else f"{scheme}://{LOOPBACK}:{self.proxy_port}/"
 
     @property
     def lcp_map_file(self) -> str:
@@ -138,6 +149,8 @@ def start_proxy(deployment: Deployment) -> int:
     env["PYTHONPATH"] = os.pathsep.join(p for p in [REPO, env.get("PYTHONPATH", "")] if p)
     command = [sys.executable, "-m", "jobs.deploy.device_proxy", str(deployment.proxy_port)]
     command += [deployment.lcp_map_file, deployment.ca_cert, "--host", LOOPBACK]
+    if deployment.proxy_cert:
+        command += ["--ssl-cert", deployment.proxy_cert, "--ssl-key", deployment.proxy_key]
     return start_in_session(command, deployment.folder, os.path.join(deployment.folder, PROXY_LOG), env)
 
 
@@ -148,7 +161,12 @@ def proxy_answers(url: str, timeout: float = 2.0) -> bool:
     before routing anything, so the probe never reaches a leaf nor registers a device there."""
     request = urllib.request.Request(url.rstrip("/") + "/job", data=b"{}", method="POST")
     request.add_header("Content-Type", "application/json")
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via an http_proxy of the env
+    # A liveness probe only (nothing is sent but the refused request): it answers is all it asks, so an HTTPS
+    # proxy's certificate is not checked here; devices check it (``device_client_config``'s ``ca_cert``).
+    tls = ssl.create_default_context()
+    tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
+    # never via an http_proxy of the env
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=tls))
     try:
         with opener.open(request, timeout=timeout):
             return True
@@ -181,10 +199,12 @@ def start(
     proxy: bool = False,
     proxy_port: int | None = None,
     proxy_timeout: float = 60.0,
+    proxy_tls: tuple[str, str] | None = None,
 ) -> Deployment:
     """Provision and start a hierarchy in ``folder`` (new or empty) and wait for its leaves, then, with ``proxy``,
-    NVFlare's routing proxy on ``proxy_port`` (a free one if None) and wait until it answers; stops everything it
-    started if that fails."""
+    NVFlare's routing proxy on ``proxy_port`` (a free one if None), serving HTTPS with ``proxy_tls`` (certificate,
+    key), or with a certificate signed by the deployment's root CA if None, and wait until it answers; stops
+    everything it started if that fails."""
     folder = os.path.abspath(folder)
     if os.path.exists(folder) and os.listdir(folder):
         raise FileExistsError(f"{folder} is not empty: give a new folder (or stop and remove the old deployment)")
@@ -193,8 +213,24 @@ def start(
     sites = ["server", *[f"R{r}" for r in range(1, relays + 1)], *names]
     if proxy and proxy_port is None:
         proxy_port = listen_ports(1)[0]  # the same picker as the sites' ports: never one of theirs
+    cert = key = ca = None
+    if proxy:
+        if proxy_tls:
+            cert, key = (os.path.abspath(p) for p in proxy_tls)
+        else:  # NVFlare's provisioning keeps its root CA in <project>/state, beside prod_00
+            cert, key = sign_proxy_certificate(os.path.join(os.path.dirname(prod), "state"), folder)
+            ca = os.path.join(prod, "server", "startup", "rootCA.pem")
     deployment = Deployment(
-        folder, prod, os.path.join(prod, ADMIN), names, ports, {}, proxy_port=proxy_port if proxy else None
+        folder,
+        prod,
+        os.path.join(prod, ADMIN),
+        names,
+        ports,
+        {},
+        proxy_port=proxy_port if proxy else None,
+        proxy_cert=cert,
+        proxy_key=key,
+        proxy_ca=ca,
     )
     try:
         for site in sites:
@@ -238,12 +274,18 @@ def stop(folder: str, grace: float = 30.0) -> int:
         # First, so devices stop reaching leaves that go down; and the shutdown below never ends it, so waiting
         # ``grace`` for it would only delay ``down``.
         stop_session(deployment.sessions[PROXY])
-    logging.disable(logging.ERROR)  # the admin client logs "no connection to server" while the server goes down
     try:
-        with contextlib.suppress(Exception), admin_session(deployment.admin_kit, timeout=5.0) as session:
-            session.shutdown("all")  # the server may be gone already: then the sessions below are ended
-    finally:
-        logging.disable(logging.NOTSET)
+        check_server_answers(deployment.admin_kit, timeout=2.0)
+        server_up = True
+    except ValueError:
+        server_up = False  # stopped already, or its server is gone: the sessions below are ended at once
+    if server_up:
+        logging.disable(logging.ERROR)  # the admin client logs "no connection to server" while the server stops
+        try:
+            with contextlib.suppress(Exception), admin_session(deployment.admin_kit, timeout=5.0) as session:
+                session.shutdown("all")
+        finally:
+            logging.disable(logging.NOTSET)
     deadline = time.time() + grace
     left = []
     while time.time() < deadline:

@@ -13,7 +13,7 @@ for the leaves and stopping everything through the admin API, with no state kept
 The project is ``jobs.deploy.provisioning.project_dict`` with every host given: the server's ``default_host`` and
 ``host_names``, each relay's ``listening_host`` (left at ``localhost`` a relay binds 127.0.0.1 and its leaves
 retry for ever), fixed ports from ``--base-port``, mutual TLS between every pair (NVFlare's relay default is clear
-TCP), each leaf's edge API on its own address only, and the server's job store inside its own kit (set again by
+TCP), each leaf's edge API on its own address only, the internal listeners on loopback, and the server's job store inside its own kit (set again by
 ``start-site`` wherever the kit was copied). ``listening`` says what listens where.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 
-from jobs.deploy import admin, provisioning, sessions
+from jobs.deploy import admin, exposure, provisioning, sessions
 
 BASE_PORT = 8002
 
@@ -47,9 +47,10 @@ def parse_hosts(pairs: list[str], relays: int, leaves: int) -> dict[str, str]:
 
 
 def fixed_ports(relays: int, leaves: int, base: int = BASE_PORT) -> list[int]:
-    """The project's ports, in ``project_dict``'s order (server, admin, then each relay followed by its leaves):
-    ``base``, ``base`` + 1, ... (fixed, so firewalls can be opened before the sites start)."""
-    return list(range(base, base + 2 + relays + leaves))
+    """The project's ports, in ``project_dict``'s order (server, admin, then each relay followed by its leaves, then
+    the internal listeners of the server and the leaves, on loopback): ``base``, ``base`` + 1, ... (fixed, so
+    firewalls can be opened before the sites start)."""
+    return list(range(base, base + provisioning.port_count(relays, leaves)))
 
 
 def provision(folder: str, relays: int, leaves: int, hosts: dict[str, str], base_port: int = BASE_PORT) -> dict:
@@ -64,17 +65,8 @@ def provision(folder: str, relays: int, leaves: int, hosts: dict[str, str], base
 
 
 def listening(hosts: dict[str, str], ports: dict[str, int]) -> list[str]:
-    """One line per listener: who listens on which host and port, and who connects to it."""
-    lines = [
-        f"server  {hosts['server']}:{ports['server']}  NVFlare (relays and leaves connect, mutual TLS)",
-        f"server  {hosts['server']}:{ports['admin']}  admin API (the admin's startup kit: job submission)",
-    ]
-    for site, port in ports.items():
-        if site.startswith("R"):
-            lines.append(f"{site:<7} {hosts[site]}:{port}  relay (its leaves connect, mutual TLS)")
-        elif site.startswith("C"):
-            lines.append(f"{site:<7} {hosts[site]}:{port}  edge API, gRPC over TLS (NVFlare's routing proxy connects)")
-    return lines
+    """One line per listener (``exposure.documented``): who listens on which host and port, and who connects."""
+    return [row.line() for row in exposure.documented(ports, hosts)]
 
 
 def start_site(site_dir: str) -> int:

@@ -13,6 +13,7 @@ import os
 import yaml
 
 from common.ports import listen_ports
+from jobs.admin_kit import SITES
 
 LOOPBACK = "127.0.0.1"
 ADMIN = "admin@nvidia.com"
@@ -31,6 +32,18 @@ def free_ports(n: int) -> list[int]:
     """``n`` distinct ports free on this machine now, below the ephemeral range (``common.ports``); they stay free
     unless another program takes them before the sites start, which a retry of ``start`` fixes."""
     return listen_ports(n)
+
+
+def internal(site: str) -> str:
+    """The ``ports`` key of ``site``'s internal cell listener (the server's and each leaf's: its job processes
+    connect to it on this machine)."""
+    return f"{site}-internal"
+
+
+def port_count(relays: int, leaves: int) -> int:
+    """How many ports a project takes: the server's, the admin's, each relay's, each leaf's edge API, then the
+    internal listeners of the server and of each leaf."""
+    return 3 + relays + 2 * leaves
 
 
 def site_names(relays: int, leaves: int) -> tuple[list[str], list[str]]:
@@ -103,6 +116,8 @@ def project_dict(
                 )
             )
     participants.append(dict(name=ADMIN, type="admin", org="edgesim", role="project_admin"))
+    for site in ["server", *names]:  # not NVFlare's project keys: ``bind_listeners`` writes them in the kits
+        used[internal(site)] = next(it)
     project = {
         "api_version": 3,
         "name": PROJECT,
@@ -137,7 +152,7 @@ def provision(
     from nvflare.lighter.provision import prepare_project
     from nvflare.lighter.provisioner import Provisioner
 
-    project, used, names = project_dict(relays, leaves, ports or free_ports(2 + relays + leaves), hosts)
+    project, used, names = project_dict(relays, leaves, ports or free_ports(port_count(relays, leaves)), hosts)
     with open(os.path.join(folder, PROJECT_FILE), "w") as f:  # NVFlare's project file: `nvflare provision -p`
         yaml.safe_dump(project, f, sort_keys=False)
     with open(os.path.join(folder, "provision.log"), "w") as log, contextlib.redirect_stdout(log):  # its summary
@@ -149,6 +164,10 @@ def provision(
     prod = ctx.get_result_location()
     for leaf in names:
         bind_edge_api(os.path.join(prod, leaf), hosts[leaf] if hosts else LOOPBACK)
+    bind_listeners(prod, used, names, hosts)
+    relay_names = [f"R{r}" for r in range(1, relays + 1)]
+    # the project's sites in the admin kit, which travels to the admin's machine: ``wait`` and a prod --dry-run
+    _write(os.path.join(prod, ADMIN, SITES), {"relays": relay_names, "leaves": names})
     keep_storage_in(os.path.join(prod, "server"), os.path.join(folder, "storage") if not hosts else None)
     return prod, used, names
 
@@ -163,6 +182,48 @@ def bind_edge_api(leaf_dir: str, host: str) -> None:
             component["args"]["host"] = host
     with open(path, "w") as f:
         json.dump(resources, f, indent=2)
+
+
+def bind_listeners(prod: str, ports: dict[str, int], leaves: list[str], hosts: dict[str, str] | None) -> None:
+    """Every NVFlare listener of the kits on the address given for its site (127.0.0.1 without ``hosts``), and the
+    internal listeners of the server and the leaves on loopback at their fixed ports (NVFlare's default: a random
+    port, and for a leaf named by a non-loopback host, every interface: ``fuel/f3/drivers/net_utils.py``
+    ``get_tcp_urls``).
+
+    * server: ``service.target`` on loopback makes NVFlare bind the FL port there (``fed_server.py`` ``deploy``
+      binds every interface for any other host), and ``admin_host`` binds the admin port to the server's host;
+    * relay: ``listen_host`` in its internal listener's resources (``local/comm_config.json``);
+    * server and leaves: ``local/comm_config.json``'s internal listener on 127.0.0.1 at ``ports[internal(site)]``."""
+    server = hosts["server"] if hosts else LOOPBACK
+    config_path = os.path.join(prod, "server", "startup", "fed_server.json")
+    config = _read(config_path)
+    service = config["servers"][0]
+    if not hosts:
+        service["service"]["target"] = f"{LOOPBACK}:{ports['server']}"
+    service["admin_host"] = server
+    _write(config_path, config)
+    for site in (name for name in ports if name.startswith("R")):
+        path = os.path.join(prod, site, "local", "comm_config.json")
+        config = _read(path)
+        config["internal"]["resources"]["listen_host"] = hosts[site] if hosts else LOOPBACK
+        _write(path, config)
+    for site in ["server", *leaves]:
+        path = os.path.join(prod, site, "local", "comm_config.json")
+        config = _read(path) if os.path.exists(path) else {}
+        resources = {"host": LOOPBACK, "listen_host": LOOPBACK, "port": ports[internal(site)]}
+        resources["connection_security"] = "clear"  # NVFlare's default for it: the job processes of this machine
+        config["internal"] = {"scheme": "tcp", "resources": resources}
+        _write(path, config)
+
+
+def _read(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def _write(path: str, config: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(config, f, indent=2)
 
 
 def keep_storage_in(server_dir: str, storage: str | None = None) -> None:

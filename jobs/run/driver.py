@@ -19,6 +19,7 @@ from common.choices import ConfigError
 from common.profiles import get_profile
 from common.result_files import DRY_RUN_FILES, METRICS
 from evaluation.run_recorder import record_interruption
+from jobs.admin_kit import check_leaf_count, check_server_answers, project_leaves
 from jobs.config import JobConfig
 from jobs.run.environments import make_env
 from jobs.run.outputs import nvflare_workspace, prepare_output_dir
@@ -95,6 +96,11 @@ def run(cfg: JobConfig, verbose: bool = False) -> int:
     try:
         cfg = cfg.validate()
         plan: RunPlan = prepare(cfg)
+        if cfg.run.env == "prod":
+            check_leaf_count(cfg.run.startup_kit, cfg.federation.num_leaf_nodes)
+        if cfg.run.env == "prod" and not (cfg.run.dry_run or cfg.run.export_only):
+            # before the --output folder exists: a server that does not answer leaves nothing behind
+            check_server_answers(cfg.run.startup_kit)
         results_dir = (
             ""
             if cfg.run.export_only
@@ -150,10 +156,13 @@ def describe_real_devices(cfg: JobConfig) -> str:
 
 
 def schedule_for(cfg: JobConfig) -> ExactSchedule:
-    """The run's schedule alone, not started, with SimEnv's leaf names: what ``--dry-run`` runs, and the reference
-    a real run's ``events.jsonl`` must equal (``simulation.event_reference``)."""
+    """The run's schedule alone, not started: what ``--dry-run`` runs, and the reference a real run's
+    ``events.jsonl`` must equal (``simulation.event_reference``). Its leaves are named as the run's will be:
+    SimEnv's ``site-1, site-2, ..``, or with ``--env prod`` the deployment's (``C11, C12, ..``, from its kit)."""
     f = cfg.federation
-    leaves = {f"site-{i + 1}": f.devices_per_leaf for i in range(f.num_leaf_nodes)}
+    names = project_leaves(cfg.run.startup_kit) if cfg.run.env == "prod" else None
+    names = names or [f"site-{i + 1}" for i in range(f.num_leaf_nodes)]
+    leaves = dict.fromkeys(names, f.devices_per_leaf)
     return make_schedule(
         cfg.delays,
         cfg.run.seed,
@@ -168,7 +177,7 @@ def schedule_for(cfg: JobConfig) -> ExactSchedule:
 
 
 def dry_run(cfg: JobConfig, results_dir: str) -> int:
-    """The run's event trace without training or NVFlare (``simulation.timeline``), with SimEnv's leaf names."""
+    """The run's event trace without training or NVFlare (``simulation.timeline``), with the run's leaf names."""
     schedule = schedule_for(cfg)
     started = time.time()
     summary = write_timeline(run_timeline(schedule, len(schedule.pool)), results_dir)
@@ -220,8 +229,13 @@ def run_remote(recipe: EdgeSimRecipe, env, cfg: JobConfig, results_dir: str) -> 
     """PocEnv / ProdEnv: submit, follow, bring the results home (``jobs.run.remote``); Ctrl-C aborts the job."""
     started = time.time()
     files = result_files_of(cfg.method_spec)
-    with contextlib.redirect_stdout(sys.stderr):  # NVFlare's "Connecting to FLARE ..." / "Submitted job ..."
-        job_id = recipe.run(env).get_job_id()
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # NVFlare's "Connecting to FLARE ..." / "Submitted job ..."
+            job_id = recipe.run(env).get_job_id()
+    except BaseException:
+        with contextlib.suppress(OSError):  # nothing was submitted: no empty results folder is left behind
+            os.rmdir(results_dir)
+        raise
     print(f"[edgesim] submitted job {job_id} ({cfg.run.env}); following it")
     try:
         if cfg.run.env == "prod":

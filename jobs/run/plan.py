@@ -173,7 +173,9 @@ def prepare(cfg: JobConfig) -> RunPlan:
     check_pool_memory(cfg)
     deployed = cfg.run.env == "prod"
     if deployed:
-        device = f"the leaves' {cfg.training.compute_device}"
+        chosen = cfg.training.compute_device
+        # "fedavg on the leaves' auto" read as a device named auto: each leaf resolves auto on its own hardware
+        device = "each leaf's own device (auto)" if chosen == "auto" else f"the leaves' {chosen}"
         input_shape = None
     else:
         device = resolve_device(cfg.training.compute_device)

@@ -3,7 +3,9 @@ up with ``python -m jobs.deploy up --proxy`` and torn down with ``down`` even wh
 through ``--env prod`` brings home the same files a SimEnv run writes, every leaf records the plan it made for
 itself, a FedBuff job's applied-update trace is the exact reference schedule's, as in SimEnv, and with
 ``--devices real`` NVFlare's own HTTP device client (``run_device_simulator``, with this project's device
-processor) trains FedBuff and FedRevive jobs through the proxy, failed and silent devices included."""
+processor, over HTTPS: the proxy's certificate is signed by the deployment's root CA) trains FedBuff and
+FedRevive jobs through the proxy, failed and silent devices included. The sites and the proxy listen on
+loopback only, at the ports of the documented table."""
 
 from __future__ import annotations
 
@@ -18,8 +20,9 @@ import psutil
 import pytest
 
 from common.delays import DELAY_PRESETS
+from jobs.deploy import exposure
 from jobs.deploy.device_proxy import device_client_config
-from jobs.deploy.local import Deployment
+from jobs.deploy.local import Deployment, deployment_processes
 from jobs.deploy.sessions import session_processes
 from simulation.event_reference import make_schedule, reference_trace
 from tests.conftest import PYTHON, REPO
@@ -73,6 +76,7 @@ def deployment(tmp_path_factory):
         assert dep.leaves == LEAVES and len(dep.sessions) == 8  # server, 2 relays, 4 leaves, the proxy
         assert dep.proxy_endpoint and dep.proxy_endpoint in up.stdout
         assert "run_device_simulator" in up.stdout and (folder / "devices.json").exists()
+        check_every_listener_is_on_loopback_and_documented(dep)
         yield dep
     finally:
         sessions = (
@@ -85,6 +89,16 @@ def deployment(tmp_path_factory):
         )
         assert down.returncode == 0, down.stdout + down.stderr
         assert not processes_of(folder, sessions), "processes of the hierarchy were left running"
+
+
+def check_every_listener_is_on_loopback_and_documented(dep: Deployment) -> None:
+    """What the sites and the proxy listen on: each socket on 127.0.0.1 or ::1, at a port of the documented
+    table (docs/deployment.md, "What is exposed")."""
+    found = exposure.listening_sockets({p.pid for p in deployment_processes(dep)})
+    table = exposure.documented(dep.ports, None, dep.proxy_port)
+    assert {port for _, port, _ in found} == {row.port for row in table}, (found, table)  # every row, no other
+    assert {address for address, _, _ in found} <= {"127.0.0.1", "::1"}, found
+    assert not exposure.undocumented(found, table)
 
 
 def run_prod(deployment: Deployment, out, *flags: str) -> subprocess.CompletedProcess:
@@ -140,7 +154,9 @@ def test_a_prod_fedbuff_run_applies_the_exact_reference_schedule(deployment, tmp
 
 def start_devices(deployment: Deployment, folder, job_name: str, processor: str, count: int) -> subprocess.Popen:
     """NVFlare's HTTP device client with ``count`` devices, in a session of its own, logging to ``folder``."""
-    config = device_client_config(deployment.proxy_endpoint, job_name, count, processor)
+    # HTTPS: the proxy's certificate is signed by the deployment's root CA, which the devices trust
+    assert deployment.proxy_endpoint.startswith("https://") and deployment.proxy_ca
+    config = device_client_config(deployment.proxy_endpoint, job_name, count, processor, ca_cert=deployment.proxy_ca)
     (folder / "devices.json").write_text(json.dumps(config))
     with open(folder / "devices.log", "w") as log:
         return subprocess.Popen(

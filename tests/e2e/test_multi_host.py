@@ -16,6 +16,7 @@ import time
 import pytest
 
 from common.delays import DELAY_PRESETS
+from jobs.deploy import exposure, multi_host, provisioning
 from simulation.event_reference import make_schedule, reference_trace
 from tests.conftest import PYTHON, REPO
 
@@ -95,6 +96,25 @@ def in_host(site: str, *cmd: str, timeout: float = 300) -> subprocess.CompletedP
     )
 
 
+SCAN = "import json; from jobs.deploy.exposure import listening_sockets; print(json.dumps(listening_sockets()))"
+
+
+def check_what_each_host_opens(hosts: dict[str, str]) -> None:
+    """Every listening socket of each host (its namespace holds only its site) has a row of the documented table
+    for that site, on that row's address: the site's own address, or loopback."""
+    sites = {s: a for s, a in hosts.items() if s != "admin"}
+    _, ports, _ = provisioning.project_dict(1, 2, multi_host.fixed_ports(1, 2), sites)
+    table = exposure.documented(ports, sites)
+    for site in [*sites, "admin"]:
+        scan = in_host(site, PYTHON, "-c", SCAN, timeout=60)
+        assert scan.returncode == 0, scan.stderr
+        found = [tuple(s) for s in json.loads(scan.stdout)]
+        assert found or site == "admin", f"{site} listens on nothing: the scan is blind"
+        print(f"{site} listens on {sorted(found)}")  # pytest -s: what each host opens
+        wrong = exposure.undocumented(found, [row for row in table if row.site == site])
+        assert not wrong, f"{site} listens where docs/deployment.md does not say: {wrong}"
+
+
 def test_a_fedbuff_job_across_hosts_applies_the_exact_reference_schedule_and_shutdown_stops_every_site(hosts, tmp_path):
     folder = tmp_path / "kits"
     pairs = [f"--host={site}={address}" for site, address in hosts.items() if site != "admin"]
@@ -115,6 +135,7 @@ def test_a_fedbuff_job_across_hosts_applies_the_exact_reference_schedule_and_shu
             assert started.returncode == 0, started.stdout + started.stderr
         waited = in_host("admin", PYTHON, "-m", "jobs.deploy", "wait", "--startup-kit", kit, "--leaves", "C11,C12")
         assert waited.returncode == 0, waited.stdout + waited.stderr + (prod / "R1" / "console.log").read_text()[-2000:]
+        check_what_each_host_opens(hosts)
         out = tmp_path / "out"
         flags = (
             "--env prod --username admin@nvidia.com --num-leaf-nodes 2 --devices-per-leaf 4 "
@@ -136,6 +157,21 @@ def test_a_fedbuff_job_across_hosts_applies_the_exact_reference_schedule_and_shu
             max_model_version=6,
         )
         assert trace == reference_trace(schedule)
+        # a prod --dry-run names the project's leaves: its trace is the prod run's
+        dry = in_host(
+            "admin",
+            PYTHON,
+            "jobs/pt_job_fedrevive.py",
+            *flags,
+            "--startup-kit",
+            kit,
+            "--dry-run",
+            "--output",
+            str(tmp_path / "dry"),
+            timeout=120,
+        )
+        assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
+        assert [json.loads(line) for line in (tmp_path / "dry" / "events.jsonl").read_text().splitlines()] == trace
         # the job store stayed inside the server's kit, not NVFlare's shared /tmp/nvflare
         assert any((prod / "server" / "storage" / "jobs-storage").iterdir())
         down = in_host("admin", PYTHON, "-m", "jobs.deploy", "shutdown", "--startup-kit", kit, timeout=60)

@@ -16,8 +16,8 @@ from processors.task_processor import received_model
 
 
 class FlakyDeviceProcessor(RealDeviceProcessor):
-    def __init__(self, compute_device: str = "", data_root: str = ""):
-        super().__init__(compute_device, data_root)
+    def __init__(self, compute_device: str = "", data_root: str = "", ca_cert: str = ""):
+        super().__init__(compute_device, data_root, ca_cert)
         self.tasks = 0
 
     def process_task(self, task: TaskResponse) -> dict:

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from jobs.deploy import cli as deploy
-from jobs.deploy.provisioning import project_dict
+from jobs.deploy.provisioning import port_count, project_dict
 from jobs.methods import method_of
 from jobs.run.remote import bring_home, progress_lines
 from jobs.run.results import result_files_of
@@ -101,9 +101,9 @@ def test_the_exported_job_carries_every_module_its_components_import(tmp_path):
 
 
 def test_the_provisioning_project_names_leaves_below_relays_with_distinct_ports():
-    project, ports, leaves = project_dict(2, 4, list(range(9000, 9008)))
+    project, ports, leaves = project_dict(2, 4, list(range(9000, 9000 + port_count(2, 4))))
     assert leaves == ["C11", "C12", "C21", "C22"]
-    assert len(set(ports.values())) == len(ports) == 8
+    assert len(set(ports.values())) == len(ports) == 13  # server, admin, 2 relays, 4 edge APIs, 5 internal
     kinds = {p["name"]: p["type"] for p in project["participants"]}
     assert [n for n, t in kinds.items() if t == "relay"] == ["R1", "R2"]
     assert {

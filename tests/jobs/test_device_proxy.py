@@ -20,7 +20,7 @@ import pytest
 from nvflare.edge.constants import HttpHeaderKey
 
 from common.ports import listen_ports
-from jobs.deploy.device_proxy import write_lcp_map
+from jobs.deploy.device_proxy import sign_proxy_certificate, write_lcp_map
 from jobs.deploy.local import Deployment, proxy_answers
 from jobs.deploy.sessions import session_processes, stop_session
 from tests.conftest import PYTHON, REPO
@@ -39,8 +39,9 @@ def a_deployment(folder: str, **extra) -> Deployment:
     )
 
 
-def self_signed_ca(path) -> None:
-    """A root CA certificate in PEM, like a deployment's ``rootCA.pem``."""
+def self_signed_ca(path, state_dir=None) -> None:
+    """A root CA certificate in PEM, like a deployment's ``rootCA.pem``; with ``state_dir``, also its key in a
+    ``cert.json`` as NVFlare's provisioning keeps it."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
@@ -60,7 +61,13 @@ def self_signed_ca(path) -> None:
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
-    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    pem = cert.public_bytes(serialization.Encoding.PEM)
+    path.write_bytes(pem)
+    if state_dir is not None:
+        key_pem = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+        )
+        (state_dir / "cert.json").write_text(json.dumps({"root_cert": pem.decode(), "root_pri_key": key_pem.decode()}))
 
 
 def test_the_lcp_map_written_from_a_deployment_is_what_nvflares_query_reads(tmp_path):
@@ -88,26 +95,33 @@ def test_a_deployment_json_without_a_proxy_field_still_loads(tmp_path):
     assert Deployment.load(str(tmp_path)).proxy_endpoint == "http://127.0.0.1:12345/"
 
 
-@pytest.fixture
-def proxy(tmp_path):
+def start_proxy(tmp_path, *flags: str):
     """The launcher in a session of its own on a free loopback port, routing to a leaf whose port nothing listens
-    on; yields (port, process, log path); kills the session at the end whatever the test did."""
+    on; (port, process, log path)."""
     unreachable, port = listen_ports(2)  # free now: nothing listens on the leaf's port
     deployment = replace(a_deployment(str(tmp_path)), leaves=["C11"], ports={"C11": unreachable})
     lcp_map = tmp_path / "lcp_map.json"
     write_lcp_map(deployment, str(lcp_map))
     ca = tmp_path / "rootCA.pem"
-    self_signed_ca(ca)
+    if not ca.exists():
+        self_signed_ca(ca)
     log_path = tmp_path / "proxy.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [PYTHON, "-m", "jobs.deploy.device_proxy", str(port), str(lcp_map), str(ca)],
+            [PYTHON, "-m", "jobs.deploy.device_proxy", str(port), str(lcp_map), str(ca), *flags],
             cwd=REPO,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+    return port, proc, log_path
+
+
+@contextlib.contextmanager
+def running(started):
+    """Yield ``start_proxy``'s triple; kill the proxy's session at the end whatever the test did."""
+    port, proc, log_path = started
     try:
         yield port, proc, log_path
     finally:
@@ -116,9 +130,24 @@ def proxy(tmp_path):
         proc.wait(5)
 
 
-def wait_until_up(port: int, proc: subprocess.Popen, log_path, timeout: float = 20.0) -> None:
+@pytest.fixture
+def proxy(tmp_path):
+    with running(start_proxy(tmp_path)) as started:
+        yield started
+
+
+@pytest.fixture
+def https_proxy(tmp_path):
+    """The launcher serving HTTPS with a certificate signed by the deployment's root CA (``rootCA.pem``)."""
+    self_signed_ca(tmp_path / "rootCA.pem", state_dir=tmp_path)
+    cert, key = sign_proxy_certificate(str(tmp_path), str(tmp_path))
+    with running(start_proxy(tmp_path, "--ssl-cert", cert, "--ssl-key", key)) as started:
+        yield started
+
+
+def wait_until_up(port: int, proc: subprocess.Popen, log_path, timeout: float = 20.0, scheme: str = "http") -> None:
     deadline = time.time() + timeout
-    while not proxy_answers(f"http://127.0.0.1:{port}/"):
+    while not proxy_answers(f"{scheme}://127.0.0.1:{port}/"):
         assert proc.poll() is None, f"the proxy exited: {log_path.read_text()[-2000:]}"
         assert time.time() < deadline, f"the proxy did not answer: {log_path.read_text()[-2000:]}"
         time.sleep(0.2)
@@ -165,3 +194,28 @@ def test_sigterm_stops_the_proxy_and_leaves_no_process_of_its_session(proxy):
     assert proc.wait(5) is not None
     assert not session_processes(proc.pid)
     assert not proxy_answers(f"http://127.0.0.1:{port}/", timeout=1.0)
+
+
+def test_an_https_proxy_is_trusted_by_nvflares_http_client_given_the_root_ca(https_proxy, tmp_path, monkeypatch):
+    from nvflare.edge.simulation.feg_api import FegApi
+    from nvflare.edge.web.models.device_info import DeviceInfo
+    from nvflare.edge.web.models.job_request import JobRequest
+    from nvflare.edge.web.models.user_info import UserInfo
+
+    from processors.device_processor import RealDeviceProcessor
+
+    port, proc, log_path = https_proxy
+    wait_until_up(port, proc, log_path, scheme="https")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "")  # recorded, so the processor's setting is undone afterwards
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")  # straight to loopback, whatever proxy the environment names
+    api = FegApi(f"https://127.0.0.1:{port}/", DeviceInfo("device-1", "flare_mobile", "1.0"), UserInfo("u", "u"))
+    request = JobRequest(
+        "edgesim", DeviceInfo("device-1", "flare_mobile", "1.0"), UserInfo("u", "u"), {"methods": ["cnn"]}
+    )
+    with pytest.raises(Exception, match="CERTIFICATE_VERIFY_FAILED"):
+        api.get_job(request)  # the system's CAs do not know the deployment's
+    RealDeviceProcessor(ca_cert=str(tmp_path / "rootCA.pem"))  # what the device client's config makes
+    assert os.environ["REQUESTS_CA_BUNDLE"] == str(tmp_path / "rootCA.pem")
+    answer = api.get_job(request)  # verified against rootCA.pem; the leaf is unreachable: retry
+    assert answer.status == "RETRY", answer

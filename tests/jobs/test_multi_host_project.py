@@ -20,13 +20,28 @@ def test_the_kits_carry_each_sites_host_fixed_ports_and_mutual_tls(tmp_path, cap
     relay = json.loads((prod / "C11" / "local" / "relay__resources.json").read_text())["relay_config"]
     assert relay["address"] == "10.9.0.2:9102" and relay["connection_security"] == "mtls"
     listener = json.loads((prod / "R1" / "local" / "comm_config.json").read_text())["internal"]["resources"]
-    assert listener == {"host": "10.9.0.2", "port": 9102, "connection_security": "mtls"}
+    assert listener == {"host": "10.9.0.2", "port": 9102, "connection_security": "mtls", "listen_host": "10.9.0.2"}
+    server = json.loads((prod / "server" / "startup" / "fed_server.json").read_text())["servers"][0]
+    assert server["admin_host"] == "10.9.0.1" and server["admin_port"] == 9101
+    # the internal listeners (a site's own job processes connect) on loopback, at fixed ports after the others
+    for site, port in {"server": 9105, "C11": 9106, "C12": 9107}.items():
+        internal = json.loads((prod / site / "local" / "comm_config.json").read_text())["internal"]["resources"]
+        assert internal == {
+            "host": "127.0.0.1",
+            "listen_host": "127.0.0.1",
+            "port": port,
+            "connection_security": "clear",
+        }
+    sites = json.loads((prod / "admin@nvidia.com" / "local" / "edgesim_sites.json").read_text())
+    assert sites == {"relays": ["R1"], "leaves": ["C11", "C12"]}
     admin = json.loads((prod / "admin@nvidia.com" / "startup" / "fed_admin.json").read_text())
     assert admin["admin"]["host"] == "10.9.0.1" and admin["admin"]["port"] == 9101
     edge = json.loads((prod / "C12" / "local" / "edge__p_resources.json").read_text())
     assert {"host": "10.9.0.4", "port": 9104} in [c["args"] for c in edge["components"]]
     assert "default_host: 10.9.0.2" in (tmp_path / "k" / "project.yml").read_text()
-    assert "C12     10.9.0.4:9104  edge API" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "C12     10.9.0.4:9104  edge API" in out and "C12     127.0.0.1:9107  internal cell" in out
+    assert "server  0.0.0.0:9100  NVFlare cell" in out  # NVFlare binds it so off loopback (docs/deployment.md)
 
 
 @pytest.mark.parametrize(
