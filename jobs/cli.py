@@ -393,22 +393,6 @@ def config_from_args(args: argparse.Namespace, method: str, presets: bool = Fals
     return config_from_options(method, {k: v for k, v in vars(args).items() if k in known}, presets)
 
 
-def exit_now(code: int) -> typing.NoReturn:
-    """End a job's process with ``code`` as soon as its results are written: flush the console and the logs, then
-    skip the interpreter's teardown. That teardown (a full garbage collection over torch's and NVFlare's modules,
-    then freeing them) took 2 to 6 s after a run's last line on a shared 2-core machine, with nothing left to do:
-    every process of the job has stopped and every result is on disk when ``job_main`` returns."""
-    import logging
-
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe: nothing more can be said
-            pass
-    logging.shutdown()
-    os._exit(code)
-
-
 def job_main(description: str, argv: list[str] | None, method: str | None = None) -> int:
     """An entry point: parse, build (or, with ``--resume``, recover) the config, run. ``method`` None: the
     ``--method`` flag chooses, and the method's presets apply."""

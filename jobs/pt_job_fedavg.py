@@ -6,7 +6,8 @@ min hole to fill), which is what makes this FedAvg rather than FedBuff.
 
 from __future__ import annotations
 
-from jobs.cli import exit_now, job_main
+from jobs.cli import job_main
+from jobs.run.process_guard import exit_now
 
 
 def main(argv: list[str] | None = None) -> int:

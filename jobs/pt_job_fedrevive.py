@@ -9,7 +9,8 @@ method: ``--method package.module:Name`` (a ``jobs.methods.Method`` subclass; do
 
 from __future__ import annotations
 
-from jobs.cli import exit_now, job_main
+from jobs.cli import job_main
+from jobs.run.process_guard import exit_now
 
 
 def main(argv: list[str] | None = None) -> int:
