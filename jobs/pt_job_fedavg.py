@@ -6,9 +6,8 @@ min hole to fill), which is what makes this FedAvg rather than FedBuff.
 
 from __future__ import annotations
 
-import sys
-
 from jobs.cli import job_main
+from jobs.run.process_guard import exit_now
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,4 +15,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -9,9 +9,8 @@ method: ``--method package.module:Name`` (a ``jobs.methods.Method`` subclass; do
 
 from __future__ import annotations
 
-import sys
-
 from jobs.cli import job_main
+from jobs.run.process_guard import exit_now
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,4 +18,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

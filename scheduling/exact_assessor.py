@@ -73,7 +73,7 @@ from scheduling.applier import UpdateApplier
 from scheduling.waker import Waker
 from simulation.config import device_timeout_words
 from simulation.device_pool import DevicePool
-from simulation.nvflare_private import install_nvflare_fixes
+from simulation.nvflare_private import install_nvflare_fixes, quick_engine_checks
 from simulation.schedule import ExactSchedule
 
 # seconds a report's reply may wait for the updates it brought to be applied (then it carries the selections they
@@ -189,6 +189,7 @@ class ExactTimeAssessor(Assessor):
     # -- run lifecycle ------------------------------------------------------------------------------------------
     def _start_run(self, _event: str, fl_ctx: FLContext) -> None:
         self._engine = fl_ctx.get_engine()
+        quick_engine_checks(self._engine)  # the simulator's server ends soon after END_RUN (nvflare_private, 9)
         persistor = self._engine.get_component(self.persistor_id)
         if not isinstance(persistor, LearnablePersistor):
             self.system_panic(f"component {self.persistor_id!r} must be a LearnablePersistor", fl_ctx)

@@ -43,6 +43,18 @@ server and leaf components call it.
    ``simulator_ports_outside_ephemeral_range`` makes ``simulator_runner`` and ``simulator_deployer`` pick with
    ``common.ports.listen_ports`` (our server component installs it in the simulator's process, before the
    simulator starts its client workers).
+8. **A short shutdown grace in the simulator.** ``MainProcessMonitor.run`` ends an NVFlare process by sleeping
+   ``shutdown_grace_time`` "to let pending activities finish" before its cleanup callbacks; the simulator's
+   server process gets 3 s (hard-coded in ``SimulatorRunner.run_process``), paid by every SimEnv run between its
+   server's last log line and its exit. By then the server runner has fired END_RUN, every result is written and
+   the client workers have ended. ``short_simulator_shutdown_grace`` caps that sleep at
+   ``SIMULATOR_SHUTDOWN_GRACE`` in the simulator's processes only; the cleanup callbacks still run, and are still
+   waited for, as before.
+9. **The server's engine check.** ``FederatedServer.start_run`` notices that its server runner has finished by
+   polling every ``check_engine_frequency`` seconds (3 s, NVFlare's default): on average 1.5 s, up to 3 s, between
+   a run's END_RUN and the server's shutdown. ``quick_engine_checks`` sets it to ``SIMULATOR_ENGINE_CHECK`` on the
+   simulator's server (each check also sends the job's heartbeat to its parent cell, in the same process there).
+   ``tests/simulation/test_nvflare_private.py`` checks the attribute and the loop in NVFlare's source.
 """
 
 from __future__ import annotations
@@ -81,6 +93,7 @@ NVFLARE_PRIVATE_OVERRIDES = {
 NVFLARE_PRIVATE_PATCHES = {
     "nvflare.fuel.f3.streaming.byte_receiver.RxTask._schedule_remove_task": ("self", "ttl"),
     "nvflare.fuel.f3.streaming.byte_receiver.RxTask._remove_task": ("self",),
+    "nvflare.fuel.f3.mpm.MainProcessMonitor._start_shutdown": ("shutdown_grace_time", "cleanup_grace_time"),
 }
 NVFLARE_PRIVATE_MODULE_FUNCTIONS = {  # a private module's function, replaced in that module only
     "nvflare.private.fed.app.simulator.simulator_runner.get_open_ports": ("number",),
@@ -263,12 +276,41 @@ STREAM_CLEANUP = DueTimer()  # every finished stream's delayed removal, on one t
 ORIGINALS: dict[str, Callable] = {}  # NVFlare's own methods this process replaced, by name
 
 
+SIMULATOR_SHUTDOWN_GRACE = 0.3  # seconds a simulator process sleeps before its cleanup callbacks (NVFlare: 3)
+SIMULATOR_ENGINE_CHECK = 0.25  # seconds between the simulator server's checks for a finished run (NVFlare: 3)
+
+
 def install_nvflare_fixes() -> None:
-    """Fixes 4 and 5 of the module docstring, and 7 in the simulator's processes; once per process."""
+    """Fixes 4 and 5 of the module docstring, and 7 and 8 in the simulator's processes; once per process."""
     share_stream_cleanup_thread()
     render_payloads_by_size()
     if in_simulator():
         simulator_ports_outside_ephemeral_range()
+        short_simulator_shutdown_grace()
+
+
+def quick_engine_checks(engine) -> None:
+    """The simulator's server checks every ``SIMULATOR_ENGINE_CHECK`` seconds whether its run has finished (fix 9);
+    a no-op outside the simulator, or for an engine without NVFlare's ``FederatedServer``. Call at START_RUN."""
+    server = getattr(engine, "server", None)
+    if in_simulator() and server is not None and hasattr(server, "check_engine_frequency"):
+        server.check_engine_frequency = min(server.check_engine_frequency, SIMULATOR_ENGINE_CHECK)
+
+
+def short_simulator_shutdown_grace() -> None:
+    """``MainProcessMonitor``'s sleep before its cleanup callbacks is at most ``SIMULATOR_SHUTDOWN_GRACE`` (fix 8);
+    idempotent. Only for NVFlare's simulator processes (``in_simulator``): a deployed site keeps its grace."""
+    from nvflare.fuel.f3.mpm import MainProcessMonitor
+
+    if "MainProcessMonitor._start_shutdown" in ORIGINALS:
+        return
+    original = MainProcessMonitor._start_shutdown  # noqa: SLF001 - bound to the class: NVFlare's own
+    ORIGINALS["MainProcessMonitor._start_shutdown"] = original
+
+    def _start_shutdown(cls, shutdown_grace_time, cleanup_grace_time):
+        original(min(shutdown_grace_time, SIMULATOR_SHUTDOWN_GRACE), cleanup_grace_time)
+
+    MainProcessMonitor._start_shutdown = classmethod(_start_shutdown)  # noqa: SLF001 - see the docstring (8)
 
 
 def in_simulator() -> bool:

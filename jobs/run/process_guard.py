@@ -5,15 +5,20 @@ NVFlare's simulator runs the server and each leaf in subprocesses, and the leaf 
 groups, so a Ctrl-C in the terminal never reaches them and killing the driver orphans them (measured: after
 ``timeout`` killed a driver, its server and both leaf workers kept running, ~0.9 GB each). The guard turns
 SIGTERM into a normal exit and, on the way out, terminates the driver's descendants, then kills those that do
-not stop within the grace period.
+not stop within the grace period. ``exit_now`` ends a job script's process once all of that is done, without
+the interpreter's slow teardown.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NoReturn
 
 import psutil
 
@@ -78,3 +83,17 @@ def no_orphans(grace_seconds: float = 10.0) -> Iterator[Interrupts]:
         stopped = stop_descendants(grace_seconds)
         if stopped:
             print(f"[edgesim] stopped {stopped} process(es) the job left running")
+
+
+def exit_now(code: int) -> NoReturn:
+    """End a job's process with ``code`` as soon as its results are written: flush the console and the logs, then
+    skip the interpreter's teardown. That teardown (a full garbage collection over torch's and NVFlare's modules,
+    then freeing them) took 2 to 6 s after a run's last line on a shared 2-core machine, with nothing left to do:
+    every process of the job has stopped and every result is on disk when ``job_main`` returns."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be said
+            pass
+    logging.shutdown()
+    os._exit(code)

@@ -4,7 +4,8 @@ Every source yields the same in-memory form (``Dataset``): a train and a test sp
 ``0 .. num_classes - 1``. Inputs are either uint8 images N x C x H x W (C = 1 or 3), kept as uint8 and standardised
 per channel on the fly (CIFAR-10's statistics for the built-in sources, the training split's own for a user's), or
 float arrays N x ... used as they are. ``load_dataset`` caches per process, so all simulated devices of a process
-share one copy: no per-task dataset load and no DataLoader worker processes.
+share one copy: no per-task dataset load and no DataLoader worker processes. The synthetic images are also
+cached per machine (``processors.data.cache``): a run's driver, server and leaves read them, not draw them again.
 
 A user's data comes as ``PATH.npz`` (arrays ``x_train, y_train, x_test, y_test``) or as an import path
 ``package.module:function`` whose function returns those four arrays (a mapping with those keys, an object with
@@ -20,6 +21,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
+
+from processors.data.cache import cached_arrays
 
 BUILTIN_DATASETS = ("cifar10", "synthetic")
 NUM_CLASSES = 10
@@ -115,8 +118,12 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
 def _load_cached(spec: DatasetSpec) -> Dataset:
     kind = spec.kind
     if kind == "synthetic":
-        return make_synthetic(
-            spec.synthetic_size, max(spec.synthetic_size // 5, 100), spec.seed, spec.synthetic_difficulty
+        return cached_synthetic(
+            spec.synthetic_size,
+            max(spec.synthetic_size // 5, 100),
+            spec.seed,
+            spec.synthetic_difficulty,
+            spec.data_root,
         )
     if kind == "npz":
         return load_npz(spec.name)
@@ -193,6 +200,21 @@ def make_synthetic(n_train: int, n_test: int, seed: int, difficulty: float = 0.0
 
 
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+SYNTHETIC_FORMAT = 1  # raise whenever make_synthetic's bits change: cached sets of an older generator are not read
+
+
+def cached_synthetic(n_train: int, n_test: int, seed: int, difficulty: float, data_root: str) -> Dataset:
+    """``make_synthetic``'s dataset, made once per machine and read back by every later process
+    (``processors.data.cache``: under ``data_root/synthetic``, keyed by every argument)."""
+
+    def make() -> dict[str, np.ndarray]:
+        data = make_synthetic(n_train, n_test, seed, difficulty)
+        return {k: getattr(data, k).numpy() for k in NPZ_KEYS}
+
+    key = {"n_train": int(n_train), "n_test": int(n_test), "seed": int(seed), "difficulty": float(difficulty)}
+    folder = os.path.join(data_root, "synthetic")
+    arrays = cached_arrays(folder, "synthetic", SYNTHETIC_FORMAT, key, make)
+    return Dataset(*(torch.from_numpy(np.ascontiguousarray(arrays[k])) for k in NPZ_KEYS))
 
 
 def load_npz(path: str) -> Dataset:

@@ -24,3 +24,20 @@ def test_stop_descendants_reaches_grandchildren_in_their_own_session():
     assert stop_descendants(grace_seconds=5) == 2
     child.wait(timeout=5)
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree)
+
+
+def test_exit_now_keeps_what_was_printed_and_logged_and_the_exit_code(tmp_path):
+    """The job scripts end with ``exit_now``: no interpreter teardown, but nothing written is lost."""
+    from tests.conftest import REPO
+
+    log = tmp_path / "log.txt"
+    code = (
+        "import logging, sys\n"
+        f"logging.basicConfig(filename={str(log)!r}, level=logging.INFO)\n"
+        "from jobs.run.process_guard import exit_now\n"
+        "print('to stdout', end=''); print('to stderr', end='', file=sys.stderr); logging.info('logged')\n"
+        "exit_now(3)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "to stdout", "to stderr")
+    assert "logged" in log.read_text()

@@ -25,14 +25,18 @@ from simulation.nvflare_private import (
     NVFLARE_PRIVATE_OVERRIDES,
     NVFLARE_PRIVATE_PATCHES,
     ORIGINALS,
+    SIMULATOR_ENGINE_CHECK,
+    SIMULATOR_SHUTDOWN_GRACE,
     STREAM_CLEANUP,
     QuietEdgeModelExecutor,
     client_app_config,
     install_nvflare_fixes,
+    quick_engine_checks,
     recipe_job,
     server_app_config,
     set_sync_interval,
     share_stream_cleanup_thread,
+    short_simulator_shutdown_grace,
     simulator_ports_outside_ephemeral_range,
 )
 from tests.fakes.processors import UsersProcessor
@@ -51,6 +55,7 @@ def test_the_private_names_we_touch_are_nvflares_real_ones():
     from nvflare.edge.controllers.sage import ScatterAndGatherForEdge
     from nvflare.edge.executors.ete import EdgeTaskExecutor
     from nvflare.edge.executors.hug import HierarchicalUpdateGatherer
+    from nvflare.fuel.f3.mpm import MainProcessMonitor
     from nvflare.fuel.f3.streaming.byte_receiver import RxTask
     from nvflare.job_config.api import FedJob
     from nvflare.private.fed.app.deployer import simulator_deployer
@@ -65,6 +70,7 @@ def test_the_private_names_we_touch_are_nvflares_real_ones():
     assert NVFLARE_PRIVATE_PATCHES == {
         _real(RxTask, "_schedule_remove_task"): ("self", "ttl"),
         _real(RxTask, "_remove_task"): ("self",),
+        _real(MainProcessMonitor, "_start_shutdown"): ("shutdown_grace_time", "cleanup_grace_time"),
     }
     assert NVFLARE_PRIVATE_MODULE_FUNCTIONS == {
         _real(simulator_runner, "get_open_ports"): ("number",),
@@ -162,6 +168,46 @@ def test_replaced_private_nvflare_functions_are_unchanged(path, parameters):
     assert hasattr(module, name), f"NVFlare no longer has {path}: review simulation/nvflare_private.py"
     original = ORIGINALS.get(path, getattr(module, name))
     assert tuple(inspect.signature(original).parameters) == parameters
+
+
+def test_simulator_processes_sleep_a_short_grace_before_their_cleanup(monkeypatch):
+    """Fix 8: MPM's sleep before the cleanup callbacks is capped; the callbacks still run; idempotent."""
+    from nvflare.fuel.f3 import mpm
+
+    slept = []
+    monkeypatch.setattr(mpm.time, "sleep", slept.append)
+    monkeypatch.setattr(mpm.MainProcessMonitor, "_cleanup_cbs", [])
+    short_simulator_shutdown_grace()
+    short_simulator_shutdown_grace()
+    assert ORIGINALS["MainProcessMonitor._start_shutdown"].__func__.__module__ == "nvflare.fuel.f3.mpm"
+    called = []
+    mpm.MainProcessMonitor.add_cleanup_cb(called.append, "cleaned")
+    mpm.MainProcessMonitor._start_shutdown(3, 6)  # noqa: SLF001 - what SimulatorRunner.run_process asks for
+    assert slept == [SIMULATOR_SHUTDOWN_GRACE] and called == ["cleaned"]
+
+
+def test_the_simulator_server_checks_for_a_finished_run_often(monkeypatch):
+    """Fix 9: the simulator's server polls its engine every SIMULATOR_ENGINE_CHECK s; a deployed server keeps 3 s."""
+    import inspect as _inspect
+
+    from nvflare.private.fed.server.fed_server import FederatedServer
+
+    from simulation import nvflare_private
+
+    assert "check_engine_frequency=3.0" in str(_inspect.signature(FederatedServer.__init__))
+    assert "time.sleep(self.check_engine_frequency)" in _inspect.getsource(FederatedServer.start_run)
+
+    class Engine:
+        server = type("Server", (), {"check_engine_frequency": 3.0})()
+
+    engine = Engine()
+    monkeypatch.setattr(nvflare_private, "in_simulator", lambda: False)
+    quick_engine_checks(engine)
+    assert engine.server.check_engine_frequency == 3.0
+    monkeypatch.setattr(nvflare_private, "in_simulator", lambda: True)
+    quick_engine_checks(engine)
+    assert engine.server.check_engine_frequency == SIMULATOR_ENGINE_CHECK
+    quick_engine_checks(object())  # no server: nothing to do
 
 
 def test_simulator_workers_get_ports_below_the_ephemeral_range():
