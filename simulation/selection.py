@@ -14,9 +14,14 @@ schedule (``simulation.schedule.ExactSchedule``) then gathers the candidates and
 Exact time holds because the policy sees only what the server had *applied* when it selects: the schedule's
 ``DeviceKnowledge`` is fed by ``ExactSchedule.apply`` with the update being applied (before the replacements are
 selected, at that update's arrival time), in the schedule's order, never by a report that merely reached the
-server early. So the event order is a function of the seed, the policy and the training results, which are
-themselves a function of the seed (the leaves' groups are fixed: ``simulation.fast_simulator``). Randomness comes
-only from the ``numpy.random.Generator`` the schedule hands the policy (seeded, checkpointed).
+server early. So the event order is a function of the seed, the policy and the training results. Those are a
+function of the seed and of how the leaves group their devices for training (``simulation.fast_simulator``: the
+engine and the group size, which ``--engine``, ``--num-workers`` and ``--group-size`` set and a leaf otherwise
+plans from its machine): another grouping sums in another order, the reports' last float bits differ, and a
+near-tie between two devices may then resolve the other way. Give those flags to repeat a run of a
+report-reading policy on another machine; the uniform default and policies that read no report do not depend on
+them. Randomness comes only from the ``numpy.random.Generator`` the schedule hands the policy (seeded,
+checkpointed).
 
 Checkpoints: ``ExactSchedule.state_dict`` holds the knowledge, the generator and the policy's own
 ``state_dict``, so ``--resume`` continues exactly. A policy whose ``needs`` names training reports cannot run in
