@@ -76,3 +76,25 @@ def test_an_unknown_report_is_refused_naming_the_known_ones():
     with pytest.raises(ValueError, match="loss_squared"):
         check_reports(["loss", "gradient_norm"])
     assert check_reports(["steps", "loss", "loss"]) == ("loss", "steps")
+
+
+def test_a_real_device_sends_the_reports_its_job_asks_for():
+    """The leaf hands a real device the job's settings (``device_settings``); the device trains with them and
+    sends the same reports as a simulated device, through the JSON wire, and the leaf accepts its diff."""
+    import json
+
+    from aggregation.leaf_executor import device_settings
+    from common.device_wire import diff_problem, from_wire, to_wire
+    from processors.device_processor import _trainer
+
+    simulated = make_processor(synthetic_size=500, subset_size=20, local_iters=2, local_batch_size=8)
+    simulated.reports = [LOSS, LABEL_COUNTS]
+    settings = json.loads(json.dumps(device_settings(simulated)))  # what travels in the task's metadata
+    assert settings["reports"] == [LOSS, LABEL_COUNTS]
+    weights = {k: v.numpy() for k, v in build_model(MODEL).state_dict().items()}
+    real = _trainer(json.dumps(settings, sort_keys=True), "cpu", "")
+    sent = from_wire(json.loads(json.dumps(to_wire(real.train("site-1#2", weights, version=1)))))
+    want = simulated.train("site-1#2", weights, version=1)
+    assert set(reports(sent)) == {LOSS, LABEL_COUNTS} and diff_problem(sent, weights) == ""
+    for name in (LOSS, LABEL_COUNTS):
+        np.testing.assert_array_equal(reports(sent)[name], reports(want)[name])
