@@ -136,17 +136,26 @@ def train_group(
     received_by_name = {name: global_params[name].detach() for name in names}
     extras = extras or {}
 
-    def device_loss(params: dict[str, torch.Tensor], x, y, m, count) -> tuple[torch.Tensor, dict]:
+    def forward(params: dict[str, torch.Tensor], x, y, m, count) -> tuple[torch.Tensor, dict, torch.Tensor]:
         with collecting(tracked, m) as collector:
             logits = functional_call(model, params, (x,))
         per_sample = F.cross_entropy(logits, y, reduction="none")
         loss = (per_sample * m).sum() / count
         if objective is not None:
             loss = loss + objective.loss(params, received_by_name, extras)
-        # the aux also carries what the last step reports (views, no extra pass: unused on other steps)
-        return loss, (collector.stats, loss.detach(), per_sample.detach())
+        return loss, collector.stats, per_sample
+
+    def device_loss(params: dict[str, torch.Tensor], x, y, m, count) -> tuple[torch.Tensor, dict]:
+        loss, stats, _ = forward(params, x, y, m, count)
+        return loss, stats
+
+    def reporting_loss(params: dict[str, torch.Tensor], x, y, m, count) -> tuple[torch.Tensor, tuple]:
+        """The same step, whose aux also carries what the last step reports (no extra pass)."""
+        loss, stats, per_sample = forward(params, x, y, m, count)
+        return loss, (stats, loss.detach(), per_sample.detach())
 
     group_grad = vmap(grad(device_loss, has_aux=True))
+    reporting_grad = vmap(grad(reporting_loss, has_aux=True))
 
     # The stacked state of K modules all loaded with the global weights (what stack_module_state would give
     # for K copies, without building K modules).
@@ -170,11 +179,12 @@ def train_group(
             xb = augmentation.crop_flip(xb, offsets[t].view(-1, 2), flips[t].view(-1))
         xb = prepare(xb).view(k, batch, *image_shape)
         yb = yb.view(k, batch)
-        grads_by_name, (batch_stats, losses, per_sample) = group_grad(
-            dict(zip(names, params, strict=True)), xb, yb, mask[t], counts
-        )
-        if last_step is not None and t == iters - 1:
+        step_params = dict(zip(names, params, strict=True))
+        if last_step is not None and t == iters - 1:  # only a step that reports carries the extra outputs
+            grads_by_name, (batch_stats, losses, per_sample) = reporting_grad(step_params, xb, yb, mask[t], counts)
             _record_last_step(last_step, losses, per_sample, mask[t], counts)
+        else:
+            grads_by_name, batch_stats = group_grad(step_params, xb, yb, mask[t], counts)
         grads = [grads_by_name[name] for name in names]
         with torch.no_grad():
             for name, tracker in tracked.items():

@@ -56,12 +56,14 @@ def test_both_engines_report_the_same_and_train_the_same_bits(subset_size):
 def test_the_loss_reported_is_the_last_steps_loss():
     """With one step on the whole subset, the reported loss is the received model's cross-entropy on it,
     recomputed by hand, in both engines."""
+    # a version no other test trains: a process converts each version's weights once (``global_params_on``)
+    version = 7919
     proc = make_processor(synthetic_size=500, subset_size=20, local_iters=1, local_batch_size=20)
     proc.reports = [LOSS, LOSS_SQUARED]
     weights = {k: v.numpy() for k, v in build_model(MODEL).state_dict().items()}
-    got = reports(proc.train("site-1#0", weights, version=1))
-    grouped = reports(proc.train_group(["site-1#0", "site-1#1"], weights, version=1)[0])
-    _, x, y, _ = proc._prepare("site-1#0", 1)
+    got = reports(proc.train("site-1#0", weights, version=version))
+    grouped = reports(proc.train_group(["site-1#0", "site-1#1"], weights, version=version)[0])
+    _, x, y, _ = proc._prepare("site-1#0", version)
     net = build_model(MODEL)
     net.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
     net.train()
