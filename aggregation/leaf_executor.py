@@ -66,7 +66,7 @@ BATCH_WINDOW = 0.1  # seconds a result the server is not waiting for may wait fo
 def device_settings(processor) -> dict:
     """What a real device needs to train this job as a simulated one would: the job's task processor's data,
     training, seed and the method's device hook (``processors.device_processor`` reads it from each task)."""
-    names = ("data", "training", "seed", "objective", "objective_args", "label_counts")
+    names = ("data", "training", "seed", "objective", "objective_args", "reports")
     missing = [n for n in names if not hasattr(processor, n)]
     if missing:
         raise TypeError(f"{type(processor).__name__} is not the job's task processor: it lacks {missing}")

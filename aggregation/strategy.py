@@ -67,8 +67,9 @@ class Update:
         diff: the summed diff, trained minus received, of parameters and statistics (float32, do not modify).
         tau: staleness: versions made between ``base_version`` and this update's application.
         sim_time: the simulated time it arrived at.
-        reports: what the device reported besides its diff (``common.protocol.LABEL_COUNTS`` when its method asks
-            for its label histogram), by name.
+        reports: what the device reported besides its diff, by name: the reports its method asks for
+            (``Method.reports``; ``processors.reports``: its last loss, steps, label histogram, ...); for a leaf's
+            sum of a synchronous selection, their sums.
     """
 
     device: str

@@ -43,6 +43,12 @@ DEVICE_EXTRA_PREFIX = "edgesim_extra/"
 # up, the same way: a device's own reports travel in its diff under that prefix and reach the strategy as
 # Update.reports (the diff the strategy sums holds the model only)
 LABEL_COUNTS = "label_counts"  # a device's label histogram (float32, one count per class), when its method asks
+# the other reports a device can send (processors.reports computes them; a method names those it wants)
+LOSS = "loss"  # the loss its last local step minimised (a float32 scalar)
+LOSS_SQUARED = "loss_squared"  # the mean of its last step's squared per-sample cross-entropies (Oort's utility)
+STEPS = "steps"  # local steps it took
+SAMPLES = "samples"  # samples it trained on, counted over its steps (FedScale's trained_size)
+DEVICE_REPORTS = (LOSS, LOSS_SQUARED, STEPS, SAMPLES, LABEL_COUNTS)
 SELECTION_VERSIONS = "edgesim_selection_versions"  # {selection id: model version}
 
 # FLContext key set by the server's model manager next to AppConstants.GLOBAL_MODEL: the simulated time at which
@@ -52,6 +58,12 @@ SIM_TIME = "edgesim.sim_time"
 METHOD_STATUS = "edgesim.method_status"
 # fl_ctx prop beside it: the fleet as the version was made, ``ExactSchedule.fleet()`` (devices online, updates, failed)
 FLEET = "edgesim.fleet"
+
+
+def reports_of(diff: dict | None) -> dict:
+    """A device's reports in its diff (the entries under ``DEVICE_EXTRA_PREFIX``), by name; {} for none."""
+    n = len(DEVICE_EXTRA_PREFIX)
+    return {k[n:]: v for k, v in (diff or {}).items() if k.startswith(DEVICE_EXTRA_PREFIX)}
 
 
 class DeviceUpdate:

@@ -5,6 +5,10 @@ A method subclasses ``Method`` and says, in class attributes and a few overridab
 * its server strategy (``aggregation.strategy.ServerStrategy``, by import path) and the arguments it gets;
 * optionally its device hook (``processors.objective.DeviceObjective``): a term added to every device's local
   loss, in both training engines, with extra state the strategy sends down with each version;
+* the reports its devices send besides their diffs (``reports``: their last loss, steps, label histogram, ...;
+  ``processors.reports``), which its strategy gets in ``add_update`` as ``Update.reports``;
+* optionally its selection policy (``simulation.selection.SelectionPolicy``): whom the schedule selects, from the
+  idle online devices and what the run knows of them (the reports it ``needs`` are sent too);
 * its own settings, a frozen dataclass that checks itself in ``__post_init__`` and names the fix; its fields
   become the flags ``--<flag_prefix>-<field>`` (help from the dataclass's ``Attributes:`` docstring,
   ``common.config_flags``) and the ``jobs.api`` options ``<flag_prefix>_<field>``;
@@ -30,6 +34,7 @@ from typing import Any, ClassVar
 
 from common.choices import ConfigError
 from common.imports import import_object, import_path
+from common.protocol import LABEL_COUNTS
 from fedrevive.config import LOG_FILE as FEDREVIVE_LOG
 from fedrevive.config import FedReviveConfig
 
@@ -42,6 +47,8 @@ class Method:
         strategy: its server strategy: a ``ServerStrategy`` subclass, or its import path ``package.module:Class``.
         objective: its device hook: a ``DeviceObjective`` subclass, or its import path (``None``: plain local
             training, the cross-entropy only).
+        selection: its selection policy: a ``SelectionPolicy`` subclass, or its import path (``None``: uniform
+            among idle devices, the default).
         settings: its own settings, a frozen dataclass (``None``: it has none).
         flag_prefix: the prefix of its settings' flags and options (required with ``settings``).
         presets: federation values applied to whatever is not given as a flag (``jobs/pt_job_fedrevive.py``).
@@ -55,6 +62,7 @@ class Method:
     name: ClassVar[str] = ""
     strategy: ClassVar[str | type] = "aggregation.buffered_mean:BufferedMean"
     objective: ClassVar[str | type | None] = None
+    selection: ClassVar[str | type | None] = None
     settings: ClassVar[type | None] = None
     flag_prefix: ClassVar[str] = ""
     presets: ClassVar[dict] = {}
@@ -70,14 +78,28 @@ class Method:
         """Its device hook's constructor arguments for this run (``cfg``: the ``JobConfig``)."""
         return {}
 
-    def reports_label_counts(self, cfg: Any) -> bool:
-        """Whether devices report their label histogram with each update (``Update.reports``)."""
-        return False
+    def selection_args(self, cfg: Any) -> dict:
+        """Its selection policy's constructor arguments for this run (``cfg``: the ``JobConfig``)."""
+        return {}
+
+    def reports(self, cfg: Any) -> tuple[str, ...]:
+        """The reports devices send with each update (``common.protocol`` names, ``processors.reports``): those
+        its strategy reads (override, and add to this) and those its selection policy ``needs``. Devices compute
+        only these."""
+        return self.selection_needs()
+
+    def selection_needs(self) -> tuple[str, ...]:
+        """The device reports its selection policy reads (none without a policy)."""
+        if self.selection is None:
+            return ()
+        found = import_object(self.selection, "selection") if isinstance(self.selection, str) else self.selection
+        return tuple(getattr(found, "needs", ()))
 
     def leaf_sums(self, cfg: Any) -> bool:
         """Leaf aggregation: ``True``, a leaf sends one sum per selection (every device of a synchronous
-        selection goes into the same version); ``False``, each device's own update."""
-        return cfg.federation.synchronous
+        selection goes into the same version); ``False``, each device's own update (always when its selection
+        policy reads reports: a sum would carry no device's own)."""
+        return cfg.federation.synchronous and not self.selection_needs()
 
     def check(self, cfg: Any) -> None:
         """Refuse a configuration this method cannot run, naming the fix (``ConfigError``)."""
@@ -85,6 +107,15 @@ class Method:
             raise ConfigError(
                 f"{self.label} is synchronous and waits for every selected device: leave --num-updates-for-model "
                 "and --min-hole-to-fill at the selection size, or use --method fedbuff for buffered asynchronous FL"
+            )
+        if self.selection_needs() and cfg.run.dry_run:
+            raise ConfigError(
+                f"--method {self.label} selects devices by what they report after training "
+                f"({', '.join(self.selection_needs())}), and --dry-run trains nothing: run it without --dry-run"
+            )
+        if self.selection is not None and cfg.engine.simulator == "stock":
+            raise ConfigError(
+                f"--method {self.label} has its own selection policy, which our server runs: use --simulator fast"
             )
         if cfg.engine.simulator == "stock" and not self.stock_baseline:
             raise ConfigError(
@@ -110,6 +141,13 @@ class Method:
         if self.objective is None:
             return ""
         return self.objective if isinstance(self.objective, str) else import_path(self.objective, "objective")
+
+    @property
+    def selection_path(self) -> str:
+        """The import path of its selection policy ("": uniform)."""
+        if self.selection is None:
+            return ""
+        return self.selection if isinstance(self.selection, str) else import_path(self.selection, "selection")
 
     @property
     def short_name(self) -> str:
@@ -180,8 +218,9 @@ class FedRevive(Method):
     def leaf_sums(self, cfg: Any) -> bool:
         return False  # it revives each update on its own
 
-    def reports_label_counts(self, cfg: Any) -> bool:
-        return cfg.method_settings.class_proportions == "true"
+    def reports(self, cfg: Any) -> tuple[str, ...]:
+        # its true class proportions: each teacher's label histogram (``fedrevive.teachers``)
+        return super().reports(cfg) + ((LABEL_COUNTS,) if cfg.method_settings.class_proportions == "true" else ())
 
     def settings_from_record(self, values: dict) -> Any:
         # runs recorded before these settings existed passed warm-up updates whole and probed for proportions

@@ -8,7 +8,10 @@ Each task is a JSON-safe WEIGHTS DXO (nested lists, ``common.device_wire``) whos
 simulated device of the same id would (``processors.task_processor.TrainingTaskProcessor.train``: its own data
 partition, its own seeded batch order) and answers with its WEIGHT_DIFF as lists. A phone app does the same with
 its own data: it must return ``{"kind": "WEIGHT_DIFF", "data": {"dict": {name: nested list}, "count": 1},
-"meta": {}}``, with the keys of the task's weights.
+"meta": {}}``, with the keys of the task's weights. The reports its method asks for (the settings' ``reports``:
+its last loss, steps, label histogram; ``processors.reports``) go in the same dict, each under
+``"edgesim_extra/" + name`` (a number, or a list for the histogram); this processor sends them as a simulated
+device does, at the cost of reading the last step's loss.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ def _trainer(settings_json: str, compute_device: str, data_root: str) -> Trainin
         seed=settings["seed"],
         objective=settings.get("objective", ""),
         objective_args=settings.get("objective_args") or {},
-        label_counts=bool(settings.get("label_counts")),
+        reports=settings.get("reports") or (),
     )
 
 

@@ -26,13 +26,14 @@ from nvflare.edge.web.models.task_response import TaskResponse
 
 from common.delays import DelayConfig, DeviceDelays
 from common.profiles import DEFAULT_PROFILE, UtilisationProfile, get_profile
-from common.protocol import DEVICE_EXTRA_PREFIX, DEVICE_ID_META, LABEL_COUNTS
+from common.protocol import DEVICE_EXTRA_PREFIX, DEVICE_ID_META
 from common.seeds import stable_seed
 from processors.data.config import DataConfig
 from processors.data.partition import device_indices
 from processors.data.sources import Dataset, DatasetSpec, load_dataset
 from processors.device import resolve_device
 from processors.objective import DeviceObjective, make_objective
+from processors.reports import LAST_STEP, check_reports, with_reports
 from processors.training import TrainingConfig, train_local, worker_model
 from processors.training_vectorized import train_group
 
@@ -151,8 +152,8 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
             does (the stock-simulator baseline only); ``None``: no sleeping.
         objective: the method's device hook (``processors.objective.DeviceObjective``) by import path; "": none.
         objective_args: its constructor's keyword arguments.
-        label_counts: each device also reports its label histogram (``common.protocol.LABEL_COUNTS``), in its
-            diff under ``DEVICE_EXTRA_PREFIX``, for a method that asks (FedRevive's true class proportions).
+        reports: what each device reports besides its diff, by name (``processors.reports``: its last loss, its
+            steps, its label histogram, ...), in its diff under ``DEVICE_EXTRA_PREFIX``; what its method asks for.
     """
 
     def __init__(
@@ -166,7 +167,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         stock_delays: dict | None = None,
         objective: str = "",
         objective_args: dict | None = None,
-        label_counts: bool = False,
+        reports: list[str] | tuple[str, ...] = (),
     ):
         DeviceTaskProcessor.__init__(self)
         self.data = data
@@ -178,7 +179,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         self.stock_delays = stock_delays
         self.objective = objective
         self.objective_args = objective_args or {}
-        self.label_counts = label_counts
+        self.reports = list(check_reports(reports))
         self._objective: DeviceObjective | None = make_objective(objective, self.objective_args)
         self._data = DataConfig(**data)
         self._training = TrainingConfig(**training)
@@ -290,16 +291,21 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
                 self._input_prep(),
                 self._objective,
                 device_extras(params),
+                last_step := self._last_step(),
             )
-            return self._with_reports(diff, y)
+            return self._with_reports(diff, y, last_step)
 
-    def _with_reports(self, diff: dict[str, np.ndarray], y: torch.Tensor) -> dict[str, np.ndarray]:
-        """The diff, with the device's label histogram when the method asks for it."""
-        if self.label_counts:
-            classes = load_dataset(self._data.spec(self.seed)).num_classes
-            counts = torch.bincount(y.cpu(), minlength=classes).numpy().astype(np.float32)
-            diff[DEVICE_EXTRA_PREFIX + LABEL_COUNTS] = counts
-        return diff
+    def _last_step(self) -> dict | None:
+        """Where an engine puts a device's last-step losses, when a report needs them (else it measures none)."""
+        return {} if set(self.reports) & set(LAST_STEP) else None
+
+    def _with_reports(self, diff: dict[str, np.ndarray], y: torch.Tensor, last_step: dict | None) -> dict:
+        """The diff, with the reports the method asks for (``processors.reports``)."""
+        if not self.reports:
+            return diff
+        classes = load_dataset(self._data.spec(self.seed)).num_classes
+        batch = min(self._training.local_batch_size, len(y))
+        return with_reports(diff, tuple(self.reports), y, classes, self._training.local_iters, batch, last_step)
 
     def train_group(self, device_ids: list[str], model_data: dict, version: int) -> list[dict[str, np.ndarray]]:
         """Train several devices from the same global weights in one vectorised call (``train_group``); each
@@ -320,5 +326,9 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
                 self._input_prep(),
                 self._objective,
                 device_extras(params),
+                last_steps := ([] if self._last_step() is not None else None),
             )
-            return [self._with_reports(d, y) for d, (_, _, y, _) in zip(diffs, prepared, strict=True)]
+            steps = last_steps if last_steps is not None else [None] * len(diffs)
+            return [
+                self._with_reports(d, y, last) for d, (_, _, y, _), last in zip(diffs, prepared, steps, strict=True)
+            ]

@@ -26,6 +26,7 @@ from processors import augment as augmentation
 from processors.data.sources import normalize
 from processors.models import build_model, check_model_name, model_class, statistic_names
 from processors.objective import DeviceObjective
+from processors.reports import last_step_losses
 
 Optimizer = Literal["adam", "sgd"]
 
@@ -150,6 +151,7 @@ def train_local(
     prepare: Callable[[torch.Tensor], torch.Tensor] = normalize,
     objective: DeviceObjective | None = None,
     extras: dict[str, torch.Tensor] | None = None,
+    last_step: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, np.ndarray]:
     """Train ``model`` from ``global_params`` on one device's samples; return its diff (parameters and statistics).
 
@@ -158,7 +160,8 @@ def train_local(
     stored batch into the model's input (``Dataset.prepare``; the default standardises uint8 images with
     CIFAR-10's statistics). ``objective`` (the method's device hook, ``processors.objective``) adds its term to
     each step's loss, with the server's ``extras``. The diff is computed on the model's device, then copied out
-    (``copy_to_host``, through pinned buffers when ``pinned``).
+    (``copy_to_host``, through pinned buffers when ``pinned``). ``last_step``, when given, receives the last
+    step's losses (``processors.reports.last_step_losses``), for the device's reports.
     """
     device = next(model.parameters()).device
     shared = dict(model.named_parameters()) | {name: model.get_buffer(name) for name in statistic_names(model)}
@@ -192,9 +195,12 @@ def train_local(
             xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
         if cfg.augment:
             xb = augmentation.crop_flip(xb, offsets[step], flips[step])
-        loss = F.cross_entropy(model(prepare(xb)), yb)
+        logits = model(prepare(xb))
+        loss = F.cross_entropy(logits, yb)
         if objective is not None:
             loss = loss + objective.loss(params, received, extras or {})
+        if last_step is not None and step == len(schedule) - 1:  # read from this step's logits: no extra pass
+            last_step.update(last_step_losses(logits, yb, loss))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

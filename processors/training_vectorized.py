@@ -33,6 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
+from common.protocol import LOSS, LOSS_SQUARED
 from processors import augment as augmentation
 from processors.data.sources import normalize
 from processors.models.stat_tracker import collecting, tracker_buffer_names, trackers, untracked_buffers
@@ -72,6 +73,7 @@ def train_group(
     prepare: Callable[[torch.Tensor], torch.Tensor] = normalize,
     objective: DeviceObjective | None = None,
     extras: dict[str, torch.Tensor] | None = None,
+    last_step: list[dict[str, torch.Tensor]] | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """Train K devices from ``global_params``, all at once; return each device's diff (trained - received) as
     float32 numpy arrays, the same keys, shapes and values as ``train_local`` would return.
@@ -81,7 +83,8 @@ def train_group(
     input, as in ``train_local``; ``pinned``: see ``copy_to_host``;
     ``generators[i]`` is the CPU generator ``train_local`` would get for device i (it is advanced the same way);
     ``objective`` and ``extras``: the method's device hook, as in ``train_local`` (its ``loss`` runs under ``vmap``
-    on each device's parameters).
+    on each device's parameters); ``last_step``, when given, gets one dict per device with its last step's losses,
+    as ``train_local`` measures them (``processors.reports``).
     """
     if len(device_data) != len(generators):
         raise ValueError(f"{len(device_data)} devices but {len(generators)} generators")
@@ -133,15 +136,26 @@ def train_group(
     received_by_name = {name: global_params[name].detach() for name in names}
     extras = extras or {}
 
-    def device_loss(params: dict[str, torch.Tensor], x, y, m, count) -> tuple[torch.Tensor, dict]:
+    def forward(params: dict[str, torch.Tensor], x, y, m, count) -> tuple[torch.Tensor, dict, torch.Tensor]:
         with collecting(tracked, m) as collector:
             logits = functional_call(model, params, (x,))
-        loss = (F.cross_entropy(logits, y, reduction="none") * m).sum() / count
+        per_sample = F.cross_entropy(logits, y, reduction="none")
+        loss = (per_sample * m).sum() / count
         if objective is not None:
             loss = loss + objective.loss(params, received_by_name, extras)
-        return loss, collector.stats
+        return loss, collector.stats, per_sample
+
+    def device_loss(params: dict[str, torch.Tensor], x, y, m, count) -> tuple[torch.Tensor, dict]:
+        loss, stats, _ = forward(params, x, y, m, count)
+        return loss, stats
+
+    def reporting_loss(params: dict[str, torch.Tensor], x, y, m, count) -> tuple[torch.Tensor, tuple]:
+        """The same step, whose aux also carries what the last step reports (no extra pass)."""
+        loss, stats, per_sample = forward(params, x, y, m, count)
+        return loss, (stats, loss.detach(), per_sample.detach())
 
     group_grad = vmap(grad(device_loss, has_aux=True))
+    reporting_grad = vmap(grad(reporting_loss, has_aux=True))
 
     # The stacked state of K modules all loaded with the global weights (what stack_module_state would give
     # for K copies, without building K modules).
@@ -165,7 +179,12 @@ def train_group(
             xb = augmentation.crop_flip(xb, offsets[t].view(-1, 2), flips[t].view(-1))
         xb = prepare(xb).view(k, batch, *image_shape)
         yb = yb.view(k, batch)
-        grads_by_name, batch_stats = group_grad(dict(zip(names, params, strict=True)), xb, yb, mask[t], counts)
+        step_params = dict(zip(names, params, strict=True))
+        if last_step is not None and t == iters - 1:  # only a step that reports carries the extra outputs
+            grads_by_name, (batch_stats, losses, per_sample) = reporting_grad(step_params, xb, yb, mask[t], counts)
+            _record_last_step(last_step, losses, per_sample, mask[t], counts)
+        else:
+            grads_by_name, batch_stats = group_grad(step_params, xb, yb, mask[t], counts)
         grads = [grads_by_name[name] for name in names]
         with torch.no_grad():
             for name, tracker in tracked.items():
@@ -188,6 +207,16 @@ def train_group(
         stacked |= {name: s - received_stats[name].unsqueeze(0) for name, s in stats.items()}
         diffs = copy_to_host(stacked, pinned)
     return [{name: d[i].copy() for name, d in diffs.items()} for i in range(k)]
+
+
+def _record_last_step(
+    out: list[dict[str, torch.Tensor]], losses: torch.Tensor, per_sample: torch.Tensor, m: torch.Tensor, counts
+) -> None:
+    """Each device's last-step reports (``processors.reports``): its loss, and the mean of its real samples'
+    squared cross-entropies (padding masked out, as in its loss)."""
+    with torch.no_grad():
+        squared = (per_sample.detach() ** 2 * m).sum(1) / counts
+    out[:] = [{LOSS: losses[i], LOSS_SQUARED: squared[i]} for i in range(len(losses))]
 
 
 def _adam_step(

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from common.jsonio import JsonlWriter
-from common.protocol import FLEET, DeviceUpdate
+from common.protocol import FLEET, DeviceUpdate, reports_of
 from simulation.config import FIRST_DEVICE_TIMEOUT
 from simulation.schedule import Dispatch, ExactSchedule
 
@@ -291,7 +291,9 @@ class UpdateApplier:
             if now is not None and counted:  # the wall clock: how long a device took (the derived timeout)
                 took = (now - s.in_flight[update.device].selected_at) * self.time_scale
                 self.slowest = max(self.slowest, took)
-            arrival, selected = s.apply(update.device, counted=counted, at=now)
+            # the selection policy sees this update's own reports (a leaf's sum of a selection carries none)
+            reports = reports_of(update.diff) if s.policy is not None and counted else None
+            arrival, selected = s.apply(update.device, counted=counted, at=now, reports=reports)
             if arrival.made_version:  # the fleet as the version is made, for its results record
                 fl_ctx.set_prop(FLEET, s.fleet(), private=True, sticky=True)
         if counted:

@@ -75,6 +75,7 @@ from simulation.config import device_timeout_words
 from simulation.device_pool import DevicePool
 from simulation.nvflare_private import install_nvflare_fixes, quick_engine_checks
 from simulation.schedule import ExactSchedule
+from simulation.selection import make_policy
 
 # seconds a report's reply may wait for the updates it brought to be applied (then it carries the selections they
 # caused); a slower method (FedRevive's distillation) answers sooner, and the waker brings the news later
@@ -115,6 +116,8 @@ class ExactTimeAssessor(Assessor):
     real_devices: devices are real (see the module docstring): the wall clock, ``selection_size`` devices to
         start, the whole selection for every child.
     device_timeout: with real devices, seconds a selected device may take (0: derived, ``scheduling.applier``).
+    selection: the method's selection policy by import path (``simulation.selection``); "": uniform.
+    selection_args: its constructor's keyword arguments.
     """
 
     def __init__(
@@ -139,8 +142,12 @@ class ExactTimeAssessor(Assessor):
         results_dir: str = "",
         real_devices: bool = False,
         device_timeout: float = 0.0,
+        selection: str = "",
+        selection_args: dict | None = None,
     ):
         super().__init__()
+        self.selection = selection
+        self.selection_args = selection_args or {}
         self.real_devices = real_devices
         self.device_timeout = device_timeout
         install_nvflare_fixes()  # one thread for finished streams, no payload rendering (nvflare_private)
@@ -211,6 +218,7 @@ class ExactTimeAssessor(Assessor):
             self.device_reuse,
             self.max_model_version,
             self.max_sim_time,
+            make_policy(self.selection, self.selection_args),
         )
         self._out = output_dir(self.results_dir, fl_ctx)
         self._events = JsonlWriter(os.path.join(self._out, EVENTS))

@@ -179,6 +179,11 @@ class DevicePool:
         self.busy.update(chosen)
         return chosen
 
+    def claim(self, devices: list[str]) -> None:
+        """Mark ``devices`` (idle ones a selection policy chose) busy."""
+        self._mark_in_mask(devices)
+        self.busy.update(devices)
+
     def _mark_in_mask(self, devices: list[str]) -> None:
         """Newly busy ``devices`` into the excluded mask, while it is kept."""
         if self._mask is not None:

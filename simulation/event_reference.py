@@ -11,6 +11,7 @@ from __future__ import annotations
 from common.delays import DelayConfig, DeviceDelays
 from simulation.device_pool import DevicePool
 from simulation.schedule import ExactSchedule
+from simulation.selection import SelectionPolicy
 
 
 def make_schedule(
@@ -23,6 +24,7 @@ def make_schedule(
     device_reuse: bool = True,
     max_model_version: int | None = None,
     max_sim_time: float | None = None,
+    policy: SelectionPolicy | None = None,
 ) -> ExactSchedule:
     """A schedule over ``leaves`` (leaf name -> devices, registered as ranges ``<leaf>#0..``), not yet started."""
     pool = DevicePool(seed)
@@ -37,6 +39,7 @@ def make_schedule(
         device_reuse,
         max_model_version,
         max_sim_time,
+        policy,
     )
 
 

@@ -10,8 +10,9 @@ time inside NVFlare"):
   is made from exactly ``B`` updates, at the ``B``-th arrival's time.
 * Staleness ``tau`` = versions made between the update's base version and its arrival.
 * When an arrival leaves ``min_hole_to_fill`` free slots (of ``selection_size`` devices in flight), replacements
-  are selected at that arrival's time (uniformly among idle devices, ``simulation.device_pool``) and train the
-  version current at that time: after the arrival's own version, if it made one.
+  are selected at that arrival's time (uniformly among idle devices, ``simulation.device_pool``, or by the
+  method's selection policy, ``simulation.selection``, which sees what was applied up to and including this
+  arrival) and train the version current at that time: after the arrival's own version, if it made one.
 * A device is idle again once its update has arrived (never again with ``device_reuse`` off).
 * A failed device (its update counts nothing) frees its slot at its arrival but does not count towards ``B``.
   A synchronous run (``B`` = min hole = ``selection_size``: FedAvg) makes its version once every device of the
@@ -34,8 +35,13 @@ import heapq
 from collections import Counter
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
+from common.capacity import device_capacity
 from common.delays import DeviceDelays
+from common.seeds import stable_seed
 from simulation.device_pool import DevicePool
+from simulation.selection import DeviceKnowledge, SelectionPolicy
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,7 @@ class ExactSchedule:
     device_reuse: a device may be selected again after its update arrived.
     max_model_version: no update is applied once this version exists.
     max_sim_time: no update arriving later than this is applied (None: no limit).
+    policy: the method's selection policy (``simulation.selection``); None: uniform among idle devices.
     """
 
     def __init__(
@@ -102,7 +109,14 @@ class ExactSchedule:
         device_reuse: bool = True,
         max_model_version: int | None = None,
         max_sim_time: float | None = None,
+        policy: SelectionPolicy | None = None,
     ):
+        self.policy = policy
+        self.knowledge = DeviceKnowledge()  # fed only when a policy reads it
+        # the policy's own generator: the pool's is left to uniform sampling, whose draws stay today's
+        self.policy_rng = (
+            np.random.default_rng(stable_seed("selection-policy", delays.seed)) if policy is not None else None
+        )
         self.pool = pool
         self.delays = delays
         self.selection_size = selection_size
@@ -168,9 +182,12 @@ class ExactSchedule:
         self.version = 1
         return self._select_until_one_is_online(self.selection_size)
 
-    def apply(self, device: str, counted: bool = True, at: float | None = None) -> tuple[Arrival, list[Dispatch]]:
+    def apply(
+        self, device: str, counted: bool = True, at: float | None = None, reports: dict | None = None
+    ) -> tuple[Arrival, list[Dispatch]]:
         """Apply the arrival of ``device`` (at its scheduled time, or ``at``: the real-time mode's receipt time);
-        returns it and the devices selected in reply."""
+        returns it and the devices selected in reply. ``reports``: what the device reported with its update (its
+        ``Update.reports``), for the selection policy, which sees them from this arrival on."""
         dispatch = self.in_flight.pop(device)
         counted = counted and not dispatch.drops  # gone offline: whatever it trained is lost
         self._landed(dispatch)
@@ -187,6 +204,8 @@ class ExactSchedule:
             self.version += 1
             made = True
         target = self.version if made else self.version + 1
+        if self.policy is not None and counted:
+            self.knowledge.applied(device, reports, self.now - dispatch.selected_at, self.version)
         self.pool.release(device, retire=not self.device_reuse)
         selected: list[Dispatch] = []
         holes = self.selection_size - len(self.in_flight)
@@ -210,14 +229,17 @@ class ExactSchedule:
         if wake == float("inf"):
             return selected  # no idle device ever comes online: the run ends
         self.now = max(self.now, wake)
-        return self._select(count, self.pool.take([d for d in idle if wakes[d] <= wake], count))
+        woken = [d for d in idle if wakes[d] <= wake]
+        if self.policy is not None:
+            return self._select(count, self._policy_pick(count, among=woken))
+        return self._select(count, self.pool.take(woken, count))
 
     def _select(self, count: int, devices: list[str] | None = None) -> list[Dispatch]:
         """Select ``count`` idle devices (online ones, under an availability model), or dispatch ``devices``."""
         availability = self.delays.availability
         if devices is None:  # under an availability model, only devices online now (each may go offline later)
             accept = None if availability.always else lambda d: availability.online(d, self.now)
-            devices = self.pool.sample(count, accept)
+            devices = self.pool.sample(count, accept) if self.policy is None else self._policy_pick(count, accept)
         if not devices:
             return []
         self.selection_seq += 1
@@ -239,6 +261,39 @@ class ExactSchedule:
             self.selection_version.pop(done, None)
         self._finished_sids = set()
         return out
+
+    def _policy_pick(self, count: int, accept=None, among: list[str] | None = None) -> list[str]:
+        """The policy's choice of up to ``count`` candidates (``among``, or idle devices ``accept`` takes: all of
+        them, or the uniform sample the policy asks for); marks them busy."""
+        pool = self.pool
+        if among is None:
+            size = self.policy.sample_size(count, pool.idle_count)
+            if size is None:
+                among = [d for d in pool.idle_devices() if accept is None or accept(d)]
+            else:  # drawn like a uniform selection, then handed back: they are candidates only
+                among = pool.sample(size, accept)
+                for d in among:
+                    pool.release(d)
+        if not among or count <= 0:
+            return []
+        candidates = self.knowledge.candidates(among, self.task_counts, self._speed)
+        picked = list(self.policy.select(candidates, count, self.version, self.now, self.policy_rng))
+        allowed = set(among)
+        if len(set(picked)) != len(picked) or len(picked) > count or not set(picked) <= allowed:
+            raise ValueError(
+                f"selection policy {type(self.policy).__name__} returned {picked[:5]}...: it must return at most "
+                f"{count} distinct devices among its candidates"
+            )
+        pool.claim(picked)
+        return picked
+
+    def _speed(self, device: str) -> float | None:
+        """Training samples per simulated second from the capacity trace, when one is given."""
+        path = self.delays.config.capacity_file
+        if not path:
+            return None
+        ms_per_sample, _ = device_capacity(path, self.delays.seed, device)
+        return 1000.0 / ms_per_sample if ms_per_sample > 0 else None
 
     def _landed(self, dispatch: Dispatch) -> None:
         """A device is no longer in flight: count it out of its version and its selection."""
@@ -262,6 +317,16 @@ class ExactSchedule:
             "selection_seq": self.selection_seq,
             "selection_version": {str(k): v for k, v in self.selection_version.items()},
             "pool": self.pool.state_dict(),
+        } | (self._selection_state() if self.policy is not None else {})
+
+    def _selection_state(self) -> dict:
+        """The selection policy's part of a checkpoint: what the run knows, its generator and its own state."""
+        return {
+            "selection": {
+                "knowledge": self.knowledge.state_dict(),
+                "rng": self.policy_rng.bit_generator.state,
+                "policy": self.policy.state_dict(),
+            }
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -277,3 +342,7 @@ class ExactSchedule:
         self.selection_version = {int(k): v for k, v in state["selection_version"].items()}
         self._finished_sids = set(self.selection_version) - set(self._sid_counts)
         self.pool.load_state_dict(state["pool"])
+        if self.policy is not None and "selection" in state:
+            self.knowledge.load_state_dict(state["selection"]["knowledge"])
+            self.policy_rng.bit_generator.state = state["selection"]["rng"]
+            self.policy.load_state_dict(state["selection"]["policy"])

@@ -43,7 +43,7 @@ def make_task_processor(
         stock_delays=cfg.delays.to_dict() if stock else None,
         objective=cfg.method_spec.objective_path,
         objective_args=cfg.method_spec.objective_args(cfg),
-        label_counts=cfg.method_spec.reports_label_counts(cfg),
+        reports=cfg.method_spec.reports(cfg),
     )
 
 
@@ -107,6 +107,8 @@ def make_assessor(
         results_dir=results_dir,
         real_devices=real,
         device_timeout=cfg.engine.device_timeout,
+        selection=cfg.method_spec.selection_path,
+        selection_args=cfg.method_spec.selection_args(cfg),
     )
 
 

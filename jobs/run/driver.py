@@ -34,6 +34,7 @@ from scheduling.checkpoint import state_path
 from simulation.config import device_timeout_words
 from simulation.event_reference import make_schedule
 from simulation.schedule import ExactSchedule
+from simulation.selection import make_policy
 from simulation.timeline import format_timeline, run_timeline, write_timeline
 
 
@@ -173,6 +174,7 @@ def schedule_for(cfg: JobConfig) -> ExactSchedule:
         f.device_reuse,
         f.max_model_version,
         f.max_sim_time,
+        make_policy(cfg.method_spec.selection_path, cfg.method_spec.selection_args(cfg)),
     )
 
 

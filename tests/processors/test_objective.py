@@ -136,7 +136,7 @@ def test_a_devices_label_histogram_reaches_the_strategy_beside_its_diff():
     from tests.fakes.engine import EventEngine
 
     proc = make_processor(synthetic_size=500, subset_size=30, local_iters=1, local_batch_size=8)
-    proc.label_counts = True
+    proc.reports = [LABEL_COUNTS]
     weights = {k: v.numpy() for k, v in build_model(MODEL).state_dict().items()}
     alone = proc.train("site-1#3", weights, version=1)
     grouped = proc.train_group(["site-1#3", "site-1#4"], weights, version=1)

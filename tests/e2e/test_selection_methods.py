@@ -1,0 +1,116 @@
+"""The selection examples (``examples/power_of_choice.py``, ``examples/oort_selection.py``) run as users run them,
+``--method module:Class``, on real NVFlare jobs on exact simulated time. Their policies choose from what the
+devices reported (their last losses), so their traces differ from the uniform schedule's; an Oort run repeats bit
+for bit from its seed across sync intervals (the policy sees only applied updates, never a report that reached
+the server early), and one killed with SIGKILL and resumed ends exactly like it (the policy's state
+is in the checkpoint); ``--dry-run`` refuses a policy that needs training results in one line.
+
+The jobs run at once (their results do not depend on it: exact time)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+
+from common.delays import DELAY_PRESETS
+from simulation.event_reference import make_schedule, reference_trace
+from tests.conftest import PYTHON, REPO
+from tests.e2e.test_exact_time import COMMON
+from tests.e2e.test_long_runs import checkpoint_version, kill_tree, wait_for
+
+EXAMPLES = os.path.join(REPO, "examples")
+VERSIONS = 12
+OORT = ["--method", "oort_selection:Oort", "--checkpoint-every", "2"]
+RUNS = {
+    "power_of_choice": ["--method", "power_of_choice:PowerOfChoice", "--poc-choices", "3"],
+    # the same workers (hence the same training groups and report bits), other sync timing; killed, then resumed
+    "oort": [*OORT, "--num-workers", "2", "--update-interval", "0.1"],
+    "oort_again": [*OORT, "--num-workers", "2", "--update-interval", "0.4"],
+}
+
+
+def command(name: str, tmp_path) -> list[str]:
+    out = ["--output", str(tmp_path / name / "out"), "--workspace", str(tmp_path / name / "ws")]
+    return [PYTHON, "jobs/pt_job_fedrevive.py", *COMMON, *RUNS[name], "--max-model-version", str(VERSIONS), *out]
+
+
+def env() -> dict:
+    return os.environ | {"PYTHONPATH": os.pathsep.join(p for p in (EXAMPLES, os.environ.get("PYTHONPATH")) if p)}
+
+
+def uniform_reference() -> list[dict]:
+    """FedBuff's trace with the same flags (its presets: B = 2, min hole 1)."""
+    schedule = make_schedule(
+        DELAY_PRESETS["paper"], 11, {"site-1": 12, "site-2": 12}, 8, 2, 1, max_model_version=VERSIONS
+    )
+    return reference_trace(schedule)
+
+
+def test_selection_examples_run_as_jobs_differ_from_uniform_repeat_and_resume_exactly(tmp_path):
+    procs, outputs = {}, {}
+    try:
+        for name in RUNS:
+            procs[name] = subprocess.Popen(
+                command(name, tmp_path),
+                cwd=REPO,
+                env=env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        killed = tmp_path / "oort_again" / "out"
+        wait_for(lambda: checkpoint_version(killed) >= 4, procs["oort_again"], 300, "a checkpoint at version 4")
+        kill_tree(procs["oort_again"].pid)
+        outputs = {name: proc.communicate(timeout=400)[0] for name, proc in procs.items() if name != "oort_again"}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                kill_tree(proc.pid)
+    resumed = subprocess.run(  # the original command with --resume appended
+        [*command("oort_again", tmp_path), "--resume", str(killed)],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert resumed.returncode == 0 and "resuming" in resumed.stdout, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    traces, metrics = {}, {}
+    for name in RUNS:
+        assert name == "oort_again" or procs[name].returncode == 0, outputs[name][-3000:]
+        out = tmp_path / name / "out"
+        traces[name] = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+        metrics[name] = json.loads((out / "metrics.json").read_text())
+        assert set(collections.Counter(r["version"] for r in traces[name]).values()) == {2}  # B = 2, exactly
+        assert [r["arrival"] for r in traces[name]] == sorted(r["arrival"] for r in traces[name])
+    uniform = uniform_reference()
+    for name in RUNS:  # the first selection is the policy's too, and later ones follow the reported losses
+        assert [r["device"] for r in traces[name]] != [r["device"] for r in uniform], name
+    # a function of the seed and the policy, not of timing, and continued exactly from a checkpoint
+    assert traces["oort_again"] == traces["oort"]
+    assert (tmp_path / "oort_again" / "out" / "global_model.pt").read_bytes() == (
+        tmp_path / "oort" / "out" / "global_model.pt"
+    ).read_bytes()
+    assert [v["accuracy"] for v in metrics["oort_again"]["versions"]] == [
+        v["accuracy"] for v in metrics["oort"]["versions"]
+    ]
+    assert metrics["power_of_choice"]["config"]["method_settings"] == {"choices": 3.0}
+    assert metrics["oort"]["config"]["method"] == "oort_selection:Oort"
+
+
+def test_dry_run_refuses_a_policy_that_needs_training_results_in_one_line(tmp_path):
+    done = subprocess.run(
+        [PYTHON, "jobs/pt_job_fedrevive.py", *COMMON, *RUNS["power_of_choice"], "--dry-run"]
+        + ["--output", str(tmp_path / "out")],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--dry-run trains nothing" in lines[0], done.stderr
+    assert not (tmp_path / "out" / "events.jsonl").exists()
