@@ -314,8 +314,8 @@ def build_parser(description: str, method_choice: bool = False) -> JobArgumentPa
         "--eval-backlog",
         default=d["eval_backlog"],
         choices=literal_choices(EvalBacklog),
-        help="when evaluation falls behind: skip evaluates the newest version and skips older waiting ones (never "
-        "the last); wait evaluates every scheduled version",
+        help="when evaluation falls behind: wait evaluates every scheduled version (the same curve under any load); "
+        "skip evaluates the newest version and skips older waiting ones (never the last), and says which",
     )
     run.add_argument(
         "--seed",
