@@ -29,11 +29,21 @@ def build_parser() -> SweepParser:
     p.add_argument("--output", default=None, help="the sweep's folder (default WORKSPACE/sweeps/<spec name>)")
     p.add_argument("--storage", default=None, help="SQLAlchemy URL of the study (default: sqlite:///<folder>/study.db)")
     p.add_argument("--parallel", type=int, default=None, help="trials at once (default: planned from the cores)")
-    p.add_argument("--pruner", default="hyperband", choices=studies.PRUNERS, help="wrapped in Optuna's PatientPruner")
+    p.add_argument(
+        "--pruner",
+        default="hyperband",
+        choices=studies.PRUNERS,
+        help="the pruning rule (with --patience N >= 1, wrapped in Optuna's PatientPruner)",
+    )
     p.add_argument(
         "--min-resource", type=float, default=0.0, help="simulated seconds before a trial may be pruned (default 0)"
     )
-    p.add_argument("--patience", type=int, default=0, help="pruning steps without improvement before a trial is pruned")
+    p.add_argument(
+        "--patience",
+        type=int,
+        default=0,
+        help="wrap the pruner in Optuna's PatientPruner: N steps without improvement first (0: the rule alone)",
+    )
     p.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0)")
     p.add_argument("--no-bar", dest="bar", action="store_false", help="no progress bar")
     return p

@@ -24,7 +24,7 @@ from optuna.trial import TrialState
 from jobs.sweep import study as studies
 from jobs.sweep.objective import final_steps, score
 from jobs.sweep.spec import SpecError, SweepSpec, check_flags, format_value
-from jobs.sweep.trial import TrialProcess, command, record_pruned
+from jobs.sweep.trial import TrialProcess, command, read_metrics, record_pruned
 
 
 @dataclass
@@ -162,6 +162,8 @@ class Sweep:
         self.running[slot] = Running(trial, proc, slot)
 
     def _report(self, run: Running) -> None:
+        if read_metrics(run.proc.folder).get("outcome"):
+            return  # the job has decided its end (only its shut-down is left): its score is final, pruning saves nothing
         run.records = run.proc.records()
         for step, value in final_steps(self.spec.objective, run.records, run.reported):
             run.trial.report(value, step)
@@ -178,17 +180,25 @@ class Sweep:
             "sim_seconds": last.get("sim_seconds"),
             "wall_seconds": round(run.proc.wall_seconds, 1),
             "exit_code": code,
+            # process start and exit (epoch seconds): with the records' epochs, a trial's fixed cost
+            "started": round(run.proc.started, 3),
+            "ended": round(run.proc.started + run.proc.wall_seconds, 3),
         }.items():
             run.trial.set_user_attr(key, value)
+        shown = ", ".join(f"{k}={format_value(v)}" for k, v in run.trial.params.items())
         if run.pruned_at is not None:
             record_pruned(run.proc.folder, run.pruned_at)
             self.study.tell(run.trial, state=TrialState.PRUNED)
+            say(f"[sweep] trial {run.trial.number} pruned at {run.pruned_at:g} simulated s ({shown})")
             return
         value = score(self.spec.objective, records)
         if code == 0 and value is not None:
             self.study.tell(run.trial, value)
+            say(f"[sweep] trial {run.trial.number} complete: {format_value(value)} ({shown})")
         else:
             self.study.tell(run.trial, state=TrialState.FAIL)
+            log = os.path.relpath(run.proc.folder, self.folder) + ".log"
+            say(f"[sweep] trial {run.trial.number} failed (exit {code}; its log: {log}) ({shown})")
 
     def _waiting(self) -> int:
         return len(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
@@ -261,11 +271,25 @@ class Sweep:
         return 0
 
 
+def say(line: str) -> None:
+    """A line above the bar (tqdm keeps the bar below it), or a plain line without one."""
+    from tqdm import tqdm
+
+    tqdm.write(line, file=sys.stdout)
+
+
 def make_bar(total: int, enabled: bool):
+    """The bar over the trials, on a terminal only: in a log, its redraws would be noise (each trial's end is a
+    line of its own anyway)."""
     from tqdm import tqdm
 
     return tqdm(
-        total=total, desc="[sweep] trials", unit="trial", disable=not enabled, file=sys.stderr, dynamic_ncols=True
+        total=total,
+        desc="[sweep] trials",
+        unit="trial",
+        disable=not enabled or not sys.stderr.isatty(),
+        file=sys.stderr,
+        dynamic_ncols=True,
     )
 
 

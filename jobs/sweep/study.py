@@ -45,8 +45,10 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
 
 
 def make_pruner(kind: str, min_resource_steps: int, patience: int, max_steps: int | None) -> BasePruner:
-    """Hyperband or the median rule, each wrapped in a ``PatientPruner`` (a trial is pruned only after ``patience``
-    steps without improvement); ``none`` never prunes."""
+    """Hyperband or the median rule, wrapped in a ``PatientPruner`` when ``patience`` >= 1 (the rule applies only
+    once the trial's last ``patience + 1`` values are all below its own earlier best); ``none`` never prunes.
+    ``patience`` 0 leaves the rule alone: Optuna's wrapper with 0 would still spare every flat curve (its last value
+    is not below its best), and a flat curve is what a hopeless learning rate gives."""
     if kind == "none":
         return NopPruner()
     if kind == "hyperband":
@@ -59,6 +61,8 @@ def make_pruner(kind: str, min_resource_steps: int, patience: int, max_steps: in
         inner = MedianPruner(n_startup_trials=2, n_warmup_steps=min_resource_steps)
     else:
         raise SpecError(f"--pruner {kind}: use one of {', '.join(PRUNERS)}")
+    if patience < 1:
+        return inner
     with warnings.catch_warnings():  # experimental since Optuna 2.8, and the wrapper the issue asks for
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return PatientPruner(inner, patience=patience)

@@ -90,6 +90,15 @@ def test_bad_specs_are_refused_in_one_line_naming_the_fix(tmp_path, capsys, text
     assert not (tmp_path / "sweep" / "trials").exists()  # refused before any trial
 
 
+def test_the_api_runs_the_same_command(tmp_path, capsys):
+    from jobs.api import sweep
+
+    path = tmp_path / "s.yaml"
+    path.write_text(BASE + "grid: {seed: [1]}\n")
+    assert sweep(str(path), output=str(tmp_path / "sweep"), parallel=0, bar=False) == 2
+    assert "--parallel 0: 1 or more" in capsys.readouterr().err
+
+
 def test_a_storage_that_cannot_be_opened_is_refused_before_any_trial(tmp_path, capsys):
     path = tmp_path / "s.yaml"
     path.write_text(BASE + "grid: {seed: [1]}\n")
@@ -131,7 +140,7 @@ class FakeTrial:
         self.flags, self.folder, self.polls = flags, folder, 0
         lr = float(flags.get("local-lr", 1e-2))
         self.accuracy = round(max(0.05, 0.9 - abs(math.log10(lr) + 2) / 4), 4)
-        self.wall_seconds = 0.0
+        self.wall_seconds, self.started = 0.0, 0.0
         STARTED.append(flags)
 
     def poll(self):
@@ -153,7 +162,7 @@ class Killed(BaseException):
     """The sweep's process dies (SIGKILL): nothing of it runs any more, its trials stay RUNNING in the study."""
 
 
-def test_a_killed_sweep_continues_every_trial_exactly_once(tmp_path, monkeypatch):
+def test_a_killed_sweep_continues_every_trial_exactly_once(tmp_path, monkeypatch, capsys):
     spec = parse_spec(BASE + "search: {local-lr: {type: log-float, low: 1.0e-4, high: 1.0}}\ntrials: 6\n", "r")
     opts = SweepOptions(output=str(tmp_path / "sweep"), parallel=2, poll_seconds=0.0, bar=False, pruner="none")
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -190,6 +199,14 @@ def test_a_killed_sweep_continues_every_trial_exactly_once(tmp_path, monkeypatch
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     best = studies.best_trial(second.study)
     assert best.value == max(t.value for t in done) and "--local-lr" in best.user_attrs["command"]
+    second.lock.close()
+
+    capsys.readouterr()
+    assert main(["show", str(tmp_path / "sweep")]) == 0  # the table and the best command, again
+    shown = capsys.readouterr().out
+    assert f"best: trial {best.number}" in shown and best.user_attrs["command"] in shown
+    assert shown.count("fail*") == 0 and shown.count("complete") == 6  # a re-queued copy completes, marked *
+    assert (tmp_path / "sweep" / "history.png").exists()
 
 
 def test_two_sweeps_never_share_a_folder(tmp_path):
@@ -207,5 +224,6 @@ def test_two_sweeps_never_share_a_folder(tmp_path):
 def test_pruners_are_patient_and_steps_are_simulated_seconds():
     spec = parse_spec(BASE + "grid: {seed: [1]}\nobjective: {metric: accuracy_at, budget: 20, step: 2}\n", "p")
     assert studies.pruning_steps(spec, 5.0) == (3, 10)
-    for kind in ("hyperband", "median"):
+    for kind, inner in (("hyperband", optuna.pruners.HyperbandPruner), ("median", optuna.pruners.MedianPruner)):
         assert isinstance(studies.make_pruner(kind, 3, 2, 10), optuna.pruners.PatientPruner)
+        assert isinstance(studies.make_pruner(kind, 3, 0, 10), inner)  # patience 0: the rule alone
