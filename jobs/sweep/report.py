@@ -29,7 +29,7 @@ def trial_table(study: optuna.Study) -> str:
     trials = study.get_trials(deepcopy=False)
     names = sorted({k for t in trials for k in t.params})
     head = ["#", "status", *names, "objective", "versions", "sim s", "wall s"]
-    widths = [4, 8, *(max(9, len(n)) for n in names), 9, 8, 8, 7]
+    widths = [4, 10, *(max(9, len(n)) for n in names), 9, 8, 8, 7]
     rows = [" ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
     for t in trials:
         a = t.user_attrs
@@ -44,7 +44,9 @@ def trial_table(study: optuna.Study) -> str:
             a.get("wall_seconds"),
         ]
         rows.append(" ".join(_cell(v, w) for v, w in zip(values, widths, strict=True)))
-    return "\n".join(rows) + "\n(* queued again after an interrupted sweep)"
+    if any(t.user_attrs.get("requeued_from") is not None for t in trials):
+        rows.append("(* queued again after an interrupted sweep)")
+    return "\n".join(rows)
 
 
 def seed_groups(study: optuna.Study) -> dict[tuple, list[float]]:
