@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 import optuna
 from optuna.trial import TrialState
 
+from evaluation.run_recorder import record_pruned
 from jobs.sweep import study as studies
 from jobs.sweep.objective import final_steps, score
 from jobs.sweep.spec import SpecError, SweepSpec, check_flags, format_value
-from jobs.sweep.trial import TrialProcess, command, read_metrics, record_pruned
+from jobs.sweep.trial import TrialProcess, command, read_metrics
 
 
 @dataclass
@@ -187,7 +188,8 @@ class Sweep:
             run.trial.set_user_attr(key, value)
         shown = ", ".join(f"{k}={format_value(v)}" for k, v in run.trial.params.items())
         if run.pruned_at is not None:
-            record_pruned(run.proc.folder, run.pruned_at)
+            reason = f"pruned by the sweep at {run.pruned_at:g} simulated seconds (its curve fell behind)"
+            record_pruned(run.proc.folder, reason)
             self.study.tell(run.trial, state=TrialState.PRUNED)
             say(f"[sweep] trial {run.trial.number} pruned at {run.pruned_at:g} simulated s ({shown})")
             return
@@ -283,6 +285,7 @@ def make_bar(total: int, enabled: bool):
     line of its own anyway)."""
     from tqdm import tqdm
 
+    tqdm.monitor_interval = 0  # no monitor thread: trials are forked from this process (see jobs.sweep.trial)
     return tqdm(
         total=total,
         desc="[sweep] trials",

@@ -20,7 +20,6 @@ import time
 
 import psutil
 
-from common.jsonio import write_json_atomic
 from jobs.run.process_guard import stop_processes
 from jobs.sweep.spec import SCRIPT, flag_args
 
@@ -40,9 +39,11 @@ def thread_env(cores: int) -> dict:
 
 
 def _child_setup(cores: list[int] | None, parent: int):
+    # loaded here, in the sweep: between fork and exec the child only makes system calls (no import, no allocation)
+    libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
     def setup() -> None:
-        if sys.platform.startswith("linux"):
-            libc = ctypes.CDLL(None, use_errno=True)
+        if libc is not None:
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
             if os.getppid() != parent:  # the sweep died before the request was made
                 os._exit(143)
@@ -59,24 +60,6 @@ def read_metrics(folder: str) -> dict:
             return json.load(f)
     except (OSError, ValueError):
         return {}
-
-
-def record_pruned(folder: str, step_seconds: float) -> dict:
-    """Turn the outcome the trial's driver recorded (``interrupted`` by our SIGTERM, with its last version) into
-    ``pruned``: the job was stopped on purpose, at that simulated time. Called once every process of the trial has
-    ended, so nothing else writes the file any more."""
-    metrics = read_metrics(folder)
-    if not metrics:
-        return {}
-    outcome = metrics.get("outcome") or {}
-    last = metrics.get("versions", [])[-1:] or [{}]
-    metrics["outcome"] = {
-        "status": "pruned",
-        "reason": f"pruned by the sweep at {step_seconds:g} simulated seconds (its curve fell behind)",
-        "version": outcome.get("version", last[0].get("version")),
-    }
-    write_json_atomic(os.path.join(folder, "metrics.json"), metrics)
-    return metrics
 
 
 class TrialProcess:

@@ -240,3 +240,18 @@ def test_a_grid_over_seeds_shows_mean_and_std_per_cell(tmp_path, capsys):
     cells = cell_summary(sweep.study)
     assert "local-lr=0.01, method=fedavg: 0.9000 +- 0.0000 over 2 seeds" in cells, cells
     assert "local-lr=0.1, method=fedbuff: 0.6500 +- 0.0000 over 2 seeds" in cells, cells
+
+
+def test_a_pruned_run_keeps_its_last_version_and_says_why(tmp_path):
+    from common.jsonio import write_json_atomic
+    from evaluation.run_recorder import record_pruned
+
+    interrupted = {"status": "interrupted", "reason": "SIGTERM before the run's end", "signal": "SIGTERM", "version": 4}
+    write_json_atomic(str(tmp_path / "metrics.json"), {"versions": [{"version": 3}], "outcome": interrupted})
+    metrics = record_pruned(str(tmp_path), "pruned by the sweep at 6 simulated seconds")
+    assert metrics["outcome"] == {
+        "status": "pruned",
+        "reason": "pruned by the sweep at 6 simulated seconds",
+        "version": 4,
+    }
+    assert record_pruned(str(tmp_path / "none"), "x") == {}
