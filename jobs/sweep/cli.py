@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             if not args.folder:
                 raise SpecError("show needs the sweep's folder: python -m jobs.sweep show DIR")
             return show(args.folder, args.storage)
+        if args.folder:
+            raise SpecError(f"{args.folder}: a sweep takes one spec; give its folder with --output")
         opts = SweepOptions(
             output=args.output,
             storage=args.storage,

@@ -255,3 +255,12 @@ def test_a_pruned_run_keeps_its_last_version_and_says_why(tmp_path):
         "version": 4,
     }
     assert record_pruned(str(tmp_path / "none"), "x") == {}
+
+
+def test_a_second_spec_or_a_missing_folder_is_refused(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(BASE + "grid: {seed: [1]}\n")
+    assert main([str(path), str(path)]) == 2
+    assert "a sweep takes one spec" in capsys.readouterr().err
+    assert main(["show", str(tmp_path)]) == 2
+    assert "holds no sweep (no spec.yaml)" in capsys.readouterr().err
