@@ -238,7 +238,10 @@ def run_ours(w: dict, python: str) -> dict:
         ended = time.time()
         if done.returncode != 0:
             raise RuntimeError(f"our job failed ({done.returncode}): {done.stdout[-2000:]}{done.stderr[-2000:]}")
-        with open(os.path.join(folder, "metrics.json")) as f:
+        sys.path.insert(0, str(REPO))
+        from common.result_files import METRICS
+
+        with open(os.path.join(folder, METRICS)) as f:
             metrics = json.load(f)
     versions = metrics["versions"]
     # version 1 is the initial model, version R + 1 the model after R rounds; seconds_per_version is the job's own

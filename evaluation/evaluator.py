@@ -6,18 +6,19 @@ Unlike NVFlare's ``GlobalEvaluator`` it neither embeds data in the job config no
     {"version", "accuracy", "eval_seconds", "wall_seconds" (since the run started), "epoch" (wall clock),
      "sim_seconds" (simulated time of the version, when the global model reports one),
      "method" (the method's status, when it has one), "fleet" (devices online as it was made, of "devices", and
-     the "updates" applied and "failed" so far), "skipped" (versions skipped before this one, if any)}
+     the "updates" applied and "failed" so far), "skipped" (how many versions were skipped before this one, if any) and "skipped_versions" (which)}
 
 Versions evaluated: 1, then every ``eval_frequency``-th, always ``max_model_version``, and the last version made
 when the run ends earlier (``RUN_OUTCOME``: a time budget, a lost leaf).
 
 Evaluation runs on a thread of its own, on the version's weights (each version is a new, never-modified dict),
 so the server keeps answering the leaves while a large model is scored (a ResNet-18 evaluation takes about a
-minute on a 2-core CPU, longer than a leaf waits for its parent's reply). When it falls behind (``backlog``
-``skip``, the default), a newer scheduled version supersedes the ones still waiting: they are not evaluated, and
-the next record says how many were skipped (``skipped``). The last version of the run is never skipped: nothing
-comes after it. With ``backlog`` ``wait`` every scheduled version is evaluated, in order, however far behind
-(``reproduce_fedrevive.py`` uses it, so its accuracy curves are the same on any machine). END_RUN waits for the
+minute on a 2-core CPU, longer than a leaf waits for its parent's reply). With ``backlog`` ``wait`` (the default)
+every scheduled version is evaluated, in order, however far behind, so a seed's accuracy curve is the same on any
+machine and under any load (a sweep's pruner compares these curves). With ``skip`` (opt-in: speed over a complete
+curve) a newer scheduled version supersedes the ones still waiting when it falls behind: they are not evaluated,
+and the next record says which were skipped (``skipped``, ``skipped_versions``). The last version of the run is
+never skipped: nothing comes after it. END_RUN waits for the
 evaluation under way and the ones still waiting, so the run's last version is always evaluated and recorded.
 """
 
@@ -87,7 +88,7 @@ class GlobalModelEvaluator(FLComponent):
         compute_device: str = "auto",
         eval_frequency: int = 1,
         max_model_version: int = 0,
-        backlog: EvalBacklog = "skip",
+        backlog: EvalBacklog = "wait",
     ):
         super().__init__()
         self.model = model
@@ -104,7 +105,7 @@ class GlobalModelEvaluator(FLComponent):
         self._latest: tuple | None = None  # (version, weights, sim time) of the newest version
         self._evaluated: set[int] = set()  # versions submitted (evaluated, waiting or skipped)
         self._waiting: list[tuple] = []  # (version, weights, sim time, method status), oldest first
-        self._skipped = 0  # versions superseded since the last evaluated one
+        self._skipped: list[int] = []  # versions superseded since the last evaluated one
         self._evaluating: int | None = None  # the version being evaluated now
         self._closing = False
         self._cond = threading.Condition()
@@ -169,7 +170,7 @@ class GlobalModelEvaluator(FLComponent):
                 return
             self._evaluated.add(item[0])
             if self.backlog == "skip":  # the newest supersedes what still waits
-                self._skipped += len(self._waiting)
+                self._skipped += [waiting[0] for waiting in self._waiting]
                 self._waiting.clear()
             self._waiting.append(item)
             self._cond.notify()
@@ -182,14 +183,14 @@ class GlobalModelEvaluator(FLComponent):
             self._thread.join()  # the waiting evaluations finish: the last one is the run's result
             self._thread = None
 
-    def _next(self) -> tuple[tuple, int] | None:
-        """The next version to evaluate and how many were skipped before it; None once closed and drained."""
+    def _next(self) -> tuple[tuple, list[int]] | None:
+        """The next version to evaluate and those skipped before it; None once closed and drained."""
         with self._cond:
             while not self._waiting and not self._closing:
                 self._cond.wait()
             if not self._waiting:
                 return None
-            skipped, self._skipped = self._skipped, 0
+            skipped, self._skipped = self._skipped, []
             item = self._waiting.pop(0)
             self._evaluating = item[0]
             return item, skipped
@@ -210,7 +211,8 @@ class GlobalModelEvaluator(FLComponent):
             if sim_time is not None:
                 record["sim_seconds"] = round(float(sim_time), 6)
             if skipped:
-                record["skipped"] = skipped
+                record["skipped"] = len(skipped)
+                record["skipped_versions"] = skipped
             if status:
                 record["method"] = status
             if fleet:

@@ -46,6 +46,17 @@ def console_shows_info(logger: logging.Logger) -> bool:
     return False
 
 
+def version_ranges(versions: list[int]) -> str:
+    """``[3, 4, 5, 7, 9]`` -> ``"3-5, 7, 9"``."""
+    runs: list[list[int]] = []
+    for v in sorted(versions):
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
+
+
 def progress_line(record: dict, stretch: dict | None = None, max_model_version: int = 0) -> str:
     """The line of one recorded version; ``stretch`` (``evaluation.utilisation.aggregate``) adds its system figures."""
     line = f"[edgesim] version {record['version']}"
@@ -61,7 +72,11 @@ def progress_line(record: dict, stretch: dict | None = None, max_model_version: 
     if record.get("method"):
         line += f" | {record['method']}"
     if record.get("skipped"):
-        line += f" | {record['skipped']} older version(s) not evaluated (evaluation behind; --eval-backlog)"
+        which = version_ranges(record.get("skipped_versions", []))
+        line += (
+            f" | {record['skipped']} older version(s) not evaluated{f' ({which})' if which else ''}: evaluation "
+            "behind, --eval-backlog skip (wait evaluates every one)"
+        )
     status = format_status(stretch)
     return f"{line} | {status}" if status else line
 

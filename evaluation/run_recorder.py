@@ -5,7 +5,8 @@ VERSION_EVALUATED it completes the record with the system figures of the version
 ``SystemMonitorComponent`` named by ``monitor_id``) and the throughput since the previously recorded version,
 rewrites the file atomically (so a run that dies keeps what it measured) and fires VERSION_RECORDED. The system
 summary (SYSTEM_SUMMARY_READY), how the run ended (``outcome``, from the assessor's RUN_OUTCOME: completed, or
-stopped and why) and, at END_RUN, the run summary are added the same way.
+stopped and why) and, at END_RUN, the run summary are added the same way. A run ended by a signal is recorded
+``interrupted`` by its driver (``record_interruption``), one its sweep stopped ``pruned`` (``record_pruned``).
 
 A record (see ``version_record``)::
 
@@ -123,6 +124,24 @@ def record_interruption(results_dir: str, run_info: dict, signal_name: str) -> d
             "version": summary["last_version"],
         }
     metrics["summary"] = summary
+    write_json_atomic(path, metrics)
+    return metrics
+
+
+def record_pruned(results_dir: str, reason: str) -> dict:
+    """A run its sweep stopped on purpose (``jobs.sweep``: its curve fell behind): the ``interrupted`` outcome its
+    driver recorded on the sweep's SIGTERM becomes ``pruned``, with the reason and the last version made. Called once
+    every process of the job has ended, so nothing else writes the file any more. Returns the metrics written ({}
+    when the run wrote none)."""
+    path = os.path.join(results_dir, METRICS)
+    try:
+        with open(path) as f:
+            metrics = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    outcome = metrics.get("outcome") or {}
+    last = (metrics.get("versions") or [{}])[-1].get("version")
+    metrics["outcome"] = {"status": "pruned", "reason": reason, "version": outcome.get("version", last)}
     write_json_atomic(path, metrics)
     return metrics
 

@@ -211,3 +211,23 @@ def run(config_or_method=None, *, verbose: bool = False, method=None, **options)
         cfg = make_config(method or config_or_method or "fedavg", **options)
     code = run_job(cfg, verbose=verbose)
     return RunResult(code, cfg.output_dir, read_metrics(cfg.output_dir))
+
+
+def sweep(
+    spec: str, *, output: str | None = None, storage: str | None = None, parallel: int | None = None, **options
+) -> int:
+    """Run (or continue) a sweep, as ``python -m jobs.sweep SPEC`` does: ``spec`` is the YAML file's path, the other
+    options are the command's flags with underscores (``pruner="median"``, ``min_resource=4.0``, ``patience=2``,
+    ``seed=0``, ``bar=False``). Returns the exit code (0 done, 2 refused before any trial, 130 / 143 stopped: run
+    it again to continue). The trials, the table and the plots are in the sweep's folder (docs/sweeps.md)."""
+    from jobs.sweep.cli import main
+
+    argv = [spec]
+    for name, value in {"output": output, "storage": storage, "parallel": parallel, **options}.items():
+        if value is None:
+            continue
+        if name == "bar":
+            argv += [] if value else ["--no-bar"]
+        else:
+            argv += [f"--{name.replace('_', '-')}", str(value)]
+    return main(argv)

@@ -144,8 +144,9 @@ class FederationConfig:
 class RunConfig:
     """Attributes:
     eval_frequency: evaluate every N global model versions (and always the last).
-    eval_backlog: when evaluation falls behind the versions made: ``skip`` evaluates the newest scheduled version
-        and skips the older ones still waiting (never the last); ``wait`` evaluates every scheduled version.
+    eval_backlog: when evaluation falls behind the versions made: ``wait`` evaluates every scheduled
+        version, so a seed's curve never depends on the machine's load; ``skip`` (opt-in, speed over a complete
+        curve) evaluates the newest scheduled version and skips the older ones still waiting (never the last).
     seed: fixes the initial model, data, partition, device delays, local sampling and device selection.
     env: ``sim`` (NVFlare's SimEnv), ``poc`` (PocEnv) or ``prod`` (ProdEnv on a provisioned hierarchy).
     startup_kit: the admin's startup kit folder (``--env prod``).
@@ -167,7 +168,7 @@ class RunConfig:
 
     seed: int = 0
     eval_frequency: int = 1
-    eval_backlog: EvalBacklog = "skip"
+    eval_backlog: EvalBacklog = "wait"
     env: EnvName = "sim"
     startup_kit: str | None = None
     username: str | None = None

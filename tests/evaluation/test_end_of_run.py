@@ -25,7 +25,7 @@ from common.protocol import CHECKPOINT_DUE, RUN_OUTCOME
 from common.result_files import RUN_FILES
 from evaluation.evaluator import GlobalModelEvaluator
 from evaluation.model_saver import GlobalModelSaver
-from evaluation.progress import ProgressReporter, progress_line
+from evaluation.progress import ProgressReporter, progress_line, version_ranges
 from evaluation.run_recorder import RunRecorder, record_interruption, versions_made
 from jobs.run.results import finalize, format_summary
 from processors.models import build_model
@@ -97,6 +97,8 @@ def test_a_slow_evaluator_skips_superseded_versions_but_evaluates_records_and_sa
     assert len(evaluated) < 8  # it fell behind and skipped
     assert evaluated == sorted(evaluated)
     assert sum(r.get("skipped", 0) for r in metrics["versions"]) == 8 - len(evaluated)
+    skipped = sorted(v for r in metrics["versions"] for v in r.get("skipped_versions", []))
+    assert skipped == sorted(set(range(1, 9)) - set(evaluated))  # each record names the ones it superseded
     _, bias = weights_of(8)
     saved = torch.load(tmp_path / "global_model.pt")
     assert float(saved[bias][0]) == 8.0  # the saved model is the last version's
@@ -167,9 +169,10 @@ def test_interrupted_before_version_one_says_so_and_lists_only_files_that_exist(
 
 def test_the_progress_line_shows_the_methods_status_and_skipped_versions():
     record = {"version": 7, "accuracy": 0.5, "wall_seconds": 3.0, "method": "FedRevive revival, 4 update(s) revived"}
-    line = progress_line(record | {"skipped": 2}, None, 10)
+    line = progress_line(record | {"skipped": 4, "skipped_versions": [3, 4, 5, 6]}, None, 10)
     assert "FedRevive revival, 4 update(s) revived" in line
-    assert "2 older version(s) not evaluated" in line
+    assert "4 older version(s) not evaluated (3-6)" in line and "--eval-backlog skip" in line
+    assert version_ranges([9, 3, 4, 5, 7]) == "3-5, 7, 9"
 
 
 WATCHDOG = textwrap.dedent(

@@ -1,0 +1,179 @@
+"""What a sweep shows a person, at its end and with ``python -m jobs.sweep show DIR``: a table of every trial, the
+best configuration as the command that reproduces it, mean +- std over seeds of each cell, and the plots in the
+sweep's folder (``curves.png``: accuracy vs simulated time of every trial, pruned ones cut with an x;
+``bands.png``: mean +- std per method; Optuna's ``history.png`` and ``importances.png``).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import warnings
+from collections import defaultdict
+
+import optuna
+from optuna.trial import TrialState
+
+from jobs.sweep.objective import accuracy_by
+from jobs.sweep.spec import format_value
+from jobs.sweep.study import best_trial
+from jobs.sweep.trial import read_metrics
+
+
+def _cell(value, width: int) -> str:
+    text = format_value(value) if value is not None else "-"
+    return text[:width].ljust(width)
+
+
+def trial_table(study: optuna.Study) -> str:
+    trials = study.get_trials(deepcopy=False)
+    names = sorted({k for t in trials for k in t.params})
+    head = ["#", "status", *names, "objective", "versions", "sim s", "wall s"]
+    widths = [4, 10, *(max(9, len(n)) for n in names), 9, 8, 8, 7]
+    rows = [" ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
+    for t in trials:
+        a = t.user_attrs
+        status = t.state.name.lower() + ("*" if a.get("requeued_from") is not None else "")
+        values = [
+            t.number,
+            status,
+            *(t.params.get(n) for n in names),
+            t.value,
+            a.get("versions"),
+            a.get("sim_seconds"),
+            a.get("wall_seconds"),
+        ]
+        rows.append(" ".join(_cell(v, w) for v, w in zip(values, widths, strict=True)))
+    if any(t.user_attrs.get("requeued_from") is not None for t in trials):
+        rows.append("(* queued again after an interrupted sweep)")
+    return "\n".join(rows)
+
+
+def seed_groups(study: optuna.Study) -> dict[tuple, list[float]]:
+    """Completed trials' values grouped by every parameter but the seed: a grid's cells, over their seeds."""
+    groups: dict[tuple, list[float]] = defaultdict(list)
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        key = tuple(sorted((k, v) for k, v in t.params.items() if k != "seed"))
+        groups[key].append(t.value)
+    return dict(groups)
+
+
+def cell_summary(study: optuna.Study) -> str:
+    lines = []
+    for key, values in sorted(seed_groups(study).items(), key=lambda kv: str(kv[0])):
+        if len(values) < 2:
+            continue
+        name = ", ".join(f"{k}={format_value(v)}" for k, v in key) or "(all)"
+        lines.append(
+            f"  {name}: {statistics.mean(values):.4f} +- {statistics.stdev(values):.4f} over {len(values)} seeds"
+        )
+    return "\n".join(["mean +- std per cell:", *lines]) if lines else ""
+
+
+def format_report(study: optuna.Study, folder: str, objective: str) -> str:
+    parts = [
+        f"study {study.study_name} in {folder} (objective: {objective}, {study.direction.name.lower()})",
+        trial_table(study),
+    ]
+    cells = cell_summary(study)
+    if cells:
+        parts.append(cells)
+    best = best_trial(study)
+    if best is not None:
+        parts.append(f"best: trial {best.number}, {objective} {format_value(best.value)}; reproduce it alone with:")
+        parts.append(f"  {best.user_attrs.get('command')}")
+    else:
+        parts.append("best: no trial completed")
+    return "\n".join(parts)
+
+
+def trial_curves(study: optuna.Study, folder: str) -> list[tuple[optuna.trial.FrozenTrial, list[dict]]]:
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        records = read_metrics(os.path.join(folder, t.user_attrs.get("folder", ""))).get("versions", [])
+        out.append((t, [r for r in records if r.get("sim_seconds") is not None]))
+    return out
+
+
+def write_plots(study: optuna.Study, folder: str) -> list[str]:
+    """The sweep's plots (their paths); Optuna's need at least one completed trial."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    curves = trial_curves(study, folder)
+    if curves:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for t, records in curves:
+            xs, ys = [r["sim_seconds"] for r in records], [r["accuracy"] for r in records]
+            pruned = t.state == TrialState.PRUNED
+            ax.plot(xs, ys, linestyle="--" if pruned else "-", alpha=0.6 if pruned else 0.9, label=f"#{t.number}")
+            if pruned and xs:
+                ax.plot(xs[-1], ys[-1], "kx")  # where the pruner cut it
+        ax.set_xlabel("simulated seconds")
+        ax.set_ylabel("accuracy")
+        ax.set_title("every trial (dashed, x: pruned)")
+        fig.tight_layout()
+        written.append(_save(fig, folder, "curves.png"))
+        written += _bands(curves, folder, plt)
+    with warnings.catch_warnings():  # Optuna's matplotlib plots are marked experimental; importances may be even
+        warnings.simplefilter("ignore")
+        written += _optuna_plots(study, folder)
+    plt.close("all")
+    return written
+
+
+def _optuna_plots(study: optuna.Study, folder: str) -> list[str]:
+    """Optuna's optimisation history and parameter importances (they need completed trials)."""
+    written = []
+    if study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        from optuna.visualization import matplotlib as ov
+
+        written.append(_save(ov.plot_optimization_history(study).figure, folder, "history.png"))
+        if len({k for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) for k in t.params}) and (
+            len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) > 1
+        ):
+            try:
+                written.append(_save(ov.plot_param_importances(study).figure, folder, "importances.png"))
+            except (ValueError, RuntimeError):  # one value per parameter: no importance to compute
+                pass
+    return written
+
+
+def _bands(curves, folder: str, plt) -> list[str]:
+    """Mean +- std of completed trials per method, on a common grid of simulated time (each curve held flat
+    between its versions)."""
+    import numpy as np
+
+    by_method: dict[str, list[list[dict]]] = defaultdict(list)
+    for t, records in curves:
+        if t.state == TrialState.COMPLETE and records:
+            by_method[str(t.params.get("method", "all"))].append(records)
+    if not by_method:
+        return []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for method, runs in sorted(by_method.items()):
+        end = min(r[-1]["sim_seconds"] for r in runs)
+        grid = np.linspace(0.0, end, 50)
+        ys = np.array([[_held(r, g) for g in grid] for r in runs])
+        mean, std = ys.mean(axis=0), ys.std(axis=0)
+        ax.plot(grid, mean, label=f"{method} ({len(runs)})")
+        ax.fill_between(grid, mean - std, mean + std, alpha=0.2)
+    ax.set_xlabel("simulated seconds")
+    ax.set_ylabel("accuracy (newest version)")
+    ax.legend()
+    fig.tight_layout()
+    return [_save(fig, folder, "bands.png")]
+
+
+def _held(records: list[dict], seconds: float) -> float:
+    accuracy = accuracy_by(records, seconds)
+    return records[0]["accuracy"] if accuracy is None else accuracy
+
+
+def _save(fig, folder: str, name: str) -> str:
+    path = os.path.join(folder, name)
+    fig.savefig(path, dpi=100)
+    return path

@@ -1,0 +1,282 @@
+"""A sweep's spec: the YAML file read, checked against the job's own flags, and turned into trials' command lines.
+
+::
+
+    base:                      # every trial's flags (a flag's name with dashes or underscores; true: an on switch)
+      num-leaf-nodes: 2
+      max-model-version: 10
+    grid:                      # every combination is a cell; each cell is run (or searched) in turn
+      method: [fedavg, fedbuff]
+      seed: [1, 2, 3]
+    search:                    # optional; one entry per flag
+      local-lr: {type: log-float, low: 1.0e-4, high: 1.0}
+      global-lr: {type: float, low: 0.1, high: 2.0}
+      local-iters: {type: int, low: 1, high: 8}
+      optimizer: {type: choice, values: [sgd, adam]}
+    objective:                 # final_accuracy | accuracy_at (needs budget) | time_to_target (needs target)
+      metric: accuracy_at
+      budget: 20.0             # simulated seconds
+      step: 1.0                # simulated seconds per pruning step (default 1)
+    trials: 12                 # with a search (default 10); a grid alone runs each cell once
+
+Every trial's flags are parsed by the job's own parser and built into a ``JobConfig`` by the CLI's code path
+(``jobs.cli.config_from_args``) before any trial starts, so an unknown flag or a bad value is refused here, in one
+line (``SpecError``), not in a trial.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+from dataclasses import dataclass, field
+
+import yaml
+
+from common.choices import ConfigError
+
+SCRIPT = "jobs/pt_job_fedrevive.py"  # the job every trial runs: --method chooses, the method's presets apply
+SEARCH_TYPES = ("float", "log-float", "int", "choice")
+METRICS = ("final_accuracy", "accuracy_at", "time_to_target")
+SWEEP_OWNED = ("output", "resume", "dry_run", "export_only", "env")  # the sweep decides these, not the spec
+
+
+class SpecError(ConfigError):
+    """A spec the sweep refuses, with the fix in its one line."""
+
+
+def flag_name(name: str) -> str:
+    """``local_lr`` / ``--local-lr`` / ``local-lr`` -> ``local-lr``."""
+    return str(name).strip().lstrip("-").replace("_", "-")
+
+
+def flag_args(flags: dict) -> list[str]:
+    """Flags as command-line words: ``True`` an on switch, ``False`` its ``--no-`` form, a list comma-joined."""
+    words = []
+    for name, value in flags.items():
+        if value is True:
+            words.append(f"--{name}")
+        elif value is False:
+            words.append(f"--no-{name}")
+        elif isinstance(value, (list, tuple)):
+            words += [f"--{name}", ",".join(str(v) for v in value)]
+        else:  # repr of a float is the shortest text that reads back as the same float: the command is exact
+            words += [f"--{name}", repr(value) if isinstance(value, float) else str(value)]
+    return words
+
+
+@dataclass(frozen=True)
+class Param:
+    """One searched flag: ``float``, ``log-float`` or ``int`` between ``low`` and ``high``, or a ``choice``."""
+
+    name: str
+    type: str
+    low: float | None = None
+    high: float | None = None
+    values: tuple = ()
+
+    def probes(self) -> list:
+        """Values that stand for the whole range when the spec is checked: its ends, or every choice."""
+        if self.type == "choice":
+            return list(self.values)
+        return [int(self.low), int(self.high)] if self.type == "int" else [self.low, self.high]
+
+
+@dataclass(frozen=True)
+class Objective:
+    metric: str = "final_accuracy"
+    budget: float | None = None
+    target: float | None = None
+    step: float = 1.0
+
+    @property
+    def direction(self) -> str:
+        return "minimize" if self.metric == "time_to_target" else "maximize"
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    name: str
+    base: dict
+    grid: dict
+    search: tuple[Param, ...]
+    objective: Objective
+    trials: int
+    text: str = field(repr=False, default="")
+
+    @property
+    def digest(self) -> str:
+        """Names the sweep in a shared storage: two different specs never share a study."""
+        canon = json.dumps(
+            {
+                "base": self.base,
+                "grid": self.grid,
+                "search": [p.__dict__ for p in self.search],
+                "obj": self.objective.__dict__,
+            },
+            sort_keys=True,
+            default=str,
+        )
+        return hashlib.sha256(canon.encode()).hexdigest()[:10]
+
+    @property
+    def study_name(self) -> str:
+        return f"{self.name}-{self.digest}"
+
+    def cells(self) -> list[dict]:
+        """Every combination of the grid's values (one empty cell without a grid), in the spec's order."""
+        keys = list(self.grid)
+        return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(self.grid[k] for k in keys))]
+
+    def slots(self) -> list[dict]:
+        """The study's planned trials: each one's grid cell. A search spreads ``trials`` over the cells in turn."""
+        cells = self.cells()
+        if not self.search:
+            return cells
+        return [cells[i % len(cells)] for i in range(self.trials)]
+
+    def trial_flags(self, params: dict) -> dict:
+        """A trial's flags: the base, then its cell and searched values (Optuna's params: flag names)."""
+        return dict(self.base) | dict(params)
+
+    def workspace(self) -> str:
+        return os.path.expanduser(str(self.base.get("workspace", "~/.cache/edgesim-flare/workspace")))
+
+
+def _number(where: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(f"{where}: {value!r} is not a number; write a number")
+    return float(value)
+
+
+def parse_param(name: str, entry) -> Param:
+    where = f"search.{name}"
+    if not isinstance(entry, dict):
+        raise SpecError(
+            f"{where}: give {{type: float|log-float|int|choice, low: .., high: ..}} or {{type: choice, values: [..]}}"
+        )
+    kind = entry.get("type", "choice" if "values" in entry else "float")
+    if kind not in SEARCH_TYPES:
+        raise SpecError(f"{where}: type {kind!r} is not one of {', '.join(SEARCH_TYPES)}")
+    if kind == "choice":
+        values = entry.get("values")
+        if not isinstance(values, list) or not values:
+            raise SpecError(f"{where}: a choice needs a non-empty list, e.g. values: [sgd, adam]")
+        return Param(flag_name(name), kind, values=tuple(values))
+    if "low" not in entry or "high" not in entry:
+        raise SpecError(f"{where}: a {kind} needs low and high")
+    low, high = _number(f"{where}.low", entry["low"]), _number(f"{where}.high", entry["high"])
+    if not low < high:
+        raise SpecError(f"{where}: low {low:g} must be below high {high:g}")
+    if kind == "log-float" and low <= 0:
+        raise SpecError(f"{where}: a log-float range must be above 0 (low {low:g}); use type float for 0")
+    if kind == "int" and (low != int(low) or high != int(high)):
+        raise SpecError(f"{where}: an int range needs whole numbers (low {low:g}, high {high:g})")
+    return Param(flag_name(name), kind, low, high)
+
+
+def parse_objective(entry) -> Objective:
+    entry = entry or {}
+    if isinstance(entry, str):
+        entry = {"metric": entry}
+    metric = entry.get("metric", "final_accuracy")
+    if metric not in METRICS:
+        raise SpecError(f"objective.metric {metric!r}: use one of {', '.join(METRICS)}")
+    budget = entry.get("budget")
+    target = entry.get("target")
+    step = _number("objective.step", entry.get("step", 1.0))
+    if step <= 0:
+        raise SpecError(f"objective.step {step:g}: simulated seconds per pruning step, above 0")
+    if metric == "accuracy_at" and (budget is None or _number("objective.budget", budget) <= 0):
+        raise SpecError("objective accuracy_at needs budget: the simulated seconds at which accuracy is read (> 0)")
+    if metric == "time_to_target" and (target is None or not 0 < _number("objective.target", target) <= 1):
+        raise SpecError("objective time_to_target needs target: the accuracy to reach, in (0, 1]")
+    return Objective(metric, None if budget is None else float(budget), None if target is None else float(target), step)
+
+
+def parse_spec(text: str, name: str) -> SweepSpec:
+    """A spec from its YAML text (``name``: the sweep's name, the spec file's stem); ``SpecError`` names the fix."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as ex:
+        raise SpecError(f"the spec is not valid YAML ({str(ex).splitlines()[0]}); fix its syntax") from ex
+    if not isinstance(raw, dict):
+        raise SpecError("the spec must be a YAML mapping with base, grid, search, objective and trials")
+    unknown = sorted(set(raw) - {"base", "grid", "search", "objective", "trials"})
+    if unknown:
+        raise SpecError(f"unknown spec key(s) {', '.join(unknown)}; the keys are base, grid, search, objective, trials")
+    base = {flag_name(k): v for k, v in (raw.get("base") or {}).items()}
+    grid = {}
+    for k, v in (raw.get("grid") or {}).items():
+        values = v if isinstance(v, list) else [v]
+        if not values:
+            raise SpecError(f"grid.{k} is empty: give at least one value, or leave it out")
+        grid[flag_name(k)] = values
+    search_raw = raw.get("search")
+    if "search" in raw and not search_raw:
+        raise SpecError("search is empty: give at least one flag's range, or leave search out for a grid")
+    search = tuple(parse_param(k, v) for k, v in (search_raw or {}).items())
+    overlap = sorted(({p.name for p in search} | set(grid)) & set(base)) + sorted({p.name for p in search} & set(grid))
+    if overlap:
+        raise SpecError(f"{', '.join(overlap)} given twice (base, grid, search): give each flag in one place")
+    owned = sorted(set(map(flag_name, SWEEP_OWNED)) & (set(base) | set(grid) | {p.name for p in search}))
+    if owned:
+        raise SpecError(
+            f"{', '.join(owned)}: the sweep sets these itself (each trial's folder, SimEnv); leave them out"
+        )
+    trials = raw.get("trials", 10 if search else None)
+    if search and (isinstance(trials, bool) or not isinstance(trials, int) or trials < 1):
+        raise SpecError(f"trials {trials!r}: a search needs a whole number of trials >= 1")
+    spec = SweepSpec(name, base, grid, search, parse_objective(raw.get("objective")), trials or 0, text)
+    if not search:
+        spec = SweepSpec(name, base, grid, search, spec.objective, len(spec.cells()), text)
+    return spec
+
+
+def load_spec(path: str) -> SweepSpec:
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as ex:
+        raise SpecError(f"cannot read the spec {path} ({ex.strerror}); give a YAML file's path") from ex
+    return parse_spec(text, os.path.splitext(os.path.basename(path))[0])
+
+
+class _Refusal(Exception):
+    pass
+
+
+def check_flags(spec: SweepSpec) -> None:
+    """Parse and build every cell's flags, with each searched flag at its probes (a range's ends, every choice),
+    as the job's command line would (``jobs.cli``): the first refusal is a ``SpecError`` naming the flag."""
+    from jobs.cli import build_parser, config_from_args
+
+    parser = build_parser("", method_choice=True)
+
+    def refuse(message: str):
+        raise _Refusal(message)
+
+    parser.error = refuse  # one line, raised here rather than printed with a usage block
+    known = {s.lstrip("-") for s in parser._option_string_actions}  # argparse's own table of the flags it takes
+    for name in [*spec.base, *spec.grid, *(p.name for p in spec.search)]:
+        plain = name[3:] if name.startswith("no-") else name
+        if name not in known and plain not in known:
+            raise SpecError(f"unknown flag --{name}; the flags are the job's (python {SCRIPT} --help)")
+    probes = [[(p.name, v) for v in p.probes()] for p in spec.search]
+    for cell in spec.cells():
+        for combo in itertools.product(*probes) if probes else [()]:
+            flags = spec.trial_flags(cell | dict(combo))
+            try:
+                args = parser.parse_args(flag_args(flags))
+                config_from_args(args, args.method, presets=True)
+            except (_Refusal, ConfigError) as ex:
+                shown = ", ".join(f"{k}={v}" for k, v in (cell | dict(combo)).items()) or "the base flags"
+                raise SpecError(f"{ex} (with {shown})") from ex
+
+
+def format_value(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if value == value and not math.isinf(value) else str(value)
+    return str(value)

@@ -1,0 +1,130 @@
+"""A real sweep on the hard synthetic data: a learning-rate search of 6 trials, 2 at a time, pruned on simulated
+time; the sweep is SIGKILLed mid-study (its trials end with it), the same command continues it to the end with every
+planned trial finished exactly once, and the printed best command, run alone, gives its trial's accuracy."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import sqlite3
+import subprocess
+import time
+
+import optuna
+import psutil
+import pytest
+from optuna.trial import TrialState
+
+from tests.conftest import PYTHON, REPO
+
+pytestmark = pytest.mark.slow
+
+SPEC = """
+base:
+  method: fedavg
+  num-leaf-nodes: 2
+  devices-per-leaf: 4
+  device-selection-size: 8
+  synthetic-size: 3000
+  subset-size: 300
+  synthetic-difficulty: 1
+  max-model-version: 6
+  delays: paper
+  seed: 3
+  workspace: {ws}
+search:
+  local-lr: {{type: log-float, low: 1.0e-7, high: 0.1}}
+objective: {{metric: accuracy_at, budget: 25, step: 1.0}}
+trials: 6
+"""
+
+
+def finished(folder) -> int:
+    """Trials the study counts as ended (complete or pruned): a pruned trial's job ends a moment before."""
+    if not (folder / "study.db").exists():
+        return 0
+    with contextlib.closing(sqlite3.connect(f"file:{folder / 'study.db'}?mode=ro", uri=True, timeout=30)) as db:
+        try:
+            return db.execute("select count(*) from trials where state in ('COMPLETE', 'PRUNED')").fetchone()[0]
+        except sqlite3.OperationalError:  # the tables are being created
+            return 0
+
+
+def of_this_sweep(folder) -> list[str]:
+    """Every living process whose command line names the sweep's folder: its trials' drivers and NVFlare's."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        cmdline = " ".join(p.info["cmdline"] or [])
+        if str(folder) in cmdline and p.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(cmdline[:120])
+    return found
+
+
+def test_a_sweep_survives_sigkill_prunes_and_its_best_command_reproduces(tmp_path):
+    spec = tmp_path / "lr.yaml"
+    spec.write_text(SPEC.format(ws=tmp_path / "ws"))
+    folder = tmp_path / "sweep"
+    cmd = [PYTHON, "-m", "jobs.sweep", str(spec), "--output", str(folder), "--parallel", "2", "--min-resource", "2"]
+    cmd.append("--no-bar")
+    started = time.time()
+    first = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 400
+        while finished(folder) < 1 and time.time() < deadline and first.poll() is None:
+            time.sleep(0.5)
+        assert first.poll() is None, first.communicate()[0][-3000:]
+        assert psutil.Process(first.pid).children(), "a trial was running when the sweep was killed"
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        left = of_this_sweep(folder)
+        deadline = time.time() + 90
+        while left and time.time() < deadline:  # each trial's job ends with the sweep (PR_SET_PDEATHSIG)
+            time.sleep(1)
+            left = of_this_sweep(folder)
+        assert not left, left
+    finally:
+        if first.poll() is None:
+            first.kill()
+
+    second = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    out = second.stdout + second.stderr
+    assert second.returncode == 0, out[-4000:]
+    assert "were running, marked failed, queued again" in out
+
+    storage = f"sqlite:///{folder / 'study.db'}"
+    (name,) = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    trials = optuna.load_study(study_name=name, storage=storage).get_trials()
+    ended = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert sorted(t.user_attrs["slot"] for t in ended) == list(range(6)), [(t.number, t.state) for t in trials]
+    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    failed = {t.number: t.params for t in trials if t.state == TrialState.FAIL}
+    assert failed, "the kill left running trials, failed and queued again"
+    for t in ended:
+        if "requeued_from" in t.user_attrs:
+            assert t.params == failed[t.user_attrs["requeued_from"]]
+    pruned = [t for t in ended if t.state == TrialState.PRUNED]
+    assert pruned, "some trials are pruned"
+    for t in pruned:
+        metrics = json.loads((folder / t.user_attrs["folder"] / "metrics.json").read_text())
+        assert metrics["outcome"]["status"] == "pruned", metrics["outcome"]
+        assert metrics["outcome"]["version"] >= metrics["versions"][-1]["version"]
+    assert any(
+        json.loads((folder / t.user_attrs["folder"] / "metrics.json").read_text())["outcome"]["version"] < 6
+        for t in pruned
+    )  # cut before the end
+    for name in ("curves.png", "history.png"):
+        assert (folder / name).exists()
+    best_line = out[out.index("reproduce it alone with:") :].splitlines()[1].strip()
+    best = max((t for t in ended if t.state == TrialState.COMPLETE), key=lambda t: t.value)
+    assert best_line == best.user_attrs["command"] and best_line.startswith("python jobs/pt_job_fedrevive.py")
+    sweep_seconds = time.time() - started
+
+    alone = tmp_path / "alone"
+    words = best_line.split()[1:] + ["--output", str(alone)]
+    rerun = subprocess.run([PYTHON, *words], cwd=REPO, capture_output=True, text=True, timeout=400)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    records = json.loads((alone / "metrics.json").read_text())["versions"]
+    at_budget = [r["accuracy"] for r in records if r["sim_seconds"] <= 25][-1]
+    assert at_budget == best.value, (at_budget, best.value)
+    print(f"sweep {sweep_seconds:.0f} s, best command alone {time.time() - started - sweep_seconds:.0f} s")
