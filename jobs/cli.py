@@ -18,7 +18,7 @@ from common.config_flags import add_dataclass_flags
 from common.delays import DelayPreset, SpeedDistribution
 from common.profiles import ProfileName
 from evaluation.evaluator import EvalBacklog
-from jobs.api import config_from_options, option_names
+from jobs.api import config_from_options, option_names, presets_applied
 from jobs.config import EnvName, FederationConfig, JobConfig, LeafLossPolicy, RunConfig
 from jobs.methods import BUILT_IN, Method, method_of
 from processors.data.config import DataConfig
@@ -181,9 +181,10 @@ def build_parser(description: str, method_choice: bool = False) -> JobArgumentPa
     het = p.add_argument_group("device heterogeneity: simulated delays (a preset, any field overridden)")
     het.add_argument(
         "--delays",
-        default="none",
+        default=None,
         choices=literal_choices(DelayPreset),
-        help="paper: the FedRevive paper's exponential speeds 1.0/1.3/1.6 (p 0.25/0.5/0.25), download "
+        help="default: the method's preset (FedBuff, FedRevive: paper) unless a delay flag is given, else none "
+        "(none: every update arrives at time 0; an asynchronous run is then a serial chain); paper: the FedRevive paper's exponential speeds 1.0/1.3/1.6 (p 0.25/0.5/0.25), download "
         "0.1, upload 0.15 or 0.25 +-0.02; paper-shifted: mean 0.1, download 0.02, upload 0.05 or "
         "0.10 +-0.01; edge-example: NVFlare's 100/200/400 s (std 4), upload 5 s",
     )
@@ -414,6 +415,10 @@ def job_main(description: str, argv: list[str] | None, method: str | None = None
     chosen = method or args.method
     try:
         cfg = config_from_args(args, chosen, presets=method is None)
+        applied = presets_applied(chosen, vars(args)) if method is None and not args.resume else {}
+        if applied:
+            values = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in applied.items())
+            print(f"[edgesim] {cfg.method_spec.label} presets (flags not given): {values}")
         if args.resume:
             cfg = resumed_config(os.path.abspath(os.path.expanduser(args.resume)), cfg, given_flags(parser, argv))
     except ConfigError as ex:
