@@ -181,7 +181,7 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
         stamp, _ = updater.wait_changed(stamp, timeout)
         tasks, models = updater.take_tasks(prefix + SpecialDeviceId.NUM_INDICATOR)
         return LeafWork(
-            stamp, [GatewayTask(d, sid, v) for d, sid, v in tasks], {v: dxo.data for v, dxo in models.items()}
+            stamp, [GatewayTask(d, sid, v, r) for d, sid, v, r in tasks], {v: dxo.data for v, dxo in models.items()}
         )
 
     def report(self, results: list[DeviceResult]) -> None:

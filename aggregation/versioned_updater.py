@@ -7,8 +7,9 @@ each device's update on its own (``scheduling.exact_assessor``), so ``VersionedU
 * keeps every model version its selected devices train (the reply's ``MODELS``), until the parent has their
   updates, and tells the parent which it holds (``HELD_VERSIONS``), so a model travels to a node once, and only
   when one of its devices trains it (never the newest model just because it is new);
-* knows which version each selection id trains (``SELECTION_VERSIONS``), hands a leaf's newly selected devices
-  their tasks in one call (``take_tasks``) and lets a waiter know when its state changed (``wait_changed``);
+* knows which version each selection id trains (``SELECTION_VERSIONS``) and which release of the server it came
+  in (``SELECTION_RELEASES``), hands a leaf's newly selected devices their tasks in one call (``take_tasks``) and
+  lets a waiter know when its state changed (``wait_changed``);
 * asks its node to sync at once (``on_work``) when something waits to go up: a device's update, a child's report,
   a synchronous selection's complete sum;
 * forwards each device's update unchanged (``DEVICE_UPDATES``) instead of summing them: the server needs each
@@ -50,6 +51,7 @@ from common.protocol import (
     LEAVES_SEEN,
     LOCAL_REPORT,
     MODELS,
+    SELECTION_RELEASES,
     SELECTION_SUMS,
     SELECTION_VERSIONS,
     DeviceUpdate,
@@ -102,6 +104,7 @@ class VersionedUpdater(Updater):
         self.awaited: set[str] = set()  # devices whose update the parent waits for now (it says so)
         self._models: dict[int, DXO] = {}
         self._selection_versions: dict[int, int] = {}
+        self._selection_releases: dict[int, int] = {}  # selection id -> the server's release it came in
         self._fetched: set[tuple[str, int]] = set()
         self._pending: list[DeviceUpdate | dict] = []  # device updates to send up (a child's: as it sent them)
         self._ranges: dict[str, list] = {}  # prefix -> [count, leaf], every range known here
@@ -192,6 +195,8 @@ class VersionedUpdater(Updater):
                 changed = True
             if SELECTION_VERSIONS in reply:
                 self._selection_versions = dict(reply[SELECTION_VERSIONS])
+            if SELECTION_RELEASES in reply:
+                self._selection_releases = dict(reply[SELECTION_RELEASES])
             self.awaited = set(reply.get(AWAITED) or ())
             selection = state.device_selection
             self._fetched.intersection_update(selection.items())
@@ -231,9 +236,10 @@ class VersionedUpdater(Updater):
                 self._changed.wait(timeout)
             return self.stamp, self.current_state
 
-    def take_tasks(self, prefix: str) -> tuple[list[tuple[str, int, int]], dict[int, DXO]]:
+    def take_tasks(self, prefix: str) -> tuple[list[tuple[str, int, int, int | None]], dict[int, DXO]]:
         """Hand out the tasks of ``prefix``'s selected devices not handed out yet whose model is here:
-        ``[(device, selection id, version)]`` in device-id order, and those versions' models."""
+        ``[(device, selection id, version, release)]`` in device-id order (release None: the parent did not say),
+        and those versions' models."""
         with self._lock:
             state = self.current_state
             if state is None:
@@ -246,7 +252,7 @@ class VersionedUpdater(Updater):
                 model = self._models.get(version)
                 if model is None:  # not here yet: a later reply brings it (and a new stamp)
                     continue
-                tasks.append((device, sid, version))
+                tasks.append((device, sid, version, self._selection_releases.get(sid)))
                 models[version] = model
                 self._fetched.add((device, sid))
             return tasks, models
@@ -306,6 +312,8 @@ class VersionedUpdater(Updater):
         if needed:
             reply[MODELS] = {v: pack(self._models[v].data) for v in sorted(needed) if v in self._models}
         reply[SELECTION_VERSIONS] = dict(self._selection_versions)
+        if self._selection_releases:
+            reply[SELECTION_RELEASES] = dict(self._selection_releases)
         return reply
 
     def end_task(self, fl_ctx: FLContext) -> None:

@@ -128,6 +128,12 @@ def group_sizes(out: str) -> collections.Counter:
     return sizes
 
 
+def mean_group(groups: collections.Counter) -> float:
+    """Devices per training call: a group of g devices is g report lines of size g."""
+    calls = sum(n / size for size, n in groups.items())
+    return sum(groups.values()) / calls if calls else 0.0
+
+
 def describe(result, out: str) -> dict:
     """Devices per second, CPU per device by role, and how busy the CPU was, over the steady state (the second
     evaluated version to the last), and the sizes of the groups its devices were trained in."""
@@ -228,6 +234,9 @@ def throughput(args, work: str) -> None:
                     f"{r['cpu_ms']['server']:.2f}",
                 )
             )
+    for label, results in measured.items():
+        for name, r in results.items():
+            print(f"{name} ({label}): mean group size {mean_group(r['groups']):.1f} devices per training call")
     if args.baseline_rev:
         for name in ours:
             ratio = ours[name]["devices_per_second"] / measured[args.baseline_rev][name]["devices_per_second"]

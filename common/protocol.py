@@ -12,7 +12,9 @@ simulated time needs more, added as extra keys of the same messages, which NVFla
   ``HELD_VERSIONS``, the model versions the child holds;
 * down (server -> relay -> leaf, in ``StateUpdateReply`` shareables): ``MODELS``, the model versions the child's
   selected devices train that it does not hold (never a model it holds or does not need); ``SELECTION_VERSIONS``,
-  the model version of each selection id; ``AWAITED``, the devices whose update the server waits for now. When
+  the model version of each selection id; ``SELECTION_RELEASES``, the release each selection id came in (the server
+  hands devices to the leaves in releases, ``scheduling.applier``, and a leaf trains a release's devices together,
+  whatever their versions); ``AWAITED``, the devices whose update the server waits for now. When
   the server waits for an update that has not come, it wakes the children that have news (newly selected devices)
   and the one holding the awaited device with a ``WAKE_TOPIC`` aux message (``NEWS_FOR``, ``AWAITED``): a child
   with news syncs at once; a leaf sends an awaited device's result the moment it has it, and others' in batches.
@@ -50,6 +52,7 @@ STEPS = "steps"  # local steps it took
 SAMPLES = "samples"  # samples it trained on, counted over its steps (FedScale's trained_size)
 DEVICE_REPORTS = (LOSS, LOSS_SQUARED, STEPS, SAMPLES, LABEL_COUNTS)
 SELECTION_VERSIONS = "edgesim_selection_versions"  # {selection id: model version}
+SELECTION_RELEASES = "edgesim_selection_releases"  # {selection id: the release it came in}
 
 # FLContext key set by the server's model manager next to AppConstants.GLOBAL_MODEL: the simulated time at which
 # the version was made

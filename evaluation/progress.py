@@ -1,7 +1,8 @@
 """What a person watching a run sees: one line per recorded version and a tqdm bar (on a terminal only).
 
 A line looks like ``[edgesim] version 3/10 | accuracy 0.4120 | 19.5 s since start | 5.1 s/version |
-19.6 devices/s | CPU 100% | RAM 7.1/23.5 GB`` (GPU % and VRAM added when there is a GPU). At the end of the run
+19.6 devices/s | CPU 100% | RAM 7.1/23.5 GB`` (GPU % and VRAM added when there is a GPU; ``mean group 1.2 devices
+(low)`` when the leaves' vectorised engine trains its devices in far smaller groups than planned). At the end of the run
 the system summary and any low-GPU-use warning follow.
 """
 
@@ -69,6 +70,8 @@ def progress_line(record: dict, stretch: dict | None = None, max_model_version: 
         line += f" | {record['seconds_per_version']:.2f} s/version"
     if record.get("devices_per_second") is not None:
         line += f" | {record['devices_per_second']:.1f} devices/s"
+    if record.get("groups_low"):  # devices train nearly alone: the vectorised engine does not pay
+        line += f" | mean group {record['mean_group_size']:g} devices (low)"
     if record.get("method"):
         line += f" | {record['method']}"
     if record.get("skipped"):

@@ -15,6 +15,12 @@ A record (see ``version_record``)::
 
 ``fleet`` (exact-time runs): devices online as the version was made, of all ``devices``, and the ``updates``
 applied and ``failed`` so far; the summary's ``failure_rate`` is failed over applied.
+
+``groups`` (from the leaves' report lines, ``evaluation.leaf_log_writer``): the devices trained, and the mean size
+of the groups they were trained in (devices per training call), over the run and after the first selection (an
+asynchronous run's first selection is one large release; what follows shows whether its devices keep training
+together). With the vectorised engine each record also gets ``mean_group_size`` since the record before, and
+``groups_low`` when that is far below what the leaves planned (the progress line then says so).
 """
 
 from __future__ import annotations
@@ -43,6 +49,24 @@ from evaluation.events import (
 from evaluation.fleet import failure_rate
 from evaluation.plots import plot_accuracy
 from evaluation.utilisation import aggregate, system_fields
+
+LOW_GROUP_SIZE = 8  # a stretch whose groups average fewer devices (and under half the plan's) is flagged
+
+
+class GroupSizes:
+    """Devices and training calls from report lines (each line: one device, ``group`` the size of its call)."""
+
+    def __init__(self) -> None:
+        self.devices = 0
+        self.calls = 0.0  # a group of g devices is g lines of 1/g each
+
+    def add(self, group: int) -> None:
+        self.devices += 1
+        self.calls += 1.0 / max(1, group)
+
+    @property
+    def mean(self) -> float | None:
+        return round(self.devices / self.calls, 2) if self.calls else None
 
 
 def version_record(evaluated: dict, previous: dict | None, updates_per_version: int, stretch: dict | None) -> dict:
@@ -169,13 +193,14 @@ class RunRecorder(FLComponent):
         self._summary: dict | None = None
         self._outcome: dict | None = None
         self._leaf_plans: dict[str, dict] = {}
+        self._groups = {"run": GroupSizes(), "after_first": GroupSizes(), "stretch": GroupSizes()}
         self._lock = threading.Lock()
         self.register_event_handler(EventType.START_RUN, self._start)
         self.register_event_handler(VERSION_EVALUATED, self._record_version)
         self.register_event_handler(SYSTEM_SUMMARY_READY, self._record_system)
         self.register_event_handler(RUN_OUTCOME, self._record_outcome)
         self.register_event_handler(RUN_RESUMED, self._resume)
-        self.register_event_handler(LEAF_INFO, self._record_leaf_plans)
+        self.register_event_handler(LEAF_INFO, self._record_leaf_info)
         self.register_event_handler(EventType.END_RUN, self._end)
 
     @property
@@ -195,6 +220,7 @@ class RunRecorder(FLComponent):
             previous = self._records[-1] if self._records else None
             stretch = aggregate(samples)
             record = version_record(evaluated, previous, self.updates_per_version, stretch)
+            record |= self._group_fields()
             self._records.append(record)
             self._write()
         start = self._monitor.start_walltime if self._monitor is not None else None
@@ -214,12 +240,32 @@ class RunRecorder(FLComponent):
             with open(path) as f:
                 self._records = [r for r in json.load(f).get("versions", []) if r["version"] <= version]
 
-    def _record_leaf_plans(self, _event: str, fl_ctx: FLContext) -> None:
-        plans = fl_ctx.get_prop(LEAF_INFO).get("plans")
-        if plans:
-            with self._lock:
+    def _record_leaf_info(self, _event: str, fl_ctx: FLContext) -> None:
+        info = fl_ctx.get_prop(LEAF_INFO)
+        plans, reports = info.get("plans"), info.get("reports") or {}
+        with self._lock:
+            for lines in reports.values():
+                for line in lines:
+                    group = int(line.get("group") or 1)
+                    for name in ("run", "stretch"):
+                        self._groups[name].add(group)
+                    if (line.get("selection") or 0) > 1:
+                        self._groups["after_first"].add(group)
+            if plans:
                 self._leaf_plans.update(plans)
                 self._write()
+
+    def _group_fields(self) -> dict:
+        """A version record's group figures since the record before (under the lock): only when the leaves train
+        with the vectorised engine, where a group's size decides how well the machine is used."""
+        stretch, self._groups["stretch"] = self._groups["stretch"], GroupSizes()
+        planned = [p.get("group_size", 1) for p in self._leaf_plans.values() if p.get("engine") == "vectorized"]
+        if not planned or stretch.mean is None:
+            return {}
+        fields = {"mean_group_size": stretch.mean}
+        if stretch.mean < min(LOW_GROUP_SIZE, max(planned) / 2):
+            fields["groups_low"] = True
+        return fields
 
     def _record_outcome(self, _event: str, fl_ctx: FLContext) -> None:
         with self._lock:
@@ -240,6 +286,12 @@ class RunRecorder(FLComponent):
         payload["versions"] = self._records
         if self._leaf_plans:
             payload["leaf_plans"] = dict(sorted(self._leaf_plans.items()))
+        if self._groups["run"].devices:
+            payload["groups"] = {
+                "devices": self._groups["run"].devices,
+                "mean_group_size": self._groups["run"].mean,
+                "mean_group_size_after_first_selection": self._groups["after_first"].mean,
+            }
         if self._system is not None:
             payload["system"] = self._system
         if self._summary is not None:

@@ -18,9 +18,10 @@ is a thin layer over it: every flag is an option here, with underscores (``--dev
   names). Arrays are saved as ``dataset.npz`` in the results folder and read from there. Inputs are uint8 images
   (N x H x W, N x H x W x C or N x C x H x W, C = 1 or 3) or float arrays N x ...; labels 0 .. K - 1.
 * ``delays``: a preset name (``none``, ``paper``, ``paper-shifted``, ``edge-example``), a ``DelayConfig``, or a
-  dict of ``DelayConfig`` fields (with an optional ``"preset"``).
-* ``presets`` (default True): the method's concurrency / buffer / server learning rate presets (``jobs.methods``)
-  fill the federation options not given.
+  dict of ``DelayConfig`` fields (with an optional ``"preset"``); ``None`` (the default): the method's delay
+  preset when ``presets`` apply and no delay field is given (FedBuff's and FedRevive's: ``paper``), else ``none``.
+* ``presets`` (default True): the method's concurrency / buffer / server learning rate / delay presets
+  (``jobs.methods``) fill the options not given.
 * ``method``: a built-in method's name (``fedavg``, ``fedbuff``, ``fedrevive``), an import path
   ``package.module:Name``, or a ``jobs.methods.Method`` subclass (or an instance of one); its settings are the
   options ``<flag_prefix>_<field>`` (FedRevive's: ``fr_s_max=...``). One defined in the script you run is shipped
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.choices import ConfigError
-from common.delays import DEFAULT_DELAY_PRESET, DelayConfig
+from common.delays import DelayConfig
 from common.imports import import_path
 from common.result_files import DATASET
 from jobs.config import PARTS, FederationConfig, JobConfig, RunConfig
@@ -79,9 +80,20 @@ def _part(cls, given: dict) -> dict:
     return {f.name: given[f.name] for f in dataclasses.fields(cls) if f.name in given}
 
 
+def presets_applied(method: str | Method, options: dict) -> dict:
+    """The method's presets the options leave to it (``None`` means not given): federation fields not given, and
+    ``delays`` (a preset name) when neither ``delays`` nor any delay field is given."""
+    given = {k for k, v in options.items() if v is not None}
+    applied = {k: v for k, v in method_of(method).presets.items() if k not in given}
+    if "delays" in applied and given & set(DELAY_FIELDS):
+        del applied["delays"]  # a delay field given alone builds on the plain model, as without presets
+    return applied
+
+
 def config_from_options(method: str, options: dict, presets: bool = False) -> JobConfig:
     """The ``JobConfig`` of flat options (the command line's destinations; ``None`` means not given). ``presets``:
-    the method's federation presets fill every federation option not given. ``ConfigError`` names the fix."""
+    the method's presets fill every federation option not given, and its delay preset the delay model when no
+    delay option is given (``presets_applied``). ``ConfigError`` names the fix."""
     given = {k: v for k, v in options.items() if v is not None and k not in NOT_CONFIG}
     chosen = method_of(method)
     unknown = sorted(set(given) - option_names(chosen))
@@ -90,9 +102,9 @@ def config_from_options(method: str, options: dict, presets: bool = False) -> Jo
             f"unknown option(s) {', '.join(unknown)}; the options are the command line's flags with "
             "underscores (python jobs/pt_job_fedrevive.py --help)"
         )
-    federation = _part(FederationConfig, given)
     if presets:
-        federation = chosen.presets | federation
+        given = presets_applied(chosen, given) | given
+    federation = _part(FederationConfig, given)
     mine = chosen.option_names()
     prefix = f"{chosen.flag_prefix}_"
     # another method's settings are left unused, so one command line serves several methods (reproduce_fedrevive)
@@ -158,7 +170,7 @@ def make_config(
     *,
     model="cifar10_convnet",
     data="synthetic",
-    delays=DEFAULT_DELAY_PRESET,
+    delays=None,
     presets: bool = True,
     **options,
 ) -> JobConfig:

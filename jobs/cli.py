@@ -18,8 +18,8 @@ import typing
 
 from common.choices import ConfigError, literal_choices
 from common.config_flags import Extra, Flag, add_dataclass_flags, default_words, show
-from common.delays import DEFAULT_DELAY_PRESET, DELAY_PRESET_ORIGINS, DELAY_PRESETS, DelayConfig, DelayPreset
-from jobs.api import config_from_options, option_names
+from common.delays import DELAY_PRESET_ORIGINS, DELAY_PRESETS, DelayConfig, DelayPreset
+from jobs.api import config_from_options, option_names, presets_applied
 from jobs.config import PARTS, FederationConfig, JobConfig
 from jobs.methods import BUILT_IN, Method, method_of
 
@@ -36,8 +36,13 @@ GROUPS = {
 """The flag groups of ``--help``, one per config part (``jobs.config.PARTS``), in this order."""
 
 # The built-in methods' presets fill these federation fields when not given (pt_job_fedrevive.py), so their flags
-# default to None ("not given") in both jobs
-PRESET_FIELDS = {name for method in BUILT_IN.values() for name in method.presets}
+# default to None ("not given") in both jobs; a preset's "delays" fills --delays (see EXTRAS)
+PRESET_FIELDS = {
+    name
+    for method in BUILT_IN.values()
+    for name in method.presets
+    if name in {f.name for f in dataclasses.fields(FederationConfig)}
+}
 
 
 def _delay_default(name: str) -> str:
@@ -72,7 +77,11 @@ def _delays_help() -> str:
         f"{name}{f' ({DELAY_PRESET_ORIGINS[name]})' if name in DELAY_PRESET_ORIGINS else ''}: {preset.summary()}"
         for name, preset in DELAY_PRESETS.items()
     ]
-    return "the delay model: " + "; ".join(presets)
+    return (
+        "the delay model, where none makes an asynchronous run a serial chain (every update arrives at time 0): "
+        + "; ".join(presets)
+        + " (default: the method's preset, paper for FedBuff and FedRevive, unless a delay flag is given; else none)"
+    )
 
 
 EXTRAS: dict[str, dict[str, list[Extra]]] = {
@@ -80,7 +89,7 @@ EXTRAS: dict[str, dict[str, list[Extra]]] = {
         "": [
             (
                 ["--delays"],
-                {"default": DEFAULT_DELAY_PRESET, "choices": literal_choices(DelayPreset), "help": _delays_help()},
+                {"default": None, "choices": literal_choices(DelayPreset), "help": _delays_help()},
             )
         ]
     },
@@ -195,6 +204,10 @@ def job_main(description: str, argv: list[str] | None, method: str | None = None
     chosen = method or args.method
     try:
         cfg = config_from_args(args, chosen, presets=method is None)
+        applied = presets_applied(chosen, vars(args)) if method is None and not args.resume else {}
+        if applied:
+            values = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in applied.items())
+            print(f"[edgesim] {cfg.method_spec.label} presets (flags not given): {values}")
         if args.resume:
             cfg = resumed_config(os.path.abspath(os.path.expanduser(args.resume)), cfg, given_flags(parser, argv))
         cfg = cfg.validate()

@@ -12,7 +12,8 @@ A method subclasses ``Method`` and says, in class attributes and a few overridab
 * its own settings, a frozen dataclass that checks itself in ``__post_init__`` and names the fix; its fields
   become the flags ``--<flag_prefix>-<field>`` (help from the dataclass's ``Attributes:`` docstring,
   ``common.config_flags``) and the ``jobs.api`` options ``<flag_prefix>_<field>``;
-* its federation presets (``jobs/pt_job_fedrevive.py`` applies them to the flags not given);
+* its presets (``jobs/pt_job_fedrevive.py`` applies them to the flags not given): federation values and, under
+  ``delays``, a delay preset (``common.delays``; used when no delay flag is given);
 * whether it is synchronous, and its leaf aggregation (``leaf_sums``);
 * its checks of a whole configuration, and notes for the user before a run starts;
 * the files its strategy writes besides every run's (``result_files``: FedRevive's ``fedrevive_log.jsonl``).
@@ -51,7 +52,8 @@ class Method:
             among idle devices, the default).
         settings: its own settings, a frozen dataclass (``None``: it has none).
         flag_prefix: the prefix of its settings' flags and options (required with ``settings``).
-        presets: federation values applied to whatever is not given as a flag (``jobs/pt_job_fedrevive.py``).
+        presets: federation values applied to whatever is not given as a flag (``jobs/pt_job_fedrevive.py``), and
+            ``delays``, the delay preset when no delay flag is given.
         synchronous: every selected device's update goes into the next model (updates = min hole = selection).
         stock_baseline: NVFlare's stock path (``--simulator stock``) can run it, for the benchmarks' comparisons.
         result_files: the files (names or glob patterns) its strategy writes into the results folder besides every
@@ -195,7 +197,14 @@ class FedBuff(Method):
     """Buffered asynchronous FL: every B arrived updates, averaged, times the server learning rate."""
 
     name = "fedbuff"
-    presets = {"device_selection_size": 100, "num_updates_for_model": 2, "min_hole_to_fill": 1, "global_lr": 0.05}
+    # the paper's delays: without them every update arrives at time 0 and the run is a serial chain
+    presets = {
+        "device_selection_size": 100,
+        "num_updates_for_model": 2,
+        "min_hole_to_fill": 1,
+        "global_lr": 0.05,
+        "delays": "paper",
+    }
 
 
 class FedRevive(Method):
@@ -205,7 +214,13 @@ class FedRevive(Method):
     strategy = "aggregation.fedrevive_strategy:FedReviveStrategy"
     settings = FedReviveConfig
     flag_prefix = "fr"
-    presets = {"device_selection_size": 100, "num_updates_for_model": 1, "min_hole_to_fill": 1, "global_lr": 0.10}
+    presets = {
+        "device_selection_size": 100,
+        "num_updates_for_model": 1,
+        "min_hole_to_fill": 1,
+        "global_lr": 0.10,
+        "delays": "paper",
+    }
     result_files = (FEDREVIVE_LOG,)
 
     def strategy_args(self, cfg: Any) -> dict:

@@ -2,8 +2,10 @@
 
 ``python jobs/pt_job_fedrevive.py --method fedrevive|fedbuff|fedavg --help``. Presets follow the FedRevive paper's
 reference runs (concurrent devices / updates buffered per global model / server learning rate):
-FedAvg 100 / 100 / 1.4, FedBuff 100 / 2 / 0.05, FedRevive 100 / 1 / 0.10 (``jobs.methods``). Any preset value
-given as a flag wins. FedRevive's knobs are the ``--fr-*`` flags (one per ``FedReviveConfig`` field). Your own
+FedAvg 100 / 100 / 1.4, FedBuff 100 / 2 / 0.05, FedRevive 100 / 1 / 0.10 (``jobs.methods``); FedBuff and
+FedRevive also take the paper's delays (--delays paper) unless a delay flag is given (--delays none: every update
+at time 0, a serial chain; docs/simulated-time.md). Any preset value given as a flag wins; the presets applied
+are printed at start. FedRevive's knobs are the ``--fr-*`` flags (one per ``FedReviveConfig`` field). Your own
 method: ``--method package.module:Name`` (a ``jobs.methods.Method`` subclass; docs/bring-your-own.md).
 """
 

@@ -221,12 +221,15 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
             diffs = self.train_group(device_ids, weights, version)
         return [weight_diff_result(d, diff) for d, diff in zip(device_ids, diffs, strict=True)]
 
-    def train_devices(self, device_ids: list[str], weights: dict, version: int) -> list[dict[str, np.ndarray]]:
-        """The leaf gateway's entry point (``simulation.trainer.WeightsTrainer``): train the devices from the
-        global ``weights`` of ``version``, as ``process_group`` does from a task; one diff each, in order."""
+    def train_devices(
+        self, device_ids: list[str], weights: list[dict], versions: list[int]
+    ) -> list[dict[str, np.ndarray]]:
+        """The leaf gateway's entry point (``simulation.trainer.WeightsTrainer``): train each device from the
+        global ``weights`` of its own ``versions`` entry (devices of one version share one dict), as
+        ``process_group`` does from a task; one diff each, in order."""
         if len(device_ids) == 1:
-            return [self.train(device_ids[0], weights, version)]
-        return self.train_group(device_ids, weights, version)
+            return [self.train(device_ids[0], weights[0], versions[0])]
+        return self.train_group(device_ids, weights, versions)
 
     def failed_result(self, device_id: str, task: TaskResponse) -> dict:
         """What a device whose training failed for good reports: an all-zero diff with weight ``count`` 0. The
@@ -307,14 +310,30 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         batch = min(self._training.local_batch_size, len(y))
         return with_reports(diff, tuple(self.reports), y, classes, self._training.local_iters, batch, last_step)
 
-    def train_group(self, device_ids: list[str], model_data: dict, version: int) -> list[dict[str, np.ndarray]]:
-        """Train several devices from the same global weights in one vectorised call (``train_group``); each
-        diff equals what ``train`` gives for that device, up to floating-point summation order."""
+    def train_group(
+        self, device_ids: list[str], model_data: dict | list[dict], version: int | list[int]
+    ) -> list[dict[str, np.ndarray]]:
+        """Train several devices in one vectorised call (``train_group``), each from its own version's weights
+        (``model_data`` and ``version``: one for all, or one per device); each diff equals what ``train`` gives
+        for that device, up to floating-point summation order."""
         settings = self._settings
+        k = len(device_ids)
+        versions = [version] * k if isinstance(version, int) else list(version)
+        models = [model_data] * k if isinstance(model_data, dict) else list(model_data)
         with compute_context(resolve_device(self._training.compute_device), settings, self.leaves_per_gpu):
-            prepared = [self._prepare(device_id, version) for device_id in device_ids]
+            prepared = [self._prepare(d, v) for d, v in zip(device_ids, versions, strict=True)]
             device = prepared[0][0]
-            params = global_params_on(model_data, version, device, settings.cached_versions)
+            by_version: dict[int, dict[str, torch.Tensor]] = {}  # each version converted once, one dict per version
+            for v, data in zip(versions, models, strict=True):
+                if v not in by_version:
+                    by_version[v] = global_params_on(data, v, device, settings.cached_versions)
+            if len(by_version) == 1:  # one version: its weights broadcast to every device, as always
+                params = next(iter(by_version.values()))
+                extras = device_extras(params)
+            else:
+                extras_of = {v: device_extras(p) for v, p in by_version.items()}
+                params = [by_version[v] for v in versions]
+                extras = [extras_of[v] for v in versions]
             diffs = train_group(
                 self._training.model,
                 params,
@@ -325,7 +344,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
                 settings.pinned_streams,
                 self._input_prep(),
                 self._objective,
-                device_extras(params),
+                extras,
                 last_steps := ([] if self._last_step() is not None else None),
             )
             steps = last_steps if last_steps is not None else [None] * len(diffs)

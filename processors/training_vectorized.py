@@ -17,6 +17,12 @@ Unequal batch sizes: ``batch_schedule`` gives a device with fewer than ``batch_s
 0 and masked: each device's loss is ``sum(ce * mask) / b_i``, the mean over its own real samples only, so
 padded samples contribute exactly zero gradient.
 
+Devices of different model versions (an asynchronous run's pending devices, ``simulation.fast_simulator``) train
+in one group too: ``global_params`` is then one dict per device, and each device starts from, and reports its diff
+against, its own version's weights (stacked like the parameters), with its own version's ``extras``. A group whose
+devices all start from the same weights takes the broadcast path, so a one-version group's bits do not depend on
+how its start weights were handed over.
+
 Statistic trackers (``processors.models.stat_tracker``) are trained per device: each device has its own stacked
 copy of their buffers, moved by its own (padding-free) batch statistics each iteration, and reported in its diff.
 Other buffers (BatchNorm running statistics) are not supported: such models raise ``NotImplementedError``; train
@@ -25,7 +31,7 @@ them with the per-device engine.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -62,9 +68,25 @@ def check_vectorizable(model: nn.Module) -> None:
         raise NotVectorizable()
 
 
+Weights = dict[str, torch.Tensor]
+
+
+def shared_start(global_params: Weights | Sequence[Weights], k: int) -> Weights | None:
+    """The one dict every device starts from (``global_params`` itself, or a sequence of the same dict, or of
+    equal tensors); None when the devices start from different weights."""
+    if isinstance(global_params, dict):
+        return global_params
+    if len(global_params) != k:
+        raise ValueError(f"{k} devices but {len(global_params)} start weights")
+    first = global_params[0]
+    if all(gp is first for gp in global_params):
+        return first
+    return None
+
+
 def train_group(
     model_name: str,
-    global_params: dict[str, torch.Tensor],
+    global_params: Weights | Sequence[Weights],
     device_data: list[tuple[torch.Tensor, torch.Tensor]],
     cfg: TrainingConfig,
     generators: list[torch.Generator],
@@ -72,11 +94,14 @@ def train_group(
     pinned: bool = False,
     prepare: Callable[[torch.Tensor], torch.Tensor] = normalize,
     objective: DeviceObjective | None = None,
-    extras: dict[str, torch.Tensor] | None = None,
+    extras: Weights | Sequence[Weights] | None = None,
     last_step: list[dict[str, torch.Tensor]] | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """Train K devices from ``global_params``, all at once; return each device's diff (trained - received) as
     float32 numpy arrays, the same keys, shapes and values as ``train_local`` would return.
+
+    ``global_params``: the weights every device starts from, or one dict per device (devices of different model
+    versions); ``extras`` likewise (one dict per device goes with one start dict per device).
 
     ``device_data[i]`` is device i's (stored inputs N_i x ..., int64 labels N_i), on ``device`` or on the CPU (each
     iteration's batch is then gathered there and moved over); ``prepare`` turns a stored batch into the model's
@@ -99,9 +124,12 @@ def train_group(
     model.train()
     names = [name for name, _ in model.named_parameters()]
     tracked = trackers(model)
-    for name in names:
-        if global_params[name].device != device:
-            raise ValueError(f"global parameter {name} is on {global_params[name].device}, engine on {device}")
+    shared = shared_start(global_params, k)
+    starts = [shared] if shared is not None else list(global_params)
+    for start in starts:
+        for name in names:
+            if start[name].device != device:
+                raise ValueError(f"global parameter {name} is on {start[name].device}, engine on {device}")
 
     # Every device's batch positions, drawn from its own generator exactly as train_local draws them.
     sizes = [len(y) for _, y in device_data]
@@ -133,42 +161,57 @@ def train_group(
             offsets[:, i, :b], flips[:, i, :b] = augmentation.draw(iters, b, g)
     index, mask, counts = index.to(data_device), mask.to(device), counts.to(device)
 
-    received_by_name = {name: global_params[name].detach() for name in names}
-    extras = extras or {}
-
-    def forward(params: dict[str, torch.Tensor], x, y, m, count) -> tuple[torch.Tensor, dict, torch.Tensor]:
+    def forward(params: Weights, x, y, m, count, received_one, extras_one) -> tuple[torch.Tensor, dict, torch.Tensor]:
         with collecting(tracked, m) as collector:
             logits = functional_call(model, params, (x,))
         per_sample = F.cross_entropy(logits, y, reduction="none")
         loss = (per_sample * m).sum() / count
         if objective is not None:
-            loss = loss + objective.loss(params, received_by_name, extras)
+            loss = loss + objective.loss(params, received_one, extras_one)
         return loss, collector.stats, per_sample
 
-    def device_loss(params: dict[str, torch.Tensor], x, y, m, count) -> tuple[torch.Tensor, dict]:
-        loss, stats, _ = forward(params, x, y, m, count)
+    if shared is not None:  # every device starts from the same weights: broadcast them
+        received_by_name = {name: shared[name].detach() for name in names}
+        shared_extras = extras[0] if extras is not None and not isinstance(extras, dict) else extras
+        hook = (received_by_name, shared_extras or {})  # the same for every device: not batched
+        device_args: tuple = ()
+        # The stacked state of K modules all loaded with the global weights (what stack_module_state would give
+        # for K copies, without building K modules).
+        received = list(received_by_name.values())
+        params = [p.unsqueeze(0).expand(k, *p.shape).clone() for p in received]
+        received_stats = {name: shared[name].detach() for name in tracker_buffer_names(tracked)}
+        stats = {name: r.unsqueeze(0).expand(k, *r.shape).clone() for name, r in received_stats.items()}
+        start_params = [r.unsqueeze(0) for r in received]
+        start_stats = {name: r.unsqueeze(0) for name, r in received_stats.items()}
+    else:  # devices of different versions: each starts from (and is held to) its own version's weights
+        received_by_name = {name: torch.stack([start[name].detach() for start in starts]) for name in names}
+        hook = ()
+        device_args = (received_by_name, _stacked_extras(extras, k))  # batched: one slice per device
+        received = list(received_by_name.values())
+        params = [r.clone() for r in received]
+        start_stats = {
+            name: torch.stack([start[name].detach() for start in starts]) for name in tracker_buffer_names(tracked)
+        }
+        stats = {name: r.clone() for name, r in start_stats.items()}
+        start_params = received
+
+    def device_loss(params: Weights, x, y, m, count, *per_device) -> tuple[torch.Tensor, dict]:
+        loss, stats, _ = forward(params, x, y, m, count, *(per_device or hook))
         return loss, stats
 
-    def reporting_loss(params: dict[str, torch.Tensor], x, y, m, count) -> tuple[torch.Tensor, tuple]:
+    def reporting_loss(params: Weights, x, y, m, count, *per_device) -> tuple[torch.Tensor, tuple]:
         """The same step, whose aux also carries what the last step reports (no extra pass)."""
-        loss, stats, per_sample = forward(params, x, y, m, count)
+        loss, stats, per_sample = forward(params, x, y, m, count, *(per_device or hook))
         return loss, (stats, loss.detach(), per_sample.detach())
 
     group_grad = vmap(grad(device_loss, has_aux=True))
     reporting_grad = vmap(grad(reporting_loss, has_aux=True))
-
-    # The stacked state of K modules all loaded with the global weights (what stack_module_state would give
-    # for K copies, without building K modules).
-    received = list(received_by_name.values())
-    params = [p.unsqueeze(0).expand(k, *p.shape).clone() for p in received]
     state_a: list[torch.Tensor] = []  # Adam exp_avg / SGD momentum buffer
     state_b: list[torch.Tensor] = []  # Adam exp_avg_sq
     if cfg.optimizer == "adam":
         state_a = [torch.zeros_like(p) for p in params]
         state_b = [torch.zeros_like(p) for p in params]
     image_shape = x_all.shape[1:]
-    received_stats = {name: global_params[name].detach() for name in tracker_buffer_names(tracked)}
-    stats = {name: r.unsqueeze(0).expand(k, *r.shape).clone() for name, r in received_stats.items()}
 
     for t in range(iters):
         flat = index[t].view(-1)
@@ -181,10 +224,12 @@ def train_group(
         yb = yb.view(k, batch)
         step_params = dict(zip(names, params, strict=True))
         if last_step is not None and t == iters - 1:  # only a step that reports carries the extra outputs
-            grads_by_name, (batch_stats, losses, per_sample) = reporting_grad(step_params, xb, yb, mask[t], counts)
+            grads_by_name, (batch_stats, losses, per_sample) = reporting_grad(
+                step_params, xb, yb, mask[t], counts, *device_args
+            )
             _record_last_step(last_step, losses, per_sample, mask[t], counts)
         else:
-            grads_by_name, batch_stats = group_grad(step_params, xb, yb, mask[t], counts)
+            grads_by_name, batch_stats = group_grad(step_params, xb, yb, mask[t], counts, *device_args)
         grads = [grads_by_name[name] for name in names]
         with torch.no_grad():
             for name, tracker in tracked.items():
@@ -203,8 +248,8 @@ def train_group(
                 torch._foreach_add_(params, grads, alpha=-cfg.local_lr)
 
     with torch.no_grad():
-        stacked = {name: p - r.unsqueeze(0) for name, p, r in zip(names, params, received, strict=True)}
-        stacked |= {name: s - received_stats[name].unsqueeze(0) for name, s in stats.items()}
+        stacked = {name: p - r for name, p, r in zip(names, params, start_params, strict=True)}
+        stacked |= {name: s - start_stats[name] for name, s in stats.items()}
         diffs = copy_to_host(stacked, pinned)
     return [{name: d[i].copy() for name, d in diffs.items()} for i in range(k)]
 
@@ -217,6 +262,20 @@ def _record_last_step(
     with torch.no_grad():
         squared = (per_sample.detach() ** 2 * m).sum(1) / counts
     out[:] = [{LOSS: losses[i], LOSS_SQUARED: squared[i]} for i in range(len(losses))]
+
+
+def _stacked_extras(extras: Weights | Sequence[Weights] | None, k: int) -> Weights:
+    """The method's extras of a mixed-version group, stacked per device (each device's own version's)."""
+    if not extras:
+        return {}
+    if isinstance(extras, dict):
+        return {name: e.unsqueeze(0).expand(k, *e.shape) for name, e in extras.items()}
+    if len(extras) != k:
+        raise ValueError(f"{k} devices but {len(extras)} extras")
+    keys = set(extras[0])
+    if any(set(e) != keys for e in extras):
+        raise ValueError("the devices' versions carry different extras")
+    return {name: torch.stack([e[name] for e in extras]) for name in sorted(keys)}
 
 
 def _adam_step(

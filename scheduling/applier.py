@@ -11,10 +11,19 @@ moment (its slot is refilled; a late report is refused), so a device that vanish
 timeout is fixed, or derived: ``FIRST_DEVICE_TIMEOUT`` until a task is measured, then 3x the slowest task seen.
 
 What a child is told (``child_view``: the current version, its leaves' part of the selection, the model version
-of each of its selection ids) is kept per leaf as updates are applied and received, so answering a child costs in
-proportion to its own devices in flight, not to the whole selection. A selection is published at the end of the
-apply that made it, together with the model version it trains; a device whose update has arrived is left out at
-once (its leaf need not train it again, e.g. after a resume).
+and the release of each of its selection ids) is kept per leaf as updates are applied and received, so answering
+a child costs in proportion to its own devices in flight, not to the whole selection. A device whose update has
+arrived is left out at once (its leaf need not train it again, e.g. after a resume).
+
+Releases: on exact time, selected devices are held back and handed to the leaves in releases, each a function of
+the schedule alone: every device selected since the last release goes out when the update due next is one of
+them (the server cannot go on without it), never earlier. A leaf trains a release's devices together, each from
+its own model version (``simulation.fast_simulator``), so an asynchronous run, which selects one replacement per
+update, still trains its devices in large groups, and the groups (hence every diff's bits) do not depend on when
+a leaf happens to sync. A synchronous round is one release, as it was one selection. A checkpoint waits until
+every released device has reported (``wait_released``), so a resumed run holds back, and releases, exactly the
+devices the uninterrupted run does. On the wall clock (real devices, the real-time mode) every selection is
+released at once.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ class ChildView:
         selection: device -> selection id, for the child's in-flight devices whose update has not arrived yet.
         selection_versions: selection id -> the model version its devices train, for the ids in ``selection``.
         awaited: the child's devices whose update the server is waiting for now.
+        selection_releases: selection id -> the release it came in, for the ids in ``selection``.
     """
 
     version: int = 0
@@ -48,6 +58,7 @@ class ChildView:
     selection: dict[str, int] = field(default_factory=dict)
     selection_versions: dict[int, int] = field(default_factory=dict)
     awaited: tuple[str, ...] = ()
+    selection_releases: dict[int, int] = field(default_factory=dict)
 
 
 class UpdateApplier:
@@ -59,7 +70,8 @@ class UpdateApplier:
     time_scale: 0: exact order; S > 0: the real-time mode (apply as received, at wall / S).
     on_version: called after each new model version (the checkpoint hook), on this thread.
     log_error: reports a failed update application.
-    on_selected: called with the devices each applied update selected (their leaves have news), on this thread.
+    on_selected: called with the devices of each release (their leaves have news), on this thread, under the
+        applier's lock.
     on_stalled: called, under the applier's lock, when the update due next has not arrived (with its device), once
         per device awaited.
     device_timeout: on the wall clock, seconds a device may take before it counts as failed; 0: derived (see the
@@ -95,7 +107,10 @@ class UpdateApplier:
         self.applied = 0  # updates applied (lines in events.jsonl)
         self.error = ""  # set when an update could not be applied: the run must stop
         self.finished = False  # the schedule is done and its last update fully applied (its version announced)
-        self._by_leaf: dict[str, dict[str, int]] = {}  # leaf -> {device: selection id} published, not arrived
+        self._by_leaf: dict[str, dict[str, int]] = {}  # leaf -> {device: selection id} released, not arrived
+        self._held: dict[str, Dispatch] = {}  # selected, not released yet (exact time)
+        self._release_of: dict[int, int] = {}  # selection id -> the release it came in
+        self.releases = 0  # releases so far
         self._leaf_counters: dict[str, int] = {}  # leaf -> how often its part changed
         self._version = 0  # the published current version
         self._applying = False  # an update was taken for applying and its publish has not come yet
@@ -117,6 +132,7 @@ class UpdateApplier:
                     f"{flight.base_version}"
                 )
             self.received[update.device] = update
+            self._held.pop(update.device, None)  # a lost leaf's device, failed before it was released
             self._unlist(update.device)
             self._cond.notify_all()
         return ""
@@ -132,23 +148,60 @@ class UpdateApplier:
             self._leaf_counters[leaf] = self._leaf_counters.get(leaf, 0) + 1
 
     def publish(self, selected: list | None = None) -> None:
-        """Tell children what changed: the current version, and the devices ``selected`` (dispatches) since."""
+        """Tell children what changed: the current version, and the devices ``selected`` (dispatches) since: held
+        back until their release on exact time (see the module docstring), released at once on the wall clock."""
         with self._cond:
-            for d in selected or ():
-                if d.device in self.received or d.drops:  # a device that drops out never reports: nothing to train
-                    continue
-                leaf, part = self._leaf_part(d.device)
-                if part is not None:
-                    part[d.device] = d.selection_id
-                    self._leaf_counters[leaf] = self._leaf_counters.get(leaf, 0) + 1
+            fresh = [d for d in selected or () if d.device not in self.received and not d.drops]
+            if self.time_scale > 0:
+                self._release(fresh)
+            else:  # a device that drops out never reports: nothing to train, nothing to hold
+                self._held.update((d.device, d) for d in fresh)
             self._version = self.model_manager.current_version
             self._applying = False
             self._cond.notify_all()
 
+    def _release(self, dispatches: list[Dispatch]) -> None:
+        """Hand ``dispatches`` to their leaves, as one release (under the lock)."""
+        if not dispatches:
+            return
+        self.releases += 1
+        known = self.schedule.selection_version
+        if len(self._release_of) > 2 * len(known) + 16:  # forget selections no longer in flight
+            self._release_of = {sid: r for sid, r in self._release_of.items() if sid in known}
+        for d in dispatches:
+            self._release_of[d.selection_id] = self.releases
+            leaf, part = self._leaf_part(d.device)
+            if part is not None:
+                part[d.device] = d.selection_id
+                self._leaf_counters[leaf] = self._leaf_counters.get(leaf, 0) + 1
+        if self.on_selected is not None:
+            self.on_selected([d.device for d in dispatches])
+        self._cond.notify_all()
+
+    def _release_held(self) -> None:
+        """Release every held device at once, in (selection, device) order (under the lock)."""
+        held, self._held = self._held, {}
+        self._release(sorted(held.values(), key=lambda d: (d.selection_id, d.device)))
+
+    def wait_released(self, timeout: float) -> bool:
+        """Wait (up to ``timeout`` seconds) until every released device has reported: then a checkpoint holds
+        every update its leaves trained, and a resumed run releases exactly what this one would. False if the
+        time ran out first."""
+        deadline = time.time() + timeout
+        with self._cond:
+            while not self._stop and any(self._by_leaf.values()):
+                left = deadline - time.time()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.5))
+        return True
+
     def republish(self) -> None:
-        """Rebuild what children are told from the schedule (after a resume, or once a leaf is lost)."""
+        """Rebuild what children are told from the schedule (at the start, and after a resume: every device in
+        flight whose update has not arrived is held until its release)."""
         with self._cond:
             self._by_leaf, self._leaf_counters = {}, {leaf: n + 1 for leaf, n in self._leaf_counters.items()}
+            self._held = {}
         self.publish(list(self.schedule.in_flight.values()))
 
     def forget_leaf(self, leaf: str) -> None:
@@ -163,6 +216,7 @@ class UpdateApplier:
             for leaf in leaves:
                 selection.update(self._by_leaf.get(leaf) or {})
             known = self.schedule.selection_version
+            sids = set(selection.values())
             awaited = self._awaited
             mine = (
                 awaited in self.schedule.in_flight
@@ -173,8 +227,9 @@ class UpdateApplier:
                 self._version,
                 sum(self._leaf_counters.get(leaf, 0) for leaf in leaves),
                 selection,
-                {sid: known[sid] for sid in set(selection.values())},
+                {sid: known[sid] for sid in sids},
                 (awaited,) if mine else (),
+                {sid: self._release_of[sid] for sid in sids if sid in self._release_of},
             )
 
     def model(self, version: int) -> dict:
@@ -243,7 +298,11 @@ class UpdateApplier:
                         return DeviceUpdate(due.device, due.selection_id, due.base_version, None, count=0), None
                     if due is not None and due.device in self.received:
                         self._applying = True
+                        if due.device == self._awaited:  # reselected later, it is awaited anew
+                            self._awaited = None
                         return self.received.pop(due.device), None
+                    if due is not None and due.device in self._held:  # the server needs it: release
+                        self._release_held()
                     if due is not None and due.device != self._awaited:
                         self._awaited = due.device
                         if self.on_stalled is not None:
@@ -305,9 +364,7 @@ class UpdateApplier:
             record["arrival"] = round(now, 9)
         self.events.write(record, flush=False)  # flushed when the applier waits, and before a checkpoint
         self.applied += 1
-        mm.retain(s.needed_versions())
+        mm.retain(s.needed_versions())  # every in-flight device's version, held back or not
         self.publish(selected)
-        if selected and self.on_selected is not None:
-            self.on_selected([d.device for d in selected])
         if arrival.made_version and self.on_version is not None:
             self.on_version()

@@ -13,7 +13,8 @@ Around the schedule it:
 * waits until every expected leaf has registered its devices before the first selection (a start-up race
   otherwise decides which leaf's devices are picked);
 * answers each report at once, from the applier's last published view: the current version, the child's part of
-  the selection, the model version of each selection id, and the versions its devices still need;
+  the selection (devices are handed out in releases, ``scheduling.applier``), the model version and the release
+  of each selection id, and the versions its devices still need;
 * watches the leaves: a leaf silent for ``leaf_timeout`` seconds is lost (a leaf syncs every ``update_interval``
   + up to 0.5 s, even while its devices train). ``on_leaf_loss`` ``stop`` ends the run, naming the leaf;
   ``continue`` treats its in-flight devices as failed at their arrival times (their slots are refilled from the
@@ -62,6 +63,7 @@ from common.protocol import (
     MODELS,
     RUN_OUTCOME,
     RUN_RESUMED,
+    SELECTION_RELEASES,
     SELECTION_SUMS,
     SELECTION_VERSIONS,
     DeviceUpdate,
@@ -351,6 +353,13 @@ class ExactTimeAssessor(Assessor):
         version = self.schedule.version
         if not self._policy.due(version):
             return
+        # every released device's update in the checkpoint: a resumed run then releases what this one does
+        if not self.applier.wait_released(self.leaf_timeout):
+            self.log_warning(
+                fl_ctx,
+                f"checkpoint at version {version}: released devices still unreported after {self.leaf_timeout:g} s; "
+                "a run resumed from it may train them in other groups (the same versions, other float rounding)",
+            )
         # the evaluator records what it still owes up to this version (a resume starts after it)
         self.fire_event_with_data(CHECKPOINT_DUE, fl_ctx, CHECKPOINT_DUE, version)
         try:
@@ -520,4 +529,5 @@ class ExactTimeAssessor(Assessor):
             reply[MODELS] = {v: self.applier.model(v) for v in sorted(needed)}
         reply[AWAITED] = list(view.awaited)
         reply[SELECTION_VERSIONS] = versions
+        reply[SELECTION_RELEASES] = view.selection_releases
         return reply

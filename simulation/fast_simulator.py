@@ -6,9 +6,13 @@ ours (tasks of every newly selected device taken at once, the moment the leaf le
 given back in one call and sent up at once), or through NVFlare's edge protocol, as real devices do, when it is
 not (``use_fast_simulator`` on someone else's recipe). Either way:
 
-* devices selected together (one selection id, hence one model version) are trained together: sorted by id and
-  cut into groups of ``group_size`` for one training call (the vectorised engine), so the groups, and the bits of
-  every diff, are the same in every run; each device still reports its own result;
+* devices the server released together (``scheduling.applier``: a synchronous round, or every device an
+  asynchronous run selected since the server last needed one it had not released) are trained together, each
+  from its own model version: sorted by (selection, device) and cut into groups of at most ``group_size`` for one
+  training call (the vectorised engine); a release of several selections is cut into at least one group per
+  worker. Releases are a function of the schedule, not of when the leaf syncs, so the groups, and the bits of
+  every diff, are the same in every run with the same workers; each device still reports its own result. A
+  channel that cannot tell releases (NVFlare's edge requests) groups the devices of one selection;
 * nothing waits on simulated time: the server orders the updates (``scheduling.exact_assessor``). Only the
   real-time mode (``time_scale`` > 0, for load tests) holds each result for its delays x ``time_scale`` wall
   seconds after dispatch, on a timer (``due_timer``) so the worker is freed at once;
@@ -20,6 +24,7 @@ not (``use_fast_simulator`` on someone else's recipe). Either way:
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -42,16 +47,23 @@ def is_out_of_memory(ex: BaseException) -> bool:
     return "out of memory" in str(ex).lower() or type(ex).__name__ == "OutOfMemoryError"
 
 
-def make_groups(tasks: list[DeviceTask], group_size: int) -> list[list[DeviceTask]]:
-    """Tasks of one selection (one model version), sorted by device id, cut into groups of at most
-    ``group_size``: the same groups whatever order the tasks came in."""
-    by_selection: dict[int, list[DeviceTask]] = {}
+def make_groups(tasks: list[DeviceTask], group_size: int, workers: int = 1) -> list[list[DeviceTask]]:
+    """Tasks of one release (else of one selection), sorted by (selection, device), cut into groups of at most
+    ``group_size``: the same groups whatever order the tasks came in. A release of several selections (an
+    asynchronous run's pending devices, of several model versions) is cut into at least ``workers`` groups of
+    equal size (as far as it has devices), so every worker trains; one selection is cut as it always was."""
+    by_key: dict[tuple[int, int], list[DeviceTask]] = {}
     for t in tasks:
-        by_selection.setdefault(t.selection_id, []).append(t)
+        key = (0, t.release) if t.release is not None else (1, t.selection_id)
+        by_key.setdefault(key, []).append(t)
     groups = []
-    for sid in sorted(by_selection):
-        same = sorted(by_selection[sid], key=lambda t: t.device)
-        groups += [same[i : i + group_size] for i in range(0, len(same), group_size)]
+    for key in sorted(by_key):
+        same = sorted(by_key[key], key=lambda t: (t.selection_id, t.device))
+        size = group_size
+        if len({t.selection_id for t in same}) > 1:
+            parts = max(math.ceil(len(same) / group_size), min(workers, len(same)))
+            size = math.ceil(len(same) / parts)
+        groups += [same[i : i + size] for i in range(0, len(same), size)]
     return groups
 
 
@@ -81,6 +93,7 @@ class FastSimulator:
         self.delays = delays
         self.time_scale = time_scale
         self.group_size = max(1, group_size)
+        self.num_workers = num_workers
         self.worker_pool = ThreadPoolExecutor(num_workers, thread_name_prefix="device-worker")
         self.limit = AdjustableLimit(num_workers)
         self.logger = get_obj_logger(self)
@@ -121,8 +134,8 @@ class FastSimulator:
             self.submit(tasks)
 
     def submit(self, tasks: list[DeviceTask]) -> None:
-        """Hand tasks to the worker pool, in groups of one selection each."""
-        for group in make_groups(tasks, self.group_size):
+        """Hand tasks to the worker pool, in groups of one release (or selection) each."""
+        for group in make_groups(tasks, self.group_size, self.num_workers):
             self.worker_pool.submit(self._run_group, group)
 
     # -- training -----------------------------------------------------------------------------------------------

@@ -5,8 +5,9 @@ real-time holding over either channel:
 
 * ``GatewayChannel``: the leaf executor is ours (a ``LeafGateway``, ``simulation.leaf_gateway``) and the task
   processor trains from weights (``WeightsTrainer``): the devices are registered once as a range, every newly
-  selected device's task is taken at once the moment the leaf learns of it, and a group's results go back in one
-  call, which the leaf sends up at once. Nothing polls.
+  selected device's task is taken at once the moment the leaf learns of it (with the server's release it came
+  in, so a group may mix model versions), and a group's results go back in one call, which the leaf sends up at
+  once. Nothing polls.
 * ``EdgeRequestChannel``: any other leaf executor (``use_fast_simulator`` keeps NVFlare's): NVFlare's device
   protocol, one edge request per device for its task and its result, the selection polled with a back-off up to
   ``MAX_IDLE_WAIT`` seconds; a ``GroupTrainer`` trains a group from one task, any other processor each device
@@ -55,6 +56,8 @@ class DeviceTask:
         handle: the channel's own handle of the device (the edge-request path's ``SimulatedDevice``).
         trained_with: devices in the call that trained it.
         failed: its training failed for good.
+        release: the server's release it came in (devices the server released together are trained together,
+            whatever their versions, ``simulation.fast_simulator.make_groups``); None when the channel cannot tell.
     """
 
     device: str
@@ -65,6 +68,7 @@ class DeviceTask:
     handle: Any = None
     trained_with: int = 1
     failed: bool = False
+    release: int | None = None
 
 
 class LeafChannel(Protocol):
@@ -77,7 +81,8 @@ class LeafChannel(Protocol):
         ...
 
     def train(self, tasks: list[DeviceTask]) -> list[Any]:
-        """Train ``tasks`` (one model version) together; one result each, in order. Raises on failure."""
+        """Train ``tasks`` together (one model version, or several when the channel tells releases apart); one
+        result each, in order. Raises on failure."""
         ...
 
     def failure(self, task: DeviceTask) -> Any | None:
@@ -119,10 +124,16 @@ class GatewayChannel:
         work = self.gateway.take_work(self.prefix, self._stamp, timeout)
         self._stamp = work.stamp
         now = time.time()
-        return [DeviceTask(t.device, t.selection_id, t.version, work.models[t.version], now) for t in work.tasks]
+        return [
+            DeviceTask(t.device, t.selection_id, t.version, work.models[t.version], now, release=t.release)
+            for t in work.tasks
+        ]
 
     def train(self, tasks: list[DeviceTask]) -> list[dict[str, np.ndarray]]:
-        return self.trainer.train_devices([t.device for t in tasks], tasks[0].payload, tasks[0].version)
+        """Each device from its own version's weights (a release may mix versions)."""
+        return self.trainer.train_devices(
+            [t.device for t in tasks], [t.payload for t in tasks], [t.version for t in tasks]
+        )
 
     def failure(self, task: DeviceTask) -> dict[str, np.ndarray]:
         return {k: np.zeros(np.shape(v), dtype=np.float32) for k, v in task.payload.items()}

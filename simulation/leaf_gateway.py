@@ -26,11 +26,13 @@ GATEWAY_PROP = "edgesim.leaf_gateway"
 
 @dataclass(frozen=True)
 class GatewayTask:
-    """A selected device's task: train ``version`` for selection ``selection_id``."""
+    """A selected device's task: train ``version`` for selection ``selection_id``; ``release``: the server's
+    release it came in (``scheduling.applier``: the devices it hands out together; None: unknown)."""
 
     device: str
     selection_id: int
     version: int
+    release: int | None = None
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,10 @@ class GroupTrainer(Protocol):
 
 @runtime_checkable
 class WeightsTrainer(Protocol):
-    def train_devices(self, device_ids: list[str], weights: dict, version: int) -> list[dict[str, np.ndarray]]:
-        """Train every device in ``device_ids`` from the global ``weights`` of ``version``; one diff each
-        (trained - received), in order."""
+    def train_devices(
+        self, device_ids: list[str], weights: list[dict], versions: list[int]
+    ) -> list[dict[str, np.ndarray]]:
+        """Train every device in ``device_ids`` from the global weights of its own model version (``weights[i]``
+        of ``versions[i]``; an asynchronous leaf's group mixes versions); one diff each (trained - received), in
+        order."""
         ...

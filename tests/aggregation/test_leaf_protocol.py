@@ -25,6 +25,7 @@ from common.protocol import (
     DEVICE_UPDATES,
     HELD_VERSIONS,
     MODELS,
+    SELECTION_RELEASES,
     SELECTION_SUMS,
     SELECTION_VERSIONS,
 )
@@ -91,8 +92,21 @@ def test_a_leaf_hands_out_each_selected_devices_task_once_and_says_when_its_stat
     )
     assert changed and updater.wait_changed(stamp, timeout=0.0)[0] == stamp + 1
     tasks, models = updater.take_tasks("site-1#")
-    assert tasks == [("site-1#0", 11, 3), ("site-1#1", 12, 5)] and sorted(models) == [3, 5]
+    assert tasks == [("site-1#0", 11, 3, None), ("site-1#1", 12, 5, None)] and sorted(models) == [3, 5]
     assert updater.take_tasks("site-1#") == ([], {})  # each task once
+
+
+def test_a_leaf_hands_out_the_release_of_each_task_and_a_relay_passes_the_releases_on():
+    updater = started_updater()
+    r = reply(5, {"site-1#0": 11, "site-1#1": 12, "site-1#2": 13}, {11: 3, 12: 4, 13: 5}, extra=(3, 4))
+    r[SELECTION_RELEASES] = {11: 1, 12: 1, 13: 2}
+    updater.process_parent_update_reply(r, FLContext())
+    tasks, _ = updater.take_tasks("site-1#")
+    # site-1#1 and site-1#0, of two versions, came in release 1: the leaf trains them together
+    assert tasks == [("site-1#0", 11, 3, 1), ("site-1#1", 12, 4, 1), ("site-1#2", 13, 5, 2)]
+    report = StateUpdateReport(0, 0, None, None).to_shareable()
+    _, to_child = updater.process_child_update(report, ctx("site-1"))
+    assert to_child[SELECTION_RELEASES] == {11: 1, 12: 1, 13: 2}
 
 
 def test_each_device_update_and_device_range_goes_up_once_unsummed():

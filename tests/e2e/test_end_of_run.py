@@ -74,8 +74,8 @@ def test_a_slow_evaluator_never_loses_the_last_version_and_a_terminal_shows_a_ba
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p))
     flags = job_args(
         tmp_path,
-        *"--method fedbuff --model slow_model:SlowToEvaluate --max-model-version 14 --local-iters 1".split(),
-        *"--local-batch-size 8 --subset-size 16 --synthetic-size 1000 --eval-backlog skip".split(),
+        *"--method fedbuff --delays none --model slow_model:SlowToEvaluate --max-model-version 14".split(),
+        *"--local-iters 1 --local-batch-size 8 --subset-size 16 --synthetic-size 1000 --eval-backlog skip".split(),
     )
     code, output = run_on_a_terminal([PYTHON, "jobs/pt_job_fedrevive.py", *flags], env, timeout=400)
     assert code == 0, output[-3000:]

@@ -1,6 +1,8 @@
 """Exact simulated time in real NVFlare runs: the applied-update trace (``events.jsonl``) equals the pure reference
 schedule's, repeats bit for bit across worker counts and sync intervals, and the same seed gives the same
-accuracies, for FedAvg, FedBuff (B = 2) and FedRevive (B = 1) with two leaves and the paper's delays."""
+accuracies, for FedAvg, FedBuff (B = 2) and FedRevive (B = 1) with two leaves and the paper's delays. FedBuff's
+devices of different versions train together (mean group size above 1 after the first selection), and two runs
+on the same worker count, syncing at different intervals, end with the same model, bit for bit."""
 
 from __future__ import annotations
 
@@ -56,7 +58,7 @@ def start(tmp_path, method: str, *extra: str) -> subprocess.Popen:
 
 
 def results(tmp_path, proc: subprocess.Popen) -> tuple[list[dict], list[float]]:
-    """The trace and accuracies of a started job, once it has ended."""
+    """The trace and accuracies of a started job, once it has ended (its ``metrics.json`` and model are kept)."""
     try:
         out, _ = proc.communicate(timeout=400)
     finally:
@@ -89,8 +91,10 @@ def reference(method: str) -> list[dict]:
 
 @pytest.mark.parametrize("method", ["fedbuff", "fedrevive", "fedavg"])
 def test_trace_equals_the_reference_and_repeats_across_workers_and_sync_intervals(tmp_path, method):
+    # FedBuff: the same workers (the groups, hence the bits, are then the same); the others across worker counts
+    workers = "1" if method == "fedbuff" else "2"
     one = start(tmp_path / "a", method, "--num-workers", "1", "--update-interval", "0.1")
-    two = start(tmp_path / "b", method, "--num-workers", "2", "--update-interval", "0.4")
+    two = start(tmp_path / "b", method, "--num-workers", workers, "--update-interval", "0.4")
     first, accuracy = results(tmp_path / "a", one)
     second, accuracy_again = results(tmp_path / "b", two)
     assert first == reference(method)
@@ -98,3 +102,9 @@ def test_trace_equals_the_reference_and_repeats_across_workers_and_sync_interval
     assert set(collections.Counter(r["version"] for r in first).values()) == {b}  # exactly B updates a version
     assert second == first
     assert accuracy_again == accuracy
+    if method == "fedbuff":
+        for run in ("a", "b"):  # devices selected one by one, of different versions, trained together
+            groups = json.loads((tmp_path / run / "out" / "metrics.json").read_text())["groups"]
+            assert groups["mean_group_size_after_first_selection"] > 1, groups
+        model = (tmp_path / "a" / "out" / "global_model.pt").read_bytes()
+        assert (tmp_path / "b" / "out" / "global_model.pt").read_bytes() == model

@@ -20,6 +20,8 @@ def test_configuration_that_stalls_stock_nvflare_finishes(tmp_path):
         "fedbuff",
         "--global-lr",
         "1.0",
+        "--delays",
+        "none",  # as this configuration stalled stock NVFlare: every update at time 0
         "--output",
         str(tmp_path / "out"),
         "--workspace",

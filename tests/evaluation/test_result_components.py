@@ -202,3 +202,42 @@ def test_recorder_without_a_monitor_still_records(tmp_path):
     engine.fire_event(EventType.END_RUN, ctx)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["versions"][0]["system"]["num_samples"] == 0 and "system" not in metrics
+
+
+def test_the_recorder_keeps_the_mean_group_size_and_the_progress_line_flags_low_groups(tmp_path, capsys):
+    from common.protocol import LEAF_INFO
+    from evaluation.events import VERSION_EVALUATED, VERSION_RECORD
+
+    engine = EventEngine(
+        {"recorder": RunRecorder(str(tmp_path), updates_per_version=2), "progress": ProgressReporter(3)}
+    )
+    ctx = engine.new_context()
+    engine.fire_event(EventType.START_RUN, ctx)
+
+    def leaf_info(plans: dict, groups: list[tuple[int, int]]) -> None:  # (selection, group size) per device line
+        lines = [{"device": f"site-1#{i}", "selection": s, "group": g} for i, (s, g) in enumerate(groups)]
+        ctx.set_prop(LEAF_INFO, {"plans": plans, "reports": {"site-1": lines}}, private=True, sticky=False)
+        engine.fire_event(LEAF_INFO, ctx)
+
+    def evaluated(version: int) -> dict:
+        ctx.set_prop(VERSION_RECORD, _evaluated(version, float(version)), private=True, sticky=False)
+        engine.fire_event(VERSION_EVALUATED, ctx)
+        return json.loads((tmp_path / "metrics.json").read_text())
+
+    plan = {"site-1": {"engine": "vectorized", "group_size": 100}}
+    leaf_info(plan, [(1, 4)] * 8)  # the first selection: two groups of 4
+    leaf_info({}, [(2, 6)] * 6)  # then one group of 6 (a release of several selections)
+    metrics = evaluated(2)
+    leaf_info({}, [(3, 1), (4, 1), (5, 2), (5, 2)])  # three calls: 1, 1 and 2 devices
+    metrics = evaluated(3)
+    assert metrics["groups"] == {
+        "devices": 18,
+        "mean_group_size": round(18 / 6, 2),
+        "mean_group_size_after_first_selection": round(10 / 4, 2),
+    }
+    first, second = metrics["versions"]
+    assert first["mean_group_size"] == round(14 / 3, 2) and second["mean_group_size"] == round(4 / 3, 2)
+    assert second["groups_low"] and first["groups_low"]  # both far below the plan's 100
+    printed = capsys.readouterr().out
+    assert "version 3/3" in printed and "mean group 1.33 devices (low)" in printed
+    engine.fire_event(EventType.END_RUN, ctx)

@@ -165,3 +165,27 @@ def test_the_nvflare_weighting_example_makes_the_versions_nvflares_buff_model_ma
         history.current_version += 1
         np.testing.assert_allclose(history.current_weights["w"], np.asarray(stock.current_model.data["w"]), 1e-6)
     assert history.current_version == stock.current_model_version == 4
+
+
+def test_the_asynchronous_methods_take_the_papers_delays_unless_a_delay_flag_is_given(tmp_path, capsys):
+    """Without delays an asynchronous run is a serial chain (every update at time 0): FedBuff's and FedRevive's
+    presets bring the paper's; ``--delays none`` (or any delay flag) still wins, and the presets are printed."""
+    from common.delays import DELAY_PRESETS
+    from jobs.cli import build_parser, config_from_args, job_main
+
+    parser = build_parser("job", method_choice=True)
+
+    def delays(*argv: str):
+        args = parser.parse_args(list(argv))
+        return config_from_args(args, args.method, presets=True).delays
+
+    assert delays("--method", "fedbuff") == delays("--method", "fedrevive") == DELAY_PRESETS["paper"]
+    assert delays("--method", "fedavg") == DELAY_PRESETS["none"]
+    assert delays("--method", "fedbuff", "--delays", "none") == DELAY_PRESETS["none"]
+    alone = delays("--method", "fedbuff", "--speed-means", "10,40", "--speed-stds", "1,1")
+    assert alone.speed_means == (10.0, 40.0) and alone.download_delay == 0.0  # on the plain model, as before
+    assert make_config("fedbuff", **SMALL).delays == DELAY_PRESETS["paper"]
+    assert make_config("fedbuff", presets=False, **SMALL).delays == DELAY_PRESETS["none"]
+    job_main("job", ["--method", "fedbuff", "--dry-run", "--max-model-version", "2", "--workspace", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert "fedbuff presets (flags not given):" in printed and "--delays paper" in printed

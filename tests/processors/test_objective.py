@@ -158,3 +158,31 @@ def test_a_devices_label_histogram_reaches_the_strategy_beside_its_diff():
     assert set(seen[0].diff) == set(weights) and np.array_equal(seen[0].reports[LABEL_COUNTS], counts)
     gm.make_version(1.0, fl_ctx)
     assert set(gm.current_weights) == set(weights)
+
+
+class ProximalTowardsExtras(DeviceObjective):
+    """Both: held to the version the device received, pulled along its version's direction."""
+
+    def loss(self, params, received, extras):
+        return Proximal(5.0).loss(params, received, extras) + TowardsExtras().loss(params, received, extras)
+
+
+def test_a_group_of_several_versions_holds_each_device_to_its_own_version_and_extras(setup):
+    """An asynchronous release trains devices of different versions together: the hook gets each device's own."""
+    params, devices = setup
+    g = torch.Generator().manual_seed(9)
+    other = {k: v + 0.02 * torch.randn(v.shape, generator=g) for k, v in params.items()}  # a later version
+    direction = {n: torch.full_like(p, 0.01) for n, p in params.items() if n.endswith("weight")}
+    towards = [direction, {n: -d for n, d in direction.items()}, direction]
+    starts = [params, other, params]
+    model, objective = worker_model(MODEL, CPU), ProximalTowardsExtras()
+    alone = [
+        train_local(model, s, x, y, CFG, torch.Generator().manual_seed(i), objective=objective, extras=e)
+        for i, (s, (x, y), e) in enumerate(zip(starts, devices, towards, strict=True))
+    ]
+    gens = [torch.Generator().manual_seed(i) for i in range(len(devices))]
+    grouped = train_group(MODEL, starts, devices, CFG, gens, CPU, objective=objective, extras=towards)
+    assert_engines_agree(alone, grouped)
+    gens = [torch.Generator().manual_seed(i) for i in range(len(devices))]
+    one_version = train_group(MODEL, params, devices, CFG, gens, CPU, objective=objective, extras=direction)
+    assert not np.allclose(grouped[1]["fc1.weight"], one_version[1]["fc1.weight"], atol=1e-4)

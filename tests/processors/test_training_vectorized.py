@@ -149,3 +149,64 @@ def test_task_processor_group_gives_each_device_the_diff_it_would_get_alone():
         assert diff.keys() == alone.keys()
         for k in alone:
             np.testing.assert_allclose(diff[k], alone[k], rtol=0, atol=ATOL, err_msg=k)
+
+
+def _versions(global_params, count: int) -> list[dict[str, torch.Tensor]]:
+    """``count`` model versions: the global weights moved apart, as the server's next versions would be."""
+    out = [global_params]
+    for v in range(1, count):
+        g = torch.Generator().manual_seed(100 + v)
+        out.append({k: t + 0.05 * torch.randn(t.shape, generator=g) for k, t in global_params.items()})
+    return out
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_a_group_of_several_versions_gives_each_device_the_diff_it_gets_alone_from_its_own_version(
+    dataset, global_params, optimizer
+):
+    """An asynchronous release: devices of three versions in one group, each starting from its own version."""
+    settings = {"adam": {"local_lr": 3e-4}, "sgd": {"local_lr": 0.05, "momentum": 0.9}}[optimizer]
+    cfg = TrainingConfig(local_iters=5, local_batch_size=32, optimizer=optimizer, **settings)
+    versions = _versions(global_params, 3)
+    of_device = [versions[v] for v in (0, 2, 1, 2)]
+    data = _device_data(dataset, [40, 64, 12, 100])
+    model = worker_model(MODEL, CPU)
+    alone = [
+        train_local(model, params, x, y, cfg, g)
+        for params, (x, y), g in zip(of_device, data, _generators(len(data)), strict=True)
+    ]
+    mixed = train_group(MODEL, of_device, data, cfg, _generators(len(data)), CPU)
+    from_first = train_group(MODEL, versions[0], data, cfg, _generators(len(data)), CPU)
+    for i, (want, have) in enumerate(zip(alone, mixed, strict=True)):
+        assert want.keys() == have.keys()
+        for name in want:
+            np.testing.assert_allclose(have[name], want[name], rtol=0, atol=ATOL, err_msg=f"device {i}: {name}")
+    # not vacuous: a device of another version trains to another diff than it would from the first version
+    assert not np.allclose(mixed[1]["fc1.weight"], from_first[1]["fc1.weight"], atol=20 * ATOL)
+
+
+def test_a_group_handed_one_dict_per_device_of_one_version_is_the_broadcast_group_bit_for_bit(dataset, global_params):
+    """A synchronous round's group is handed the same weights once per device: it takes the broadcast path."""
+    cfg = TrainingConfig(local_iters=3, local_batch_size=32, optimizer="adam")
+    data = _device_data(dataset, [40, 64, 100])
+    broadcast = train_group(MODEL, global_params, data, cfg, _generators(3), CPU)
+    per_device = train_group(MODEL, [global_params] * 3, data, cfg, _generators(3), CPU)
+    for a, b in zip(broadcast, per_device, strict=True):
+        for name in a:
+            np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_task_processor_trains_a_release_of_several_versions_as_each_device_alone():
+    """The leaf gateway's entry point: each device from the weights of its own version (its own generator too)."""
+    proc = make_processor(synthetic_size=1000, subset_size=40, local_iters=3, local_batch_size=16)
+    torch.manual_seed(1)
+    first = {k: v.numpy() for k, v in build_model(MODEL).state_dict().items()}
+    second = {k: v + np.float32(0.05) for k, v in first.items()}
+    devices, versions = ["site-1#0", "site-1#1", "site-2#5"], [3, 4, 3]
+    weights = [first if v == 3 else second for v in versions]
+    grouped = proc.train_devices(devices, weights, versions)
+    for device_id, w, v, diff in zip(devices, weights, versions, grouped, strict=True):
+        alone = proc.train(device_id, w, version=v)
+        for k in alone:
+            np.testing.assert_allclose(diff[k], alone[k], rtol=0, atol=ATOL, err_msg=k)
+    assert not np.allclose(grouped[1]["fc1.weight"], proc.train("site-1#1", first, version=3)["fc1.weight"])

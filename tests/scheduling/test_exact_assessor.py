@@ -27,6 +27,7 @@ from common.protocol import (
     DEVICE_UPDATES,
     HELD_VERSIONS,
     MODELS,
+    SELECTION_RELEASES,
     SELECTION_SUMS,
     SELECTION_VERSIONS,
     SIM_TIME,
@@ -68,6 +69,7 @@ class ScriptedLeaf:
         self.reported: set[tuple[str, int]] = set()
         self.held: list[dict] = []  # reported device updates not yet sent up as a sum
         self.sent_models = 0  # models the server sent it
+        self.releases: dict[tuple[str, int], int] = {}  # (device, selection id) -> the release it came in
 
     def report(self, assessor: ExactTimeAssessor, engine: EventEngine, rng: random.Random, first=False) -> None:
         todo = [(d, s) for d, s in self.selection.items() if (d, s) not in self.reported]
@@ -117,11 +119,14 @@ class ScriptedLeaf:
             self.selection = reply[PropKey.DEVICE_SELECTION]
             self.selection_version = reply.get_header(PropKey.DEVICE_SELECTION_VERSION)
         self.versions = reply.get(SELECTION_VERSIONS) or {}
+        releases = reply.get(SELECTION_RELEASES) or {}
+        for device, sid in self.selection.items():
+            assert sid in releases, "every device a leaf is told of came in a release"
+            assert self.releases.setdefault((device, sid), releases[sid]) == releases[sid], "a release never changes"
 
 
-@pytest.mark.parametrize("b, hole, sums", [(2, 1, False), (1, 1, False), (8, 8, False), (8, 8, True)])
-def test_reports_in_any_order_give_the_reference_trace_and_model(tmp_path, b, hole, sums):
-    kw = dict(selection_size=8, updates_per_version=b, min_hole_to_fill=hole, max_model_version=25)
+def run_scripted(tmp_path, kw: dict, sums: bool = False, seed: int = 0) -> tuple:
+    """A run of the assessor with two scripted leaves reporting at random (``seed``); the manager, the leaves."""
     manager = GlobalModel(MEAN, strategy_args={"global_lr": 0.5})
     assessor = ExactTimeAssessor(
         "persistor",
@@ -134,7 +139,7 @@ def test_reports_in_any_order_give_the_reference_trace_and_model(tmp_path, b, ho
     )
     engine = EventEngine({"persistor": ZeroPersistor(), "model_manager": manager, "wf_assessor": assessor})
     engine.fire_event(EventType.START_RUN, engine.new_context())
-    rng = random.Random(0)
+    rng = random.Random(seed)
     leaves = [ScriptedLeaf("site-1", sums), ScriptedLeaf("site-2", sums)]
     leaves[0].report(assessor, engine, rng, first=True)
     assert manager.current_version == 0, "no selection before every leaf registered its devices"
@@ -145,7 +150,13 @@ def test_reports_in_any_order_give_the_reference_trace_and_model(tmp_path, b, ho
         time.sleep(0.0005)  # the server applies on its own thread
     assert assessor.outcome["status"] == "completed", assessor.outcome
     engine.fire_event(EventType.END_RUN, engine.new_context())
+    return manager, leaves, engine
 
+
+@pytest.mark.parametrize("b, hole, sums", [(2, 1, False), (1, 1, False), (8, 8, False), (8, 8, True)])
+def test_reports_in_any_order_give_the_reference_trace_and_model(tmp_path, b, hole, sums):
+    kw = dict(selection_size=8, updates_per_version=b, min_hole_to_fill=hole, max_model_version=25)
+    manager, leaves, engine = run_scripted(tmp_path, kw, sums)
     expected = reference_trace(make_schedule(DELAY_PRESETS["paper"], 4, LEAVES, **kw))
     trace = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert trace == expected
@@ -192,3 +203,47 @@ def test_the_model_manager_announces_each_version_with_its_simulated_time():
     manager.start({"w": np.zeros(1)}, ctx)
     manager.make_version(2.5, ctx)
     assert seen == [(1, 0.0), (2, 2.5)]
+
+
+def reference_releases(kw: dict) -> set[frozenset]:
+    """The releases the schedule alone implies (devices selected since the last release go out together when the
+    update due next is one of them): each a set of (device, selection id)."""
+    schedule = make_schedule(DELAY_PRESETS["paper"], 4, LEAVES, **kw)
+    held = {(d.device, d.selection_id) for d in schedule.start()}
+    releases = []
+    while not schedule.done:
+        due = schedule.next_due()
+        if (due.device, due.selection_id) in held:
+            releases.append(frozenset(held))
+            held = set()
+        _, selected = schedule.apply(due.device)
+        held |= {(d.device, d.selection_id) for d in selected}
+    return set(releases)
+
+
+@pytest.mark.parametrize("b, hole", [(2, 1), (8, 8)])
+def test_releases_are_the_schedules_whatever_the_leaves_timing_and_mix_versions_in_async_runs(tmp_path, b, hole):
+    """Devices reach the leaves in releases that the schedule alone decides: runs whose leaves report at different
+    moments see the same releases. An asynchronous release holds devices of several selections (versions); a
+    synchronous round is one release of one selection."""
+    kw = dict(selection_size=8, updates_per_version=b, min_hole_to_fill=hole, max_model_version=25)
+    seen = []
+    for seed in (0, 1):
+        _, leaves, _ = run_scripted(tmp_path / str(seed), kw, seed=seed)
+        parts: dict[tuple[str, int], set] = {}  # (leaf, release) -> its devices there
+        for leaf in leaves:
+            for key, release in leaf.releases.items():
+                parts.setdefault((leaf.name, release), set()).add(key)
+        seen.append({frozenset(keys) for keys in parts.values()})
+    expected = reference_releases(kw)
+    per_leaf = {frozenset(k for k in r if k[0].startswith(f"{leaf}#")) for r in expected for leaf in LEAVES} - {
+        frozenset()
+    }
+    # each leaf's part of each release is the schedule's (a leaf may not hear of the last ones before the end)
+    assert seen[0] <= per_leaf and seen[1] <= per_leaf and len(seen[0]) >= len(per_leaf) - 4
+    sids_per_release = [len({sid for _, sid in release}) for release in expected]
+    if hole == 1:
+        assert max(sids_per_release) > 1  # several versions in one release: trained together
+        assert len(expected) < 25 * b // 2  # far fewer releases than updates (each selected one device)
+    else:
+        assert set(sids_per_release) == {1}

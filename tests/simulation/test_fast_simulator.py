@@ -221,8 +221,8 @@ def test_real_time_mode_holds_results_without_holding_the_worker(tmp_path):
 class ScriptedGateway:
     """A leaf executor's gateway: hands out scripted work once, records registrations and reported groups."""
 
-    def __init__(self, work: list[GatewayTask], weights: dict):
-        self.work, self.weights = work, weights
+    def __init__(self, work: list[GatewayTask], weights: dict, by_version: dict | None = None):
+        self.work, self.weights, self.by_version = work, weights, by_version or {}
         self.registered: list[tuple[str, int]] = []
         self.reports: list[list[DeviceResult]] = []
         self.stamps: list[int] = []
@@ -235,7 +235,7 @@ class ScriptedGateway:
     def take_work(self, prefix, stamp, timeout) -> LeafWork:
         self.stamps.append(stamp)
         tasks, self.work = [t for t in self.work if t.device.startswith(prefix + "#")], []
-        return LeafWork(stamp + 1, tasks, {t.version: self.weights for t in tasks})
+        return LeafWork(stamp + 1, tasks, {t.version: self.by_version.get(t.version, self.weights) for t in tasks})
 
     def report(self, results) -> None:
         with self.lock:
@@ -247,13 +247,15 @@ class WeightsTrainerFake:
 
     def __init__(self, fail: set[str] = frozenset()):
         self.calls: list[list[str]] = []
+        self.versions: list[list[int]] = []
         self.fail = fail
 
-    def train_devices(self, device_ids, weights, version):
+    def train_devices(self, device_ids, weights, versions):
         self.calls.append(list(device_ids))
+        self.versions.append(list(versions))
         if self.fail & set(device_ids):
             raise RuntimeError("corrupt sample")
-        return [{"w": weights["w"] + int(d.rpartition("#")[2])} for d in device_ids]
+        return [{"w": w["w"] + int(d.rpartition("#")[2])} for d, w in zip(device_ids, weights, strict=True)]
 
 
 def test_the_gateway_channel_registers_once_takes_work_at_once_and_reports_each_group_in_one_call():
@@ -284,3 +286,45 @@ def test_the_gateway_channel_registers_once_takes_work_at_once_and_reports_each_
     failed = gateway.reports[2][0]
     assert failed.count == 0 and not failed.diff["w"].any()  # a zero-weight update frees its slot
     assert sim.failed_tasks == 1 and [line["ok"] for line in lines].count(False) == 1
+
+
+def test_a_release_of_several_versions_trains_together_each_device_from_its_own_version_in_fixed_groups():
+    """An asynchronous release: devices of three selections (three versions) arrive in any order, with a device of
+    another release; they train in groups of the release alone, sorted by (selection, device), at least one group
+    per worker, each device from the weights of its own version."""
+    versions = {3: np.zeros(2, np.float32), 4: np.full(2, 10, np.float32), 5: np.full(2, 100, np.float32)}
+    work = [
+        GatewayTask("site-1#6", 13, 5, release=2),
+        GatewayTask("site-1#2", 11, 3, release=2),
+        GatewayTask("site-1#9", 12, 4, release=3),  # a later release: a group of its own
+        GatewayTask("site-1#1", 12, 4, release=2),
+        GatewayTask("site-1#0", 13, 5, release=2),
+        GatewayTask("site-1#5", 11, 3, release=2),
+    ]
+    orders = []
+    for ordered in (work, work[::-1]):
+        gateway = ScriptedGateway(list(ordered), {}, {v: {"w": w} for v, w in versions.items()})
+        trainer = WeightsTrainerFake()
+        sim = FastSimulator(GatewayChannel(gateway, trainer, "site-1", 10), 2, 5.0, DeviceDelays(DelayConfig(), 0))
+        sim.group_size = 100  # one group would hold the release: the two workers still get a group each
+        sim.submit(sim.channel.next_tasks(0.1))
+        assert sim.drain()
+        orders.append(sorted(zip(map(tuple, trainer.calls), map(tuple, trainer.versions), strict=True)))
+        diffs = {r.device: (r.version, float(r.diff["w"][0])) for group in gateway.reports for r in group}
+        # each device's diff is built on its own version's weights (the fake adds the device's index)
+        assert diffs == {
+            "site-1#2": (3, 2.0),
+            "site-1#5": (3, 5.0),
+            "site-1#1": (4, 11.0),
+            "site-1#9": (4, 19.0),
+            "site-1#0": (5, 100.0),
+            "site-1#6": (5, 106.0),
+        }
+    assert orders[0] == orders[1]  # the same groups whatever order the tasks came in
+    assert orders[0] == sorted(
+        [
+            (("site-1#2", "site-1#5", "site-1#1"), (3, 3, 4)),
+            (("site-1#0", "site-1#6"), (5, 5)),
+            (("site-1#9",), (4,)),
+        ]
+    )
