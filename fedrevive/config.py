@@ -52,6 +52,9 @@ class FedReviveConfig:
             updates (as the authors' code and NVIDIA's port by default); estimate, the server's probe of the
             client's first two models with Gaussian noise (probe_samples, probe_temperature).
         num_classes: classes the generator synthesises (the data's).
+        stabilize_losses: reject a non-finite feature, one-hot, adversarial or KD loss, or one above 3x the mean
+            of its last (up to) 20 accepted values, as both references do (``fedrevive.stabilize``); a rejected
+            loss counts as 0 and never enters its window.
     """
 
     s_max: float = 75.0
@@ -80,6 +83,7 @@ class FedReviveConfig:
     warmup_blend: WarmupBlend = "zero"
     class_proportions: ClassProportions = "true"
     num_classes: int = 10
+    stabilize_losses: bool = True
 
     def __post_init__(self) -> None:
         if self.s_max <= 0:

@@ -44,9 +44,11 @@ def kd_step(
     batches: list[tuple[Teacher, torch.Tensor]],
     optimizer: torch.optim.Optimizer,
     temperature: float,
+    stabilize: Callable[[torch.Tensor, str], torch.Tensor] | None = None,
 ) -> float:
     """One distillation step: each teacher on its own batch, KL(teacher || student) summed over all samples and
-    divided by their number; returns that loss before the step."""
+    divided by their number; returns that loss before the step. ``stabilize`` (``LossStabilizer``) may reject the
+    loss: it becomes 0 and the step still runs, as in both references."""
     total = sum(images.shape[0] for _, images in batches)
     loss = None
     for teacher, images in batches:
@@ -55,6 +57,8 @@ def kd_step(
         kl = per_sample_kl(teacher_logits, student(images), temperature).sum()
         loss = kl if loss is None else loss + kl
     loss = loss / total
+    if stabilize is not None:
+        loss = stabilize(loss, "kd")
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
@@ -164,6 +168,8 @@ class FedReviveDistiller:
         elif phase == "distill":
             delta_kd, losses = self.distill(global_model, global_weights, teachers, proportions)
             info.update(beta=b, kd_loss_first=losses[0], kd_loss_last=losses[-1])
+        if self.synthesizer.stabilize.rejected:  # only then: a run without rejections keeps its log's bits
+            info["rejected_losses"] = dict(self.synthesizer.stabilize.rejected)
         info["kd_seconds"] = time.perf_counter() - start
         if warmup_zero:
             return self._warmup_blend(delta, b, info)
@@ -196,7 +202,7 @@ class FedReviveDistiller:
                 (t, crop_and_flip(pool.sample_for(proportions[k], self.cfg.synth_per_teacher, self.rng)[0], self.rng))
                 for k, t in enumerate(teachers)
             ]
-            losses.append(kd_step(student, batches, optimizer, self.cfg.kd_temperature))
+            losses.append(kd_step(student, batches, optimizer, self.cfg.kd_temperature, self.synthesizer.stabilize))
         reference = {k: v for k, v in global_weights.items() if k in dict(student.named_parameters())}
         return parameter_delta(student, reference), losses or [float("nan")]
 

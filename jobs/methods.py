@@ -177,8 +177,10 @@ class FedRevive(Method):
         return cfg.method_settings.class_proportions == "true"
 
     def settings_from_record(self, values: dict) -> Any:
-        # runs recorded before these settings existed passed warm-up updates whole and probed for proportions
-        return self.settings_from({"warmup_blend": "pass", "class_proportions": "estimate"} | values)
+        # runs recorded before these settings existed passed warm-up updates whole, probed for proportions and
+        # did not stabilise their losses
+        before = {"warmup_blend": "pass", "class_proportions": "estimate", "stabilize_losses": False}
+        return self.settings_from(before | values)
 
     def check_data(self, cfg: Any, dataset: Any) -> None:
         if dataset.input_shape != (3, 32, 32) or dataset.mean is None:
