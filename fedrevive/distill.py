@@ -69,7 +69,12 @@ class FedReviveDistiller:
     """Server-side state of FedRevive: teacher buffer, proportion estimates, generator and synthetic pool."""
 
     def __init__(
-        self, cfg: FedReviveConfig, model_builder: Callable[[], nn.Module], device: torch.device, seed: int = 0
+        self,
+        cfg: FedReviveConfig,
+        model_builder: Callable[[], nn.Module],
+        device: torch.device,
+        seed: int = 0,
+        image_std: tuple[float, ...] | None = None,
     ):
         self.cfg = cfg
         self.model_builder = model_builder
@@ -78,7 +83,7 @@ class FedReviveDistiller:
         self.teachers = TeacherBuffer(cfg.teacher_buffer_size, model_builder, device)
         self.estimator = ProportionEstimator(cfg.num_classes, cfg.probe_temperature)
         self.parameter_names = frozenset(name for name, _ in model_builder().named_parameters())
-        self.synthesizer = Synthesizer(cfg, device, seed)
+        self.synthesizer = Synthesizer(cfg, device, seed, image_std)
         # One fixed probe batch: estimates of different clients are then comparable, and conv-mode teachers
         # get their feature-statistics reference from the same Gaussian noise (normalised image space).
         self.probe_noise = torch.randn(cfg.probe_samples, 3, 32, 32, generator=self.rng).to(device)

@@ -115,12 +115,15 @@ class SynthesisResult:
 class Synthesizer:
     """Persistent generator, its meta-optimizer and the pool; ``synthesize`` runs one round and fills the pool."""
 
-    def __init__(self, cfg: FedReviveConfig, device: torch.device, seed: int = 0):
+    def __init__(
+        self, cfg: FedReviveConfig, device: torch.device, seed: int = 0, image_std: tuple[float, ...] | None = None
+    ):
         self.cfg = cfg
         self.device = device
         with torch.random.fork_rng(devices=[]):  # seeded init without disturbing the caller's RNG
             torch.manual_seed(seed)
-            self.generator = ConditionalGenerator(cfg.gen_noise_dim, cfg.num_classes, cfg.gen_width).to(device)
+            self.generator = ConditionalGenerator(cfg.gen_noise_dim, cfg.num_classes, cfg.gen_width, image_std)
+            self.generator.to(device)
         self.meta_optimizer = torch.optim.Adam(self.generator.parameters(), lr=cfg.gen_meta_lr, betas=(0.5, 0.999))
         self.pool = SyntheticPool(cfg.pool_size)
         self.rng = torch.Generator().manual_seed(seed)

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 from common.choices import ConfigError
 from common.imports import import_object, import_path
 from fedrevive.config import FedReviveConfig
+from processors.data.sources import NORMALISATIONS
 
 
 class Method:
@@ -164,7 +165,10 @@ class FedRevive(Method):
     presets = {"device_selection_size": 100, "num_updates_for_model": 1, "min_hole_to_fill": 1, "global_lr": 0.10}
 
     def strategy_args(self, cfg: Any) -> dict:
-        return super().strategy_args(cfg) | {"fedrevive": cfg.method_settings.to_dict()}
+        args = super().strategy_args(cfg) | {"fedrevive": cfg.method_settings.to_dict()}
+        if cfg.data.normalisation != "cifar":  # only then: a default run's job config keeps its bytes
+            args["image_std"] = list(NORMALISATIONS[cfg.data.normalisation][1])
+        return args
 
     def objective_args(self, cfg: Any) -> dict:
         """Its device hook's constructor arguments for this run (``cfg``: the ``JobConfig``)."""
