@@ -55,6 +55,9 @@ class FedReviveConfig:
         stabilize_losses: reject a non-finite feature, one-hot, adversarial or KD loss, or one above 3x the mean
             of its last (up to) 20 accepted values, as both references do (``fedrevive.stabilize``); a rejected
             loss counts as 0 and never enters its window.
+        server_flip: the server's crop-and-flip of synthetic images (synthesis and distillation) also mirrors them,
+            as both references do; off: crop only, for data whose classes are not mirror-symmetric (the devices'
+            ``--augment`` is off there too).
     """
 
     s_max: float = 75.0
@@ -84,6 +87,7 @@ class FedReviveConfig:
     class_proportions: ClassProportions = "true"
     num_classes: int = 10
     stabilize_losses: bool = True
+    server_flip: bool = True
 
     def __post_init__(self) -> None:
         if self.s_max <= 0:

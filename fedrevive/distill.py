@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from fedrevive.augment import crop_and_flip
+from fedrevive.augment import PADDING, crop_and_flip
 from fedrevive.config import FedReviveConfig
 from fedrevive.staleness import beta as staleness_beta
 from fedrevive.staleness import blend_update
@@ -202,9 +202,10 @@ class FedReviveDistiller:
         student.eval()
         optimizer = torch.optim.Adam(student.parameters(), lr=self.cfg.kd_lr, weight_decay=self.cfg.kd_weight_decay)
         pool, losses = self.synthesizer.pool, []
+        flips = (self.rng, PADDING, self.cfg.server_flip)
         for _ in range(self.cfg.kd_iters):
             batches = [
-                (t, crop_and_flip(pool.sample_for(proportions[k], self.cfg.synth_per_teacher, self.rng)[0], self.rng))
+                (t, crop_and_flip(pool.sample_for(proportions[k], self.cfg.synth_per_teacher, self.rng)[0], *flips))
                 for k, t in enumerate(teachers)
             ]
             losses.append(kd_step(student, batches, optimizer, self.cfg.kd_temperature, self.synthesizer.stabilize))

@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fedrevive.augment import crop_and_flip
+from fedrevive.augment import PADDING, crop_and_flip
 from fedrevive.config import FedReviveConfig
 from fedrevive.feature_stats import FeatureStats
 from fedrevive.generator import ConditionalGenerator
@@ -205,7 +205,8 @@ class Synthesizer:
         best: SynthesisResult | None = None
         for _ in range(max(1, cfg.gen_adapt_steps)):
             images = fast(z, labels, embeddings, cfg.gen_class_weight)
-            loss = self.generator_loss(crop_and_flip(images, self.rng), labels, teachers, class_weights, student)
+            augmented = crop_and_flip(images, self.rng, PADDING, cfg.server_flip)
+            loss = self.generator_loss(augmented, labels, teachers, class_weights, student)
             if best is None or loss.item() < best.loss:
                 best = SynthesisResult(images.detach(), labels, loss.item())
             optimizer.zero_grad(set_to_none=True)

@@ -104,3 +104,19 @@ def test_a_rejected_kd_loss_still_steps_the_optimizer():
     assert kd_step(student, [(teacher, images)], optimizer, 1.0, stab) == 0.0
     assert stab.rejected == {"kd": 1}
     assert not torch.equal(weight, student.weight)  # Adam's momentum still moved it
+
+
+def test_server_flip_off_crops_the_same_and_never_mirrors():
+    from fedrevive.augment import crop_and_flip
+
+    images = torch.arange(2 * 3 * 8 * 8, dtype=torch.float32).view(2, 3, 8, 8)
+    flipped = [crop_and_flip(images, torch.Generator().manual_seed(s), padding=0) for s in range(8)]
+    assert any(not torch.equal(f, images) for f in flipped)  # padding 0: only flips change anything
+    for s in range(8):
+        g = torch.Generator().manual_seed(s)
+        assert torch.equal(crop_and_flip(images, g, padding=0, flip=False), images)
+        assert torch.equal(g.get_state(), torch.Generator().manual_seed(s).get_state()) is False  # it drew
+    a, b = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    crop_and_flip(images, a, flip=False)
+    crop_and_flip(images, b)
+    assert torch.equal(a.get_state(), b.get_state())  # the same draws either way
