@@ -31,7 +31,8 @@ after ``--`` is passed to every run and wins. Writes to ``--output``: ``results.
 std over seeds of the final and best accuracy, and the simulated time to reach 0.5 / 0.6 / 0.7, with how many
 seeds reached it), ``accuracy_vs_simtime.png`` (mean with a +-1 std band), ``staleness.png`` (tau of every applied
 update per method, and FedRevive's beta), ``commands.txt``, and one folder per run. A run whose folder already
-holds a finished ``metrics.json`` is not run again: an interrupted sweep continues where it stopped.
+holds a finished ``metrics.json`` is not run again, and one interrupted after a checkpoint continues from it
+(``--resume``): an interrupted sweep continues where it stopped.
 
 ``--dry-run`` runs nothing: it prints each run's command and the FedRevive settings the job resolves from it, and
 with ``--trace`` computes each run's event trace (the job's own ``--dry-run``) and counts the versions and stale
@@ -52,12 +53,12 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # benchmarks.r2_table, jobs, when the project is not installed
+
+from benchmarks.r2_table import beside_r2, trace_counts  # noqa: E402
+
 METHODS = ("fedavg", "fedbuff", "fedrevive")
 THRESHOLDS = (0.5, 0.6, 0.7)
-# R2's README table (NVIDIA/NVFlare research/fedrevive, seed 10, one run each, 200 time units, continuous mode):
-# (versions at stop, final accuracy, best accuracy). Another seed of ours drives other random streams than R2's
-# seed 10, so the comparison is against our mean +- std over seeds, never seed for seed.
-R2_TABLE = {"fedavg": (28, 0.4022, 0.4056), "fedbuff": (6343, 0.6111, 0.6659), "fedrevive": (12687, 0.7612, 0.7712)}
 MANY_VERSIONS = 1_000_000  # the time budget ends a run, not a version count
 
 SCALES = {
@@ -120,26 +121,6 @@ def summary_row(method: str, runs: list[list[dict]]) -> dict:
     return row
 
 
-def beside_r2(rows: list[dict]) -> list[dict]:
-    """The rows of the methods R2's table has, each beside R2's numbers (versions, final and best accuracy)."""
-    out = []
-    for row in rows:
-        if row["method"] in R2_TABLE:
-            versions, final, best = R2_TABLE[row["method"]]
-            out.append(
-                {
-                    "method": row["method"],
-                    "final accuracy (ours)": row["final accuracy"],
-                    "final accuracy (R2, seed 10)": f"{final:.3f}",
-                    "best accuracy (ours)": row["best accuracy"],
-                    "best accuracy (R2, seed 10)": f"{best:.3f}",
-                    "versions (ours)": row["versions"],
-                    "versions (R2, seed 10)": str(versions),
-                }
-            )
-    return out
-
-
 def resolved_config(cmd: list[str]):
     """The ``JobConfig`` a job command resolves to (its flags through the job's own parser), without running it."""
     sys.path.insert(0, REPO)
@@ -147,19 +128,6 @@ def resolved_config(cmd: list[str]):
 
     args = build_parser("reproduce_fedrevive", method_choice=True).parse_args(cmd[2:])
     return config_from_args(args, args.method, presets=True)
-
-
-def trace_counts(events_path: str, budget: float, synth_from: int = 50, kd_from: int = 100) -> dict:
-    """Versions and applied updates within ``budget`` in a job's ``--dry-run`` trace, and FedRevive's server work
-    in it: stale updates from ``synth_from`` (a synthesis round each at interval 1) and from ``kd_from`` (a
-    distillation each)."""
-    events = [e for e in read_jsonl(events_path) if e["arrival"] <= budget]
-    return {
-        "updates": len(events),
-        "versions": max((e["version"] for e in events), default=0),
-        "synthesis rounds (interval 1)": sum(1 for e in events if e["tau"] > 0 and e["version"] >= synth_from),
-        "distillations": sum(1 for e in events if e["tau"] > 0 and e["version"] >= kd_from),
-    }
 
 
 def markdown(rows: list[dict]) -> str:
@@ -238,6 +206,15 @@ def finished(metrics_path: str) -> bool:
             return json.load(f).get("outcome", {}).get("status") == "completed"
     except (OSError, ValueError):
         return False
+
+
+def resume_flags(out: str) -> list[str]:
+    """``--resume OUT`` for a run that was interrupted after its first checkpoint, else nothing."""
+    sys.path.insert(0, REPO)
+    from scheduling.checkpoint import state_path
+
+    checkpointed = os.path.exists(os.path.join(out, "metrics.json")) and os.path.exists(state_path(out))
+    return ["--resume", out] if checkpointed else []
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -357,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     print(f"[reproduce] {method} seed {seed} ...", flush=True)
                     os.makedirs(os.path.dirname(out), exist_ok=True)
-                    with open(os.path.join(os.path.dirname(out), "job.log"), "w") as log:
+                    cmd += resume_flags(out)  # an interrupted run continues from its last checkpoint
+                    with open(os.path.join(os.path.dirname(out), "job.log"), "a") as log:
                         code = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
                 if not os.path.exists(metrics_path):
                     print(f"[reproduce] {method} seed {seed} wrote no metrics.json (exit {code}); see its job.log")

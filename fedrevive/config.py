@@ -14,9 +14,11 @@ ClassProportions = Literal["true", "estimate"]
 class FedReviveConfig:
     """Hyperparameters of FedRevive (Askin et al., arXiv 2511.00655).
 
-    Defaults follow the authors' code (R1, ``research/fed-revive/codes``) and NVIDIA's port (NVFlare PR 5274) in
-    the paper's main setting; ``synth_every_versions`` = 10 is that setting's generator schedule (the authors'
-    simulator synthesises on every stale update: 1). Each field is a ``--fr-*`` flag of the jobs.
+    Defaults follow the authors' code (R1, ``research/fed-revive/codes``) and NVIDIA's port (R2,
+    ``research/fedrevive``) except ``synth_every_versions`` = 10: R2's "paper-aligned" interval, which R2 pairs with
+    estimated proportions, while R1, R2's default and R2's table run synthesise on every stale update (1, what
+    ``reproduce_fedrevive.py --scale paper`` sets; ``docs/fedrevive-differences.md``). Each field is a ``--fr-*``
+    flag of the jobs.
 
     Attributes:
         s_max: staleness scale of the blend beta(tau) = 1 - 0.5 (1 + cos(pi tau / (2 s_max))), clipped to [0, 1].
@@ -28,7 +30,7 @@ class FedReviveConfig:
         synth_per_teacher: pool images per teacher in a KD step, labels drawn from its class proportions.
         synth_batch_size: images generated per synthesis round; the round's best batch joins the pool.
         synth_every_versions: synthesise at versions that are multiples of this (stale updates only; 1: every
-            stale update, as the authors' simulator).
+            stale update, as R1 and R2's table run; 10: R2's paper-aligned interval).
         gen_noise_dim: the generator's noise dimension.
         gen_width: the generator's channels at 32x32 (twice that at 8x8 and 16x16; the reference's ngf).
         gen_class_weight: the generator's input is z + gen_class_weight * e_y.

@@ -16,8 +16,8 @@ Phases, by the current global version v (an update's staleness is tau = v - base
 * ``no-teachers`` / ``empty-pool``: nothing to distil from yet; the update passes through unchanged.
 
 A synthesis round (``fedrevive.synthesis``) runs for a stale update (tau > 0) from ``distill_from_version`` on, at
-versions that are multiples of ``synth_every_versions`` (10: the paper's main setting; 1: every stale update, as
-the authors' simulator). Its adversarial term is on from ``kd_train_from_version``.
+versions that are multiples of ``synth_every_versions`` (10: R2's paper-aligned interval; 1: every stale update,
+as R1 and R2's table run). Its adversarial term is on from ``kd_train_from_version``.
 """
 
 from __future__ import annotations
