@@ -22,8 +22,6 @@ from jobs.api import config_from_options, option_names
 from jobs.config import EnvName, FederationConfig, JobConfig, LeafLossPolicy, RunConfig
 from jobs.methods import BUILT_IN, Method, method_of
 from processors.data.config import DataConfig
-from processors.data.partition import PARTITIONS
-from processors.data.sources import NORMALISATIONS, TRAIN_SPLITS
 from processors.training import Optimizer, TrainingConfig
 from simulation.config import DevicesName, EngineConfig, EngineName, SimulatorName
 
@@ -87,9 +85,9 @@ def build_parser(description: str, method_choice: bool = False) -> JobArgumentPa
     data.add_argument(
         "--dirichlet-alpha", type=float, default=d["dirichlet_alpha"], help="non-IID label skew; <= 0 means IID"
     )
-    for name, choices in (("partition", PARTITIONS), ("normalisation", NORMALISATIONS), ("train_split", TRAIN_SPLITS)):
-        flag = f"--{name.replace('_', '-')}"  # help: DataConfig's docstring, whose fields these are
-        data.add_argument(flag, choices=sorted(choices), default=d[name], help=attribute_docs(DataConfig)[name])
+    for name in ("partition", "normalisation", "train_split"):  # choices and help: DataConfig's type and docstring
+        hint, flag = typing.get_type_hints(DataConfig)[name], f"--{name.replace('_', '-')}"
+        data.add_argument(flag, choices=literal_choices(hint), default=d[name], help=attribute_docs(DataConfig)[name])
 
     d = _defaults(FederationConfig)
     fl = p.add_argument_group("federation")

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 from common.choices import ConfigError, check_positive
 from processors.data.sources import BUILTIN_DATASETS, DatasetError, DatasetSpec
+
+Partition = Literal["device", "references"]  # processors.data.partition.PARTITIONS
+Normalisation = Literal["cifar", "references"]  # processors.data.sources.NORMALISATIONS
+TrainSplit = Literal["all", "references"]  # processors.data.sources.TRAIN_SPLITS
 
 
 @dataclass(frozen=True)
@@ -35,9 +40,9 @@ class DataConfig:
     synthetic_difficulty: float = 0.0
     subset_size: int = 350
     dirichlet_alpha: float = 0.5
-    partition: str = "device"
-    normalisation: str = "cifar"
-    train_split: str = "all"
+    partition: Partition = "device"
+    normalisation: Normalisation = "cifar"
+    train_split: TrainSplit = "all"
 
     def __post_init__(self) -> None:
         check_positive({"--subset-size": self.subset_size, "--synthetic-size": self.synthetic_size})
