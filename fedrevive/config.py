@@ -55,11 +55,11 @@ class FedReviveConfig:
             client's first two models with Gaussian noise (probe_samples, probe_temperature).
         num_classes: classes the generator synthesises (the data's).
         stabilize_losses: reject a non-finite feature, one-hot, adversarial or KD loss, or one above 3x the mean
-            of its last (up to) 20 accepted values, as both references do (``fedrevive.stabilize``); a rejected
+            of its last (up to) 20 accepted values, as both references do (fedrevive.stabilize); a rejected
             loss counts as 0 and never enters its window.
         server_flip: the server's crop-and-flip of synthetic images (synthesis and distillation) also mirrors them,
             as both references do; off: crop only, for data whose classes are not mirror-symmetric (the devices'
-            ``--augment`` is off there too).
+            --augment is off there too).
     """
 
     s_max: float = 75.0

@@ -25,12 +25,12 @@ class DataConfig:
         CIFAR-10's range, ``benchmarks/calibrate_synthetic.py``), for the synthetic dataset.
     subset_size: training samples each device holds.
     dirichlet_alpha: label skew of each device's samples (Dirichlet concentration); <= 0 means IID.
-    partition: how Dirichlet counts become samples: ``device`` (a multinomial per device, drawn alone) or
-        ``references`` (the FedRevive references' rounded counts and class pools dealt in order;
-        ``processors.data.partition``).
-    normalisation: the built-in sources' per-channel std: ``cifar`` (CIFAR-10's own) or ``references`` (the FedRevive
+    partition: how Dirichlet counts become samples: device (a multinomial per device, drawn alone) or
+        references (the FedRevive references' rounded counts and class pools dealt in order;
+        processors.data.partition).
+    normalisation: the built-in sources' per-channel std: cifar (CIFAR-10's own) or references (the FedRevive
         references' (0.2023, 0.1994, 0.2010)).
-    train_split: ``all`` training images, or ``references``: the seeded 37,500 of CIFAR-10's 50,000 the FedRevive
+    train_split: all training images, or references: the seeded 37,500 of CIFAR-10's 50,000 the FedRevive
         references train on (3/4 of any other dataset's).
     """
 
