@@ -26,11 +26,13 @@ class FedReviveStrategy(BufferedMean):
     """Args:
     global_lr: server learning rate.
     fedrevive: ``FedReviveConfig.to_dict()``.
+    image_std: the per-channel std the data is standardised with, so generated images are too (None: CIFAR-10's).
     """
 
-    def __init__(self, global_lr: float = 1.0, fedrevive: dict | None = None):
+    def __init__(self, global_lr: float = 1.0, fedrevive: dict | None = None, image_std: list[float] | None = None):
         super().__init__(global_lr)
         self.fedrevive = fedrevive or {}
+        self.image_std = image_std
         self.distiller: FedReviveDistiller | None = None
         self._log: JsonlWriter | None = None
         self._log_lines = 0
@@ -40,7 +42,11 @@ class FedReviveStrategy(BufferedMean):
         super().setup(context)
         cfg = FedReviveConfig(**self.fedrevive)
         self.distiller = FedReviveDistiller(
-            cfg, lambda: build_model(context.model), resolve_device(context.compute_device), context.seed
+            cfg,
+            lambda: build_model(context.model),
+            resolve_device(context.compute_device),
+            context.seed,
+            None if self.image_std is None else tuple(self.image_std),
         )
         self._log = JsonlWriter(os.path.join(context.results_dir, LOG_FILE))
 

@@ -21,6 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from fedrevive import FedReviveConfig, FedReviveDistiller  # noqa: E402
@@ -36,7 +37,8 @@ def per_update_seconds(cfg: FedReviveConfig, model: str, repeats: int, device: t
     for k in range(cfg.teacher_buffer_size):
         torch.manual_seed(k)
         weights = {n: v.detach().numpy() for n, v in build_model(model).state_dict().items()}
-        distiller.observe_client_model(f"client-{k}", weights)
+        counts = np.ones(cfg.num_classes)  # "true" proportions need a label histogram; the cost ignores it
+        distiller.observe_client_model(f"client-{k}", weights, counts)
     global_weights = {n: v.detach().numpy() for n, v in build_model(model).state_dict().items()}
     teachers = list(distiller.teachers)
     weights = distiller.teachers.class_weights(distiller.estimator)
@@ -65,6 +67,7 @@ def main() -> None:
     p.add_argument("--model", default="cifar10_convnet")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--no-previous", action="store_true", help="time the given configuration only")
     for f in dataclasses.fields(FedReviveConfig):
         p.add_argument(f"--fr-{f.name.replace('_', '-')}", dest=f.name, type=type(f.default), default=f.default)
     args = p.parse_args()
@@ -74,11 +77,13 @@ def main() -> None:
         f"{args.model}, {cfg.teacher_buffer_size} teachers, KD {cfg.kd_iters} x {cfg.synth_per_teacher} per "
         f"teacher, {torch.get_num_threads()} torch threads"
     )
-    print("previous round shape and schedule (every update):")
-    before = per_update_seconds(dataclasses.replace(cfg, **PREVIOUS_SHAPE), args.model, args.repeats, device)
+    if not args.no_previous:
+        print("previous round shape and schedule (every update):")
+        before = per_update_seconds(dataclasses.replace(cfg, **PREVIOUS_SHAPE), args.model, args.repeats, device)
     print("this configuration:")
     now = per_update_seconds(cfg, args.model, args.repeats, device)
-    print(f"per stale update: {before / now:.1f}x less server time than the previous shape and schedule")
+    if not args.no_previous:
+        print(f"per stale update: {before / now:.1f}x less server time than the previous shape and schedule")
 
 
 if __name__ == "__main__":

@@ -5,13 +5,20 @@ Every (method, seed) is one ``jobs/pt_job_fedrevive.py --method M --seed S --max
 process and results folder: each method gets the same simulated time (updates arriving later are not applied) and
 makes as many versions as it can within it. Two scales:
 
-* ``paper``: CIFAR-10, the paper's ResNet-18 (statistic trackers, no normalisation), 1,000 devices x 350
-  samples, Dirichlet 0.5, K = 100, Adam 3e-4 for 25 x 32 with the references' crop-and-flip augmentation, the
-  paper's delays, 200 time units. It needs CIFAR-10 under ``--data-root`` and a GPU.
+* ``paper``: the run behind NVIDIA's table (R2's README, seed 10: FedAvg 0.402, FedBuff 0.611, FedRevive 0.761
+  after 200 time units), in R2's "continuous" mode: FedRevive synthesises on every eligible stale update
+  (``--fr-synth-every-versions 1``) with the devices' true class proportions. CIFAR-10 on the references' data
+  (their std, their 37,500 training images, their rounded Dirichlet counts dealt from class pools), the paper's
+  ResNet-18 (statistic trackers, no normalisation), 1,000 devices x 350 samples, Dirichlet 0.5, K = 100, Adam 3e-4
+  for 25 x 32 with the references' crop-and-flip augmentation, the paper's delays, 200 time units. It needs
+  CIFAR-10 under ``--data-root`` and a GPU. ``--variant paper-aligned`` is R2's other mode: synthesis every 10
+  versions with estimated class proportions (64 probe images, R2's count).
 * ``cpu``: the calibrated hard generated data (``--synthetic-difficulty 1``), cifar10_convnet, 2 x 100 devices x
   100 samples, K = 20, 25 local Adam steps at 1e-3 (the paper's 3e-4 learned nothing within the budget), the
   paper's delays, 40 time units (about 10 minutes per seed on 2 cores, most of it FedRevive's server work);
-  FedRevive at its paper defaults except ``s_max`` = 75 x K / 100 (staleness grows with the devices in flight).
+  FedRevive at its defaults except ``s_max`` = 75 x K / 100 (staleness grows with the devices in flight): true
+  class proportions with synthesis every 10 versions, a mode of neither reference (R2 pairs 10 with estimated
+  proportions), kept so the cpu table stays comparable with earlier rounds and 10x cheaper on 2 cores.
   Without the references' crop-and-flip augmentation: the generated classes are not mirror-symmetric, and a
   mirrored sample is no sample of its class (centralised, 400 steps: test accuracy 0.55 without, 0.29 with).
 
@@ -24,7 +31,12 @@ after ``--`` is passed to every run and wins. Writes to ``--output``: ``results.
 std over seeds of the final and best accuracy, and the simulated time to reach 0.5 / 0.6 / 0.7, with how many
 seeds reached it), ``accuracy_vs_simtime.png`` (mean with a +-1 std band), ``staleness.png`` (tau of every applied
 update per method, and FedRevive's beta), ``commands.txt``, and one folder per run. A run whose folder already
-holds a finished ``metrics.json`` is not run again: an interrupted sweep continues where it stopped.
+holds a finished ``metrics.json`` is not run again, and one interrupted after a checkpoint continues from it
+(``--resume``): an interrupted sweep continues where it stopped.
+
+``--dry-run`` runs nothing: it prints each run's command and the FedRevive settings the job resolves from it, and
+with ``--trace`` computes each run's event trace (the job's own ``--dry-run``) and counts the versions and stale
+updates within the budget, the inputs of a GPU-hour estimate (``GPU_FIX_NOTES.md``).
 
     python benchmarks/reproduce_fedrevive.py --scale cpu --seeds 0,1,2
 """
@@ -41,6 +53,11 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # benchmarks.r2_table, jobs, when the project is not installed
+
+from benchmarks.r2_table import beside_r2, trace_counts  # noqa: E402
+from common.result_files import EVENTS, METRICS  # noqa: E402
+
 METHODS = ("fedavg", "fedbuff", "fedrevive")
 THRESHOLDS = (0.5, 0.6, 0.7)
 MANY_VERSIONS = 1_000_000  # the time budget ends a run, not a version count
@@ -51,8 +68,17 @@ SCALES = {
         "flags": (
             "--dataset cifar10 --model resnet18 --num-leaf-nodes 4 --devices-per-leaf 250 --device-selection-size 100 "
             "--subset-size 350 --dirichlet-alpha 0.5 --local-iters 25 --local-batch-size 32 --local-lr 3e-4 "
-            "--optimizer adam --delays paper --augment --eval-frequency 10 --eval-backlog wait"
+            "--optimizer adam --delays paper --augment --eval-frequency 10 --eval-backlog wait "
+            "--partition references --normalisation references --train-split references"
         ).split(),
+        # R2's continuous mode, the one its table was made in: every eligible stale update, true proportions
+        "method_flags": {"fedrevive": ["--fr-synth-every-versions", "1", "--fr-class-proportions", "true"]},
+        "variants": {
+            # R2's paper-aligned mode: generation every 10 versions, proportions probed on the server
+            "paper-aligned": {
+                "fedrevive": "--fr-synth-every-versions 10 --fr-class-proportions estimate --fr-probe-samples 64".split()
+            },
+        },
     },
     "cpu": {
         "budget": 40.0,
@@ -96,6 +122,15 @@ def summary_row(method: str, runs: list[list[dict]]) -> dict:
     return row
 
 
+def resolved_config(cmd: list[str]):
+    """The ``JobConfig`` a job command resolves to (its flags through the job's own parser), without running it."""
+    sys.path.insert(0, REPO)
+    from jobs.cli import build_parser, config_from_args
+
+    args = build_parser("reproduce_fedrevive", method_choice=True).parse_args(cmd[2:])
+    return config_from_args(args, args.method, presets=True)
+
+
 def markdown(rows: list[dict]) -> str:
     columns = list(rows[0])
     lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
@@ -115,9 +150,11 @@ def on_grid(records: list[dict], grid: list[float]) -> list[float | None]:
 
 
 # -- running --------------------------------------------------------------------------------------------------
-def job_command(method: str, seed: int, scale: str, budget: float, out: str, extra: list[str]) -> list[str]:
-    """One run's command: the scale's flags, the method's own ones at this scale (a synchronous method evaluates
-    every version), the budget, then ``extra``."""
+def job_command(
+    method: str, seed: int, scale: str, budget: float, out: str, extra: list[str], variant: str = ""
+) -> list[str]:
+    """One run's command: the scale's flags, the method's own ones at this scale and in ``variant`` (later flags
+    win), a synchronous method's evaluation of every version, the budget, then ``extra``."""
     sys.path.insert(0, REPO)  # jobs.methods, when the project is not installed
     from jobs.methods import method_of
 
@@ -131,6 +168,7 @@ def job_command(method: str, seed: int, scale: str, budget: float, out: str, ext
         str(seed),
         *SCALES[scale]["flags"],
         *SCALES[scale].get("method_flags", {}).get(method, []),
+        *(SCALES[scale]["variants"][variant].get(method, []) if variant else []),
         *every_version,
         "--max-sim-time",
         str(budget),
@@ -169,6 +207,15 @@ def finished(metrics_path: str) -> bool:
             return json.load(f).get("outcome", {}).get("status") == "completed"
     except (OSError, ValueError):
         return False
+
+
+def resume_flags(out: str) -> list[str]:
+    """``--resume OUT`` for a run that was interrupted after its first checkpoint, else nothing."""
+    sys.path.insert(0, REPO)
+    from scheduling.checkpoint import state_path
+
+    checkpointed = os.path.exists(os.path.join(out, METRICS)) and os.path.exists(state_path(out))
+    return ["--resume", out] if checkpointed else []
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -221,9 +268,20 @@ def plot(
     plt.close(fig)
 
 
+def dry_run_one(method: str, seed: int, cmd: list[str], budget: float, out: str, trace: bool) -> None:
+    """``--dry-run``: print the command and the settings it resolves to; with ``trace``, the job's own dry run
+    (its event trace, on generated data: the schedule does not depend on the images) and its counts."""
+    cfg = resolved_config(cmd)
+    print(f"[reproduce] {method} seed {seed}: {shlex.join(cmd)}")
+    settings = cfg.method_settings.to_dict() if cfg.method_settings is not None else {}
+    print(json.dumps({"data": cfg.data.to_dict(), "federation": cfg.federation.to_dict(), method: settings}))
+    if trace:
+        os.makedirs(out, exist_ok=True)
+        subprocess.run([*cmd, "--dry-run", "--dataset", "synthetic"], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+        print(f"[reproduce] {method} seed {seed} trace: {json.dumps(trace_counts(os.path.join(out, EVENTS), budget))}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    sys.path.insert(0, REPO)  # the result files' names, when the project is not installed
-    from common.result_files import EVENTS, METRICS
     from fedrevive.config import LOG_FILE as FEDREVIVE_LOG
 
     argv = sys.argv[1:] if argv is None else argv
@@ -239,7 +297,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--budget", type=float, default=None, help="simulated time units (default: the scale's)")
     p.add_argument("--output", default="", help="results folder (default: a new temporary one)")
+    p.add_argument("--variant", default="", help="a named variant of the scale (paper: paper-aligned)")
+    p.add_argument("--dry-run", action="store_true", help="print each run's command and settings; run nothing")
+    p.add_argument("--trace", action="store_true", help="with --dry-run: count each run's versions and updates")
     args = p.parse_args(argv)
+    if args.variant and args.variant not in SCALES[args.scale].get("variants", {}):
+        p.error(
+            f"--variant {args.variant}: the {args.scale} scale has {sorted(SCALES[args.scale].get('variants', {}))}"
+        )
     seeds = [int(s) for s in args.seeds.split(",")]
     methods = [m for m in args.methods.split(",") if m]
     try:
@@ -258,8 +323,11 @@ def main(argv: list[str] | None = None) -> int:
             for option in methods:
                 method = labels[option]
                 out = os.path.join(output, f"{method}-seed{seed}", "out")
-                cmd = job_command(option, seed, args.scale, budget, out, extra)
+                cmd = job_command(option, seed, args.scale, budget, out, extra, args.variant)
                 commands.write(shlex.join(cmd) + "\n")
+                if args.dry_run:
+                    dry_run_one(method, seed, cmd, budget, out, args.trace)
+                    continue
                 metrics_path = os.path.join(out, METRICS)
                 started, code = time.time(), 0
                 if finished(metrics_path):
@@ -267,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     print(f"[reproduce] {method} seed {seed} ...", flush=True)
                     os.makedirs(os.path.dirname(out), exist_ok=True)
-                    with open(os.path.join(os.path.dirname(out), "job.log"), "w") as log:
+                    cmd += resume_flags(out)  # an interrupted run continues from its last checkpoint
+                    with open(os.path.join(os.path.dirname(out), "job.log"), "a") as log:
                         code = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
                 if not os.path.exists(metrics_path):
                     print(f"[reproduce] {method} seed {seed} wrote no metrics.json (exit {code}); see its job.log")
@@ -284,9 +353,16 @@ def main(argv: list[str] | None = None) -> int:
                     f"{last.get('accuracy')}, {time.time() - started:.0f} s",
                     flush=True,
                 )
-    table = markdown([summary_row(labels[m], curves[labels[m]]) for m in methods])
+    if args.dry_run:
+        return 0
+    rows = [summary_row(labels[m], curves[labels[m]]) for m in methods]
+    table = markdown(rows)
+    if args.scale == "paper" and beside_r2(rows):  # the comparison the paper scale exists for
+        table += f"\nBeside R2's table (one run, its seed 10; ours: mean +- std over seeds {args.seeds})\n\n"
+        table += markdown(beside_r2(rows))
+    variant = f", variant {args.variant}" if args.variant else ""
     with open(os.path.join(output, "results.md"), "w") as f:
-        f.write(f"{args.scale} scale, budget {budget:g} time units, seeds {args.seeds}\n\n{table}")
+        f.write(f"{args.scale} scale{variant}, budget {budget:g} time units, seeds {args.seeds}\n\n{table}")
     plot(curves, budget, staleness, betas, output)
     print(table)
     print(f"[reproduce] results in {output}")

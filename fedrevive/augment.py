@@ -15,14 +15,17 @@ import torch.nn.functional as F
 PADDING = 4
 
 
-def crop_and_flip(images: torch.Tensor, generator: torch.Generator, padding: int = PADDING) -> torch.Tensor:
+def crop_and_flip(
+    images: torch.Tensor, generator: torch.Generator, padding: int = PADDING, flip: bool = True
+) -> torch.Tensor:
     """Each image of the N x C x H x W batch reflect-padded by ``padding``, cropped back to H x W at a random
-    offset, and mirrored left-right with probability 1/2."""
+    offset, and mirrored left-right with probability 1/2 (``flip`` False: never; the draws are the same, so the
+    generator's stream does not depend on it)."""
     n, c, h, w = images.shape
     padded = F.pad(images, (padding, padding, padding, padding), mode="reflect")
     dy = torch.randint(0, 2 * padding + 1, (n, 1), generator=generator)
     dx = torch.randint(0, 2 * padding + 1, (n, 1), generator=generator)
-    flip = torch.rand(n, 1, generator=generator) < 0.5
+    flip = (torch.rand(n, 1, generator=generator) < 0.5) & flip
     rows = dy + torch.arange(h)
     cols = dx + torch.arange(w)
     cols = torch.where(flip, cols.flip(1), cols)

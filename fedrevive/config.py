@@ -16,9 +16,11 @@ LOG_FILE = "fedrevive_log.jsonl"
 class FedReviveConfig:
     """Hyperparameters of FedRevive (Askin et al., arXiv 2511.00655).
 
-    Defaults follow the authors' code (R1, ``research/fed-revive/codes``) and NVIDIA's port (NVFlare PR 5274) in
-    the paper's main setting; ``synth_every_versions`` = 10 is that setting's generator schedule (the authors'
-    simulator synthesises on every stale update: 1). Each field is a ``--fr-*`` flag of the jobs.
+    Defaults follow the authors' code (R1, ``research/fed-revive/codes``) and NVIDIA's port (R2,
+    ``research/fedrevive``) except ``synth_every_versions`` = 10: R2's "paper-aligned" interval, which R2 pairs with
+    estimated proportions, while R1, R2's default and R2's table run synthesise on every stale update (1, what
+    ``reproduce_fedrevive.py --scale paper`` sets; ``docs/fedrevive-differences.md``). Each field is a ``--fr-*``
+    flag of the jobs.
 
     Attributes:
         s_max: staleness scale of the blend beta(tau) = 1 - 0.5 (1 + cos(pi tau / (2 s_max))), clipped to [0, 1].
@@ -30,7 +32,7 @@ class FedReviveConfig:
         synth_per_teacher: pool images per teacher in a KD step, labels drawn from its class proportions.
         synth_batch_size: images generated per synthesis round; the round's best batch joins the pool.
         synth_every_versions: synthesise at versions that are multiples of this (stale updates only; 1: every
-            stale update, as the authors' simulator).
+            stale update, as R1 and R2's table run; 10: R2's paper-aligned interval).
         gen_noise_dim: the generator's noise dimension.
         gen_width: the generator's channels at 32x32 (twice that at 8x8 and 16x16; the reference's ngf).
         gen_class_weight: the generator's input is z + gen_class_weight * e_y.
@@ -54,6 +56,12 @@ class FedReviveConfig:
             updates (as the authors' code and NVIDIA's port by default); estimate, the server's probe of the
             client's first two models with Gaussian noise (probe_samples, probe_temperature).
         num_classes: classes the generator synthesises (the data's).
+        stabilize_losses: reject a non-finite feature, one-hot, adversarial or KD loss, or one above 3x the mean
+            of its last (up to) 20 accepted values, as both references do (fedrevive.stabilize); a rejected
+            loss counts as 0 and never enters its window.
+        server_flip: the server's crop-and-flip of synthetic images (synthesis and distillation) also mirrors them,
+            as both references do; off: crop only, for data whose classes are not mirror-symmetric (the devices'
+            --augment is off there too).
     """
 
     s_max: float = 75.0
@@ -82,6 +90,8 @@ class FedReviveConfig:
     warmup_blend: WarmupBlend = "zero"
     class_proportions: ClassProportions = "true"
     num_classes: int = 10
+    stabilize_losses: bool = True
+    server_flip: bool = True
 
     def __post_init__(self) -> None:
         if self.s_max <= 0:

@@ -16,8 +16,8 @@ Phases, by the current global version v (an update's staleness is tau = v - base
 * ``no-teachers`` / ``empty-pool``: nothing to distil from yet; the update passes through unchanged.
 
 A synthesis round (``fedrevive.synthesis``) runs for a stale update (tau > 0) from ``distill_from_version`` on, at
-versions that are multiples of ``synth_every_versions`` (10: the paper's main setting; 1: every stale update, as
-the authors' simulator). Its adversarial term is on from ``kd_train_from_version``.
+versions that are multiples of ``synth_every_versions`` (10: R2's paper-aligned interval; 1: every stale update,
+as R1 and R2's table run). Its adversarial term is on from ``kd_train_from_version``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from fedrevive.augment import crop_and_flip
+from fedrevive.augment import PADDING, crop_and_flip
 from fedrevive.config import FedReviveConfig
 from fedrevive.staleness import beta as staleness_beta
 from fedrevive.staleness import blend_update
@@ -44,9 +44,11 @@ def kd_step(
     batches: list[tuple[Teacher, torch.Tensor]],
     optimizer: torch.optim.Optimizer,
     temperature: float,
+    stabilize: Callable[[torch.Tensor, str], torch.Tensor] | None = None,
 ) -> float:
     """One distillation step: each teacher on its own batch, KL(teacher || student) summed over all samples and
-    divided by their number; returns that loss before the step."""
+    divided by their number; returns that loss before the step. ``stabilize`` (``LossStabilizer``) may reject the
+    loss: it becomes 0 and the step still runs, as in both references."""
     total = sum(images.shape[0] for _, images in batches)
     loss = None
     for teacher, images in batches:
@@ -55,6 +57,8 @@ def kd_step(
         kl = per_sample_kl(teacher_logits, student(images), temperature).sum()
         loss = kl if loss is None else loss + kl
     loss = loss / total
+    if stabilize is not None:
+        loss = stabilize(loss, "kd")
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
@@ -65,7 +69,12 @@ class FedReviveDistiller:
     """Server-side state of FedRevive: teacher buffer, proportion estimates, generator and synthetic pool."""
 
     def __init__(
-        self, cfg: FedReviveConfig, model_builder: Callable[[], nn.Module], device: torch.device, seed: int = 0
+        self,
+        cfg: FedReviveConfig,
+        model_builder: Callable[[], nn.Module],
+        device: torch.device,
+        seed: int = 0,
+        image_std: tuple[float, ...] | None = None,
     ):
         self.cfg = cfg
         self.model_builder = model_builder
@@ -74,7 +83,7 @@ class FedReviveDistiller:
         self.teachers = TeacherBuffer(cfg.teacher_buffer_size, model_builder, device)
         self.estimator = ProportionEstimator(cfg.num_classes, cfg.probe_temperature)
         self.parameter_names = frozenset(name for name, _ in model_builder().named_parameters())
-        self.synthesizer = Synthesizer(cfg, device, seed)
+        self.synthesizer = Synthesizer(cfg, device, seed, image_std)
         # One fixed probe batch: estimates of different clients are then comparable, and conv-mode teachers
         # get their feature-statistics reference from the same Gaussian noise (normalised image space).
         self.probe_noise = torch.randn(cfg.probe_samples, 3, 32, 32, generator=self.rng).to(device)
@@ -164,6 +173,8 @@ class FedReviveDistiller:
         elif phase == "distill":
             delta_kd, losses = self.distill(global_model, global_weights, teachers, proportions)
             info.update(beta=b, kd_loss_first=losses[0], kd_loss_last=losses[-1])
+        if self.synthesizer.stabilize.rejected:  # only then: a run without rejections keeps its log's bits
+            info["rejected_losses"] = dict(self.synthesizer.stabilize.rejected)
         info["kd_seconds"] = time.perf_counter() - start
         if warmup_zero:
             return self._warmup_blend(delta, b, info)
@@ -191,12 +202,13 @@ class FedReviveDistiller:
         student.eval()
         optimizer = torch.optim.Adam(student.parameters(), lr=self.cfg.kd_lr, weight_decay=self.cfg.kd_weight_decay)
         pool, losses = self.synthesizer.pool, []
+        flips = (self.rng, PADDING, self.cfg.server_flip)
         for _ in range(self.cfg.kd_iters):
             batches = [
-                (t, crop_and_flip(pool.sample_for(proportions[k], self.cfg.synth_per_teacher, self.rng)[0], self.rng))
+                (t, crop_and_flip(pool.sample_for(proportions[k], self.cfg.synth_per_teacher, self.rng)[0], *flips))
                 for k, t in enumerate(teachers)
             ]
-            losses.append(kd_step(student, batches, optimizer, self.cfg.kd_temperature))
+            losses.append(kd_step(student, batches, optimizer, self.cfg.kd_temperature, self.synthesizer.stabilize))
         reference = {k: v for k, v in global_weights.items() if k in dict(student.named_parameters())}
         return parameter_delta(student, reference), losses or [float("nan")]
 

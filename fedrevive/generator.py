@@ -19,7 +19,9 @@ class ConditionalGenerator(nn.Module):
     """(noise + class-weight x class embedding) -> 8x8 -> 16x16 -> 32x32 image. ``width`` is the reference's
     ``ngf`` (128): channels at 32x32; twice that at 8x8 and 16x16."""
 
-    def __init__(self, noise_dim: int = 256, num_classes: int = 10, width: int = 128):
+    def __init__(
+        self, noise_dim: int = 256, num_classes: int = 10, width: int = 128, std: tuple[float, ...] | None = None
+    ):
         super().__init__()
         self.noise_dim = noise_dim
         self.num_classes = num_classes
@@ -39,7 +41,8 @@ class ConditionalGenerator(nn.Module):
             nn.Sigmoid(),
         )
         self.register_buffer("mean", torch.tensor(CIFAR_MEAN).view(1, 3, 1, 1))
-        self.register_buffer("std", torch.tensor(CIFAR_STD).view(1, 3, 1, 1))
+        # the data's std (``--normalisation``): generated images must be standardised as the devices' are
+        self.register_buffer("std", torch.tensor(std or CIFAR_STD).view(1, 3, 1, 1))
 
     def forward(
         self, z: torch.Tensor, labels: torch.Tensor, class_embeddings: torch.Tensor, class_weight: float = 0.2

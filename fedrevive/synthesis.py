@@ -15,7 +15,8 @@ Generator loss, teachers weighted per sample by w_k(y) = q_k(y) / sum_t q_t(y), 
     sum_k w_k CE(T_k(x), y) + bn_weight * sum_k mean(w_k) * feature-statistics mismatch_k
     - adv_weight * sum_k w_k KL(T_k(x) || S(x)) [argmax S(x) == argmax T_k(x)]
 The adversarial term (only where student and teacher agree, so it seeks the student's blind spots without pushing
-images off the teachers' classes) is on from ``kd_train_from_version``, as in NVIDIA's port.
+images off the teachers' classes) is on from ``kd_train_from_version``, as in NVIDIA's port. Each of the three terms
+(and the distillation loss) passes the references' loss stabilisation first (``fedrevive.stabilize``).
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fedrevive.augment import crop_and_flip
+from fedrevive.augment import PADDING, crop_and_flip
 from fedrevive.config import FedReviveConfig
 from fedrevive.feature_stats import FeatureStats
 from fedrevive.generator import ConditionalGenerator
+from fedrevive.stabilize import LossStabilizer
 from fedrevive.teachers import Teacher
 
 
@@ -113,15 +115,20 @@ class SynthesisResult:
 class Synthesizer:
     """Persistent generator, its meta-optimizer and the pool; ``synthesize`` runs one round and fills the pool."""
 
-    def __init__(self, cfg: FedReviveConfig, device: torch.device, seed: int = 0):
+    def __init__(
+        self, cfg: FedReviveConfig, device: torch.device, seed: int = 0, image_std: tuple[float, ...] | None = None
+    ):
         self.cfg = cfg
         self.device = device
         with torch.random.fork_rng(devices=[]):  # seeded init without disturbing the caller's RNG
             torch.manual_seed(seed)
-            self.generator = ConditionalGenerator(cfg.gen_noise_dim, cfg.num_classes, cfg.gen_width).to(device)
+            self.generator = ConditionalGenerator(cfg.gen_noise_dim, cfg.num_classes, cfg.gen_width, image_std)
+            self.generator.to(device)
         self.meta_optimizer = torch.optim.Adam(self.generator.parameters(), lr=cfg.gen_meta_lr, betas=(0.5, 0.999))
         self.pool = SyntheticPool(cfg.pool_size)
         self.rng = torch.Generator().manual_seed(seed)
+        # one per server: the four losses' windows span synthesis rounds and KD steps, as in both references
+        self.stabilize = LossStabilizer(cfg.stabilize_losses)
 
     def state_dict(self) -> dict:
         return {
@@ -129,6 +136,7 @@ class Synthesizer:
             "meta_optimizer": self.meta_optimizer.state_dict(),
             "pool": self.pool.state_dict(),
             "rng": self.rng.get_state(),
+            "stabilizer": self.stabilize.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -136,6 +144,7 @@ class Synthesizer:
         self.meta_optimizer.load_state_dict(state["meta_optimizer"])
         self.pool.load_state_dict(state["pool"])
         self.rng.set_state(state["rng"])
+        self.stabilize.load_state_dict(state.get("stabilizer", {}))  # checkpoints before it: empty windows
 
     def generator_loss(
         self,
@@ -156,7 +165,10 @@ class Synthesizer:
             teacher_logits.append(logits)
             ce = ce + (sample_weights[k] * F.cross_entropy(logits, labels, reduction="none")).mean()
             stat_loss = stat_loss + sample_weights[k].mean() * fs.loss()
-        loss = ce + self.cfg.bn_weight * stat_loss
+        # each term stabilised as the references do: a term whose weight is 0 is neither used nor tracked
+        if self.cfg.bn_weight > 0:
+            stat_loss = self.stabilize(stat_loss, "feature")
+        loss = self.stabilize(ce, "one_hot") + self.cfg.bn_weight * stat_loss
         if student is not None and self.cfg.adv_weight > 0:
             student_logits = student(images)
             agree_with = student_logits.argmax(dim=1)
@@ -165,6 +177,9 @@ class Synthesizer:
                 agree = (logits.argmax(dim=1) == agree_with).float()
                 kl = per_sample_kl(logits, student_logits, self.cfg.kd_temperature)
                 adversarial = adversarial + (sample_weights[k] * kl * agree).mean()
+            # the references stabilise the signed term, -KL (<= 0): its window mean is never positive, so only a
+            # non-finite value is rejected (negation is exact, so an accepted term keeps its bits)
+            adversarial = -self.stabilize(-adversarial, "adversarial")
             loss = loss - self.cfg.adv_weight * adversarial
         return loss
 
@@ -190,7 +205,8 @@ class Synthesizer:
         best: SynthesisResult | None = None
         for _ in range(max(1, cfg.gen_adapt_steps)):
             images = fast(z, labels, embeddings, cfg.gen_class_weight)
-            loss = self.generator_loss(crop_and_flip(images, self.rng), labels, teachers, class_weights, student)
+            augmented = crop_and_flip(images, self.rng, PADDING, cfg.server_flip)
+            loss = self.generator_loss(augmented, labels, teachers, class_weights, student)
             if best is None or loss.item() < best.loss:
                 best = SynthesisResult(images.detach(), labels, loss.item())
             optimizer.zero_grad(set_to_none=True)

@@ -38,6 +38,7 @@ from common.imports import import_object, import_path
 from common.protocol import LABEL_COUNTS
 from fedrevive.config import LOG_FILE as FEDREVIVE_LOG
 from fedrevive.config import FedReviveConfig
+from processors.data.sources import NORMALISATIONS
 
 
 class Method:
@@ -224,7 +225,10 @@ class FedRevive(Method):
     result_files = (FEDREVIVE_LOG,)
 
     def strategy_args(self, cfg: Any) -> dict:
-        return super().strategy_args(cfg) | {"fedrevive": cfg.method_settings.to_dict()}
+        args = super().strategy_args(cfg) | {"fedrevive": cfg.method_settings.to_dict()}
+        if cfg.data.normalisation != "cifar":  # only then: a default run's job config keeps its bytes
+            args["image_std"] = list(NORMALISATIONS[cfg.data.normalisation][1])
+        return args
 
     def objective_args(self, cfg: Any) -> dict:
         """Its device hook's constructor arguments for this run (``cfg``: the ``JobConfig``)."""
@@ -238,8 +242,10 @@ class FedRevive(Method):
         return super().reports(cfg) + ((LABEL_COUNTS,) if cfg.method_settings.class_proportions == "true" else ())
 
     def settings_from_record(self, values: dict) -> Any:
-        # runs recorded before these settings existed passed warm-up updates whole and probed for proportions
-        return self.settings_from({"warmup_blend": "pass", "class_proportions": "estimate"} | values)
+        # runs recorded before these settings existed passed warm-up updates whole, probed for proportions and
+        # did not stabilise their losses
+        before = {"warmup_blend": "pass", "class_proportions": "estimate", "stabilize_losses": False}
+        return self.settings_from(before | values)
 
     def check_data(self, cfg: Any, dataset: Any) -> None:
         if dataset.input_shape != (3, 32, 32) or dataset.mean is None:

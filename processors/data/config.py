@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 from common.choices import ConfigError, check_positive
 from processors.data.sources import BUILTIN_DATASETS, DatasetError, DatasetSpec
+
+Partition = Literal["device", "references"]  # processors.data.partition.PARTITIONS
+Normalisation = Literal["cifar", "references"]  # processors.data.sources.NORMALISATIONS
+TrainSplit = Literal["all", "references"]  # processors.data.sources.TRAIN_SPLITS
 
 
 @dataclass(frozen=True)
@@ -20,6 +25,13 @@ class DataConfig:
         CIFAR-10's range, ``benchmarks/calibrate_synthetic.py``), for the synthetic dataset.
     subset_size: training samples each device holds.
     dirichlet_alpha: label skew of each device's samples (Dirichlet concentration); <= 0 means IID.
+    partition: how Dirichlet counts become samples: device (a multinomial per device, drawn alone) or
+        references (the FedRevive references' rounded counts and class pools dealt in order;
+        processors.data.partition).
+    normalisation: the built-in sources' per-channel std: cifar (CIFAR-10's own) or references (the FedRevive
+        references' (0.2023, 0.1994, 0.2010)).
+    train_split: all training images, or references: the seeded 37,500 of CIFAR-10's 50,000 the FedRevive
+        references train on (3/4 of any other dataset's).
     """
 
     dataset: str = "synthetic"
@@ -28,6 +40,9 @@ class DataConfig:
     synthetic_difficulty: float = 0.0
     subset_size: int = 350
     dirichlet_alpha: float = 0.5
+    partition: Partition = "device"
+    normalisation: Normalisation = "cifar"
+    train_split: TrainSplit = "all"
 
     def __post_init__(self) -> None:
         check_positive({"--subset-size": self.subset_size, "--synthetic-size": self.synthetic_size})
@@ -49,6 +64,8 @@ class DataConfig:
             self.synthetic_size,
             seed,
             self.synthetic_difficulty,
+            self.normalisation,
+            self.train_split,
         )
 
     def to_dict(self) -> dict:

@@ -1,17 +1,29 @@
-"""Which training samples a simulated device holds: Dirichlet non-IID or IID, drawn per device.
+"""Which training samples a simulated device holds: Dirichlet non-IID or IID. Two partitions:
 
-Each device's subset depends only on the run seed, the device's key and the dataset labels, so the same
-device gets the same data in every process and every run, without any shared state between leaves.
-Seeds come from SHA-256, never from Python's per-process salted ``hash()``.
+* ``device`` (the default): drawn per device. Class counts are a multinomial draw from the device's Dirichlet
+  proportions, and each class's samples a uniform draw from its pool; devices overlap at random.
+* ``references``: the references' shards (R2 ``data._split_dirichlet``, as R1): counts are the Dirichlet
+  proportions x the subset size, rounded (a positive remainder goes to a random class, a negative one comes off the
+  largest count), and each class pool is shuffled once and dealt out in order, reshuffled when the next count no
+  longer fits. So shards are disjoint until a pool runs out, and every image is used about equally often. The
+  references deal one sequence over all clients; here each device range (a leaf's ``site-1#0``, ``site-1#1``, ...)
+  deals its own, device ``#i`` getting shard ``i``, because a leaf process knows its own devices only.
+
+Either way a device's subset depends only on the run seed, the device's key and the dataset labels, so the same
+device gets the same data in every process and every run, without any state shared between leaves. Seeds come from
+SHA-256, never from Python's per-process salted ``hash()``.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 
 import numpy as np
 
 from common.seeds import stable_seed
+
+PARTITIONS = ("device", "references")
 
 
 @functools.lru_cache(maxsize=8)
@@ -27,12 +39,18 @@ def device_indices(
     dirichlet_alpha: float | None,
     seed: int,
     num_classes: int = 10,
+    partition: str = "device",
 ) -> np.ndarray:
     """Indices into the training set for one device.
 
     dirichlet_alpha None (or <= 0) means IID: a uniform sample without replacement. Otherwise class
-    proportions are drawn from Dirichlet(alpha) and samples drawn from each class's pool.
+    proportions are drawn from Dirichlet(alpha) and samples drawn from each class's pool (``partition``: how, see
+    the module docstring).
     """
+    if partition == "references" and dirichlet_alpha and dirichlet_alpha > 0:
+        return references_indices(labels, device_key, subset_size, dirichlet_alpha, seed, num_classes)
+    if partition not in PARTITIONS:
+        raise ValueError(f"--partition {partition!r}: use {' or '.join(PARTITIONS)}")
     rng = np.random.default_rng(stable_seed("partition", seed, device_key))
     n = len(labels)
     if not dirichlet_alpha or dirichlet_alpha <= 0:
@@ -45,3 +63,68 @@ def device_indices(
     counts = rng.multinomial(subset_size, proportions)
     chosen = [rng.choice(pools[c], size=k, replace=k > len(pools[c])) for c, k in enumerate(counts) if k > 0]
     return np.sort(np.concatenate(chosen))
+
+
+class _Dealer:
+    """One device range's shards, dealt in order from its shuffled class pools (R2's ``_split_dirichlet``)."""
+
+    def __init__(self, pools: tuple[np.ndarray, ...], subset_size: int, alpha: float, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.pools = [self.rng.permutation(p) for p in pools]
+        self.used = [0] * len(pools)
+        self.present = np.array([len(p) > 0 for p in pools])
+        self.subset_size = subset_size
+        self.alpha = alpha
+        self.shards: list[np.ndarray] = []
+        self.lock = threading.Lock()  # a leaf's worker threads share it; the shards never depend on who asks first
+
+    def shard(self, ordinal: int) -> np.ndarray:
+        with self.lock:
+            while len(self.shards) <= ordinal:
+                self.shards.append(self._deal())
+            return self.shards[ordinal]
+
+    def _deal(self) -> np.ndarray:
+        rng, n = self.rng, self.subset_size
+        proportions = np.zeros(len(self.pools))
+        # a class with no samples gets no share (the references' data has all ten)
+        proportions[self.present] = rng.dirichlet(np.full(self.present.sum(), self.alpha))
+        counts = np.round(proportions * n).astype(np.int64)
+        remainder = n - int(counts.sum())
+        if remainder > 0:  # the references add it to any class; here any class that has samples
+            counts[rng.choice(np.flatnonzero(self.present))] += remainder
+        while remainder < 0:
+            counts[int(np.argmax(counts))] -= 1
+            remainder += 1
+        chosen = []
+        for c, k in enumerate(counts):
+            pool = self.pools[c]
+            if k <= 0:
+                continue
+            if k > len(pool):  # a pool smaller than one count (tiny data): draw with replacement
+                chosen.append(rng.choice(pool, size=k, replace=True))
+                continue
+            if self.used[c] + k > len(pool):  # this pool is dealt out: reshuffle and start over
+                self.pools[c] = pool = rng.permutation(pool)
+                self.used[c] = 0
+            chosen.append(pool[self.used[c] : self.used[c] + k])
+            self.used[c] += int(k)
+        return np.concatenate(chosen)
+
+
+@functools.lru_cache(maxsize=64)
+def _dealer(labels_bytes: bytes, num_classes: int, stream: str, subset_size: int, alpha: float, seed: int) -> _Dealer:
+    pools = _class_pools(labels_bytes, num_classes)
+    return _Dealer(pools, subset_size, alpha, stable_seed("partition-references", seed, stream))
+
+
+def references_indices(
+    labels: np.ndarray, device_key: str, subset_size: int, dirichlet_alpha: float, seed: int, num_classes: int = 10
+) -> np.ndarray:
+    """The ``references`` partition's shard of ``device_key`` (module docstring): device ``PREFIX#i`` gets shard
+    ``i`` of ``PREFIX``'s sequence; a device without an index (a real one) gets the first shard of its own."""
+    prefix, _, index = device_key.rpartition("#")
+    stream, ordinal = (prefix, int(index)) if prefix and index.isdigit() else (device_key, 0)
+    labels_bytes = np.ascontiguousarray(labels, dtype=np.int64).tobytes()
+    dealer = _dealer(labels_bytes, num_classes, stream, subset_size, float(dirichlet_alpha), seed)
+    return np.sort(dealer.shard(ordinal))

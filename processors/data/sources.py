@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -30,6 +30,15 @@ IMAGE_SHAPE = (3, 32, 32)
 # CIFAR-10 channel statistics (on [0, 1] pixels), applied on the fly.
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
+# The std both FedRevive references standardise CIFAR-10 with (a widely copied value, not CIFAR-10's own): inputs
+# then come out 1 / 0.82 of ours (``--normalisation references``).
+REFERENCES_STD = (0.2023, 0.1994, 0.2010)
+NORMALISATIONS = {"cifar": (CIFAR_MEAN, CIFAR_STD), "references": (CIFAR_MEAN, REFERENCES_STD)}
+TRAIN_SPLITS = ("all", "references")
+# The references' split (R2 prepare_cifar10: random_split(train, [37500, 7500, 5000], seed 42)): devices draw
+# from the first three quarters of a seed-42 permutation (validation and KD parts are not used by either).
+REFERENCES_SPLIT_SEED = 42
+REFERENCES_TRAIN_FRACTION = 0.75
 
 
 class DatasetError(ValueError):
@@ -45,6 +54,8 @@ class DatasetSpec:
     synthetic_size: int = 20000  # training images for the synthetic source (test split is a fifth of it)
     seed: int = 0
     synthetic_difficulty: float = 0.0  # 0: the easy classes of make_synthetic; 1: the calibrated hard ones
+    normalisation: str = "cifar"  # the built-in sources' statistics: a key of NORMALISATIONS
+    train_split: str = "all"  # "references": the training images the references' devices draw from
 
     @property
     def kind(self) -> str:
@@ -114,8 +125,33 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
     return _load_cached(spec)
 
 
+def references_split(data: Dataset) -> Dataset:
+    """The training images the references' devices draw from: the first 3/4 of a seed-42 ``torch.randperm`` of
+    the training set, exactly R2's ``random_split(..., [37500, 7500, 5000], seed 42)`` train part for CIFAR-10.
+    The test split is unchanged (both references evaluate on the official test set)."""
+    n = data.x_train.shape[0]
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(REFERENCES_SPLIT_SEED))
+    keep = order[: int(n * REFERENCES_TRAIN_FRACTION)]
+    return replace(data, x_train=data.x_train[keep], y_train=data.y_train[keep])
+
+
 @functools.lru_cache(maxsize=4)
 def _load_cached(spec: DatasetSpec) -> Dataset:
+    data = _load_source(spec)
+    if spec.normalisation != "cifar":
+        if spec.normalisation not in NORMALISATIONS:
+            raise DatasetError(f"--normalisation {spec.normalisation!r}: use {' or '.join(NORMALISATIONS)}")
+        if spec.kind not in BUILTIN_DATASETS:  # a user's images are standardised with their own statistics
+            raise DatasetError(f"--normalisation {spec.normalisation} is for cifar10 and synthetic only")
+        data = replace(data, mean=NORMALISATIONS[spec.normalisation][0], std=NORMALISATIONS[spec.normalisation][1])
+    if spec.train_split != "all":
+        if spec.train_split not in TRAIN_SPLITS:
+            raise DatasetError(f"--train-split {spec.train_split!r}: use {' or '.join(TRAIN_SPLITS)}")
+        data = references_split(data)
+    return data
+
+
+def _load_source(spec: DatasetSpec) -> Dataset:
     kind = spec.kind
     if kind == "synthetic":
         return cached_synthetic(

@@ -116,3 +116,55 @@ def test_harder_synthetic_data_brings_the_classes_together():
         make_synthetic(200, 100, 0, difficulty=1.5)
     with pytest.raises(ConfigError, match="synthetic-difficulty"):
         DataConfig(synthetic_difficulty=-0.1)
+
+
+def test_references_normalisation_uses_their_std_and_scales_inputs_up():
+    from processors.data.sources import CIFAR_MEAN, REFERENCES_STD, load_dataset
+
+    ours = load_dataset(DatasetSpec("synthetic", synthetic_size=200, seed=1))
+    theirs = load_dataset(DatasetSpec("synthetic", synthetic_size=200, seed=1, normalisation="references"))
+    assert theirs.std == (0.2023, 0.1994, 0.2010) == REFERENCES_STD and theirs.mean == CIFAR_MEAN == ours.mean
+    x = ours.x_train[:4]
+    assert torch.equal(theirs.x_train, ours.x_train)  # the images are the same; only standardising differs
+    # per channel, (x - m) / s_refs = (x - m) / s_ours * s_ours / s_refs
+    ratio = theirs.prepare(x) / ours.prepare(x)
+    expected = torch.tensor(ours.std) / torch.tensor(REFERENCES_STD)
+    for c in range(3):
+        finite = ratio[:, c][ours.prepare(x)[:, c].abs() > 1e-3]
+        assert torch.allclose(finite, expected[c].expand_as(finite), rtol=1e-4)
+    assert expected.tolist() == pytest.approx([1.221, 1.221, 1.301], abs=1e-3)  # ours: 0.82, 0.82, 0.77 of theirs
+
+
+def test_references_normalisation_is_refused_for_a_users_data(tmp_path):
+    path = tmp_path / "d.npz"
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 255, (20, 3, 8, 8), dtype=np.uint8)
+    np.savez(path, x_train=x, y_train=np.arange(20) % 2, x_test=x, y_test=np.arange(20) % 2)
+    from processors.data.sources import load_dataset
+
+    with pytest.raises(DatasetError, match="cifar10 and synthetic only"):
+        load_dataset(DatasetSpec(str(path), normalisation="references"))
+
+
+def test_references_train_split_is_r2s_random_split_train_part():
+    from torch.utils.data import random_split
+
+    from processors.data.sources import load_dataset
+
+    full = load_dataset(DatasetSpec("synthetic", synthetic_size=2000, seed=2))
+    split = load_dataset(DatasetSpec("synthetic", synthetic_size=2000, seed=2, train_split="references"))
+    assert split.x_train.shape[0] == 1500 and torch.equal(split.x_test, full.x_test)
+    # R2: random_split(train, [37500, 7500, 5000], generator seed 42); at this size the same fractions
+    train, _, _ = random_split(range(2000), [1500, 300, 200], generator=torch.Generator().manual_seed(42))
+    assert torch.equal(split.y_train, full.y_train[list(train.indices)])
+    assert torch.equal(split.x_train, full.x_train[list(train.indices)])
+    # at CIFAR-10's size it is 37,500 images: the same permutation rule
+    order = torch.randperm(50000, generator=torch.Generator().manual_seed(42))
+    train, _, _ = random_split(range(50000), [37500, 7500, 5000], generator=torch.Generator().manual_seed(42))
+    assert order[:37500].tolist() == list(train.indices)
+
+
+def test_data_config_passes_the_options_to_the_spec():
+    spec = DataConfig(normalisation="references", train_split="references").spec(0)
+    assert (spec.normalisation, spec.train_split) == ("references", "references")
+    assert DataConfig().spec(0) == DatasetSpec(DataConfig().dataset, spec.data_root, 20000, 0, 0.0)
