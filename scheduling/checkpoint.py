@@ -21,6 +21,7 @@ import time
 import torch
 
 from common.jsonio import write_json_atomic
+from common.protocol import DeviceUpdate, SelectionSum
 from common.result_files import CHECKPOINT
 
 PICKLE_PROTOCOL = 4
@@ -76,3 +77,37 @@ class CheckpointPolicy:
 
     def written(self, seconds: float) -> None:
         self.last_wall, self.last_cost = time.time(), seconds
+
+
+def server_state(applier, schedule, wall_seconds: float) -> dict:
+    """The schedule's state and the updates received but not applied (``scheduling.applier.UpdateApplier``: taken
+    under its lock), with the run's position (``meta``). The assessor adds the global model's state."""
+    with applier.lock:
+        received = list(applier.received.values())
+        groups = list({id(u.group): u.group for u in received if u.group is not None}.values())
+        return {
+            "meta": {
+                "version": schedule.version,
+                "sim_seconds": schedule.now,
+                "applied": applier.applied,
+                "wall_seconds": wall_seconds,
+            },
+            "schedule": schedule.state_dict(),
+            "received": [
+                u.to_dict()
+                | {"group": next(i for i, g in enumerate(groups) if g is u.group) if u.group is not None else None}
+                for u in received
+            ],
+            "groups": [g.to_dict() for g in groups],
+        }
+
+
+def restore_received(applier, state: dict) -> None:
+    """Put a checkpoint's received updates (a leaf's sums shared again by their devices) and its count of applied
+    updates back into a new applier, before it starts."""
+    groups = [SelectionSum.from_dict(g) for g in state["groups"]]
+    for entry in state["received"]:
+        update = DeviceUpdate.from_dict(entry)
+        update.group = groups[entry["group"]] if entry["group"] is not None else None
+        applier.received[update.device] = update
+    applier.applied = state["meta"]["applied"]

@@ -27,6 +27,11 @@ With real devices (``real_devices``) the same machinery runs on the wall clock: 
 devices have registered (at whichever leaves NVFlare's routing proxy sent them), tells every child the whole
 selection (the proxy routes a device to a leaf by a hash of its id, so any leaf may have to serve any device), and
 its applier applies updates as they arrive, failing a device that does not report within the device timeout.
+
+Over 400 lines: this is the one NVFlare component the edge workflow calls (run start and end, each child's report,
+``assess``), with 22 documented constructor arguments that NVFlare writes into the job's config; its parts live
+beside it (``scheduling.applier``, ``scheduling.leaf_watch``, ``scheduling.child_reply``, ``scheduling.checkpoint``,
+``scheduling.waker``), and what remains is the wiring between them.
 """
 
 from __future__ import annotations
@@ -44,34 +49,30 @@ from nvflare.app_common.abstract.learnable_persistor import LearnablePersistor
 from nvflare.app_common.abstract.model import ModelLearnable
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.edge.assessor import Assessment, Assessor
-from nvflare.edge.mud import BaseState, PropKey, StateUpdateReply, StateUpdateReport
-from nvflare.fuel.utils.tree_utils import Forest, Node
+from nvflare.edge.mud import BaseState, StateUpdateReply, StateUpdateReport
 
 from common.delays import DelayConfig, DeviceDelays
 from common.jsonio import JsonlWriter
 from common.output import output_dir
 from common.protocol import (
-    AWAITED,
     CHECKPOINT_DUE,
-    DEVICE_RANGES,
     DEVICE_UPDATES,
     HELD_VERSIONS,
     LEAF_INFO,
     LEAF_PLANS,
     LEAF_REPORTS,
     LEAVES_SEEN,
-    MODELS,
     RUN_OUTCOME,
     RUN_RESUMED,
-    SELECTION_RELEASES,
     SELECTION_SUMS,
-    SELECTION_VERSIONS,
     DeviceUpdate,
     SelectionSum,
 )
 from common.result_files import EVENTS
 from scheduling import checkpoint
 from scheduling.applier import UpdateApplier
+from scheduling.child_reply import register_devices, reply_to
+from scheduling.leaf_watch import LeafWatch
 from scheduling.waker import Waker
 from simulation.config import device_timeout_words
 from simulation.device_pool import DevicePool
@@ -82,17 +83,6 @@ from simulation.selection import make_policy
 # seconds a report's reply may wait for the updates it brought to be applied (then it carries the selections they
 # caused); a slower method (FedRevive's distillation) answers sooner, and the waker brings the news later
 SETTLE_SECONDS = 0.05
-
-
-def leaves_under(hierarchy: Forest | None) -> dict[str, set[str]]:
-    """Each client's leaves (itself, for a leaf), from NVFlare's client hierarchy; empty without one."""
-    if hierarchy is None:
-        return {}
-
-    def leaves(node: Node) -> set[str]:
-        return {node.obj.name} if not node.children else set().union(*(leaves(c) for c in node.children))
-
-    return {name: leaves(node) for name, node in hierarchy.nodes.items()}
 
 
 class ExactTimeAssessor(Assessor):
@@ -175,7 +165,7 @@ class ExactTimeAssessor(Assessor):
         self.applier: UpdateApplier | None = None
         self.model_manager = None
         self.outcome: dict | None = None
-        self.lost_leaves: set[str] = set()
+        self.leaves = LeafWatch(leaf_timeout)
         self._initial: dict | None = None
         self._engine = None
         self._out = ""
@@ -183,13 +173,10 @@ class ExactTimeAssessor(Assessor):
         self._wall_offset = 0.0  # wall seconds of the run before a resume
         self._policy = checkpoint.CheckpointPolicy(checkpoint_every)
         self._events: JsonlWriter | None = None
-        self._leaves_under: dict[str, set[str]] = {}  # child -> the leaves in its subtree
-        self._root_of: dict[str, str] = {}  # leaf -> the server's child above it (itself, without relays)
         self._waker: Waker | None = None
         self._news: set[str] = set()  # children with newly selected devices they have not heard of yet
         self.reports = 0  # reports (syncs) received from children
         self._news_lock = threading.Lock()
-        self._seen: dict[str, float] = {}  # leaf -> wall time of its last report
         self._waiting_since = time.time()
         self._lock = threading.Lock()
         self.register_event_handler(EventType.START_RUN, self._start_run)
@@ -225,10 +212,7 @@ class ExactTimeAssessor(Assessor):
         self._out = output_dir(self.results_dir, fl_ctx)
         self._events = JsonlWriter(os.path.join(self._out, EVENTS))
         self._waiting_since = self._started_wall = time.time()
-        hierarchy = fl_ctx.get_prop(FLContextKey.CLIENT_HIERARCHY)
-        self._leaves_under = leaves_under(hierarchy)
-        roots = list(hierarchy.roots) if hierarchy is not None else []
-        self._root_of = {leaf: root for root in roots for leaf in self._leaves_under.get(root, {root})}
+        self.leaves.set_hierarchy(fl_ctx.get_prop(FLContextKey.CLIENT_HIERARCHY))
         self._waker = Waker(self._engine, self._engine.new_context, lambda msg: self.log_warning(fl_ctx, msg))
         if self.resume:
             self._restore(checkpoint.read(self._out), fl_ctx)
@@ -280,14 +264,14 @@ class ExactTimeAssessor(Assessor):
         sync, or are woken when the applier waits)."""
         pool = self.schedule.pool
         with self._news_lock:
-            self._news.update(self._root_of.get(leaf, leaf) for leaf in map(pool.leaf_of, devices) if leaf is not None)
+            self._news.update(self.leaves.child_of(leaf) for leaf in map(pool.leaf_of, devices) if leaf is not None)
 
     def _wake_for(self, awaited: str) -> None:
         """The applier waits for ``awaited``'s update: wake every child that has not heard of its newly selected
         devices yet, and the one holding ``awaited`` (an idle leaf sleeps until woken; a busy one batches its
         results, except an awaited device's)."""
         leaf = self.schedule.pool.leaf_of(awaited)
-        holder = self._root_of.get(leaf, leaf) if leaf is not None else None
+        holder = self.leaves.child_of(leaf) if leaf is not None else None
         with self._news_lock:
             news, self._news = self._news, set()
         if self._waker is not None:
@@ -311,38 +295,17 @@ class ExactTimeAssessor(Assessor):
     # -- checkpoints ----------------------------------------------------------------------------------------------
     def _state(self) -> dict:
         """The whole server state (called on the applier thread, between two updates)."""
-        a, s = self.applier, self.schedule
-        with a.lock:
-            received = list(a.received.values())
-            groups = list({id(u.group): u.group for u in received if u.group is not None}.values())
-            state = {
-                "meta": {
-                    "version": s.version,
-                    "sim_seconds": s.now,
-                    "applied": a.applied,
-                    "wall_seconds": self._wall_offset + time.time() - self._started_wall,
-                },
-                "schedule": s.state_dict(),
-                "received": [
-                    u.to_dict()
-                    | {"group": next(i for i, g in enumerate(groups) if g is u.group) if u.group is not None else None}
-                    for u in received
-                ],
-                "groups": [g.to_dict() for g in groups],
-            }
-        return state | {"model_manager": self.model_manager.state_dict()}
+        wall = self._wall_offset + time.time() - self._started_wall
+        return checkpoint.server_state(self.applier, self.schedule, wall) | {
+            "model_manager": self.model_manager.state_dict()  # the key older checkpoints were written with
+        }
 
     def _restore(self, state: dict, fl_ctx: FLContext) -> None:
         meta = state["meta"]
         self.schedule.load_state_dict(state["schedule"])
         self.model_manager.load_state_dict(state["model_manager"], fl_ctx)
         applier = self._make_applier(fl_ctx)
-        groups = [SelectionSum.from_dict(g) for g in state["groups"]]
-        for entry in state["received"]:
-            update = DeviceUpdate.from_dict(entry)
-            update.group = groups[entry["group"]] if entry["group"] is not None else None
-            applier.received[update.device] = update
-        applier.applied = meta["applied"]
+        checkpoint.restore_received(applier, state)
         self._events.truncate(meta["applied"])
         self._wall_offset = meta["wall_seconds"]
         self.log_info(fl_ctx, f"resumed at version {meta['version']}, simulated time {meta['sim_seconds']:.6g}")
@@ -430,11 +393,9 @@ class ExactTimeAssessor(Assessor):
         return f"only leaves {sorted(pool.leaves)} of {self.num_leaves} registered devices {wait}"
 
     def _check_leaves(self, fl_ctx: FLContext) -> None:
-        now = time.time()
-        lost = {leaf for leaf, seen in self._seen.items() if now - seen > self.leaf_timeout} - self.lost_leaves
+        lost = self.leaves.newly_lost()
         if not lost:
             return
-        self.lost_leaves |= lost
         names = ", ".join(sorted(lost))
         if self.on_leaf_loss == "stop":
             self._finish(
@@ -466,14 +427,14 @@ class ExactTimeAssessor(Assessor):
             if self.schedule is None:
                 return False, None
             report = StateUpdateReport.from_shareable(update)
-            self._note_alive(child, update)
+            self.leaves.heard(child, update.get(LEAVES_SEEN))
             if self.applier is None:
-                self._register_devices(update, report)
+                register_devices(self.schedule.pool, update, report, self.leaves.lost)
                 if self._ready():
                     self._start(fl_ctx)
             else:
                 with self.applier.lock:
-                    self._register_devices(update, report)
+                    register_devices(self.schedule.pool, update, report, self.leaves.lost)
             if self.applier is not None:
                 updates = [DeviceUpdate.from_dict(e) for e in update.get(DEVICE_UPDATES) or ()]
                 for entry in update.get(SELECTION_SUMS) or ():
@@ -490,44 +451,8 @@ class ExactTimeAssessor(Assessor):
             self.applier.wait_settled(SETTLE_SECONDS)
         with self._news_lock:
             self._news.discard(child)  # this reply is built from the view as of now: it carries the news
-        return True, self._reply(report, child, set(update.get(HELD_VERSIONS) or ()))
-
-    def _note_alive(self, child: str, update: Shareable) -> None:
-        now = time.time()
-        if child in self._leaves_under.get(child, {child}):  # a leaf itself, not a relay
-            self._seen[child] = now
-        for leaf, age in (update.get(LEAVES_SEEN) or {}).items():  # a relay's word on the leaves below it
-            self._seen[leaf] = max(self._seen.get(leaf, 0.0), now - float(age))
-
-    def _register_devices(self, update: Shareable, report: StateUpdateReport) -> None:
-        pool = self.schedule.pool
-        for prefix, (count, leaf) in (update.get(DEVICE_RANGES) or {}).items():
-            if leaf not in self.lost_leaves:
-                pool.register_range(prefix, int(count), leaf)
-        for device_id, device in (report.available_devices or {}).items():
-            if device.client_name not in self.lost_leaves:
-                pool.register(device_id, device.client_name)
-
-    def _reply(self, report: StateUpdateReport, child: str, held: set[int]) -> Shareable:
-        """What ``child`` needs, from the applier's view: the current version, its part of the selection, the
-        version of each of its selection ids, and every version its devices train that it does not hold (``held``:
-        what it said it holds). The newest model itself travels only when a device of the child trains it."""
         if self.applier is None:
-            return StateUpdateReply(0, None, 0, None).to_shareable()
+            return True, StateUpdateReply(0, None, 0, None).to_shareable()
         # real devices: every leaf may be asked by any device (the proxy's hash decides), so each hears everything
-        leaves = self.schedule.pool.leaves if self.real_devices else self._leaves_under.get(child, {child})
-        view = self.applier.child_view(leaves)
-        if not view.version:
-            return StateUpdateReply(0, None, 0, None).to_shareable()
-        mine, versions = view.selection, view.selection_versions
-        changed = report.current_device_selection_version != view.selection_version
-        reply = StateUpdateReply(view.version, None, view.selection_version, mine if changed else None).to_shareable()
-        if changed:
-            reply[PropKey.DEVICE_SELECTION] = mine  # even when empty: the child's devices are all done
-        needed = set(versions.values()) - held
-        if needed:
-            reply[MODELS] = {v: self.applier.model(v) for v in sorted(needed)}
-        reply[AWAITED] = list(view.awaited)
-        reply[SELECTION_VERSIONS] = versions
-        reply[SELECTION_RELEASES] = view.selection_releases
-        return reply
+        leaves = self.schedule.pool.leaves if self.real_devices else self.leaves.leaves_of(child)
+        return True, reply_to(self.applier, leaves, report, set(update.get(HELD_VERSIONS) or ()))

@@ -1,0 +1,44 @@
+"""What the server says to a child (a leaf, or a relay above leaves) when it reports: the devices it registers
+join the pool, and the reply carries, from the applier's last published view, the current version, the child's
+part of the selection, the version and release of each of its selection ids, the devices the server waits for,
+and every model version its devices train that it does not hold yet."""
+
+from __future__ import annotations
+
+from nvflare.apis.shareable import Shareable
+from nvflare.edge.mud import PropKey, StateUpdateReply, StateUpdateReport
+
+from common.protocol import AWAITED, DEVICE_RANGES, MODELS, SELECTION_RELEASES, SELECTION_VERSIONS
+from scheduling.applier import UpdateApplier
+from simulation.device_pool import DevicePool
+
+
+def register_devices(pool: DevicePool, update: Shareable, report: StateUpdateReport, lost: set[str]) -> None:
+    """Add the devices a report announces (ranges of simulated devices, or real devices one by one) to ``pool``,
+    except those of a leaf already counted ``lost``."""
+    for prefix, (count, leaf) in (update.get(DEVICE_RANGES) or {}).items():
+        if leaf not in lost:
+            pool.register_range(prefix, int(count), leaf)
+    for device_id, device in (report.available_devices or {}).items():
+        if device.client_name not in lost:
+            pool.register(device_id, device.client_name)
+
+
+def reply_to(applier: UpdateApplier, leaves: set[str], report: StateUpdateReport, held: set[int]) -> Shareable:
+    """What a child whose subtree holds ``leaves`` needs, from the applier's view (``held``: the versions it said
+    it holds). The newest model itself travels only when a device of the child trains it."""
+    view = applier.child_view(leaves)
+    if not view.version:
+        return StateUpdateReply(0, None, 0, None).to_shareable()
+    mine, versions = view.selection, view.selection_versions
+    changed = report.current_device_selection_version != view.selection_version
+    reply = StateUpdateReply(view.version, None, view.selection_version, mine if changed else None).to_shareable()
+    if changed:
+        reply[PropKey.DEVICE_SELECTION] = mine  # even when empty: the child's devices are all done
+    needed = set(versions.values()) - held
+    if needed:
+        reply[MODELS] = {v: applier.model(v) for v in sorted(needed)}
+    reply[AWAITED] = list(view.awaited)
+    reply[SELECTION_VERSIONS] = versions
+    reply[SELECTION_RELEASES] = view.selection_releases
+    return reply
