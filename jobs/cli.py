@@ -208,9 +208,12 @@ def job_main(description: str, argv: list[str] | None, method: str | None = None
         if applied:
             values = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in applied.items())
             print(f"[edgesim] {cfg.method_spec.label} presets (flags not given): {values}")
+        # validated before it is compared with the saved run's (validated) config: validating fills in what a
+        # capacity trace needs (task samples, model bytes), which the saved config holds
+        cfg = cfg.validate()
         if args.resume:
             cfg = resumed_config(os.path.abspath(os.path.expanduser(args.resume)), cfg, given_flags(parser, argv))
-        cfg = cfg.validate()
+            cfg = cfg.validate()
     except ConfigError as ex:
         parser.error(str(ex))
     return run(cfg, verbose=args.verbose)
