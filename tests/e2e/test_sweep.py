@@ -71,8 +71,11 @@ def test_a_sweep_survives_sigkill_prunes_and_its_best_command_reproduces(tmp_pat
     first = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 400
-        while finished(folder) < 1 and time.time() < deadline and first.poll() is None:
-            time.sleep(0.5)
+        # kill it once a trial has ended and another runs (between two trials none may run for a moment)
+        while time.time() < deadline and first.poll() is None:
+            if finished(folder) >= 1 and psutil.Process(first.pid).children():
+                break
+            time.sleep(0.2)
         assert first.poll() is None, first.communicate()[0][-3000:]
         assert psutil.Process(first.pid).children(), "a trial was running when the sweep was killed"
         first.send_signal(signal.SIGKILL)
