@@ -63,3 +63,28 @@ def test_harmless_changes_apply(tmp_path):
     folder = saved_run(tmp_path)
     cfg = resume(folder, [*ORIGINAL, "--max-model-version", "9", "--eval-backlog", "skip"])
     assert cfg.federation.max_model_version == 9 and cfg.run.eval_backlog == "skip"
+
+
+def test_the_original_command_of_a_capacity_trace_run_resumes(tmp_path, monkeypatch):
+    """The saved config is the validated one (validate() fills in the trace's task samples and model bytes), so
+    the command's own config is validated before the two are compared."""
+    import jobs.run.driver
+    from jobs.cli import job_main
+
+    trace = tmp_path / "capacity.json"
+    trace.write_text(json.dumps({"1": {"computation": 3.0, "communication": 8000.0}}))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    argv = [*ORIGINAL[: ORIGINAL.index("--delays")], *ORIGINAL[ORIGINAL.index("--delays") + 2 :]]
+    argv += ["--delays", "none", "--capacity-file", str(trace)]
+    cfg = parsed(argv).validate()
+    assert cfg.delays.task_samples and cfg.delays.model_bytes  # what building alone leaves out
+    (run_dir / "metrics.json").write_text(json.dumps({"config": cfg.to_dict(), "versions": []}))
+    weights = {k: v.numpy() for k, v in build_model(cfg.training.model).state_dict().items()}
+    checkpoint.write(
+        str(run_dir), {"meta": {"version": 1}, "model_manager": {"current_version": 1, "versions": {1: weights}}}
+    )
+    started = []
+    monkeypatch.setattr(jobs.run.driver, "run", lambda c, verbose=False: started.append(c) or 0)
+    assert job_main("test", [*argv, "--resume", str(run_dir)]) == 0
+    assert started[0].delays == cfg.delays and started[0].run.resume == str(run_dir)
