@@ -240,6 +240,8 @@ def sweep(
             continue
         if name == "bar":
             argv += [] if value else ["--no-bar"]
+        elif value is True or value is False:  # a switch (tensorboard=True: the sweep's own log dir)
+            argv += [f"--{name.replace('_', '-')}"] if value else []
         else:
             argv += [f"--{name.replace('_', '-')}", str(value)]
     return main(argv)
