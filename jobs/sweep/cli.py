@@ -55,6 +55,13 @@ def build_parser() -> SweepParser:
         help="also write each trial's curves and hyperparameters under one TensorBoard log dir (default DIR: "
         "<folder>/tensorboard), for the HParams tab",
     )
+    p.add_argument(
+        "--deployment",
+        default=None,
+        metavar="DIR",
+        help="run each trial as a job on this running deployment (python -m jobs.deploy up DIR; or an admin's "
+        "startup kit) instead of a fresh SimEnv each",
+    )
     return p
 
 
@@ -97,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             bar=args.bar,
             tensorboard=args.tensorboard,
+            deployment=args.deployment,
         )
         if opts.parallel is not None and opts.parallel < 1:
             raise SpecError(f"--parallel {opts.parallel}: 1 or more trials at once")

@@ -41,6 +41,8 @@ class SweepOptions:
     poll_seconds: how often running trials' ``metrics.json`` are read.
     tensorboard: a log dir ("": the sweep's ``tensorboard/``) for each trial's curves and hyperparameters
         (TensorBoard's HParams tab); None: none.
+    deployment: a ``jobs.deploy`` folder (or an admin's startup kit): each trial runs as a job there
+        (``jobs.sweep.deployment``) instead of in a SimEnv of its own.
     """
 
     output: str | None = None
@@ -54,6 +56,7 @@ class SweepOptions:
     bar: bool = True
     python: str = sys.executable
     tensorboard: str | None = None
+    deployment: str | None = None
 
 
 def sweep_dir(spec: SweepSpec, output: str | None) -> str:
@@ -161,11 +164,14 @@ class Sweep:
     def __init__(self, spec: SweepSpec, opts: SweepOptions, launch: Launcher | None = None):
         self.spec, self.opts = spec, opts
         # how a trial's process starts: a ``TrialProcess``; the tests give a fake one
-        self.launch = launch or (lambda flags, folder, cores: TrialProcess(flags, folder, cores, opts.python))
+        self.launch = launch or (
+            lambda flags, folder, cores: TrialProcess(flags, folder, cores, opts.python, bool(opts.deployment))
+        )
         self.folder = sweep_dir(spec, opts.output)
         self.candidates: list[Candidate] = []
         self.signum: int | None = None
         self.board = None
+        self.env_flags: dict = {}  # with --deployment: the flags that send each trial there
 
     def prepare(self) -> None:
         check_flags(self.spec)
@@ -173,6 +179,10 @@ class Sweep:
             raise SpecError(f"--pruner {self.opts.pruner}: use one of {', '.join(studies.PRUNERS)}")
         if self.opts.min_resource < 0 or self.opts.patience < 0:
             raise SpecError("--min-resource and --patience: 0 or more")
+        if self.opts.deployment:
+            from jobs.sweep.deployment import deployment_flags
+
+            self.env_flags = deployment_flags(self.opts.deployment, self.spec)
         self.n, self.share, self.why = plan_parallel(self.spec, self.opts.parallel)
         self.lock = claim_folder(self.folder, self.spec)
         self.storage = studies.open_storage(studies.storage_url(self.folder, self.opts.storage))
@@ -201,7 +211,7 @@ class Sweep:
         params = suggest(trial, self.spec)
         base = os.path.join(self.folder, "trials", f"{trial.number:04d}")
         runs = [
-            Run(rep, f"{base}-{run_label(rep)}" if rep else base, self.spec.trial_flags(params, rep))
+            Run(rep, f"{base}-{run_label(rep)}" if rep else base, self.spec.trial_flags(params, rep) | self.env_flags)
             for rep in self.spec.repeats()
         ]
         for key, value in studies.owner_attrs().items():

@@ -186,3 +186,30 @@ def test_more_bad_input_is_refused_in_one_line_before_any_trial(tmp_path, capsys
 def test_a_when_flag_is_refused_where_it_cannot_apply():
     with pytest.raises(SpecError, match="when: give"):
         parse_spec(BASE + "grid: {method: [fedavg]}\nwhen: {method: [1]}\n", "w")
+
+
+def test_a_deployment_trials_curve_is_read_from_its_progress_lines_until_its_results_come_home(tmp_path):
+    from jobs.sweep.trial import TrialProcess
+
+    log = tmp_path / "0000.log"
+    log.write_text(
+        "[edgesim] job abc: RUNNING\n"
+        "[edgesim] version 1/6 | accuracy 0.1000 | 3.2 s since start | simulated 0.0 s | 1.00 s/version\n"
+        "[edgesim] version 2/6 | accuracy 0.2500 | 6.0 s since start | simulated 4.5 s | 1.00 s/version\n"
+        "[edgesim] version 2/6 | accuracy 0.2500 | 6.0 s since start | simulated 4.5 s | 1.00 s/version\n"
+    )
+    proc = TrialProcess.__new__(TrialProcess)  # its reading only: no process
+    proc.folder, proc.live_log = str(tmp_path / "0000"), True
+    assert [(r["version"], r["accuracy"], r["sim_seconds"]) for r in proc.records()] == [(1, 0.1, 0.0), (2, 0.25, 4.5)]
+    (tmp_path / "0000").mkdir()
+    (tmp_path / "0000" / "metrics.json").write_text('{"versions": [{"version": 1, "accuracy": 0.125}]}')
+    assert proc.records() == [{"version": 1, "accuracy": 0.125}]  # home: the full record wins
+
+
+def test_a_deployment_that_is_not_up_is_refused_before_any_trial(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(BASE + "grid: {seed: [1]}\n")
+    code = main([str(path), "--output", str(tmp_path / "sweep"), "--no-bar", "--deployment", str(tmp_path / "nope")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith(f"error: --deployment {tmp_path / 'nope'}: ") and len(err.splitlines()) == 1
+    assert "not an admin's startup kit" in err, err
