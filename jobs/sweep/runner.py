@@ -126,6 +126,7 @@ class Run:
     slot: int | None = None
     code: int | None = None
     records: list = field(default_factory=list)
+    stopped: bool = False  # by the sweep, its candidate pruned
 
     @property
     def running(self) -> bool:
@@ -287,7 +288,8 @@ class Sweep:
         if cand.pruned_at is not None:
             reason = f"pruned by the sweep at {cand.pruned_at:g} simulated seconds (its curve fell behind)"
             for run in started:
-                record_pruned(run.folder, reason)
+                if run.stopped:  # a repeat that had already ended keeps its own outcome
+                    record_pruned(run.folder, reason)
             self.study.tell(trial, state=TrialState.PRUNED)
             say(f"[sweep] trial {trial.number} pruned at {cand.pruned_at:g} simulated s ({shown})")
             self._board(cand, None, "pruned")
@@ -369,7 +371,7 @@ class Sweep:
                     if cand.pruned_at is not None:  # every run of a pruned candidate stops
                         for run in cand.runs:
                             if run.running:
-                                run.code = run.proc.stop()
+                                run.code, run.stopped = run.proc.stop(), True
                     if cand.done:
                         self._finish(cand)
                         self.candidates.remove(cand)

@@ -213,3 +213,25 @@ def test_a_deployment_that_is_not_up_is_refused_before_any_trial(tmp_path, capsy
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith(f"error: --deployment {tmp_path / 'nope'}: ") and len(err.splitlines()) == 1
     assert "not an admin's startup kit" in err, err
+
+
+@pytest.mark.parametrize("patience, pruned", [(0, True), (2, False)])
+def test_patience_spares_a_low_curve_while_it_still_improves(patience, pruned):
+    """``--pruner median --patience N``: the median rule prunes a low curve at once; wrapped in ``PatientPruner``,
+    not while its last N + 1 values still improve on its earlier best."""
+    import optuna
+
+    from jobs.sweep import study as studies
+
+    study = optuna.create_study(direction="maximize", pruner=studies.make_pruner("median", 0, patience, None))
+    for _ in range(2):  # two complete trials well above
+        t = study.ask()
+        for step in range(4):
+            t.report(0.8 + 0.01 * step, step)
+        study.tell(t, 0.83)
+    low = study.ask()
+    decisions = []
+    for step in range(4):  # below the median at every step, yet improving
+        low.report(0.1 + 0.05 * step, step)
+        decisions.append(low.should_prune())
+    assert any(decisions) is pruned, decisions
