@@ -235,3 +235,17 @@ def test_patience_spares_a_low_curve_while_it_still_improves(patience, pruned):
         low.report(0.1 + 0.05 * step, step)
         decisions.append(low.should_prune())
     assert any(decisions) is pruned, decisions
+
+
+def test_the_api_passes_a_switch_as_a_flag_alone(tmp_path, monkeypatch):
+    import jobs.sweep.cli as cli
+    from jobs.api import sweep
+
+    seen = []
+    monkeypatch.setattr(cli, "main", lambda argv: seen.append(argv) or 0)
+    assert sweep("s.yaml", tensorboard=True, bar=False, deployment="/d") == 0
+    assert sweep("s.yaml", tensorboard=str(tmp_path)) == 0
+    assert seen == [
+        ["s.yaml", "--tensorboard", "--no-bar", "--deployment", "/d"],
+        ["s.yaml", "--tensorboard", str(tmp_path)],
+    ]
