@@ -290,9 +290,9 @@ class Sweep:
             for run in started:
                 if run.stopped:  # a repeat that had already ended keeps its own outcome
                     record_pruned(run.folder, reason)
+            self._board(cand, None, "pruned")  # before the study hears of it: a trial it counts as ended has its board
             self.study.tell(trial, state=TrialState.PRUNED)
             say(f"[sweep] trial {trial.number} pruned at {cand.pruned_at:g} simulated s ({shown})")
-            self._board(cand, None, "pruned")
             return
         values = [score(self.spec.objective, r.records) for r in started]
         value = mean_score(self.spec.objective, [r.records for r in started])
@@ -300,15 +300,15 @@ class Sweep:
         if not failed and value is not None:
             if self.spec.repeat:
                 trial.set_user_attr("values", values)
+            self._board(cand, value, "complete")
             self.study.tell(trial, value)
             say(f"[sweep] trial {trial.number} complete: {format_value(value)} ({shown})")
-            self._board(cand, value, "complete")
         else:
+            self._board(cand, None, "fail")
             self.study.tell(trial, state=TrialState.FAIL)
             run = failed[0] if failed else started[0]
             log = os.path.relpath(run.folder, self.folder) + ".log"
             say(f"[sweep] trial {trial.number} failed (exit {run.code}; its log: {log}) ({shown})")
-            self._board(cand, None, "fail")
 
     def _board(self, cand: Candidate, value: float | None, state: str) -> None:
         """With ``--tensorboard``: the ended trial's curves and hyperparameters, one TensorBoard run per process."""
