@@ -79,5 +79,8 @@ def test_leaf_femnist_with_fedavg_and_tff_emnist_with_fedbuff_train_by_user(tmp_
         sizes = partition["samples_per_user"]
         assert sizes["min"] < sizes["max"] and 0 < sizes["gini"] < 1  # users hold unequal amounts
         assert metrics["versions"][-1]["accuracy"] > 0.5  # 8 patterns: chance is 0.125
+        spread = metrics["versions"][-1]["per_user"]  # every user has test samples: each scored on its own
+        assert spread["users"] == users and spread["min"] <= spread["median"] <= spread["max"]
+        assert (tmp_path / name / "out" / "accuracy.png").stat().st_size > 0
         reports = (tmp_path / name / "out" / "leaf_site-1.jsonl").read_text().splitlines()
         assert reports and all(json.loads(line)["ok"] for line in reports)
