@@ -58,6 +58,8 @@ class DataConfig:
             kind = self.spec(0).kind  # a name that is no known source fails here
         except DatasetError as ex:
             raise ConfigError(str(ex)) from ex
+        if kind in ("tff", "hf"):  # every process reads the same file, whatever its working directory
+            object.__setattr__(self, "dataset", absolute_source(self.dataset))
         if self.partition == "natural" and kind not in PER_USER_KINDS:
             raise ConfigError(
                 f"--partition natural: --dataset {self.dataset} has no users; use femnist, shakespeare, a TFF .h5 "
@@ -80,9 +82,6 @@ class DataConfig:
         name = self.dataset
         if name not in BUILTIN_DATASETS and name.endswith((".npz", ".h5")):
             name = os.path.abspath(os.path.expanduser(name))
-        elif name.startswith(HF_PREFIX) and os.path.exists(os.path.expanduser(name[len(HF_PREFIX) :].split("?")[0])):
-            path, sep, query = name[len(HF_PREFIX) :].partition("?")
-            name = HF_PREFIX + os.path.abspath(os.path.expanduser(path)) + sep + query
         return DatasetSpec(
             name,
             os.path.abspath(os.path.expanduser(self.data_root)),
@@ -95,3 +94,12 @@ class DataConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def absolute_source(dataset: str) -> str:
+    """A TFF file's or a local Hugging Face folder's path made absolute (``hf:`` names in the cache stay)."""
+    if not dataset.startswith(HF_PREFIX):
+        return os.path.abspath(os.path.expanduser(dataset))
+    path, sep, query = dataset[len(HF_PREFIX) :].partition("?")
+    local = path.startswith((os.sep, ".", "~")) or os.path.exists(os.path.expanduser(path))
+    return HF_PREFIX + (os.path.abspath(os.path.expanduser(path)) if local else path) + sep + query
