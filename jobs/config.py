@@ -278,6 +278,7 @@ class JobConfig:
         from processors.training_vectorized import NotVectorizable, check_vectorizable
 
         self.run.validate()
+        self.data.validate()
         self.training.validate()
         self.delays.validate()
         cfg = self

@@ -263,6 +263,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
             self.seed,
             host.num_classes,
             partition=self._data.partition,
+            users=host.users,
         )
         idx = torch.from_numpy(indices).to(data_device)
         x, y = data.x_train.index_select(0, idx), data.y_train.index_select(0, idx)

@@ -13,6 +13,7 @@ from common.choices import ConfigError
 from common.profiles import get_profile
 from jobs.config import JobConfig
 from processors.data.sources import Dataset, load_dataset
+from processors.data.users import partition_stats
 from processors.device import resolve_device
 from processors.models import build_model
 from simulation.leaf_plan import DEFAULT_INPUT_SHAPE, PlanRequest, plan_leaf
@@ -172,6 +173,7 @@ def prepare(cfg: JobConfig) -> RunPlan:
     whose device runner takes its worker count from the job)."""
     check_pool_memory(cfg)
     deployed = cfg.run.env == "prod"
+    partition = None
     if deployed:
         chosen = cfg.training.compute_device
         # "fedavg on the leaves' auto" read as a device named auto: each leaf resolves auto on its own hardware
@@ -182,6 +184,9 @@ def prepare(cfg: JobConfig) -> RunPlan:
         dataset = load_dataset(cfg.spec)  # missing / malformed data fails here, with the fix in the message
         check_model_fits_data(cfg, dataset)
         input_shape = dataset.input_shape
+        if cfg.data.partition == "natural" and dataset.users is not None:  # who holds what, in metrics.json
+            pool = cfg.federation.num_leaf_nodes * cfg.federation.devices_per_leaf
+            partition = partition_stats(dataset.users, pool)
     hardware = probe_hardware()
     workers = None if deployed and cfg.engine.simulator != "stock" else plan_for(cfg, hardware, input_shape)
     timeouts = timeouts_for(cfg)
@@ -192,4 +197,6 @@ def prepare(cfg: JobConfig) -> RunPlan:
         "timeouts": timeouts.to_dict(),
         "profile": get_profile(cfg.engine.profile).to_dict(),
     }
+    if partition is not None:
+        run_info["partition"] = partition
     return RunPlan(workers, timeouts, run_info, device, method_notes(cfg))

@@ -1,9 +1,12 @@
-"""Dataset sources: torchvision CIFAR-10, seeded synthetic images, a user's ``.npz``, or a user's loader function.
+"""Dataset sources: torchvision CIFAR-10, seeded synthetic images, a user's ``.npz``, or a user's loader function;
+and the per-user formats (LEAF's FEMNIST and Shakespeare, TFF's HDF5 files, a Hugging Face dataset with a user
+column: ``processors.data.leaf``, ``.tff``, ``.hf``; docs/datasets.md).
 
 Every source yields the same in-memory form (``Dataset``): a train and a test split of inputs and int64 labels
 ``0 .. num_classes - 1``. Inputs are either uint8 images N x C x H x W (C = 1 or 3), kept as uint8 and standardised
 per channel on the fly (CIFAR-10's statistics for the built-in sources, the training split's own for a user's), or
-float arrays N x ... used as they are. ``load_dataset`` caches per process, so all simulated devices of a process
+float arrays N x ... used as they are, or int64 token ids N x T of a text task (never normalised or augmented).
+A per-user source also fills ``Dataset.users`` (``processors.data.users``). ``load_dataset`` caches per process, so all simulated devices of a process
 share one copy: no per-task dataset load and no DataLoader worker processes. The synthetic images are also
 cached per machine (``processors.data.cache``): a run's driver, server and leaves read them, not draw them again.
 
@@ -23,8 +26,11 @@ import numpy as np
 import torch
 
 from processors.data.cache import cached_arrays
+from processors.data.users import UserSplit
 
 BUILTIN_DATASETS = ("cifar10", "synthetic")
+LEAF_DATASETS = ("femnist", "shakespeare")  # LEAF's JSON under <data-root>/<name>/data/{train,test}
+HF_PREFIX = "hf:"  # hf:PATH[?x=COLUMN&y=COLUMN&user=COLUMN]: a Hugging Face dataset (processors.data.hf)
 NUM_CLASSES = 10
 IMAGE_SHAPE = (3, 32, 32)
 # CIFAR-10 channel statistics (on [0, 1] pixels), applied on the fly.
@@ -49,7 +55,7 @@ class DatasetError(ValueError):
 class DatasetSpec:
     """What to load. Small and JSON-friendly, so it travels inside NVFlare job configs."""
 
-    name: str = "synthetic"  # "cifar10", "synthetic", a path to a .npz file, or package.module:function
+    name: str = "synthetic"  # cifar10, synthetic, femnist, shakespeare, a .npz or .h5 path, hf:PATH, or module:function
     data_root: str = "~/.cache/edgesim-flare/data"
     synthetic_size: int = 20000  # training images for the synthetic source (test split is a fifth of it)
     seed: int = 0
@@ -61,13 +67,20 @@ class DatasetSpec:
     def kind(self) -> str:
         if self.name in BUILTIN_DATASETS:
             return self.name
+        if self.name in LEAF_DATASETS:
+            return "leaf"
+        if self.name.startswith(HF_PREFIX):
+            return "hf"
         if self.name.endswith(".npz"):
             return "npz"
+        if self.name.endswith(".h5"):
+            return "tff"
         if ":" in self.name and os.path.sep not in self.name.partition(":")[0]:
             return "loader"
         raise DatasetError(
-            f"--dataset {self.name!r}: use cifar10, synthetic, a path to a .npz file, or an import "
-            "path package.module:function that returns x_train, y_train, x_test, y_test"
+            f"--dataset {self.name!r}: use cifar10, synthetic, femnist, shakespeare, a path to a .npz file or a "
+            "TFF .h5 file, hf:PATH, or an import path package.module:function that returns x_train, y_train, "
+            "x_test, y_test"
         )
 
     def to_dict(self) -> dict:
@@ -77,10 +90,11 @@ class DatasetSpec:
 @dataclass(frozen=True)
 class Dataset:
     """Attributes:
-    x_train, x_test: uint8 images N x C x H x W, or float32 arrays N x ...
+    x_train, x_test: uint8 images N x C x H x W, float32 arrays N x ..., or int64 token ids N x T (a text task).
     y_train, y_test: int64 labels.
     num_classes: labels are 0 .. num_classes - 1.
-    mean, std: per-channel statistics images are standardised with (on [0, 1] pixels); None for float inputs.
+    mean, std: per-channel statistics images are standardised with (on [0, 1] pixels); None for other inputs.
+    users: who holds which samples, for a per-user source (``processors.data.users``); None otherwise.
     """
 
     x_train: torch.Tensor
@@ -90,6 +104,7 @@ class Dataset:
     num_classes: int = NUM_CLASSES
     mean: tuple[float, ...] | None = CIFAR_MEAN
     std: tuple[float, ...] | None = CIFAR_STD
+    users: UserSplit | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -98,10 +113,13 @@ class Dataset:
 
     def to(self, device: torch.device) -> Dataset:
         moved = (t.to(device) for t in (self.x_train, self.y_train, self.x_test, self.y_test))
-        return Dataset(*moved, self.num_classes, self.mean, self.std)
+        return Dataset(*moved, self.num_classes, self.mean, self.std, self.users)
 
     def prepare(self, x: torch.Tensor) -> torch.Tensor:
-        """A batch as the model receives it: images standardised per channel, float inputs unchanged."""
+        """A batch as the model receives it: images standardised per channel, float inputs unchanged, token ids
+        (int64) unchanged."""
+        if x.dtype == torch.int64:
+            return x
         if self.mean is None:
             return x.float()
         return standardize(x, self.mean, self.std)
@@ -144,6 +162,8 @@ def _load_cached(spec: DatasetSpec) -> Dataset:
         if spec.kind not in BUILTIN_DATASETS:  # a user's images are standardised with their own statistics
             raise DatasetError(f"--normalisation {spec.normalisation} is for cifar10 and synthetic only")
         data = replace(data, mean=NORMALISATIONS[spec.normalisation][0], std=NORMALISATIONS[spec.normalisation][1])
+    if spec.train_split != "all" and data.users is not None:
+        raise DatasetError(f"--train-split {spec.train_split} would cut users' samples apart: leave it out")
     if spec.train_split != "all":
         if spec.train_split not in TRAIN_SPLITS:
             raise DatasetError(f"--train-split {spec.train_split!r}: use {' or '.join(TRAIN_SPLITS)}")
@@ -163,6 +183,10 @@ def _load_source(spec: DatasetSpec) -> Dataset:
         )
     if kind == "npz":
         return load_npz(spec.name)
+    if kind in ("leaf", "tff", "hf"):  # imported here: they build on this module
+        from processors.data.formats import load_per_user
+
+        return load_per_user(spec)
     if kind == "loader":
         return load_from_function(spec.name)
     return load_cifar10(spec.data_root)
