@@ -1,9 +1,10 @@
-"""Dataset sources: torchvision CIFAR-10, seeded synthetic images, a user's ``.npz``, or a user's loader function.
+"""Dataset sources: CIFAR-10, seeded synthetic images or text, a user's ``.npz`` or a user's loader function.
 
 Every source yields the same in-memory form (``Dataset``): a train and a test split of inputs and int64 labels
 ``0 .. num_classes - 1``. Inputs are either uint8 images N x C x H x W (C = 1 or 3), kept as uint8 and standardised
-per channel on the fly (CIFAR-10's statistics for the built-in sources, the training split's own for a user's), or
-float arrays N x ... used as they are. ``load_dataset`` caches per process, so all simulated devices of a process
+per channel on the fly (CIFAR-10's statistics for the built-in sources, the training split's own for a user's),
+float arrays N x ... used as they are, or int64 arrays N x L: the token ids of a text task (labels: the next
+token's id; ``processors.data.text``, and ``synthetic-text``, its seeded generated text), used as they are. ``load_dataset`` caches per process, so all simulated devices of a process
 share one copy: no per-task dataset load and no DataLoader worker processes. The synthetic images are also
 cached per machine (``processors.data.cache``): a run's driver, server and leaves read them, not draw them again.
 
@@ -23,8 +24,9 @@ import numpy as np
 import torch
 
 from processors.data.cache import cached_arrays
+from processors.data.text import VOCAB_SIZE, make_synthetic_text
 
-BUILTIN_DATASETS = ("cifar10", "synthetic")
+BUILTIN_DATASETS = ("cifar10", "synthetic", "synthetic-text")
 NUM_CLASSES = 10
 IMAGE_SHAPE = (3, 32, 32)
 # CIFAR-10 channel statistics (on [0, 1] pixels), applied on the fly.
@@ -49,7 +51,9 @@ class DatasetError(ValueError):
 class DatasetSpec:
     """What to load. Small and JSON-friendly, so it travels inside NVFlare job configs."""
 
-    name: str = "synthetic"  # "cifar10", "synthetic", a path to a .npz file, or package.module:function
+    name: str = (
+        "synthetic"  # "cifar10", "synthetic", "synthetic-text", a path to a .npz file, or package.module:function
+    )
     data_root: str = "~/.cache/edgesim-flare/data"
     synthetic_size: int = 20000  # training images for the synthetic source (test split is a fifth of it)
     seed: int = 0
@@ -66,7 +70,7 @@ class DatasetSpec:
         if ":" in self.name and os.path.sep not in self.name.partition(":")[0]:
             return "loader"
         raise DatasetError(
-            f"--dataset {self.name!r}: use cifar10, synthetic, a path to a .npz file, or an import "
+            f"--dataset {self.name!r}: use cifar10, synthetic, synthetic-text, a path to a .npz file, or an import "
             "path package.module:function that returns x_train, y_train, x_test, y_test"
         )
 
@@ -77,10 +81,11 @@ class DatasetSpec:
 @dataclass(frozen=True)
 class Dataset:
     """Attributes:
-    x_train, x_test: uint8 images N x C x H x W, or float32 arrays N x ...
+    x_train, x_test: uint8 images N x C x H x W, float32 arrays N x ..., or int64 token ids N x L (a text task).
     y_train, y_test: int64 labels.
     num_classes: labels are 0 .. num_classes - 1.
-    mean, std: per-channel statistics images are standardised with (on [0, 1] pixels); None for float inputs.
+    mean, std: per-channel statistics images are standardised with (on [0, 1] pixels); None for float inputs and
+        token ids.
     """
 
     x_train: torch.Tensor
@@ -92,6 +97,11 @@ class Dataset:
     std: tuple[float, ...] | None = CIFAR_STD
 
     @property
+    def is_text(self) -> bool:
+        """Whether the inputs are token ids (int64 N x L): a text task, whose inputs no image step may touch."""
+        return self.x_train.dtype == torch.int64
+
+    @property
     def input_shape(self) -> tuple[int, ...]:
         """One sample's shape, as the model receives it."""
         return tuple(self.x_train.shape[1:])
@@ -101,7 +111,10 @@ class Dataset:
         return Dataset(*moved, self.num_classes, self.mean, self.std)
 
     def prepare(self, x: torch.Tensor) -> torch.Tensor:
-        """A batch as the model receives it: images standardised per channel, float inputs unchanged."""
+        """A batch as the model receives it: images standardised per channel, float inputs and token ids
+        unchanged."""
+        if self.is_text:
+            return x
         if self.mean is None:
             return x.float()
         return standardize(x, self.mean, self.std)
@@ -141,7 +154,7 @@ def _load_cached(spec: DatasetSpec) -> Dataset:
     if spec.normalisation != "cifar":
         if spec.normalisation not in NORMALISATIONS:
             raise DatasetError(f"--normalisation {spec.normalisation!r}: use {' or '.join(NORMALISATIONS)}")
-        if spec.kind not in BUILTIN_DATASETS:  # a user's images are standardised with their own statistics
+        if spec.kind not in ("cifar10", "synthetic"):  # a user's images are standardised with their own statistics
             raise DatasetError(f"--normalisation {spec.normalisation} is for cifar10 and synthetic only")
         data = replace(data, mean=NORMALISATIONS[spec.normalisation][0], std=NORMALISATIONS[spec.normalisation][1])
     if spec.train_split != "all":
@@ -161,6 +174,11 @@ def _load_source(spec: DatasetSpec) -> Dataset:
             spec.synthetic_difficulty,
             spec.data_root,
         )
+    if kind == "synthetic-text":
+        x_train, y_train, x_test, y_test = make_synthetic_text(
+            spec.synthetic_size, max(spec.synthetic_size // 5, 100), spec.seed
+        )
+        return Dataset(x_train, y_train, x_test, y_test, VOCAB_SIZE, None, None)
     if kind == "npz":
         return load_npz(spec.name)
     if kind == "loader":
@@ -323,8 +341,9 @@ def _channels_first(x: np.ndarray) -> np.ndarray:
 
 def from_arrays(arrays: dict[str, np.ndarray], where: str) -> Dataset:
     """A ``Dataset`` from a user's arrays, checked: ``x_*`` uint8 images (N x H x W, N x H x W x C or N x C x H x W
-    with C = 1 or 3), standardised with the training split's per-channel statistics, or float arrays N x ...
-    used as they are; ``y_*`` integer labels 0 .. K - 1 (K from the training labels)."""
+    with C = 1 or 3), standardised with the training split's per-channel statistics, float arrays N x ...
+    used as they are, or other integer arrays N x L: token ids of a text task, as int64; ``y_*`` integer labels
+    0 .. K - 1 (K from the training labels; for token ids, from the largest id in the inputs or labels)."""
     out = []
     for split in ("train", "test"):
         x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
@@ -339,8 +358,17 @@ def from_arrays(arrays: dict[str, np.ndarray], where: str) -> Dataset:
                 )
         elif np.issubdtype(x.dtype, np.floating):
             x = x.astype(np.float32)
+        elif np.issubdtype(x.dtype, np.integer):  # token ids of a text task
+            if x.ndim != 2 or x.min() < 0:
+                raise DatasetError(
+                    f"{where}: x_{split} is {x.dtype} {x.shape}; integer inputs are token ids, N x L and >= 0 "
+                    "(images: uint8)"
+                )
+            x = x.astype(np.int64)
         else:
-            raise DatasetError(f"{where}: x_{split} must be uint8 images (0..255) or float arrays, got {x.dtype}")
+            raise DatasetError(
+                f"{where}: x_{split} must be uint8 images (0..255), float arrays or integer token ids, got {x.dtype}"
+            )
         if not np.issubdtype(y.dtype, np.integer):
             raise DatasetError(f"{where}: y_{split} must hold integer labels, got {y.dtype}")
         if y.shape != (x.shape[0],):
@@ -355,6 +383,8 @@ def from_arrays(arrays: dict[str, np.ndarray], where: str) -> Dataset:
             f"{x_test.dtype} {tuple(x_test.shape)}; samples must have one shape and type"
         )
     num_classes = int(y_train.max()) + 1
+    if x_train.dtype == torch.int64:  # a text task: the labels are ids of the same vocabulary as the inputs
+        num_classes = max(num_classes, int(x_train.max()) + 1)
     if int(y_test.max()) >= num_classes:
         raise DatasetError(
             f"{where}: y_test has label {int(y_test.max())}, which y_train never has (0..{num_classes - 1})"
