@@ -17,7 +17,8 @@ TrainSplit = Literal["all", "references"]  # processors.data.sources.TRAIN_SPLIT
 @dataclass(frozen=True)
 class DataConfig:
     """Attributes:
-    dataset: ``cifar10``, ``synthetic`` (seeded, class-structured images), ``PATH.npz`` (``x_train``, ``y_train``,
+    dataset: ``cifar10``, ``synthetic`` (seeded, class-structured images), ``synthetic-text`` (seeded generated
+        text for next-character prediction, ``processors.data.text``), ``PATH.npz`` (``x_train``, ``y_train``,
         ``x_test``, ``y_test``), or ``package.module:function`` returning those arrays (``processors.data.sources``).
     data_root: where torchvision's CIFAR-10 lives (downloaded there when the network allows).
     synthetic_size: training images of the synthetic dataset (its test split is a fifth of it).
