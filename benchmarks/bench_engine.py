@@ -14,6 +14,12 @@ the devices' data statistics costs; models whose trackers are top-level modules 
 ratios are measured alternately in the same run.
 
     .venv/bin/python benchmarks/bench_engine.py --model resnet18 --ks 1,4 --iters 2 --batch-size 8 --samples 32
+
+``--model char_lstm`` (LEAF's Shakespeare LSTM) trains on generated text (``processors.data.text``: windows of
+``--window`` characters, LEAF's 80 by default) instead of images; the tracker and augmentation ratios are skipped
+(it has neither).
+
+    .venv/bin/python benchmarks/bench_engine.py --device cpu --model char_lstm --ks 1,4 --iters 3 --batch-size 10
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from processors.data.sources import make_synthetic, normalize  # noqa: E402
+from processors.data.sources import Dataset, make_synthetic, normalize  # noqa: E402
+from processors.data.text import VOCAB_SIZE, WINDOW, make_synthetic_text  # noqa: E402
 from processors.models import build_model  # noqa: E402
 from processors.models.stat_tracker import trackers  # noqa: E402
 from processors.training import TrainingConfig, train_local, worker_model  # noqa: E402
@@ -40,10 +47,15 @@ MODEL = "cifar10_convnet"
 FP32_PEAK_TFLOPS = {"H200": 67.0, "H100": 67.0, "A100": 19.5, "L40S": 91.6, "A10": 31.2, "L4": 30.3, "V100": 15.7}
 
 
-def flops_per_sample(device: torch.device, batch: int) -> float:
-    """Forward + backward FLOPs of one training sample, counted by torch.utils.flop_counter."""
+def flops_per_sample(device: torch.device, batch: int, window: int = WINDOW) -> float:
+    """Forward + backward FLOPs of one training sample, counted by torch.utils.flop_counter (the LSTM's fused
+    kernel, which it does not count, as the planner counts it)."""
     from torch.utils.flop_counter import FlopCounterMode
 
+    if MODEL == "char_lstm":
+        from simulation.planner import training_mflops
+
+        return training_mflops(build_model(MODEL), (window,)) * 1e6
     model = build_model(MODEL).to(device)
     x = normalize(torch.zeros(batch, 3, 32, 32, dtype=torch.uint8, device=device))
     y = torch.zeros(batch, dtype=torch.int64, device=device)
@@ -67,15 +79,20 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+PREPARE = normalize  # the stored batch -> the model's input (token ids pass unchanged)
+
+
 def run_per_device(global_params, data, cfg, device):
     model = worker_model(MODEL, device)
     gens = [torch.Generator().manual_seed(i) for i in range(len(data))]
-    return [train_local(model, global_params, x, y, cfg, g) for (x, y), g in zip(data, gens, strict=True)]
+    return [
+        train_local(model, global_params, x, y, cfg, g, prepare=PREPARE) for (x, y), g in zip(data, gens, strict=True)
+    ]
 
 
 def run_vectorized(global_params, data, cfg, device):
     gens = [torch.Generator().manual_seed(i) for i in range(len(data))]
-    return train_group(MODEL, global_params, data, cfg, gens, device)
+    return train_group(MODEL, global_params, data, cfg, gens, device, prepare=PREPARE)
 
 
 def timed(fn, device, *args):
@@ -92,10 +109,11 @@ def best_of(repeats: int, fn, device, *args):
 
 
 def main() -> None:
-    global MODEL
+    global MODEL, PREPARE
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--model", default=MODEL, choices=["cifar10_convnet", "resnet18"])
+    parser.add_argument("--model", default=MODEL, choices=["cifar10_convnet", "resnet18", "char_lstm"])
+    parser.add_argument("--window", type=int, default=WINDOW, help="char_lstm: characters per sample")
     parser.add_argument("--ks", default="1,8,32,100", help="comma-separated group sizes")
     parser.add_argument("--iters", type=int, default=25, help="local Adam iterations per device")
     parser.add_argument("--batch-size", type=int, default=32)
@@ -112,7 +130,12 @@ def main() -> None:
     cfg = TrainingConfig(model=MODEL, local_iters=args.iters, local_batch_size=args.batch_size, optimizer="adam")
 
     pool = min(max(ks) * args.samples, 20000)
-    ds = make_synthetic(max(pool, 100), 100, seed=0).to(device)
+    text = MODEL == "char_lstm"
+    if text:
+        ds = Dataset(*make_synthetic_text(max(pool, 100), 100, 0, args.window), VOCAB_SIZE, None, None).to(device)
+        PREPARE = ds.prepare
+    else:
+        ds = make_synthetic(max(pool, 100), 100, seed=0).to(device)
     picker = torch.Generator().manual_seed(1234)
     data_all = []
     for _ in range(max(ks)):
@@ -121,10 +144,11 @@ def main() -> None:
     torch.manual_seed(0)
     global_params = {n: p.detach().to(device) for n, p in build_model(MODEL).state_dict().items()}
 
-    fps = flops_per_sample(device, args.batch_size)
+    fps = flops_per_sample(device, args.batch_size, args.window)
     peak = peak_flops(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"device {name}; {MODEL}; Adam {args.iters} iters x batch {args.batch_size}; {args.samples} samples/device")
+    shown = f"{MODEL} ({args.window}-character windows)" if text else MODEL
+    print(f"device {name}; {shown}; Adam {args.iters} iters x batch {args.batch_size}; {args.samples} samples/device")
     print(
         f"train FLOPs/sample (fwd+bwd) {fps / 1e6:.2f} MFLOP; FP32 peak {f'{peak / 1e12:.1f} TFLOP/s' if peak else 'n/a'}"
     )
@@ -153,6 +177,8 @@ def main() -> None:
             f"{k:>5} {rate_dev:>15.0f} {rate_vec:>15.0f} {speedup:>6.2f}x {pct(rate_dev):>14} {pct(rate_vec):>10} {err:>10.2e}"
         )
     print(f"speedup: {speedup:.2f}x")
+    if text:  # no statistic trackers, no image augmentation
+        return
     if all("." not in name for name in trackers(worker_model(MODEL, device))):
         with_trackers, without = tracker_cost(global_params, data_all[: max(ks)], cfg, device, args.repeats)
         print(f"vectorised K={max(ks)}: {with_trackers:.3f} s with statistic trackers, {without:.3f} s without")

@@ -13,10 +13,11 @@ is a thin layer over it: every flag is an option here, with underscores (``--dev
   class itself. Its constructor takes no required argument (an optional ``init_seed`` keyword seeds it); its
   output for a batch is one score per class. A class defined in the script you run (``__main__``) is shipped
   with the job: guard the script's own work with ``if __name__ == "__main__":``.
-* ``data``: ``cifar10``, ``synthetic``, a ``.npz`` path, an import path ``package.module:function``, a function, or
-  the arrays themselves (a 4-tuple ``(x_train, y_train, x_test, y_test)``, a mapping or an object with those
-  names). Arrays are saved as ``dataset.npz`` in the results folder and read from there. Inputs are uint8 images
-  (N x H x W, N x H x W x C or N x C x H x W, C = 1 or 3) or float arrays N x ...; labels 0 .. K - 1.
+* ``data``: ``cifar10``, ``synthetic``, ``synthetic-text``, a ``.npz`` path, an import path
+  ``package.module:function``, a function, or the arrays themselves (a 4-tuple ``(x_train, y_train, x_test,
+  y_test)``, a mapping or an object with those names). Arrays are saved as ``dataset.npz`` in the results folder and read from there. Inputs are uint8 images
+  (N x H x W, N x H x W x C or N x C x H x W, C = 1 or 3), float arrays N x ..., or integer token ids N x L (a
+  text task, ``docs/tasks.md``); labels 0 .. K - 1.
 * ``delays``: a preset name (``none``, ``paper``, ``paper-shifted``, ``edge-example``), a ``DelayConfig``, or a
   dict of ``DelayConfig`` fields (with an optional ``"preset"``); ``None`` (the default): the method's delay
   preset when ``presets`` apply and no delay field is given (FedBuff's and FedRevive's: ``paper``), else ``none``.

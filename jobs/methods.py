@@ -248,6 +248,11 @@ class FedRevive(Method):
         return self.settings_from(before | values)
 
     def check_data(self, cfg: Any, dataset: Any) -> None:
+        if getattr(dataset, "is_text", False):  # its generator, teachers' BatchNorm matching and KD are image-only
+            raise ConfigError(
+                f"FedRevive synthesizes images; this is a text task (token ids {dataset.input_shape}): use --method "
+                "fedbuff or fedavg"
+            )
         if dataset.input_shape != (3, 32, 32) or dataset.mean is None:
             raise ConfigError(
                 f"FedRevive synthesizes 3 x 32 x 32 images; the data's samples are {dataset.input_shape}"

@@ -38,7 +38,8 @@ class TrainingConfig:
 
     Attributes:
         model: ``cifar10_convnet``, ``resnet18`` (the FedRevive paper's: statistic trackers, no BatchNorm),
-            ``resnet18_bn``, or an ``nn.Module`` class as ``package.module:Class`` (``processors.models``).
+            ``resnet18_bn``, ``char_lstm`` (LEAF's Shakespeare next-character LSTM, for token-id data such as
+            ``--dataset synthetic-text``), or an ``nn.Module`` class as ``package.module:Class`` (``processors.models``).
         local_iters: optimizer steps per task.
         local_batch_size: samples per step (a device with fewer samples uses them all).
         local_lr: local learning rate.

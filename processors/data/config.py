@@ -19,7 +19,8 @@ TrainSplit = Literal["all", "references"]  # processors.data.sources.TRAIN_SPLIT
 @dataclass(frozen=True)
 class DataConfig:
     """Attributes:
-    dataset: ``cifar10``, ``synthetic`` (seeded, class-structured images), ``femnist`` or ``shakespeare`` (LEAF's
+    dataset: ``cifar10``, ``synthetic`` (seeded, class-structured images), ``synthetic-text`` (seeded generated
+        text for next-character prediction, ``processors.data.text``), ``femnist`` or ``shakespeare`` (LEAF's
         JSON under ``DATA_ROOT/NAME/data/train`` and ``.../test``), ``PATH.h5`` (a TFF client file: EMNIST,
         Shakespeare), ``hf:PATH`` (a Hugging Face dataset with a user column), ``PATH.npz`` (``x_train``,
         ``y_train``, ``x_test``, ``y_test``), or ``package.module:function`` returning those arrays

@@ -18,6 +18,7 @@ import torch
 
 from processors.data.cache import cached_arrays
 from processors.data.sources import HF_PREFIX, Dataset, DatasetError, DatasetSpec
+from processors.data.text import ALL_LETTERS
 from processors.data.users import UserSplit, group_by_user
 
 GROUPED_KEYS = ("x_train", "y_train", "x_test", "y_test", "names", "train_offsets", "test_offsets")
@@ -178,10 +179,9 @@ def pixels_to_uint8(x: np.ndarray) -> np.ndarray:
     return images[:, None] if images.ndim == 3 else images
 
 
-# LEAF's Shakespeare alphabet (models/utils/language_utils.py ``ALL_LETTERS``): 80 characters, a character's token
-# id is its position. LEAF's own lookup gives -1 for any other character; here it becomes the space's id, so a
-# stray character can never index outside an embedding.
-ALL_LETTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
+# LEAF's Shakespeare alphabet (``processors.data.text.ALL_LETTERS``): a character's token id is its position. LEAF's
+# own lookup gives -1 for any other character; here it becomes the space's id, so a stray character can never index
+# outside an embedding.
 _CODES = np.array([ord(c) for c in ALL_LETTERS], dtype=np.int64)
 _SORTED = np.argsort(_CODES)
 UNKNOWN_ID = ALL_LETTERS.index(" ")

@@ -7,7 +7,7 @@
   images N x 1 x 28 x 28 (``round(255 x)``), standardised with the training split's mean and std, as a user's
   ``.npz`` images are; 62 classes.
 * Shakespeare: ``x`` is an 80-character string, ``y`` the character after it. Both become ids in LEAF's 80-letter
-  alphabet (``processors.data.formats.ALL_LETTERS``): int64 token ids N x 80 and int64 labels, 80 classes. int64
+  alphabet (``processors.data.text.ALL_LETTERS``): int64 token ids N x 80 and int64 labels, 80 classes. int64
   inputs are a text task's token ids: never normalised, never augmented.
 
 Every user of the training files is one user of the natural partition (``processors.data.users``), with its test
