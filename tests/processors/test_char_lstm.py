@@ -58,6 +58,7 @@ def test_the_char_lstm_is_leafs_shape_and_scores_the_80_symbols():
     assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
 
 
+@pytest.mark.slow  # real training of an 820k-parameter LSTM: seconds, not milliseconds
 def test_the_char_lstm_learns_generated_text_above_the_frequency_baseline():
     data = from_arrays(short_text(), "short_text")
     baseline = frequency_baseline(data.y_train, data.y_test)
@@ -71,6 +72,7 @@ def test_the_char_lstm_learns_generated_text_above_the_frequency_baseline():
     assert after > baseline + 0.1 and after > before + 0.1, (before, after, baseline)
 
 
+@pytest.mark.slow  # real training of an 820k-parameter LSTM: seconds, not milliseconds
 def test_both_engines_train_a_text_group_to_each_devices_own_diff():
     """The task processor's two paths on token ids: a group (vectorised engine: the LSTM unrolled under vmap) and
     each device alone (per-device engine: torch's fused LSTM) give the same diffs, up to summation order."""
