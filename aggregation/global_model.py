@@ -188,8 +188,14 @@ class GlobalModel(FLComponent):
 
     def retain(self, versions: set[int]) -> None:
         """Forget every version but these, the strategy's ``needed_versions()`` and the current one."""
-        keep = set(versions) | self.server_strategy.needed_versions() | {self.current_version}
-        for v in [v for v in self._versions if v not in keep]:
+        # called after every update with every version a device in flight trains (hundreds with paper delays): set
+        # operations, not a Python loop over the versions kept
+        dead = self._versions.keys() - versions
+        if not dead:
+            return
+        dead -= self.server_strategy.needed_versions()
+        dead.discard(self.current_version)
+        for v in dead:
             del self._versions[v]
             self._extras.pop(v, None)
             self._packed.pop(v, None)
