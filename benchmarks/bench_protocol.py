@@ -18,6 +18,10 @@ CPU per device beyond training. ``--only fedavg,fedbuff-paper,fedbuff-none`` run
 ``--baseline-rev REV``: runs the same jobs first on an earlier commit of this repository (a temporary git
 worktree, its own code on ``PYTHONPATH``), then on this one, and prints the ratios.
 
+``--null-training``: the same jobs with devices that return a fixed diff at once (``benchmarks/null_training.py``),
+against a GPU floor (``--gpu-samples-per-second``; default an estimate). Each run prints the server's peak of versions
+kept for pending devices.
+
 ``--cpu-scale``: FedBuff at ``reproduce_fedrevive.py --scale cpu``'s training (25 Adam steps of batch 32 per
 device), updates per second against its training floor.
 
@@ -115,6 +119,8 @@ def protocol_runs(args) -> dict[str, tuple[str, list[str]]]:
     ``benchmarks/null_training.py`` (its first argument names the job script it stands for)."""
     selection = args.selection or args.leaves * args.devices_per_leaf
     fedavg = job_flags(args, args.devices_per_leaf, selection)
+    if args.null_training:  # a leaf's first report carries all its diffs at once (about 240 MB): on a loaded
+        fedavg += ["--update-timeout", "120"]  # machine the derived 10 s can pass; a timeout changes nothing else
     buff = [*fedavg, *FEDBUFF, "--max-model-version", str(args.fedbuff_versions)]  # the later flag wins
     buff += ["--eval-frequency", str(max(1, args.fedbuff_versions // 10))]
     avg_job, buff_job = ("jobs/pt_job_fedavg.py", []), ("jobs/pt_job_fedrevive.py", [])
@@ -308,11 +314,8 @@ def print_null(args, measured: dict[str, dict[str, dict]]) -> None:
     cores = os.cpu_count() or 1
     gpu = args.gpu_samples_per_second
     gpu_devices = gpu / PAPER_SAMPLES_PER_DEVICE
-    source = (
-        "given (--gpu-samples-per-second)"
-        if gpu != GPU_SAMPLES_PER_SECOND
-        else ("an ESTIMATE: bench_engine's goal for the vectorised engine on an H100 (GPU_FIX_NOTES.md), not measured")
-    )
+    source = "an ESTIMATE: bench_engine's goal for the vectorised engine on an H100 (GPU_FIX_NOTES.md), not measured"
+    source = "given (--gpu-samples-per-second)" if gpu != GPU_SAMPLES_PER_SECOND else source
     print(
         f"\n{args.leaves} leaves x {args.devices_per_leaf} devices on {cores} cores, NULL training (each device "
         f"returns a fixed diff at once); K = {args.selection or 'every device'}, FedBuff B = 2"
