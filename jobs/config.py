@@ -281,6 +281,7 @@ class JobConfig:
         self.data.validate()
         self.training.validate()
         self.delays.validate()
+        self.engine.validate()
         cfg = self
         if self.delays.capacity_file and not (self.delays.task_samples and self.delays.model_bytes):
             # measured speeds need the work: samples per task, and the model's float32 bytes each way

@@ -49,6 +49,9 @@ class EngineConfig:
     device_timeout: with ``--devices real``, seconds a selected device may take before it counts as failed and
         its slot is refilled; 0: derived (``FIRST_DEVICE_TIMEOUT`` until a task is measured, then 3x the slowest
         task seen, at least that; printed at the start).
+    trainer: the leaves' task processor by import path ``package.module:Class``, a subclass of
+        ``processors.task_processor.TrainingTaskProcessor`` taking its arguments; "": that class itself. No flag:
+        an option of ``jobs.api`` for benchmarks (``benchmarks/null_trainer.py``: the protocol's ceiling).
     job_timeout: seconds a leaf's device simulator waits for the job to reach it (only that: not a limit on the
         job).
     update_interval: a leaf's heartbeat: the longest a leaf waits between syncs with its parent (it syncs at once
@@ -68,6 +71,7 @@ class EngineConfig:
     update_timeout: float | None = None
     devices: DevicesName = "simulated"
     device_timeout: float = 0.0
+    trainer: str = ""
 
     def __post_init__(self) -> None:
         check_choice("--devices", self.devices, DevicesName)
@@ -96,5 +100,26 @@ class EngineConfig:
                 "--engine vectorized needs --simulator fast (the stock simulator runs one device at a time)"
             )
 
+    def validate(self) -> None:
+        """Import the trainer it names, if any; ``ConfigError`` naming the fix."""
+        if self.trainer:
+            trainer_class(self.trainer)
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def trainer_class(path: str) -> type:
+    """The task processor class ``--trainer``'s import path names (``TrainingTaskProcessor`` for "")."""
+    from common.imports import import_object
+    from processors.task_processor import TrainingTaskProcessor
+
+    if not path:
+        return TrainingTaskProcessor
+    try:
+        cls = import_object(path, "trainer")
+    except ValueError as ex:
+        raise ConfigError(str(ex)) from ex
+    if not (isinstance(cls, type) and issubclass(cls, TrainingTaskProcessor)):
+        raise ConfigError(f"trainer {path!r}: give a subclass of processors.task_processor.TrainingTaskProcessor")
+    return cls

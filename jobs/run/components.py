@@ -18,6 +18,7 @@ from jobs.config import JobConfig
 from jobs.run.plan import plan_request
 from processors.task_processor import TrainingTaskProcessor
 from scheduling.exact_assessor import ExactTimeAssessor
+from simulation.config import trainer_class
 from simulation.leaf_runner import FastDeviceRunner, StockDeviceRunner
 from simulation.planner import WorkerPlan
 from simulation.timeouts import Timeouts
@@ -29,11 +30,12 @@ def make_task_processor(
     cfg: JobConfig, plan: WorkerPlan | None, torch_threads: int | None = None
 ) -> TrainingTaskProcessor:
     """The device-side trainer; ``torch_threads`` overrides the plan's (0: leave torch's default). Without a plan
-    (a deployment) the leaf sets its threads from its own plan at start."""
+    (a deployment) the leaf sets its threads from its own plan at start. Its class is ``--trainer``'s (a
+    benchmark's), else ``TrainingTaskProcessor``."""
     stock = cfg.engine.simulator == "stock"
     if torch_threads is None:
         torch_threads = plan.torch_threads if plan is not None else 0
-    return TrainingTaskProcessor(
+    return trainer_class(cfg.engine.trainer)(
         data=cfg.data.to_dict(),
         training=cfg.training.to_dict(),
         seed=cfg.run.seed,
