@@ -147,7 +147,7 @@ class RunConfig:
     eval_backlog: when evaluation falls behind the versions made: ``wait`` evaluates every scheduled
         version, so a seed's curve never depends on the machine's load; ``skip`` (opt-in, speed over a complete
         curve) evaluates the newest scheduled version and skips the older ones still waiting (never the last).
-    seed: fixes the initial model, data, partition, device delays, local sampling and device selection.
+    seed: fixes the initial model, data, partition, device delays, local sampling and device selection (>= 0).
     env: ``sim`` (NVFlare's SimEnv), ``poc`` (PocEnv) or ``prod`` (ProdEnv on a provisioned hierarchy).
     startup_kit: the admin's startup kit folder (``--env prod``).
     username: the admin user name (``--env prod``).
@@ -182,6 +182,8 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_positive({"--eval-frequency": self.eval_frequency})
+        if self.seed < 0:  # numpy's generators take non-negative seeds only: refused here, not in a leaf process
+            raise ConfigError(f"--seed {self.seed}: use a non-negative integer")
         check_choice("--eval-backlog", self.eval_backlog, EvalBacklog)
         if self.dry_run and (self.resume or self.export_only):
             raise ConfigError("--dry-run computes a new run's trace: leave out --resume and --export-only")
