@@ -7,11 +7,12 @@ Two units of local work (``processors.training.TrainingConfig``):
   epoch starts). Every device does the same work.
 * ``--local-epochs E``: E passes over the device's own n samples, each a fresh permutation cut into batches of
   ``batch``. **The tail batch is kept** (``ceil(n / batch)`` steps per epoch, the last of ``n mod batch`` samples
-  when that is not 0), as LEAF and FedAvg's ``B, E`` define an epoch: with natural partitions many users hold
-  fewer samples than two batches, and dropping the tail would discard a large share of their data (a user with
-  fewer than ``batch`` samples would train nothing). The FedRevive references drop it, because their devices all
-  hold the same 350 samples and train a fixed number of steps (``docs/fedrevive-differences.md``); that setting
-  is ``--local-iters``, which keeps today's schedule bit for bit.
+  when that is not 0), as LEAF and FedAvg's ``B, E`` define an epoch and as R2's ``DataLoader`` (no
+  ``drop_last``) trains: with natural partitions many users hold fewer samples than two batches, and dropping the
+  tail would discard a large share of their data (a user with fewer than ``batch`` samples would train nothing).
+  ``--local-iters`` still drops it (the FedRevive setting: every device holds the same 350 samples and trains a
+  fixed number of full batches; ``docs/fedrevive-differences.md``, the tail batch), which keeps today's schedule
+  bit for bit.
 
 So a device's work is a pure function of its sample count n (``processors.data.partition.device_sample_count``:
 the length of its index array is the source of truth) and the training settings: ``local_steps`` and

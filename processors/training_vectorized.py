@@ -17,6 +17,11 @@ Unequal batch sizes: ``batch_schedule`` gives a device with fewer than ``batch_s
 0 and masked: each device's loss is ``sum(ce * mask) / b_i``, the mean over its own real samples only, so
 padded samples contribute exactly zero gradient.
 
+Unequal step counts (``--local-epochs``: a device takes ``E x ceil(n_i / batch)`` steps, tail batches kept): the
+group runs for its longest device's steps; a device that has finished takes all-masked steps and its parameters,
+optimiser state and statistics are restored after each of them, so it stays exactly where its own last step left
+it (``processors.group_schedule``). Its last-step reports come from its own last step.
+
 Devices of different model versions (an asynchronous run's pending devices, ``simulation.fast_simulator``) train
 in one group too: ``global_params`` is then one dict per device, and each device starts from, and reports its diff
 against, its own version's weights (stacked like the parameters), with its own version's ``extras``. A group whose

@@ -14,11 +14,13 @@ import pytest
 import torch
 
 from aggregation.buffered_mean import BufferedMean
+from aggregation.leaf_executor import device_settings
 from aggregation.strategy import ServerContext, Update
 from common.delays import DELAY_PRESETS, DelayConfig, DeviceDelays
 from common.protocol import DATA_SIZE, DEVICE_EXTRA_PREFIX, SAMPLES, STEPS, DeviceUpdate, SelectionSum
 from common.seeds import stable_seed
 from jobs.api import make_config
+from jobs.methods import FedAvg
 from jobs.run.driver import schedule_for
 from processors.data import partition
 from processors.local_work import device_work
@@ -174,3 +176,23 @@ def _initial() -> dict[str, torch.Tensor]:
 
     torch.manual_seed(0)
     return {k: v.detach().clone() for k, v in build_model("cifar10_convnet").state_dict().items()}
+
+
+class WeightedFedAvg(FedAvg):
+    """FedAvg weighting each device by the samples it holds, as a user chooses it."""
+
+    weighting = "samples"
+
+
+def test_a_method_that_weights_by_samples_configures_devices_and_strategy():
+    from jobs.run.components import make_task_processor
+
+    cfg = make_config(WeightedFedAvg, local_epochs=1, subset_size=40)
+    proc = make_task_processor(cfg, None, 0)
+    assert proc.weighting == "samples" and DATA_SIZE in proc.reports
+    assert cfg.method_spec.strategy_args(cfg)["weighting"] == "samples"
+    assert device_settings(proc)["weighting"] == "samples"  # a real device weighs its diff alike
+    plain = make_config("fedavg", subset_size=40)
+    assert "weighting" not in plain.method_spec.strategy_args(plain)  # today's arguments, unchanged
+    assert make_task_processor(plain, None, 0).weighting == "devices"
+    assert "weighting" not in device_settings(make_task_processor(plain, None, 0))
