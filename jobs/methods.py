@@ -236,6 +236,11 @@ class FedRevive(Method):
     }
     result_files = (FEDREVIVE_LOG,)
 
+    def check(self, cfg: Any) -> None:
+        super().check(cfg)
+        if self.weighting != "devices":  # its staleness blend treats each update as one device's
+            raise ConfigError(f"{self.label}: FedRevive weights each update as one device; leave weighting devices")
+
     def strategy_args(self, cfg: Any) -> dict:
         args = super().strategy_args(cfg) | {"fedrevive": cfg.method_settings.to_dict()}
         if cfg.data.normalisation != "cifar":  # only then: a default run's job config keeps its bytes

@@ -12,7 +12,8 @@ The reports (names in ``common.protocol``):
   device term), a scalar;
 * ``loss_squared``: the mean of that step's squared per-sample cross-entropies (FedScale's ``loss_squared``, from
   which Oort's statistical utility is computed), a scalar;
-* ``steps``: local steps taken; ``samples``: samples trained on, counted over the steps (``steps x batch``);
+* ``steps``: local steps taken; ``samples``: samples trained on, counted over the steps (``steps x batch``, or
+  ``E x n`` with ``--local-epochs``, tail batches included; ``processors.local_work``);
 * ``label_counts``: the device's label histogram, one count per class (FedRevive's true class proportions);
 * ``data_size``: the samples the device holds; a method that weights by samples (``jobs.methods.Method.weighting``)
   asks for it, and the device then sends its diff times its data size (``weigh_by_samples``), so a leaf's sum of a

@@ -16,11 +16,12 @@ import torch
 from aggregation.buffered_mean import BufferedMean
 from aggregation.leaf_executor import device_settings
 from aggregation.strategy import ServerContext, Update
+from common.choices import ConfigError
 from common.delays import DELAY_PRESETS, DelayConfig, DeviceDelays
 from common.protocol import DATA_SIZE, DEVICE_EXTRA_PREFIX, SAMPLES, STEPS, DeviceUpdate, SelectionSum
 from common.seeds import stable_seed
 from jobs.api import make_config
-from jobs.methods import FedAvg
+from jobs.methods import FedAvg, FedRevive
 from jobs.run.driver import schedule_for
 from processors.data import partition
 from processors.local_work import device_work
@@ -196,3 +197,16 @@ def test_a_method_that_weights_by_samples_configures_devices_and_strategy():
     assert "weighting" not in plain.method_spec.strategy_args(plain)  # today's arguments, unchanged
     assert make_task_processor(plain, None, 0).weighting == "devices"
     assert "weighting" not in device_settings(make_task_processor(plain, None, 0))
+
+
+def test_fedrevive_and_unknown_weightings_are_refused_naming_the_fix():
+    class WeightedFedRevive(FedRevive):
+        weighting = "samples"
+
+    class Odd(FedAvg):
+        weighting = "bytes"
+
+    with pytest.raises(ConfigError, match="leave weighting devices"):
+        make_config(WeightedFedRevive)
+    with pytest.raises(ConfigError, match="use devices, samples"):
+        make_config(Odd)
