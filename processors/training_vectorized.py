@@ -150,6 +150,8 @@ def train_group(
     offsets, flips = plan.offsets, plan.flips
     index, mask, counts = plan.index.to(data_device), plan.mask.to(device), plan.counts.to(device)
     last_steps = plan.steps - 1  # each device's own last step (where its reports are measured)
+    if last_step is not None:
+        last_step[:] = [{} for _ in range(k)]
 
     def forward(params: Weights, x, y, m, count, received_one, extras_one) -> tuple[torch.Tensor, dict, torch.Tensor]:
         with collecting(tracked, m) as collector:
@@ -218,7 +220,7 @@ def train_group(
             grads_by_name, (batch_stats, losses, per_sample) = reporting_grad(
                 step_params, xb, yb, mask[t], counts[t], *device_args
             )
-            _record_last_step(last_step, losses, per_sample, mask[t], counts[t], ending, k)
+            _record_last_step(last_step, losses, per_sample, mask[t], counts[t], ending)
         else:
             grads_by_name, batch_stats = group_grad(step_params, xb, yb, mask[t], counts[t], *device_args)
         grads = [grads_by_name[name] for name in names]
@@ -259,14 +261,11 @@ def _record_last_step(
     m: torch.Tensor,
     counts,
     ending: list[int],
-    k: int,
 ) -> None:
     """The last-step reports (``processors.reports``) of the devices ``ending`` at this step: each one's loss, and
     the mean of its real samples' squared cross-entropies (padding masked out, as in its loss)."""
     with torch.no_grad():
         squared = (per_sample.detach() ** 2 * m).sum(1) / counts
-    if len(out) != k:
-        out[:] = [{} for _ in range(k)]
     for i in ending:
         out[i] = {LOSS: losses[i], LOSS_SQUARED: squared[i]}
 

@@ -32,8 +32,8 @@ BATCH = 16
 
 
 def size_of(device: str) -> int:
-    """A long-tailed, seeded sample count per device (5 .. 124)."""
-    return 5 + int(120 * (stable_seed("size", device) % 1000 / 1000) ** 3)
+    """A long-tailed, seeded sample count per device (5 .. 64)."""
+    return 5 + int(60 * (stable_seed("size", device) % 1000 / 1000) ** 3)
 
 
 @pytest.fixture
@@ -199,14 +199,16 @@ def test_a_method_that_weights_by_samples_configures_devices_and_strategy():
     assert "weighting" not in device_settings(make_task_processor(plain, None, 0))
 
 
+class WeightedFedRevive(FedRevive):
+    weighting = "samples"
+
+
+class OddWeighting(FedAvg):
+    weighting = "bytes"
+
+
 def test_fedrevive_and_unknown_weightings_are_refused_naming_the_fix():
-    class WeightedFedRevive(FedRevive):
-        weighting = "samples"
-
-    class Odd(FedAvg):
-        weighting = "bytes"
-
     with pytest.raises(ConfigError, match="leave weighting devices"):
         make_config(WeightedFedRevive)
     with pytest.raises(ConfigError, match="use devices, samples"):
-        make_config(Odd)
+        make_config(OddWeighting)
