@@ -20,6 +20,17 @@ ratios are measured alternately in the same run.
 (it has neither).
 
     .venv/bin/python benchmarks/bench_engine.py --device cpu --model char_lstm --ks 1,4 --iters 3 --batch-size 10
+
+``--unequal``: what unequal devices cost the vectorised engine. K devices (the largest of ``--ks``) hold sample
+counts drawn from a long-tailed (log-normal, sigma ``--unequal-sigma``) distribution of mean ``--samples`` and train
+``--epochs`` epochs over their own data (``--local-epochs``; tail batches kept), so their step counts differ and the
+group runs masked until its largest device is done (``processors.group_schedule``). It prints samples/second of
+the per-device engine and of the vectorised engine on those devices, and of the vectorised engine on K equal
+devices holding the mean count (the same work), then ``unequal: <X>x``, the equal group's rate over the unequal
+one's (what unequal sizes cost), and the share of the unequal group's lanes (steps x K x batch) that hold a real
+sample. Alternated, best of ``--repeats`` (at least 3).
+
+    .venv/bin/python benchmarks/bench_engine.py --unequal --ks 32 --samples 120 --epochs 1
 """
 
 from __future__ import annotations
@@ -119,8 +130,14 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--samples", type=int, default=350, help="samples per device")
     parser.add_argument("--repeats", type=int, default=1, help="time each engine this many times, keep the best")
+    parser.add_argument("--unequal", action="store_true", help="measure unequal devices instead (see above)")
+    parser.add_argument("--unequal-sigma", type=float, default=1.0, help="log-normal sigma of the sample counts")
+    parser.add_argument("--epochs", type=int, default=1, help="local epochs with --unequal")
     args = parser.parse_args()
     MODEL = args.model
+    if args.unequal:
+        unequal_cost(args)
+        return
 
     if args.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -186,6 +203,68 @@ def main() -> None:
     augmented, plain = augment_cost(global_params, data_all[: max(ks)], cfg, device, args.repeats)
     print(f"vectorised K={max(ks)}: {augmented:.3f} s with crop-and-flip augmentation, {plain:.3f} s without")
     print(f"augment: {augmented / plain:.3f}x")
+
+
+def long_tailed_sizes(k: int, mean: int, sigma: float, seed: int = 0) -> list[int]:
+    """K sample counts from a log-normal of the given mean (at least 2 each): a few large devices, many small."""
+    rng = np.random.default_rng(seed)
+    draws = rng.lognormal(np.log(mean) - sigma**2 / 2, sigma, size=k)
+    return [max(2, int(round(v))) for v in draws]
+
+
+def unequal_cost(args) -> None:
+    """The ``--unequal`` measurement (module docstring)."""
+    device = torch.device("cuda" if args.device != "cpu" and torch.cuda.is_available() else "cpu")
+    k = max(int(v) for v in args.ks.split(",") if v.strip())
+    sizes = long_tailed_sizes(k, args.samples, args.unequal_sigma)
+    mean = max(2, round(sum(sizes) / k))
+    cfg = TrainingConfig(model=MODEL, local_epochs=args.epochs, local_batch_size=args.batch_size)
+    ds = make_synthetic(max(sum(sizes), k * mean, 100), 100, seed=0).to(device)
+
+    def slices(counts):
+        out, start = [], 0
+        for n in counts:
+            out.append((ds.x_train[start : start + n], ds.y_train[start : start + n]))
+            start += n
+        return out
+
+    unequal, equal = slices(sizes), slices([mean] * k)
+    torch.manual_seed(0)
+    global_params = {n: p.detach().to(device) for n, p in build_model(MODEL).state_dict().items()}
+    steps = [cfg.steps(n) for n in sizes]
+    lanes = max(steps) * k * min(args.batch_size, max(sizes))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(
+        f"device {name}; {MODEL}; K={k}; {args.epochs} epoch(s), batch {args.batch_size}; samples per device: "
+        f"min {min(sizes)}, median {int(np.median(sizes))}, mean {sum(sizes) / k:.0f}, max {max(sizes)}; "
+        f"steps: min {min(steps)}, max {max(steps)}"
+    )
+    for _ in range(2):  # warm-up
+        run_vectorized(global_params, unequal[:2], cfg, device)
+        run_per_device(global_params, unequal[:2], cfg, device)
+    times: dict[str, list[float]] = {"per-device": [], "vectorised": [], "equal": []}
+    out = {}
+    for _ in range(max(args.repeats, 3)):
+        times["per-device"].append(timed(run_per_device, device, global_params, unequal, cfg)[0])
+        t, out["vec"] = timed(run_vectorized, device, global_params, unequal, cfg)
+        times["vectorised"].append(t)
+        times["equal"].append(timed(run_vectorized, device, global_params, equal, cfg)[0])
+    out_dev = run_per_device(global_params, unequal, cfg, device)
+    err = max(float(np.abs(a[n] - b[n]).max()) for a, b in zip(out_dev, out["vec"], strict=True) for n in a)
+    work_unequal, work_equal = sum(cfg.work(n) for n in sizes), k * cfg.work(mean)
+    rates = {
+        "per-device": work_unequal / min(times["per-device"]),
+        "vectorised": work_unequal / min(times["vectorised"]),
+        "equal": work_equal / min(times["equal"]),
+    }
+    print(f"{'engine':>28} {'samples/s':>10}")
+    print(f"{'per-device, unequal':>28} {rates['per-device']:>10.0f}")
+    print(f"{'vectorised, unequal (masked)':>28} {rates['vectorised']:>10.0f}")
+    print(f"{'vectorised, equal (mean)':>28} {rates['equal']:>10.0f}")
+    print(f"max|diff| per-device vs vectorised (unequal): {err:.2e}")
+    print(f"real samples in the unequal group's lanes: {100 * work_unequal / lanes:.1f}%")
+    print(f"vectorised over per-device, unequal: {rates['vectorised'] / rates['per-device']:.2f}x")
+    print(f"unequal: {rates['equal'] / rates['vectorised']:.2f}x")
 
 
 def augment_cost(global_params, data, cfg, device, repeats: int) -> tuple[float, float]:

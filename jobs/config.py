@@ -285,16 +285,19 @@ class JobConfig:
         self.delays.validate()
         self.engine.validate()
         cfg = self
-        if self.delays.capacity_file and not (self.delays.task_samples and self.delays.model_bytes):
+        if self.training.local_epochs and not self.delays.task_samples:
+            # the reference task a drawn training time is for: the nominal device's epochs (common.delays)
+            cfg = replace(self, delays=replace(self.delays, task_samples=self.training.work(self.data.subset_size)))
+        if cfg.delays.capacity_file and not (cfg.delays.task_samples and cfg.delays.model_bytes):
             # measured speeds need the work: samples per task, and the model's float32 bytes each way
             samples = self.training.local_iters * min(self.training.local_batch_size, self.data.subset_size)
             size = 4 * sum(t.numel() for t in build_model(self.training.model).state_dict().values())
             derived = replace(
-                self.delays,
-                task_samples=self.delays.task_samples or samples,
-                model_bytes=self.delays.model_bytes or size,
+                cfg.delays,
+                task_samples=cfg.delays.task_samples or samples,
+                model_bytes=cfg.delays.model_bytes or size,
             )
-            cfg = replace(self, delays=derived)
+            cfg = replace(cfg, delays=derived)
         if self.engine.engine == "vectorized":
             try:
                 check_vectorizable(build_model(self.training.model))

@@ -15,6 +15,7 @@ A method subclasses ``Method`` and says, in class attributes and a few overridab
 * its presets (``jobs/pt_job_fedrevive.py`` applies them to the flags not given): federation values and, under
   ``delays``, a delay preset (``common.delays``; used when no delay flag is given);
 * whether it is synchronous, and its leaf aggregation (``leaf_sums``);
+* how its mean weights the devices (``weighting``): uniformly, or by the samples each holds;
 * its checks of a whole configuration, and notes for the user before a run starts;
 * the files its strategy writes besides every run's (``result_files``: FedRevive's ``fedrevive_log.jsonl``).
 
@@ -31,14 +32,16 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from common.choices import ConfigError
+from common.choices import ConfigError, check_choice
 from common.imports import import_object, import_path
-from common.protocol import LABEL_COUNTS
+from common.protocol import DATA_SIZE, LABEL_COUNTS
 from fedrevive.config import LOG_FILE as FEDREVIVE_LOG
 from fedrevive.config import FedReviveConfig
 from processors.data.sources import NORMALISATIONS
+
+Weighting = Literal["devices", "samples"]  # aggregation.buffered_mean
 
 
 class Method:
@@ -57,6 +60,10 @@ class Method:
             ``delays``, the delay preset when no delay flag is given.
         synchronous: every selected device's update goes into the next model (updates = min hole = selection).
         stock_baseline: NVFlare's stock path (``--simulator stock``) can run it, for the benchmarks' comparisons.
+        weighting: how the mean weights each device's update: ``devices`` (uniformly, every built-in method's
+            choice: today's bits) or ``samples`` (by the samples it holds, FedAvg's ``n_k / n``; its devices then
+            report ``data_size`` and send their diffs times it, ``aggregation.buffered_mean``). A method whose
+            strategy is not ``BufferedMean`` (or a subclass taking ``weighting``) keeps ``devices``.
         result_files: the files (names or glob patterns) its strategy writes into the results folder besides every
             run's own (``common.result_files``): the end-of-run report names them, a deployment's download brings
             them home, and a new run in the same folder clears them.
@@ -72,10 +79,14 @@ class Method:
     synchronous: ClassVar[bool] = False
     stock_baseline: ClassVar[bool] = False
     result_files: ClassVar[tuple[str, ...]] = ()
+    weighting: ClassVar[Weighting] = "devices"
 
     def strategy_args(self, cfg: Any) -> dict:
         """The strategy's constructor arguments for this run (``cfg``: the ``JobConfig``)."""
-        return {"global_lr": cfg.federation.global_lr}
+        args = {"global_lr": cfg.federation.global_lr}
+        if self.weighting != "devices":  # the default is left out: a strategy without the argument still builds
+            args["weighting"] = self.weighting
+        return args
 
     def objective_args(self, cfg: Any) -> dict:
         """Its device hook's constructor arguments for this run (``cfg``: the ``JobConfig``)."""
@@ -87,9 +98,9 @@ class Method:
 
     def reports(self, cfg: Any) -> tuple[str, ...]:
         """The reports devices send with each update (``common.protocol`` names, ``processors.reports``): those
-        its strategy reads (override, and add to this) and those its selection policy ``needs``. Devices compute
-        only these."""
-        return self.selection_needs()
+        its strategy reads (override, and add to this) and those its selection policy ``needs`` (and ``data_size``
+        when it weights by samples). Devices compute only these."""
+        return self.selection_needs() + ((DATA_SIZE,) if self.weighting == "samples" else ())
 
     def selection_needs(self) -> tuple[str, ...]:
         """The device reports its selection policy reads (none without a policy)."""
@@ -106,6 +117,7 @@ class Method:
 
     def check(self, cfg: Any) -> None:
         """Refuse a configuration this method cannot run, naming the fix (``ConfigError``)."""
+        check_choice(f"{self.label}'s weighting", self.weighting, Weighting)
         if self.synchronous and not cfg.federation.synchronous:
             raise ConfigError(
                 f"{self.label} is synchronous and waits for every selected device: leave --num-updates-for-model "
@@ -223,6 +235,11 @@ class FedRevive(Method):
         "delays": "paper",
     }
     result_files = (FEDREVIVE_LOG,)
+
+    def check(self, cfg: Any) -> None:
+        super().check(cfg)
+        if self.weighting != "devices":  # its staleness blend treats each update as one device's
+            raise ConfigError(f"{self.label}: FedRevive weights each update as one device; leave weighting devices")
 
     def strategy_args(self, cfg: Any) -> dict:
         args = super().strategy_args(cfg) | {"fedrevive": cfg.method_settings.to_dict()}

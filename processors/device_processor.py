@@ -47,6 +47,7 @@ def _trainer(settings_json: str, compute_device: str, data_root: str) -> Trainin
         objective=settings.get("objective", ""),
         objective_args=settings.get("objective_args") or {},
         reports=settings.get("reports") or (),
+        weighting=settings.get("weighting", "devices"),
     )
 
 

@@ -33,7 +33,7 @@ from processors.data.partition import device_indices
 from processors.data.sources import Dataset, DatasetSpec, load_dataset
 from processors.device import resolve_device
 from processors.objective import DeviceObjective, make_objective
-from processors.reports import LAST_STEP, check_reports, with_reports
+from processors.reports import LAST_STEP, check_reports, weigh_by_samples, with_reports
 from processors.training import TrainingConfig, train_local, worker_model
 from processors.training_vectorized import train_group
 
@@ -154,6 +154,8 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         objective_args: its constructor's keyword arguments.
         reports: what each device reports besides its diff, by name (``processors.reports``: its last loss, its
             steps, its label histogram, ...), in its diff under ``DEVICE_EXTRA_PREFIX``; what its method asks for.
+        weighting: ``devices`` (each device's diff as trained) or ``samples`` (its diff times the samples it holds,
+            with its ``data_size`` report; ``jobs.methods.Method.weighting``).
     """
 
     def __init__(
@@ -168,6 +170,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         objective: str = "",
         objective_args: dict | None = None,
         reports: list[str] | tuple[str, ...] = (),
+        weighting: str = "devices",
     ):
         DeviceTaskProcessor.__init__(self)
         self.data = data
@@ -180,6 +183,9 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         self.objective = objective
         self.objective_args = objective_args or {}
         self.reports = list(check_reports(reports))
+        if weighting not in ("devices", "samples"):
+            raise ValueError(f"weighting {weighting!r}: use devices or samples")
+        self.weighting = weighting
         self._objective: DeviceObjective | None = make_objective(objective, self.objective_args)
         self._data = DataConfig(**data)
         self._training = TrainingConfig(**training)
@@ -305,12 +311,16 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         return {} if set(self.reports) & set(LAST_STEP) else None
 
     def _with_reports(self, diff: dict[str, np.ndarray], y: torch.Tensor, last_step: dict | None) -> dict:
-        """The diff, with the reports the method asks for (``processors.reports``)."""
+        """The diff, with the reports the method asks for (``processors.reports``), weighted by the device's
+        samples when its method weights so."""
+        if self.weighting == "samples":
+            diff = weigh_by_samples(diff, len(y))
         if not self.reports:
             return diff
         classes = load_dataset(self._data.spec(self.seed)).num_classes
-        batch = min(self._training.local_batch_size, len(y))
-        return with_reports(diff, tuple(self.reports), y, classes, self._training.local_iters, batch, last_step)
+        t, n = self._training, len(y)
+        batch = min(t.local_batch_size, n)
+        return with_reports(diff, tuple(self.reports), y, classes, t.steps(n), batch, last_step, t.work(n))
 
     def train_group(
         self, device_ids: list[str], model_data: dict | list[dict], version: int | list[int]

@@ -24,11 +24,13 @@ import torch.nn.functional as F
 from common.choices import ConfigError, check_choice, check_positive
 from processors import augment as augmentation
 from processors.data.sources import normalize
+from processors.local_work import epoch_schedule, local_steps, samples_processed
 from processors.models import build_model, check_model_name, model_class, statistic_names
 from processors.objective import DeviceObjective
 from processors.reports import last_step_losses
 
 Optimizer = Literal["adam", "sgd"]
+DEFAULT_LOCAL_ITERS = 25
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,9 @@ class TrainingConfig:
         model: ``cifar10_convnet``, ``resnet18`` (the FedRevive paper's: statistic trackers, no BatchNorm),
             ``resnet18_bn``, ``char_lstm`` (LEAF's Shakespeare next-character LSTM, for token-id data such as
             ``--dataset synthetic-text``), or an ``nn.Module`` class as ``package.module:Class`` (``processors.models``).
-        local_iters: optimizer steps per task.
+        local_iters: optimizer steps per task (unless --local-epochs is given).
+        local_epochs: passes over the device's own samples per task instead of --local-iters (0: off; the tail
+            batch is kept, so a device with n samples takes ceil(n / batch) steps per epoch; processors.local_work).
         local_batch_size: samples per step (a device with fewer samples uses them all).
         local_lr: local learning rate.
         optimizer: the local optimizer.
@@ -52,7 +56,8 @@ class TrainingConfig:
     """
 
     model: str = "cifar10_convnet"
-    local_iters: int = 25
+    local_iters: int = DEFAULT_LOCAL_ITERS
+    local_epochs: int = 0
     local_batch_size: int = 32
     local_lr: float = 3e-4
     optimizer: Optimizer = "adam"
@@ -63,6 +68,13 @@ class TrainingConfig:
     def __post_init__(self) -> None:
         check_positive({"--local-iters": self.local_iters, "--local-batch-size": self.local_batch_size})
         check_positive({"--local-lr": self.local_lr}, integer=False)
+        if self.local_epochs < 0:
+            raise ConfigError(f"--local-epochs {self.local_epochs}: must be >= 0 (0: train --local-iters steps)")
+        if self.local_epochs and self.local_iters != DEFAULT_LOCAL_ITERS:
+            raise ConfigError(
+                f"--local-epochs {self.local_epochs} and --local-iters {self.local_iters}: give one unit of local "
+                "work, epochs over each device's own data or a fixed number of steps, not both"
+            )
         check_choice("--optimizer", self.optimizer, Optimizer)
         try:
             check_model_name(self.model)
@@ -84,10 +96,21 @@ class TrainingConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def steps(self, num_samples: int) -> int:
+        """Local steps of a device holding ``num_samples`` samples (``processors.local_work``)."""
+        return local_steps(num_samples, self.local_batch_size, self.local_iters, self.local_epochs)
+
+    def work(self, num_samples: int) -> int:
+        """Samples a device holding ``num_samples`` samples trains on per task (``processors.local_work``)."""
+        return samples_processed(num_samples, self.local_batch_size, self.local_iters, self.local_epochs)
+
 
 def batch_schedule(num_samples: int, cfg: TrainingConfig, generator: torch.Generator) -> list[torch.Tensor]:
     """Positions (into a device's own samples) of each local iteration's batch: epochs of a fresh
-    permutation, cut into batches, for exactly ``local_iters`` iterations."""
+    permutation, cut into batches, for exactly ``local_iters`` iterations (full batches only); or, with
+    ``local_epochs``, that many epochs with their tail batches (``processors.local_work.epoch_schedule``)."""
+    if cfg.local_epochs:
+        return epoch_schedule(num_samples, cfg.local_batch_size, cfg.local_epochs, generator)
     batches: list[torch.Tensor] = []
     order = torch.empty(0, dtype=torch.int64)
     batch = min(cfg.local_batch_size, num_samples)
@@ -194,8 +217,8 @@ def train_local(
         xb, yb = x.index_select(0, positions), y.index_select(0, positions)
         if data_device != device:
             xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-        if cfg.augment:
-            xb = augmentation.crop_flip(xb, offsets[step], flips[step])
+        if cfg.augment:  # a tail batch (--local-epochs) takes the first of its step's draws
+            xb = augmentation.crop_flip(xb, offsets[step, : len(positions)], flips[step, : len(positions)])
         logits = model(prepare(xb))
         loss = F.cross_entropy(logits, yb)
         if objective is not None:

@@ -46,6 +46,7 @@ def make_task_processor(
         objective=cfg.method_spec.objective_path,
         objective_args=cfg.method_spec.objective_args(cfg),
         reports=cfg.method_spec.reports(cfg),
+        weighting=cfg.method_spec.weighting,
     )
 
 
@@ -111,6 +112,10 @@ def make_assessor(
         device_timeout=cfg.engine.device_timeout,
         selection=cfg.method_spec.selection_path,
         selection_args=cfg.method_spec.selection_args(cfg),
+        # each device's time scales with its own samples (--local-epochs); None keeps today's schedule
+        work={"data": cfg.data.to_dict(), "training": cfg.training.to_dict()}
+        if cfg.training.local_epochs and not real
+        else None,
     )
 
 

@@ -45,6 +45,20 @@ def _class_pools(labels_bytes: bytes, num_classes: int) -> tuple[np.ndarray, ...
     return tuple(np.flatnonzero(labels == c) for c in range(num_classes))
 
 
+def device_sample_count(
+    labels: np.ndarray,
+    device_key: str,
+    subset_size: int,
+    dirichlet_alpha: float | None,
+    seed: int,
+    num_classes: int = 10,
+    partition: str = "device",
+) -> int:
+    """How many samples a device holds: the length of its index array (``device_indices``), the one source of
+    truth for its local work with ``--local-epochs`` (``processors.local_work``) and its simulated time."""
+    return len(device_indices(labels, device_key, subset_size, dirichlet_alpha, seed, num_classes, partition))
+
+
 def device_indices(
     labels: np.ndarray,
     device_key: str,
