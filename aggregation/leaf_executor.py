@@ -70,7 +70,10 @@ def device_settings(processor) -> dict:
     missing = [n for n in names if not hasattr(processor, n)]
     if missing:
         raise TypeError(f"{type(processor).__name__} is not the job's task processor: it lacks {missing}")
-    return {n: getattr(processor, n) for n in names}
+    settings = {n: getattr(processor, n) for n in names}
+    if getattr(processor, "rule", ""):  # a method's training rule: the device keeps its state itself
+        settings |= {"rule": processor.rule, "rule_args": processor.rule_args}
+    return settings
 
 
 def selection_of(cookie: dict | None) -> tuple[int, int] | None:
