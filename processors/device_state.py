@@ -12,7 +12,8 @@ least recently used device's entry goes to disk, one ``.npz`` file per entry und
 
 Durable (a run that writes checkpoints): every entry is also written to disk when it is made, and the newest
 ``KEEP_DURABLE`` entries per device stay there, so that a run resumed from its checkpoint finds the state its
-in-flight devices started from even after the killed run trained them, and once more, past the checkpoint. The
+in-flight devices started from even after the killed run trained them, and once more, past the checkpoint (a
+task's entry replaces those of the device's later selections: a resumed run trains them again). The
 store lives in the run's results folder (``device_state/``), which ``--resume`` reuses. A fresh run clears each
 device's folder the first time it touches the device.
 """
@@ -80,6 +81,9 @@ class DeviceStateStore:
             if old is not None:
                 self._memory_bytes -= _nbytes(old[1])
             if self.durable:
+                for later in [s for s in self._on_disk[device] if s > selection]:  # a resumed run redoes these
+                    os.remove(self._path(device, later))
+                    self._on_disk[device].remove(later)
                 self._write(device, selection, arrays)
                 self._trim(device, KEEP_DURABLE)
             else:
