@@ -27,6 +27,7 @@ import numpy as np
 from aggregation.buffered_mean import BufferedMean
 from aggregation.strategy import ModelHistory, Update, Weights
 from common.choices import ConfigError
+from common.result_files import DEVICE_STATE
 from jobs.methods import FedAvg
 from processors.device_rule import DeviceRule
 
@@ -108,6 +109,7 @@ class Scaffold(FedAvg):
     name = ""  # a user's method is named by its import path
     strategy = ScaffoldStrategy
     rule = ScaffoldRule
+    result_files = (DEVICE_STATE,)  # its devices' c_i (a new run in the same folder clears them)
     presets = {"device_selection_size": 100, "global_lr": 1.0}
 
     def strategy_args(self, cfg) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 from common.delays import DelayConfig
+from common.result_files import DEVICE_STATE
 from evaluation.evaluator import GlobalModelEvaluator
 from evaluation.leaf_log_writer import LeafLogWriter
 from evaluation.model_saver import GlobalModelSaver
@@ -60,7 +61,7 @@ def rule_settings(cfg: JobConfig) -> dict:
     folder = cfg.run.resume or cfg.run.output
     sim = cfg.run.env == "sim" and folder
     state = {
-        "dir": os.path.join(os.path.abspath(os.path.expanduser(folder)), "device_state") if sim else "",
+        "dir": os.path.join(os.path.abspath(os.path.expanduser(folder)), DEVICE_STATE) if sim else "",
         "memory_mb": cfg.engine.device_state_memory_mb,
         "durable": cfg.run.checkpoint_every != -1,
         "fresh": not cfg.run.resume,
