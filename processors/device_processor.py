@@ -36,9 +36,13 @@ from common.device_wire import DEVICE_SETTINGS_META, to_wire
 from common.protocol import DEVICE_ID_META
 from processors.task_processor import TrainingTaskProcessor, received_model
 
+STATE_DIR = "~/.cache/edgesim-flare/device_state"  # where a device keeps a training rule's state by default
+
 
 @functools.lru_cache(maxsize=4)
-def _trainer(settings_json: str, compute_device: str, data_root: str, state_dir: str) -> TrainingTaskProcessor:
+def _trainer(
+    settings_json: str, compute_device: str, data_root: str, state_dir: str = STATE_DIR
+) -> TrainingTaskProcessor:
     """One trainer per job settings in this process (its data and models are cached per process)."""
     settings = json.loads(settings_json)
     training = dict(settings["training"])
@@ -91,7 +95,7 @@ class RealDeviceProcessor(DeviceTaskProcessor):
         compute_device: str = "",
         data_root: str = "",
         ca_cert: str = "",
-        state_dir: str = "~/.cache/edgesim-flare/device_state",
+        state_dir: str = STATE_DIR,
     ):
         DeviceTaskProcessor.__init__(self)
         self.state_dir = state_dir

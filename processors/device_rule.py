@@ -51,7 +51,9 @@ class DeviceRule:
 
     Attributes:
         keeps_state: the device keeps the state ``after`` returns, and ``before`` gets it on its next task.
-        reports: the names of the reports ``after`` returns (each a float32 array or scalar).
+        reports: the names of the reports ``after`` returns (each a float32 array or scalar), or name prefixes
+            ending in ``/`` (SCAFFOLD's ``delta_c/<parameter>``); a method whose rule reports gets each device's
+            update on its own (``Method.leaf_sums``).
     """
 
     keeps_state: ClassVar[bool] = False
