@@ -58,13 +58,19 @@ def test_a_rule_gives_the_same_diffs_reports_and_states_in_both_engines():
     group = RuleRun(Drift(), states)
     gens = [torch.Generator().manual_seed(i) for i in range(3)]
     diffs = train_group(MODEL, params, devices, CFG, gens, CPU, extras=extras, rule=group)
+    # devices of different versions (an asynchronous leaf's group): each its own start dict and extras, stacked
+    mixed = RuleRun(Drift(), states)
+    gens = [torch.Generator().manual_seed(i) for i in range(3)]
+    starts, own_extras = [dict(params) for _ in range(3)], [dict(extras) for _ in range(3)]
+    mixed_diffs = train_group(MODEL, starts, devices, CFG, gens, CPU, extras=own_extras, rule=mixed)
     plain = train_local(model, params, *devices[0], CFG, torch.Generator().manual_seed(0), extras=extras)
     for i, (diff, reports, state) in enumerate(one):
-        for name, d in diff.items():
-            np.testing.assert_allclose(diffs[i][name], d, rtol=1e-4, atol=1e-6)
-        np.testing.assert_allclose(group.reports[i]["norm"], reports["norm"], rtol=1e-4)
-        for name, s in state.items():
-            np.testing.assert_allclose(group.new_states[i][name], s, rtol=1e-4, atol=1e-7)
+        for run, run_diffs in ((group, diffs), (mixed, mixed_diffs)):
+            for name, d in diff.items():
+                np.testing.assert_allclose(run_diffs[i][name], d, rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(run.reports[i]["norm"], reports["norm"], rtol=1e-4)
+            for name, s in state.items():
+                np.testing.assert_allclose(run.new_states[i][name], s, rtol=1e-4, atol=1e-7)
     # the rule changed training, and the kept state changed it again
     assert not np.allclose(plain["fc3.weight"], one[0][0]["fc3.weight"])
     assert not np.allclose(one[0][0]["fc3.weight"], one[1][0]["fc3.weight"])
