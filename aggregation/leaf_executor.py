@@ -75,6 +75,8 @@ def device_settings(processor) -> dict:
     weighting = getattr(processor, "weighting", "devices")
     if weighting != "devices":  # by samples: the device sends its diff times its data size, as a simulated one
         settings["weighting"] = weighting
+    if getattr(processor, "rule", ""):  # a method's training rule: the device keeps its state itself
+        settings |= {"rule": processor.rule, "rule_args": processor.rule_args}
     return settings
 
 

@@ -5,6 +5,9 @@ A method subclasses ``Method`` and says, in class attributes and a few overridab
 * its server strategy (``aggregation.strategy.ServerStrategy``, by import path) and the arguments it gets;
 * optionally its device hook (``processors.objective.DeviceObjective``): a term added to every device's local
   loss, in both training engines, with extra state the strategy sends down with each version;
+* optionally its training rule (``processors.device_rule.DeviceRule``): hooks before, at every step of and after
+  local training (SCAFFOLD's gradient correction), with state each device keeps across its tasks and reports of
+  its own;
 * the reports its devices send besides their diffs (``reports``: their last loss, steps, label histogram, ...;
   ``processors.reports``), which its strategy gets in ``add_update`` as ``Update.reports``;
 * optionally its selection policy (``simulation.selection.SelectionPolicy``): whom the schedule selects, from the
@@ -52,6 +55,8 @@ class Method:
         strategy: its server strategy: a ``ServerStrategy`` subclass, or its import path ``package.module:Class``.
         objective: its device hook: a ``DeviceObjective`` subclass, or its import path (``None``: plain local
             training, the cross-entropy only).
+        rule: its local training rule: a ``DeviceRule`` subclass, or its import path (``None``: the engines' plain
+            optimiser steps).
         selection: its selection policy: a ``SelectionPolicy`` subclass, or its import path (``None``: uniform
             among idle devices, the default).
         settings: its own settings, a frozen dataclass (``None``: it has none).
@@ -72,6 +77,7 @@ class Method:
     name: ClassVar[str] = ""
     strategy: ClassVar[str | type] = "aggregation.buffered_mean:BufferedMean"
     objective: ClassVar[str | type | None] = None
+    rule: ClassVar[str | type | None] = None
     selection: ClassVar[str | type | None] = None
     settings: ClassVar[type | None] = None
     flag_prefix: ClassVar[str] = ""
@@ -91,6 +97,18 @@ class Method:
     def objective_args(self, cfg: Any) -> dict:
         """Its device hook's constructor arguments for this run (``cfg``: the ``JobConfig``)."""
         return {}
+
+    def rule_args(self, cfg: Any) -> dict:
+        """Its training rule's constructor arguments for this run (``cfg``: the ``JobConfig``)."""
+        return {}
+
+    def rule_reports(self) -> tuple[str, ...]:
+        """The reports its training rule adds (none without a rule)."""
+        if self.rule is None:
+            return ()
+        return tuple(
+            getattr(import_object(self.rule, "rule") if isinstance(self.rule, str) else self.rule, "reports", ())
+        )
 
     def selection_args(self, cfg: Any) -> dict:
         """Its selection policy's constructor arguments for this run (``cfg``: the ``JobConfig``)."""
@@ -112,8 +130,8 @@ class Method:
     def leaf_sums(self, cfg: Any) -> bool:
         """Leaf aggregation: ``True``, a leaf sends one sum per selection (every device of a synchronous
         selection goes into the same version); ``False``, each device's own update (always when its selection
-        policy reads reports: a sum would carry no device's own)."""
-        return cfg.federation.synchronous and not self.selection_needs()
+        policy reads reports, or its training rule sends its own: a sum would carry no device's own)."""
+        return cfg.federation.synchronous and not self.selection_needs() and not self.rule_reports()
 
     def check(self, cfg: Any) -> None:
         """Refuse a configuration this method cannot run, naming the fix (``ConfigError``)."""
@@ -127,6 +145,10 @@ class Method:
             raise ConfigError(
                 f"--method {self.label} selects devices by what they report after training "
                 f"({', '.join(self.selection_needs())}), and --dry-run trains nothing: run it without --dry-run"
+            )
+        if self.rule is not None and cfg.engine.simulator == "stock":
+            raise ConfigError(
+                f"--method {self.label} has its own training rule, which our leaves run: use --simulator fast"
             )
         if self.selection is not None and cfg.engine.simulator == "stock":
             raise ConfigError(
@@ -156,6 +178,13 @@ class Method:
         if self.objective is None:
             return ""
         return self.objective if isinstance(self.objective, str) else import_path(self.objective, "objective")
+
+    @property
+    def rule_path(self) -> str:
+        """The import path of its training rule ("": none)."""
+        if self.rule is None:
+            return ""
+        return self.rule if isinstance(self.rule, str) else import_path(self.rule, "rule")
 
     @property
     def selection_path(self) -> str:

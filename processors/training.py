@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from common.choices import ConfigError, check_choice, check_positive
 from processors import augment as augmentation
 from processors.data.sources import normalize
+from processors.device_rule import RuleRun
 from processors.local_work import epoch_schedule, local_steps, samples_processed
 from processors.models import build_model, check_model_name, model_class, statistic_names
 from processors.objective import DeviceObjective
@@ -176,6 +177,7 @@ def train_local(
     objective: DeviceObjective | None = None,
     extras: dict[str, torch.Tensor] | None = None,
     last_step: dict[str, torch.Tensor] | None = None,
+    rule: RuleRun | None = None,
 ) -> dict[str, np.ndarray]:
     """Train ``model`` from ``global_params`` on one device's samples; return its diff (parameters and statistics).
 
@@ -185,7 +187,9 @@ def train_local(
     CIFAR-10's statistics). ``objective`` (the method's device hook, ``processors.objective``) adds its term to
     each step's loss, with the server's ``extras``. The diff is computed on the model's device, then copied out
     (``copy_to_host``, through pinned buffers when ``pinned``). ``last_step``, when given, receives the last
-    step's losses (``processors.reports.last_step_losses``), for the device's reports.
+    step's losses (``processors.reports.last_step_losses``), for the device's reports. ``rule`` (the method's
+    training rule, ``processors.device_rule``) sets up from the received weights, corrects each step's gradients
+    before the optimiser takes them, and keeps the device's reports and new state after the last step.
     """
     device = next(model.parameters()).device
     shared = dict(model.named_parameters()) | {name: model.get_buffer(name) for name in statistic_names(model)}
@@ -205,9 +209,11 @@ def train_local(
                 b.copy_(global_params[name])
     model.train()
     optimizer = cfg.make_optimizer(model.parameters())
-    if objective is not None:
+    if objective is not None or rule is not None:
         params = dict(model.named_parameters())
         received = {name: global_params[name] for name in params}
+    if rule is not None:
+        rule.begin(received, extras or {})
     data_device = x.device
     schedule = batch_schedule(len(y), cfg, generator)
     if cfg.augment:  # drawn after the schedule, from the same generator: as the vectorised engine draws them
@@ -227,9 +233,21 @@ def train_local(
             last_step.update(last_step_losses(logits, yb, loss))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if rule is not None:
+            _correct(params, rule)
         optimizer.step()
+    if rule is not None:
+        rule.end(params, received)
     with torch.no_grad():
         return copy_to_host({name: t.detach() - global_params[name] for name, t in shared.items()}, pinned)
+
+
+def _correct(params: dict[str, torch.Tensor], rule: RuleRun) -> None:
+    """The rule's correction of this step's gradients, put where the optimiser reads them."""
+    with torch.no_grad():
+        corrected = rule.correct({n: p.detach() for n, p in params.items()}, {n: p.grad for n, p in params.items()})
+        for name, p in params.items():
+            p.grad = corrected[name]
 
 
 @torch.no_grad()

@@ -47,6 +47,7 @@ from torch.func import functional_call, grad, vmap
 from common.protocol import LOSS, LOSS_SQUARED
 from processors import augment as augmentation
 from processors.data.sources import normalize
+from processors.device_rule import RuleRun
 from processors.group_schedule import freeze, plan_group, restore
 from processors.models.stat_tracker import collecting, tracker_buffer_names, trackers, untracked_buffers
 from processors.objective import DeviceObjective
@@ -102,6 +103,7 @@ def train_group(
     objective: DeviceObjective | None = None,
     extras: Weights | Sequence[Weights] | None = None,
     last_step: list[dict[str, torch.Tensor]] | None = None,
+    rule: RuleRun | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """Train K devices from ``global_params``, all at once; return each device's diff (trained - received) as
     float32 numpy arrays, the same keys, shapes and values as ``train_local`` would return.
@@ -115,7 +117,8 @@ def train_group(
     ``generators[i]`` is the CPU generator ``train_local`` would get for device i (it is advanced the same way);
     ``objective`` and ``extras``: the method's device hook, as in ``train_local`` (its ``loss`` runs under ``vmap``
     on each device's parameters); ``last_step``, when given, gets one dict per device with its last step's losses,
-    as ``train_local`` measures them (``processors.reports``).
+    as ``train_local`` measures them (``processors.reports``); ``rule``: the method's training rule, as in
+    ``train_local`` (its hooks run under ``vmap`` on the devices' stacked tensors, ``processors.device_rule``).
     """
     if len(device_data) != len(generators):
         raise ValueError(f"{len(device_data)} devices but {len(generators)} generators")
@@ -186,6 +189,10 @@ def train_group(
         }
         stats = {name: r.clone() for name, r in start_stats.items()}
         start_params = received
+    if rule is not None:  # set up from each device's own state, received weights and extras
+        rule.begin_group(
+            received_by_name, *(hook[1:] if shared is not None else device_args[1:]), shared is not None, k
+        )
 
     def device_loss(params: Weights, x, y, m, count, *per_device) -> tuple[torch.Tensor, dict]:
         loss, stats, _ = forward(params, x, y, m, count, *(per_device or hook))
@@ -223,6 +230,8 @@ def train_group(
             _record_last_step(last_step, losses, per_sample, mask[t], counts[t], ending)
         else:
             grads_by_name, batch_stats = group_grad(step_params, xb, yb, mask[t], counts[t], *device_args)
+        if rule is not None:
+            grads_by_name = rule.correct_group(step_params, grads_by_name)
         grads = [grads_by_name[name] for name in names]
         with torch.no_grad():
             frozen = None
@@ -247,6 +256,8 @@ def train_group(
             if frozen is not None:
                 restore(*frozen)
 
+    if rule is not None:
+        rule.end_group(dict(zip(names, params, strict=True)), received_by_name, shared is not None)
     with torch.no_grad():
         stacked = {name: p - r for name, p, r in zip(names, params, start_params, strict=True)}
         stacked |= {name: s - start_stats[name] for name, s in stats.items()}

@@ -58,6 +58,9 @@ class EngineConfig:
         when it has results the server waits for, or news; NVFlare's own leaves sync every 1.0 s).
     update_timeout: seconds a leaf waits for its parent to take an update (default: derived from the report size,
         printed at the start; ``simulation.timeouts.derive_timeouts``).
+    device_state_memory_mb: with a method whose devices keep state across tasks (SCAFFOLD's control variates,
+        ``processors.device_rule``), the MiB of it a leaf holds in memory; past it the least recently used
+        devices' state goes to disk (``processors.device_state``, in the results folder's ``device_state/``).
     """
 
     simulator: SimulatorName = "fast"
@@ -72,6 +75,7 @@ class EngineConfig:
     devices: DevicesName = "simulated"
     device_timeout: float = 0.0
     trainer: str = ""
+    device_state_memory_mb: float = 256.0
 
     def __post_init__(self) -> None:
         check_choice("--devices", self.devices, DevicesName)
@@ -91,6 +95,8 @@ class EngineConfig:
         check_positive({"--job-timeout": self.job_timeout, "--update-interval": self.update_interval}, integer=False)
         if self.update_timeout is not None:
             check_positive({"--update-timeout": self.update_timeout}, integer=False)
+        if not self.device_state_memory_mb >= 0:
+            raise ConfigError(f"--device-state-memory-mb {self.device_state_memory_mb}: must be >= 0 (0: all on disk)")
         if not self.time_scale >= 0:
             raise ConfigError(f"--time-scale {self.time_scale}: must be >= 0 (0: exact simulated time)")
         if self.simulator == "stock" and self.time_scale > 0:

@@ -6,7 +6,10 @@ the component the config parts it needs, as the plain values NVFlare writes into
 
 from __future__ import annotations
 
+import os
+
 from common.delays import DelayConfig
+from common.result_files import DEVICE_STATE
 from evaluation.evaluator import GlobalModelEvaluator
 from evaluation.leaf_log_writer import LeafLogWriter
 from evaluation.model_saver import GlobalModelSaver
@@ -47,7 +50,26 @@ def make_task_processor(
         objective_args=cfg.method_spec.objective_args(cfg),
         reports=cfg.method_spec.reports(cfg),
         weighting=cfg.method_spec.weighting,
+        **rule_settings(cfg),
     )
+
+
+def rule_settings(cfg: JobConfig) -> dict:
+    """The method's training rule and where its devices' state is kept: the results folder's ``device_state/`` on
+    SimEnv (``--resume`` reuses it; written through when the run checkpoints), else each leaf's working folder.
+    Nothing for a method without a rule, so its job config keeps its bytes."""
+    method = cfg.method_spec
+    if not method.rule_path:
+        return {}
+    folder = cfg.run.resume or cfg.run.output
+    sim = cfg.run.env == "sim" and folder
+    state = {
+        "dir": os.path.join(os.path.abspath(os.path.expanduser(folder)), DEVICE_STATE) if sim else "",
+        "memory_mb": cfg.engine.device_state_memory_mb,
+        "durable": cfg.run.checkpoint_every != -1,
+        "fresh": not cfg.run.resume,
+    }
+    return {"rule": method.rule_path, "rule_args": method.rule_args(cfg), "device_state": state}
 
 
 def make_leaf_runner(cfg: JobConfig, plan: WorkerPlan | None, processor_id: str):

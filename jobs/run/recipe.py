@@ -64,7 +64,14 @@ def user_modules(cfg: JobConfig) -> list[str]:
     pkg.mod:function``, ``--method pkg.mod:Name`` and its strategy, a benchmark's trainer) that are neither this project's nor installed
     (site-packages, the standard library)."""
     method = cfg.method_spec
-    paths = [cfg.training.model, cfg.data.dataset, cfg.method, method.strategy_path, method.objective_path]
+    paths = [
+        cfg.training.model,
+        cfg.data.dataset,
+        cfg.method,
+        method.strategy_path,
+        method.objective_path,
+        method.rule_path,
+    ]
     paths.append(cfg.engine.trainer)
     tops = {p.partition(":")[0].split(".")[0] for p in paths if ":" in p and not p.endswith(".npz")}
     installed = {os.path.realpath(sysconfig.get_path(k)) for k in ("purelib", "platlib", "stdlib", "platstdlib")}
