@@ -50,7 +50,9 @@ class NullTrainer(TrainingTaskProcessor):
     def train(self, device_id: str, model_data: dict, version: int) -> dict[str, np.ndarray]:
         return self._fixed_diff(model_data)
 
-    def train_group(self, device_ids: list[str], model_data, version) -> list[dict[str, np.ndarray]]:
+    def train_group(
+        self, device_ids: list[str], model_data, version, selections: list[int] | None = None
+    ) -> list[dict[str, np.ndarray]]:
         first = model_data if isinstance(model_data, dict) else model_data[0]
         return [self._fixed_diff(first) for _ in device_ids]
 
