@@ -13,9 +13,12 @@ each evaluated version). The phases come from the time stamps of NVFlare's logs 
   leaves start      -> the last leaf has its runner started ("client runner started")
   first version     -> the first evaluated version
   ...
-  to END_RUN        last version -> the server fires END_RUN (its workflow ends, the leaves are told)
-  server stops      -> the simulator's last log line ("Good Bye")
-  exit              -> the driver process has exited (the summary, its exit)
+and after the last evaluated version, each as seconds since that version (END_RUN may come first: an evaluation
+still running holds END_RUN's handlers, not NVFlare's END_RUN itself):
+
+  END_RUN           the server fires END_RUN (its workflow has ended, the leaves are told)
+  server's end      the simulator's last log line ("Good Bye")
+  exit              the driver process has exited (the plot, the summary)
 
 ``--baseline-rev REV`` runs the same job first on an earlier commit (a temporary git worktree, its own code first
 on ``PYTHONPATH``), then on this one, ``--repeat N`` times each, alternating, and prints each figure's median and
@@ -49,7 +52,7 @@ START_PHASES = (  # (name, the log line that ends it: logger, text in the messag
     ("server app", ("ServerRunner", "Server runner starting", "first")),
     ("leaves start", ("ClientRunner", "client runner started", "last")),
 )
-END_PHASES = (("to END_RUN", ("ServerRunner", "END_RUN fired", "first")), ("server stops", ("MPM", "Good Bye", "last")))
+END_PHASES = (("END_RUN", ("ServerRunner", "END_RUN fired", "first")), ("server's end", ("MPM", "Good Bye", "last")))
 
 
 def log_lines(nvflare_dir: str) -> list[tuple[float, str, str]]:
@@ -102,12 +105,10 @@ def measure(script: str, flags: list[str], out: str, repo: str) -> dict:
         phases[name] = None if stamp is None else stamp - previous
         previous = stamp if stamp is not None else previous
     phases["first version"] = first - previous
-    previous = last
     for name, marker in END_PHASES:
         stamp = find(lines, *marker)
-        phases[name] = None if stamp is None else stamp - previous
-        previous = stamp if stamp is not None else previous
-    phases["exit"] = ended - previous
+        phases[f"+{name}"] = None if stamp is None else stamp - last
+    phases["+exit"] = ended - last
     return {
         "start to first version": first - started,
         "last version to exit": ended - last,
