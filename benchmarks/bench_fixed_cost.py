@@ -42,6 +42,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_protocol import worktree  # noqa: E402
 from benchmarks.harness import REPO  # noqa: E402
+from common.result_files import METRICS  # noqa: E402
 
 SCRIPT = "jobs/pt_job_fedavg.py"
 FLAGS = "--max-model-version 3 --devices-per-leaf 10 --device-selection-size 10 --subset-size 50 --seed 7"
@@ -95,7 +96,7 @@ def measure(script: str, flags: list[str], out: str, repo: str) -> dict:
     ended = time.time()
     if proc.returncode:
         sys.exit(f"job failed ({script} {' '.join(flags)}):\n{proc.stdout[-3000:]}")
-    with open(os.path.join(out, "metrics.json")) as f:
+    with open(os.path.join(out, METRICS)) as f:
         versions = json.load(f)["versions"]
     first, last = versions[0]["epoch"], versions[-1]["epoch"]
     lines = log_lines(os.path.join(out, "nvflare"))
