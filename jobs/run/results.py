@@ -92,6 +92,18 @@ def format_summary(summary: dict, results_dir: str, files: tuple[str, ...]) -> s
     return "\n".join(lines)
 
 
+def tail_keys(path: str, size: int = 8192) -> set[str]:
+    """Which of ``outcome`` and ``summary`` ``metrics.json`` holds, from its last ``size`` bytes: the recorder writes
+    them last, as top-level keys (indented by two spaces), so a long run's file is not parsed every second."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - size))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return set()
+    return {key for key in ("outcome", "summary") if f'\n  "{key}": ' in tail}
+
+
 class PlotAhead:
     """Draws a SimEnv run's ``accuracy.png`` on a thread of the driver as soon as the server has recorded the run's
     summary (at END_RUN), while NVFlare shuts down; imports matplotlib once the outcome is decided (the last
@@ -132,9 +144,10 @@ class PlotAhead:
             except OSError:
                 changed = mtime
             if changed != mtime:
-                mtime, metrics = changed, read_metrics(self.results_dir)
-                if not warmed and ("outcome" in metrics or "summary" in metrics):
+                mtime, keys = changed, tail_keys(path)
+                if not warmed and keys & {"outcome", "summary"}:
                     warmed = bool(warm_up())
+                metrics = read_metrics(self.results_dir) if "summary" in keys else {}
                 if "summary" in metrics and metrics.get("versions"):
                     records, config = metrics["versions"], metrics.get("config") or {}
                     title = (config.get("run") or {}).get("job_name", "")
