@@ -8,6 +8,12 @@ devices' own statistics (each device's base version plus its diff), neither scal
 the current ones. Adding stale statistic diffs to newer statistics could drive a variance below zero; the mean of
 variances cannot. In a synchronous run with ``global_lr`` 1 both rules give the same numbers.
 
+Weighting (``weighting``, the method's ``jobs.methods.Method.weighting``): ``devices`` (the default) gives every
+update the weight of its ``count`` (1 per device, 0 for a failed one), FedBuff's and today's FedAvg's uniform mean;
+``samples`` gives each device the weight of the samples it holds, FedAvg's ``n_k / n`` (McMahan et al.): the device
+sends its diff already times its ``data_size`` (``processors.reports.weigh_by_samples``, so a leaf's sum of a
+selection still sums weighted diffs), and the mean divides by the summed ``data_size`` reports.
+
 Diffs are added in the order the schedule applies them, into a float32 sum, so the same run gives the same bits
 whatever order leaves reported in. Synchronous FedAvg and asynchronous FedBuff differ only in B and the
 selection (the schedule's business), not here.
@@ -18,22 +24,38 @@ from __future__ import annotations
 import numpy as np
 
 from aggregation.strategy import ModelHistory, ServerStrategy, Update, Weights
+from common.protocol import DATA_SIZE
 
 
 class BufferedMean(ServerStrategy):
     """Args:
     global_lr: server learning rate applied to the mean of the buffered updates.
+    weighting: ``devices`` or ``samples`` (see the module docstring).
     """
 
-    def __init__(self, global_lr: float = 1.0):
+    def __init__(self, global_lr: float = 1.0, weighting: str = "devices"):
+        if weighting not in ("devices", "samples"):
+            raise ValueError(f"weighting {weighting!r}: use devices or samples")
         self.global_lr = global_lr
+        self.weighting = weighting
         self._sum: Weights | None = None
         self._count = 0
 
     def add_update(self, update: Update, model: ModelHistory) -> None:
-        self.buffer(update.diff, update.count, update.base_version, model)
+        self.buffer(update.diff, self.weight_of(update), update.base_version, model)
 
-    def buffer(self, diff: Weights, count: int, base_version: int, model: ModelHistory) -> None:
+    def weight_of(self, update: Update) -> float:
+        """The update's weight in the mean: its device count, or (weighting by samples) its devices' summed
+        ``data_size`` (0 for a failed device, which reports none)."""
+        if self.weighting == "devices":
+            return update.count
+        if not update.count:
+            return 0
+        if DATA_SIZE not in update.reports:
+            raise ValueError(f"device {update.device}'s update lacks its {DATA_SIZE!r} report: weighting by samples")
+        return float(update.reports[DATA_SIZE])
+
+    def buffer(self, diff: Weights, count: float, base_version: int, model: ModelHistory) -> None:
         """Add a diff (of ``count`` devices, summed, all trained from ``base_version``) to the buffer: parameters
         as diffs, statistics as the devices' own values (``count`` times the base plus the summed diffs)."""
         statistics = self.context.statistics

@@ -86,7 +86,9 @@ class GlobalModel(FLComponent):
         self._packed: dict[int, dict] = {}
         self._groups: list = []  # the selection sums already given to the strategy since the last version
         self._set_up = False
+        self.peak_kept = (0, 0)  # the most versions kept at once, and their bytes (weights and packed copies)
         self.register_event_handler(EventType.START_RUN, lambda _event, fl_ctx: self._setup(fl_ctx))
+        self.register_event_handler(EventType.END_RUN, self._log_retention)
 
     def _setup(self, fl_ctx: FLContext) -> None:
         if self._set_up:
@@ -117,6 +119,7 @@ class GlobalModel(FLComponent):
         if packed is None:
             extras = {DEVICE_EXTRA_PREFIX + k: v for k, v in self._extras.get(version, {}).items()}
             packed = self._packed[version] = pack(self._versions[version] | extras)
+            self._note_kept()
         return packed
 
     def start(self, initial: dict, fl_ctx: FLContext) -> None:
@@ -154,6 +157,7 @@ class GlobalModel(FLComponent):
         self.current_version += 1
         self._versions[self.current_version] = new
         self._keep_extras()
+        self._note_kept()
         self._announce(sim_time, fl_ctx)
 
     def _keep_extras(self) -> None:
@@ -184,11 +188,33 @@ class GlobalModel(FLComponent):
 
     def retain(self, versions: set[int]) -> None:
         """Forget every version but these, the strategy's ``needed_versions()`` and the current one."""
-        keep = set(versions) | self.server_strategy.needed_versions() | {self.current_version}
-        for v in [v for v in self._versions if v not in keep]:
+        # called after every update with every version a device in flight trains (hundreds with paper delays): set
+        # operations, not a Python loop over the versions kept
+        dead = self._versions.keys() - versions
+        if not dead:
+            return
+        dead -= self.server_strategy.needed_versions()
+        dead.discard(self.current_version)
+        for v in dead:
             del self._versions[v]
             self._extras.pop(v, None)
             self._packed.pop(v, None)
+
+    def _note_kept(self) -> None:
+        """Track the peak of versions kept (what the versions pending devices need cost in memory): every version
+        is the same size, so the bytes are counts times one version's (its weights, and its packed copy if made)."""
+        count = len(self._versions)
+        if count < self.peak_kept[0]:
+            return
+        one = self._versions[self.current_version]
+        size = count * sum(a.nbytes for a in one.values())
+        if self._packed:
+            size += len(self._packed) * len(next(iter(self._packed.values()))["data"])
+        self.peak_kept = max(self.peak_kept, (count, size))
+
+    def _log_retention(self, _event: str, fl_ctx: FLContext) -> None:
+        count, size = self.peak_kept
+        self.log_info(fl_ctx, f"versions kept: peak {count} ({size / 2**20:.1f} MB with their packed copies)")
 
     def status(self) -> str:
         """The method's word on where it stands, for the progress line ("": nothing to say)."""

@@ -65,12 +65,19 @@ BATCH_WINDOW = 0.1  # seconds a result the server is not waiting for may wait fo
 
 def device_settings(processor) -> dict:
     """What a real device needs to train this job as a simulated one would: the job's task processor's data,
-    training, seed and the method's device hook (``processors.device_processor`` reads it from each task)."""
+    training, seed, the method's device hook and its weighting (``processors.device_processor`` reads it from each
+    task)."""
     names = ("data", "training", "seed", "objective", "objective_args", "reports")
     missing = [n for n in names if not hasattr(processor, n)]
     if missing:
         raise TypeError(f"{type(processor).__name__} is not the job's task processor: it lacks {missing}")
-    return {n: getattr(processor, n) for n in names}
+    settings = {n: getattr(processor, n) for n in names}
+    weighting = getattr(processor, "weighting", "devices")
+    if weighting != "devices":  # by samples: the device sends its diff times its data size, as a simulated one
+        settings["weighting"] = weighting
+    if getattr(processor, "rule", ""):  # a method's training rule: the device keeps its state itself
+        settings |= {"rule": processor.rule, "rule_args": processor.rule_args}
+    return settings
 
 
 def selection_of(cookie: dict | None) -> tuple[int, int] | None:

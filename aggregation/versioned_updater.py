@@ -40,6 +40,7 @@ from nvflare.edge.mud import BaseState, PropKey, StateUpdateReply, StateUpdateRe
 from nvflare.edge.updater import Updater
 
 from common.leaf_outbox import OUTBOX_PROP
+from common.packed_maps import pack_map, unpacked_map
 from common.packed_weights import pack, unpack
 from common.protocol import (
     AWAITED,
@@ -191,12 +192,12 @@ class VersionedUpdater(Updater):
                 state.model_version = r.model_version
             if r.device_selection_version != state.device_selection_version and PropKey.DEVICE_SELECTION in reply:
                 state.device_selection_version = r.device_selection_version
-                state.device_selection = reply[PropKey.DEVICE_SELECTION] or {}
+                state.device_selection = unpacked_map(reply[PropKey.DEVICE_SELECTION]) or {}
                 changed = True
             if SELECTION_VERSIONS in reply:
-                self._selection_versions = dict(reply[SELECTION_VERSIONS])
+                self._selection_versions = dict(unpacked_map(reply[SELECTION_VERSIONS]))
             if SELECTION_RELEASES in reply:
-                self._selection_releases = dict(reply[SELECTION_RELEASES])
+                self._selection_releases = dict(unpacked_map(reply[SELECTION_RELEASES]))
             self.awaited = set(reply.get(AWAITED) or ())
             selection = state.device_selection
             self._fetched.intersection_update(selection.items())
@@ -303,17 +304,15 @@ class VersionedUpdater(Updater):
         if state is None or not state.model_version:
             return StateUpdateReply(0, None, 0, None).to_shareable()
         changed = report.current_device_selection_version != state.device_selection_version
-        reply = StateUpdateReply(
-            state.model_version, None, state.device_selection_version, state.device_selection if changed else None
-        ).to_shareable()
+        reply = StateUpdateReply(state.model_version, None, state.device_selection_version, None).to_shareable()
         if changed:
-            reply[PropKey.DEVICE_SELECTION] = state.device_selection  # even when empty
+            reply[PropKey.DEVICE_SELECTION] = pack_map(state.device_selection)  # even when empty
         needed = set(self._selection_versions.values()) - held
         if needed:
             reply[MODELS] = {v: pack(self._models[v].data) for v in sorted(needed) if v in self._models}
-        reply[SELECTION_VERSIONS] = dict(self._selection_versions)
+        reply[SELECTION_VERSIONS] = pack_map(self._selection_versions)
         if self._selection_releases:
-            reply[SELECTION_RELEASES] = dict(self._selection_releases)
+            reply[SELECTION_RELEASES] = pack_map(self._selection_releases)
         return reply
 
     def end_task(self, fl_ctx: FLContext) -> None:

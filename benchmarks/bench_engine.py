@@ -14,6 +14,23 @@ the devices' data statistics costs; models whose trackers are top-level modules 
 ratios are measured alternately in the same run.
 
     .venv/bin/python benchmarks/bench_engine.py --model resnet18 --ks 1,4 --iters 2 --batch-size 8 --samples 32
+
+``--model char_lstm`` (LEAF's Shakespeare LSTM) trains on generated text (``processors.data.text``: windows of
+``--window`` characters, LEAF's 80 by default) instead of images; the tracker and augmentation ratios are skipped
+(it has neither).
+
+    .venv/bin/python benchmarks/bench_engine.py --device cpu --model char_lstm --ks 1,4 --iters 3 --batch-size 10
+
+``--unequal``: what unequal devices cost the vectorised engine. K devices (the largest of ``--ks``) hold sample
+counts drawn from a long-tailed (log-normal, sigma ``--unequal-sigma``) distribution of mean ``--samples`` and train
+``--epochs`` epochs over their own data (``--local-epochs``; tail batches kept), so their step counts differ and the
+group runs masked until its largest device is done (``processors.group_schedule``). It prints samples/second of
+the per-device engine and of the vectorised engine on those devices, and of the vectorised engine on K equal
+devices holding the mean count (the same work), then ``unequal: <X>x``, the equal group's rate over the unequal
+one's (what unequal sizes cost), and the share of the unequal group's lanes (steps x K x batch) that hold a real
+sample. Alternated, best of ``--repeats`` (at least 3).
+
+    .venv/bin/python benchmarks/bench_engine.py --unequal --ks 32 --samples 120 --epochs 1
 """
 
 from __future__ import annotations
@@ -29,7 +46,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from processors.data.sources import make_synthetic, normalize  # noqa: E402
+from processors.data.sources import Dataset, make_synthetic, normalize  # noqa: E402
+from processors.data.text import VOCAB_SIZE, WINDOW, make_synthetic_text  # noqa: E402
 from processors.models import build_model  # noqa: E402
 from processors.models.stat_tracker import trackers  # noqa: E402
 from processors.training import TrainingConfig, train_local, worker_model  # noqa: E402
@@ -40,10 +58,15 @@ MODEL = "cifar10_convnet"
 FP32_PEAK_TFLOPS = {"H200": 67.0, "H100": 67.0, "A100": 19.5, "L40S": 91.6, "A10": 31.2, "L4": 30.3, "V100": 15.7}
 
 
-def flops_per_sample(device: torch.device, batch: int) -> float:
-    """Forward + backward FLOPs of one training sample, counted by torch.utils.flop_counter."""
+def flops_per_sample(device: torch.device, batch: int, window: int = WINDOW) -> float:
+    """Forward + backward FLOPs of one training sample, counted by torch.utils.flop_counter (the LSTM's fused
+    kernel, which it does not count, as the planner counts it)."""
     from torch.utils.flop_counter import FlopCounterMode
 
+    if MODEL == "char_lstm":
+        from simulation.planner import training_mflops
+
+        return training_mflops(build_model(MODEL), (window,)) * 1e6
     model = build_model(MODEL).to(device)
     x = normalize(torch.zeros(batch, 3, 32, 32, dtype=torch.uint8, device=device))
     y = torch.zeros(batch, dtype=torch.int64, device=device)
@@ -67,15 +90,20 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+PREPARE = normalize  # the stored batch -> the model's input (token ids pass unchanged)
+
+
 def run_per_device(global_params, data, cfg, device):
     model = worker_model(MODEL, device)
     gens = [torch.Generator().manual_seed(i) for i in range(len(data))]
-    return [train_local(model, global_params, x, y, cfg, g) for (x, y), g in zip(data, gens, strict=True)]
+    return [
+        train_local(model, global_params, x, y, cfg, g, prepare=PREPARE) for (x, y), g in zip(data, gens, strict=True)
+    ]
 
 
 def run_vectorized(global_params, data, cfg, device):
     gens = [torch.Generator().manual_seed(i) for i in range(len(data))]
-    return train_group(MODEL, global_params, data, cfg, gens, device)
+    return train_group(MODEL, global_params, data, cfg, gens, device, prepare=PREPARE)
 
 
 def timed(fn, device, *args):
@@ -92,17 +120,24 @@ def best_of(repeats: int, fn, device, *args):
 
 
 def main() -> None:
-    global MODEL
+    global MODEL, PREPARE
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--model", default=MODEL, choices=["cifar10_convnet", "resnet18"])
+    parser.add_argument("--model", default=MODEL, choices=["cifar10_convnet", "resnet18", "char_lstm"])
+    parser.add_argument("--window", type=int, default=WINDOW, help="char_lstm: characters per sample")
     parser.add_argument("--ks", default="1,8,32,100", help="comma-separated group sizes")
     parser.add_argument("--iters", type=int, default=25, help="local Adam iterations per device")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--samples", type=int, default=350, help="samples per device")
     parser.add_argument("--repeats", type=int, default=1, help="time each engine this many times, keep the best")
+    parser.add_argument("--unequal", action="store_true", help="measure unequal devices instead (see above)")
+    parser.add_argument("--unequal-sigma", type=float, default=1.0, help="log-normal sigma of the sample counts")
+    parser.add_argument("--epochs", type=int, default=1, help="local epochs with --unequal")
     args = parser.parse_args()
     MODEL = args.model
+    if args.unequal:
+        unequal_cost(args)
+        return
 
     if args.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -112,7 +147,12 @@ def main() -> None:
     cfg = TrainingConfig(model=MODEL, local_iters=args.iters, local_batch_size=args.batch_size, optimizer="adam")
 
     pool = min(max(ks) * args.samples, 20000)
-    ds = make_synthetic(max(pool, 100), 100, seed=0).to(device)
+    text = MODEL == "char_lstm"
+    if text:
+        ds = Dataset(*make_synthetic_text(max(pool, 100), 100, 0, args.window), VOCAB_SIZE, None, None).to(device)
+        PREPARE = ds.prepare
+    else:
+        ds = make_synthetic(max(pool, 100), 100, seed=0).to(device)
     picker = torch.Generator().manual_seed(1234)
     data_all = []
     for _ in range(max(ks)):
@@ -121,10 +161,11 @@ def main() -> None:
     torch.manual_seed(0)
     global_params = {n: p.detach().to(device) for n, p in build_model(MODEL).state_dict().items()}
 
-    fps = flops_per_sample(device, args.batch_size)
+    fps = flops_per_sample(device, args.batch_size, args.window)
     peak = peak_flops(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"device {name}; {MODEL}; Adam {args.iters} iters x batch {args.batch_size}; {args.samples} samples/device")
+    shown = f"{MODEL} ({args.window}-character windows)" if text else MODEL
+    print(f"device {name}; {shown}; Adam {args.iters} iters x batch {args.batch_size}; {args.samples} samples/device")
     print(
         f"train FLOPs/sample (fwd+bwd) {fps / 1e6:.2f} MFLOP; FP32 peak {f'{peak / 1e12:.1f} TFLOP/s' if peak else 'n/a'}"
     )
@@ -153,6 +194,8 @@ def main() -> None:
             f"{k:>5} {rate_dev:>15.0f} {rate_vec:>15.0f} {speedup:>6.2f}x {pct(rate_dev):>14} {pct(rate_vec):>10} {err:>10.2e}"
         )
     print(f"speedup: {speedup:.2f}x")
+    if text:  # no statistic trackers, no image augmentation
+        return
     if all("." not in name for name in trackers(worker_model(MODEL, device))):
         with_trackers, without = tracker_cost(global_params, data_all[: max(ks)], cfg, device, args.repeats)
         print(f"vectorised K={max(ks)}: {with_trackers:.3f} s with statistic trackers, {without:.3f} s without")
@@ -160,6 +203,68 @@ def main() -> None:
     augmented, plain = augment_cost(global_params, data_all[: max(ks)], cfg, device, args.repeats)
     print(f"vectorised K={max(ks)}: {augmented:.3f} s with crop-and-flip augmentation, {plain:.3f} s without")
     print(f"augment: {augmented / plain:.3f}x")
+
+
+def long_tailed_sizes(k: int, mean: int, sigma: float, seed: int = 0) -> list[int]:
+    """K sample counts from a log-normal of the given mean (at least 2 each): a few large devices, many small."""
+    rng = np.random.default_rng(seed)
+    draws = rng.lognormal(np.log(mean) - sigma**2 / 2, sigma, size=k)
+    return [max(2, int(round(v))) for v in draws]
+
+
+def unequal_cost(args) -> None:
+    """The ``--unequal`` measurement (module docstring)."""
+    device = torch.device("cuda" if args.device != "cpu" and torch.cuda.is_available() else "cpu")
+    k = max(int(v) for v in args.ks.split(",") if v.strip())
+    sizes = long_tailed_sizes(k, args.samples, args.unequal_sigma)
+    mean = max(2, round(sum(sizes) / k))
+    cfg = TrainingConfig(model=MODEL, local_epochs=args.epochs, local_batch_size=args.batch_size)
+    ds = make_synthetic(max(sum(sizes), k * mean, 100), 100, seed=0).to(device)
+
+    def slices(counts):
+        out, start = [], 0
+        for n in counts:
+            out.append((ds.x_train[start : start + n], ds.y_train[start : start + n]))
+            start += n
+        return out
+
+    unequal, equal = slices(sizes), slices([mean] * k)
+    torch.manual_seed(0)
+    global_params = {n: p.detach().to(device) for n, p in build_model(MODEL).state_dict().items()}
+    steps = [cfg.steps(n) for n in sizes]
+    lanes = max(steps) * k * min(args.batch_size, max(sizes))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(
+        f"device {name}; {MODEL}; K={k}; {args.epochs} epoch(s), batch {args.batch_size}; samples per device: "
+        f"min {min(sizes)}, median {int(np.median(sizes))}, mean {sum(sizes) / k:.0f}, max {max(sizes)}; "
+        f"steps: min {min(steps)}, max {max(steps)}"
+    )
+    for _ in range(2):  # warm-up
+        run_vectorized(global_params, unequal[:2], cfg, device)
+        run_per_device(global_params, unequal[:2], cfg, device)
+    times: dict[str, list[float]] = {"per-device": [], "vectorised": [], "equal": []}
+    out = {}
+    for _ in range(max(args.repeats, 3)):
+        times["per-device"].append(timed(run_per_device, device, global_params, unequal, cfg)[0])
+        t, out["vec"] = timed(run_vectorized, device, global_params, unequal, cfg)
+        times["vectorised"].append(t)
+        times["equal"].append(timed(run_vectorized, device, global_params, equal, cfg)[0])
+    out_dev = run_per_device(global_params, unequal, cfg, device)
+    err = max(float(np.abs(a[n] - b[n]).max()) for a, b in zip(out_dev, out["vec"], strict=True) for n in a)
+    work_unequal, work_equal = sum(cfg.work(n) for n in sizes), k * cfg.work(mean)
+    rates = {
+        "per-device": work_unequal / min(times["per-device"]),
+        "vectorised": work_unequal / min(times["vectorised"]),
+        "equal": work_equal / min(times["equal"]),
+    }
+    print(f"{'engine':>28} {'samples/s':>10}")
+    print(f"{'per-device, unequal':>28} {rates['per-device']:>10.0f}")
+    print(f"{'vectorised, unequal (masked)':>28} {rates['vectorised']:>10.0f}")
+    print(f"{'vectorised, equal (mean)':>28} {rates['equal']:>10.0f}")
+    print(f"max|diff| per-device vs vectorised (unequal): {err:.2e}")
+    print(f"real samples in the unequal group's lanes: {100 * work_unequal / lanes:.1f}%")
+    print(f"vectorised over per-device, unequal: {rates['vectorised'] / rates['per-device']:.2f}x")
+    print(f"unequal: {rates['equal'] / rates['vectorised']:.2f}x")
 
 
 def augment_cost(global_params, data, cfg, device, repeats: int) -> tuple[float, float]:

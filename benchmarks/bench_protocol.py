@@ -18,6 +18,10 @@ CPU per device beyond training. ``--only fedavg,fedbuff-paper,fedbuff-none`` run
 ``--baseline-rev REV``: runs the same jobs first on an earlier commit of this repository (a temporary git
 worktree, its own code on ``PYTHONPATH``), then on this one, and prints the ratios.
 
+``--null-training``: the same jobs with devices that return a fixed diff at once (``benchmarks/null_training.py``),
+against a GPU floor (``--gpu-samples-per-second``; default an estimate). Each run prints the server's peak of versions
+kept for pending devices.
+
 ``--cpu-scale``: FedBuff at ``reproduce_fedrevive.py --scale cpu``'s training (25 Adam steps of batch 32 per
 device), updates per second against its training floor.
 
@@ -34,6 +38,7 @@ import contextlib
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -106,16 +111,25 @@ def devices_per_second(result) -> float:
 FEDBUFF = ["--method", "fedbuff", "--num-updates-for-model", "2", "--min-hole-to-fill", "1", "--global-lr", "0.05"]
 
 
+NULL_JOB = "benchmarks/null_training.py"  # the same jobs, each device's training a fixed diff (NullTrainer)
+
+
 def protocol_runs(args) -> dict[str, tuple[str, list[str]]]:
-    """The runs of one measurement: name -> (job script, flags)."""
+    """The runs of one measurement: name -> (job script, flags); with ``--null-training`` the same jobs through
+    ``benchmarks/null_training.py`` (its first argument names the job script it stands for)."""
     selection = args.selection or args.leaves * args.devices_per_leaf
     fedavg = job_flags(args, args.devices_per_leaf, selection)
+    if args.null_training:  # a leaf's first report carries all its diffs at once (about 240 MB): on a loaded
+        fedavg += ["--update-timeout", "120"]  # machine the derived 10 s can pass; a timeout changes nothing else
     buff = [*fedavg, *FEDBUFF, "--max-model-version", str(args.fedbuff_versions)]  # the later flag wins
     buff += ["--eval-frequency", str(max(1, args.fedbuff_versions // 10))]
+    avg_job, buff_job = ("jobs/pt_job_fedavg.py", []), ("jobs/pt_job_fedrevive.py", [])
+    if args.null_training:
+        avg_job, buff_job = (NULL_JOB, ["fedavg"]), (NULL_JOB, ["fedrevive"])
     return {
-        "FedAvg": ("jobs/pt_job_fedavg.py", fedavg),
-        "FedBuff, paper delays": ("jobs/pt_job_fedrevive.py", [*buff, "--delays", "paper"]),
-        "FedBuff, no delays": ("jobs/pt_job_fedrevive.py", [*buff, "--delays", "none"]),
+        "FedAvg": (avg_job[0], [*avg_job[1], *fedavg]),
+        "FedBuff, paper delays": (buff_job[0], [*buff_job[1], *buff, "--delays", "paper"]),
+        "FedBuff, no delays": (buff_job[0], [*buff_job[1], *buff, "--delays", "none"]),
     }
 
 
@@ -169,14 +183,39 @@ class Floors:
 
 
 ROW = "{:<22} {:<14} {:>10} {:>9} {:>8} {:>10} {:>9} {:>12} {:>8} {:>14}"
+NULL_ROW = "{:<22} {:<14} {:>10} {:>9} {:>10} {:>9} {:>12} {:>14} {:>12}"
+# The GPU floor without a GPU: bench_engine's goal for the vectorised engine on an H100 (GPU_FIX_NOTES.md), not a
+# measurement. With a GPU, measure it (bench_engine.py --device cuda) and pass --gpu-samples-per-second.
+GPU_SAMPLES_PER_SECOND = 1e6
+PAPER_SAMPLES_PER_DEVICE = 25 * 32  # the paper's device: 25 steps of batch 32
+RETENTION = re.compile(r"versions kept: peak (\d+) \((\d+\.\d+) MB")
 
 
-def throughput(args, work: str) -> None:
+def retention(out: str) -> tuple[int, float] | None:
+    """The server's peak of versions kept (and their MB), from its log's last ``versions kept`` line
+    (``aggregation.global_model.GlobalModel``)."""
+    found = None
+    for path in glob.glob(os.path.join(out, "nvflare", "**", "server", "log.txt"), recursive=True):
+        with open(path, errors="replace") as f:
+            for line in f:
+                m = RETENTION.search(line)
+                if m:
+                    found = int(m.group(1)), float(m.group(2))
+    return found
+
+
+def select_runs(args) -> dict[str, tuple[str, list[str]]]:
     runs = protocol_runs(args)
     if args.only:  # fedavg, fedbuff (both), fedbuff-paper, fedbuff-none
         wanted = args.only.lower().split(",")
         slug = {"FedAvg": "fedavg", "FedBuff, paper delays": "fedbuff-paper", "FedBuff, no delays": "fedbuff-none"}
         runs = {k: v for k, v in runs.items() if slug[k] in wanted or slug[k].split("-")[0] in wanted}
+    return runs
+
+
+def measure(args, work: str) -> dict[str, dict[str, dict]]:
+    """Each run on the baseline commit (if any), then on this one: label -> run name -> ``describe``."""
+    runs = select_runs(args)
     measured: dict[str, dict[str, dict]] = {}
     with contextlib.ExitStack() as stack:
         trees = {"this commit": REPO}
@@ -184,11 +223,43 @@ def throughput(args, work: str) -> None:
             trees = {args.baseline_rev: stack.enter_context(worktree(args.baseline_rev, work))} | trees
         for label, tree in trees.items():
             for name, (script, flags) in runs.items():
+                if not os.path.exists(os.path.join(tree, script)):
+                    sys.exit(f"{label} has no {script}: choose a later --baseline-rev")
                 print(f"running {name} on {label} ...", flush=True)
                 slug = "".join(c if c.isalnum() else "-" for c in f"{label}-{name}")
                 flags = [*flags, "--workspace", os.path.join(work, f"ws-{slug}")]
-                result = run_job(script, flags, os.path.join(work, slug), repo=tree)
-                measured.setdefault(label, {})[name] = describe(result, os.path.join(work, slug))
+                out = os.path.join(work, slug)
+                result = run_job(script, flags, out, repo=tree)
+                measured.setdefault(label, {})[name] = describe(result, out) | {"retention": retention(out)}
+    return measured
+
+
+def print_tail(args, measured: dict[str, dict[str, dict]]) -> None:
+    """Group sizes, versions kept, the ratios to the baseline commit and between the FedBuff runs."""
+    ours = measured["this commit"]
+    for label, results in measured.items():
+        for name, r in results.items():
+            line = f"{name} ({label}): mean group size {mean_group(r['groups']):.1f} devices per training call"
+            if r["retention"]:
+                line += f"; versions kept for pending devices: peak {r['retention'][0]} ({r['retention'][1]:.1f} MB)"
+            print(line)
+    if args.baseline_rev:
+        for name in ours:
+            base = measured[args.baseline_rev][name]
+            ratio = ours[name]["devices_per_second"] / base["devices_per_second"]
+            server = ours[name]["cpu_ms"]["server"] / base["cpu_ms"]["server"]
+            print(f"{name}: {ratio:.2f}x {args.baseline_rev}'s devices/s, {server:.2f}x its server CPU per device")
+    paper, none = ours.get("FedBuff, paper delays"), ours.get("FedBuff, no delays")
+    if paper and none:
+        print(f"FedBuff no delays / paper delays: {none['devices_per_second'] / paper['devices_per_second']:.2f}x")
+
+
+def throughput(args, work: str) -> None:
+    measured = measure(args, work)
+    if args.null_training:
+        print_null(args, measured)
+        print_tail(args, measured)
+        return
     ours = measured["this commit"]
     floors = Floors(args)
     cores = os.cpu_count() or 1
@@ -234,76 +305,55 @@ def throughput(args, work: str) -> None:
                     f"{r['cpu_ms']['server']:.2f}",
                 )
             )
-    for label, results in measured.items():
-        for name, r in results.items():
-            print(f"{name} ({label}): mean group size {mean_group(r['groups']):.1f} devices per training call")
-    if args.baseline_rev:
-        for name in ours:
-            ratio = ours[name]["devices_per_second"] / measured[args.baseline_rev][name]["devices_per_second"]
-            print(f"{name}: {ratio:.1f}x {args.baseline_rev}")
-    paper, none = ours.get("FedBuff, paper delays"), ours.get("FedBuff, no delays")
-    if paper and none:
-        print(f"FedBuff no delays / paper delays: {none['devices_per_second'] / paper['devices_per_second']:.2f}x")
+    print_tail(args, measured)
 
 
-def cpu_scale(args, work: str) -> None:
-    """FedBuff at the reproduction harness's cpu scale (``reproduce_fedrevive.py --scale cpu``: 25 Adam steps of
-    batch 32 per device): updates per second against the training floor of its devices' groups."""
-    from benchmarks.reproduce_fedrevive import SCALES
-
-    flags = [
-        *SCALES["cpu"]["flags"],
-        "--method",
-        "fedbuff",
-        "--max-model-version",
-        str(args.cpu_scale_versions),
-        "--seed",
-        str(args.seed),
-        "--checkpoint-every",
-        "-1",
-        "--workspace",
-        os.path.join(work, "ws-cpu"),
-    ]
-    flags += ["--eval-frequency", str(max(1, args.cpu_scale_versions // 10))]  # the later flag wins
-    print("running FedBuff at the cpu scale ...", flush=True)
-    out = os.path.join(work, "cpu-scale")
-    r = describe(run_job("jobs/pt_job_fedrevive.py", flags, out), out)
-    options = {"synthetic_difficulty": 1.0, "dirichlet_alpha": 0.5}
-    floors = {g: training_floor_ms(max(8 * g, 40), args.seed, 20000, g, 100, 25, 32, **options) for g in r["groups"]}
-    total = sum(r["groups"].values())
-    floor = sum(n * floors[g] for g, n in r["groups"].items()) / total
+def print_null(args, measured: dict[str, dict[str, dict]]) -> None:
+    """The protocol's ceiling: every device's training a fixed diff returned at once, against the GPU floor (the
+    devices per second a GPU trains at the paper's 25 x 32 samples per device)."""
     cores = os.cpu_count() or 1
-    rate, floor_rate = r["devices_per_second"], 1000 * cores / floor
-    print(f"cpu scale, FedBuff (K = 20, B = 2, 25 Adam steps of batch 32 per device), {cores} cores:")
+    gpu = args.gpu_samples_per_second
+    gpu_devices = gpu / PAPER_SAMPLES_PER_DEVICE
+    source = "an ESTIMATE: bench_engine's goal for the vectorised engine on an H100 (GPU_FIX_NOTES.md), not measured"
+    source = "given (--gpu-samples-per-second)" if gpu != GPU_SAMPLES_PER_SECOND else source
     print(
-        f"  updates per second: {rate:.2f}; training floor {floor_rate:.2f} ({floor:.1f} CPU ms per device in the "
-        f"groups it was trained in: {dict(sorted(r['groups'].items()))}); floor / rate: {floor_rate / rate:.2f}x"
+        f"\n{args.leaves} leaves x {args.devices_per_leaf} devices on {cores} cores, NULL training (each device "
+        f"returns a fixed diff at once); K = {args.selection or 'every device'}, FedBuff B = 2"
     )
-
-
-def pools(args, work: str) -> None:
-    sizes = [int(v) for v in args.pool.split(",")]
-    rows = []
-    for size in sizes:
-        print(f"running pool {size} per leaf ...", flush=True)
-        ws = os.path.join(work, f"pool{size}")
-        result = run_job(
-            "jobs/pt_job_fedavg.py",
-            [*job_flags(args, size, args.selection or 200), "--workspace", os.path.join(ws, "ws")],
-            os.path.join(ws, "out"),
+    print(
+        f"GPU floor: {gpu:,.0f} samples/s ({source}); at the paper's {PAPER_SAMPLES_PER_DEVICE} samples per device "
+        f"{gpu_devices:,.0f} devices/s. 'x GPU floor' > 1: the protocol outpaces that GPU"
+    )
+    print(
+        NULL_ROW.format(
+            "run",
+            "commit",
+            "devices/s",
+            "x FedAvg",
+            "s/version",
+            "CPU busy",
+            "leaf ms/dev",
+            "server ms/dev",
+            "x GPU floor",
         )
-        steady = result.steady_state()
-        rows.append(
-            (size, steady["wall_seconds"] / (steady["to_version"] - steady["from_version"]), result.peak_rss_bytes)
-        )
-    base_size, base_s, base_rss = rows[0]
-    print(f"{'pool/leaf':>10} {'s/version':>10} {'ratio':>7} {'peak RSS GB':>12} {'ratio':>7}")
-    for size, seconds, rss in rows:
-        print(f"{size:>10} {seconds:>10.2f} {seconds / base_s:>6.2f}x {rss / 2**30:>12.2f} {rss / base_rss:>6.2f}x")
-    size, _, rss = rows[-1]
-    if size > base_size:
-        per_idle = (rss - base_rss) / (args.leaves * (size - base_size))
-        print(f"memory per idle device: {per_idle:.0f} bytes (peak RSS difference over the added devices)")
+    )
+    for label, results in measured.items():
+        base = results.get("FedAvg", {}).get("devices_per_second")
+        for name, r in results.items():
+            rate = r["devices_per_second"]
+            print(
+                NULL_ROW.format(
+                    name,
+                    label,
+                    f"{rate:.1f}",
+                    f"{rate / base:.2f}x" if base else "-",
+                    f"{r['seconds_per_version']:.4f}",
+                    f"{r['cpu_busy']:.0%}",
+                    f"{r['cpu_ms']['leaves']:.3f}",
+                    f"{r['cpu_ms']['server']:.3f}",
+                    f"{rate / gpu_devices:.2f}x",
+                )
+            )
 
 
 def main() -> None:
@@ -322,11 +372,24 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--pool", default="", help="comma-separated devices per leaf, e.g. 100,10000,100000,1000000")
     p.add_argument("--baseline-rev", default="", help="an earlier commit to run the same job on first (ratio)")
+    p.add_argument(
+        "--null-training", action="store_true", help="each device returns a fixed diff at once: the protocol's ceiling"
+    )
+    p.add_argument(
+        "--gpu-samples-per-second",
+        type=float,
+        default=GPU_SAMPLES_PER_SECOND,
+        help="the GPU floor for --null-training (default: bench_engine's H100 goal, an estimate)",
+    )
     args = p.parse_args()
     work = tempfile.mkdtemp(prefix="bench_protocol_")
     if args.cpu_scale:
+        from benchmarks.protocol_modes import cpu_scale
+
         cpu_scale(args, work)
     elif args.pool:
+        from benchmarks.protocol_modes import pools
+
         pools(args, work)
     else:
         throughput(args, work)

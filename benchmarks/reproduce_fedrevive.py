@@ -34,11 +34,20 @@ update per method, and FedRevive's beta), ``commands.txt``, and one folder per r
 holds a finished ``metrics.json`` is not run again, and one interrupted after a checkpoint continues from it
 (``--resume``): an interrupted sweep continues where it stopped.
 
+``--sweep`` runs the same grid as a sweep (``python -m jobs.sweep``, docs/sweeps.md): the spec ``sweep_spec``
+writes (``OUTPUT/reproduce.yaml``: the scale's flags as its base, methods x seeds as its grid, each method's own
+flags under ``when``) in ``OUTPUT/sweep``, its trials packed onto the cores and resumable with the same command;
+then the same table and plots from its trials. ``--write-spec PATH`` only writes that spec; ``--from-sweep DIR``
+prints the table of a sweep run from it.
+
 ``--dry-run`` runs nothing: it prints each run's command and the FedRevive settings the job resolves from it, and
 with ``--trace`` computes each run's event trace (the job's own ``--dry-run``) and counts the versions and stale
 updates within the budget, the inputs of a GPU-hour estimate (``GPU_FIX_NOTES.md``).
 
-    python benchmarks/reproduce_fedrevive.py --scale cpu --seeds 0,1,2
+    python benchmarks/reproduce_fedrevive.py --scale cpu --seeds 0,1,2 [--sweep]
+
+Over 400 lines: one script for one table, its grid run one job at a time or as a sweep, and the table and plots
+both give; split, the grid's flags and their spec would live apart.
 """
 
 from __future__ import annotations
@@ -268,6 +277,63 @@ def plot(
     plt.close(fig)
 
 
+def words_to_flags(words: list[str]) -> dict:
+    """Job command-line words as a sweep spec's flags: ``--name value``, or ``--name`` alone (a switch: True)."""
+    flags, i = {}, 0
+    while i < len(words):
+        name = words[i].lstrip("-")
+        if i + 1 < len(words) and not words[i + 1].startswith("--"):
+            flags[name], i = words[i + 1], i + 2
+        else:
+            flags[name], i = True, i + 1
+    return flags
+
+
+def sweep_spec(
+    scale: str, methods: list[str], seeds: list[int], budget: float, extra: list[str], variant: str = "", ws: str = ""
+) -> str:
+    """The grid ``job_command`` runs, as a sweep spec (YAML): the same flags for every (method, seed), ``extra``
+    winning as it does on the command line."""
+    import yaml
+
+    from jobs.methods import method_of
+
+    given = words_to_flags(extra)
+    base = words_to_flags(SCALES[scale]["flags"]) | {"max-sim-time": budget, "max-model-version": MANY_VERSIONS}
+    base |= ({"workspace": ws} if ws else {}) | given
+    when = {}
+    for m in methods:
+        words = SCALES[scale].get("method_flags", {}).get(m, [])
+        words += SCALES[scale]["variants"][variant].get(m, []) if variant else []
+        own = words_to_flags(words) | ({"eval-frequency": 1} if method_of(m).synchronous else {})
+        own = {k: v for k, v in own.items() if k not in given}
+        if own:
+            when[m] = own
+    spec = {"base": base, "grid": {"method": methods, "seed": seeds}}
+    spec |= {"when": {"method": when}} if when else {}
+    spec["objective"] = {"metric": "accuracy_at", "budget": budget}
+    return yaml.safe_dump(spec, sort_keys=False)
+
+
+def sweep_runs(folder: str) -> list[tuple[str, int, str, str]]:
+    """A sweep's completed trials as (method, seed, results folder, command), from its study."""
+    import optuna
+    from optuna.trial import TrialState
+
+    storage = f"sqlite:///{os.path.join(folder, 'study.db')}"
+    (name,) = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    trials = optuna.load_study(study_name=name, storage=storage).get_trials(states=(TrialState.COMPLETE,))
+    return [
+        (
+            t.params["method"],
+            int(t.params["seed"]),
+            os.path.join(folder, t.user_attrs["folder"]),
+            t.user_attrs["command"],
+        )
+        for t in trials
+    ]
+
+
 def dry_run_one(method: str, seed: int, cmd: list[str], budget: float, out: str, trace: bool) -> None:
     """``--dry-run``: print the command and the settings it resolves to; with ``trace``, the job's own dry run
     (its event trace, on generated data: the schedule does not depend on the images) and its counts."""
@@ -298,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=None, help="simulated time units (default: the scale's)")
     p.add_argument("--output", default="", help="results folder (default: a new temporary one)")
     p.add_argument("--variant", default="", help="a named variant of the scale (paper: paper-aligned)")
+    p.add_argument("--sweep", action="store_true", help="run the grid as a sweep (python -m jobs.sweep)")
+    p.add_argument("--write-spec", default="", metavar="PATH", help="write the grid as a sweep spec; run nothing")
+    p.add_argument("--from-sweep", default="", metavar="DIR", help="the table of a sweep run from --write-spec's spec")
     p.add_argument("--dry-run", action="store_true", help="print each run's command and settings; run nothing")
     p.add_argument("--trace", action="store_true", help="with --dry-run: count each run's versions and updates")
     args = p.parse_args(argv)
@@ -318,8 +387,36 @@ def main(argv: list[str] | None = None) -> int:
     curves: dict[str, list[list[dict]]] = {labels[m]: [] for m in methods}
     staleness: dict[str, list[int]] = {labels[m]: [] for m in methods}
     betas: list[float] = []
+
+    def collect(method: str, out: str) -> None:
+        with open(os.path.join(out, METRICS)) as f:
+            metrics = json.load(f)
+        curves[method].append([r for r in metrics.get("versions", []) if r["sim_seconds"] <= budget])
+        staleness[method].extend(e["tau"] for e in read_jsonl(os.path.join(out, EVENTS)))
+        betas.extend(e["beta"] for e in read_jsonl(os.path.join(out, FEDREVIVE_LOG)) if e["beta"] > 0)
+
+    if args.write_spec or args.sweep:
+        spec = args.write_spec or os.path.join(output, "reproduce.yaml")
+        with open(spec, "w") as f:
+            f.write(sweep_spec(args.scale, methods, seeds, budget, extra, args.variant, os.path.join(output, "ws")))
+        print(f"[reproduce] the grid as a sweep spec: {spec}")
+        if args.write_spec:
+            return 0
+        args.from_sweep = os.path.join(output, "sweep")
+        cmd = [sys.executable, "-m", "jobs.sweep", spec, "--output", args.from_sweep, "--pruner", "none", "--no-bar"]
+        print(f"[reproduce] {shlex.join(cmd)}", flush=True)
+        if subprocess.run(cmd, cwd=REPO).returncode != 0:
+            return 1
     with open(os.path.join(output, "commands.txt"), "w") as commands:
-        for seed in seeds:
+        found = {(m, seed): (out, c) for m, seed, out, c in sweep_runs(args.from_sweep)} if args.from_sweep else {}
+        for option in methods if args.from_sweep else []:
+            for seed in seeds:
+                if (option, seed) in found:
+                    collect(labels[option], found[(option, seed)][0])
+                    commands.write(found[(option, seed)][1] + "\n")
+                else:
+                    print(f"[reproduce] {option} seed {seed}: no completed trial in {args.from_sweep}")
+        for seed in seeds if not args.from_sweep else []:
             for option in methods:
                 method = labels[option]
                 out = os.path.join(output, f"{method}-seed{seed}", "out")
@@ -341,13 +438,8 @@ def main(argv: list[str] | None = None) -> int:
                 if not os.path.exists(metrics_path):
                     print(f"[reproduce] {method} seed {seed} wrote no metrics.json (exit {code}); see its job.log")
                     return 1
-                with open(metrics_path) as f:
-                    metrics = json.load(f)
-                records = [r for r in metrics.get("versions", []) if r["sim_seconds"] <= budget]
-                curves[method].append(records)
-                staleness[method] += [e["tau"] for e in read_jsonl(os.path.join(out, EVENTS))]
-                betas += [e["beta"] for e in read_jsonl(os.path.join(out, FEDREVIVE_LOG)) if e["beta"] > 0]
-                last = records[-1] if records else {}
+                collect(method, out)
+                last = curves[method][-1][-1] if curves[method][-1] else {}
                 print(
                     f"[reproduce] {method} seed {seed}: exit {code}, version {last.get('version')}, accuracy "
                     f"{last.get('accuracy')}, {time.time() - started:.0f} s",

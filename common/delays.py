@@ -13,6 +13,14 @@ Or, with ``capacity_file``, measured speeds (``common.capacity``: a FedScale cap
 ``task_samples x ms per sample x capacity_cost / 1000`` and download and upload ``model_bytes x 8 / (kbit/s x
 1000)`` each, for the trace client the device is.
 
+Local work (``work``, with ``--local-epochs``): a device that trains on more samples takes longer. ``work(device)``
+is the samples the device trains on per task (``processors.local_work.device_work``: epochs x the samples it
+holds), a pure function of the seed, the device's key and the data. With a capacity trace it replaces
+``task_samples`` in the training time above (ms per sample x samples processed). With a delay preset (or the speed
+flags) the drawn training time is the time of a task of ``task_samples`` samples (the jobs set E x --subset-size,
+the nominal device), scaled by ``work(device) / task_samples``; download and upload do not change. Without
+``work`` (``--local-iters``: every device does the same work) the durations are today's, bit for bit.
+
 Every draw comes from a generator seeded by SHA-256 of (run seed, device id[, task number]), never from a shared
 stream, so the server, a leaf and the pure reference schedule all compute the same durations for the same device
 and task, in any order and in any process.
@@ -25,6 +33,7 @@ leaf refuses a bad file before it is used).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
@@ -68,7 +77,8 @@ class DelayConfig:
         capacity_cost: the trace's milliseconds per sample are multiplied by this: 1 keeps them as measured (for
             FedScale's own model); give your model's cost relative to it.
         task_samples: samples a device trains on per task (with ``capacity_file``; the jobs set local iterations
-            x batch size).
+            x batch size), or with --local-epochs the reference task a drawn training time is for (the jobs set
+            epochs x --subset-size; a device's time scales with its own samples, common.delays).
         model_bytes: bytes of the model sent each way (with ``capacity_file``; the jobs set the model's size).
     """
 
@@ -222,12 +232,18 @@ class TaskDurations:
 
 
 class DeviceDelays:
-    """The delay model of one run: ``durations(device_id, task_number)`` is a pure function of its arguments."""
+    """The delay model of one run: ``durations(device_id, task_number)`` is a pure function of its arguments.
 
-    def __init__(self, config: DelayConfig, seed: int):
+    ``work``: the samples a device trains on per task, by device id (the module docstring); ``None``: every device
+    trains ``task_samples``."""
+
+    def __init__(self, config: DelayConfig, seed: int, work: Callable[[str], float] | None = None):
         config.validate()  # its trace files, before any duration is drawn from them
+        if work is not None and not config.capacity_file and config.speed_means and not config.task_samples > 0:
+            raise ConfigError("scaling training times by each device's work needs task_samples, the reference task")
         self.config = config
         self.seed = seed
+        self.work = work
         self.availability = Availability(
             config.availability, seed, config.availability_period, config.availability_online
         )
@@ -252,7 +268,8 @@ class DeviceDelays:
         if c.capacity_file:
             ms_per_sample, kbit_per_s = device_capacity(c.capacity_file, self.seed, device_id)
             transfer = c.model_bytes * 8 / (kbit_per_s * 1000)
-            return TaskDurations(transfer, c.task_samples * ms_per_sample * c.capacity_cost / 1000, transfer)
+            samples = c.task_samples if self.work is None else self.work(device_id)
+            return TaskDurations(transfer, samples * ms_per_sample * c.capacity_cost / 1000, transfer)
         k, upload_mean = self.device_traits(device_id)
         rng = np.random.default_rng(stable_seed("delay-task", self.seed, device_id, task_number))
         train = 0.0
@@ -261,6 +278,8 @@ class DeviceDelays:
                 train = float(rng.exponential(c.speed_means[k]))
             else:
                 train = max(0.0, float(rng.normal(c.speed_means[k], c.speed_stds[k])))
+            if self.work is not None:  # drawn for the reference task; this device's own work
+                train *= self.work(device_id) / c.task_samples
         upload = upload_mean
         if c.upload_jitter:
             upload = float(rng.uniform(max(0.0, upload_mean - c.upload_jitter), upload_mean + c.upload_jitter))

@@ -50,7 +50,8 @@ LOSS = "loss"  # the loss its last local step minimised (a float32 scalar)
 LOSS_SQUARED = "loss_squared"  # the mean of its last step's squared per-sample cross-entropies (Oort's utility)
 STEPS = "steps"  # local steps it took
 SAMPLES = "samples"  # samples it trained on, counted over its steps (FedScale's trained_size)
-DEVICE_REPORTS = (LOSS, LOSS_SQUARED, STEPS, SAMPLES, LABEL_COUNTS)
+DATA_SIZE = "data_size"  # samples it holds (its weight when its method weights by samples)
+DEVICE_REPORTS = (LOSS, LOSS_SQUARED, STEPS, SAMPLES, LABEL_COUNTS, DATA_SIZE)
 SELECTION_VERSIONS = "edgesim_selection_versions"  # {selection id: model version}
 SELECTION_RELEASES = "edgesim_selection_releases"  # {selection id: the release it came in}
 
@@ -139,7 +140,10 @@ class SelectionSum:
         diff = {k: v.copy() for k, v in ordered[0].diff.items()}
         for u in ordered[1:]:
             for k, v in u.diff.items():
-                diff[k] += v
+                if k in diff:
+                    diff[k] += v
+                else:  # a report a failed device (the first) did not send
+                    diff[k] = v.copy()
         first = ordered[0]
         return cls(
             first.selection_id,

@@ -6,7 +6,8 @@ Unlike NVFlare's ``GlobalEvaluator`` it neither embeds data in the job config no
     {"version", "accuracy", "eval_seconds", "wall_seconds" (since the run started), "epoch" (wall clock),
      "sim_seconds" (simulated time of the version, when the global model reports one),
      "method" (the method's status, when it has one), "fleet" (devices online as it was made, of "devices", and
-     the "updates" applied and "failed" so far), "skipped" (how many versions were skipped before this one, if any) and "skipped_versions" (which)}
+     the "updates" applied and "failed" so far), "skipped" (how many versions were skipped before this one, if any) and "skipped_versions" (which),
+     "per_user" (with per-user test data: the users' accuracy spread, ``evaluation.per_user``)}
 
 Versions evaluated: 1, then every ``eval_frequency``-th, always ``max_model_version``, and the last version made
 when the run ends earlier (``RUN_OUTCOME``: a time budget, a lost leaf).
@@ -38,6 +39,7 @@ from nvflare.app_common.app_event_type import AppEventType
 from common.choices import EvalBacklog
 from common.protocol import CHECKPOINT_DUE, FLEET, METHOD_STATUS, RUN_OUTCOME, RUN_RESUMED, SIM_TIME
 from evaluation.events import VERSION_EVALUATED, VERSION_RECORD, VERSION_WEIGHTS
+from evaluation.per_user import per_user_accuracy
 from processors.data.config import DataConfig
 from processors.data.sources import load_dataset
 from processors.device import resolve_device
@@ -100,6 +102,7 @@ class GlobalModelEvaluator(FLComponent):
         self.backlog = backlog
         self._net = None
         self._test = None
+        self._user_offsets = None
         self._start = 0.0
         self._engine = None
         self._latest: tuple | None = None  # (version, weights, sim time) of the newest version
@@ -126,6 +129,8 @@ class GlobalModelEvaluator(FLComponent):
         data = load_dataset(DataConfig(**self.data).spec(self.seed))
         self._test = (data.x_test.to(device), data.y_test.to(device))
         self._prepare = data.prepare
+        users = data.users  # per-user test data (LEAF's evaluation): the spread over the users too
+        self._user_offsets = users.test_offsets if users is not None else None
         self._thread = threading.Thread(target=self._run, name="evaluator", daemon=True)
         self._thread.start()
 
@@ -199,7 +204,12 @@ class GlobalModelEvaluator(FLComponent):
         while (job := self._next()) is not None:
             (version, weights, sim_time, status, fleet), skipped = job
             started = time.time()
-            accuracy = evaluate_accuracy(load_into(self._net, weights), *self._test, prepare=self._prepare)
+            spread = None
+            if self._user_offsets is None:
+                accuracy = evaluate_accuracy(load_into(self._net, weights), *self._test, prepare=self._prepare)
+            else:
+                net = load_into(self._net, weights)
+                accuracy, spread = per_user_accuracy(net, *self._test, self._user_offsets, self._prepare)
             now = time.time()
             record = {
                 "version": version,
@@ -208,6 +218,8 @@ class GlobalModelEvaluator(FLComponent):
                 "eval_seconds": round(now - started, 3),
                 "epoch": round(now, 3),
             }
+            if spread is not None:
+                record["per_user"] = spread
             if sim_time is not None:
                 record["sim_seconds"] = round(float(sim_time), 6)
             if skipped:

@@ -1,5 +1,6 @@
 """``accuracy.png``: a run's accuracy against model version, wall seconds and (when it has them) simulated seconds;
-under an availability model also the devices online at each version, and the failure rate in the title.
+under an availability model also the devices online at each version, and the failure rate in the title; with
+per-user test data the spread of the users' accuracies (10th to 90th percentile, and the median) by version.
 
 Drawn by the server's run recorder at the end of the run (so an exported job run by ``nvflare simulator`` has it
 too) and by the driver when a run was interrupted before its server could. Importing matplotlib costs about a
@@ -43,6 +44,12 @@ def plot_accuracy(records: list[dict], path: str, title: str) -> None:
     versions = [r["version"] for r in records]
     acc = [r["accuracy"] for r in records]
     axes[0].plot(versions, acc, marker="o")
+    spread = [(r["version"], r["per_user"]) for r in records if r.get("per_user", {}).get("users")]
+    if spread:  # per-user test data: the middle 80% of the users' accuracies, and their median
+        at = [v for v, _ in spread]
+        axes[0].fill_between(at, [s["p10"] for _, s in spread], [s["p90"] for _, s in spread], alpha=0.2)
+        axes[0].plot(at, [s["median"] for _, s in spread], linestyle=":", label="users: median, p10-p90")
+        axes[0].legend(loc="lower right")
     axes[0].set_xlabel("global model version")
     fleet = [(r["version"], r["fleet"]) for r in records if r.get("fleet")]
     if fleet and any(f["online"] < f["devices"] for _, f in fleet):  # an availability model: who was online

@@ -1,6 +1,8 @@
 """The one writer of ``metrics.json``: the run's configuration, every evaluated version and the run's summary.
 
-At START_RUN it writes ``run_info`` (config, environment, plan, profile: whatever the driver knew). For each
+At START_RUN it writes ``run_info`` (config, environment, plan, profile, and with ``--partition natural`` the
+``partition``: users, samples per user as min, median, max and Gini, devices per user;
+``processors.data.users.partition_stats``: whatever the driver knew). For each
 VERSION_EVALUATED it completes the record with the system figures of the version's stretch (from the
 ``SystemMonitorComponent`` named by ``monitor_id``) and the throughput since the previously recorded version,
 rewrites the file atomically (so a run that dies keeps what it measured) and fires VERSION_RECORDED. The system

@@ -13,10 +13,11 @@ is a thin layer over it: every flag is an option here, with underscores (``--dev
   class itself. Its constructor takes no required argument (an optional ``init_seed`` keyword seeds it); its
   output for a batch is one score per class. A class defined in the script you run (``__main__``) is shipped
   with the job: guard the script's own work with ``if __name__ == "__main__":``.
-* ``data``: ``cifar10``, ``synthetic``, a ``.npz`` path, an import path ``package.module:function``, a function, or
-  the arrays themselves (a 4-tuple ``(x_train, y_train, x_test, y_test)``, a mapping or an object with those
-  names). Arrays are saved as ``dataset.npz`` in the results folder and read from there. Inputs are uint8 images
-  (N x H x W, N x H x W x C or N x C x H x W, C = 1 or 3) or float arrays N x ...; labels 0 .. K - 1.
+* ``data``: ``cifar10``, ``synthetic``, ``synthetic-text``, a ``.npz`` path, an import path
+  ``package.module:function``, a function, or the arrays themselves (a 4-tuple ``(x_train, y_train, x_test,
+  y_test)``, a mapping or an object with those names). Arrays are saved as ``dataset.npz`` in the results folder and read from there. Inputs are uint8 images
+  (N x H x W, N x H x W x C or N x C x H x W, C = 1 or 3), float arrays N x ..., or integer token ids N x L (a
+  text task, ``docs/tasks.md``); labels 0 .. K - 1.
 * ``delays``: a preset name (``none``, ``paper``, ``paper-shifted``, ``edge-example``), a ``DelayConfig``, or a
   dict of ``DelayConfig`` fields (with an optional ``"preset"``); ``None`` (the default): the method's delay
   preset when ``presets`` apply and no delay field is given (FedBuff's and FedRevive's: ``paper``), else ``none``.
@@ -230,7 +231,7 @@ def sweep(
 ) -> int:
     """Run (or continue) a sweep, as ``python -m jobs.sweep SPEC`` does: ``spec`` is the YAML file's path, the other
     options are the command's flags with underscores (``pruner="median"``, ``min_resource=4.0``, ``patience=2``,
-    ``seed=0``, ``bar=False``). Returns the exit code (0 done, 2 refused before any trial, 130 / 143 stopped: run
+    ``seed=0``, ``bar=False``, ``tensorboard=True`` or a log dir, ``deployment="DIR"``). Returns the exit code (0 done, 2 refused before any trial, 130 / 143 stopped: run
     it again to continue). The trials, the table and the plots are in the sweep's folder (docs/sweeps.md)."""
     from jobs.sweep.cli import main
 
@@ -240,6 +241,8 @@ def sweep(
             continue
         if name == "bar":
             argv += [] if value else ["--no-bar"]
+        elif value is True or value is False:  # a switch (tensorboard=True: the sweep's own log dir)
+            argv += [f"--{name.replace('_', '-')}"] if value else []
         else:
             argv += [f"--{name.replace('_', '-')}", str(value)]
     return main(argv)

@@ -62,7 +62,7 @@ FLAGS: dict[str, dict[str, Flag]] = {
         "task_samples": Flag(hidden=True),  # set by the job from the training part
         "model_bytes": Flag(hidden=True),  # set by the job from the model
     },
-    "engine": {},
+    "engine": {"trainer": Flag(hidden=True)},  # jobs.api and benchmarks only
     "run": {
         "dry_run": Flag(action="store_true"),
         "export_only": Flag(metavar="DIR"),
@@ -183,9 +183,10 @@ def config_from_args(args: argparse.Namespace, method: str, presets: bool = Fals
     return config_from_options(method, {k: v for k, v in vars(args).items() if k in known}, presets)
 
 
-def job_main(description: str, argv: list[str] | None, method: str | None = None) -> int:
+def job_main(description: str, argv: list[str] | None, method: str | None = None, hidden: dict | None = None) -> int:
     """An entry point: parse, build (or, with ``--resume``, recover) the config, run. ``method`` None: the
-    ``--method`` flag chooses, and the method's presets apply."""
+    ``--method`` flag chooses, and the method's presets apply. ``hidden``: options without a flag (a benchmark's
+    ``trainer``)."""
     from jobs.resume import given_flags, resumed_config
     from jobs.run.driver import run
 
@@ -203,7 +204,7 @@ def job_main(description: str, argv: list[str] | None, method: str | None = None
     args = parser.parse_args(argv)
     chosen = method or args.method
     try:
-        cfg = config_from_args(args, chosen, presets=method is None)
+        cfg = config_from_args(argparse.Namespace(**vars(args), **(hidden or {})), chosen, presets=method is None)
         applied = presets_applied(chosen, vars(args)) if method is None and not args.resume else {}
         if applied:
             values = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in applied.items())

@@ -147,7 +147,7 @@ class RunConfig:
     eval_backlog: when evaluation falls behind the versions made: ``wait`` evaluates every scheduled
         version, so a seed's curve never depends on the machine's load; ``skip`` (opt-in, speed over a complete
         curve) evaluates the newest scheduled version and skips the older ones still waiting (never the last).
-    seed: fixes the initial model, data, partition, device delays, local sampling and device selection.
+    seed: fixes the initial model, data, partition, device delays, local sampling and device selection (>= 0).
     env: ``sim`` (NVFlare's SimEnv), ``poc`` (PocEnv) or ``prod`` (ProdEnv on a provisioned hierarchy).
     startup_kit: the admin's startup kit folder (``--env prod``).
     username: the admin user name (``--env prod``).
@@ -182,6 +182,8 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_positive({"--eval-frequency": self.eval_frequency})
+        if self.seed < 0:  # numpy's generators take non-negative seeds only: refused here, not in a leaf process
+            raise ConfigError(f"--seed {self.seed}: use a non-negative integer")
         check_choice("--eval-backlog", self.eval_backlog, EvalBacklog)
         if self.dry_run and (self.resume or self.export_only):
             raise ConfigError("--dry-run computes a new run's trace: leave out --resume and --export-only")
@@ -278,19 +280,24 @@ class JobConfig:
         from processors.training_vectorized import NotVectorizable, check_vectorizable
 
         self.run.validate()
+        self.data.validate()
         self.training.validate()
         self.delays.validate()
+        self.engine.validate()
         cfg = self
-        if self.delays.capacity_file and not (self.delays.task_samples and self.delays.model_bytes):
+        if self.training.local_epochs and not self.delays.task_samples:
+            # the reference task a drawn training time is for: the nominal device's epochs (common.delays)
+            cfg = replace(self, delays=replace(self.delays, task_samples=self.training.work(self.data.subset_size)))
+        if cfg.delays.capacity_file and not (cfg.delays.task_samples and cfg.delays.model_bytes):
             # measured speeds need the work: samples per task, and the model's float32 bytes each way
             samples = self.training.local_iters * min(self.training.local_batch_size, self.data.subset_size)
             size = 4 * sum(t.numel() for t in build_model(self.training.model).state_dict().values())
             derived = replace(
-                self.delays,
-                task_samples=self.delays.task_samples or samples,
-                model_bytes=self.delays.model_bytes or size,
+                cfg.delays,
+                task_samples=cfg.delays.task_samples or samples,
+                model_bytes=cfg.delays.model_bytes or size,
             )
-            cfg = replace(self, delays=derived)
+            cfg = replace(cfg, delays=derived)
         if self.engine.engine == "vectorized":
             try:
                 check_vectorizable(build_model(self.training.model))

@@ -5,6 +5,9 @@ A method subclasses ``Method`` and says, in class attributes and a few overridab
 * its server strategy (``aggregation.strategy.ServerStrategy``, by import path) and the arguments it gets;
 * optionally its device hook (``processors.objective.DeviceObjective``): a term added to every device's local
   loss, in both training engines, with extra state the strategy sends down with each version;
+* optionally its training rule (``processors.device_rule.DeviceRule``): hooks before, at every step of and after
+  local training (SCAFFOLD's gradient correction), with state each device keeps across its tasks and reports of
+  its own;
 * the reports its devices send besides their diffs (``reports``: their last loss, steps, label histogram, ...;
   ``processors.reports``), which its strategy gets in ``add_update`` as ``Update.reports``;
 * optionally its selection policy (``simulation.selection.SelectionPolicy``): whom the schedule selects, from the
@@ -15,6 +18,7 @@ A method subclasses ``Method`` and says, in class attributes and a few overridab
 * its presets (``jobs/pt_job_fedrevive.py`` applies them to the flags not given): federation values and, under
   ``delays``, a delay preset (``common.delays``; used when no delay flag is given);
 * whether it is synchronous, and its leaf aggregation (``leaf_sums``);
+* how its mean weights the devices (``weighting``): uniformly, or by the samples each holds;
 * its checks of a whole configuration, and notes for the user before a run starts;
 * the files its strategy writes besides every run's (``result_files``: FedRevive's ``fedrevive_log.jsonl``).
 
@@ -31,14 +35,16 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from common.choices import ConfigError
+from common.choices import ConfigError, check_choice
 from common.imports import import_object, import_path
-from common.protocol import LABEL_COUNTS
+from common.protocol import DATA_SIZE, LABEL_COUNTS
 from fedrevive.config import LOG_FILE as FEDREVIVE_LOG
 from fedrevive.config import FedReviveConfig
 from processors.data.sources import NORMALISATIONS
+
+Weighting = Literal["devices", "samples"]  # aggregation.buffered_mean
 
 
 class Method:
@@ -49,6 +55,8 @@ class Method:
         strategy: its server strategy: a ``ServerStrategy`` subclass, or its import path ``package.module:Class``.
         objective: its device hook: a ``DeviceObjective`` subclass, or its import path (``None``: plain local
             training, the cross-entropy only).
+        rule: its local training rule: a ``DeviceRule`` subclass, or its import path (``None``: the engines' plain
+            optimiser steps).
         selection: its selection policy: a ``SelectionPolicy`` subclass, or its import path (``None``: uniform
             among idle devices, the default).
         settings: its own settings, a frozen dataclass (``None``: it has none).
@@ -57,6 +65,10 @@ class Method:
             ``delays``, the delay preset when no delay flag is given.
         synchronous: every selected device's update goes into the next model (updates = min hole = selection).
         stock_baseline: NVFlare's stock path (``--simulator stock``) can run it, for the benchmarks' comparisons.
+        weighting: how the mean weights each device's update: ``devices`` (uniformly, every built-in method's
+            choice: today's bits) or ``samples`` (by the samples it holds, FedAvg's ``n_k / n``; its devices then
+            report ``data_size`` and send their diffs times it, ``aggregation.buffered_mean``). A method whose
+            strategy is not ``BufferedMean`` (or a subclass taking ``weighting``) keeps ``devices``.
         result_files: the files (names or glob patterns) its strategy writes into the results folder besides every
             run's own (``common.result_files``): the end-of-run report names them, a deployment's download brings
             them home, and a new run in the same folder clears them.
@@ -65,6 +77,7 @@ class Method:
     name: ClassVar[str] = ""
     strategy: ClassVar[str | type] = "aggregation.buffered_mean:BufferedMean"
     objective: ClassVar[str | type | None] = None
+    rule: ClassVar[str | type | None] = None
     selection: ClassVar[str | type | None] = None
     settings: ClassVar[type | None] = None
     flag_prefix: ClassVar[str] = ""
@@ -72,14 +85,30 @@ class Method:
     synchronous: ClassVar[bool] = False
     stock_baseline: ClassVar[bool] = False
     result_files: ClassVar[tuple[str, ...]] = ()
+    weighting: ClassVar[Weighting] = "devices"
 
     def strategy_args(self, cfg: Any) -> dict:
         """The strategy's constructor arguments for this run (``cfg``: the ``JobConfig``)."""
-        return {"global_lr": cfg.federation.global_lr}
+        args = {"global_lr": cfg.federation.global_lr}
+        if self.weighting != "devices":  # the default is left out: a strategy without the argument still builds
+            args["weighting"] = self.weighting
+        return args
 
     def objective_args(self, cfg: Any) -> dict:
         """Its device hook's constructor arguments for this run (``cfg``: the ``JobConfig``)."""
         return {}
+
+    def rule_args(self, cfg: Any) -> dict:
+        """Its training rule's constructor arguments for this run (``cfg``: the ``JobConfig``)."""
+        return {}
+
+    def rule_reports(self) -> tuple[str, ...]:
+        """The reports its training rule adds (none without a rule)."""
+        if self.rule is None:
+            return ()
+        return tuple(
+            getattr(import_object(self.rule, "rule") if isinstance(self.rule, str) else self.rule, "reports", ())
+        )
 
     def selection_args(self, cfg: Any) -> dict:
         """Its selection policy's constructor arguments for this run (``cfg``: the ``JobConfig``)."""
@@ -87,9 +116,9 @@ class Method:
 
     def reports(self, cfg: Any) -> tuple[str, ...]:
         """The reports devices send with each update (``common.protocol`` names, ``processors.reports``): those
-        its strategy reads (override, and add to this) and those its selection policy ``needs``. Devices compute
-        only these."""
-        return self.selection_needs()
+        its strategy reads (override, and add to this) and those its selection policy ``needs`` (and ``data_size``
+        when it weights by samples). Devices compute only these."""
+        return self.selection_needs() + ((DATA_SIZE,) if self.weighting == "samples" else ())
 
     def selection_needs(self) -> tuple[str, ...]:
         """The device reports its selection policy reads (none without a policy)."""
@@ -101,11 +130,12 @@ class Method:
     def leaf_sums(self, cfg: Any) -> bool:
         """Leaf aggregation: ``True``, a leaf sends one sum per selection (every device of a synchronous
         selection goes into the same version); ``False``, each device's own update (always when its selection
-        policy reads reports: a sum would carry no device's own)."""
-        return cfg.federation.synchronous and not self.selection_needs()
+        policy reads reports, or its training rule sends its own: a sum would carry no device's own)."""
+        return cfg.federation.synchronous and not self.selection_needs() and not self.rule_reports()
 
     def check(self, cfg: Any) -> None:
         """Refuse a configuration this method cannot run, naming the fix (``ConfigError``)."""
+        check_choice(f"{self.label}'s weighting", self.weighting, Weighting)
         if self.synchronous and not cfg.federation.synchronous:
             raise ConfigError(
                 f"{self.label} is synchronous and waits for every selected device: leave --num-updates-for-model "
@@ -115,6 +145,10 @@ class Method:
             raise ConfigError(
                 f"--method {self.label} selects devices by what they report after training "
                 f"({', '.join(self.selection_needs())}), and --dry-run trains nothing: run it without --dry-run"
+            )
+        if self.rule is not None and cfg.engine.simulator == "stock":
+            raise ConfigError(
+                f"--method {self.label} has its own training rule, which our leaves run: use --simulator fast"
             )
         if self.selection is not None and cfg.engine.simulator == "stock":
             raise ConfigError(
@@ -144,6 +178,13 @@ class Method:
         if self.objective is None:
             return ""
         return self.objective if isinstance(self.objective, str) else import_path(self.objective, "objective")
+
+    @property
+    def rule_path(self) -> str:
+        """The import path of its training rule ("": none)."""
+        if self.rule is None:
+            return ""
+        return self.rule if isinstance(self.rule, str) else import_path(self.rule, "rule")
 
     @property
     def selection_path(self) -> str:
@@ -224,6 +265,11 @@ class FedRevive(Method):
     }
     result_files = (FEDREVIVE_LOG,)
 
+    def check(self, cfg: Any) -> None:
+        super().check(cfg)
+        if self.weighting != "devices":  # its staleness blend treats each update as one device's
+            raise ConfigError(f"{self.label}: FedRevive weights each update as one device; leave weighting devices")
+
     def strategy_args(self, cfg: Any) -> dict:
         args = super().strategy_args(cfg) | {"fedrevive": cfg.method_settings.to_dict()}
         if cfg.data.normalisation != "cifar":  # only then: a default run's job config keeps its bytes
@@ -248,6 +294,11 @@ class FedRevive(Method):
         return self.settings_from(before | values)
 
     def check_data(self, cfg: Any, dataset: Any) -> None:
+        if getattr(dataset, "is_text", False):  # its generator, teachers' BatchNorm matching and KD are image-only
+            raise ConfigError(
+                f"FedRevive synthesizes images; this is a text task (token ids {dataset.input_shape}): use --method "
+                "fedbuff or fedavg"
+            )
         if dataset.input_shape != (3, 32, 32) or dataset.mean is None:
             raise ConfigError(
                 f"FedRevive synthesizes 3 x 32 x 32 images; the data's samples are {dataset.input_shape}"

@@ -35,6 +35,7 @@ HARMLESS = {
     ("engine", "update_timeout"),
     ("engine", "job_timeout"),
     ("engine", "profile"),
+    ("engine", "device_state_memory_mb"),
     ("run", "eval_frequency"),
     ("run", "eval_backlog"),
     ("run", "workspace"),

@@ -12,11 +12,18 @@ its own data: it must return ``{"kind": "WEIGHT_DIFF", "data": {"dict": {name: n
 its last loss, steps, label histogram; ``processors.reports``) go in the same dict, each under
 ``"edgesim_extra/" + name`` (a number, or a list for the histogram); this processor sends them as a simulated
 device does, at the cost of reading the last step's loss.
+
+A method with a training rule that keeps state (SCAFFOLD's ``c_i``, ``processors.device_rule``): the settings
+name the rule, and the state lives on the device, never on the leaf: this processor keeps it under ``state_dir``
+(one folder per job's settings, one ``.npz`` per device, ``processors.device_state``), so it survives the
+client's restarts. A phone app keeps the same arrays in its app's private storage (a file per job), reads them
+before a task (zeros before its first) and replaces them after it, once the result has been sent.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 
@@ -29,9 +36,13 @@ from common.device_wire import DEVICE_SETTINGS_META, to_wire
 from common.protocol import DEVICE_ID_META
 from processors.task_processor import TrainingTaskProcessor, received_model
 
+STATE_DIR = "~/.cache/edgesim-flare/device_state"  # where a device keeps a training rule's state by default
+
 
 @functools.lru_cache(maxsize=4)
-def _trainer(settings_json: str, compute_device: str, data_root: str) -> TrainingTaskProcessor:
+def _trainer(
+    settings_json: str, compute_device: str, data_root: str, state_dir: str = STATE_DIR
+) -> TrainingTaskProcessor:
     """One trainer per job settings in this process (its data and models are cached per process)."""
     settings = json.loads(settings_json)
     training = dict(settings["training"])
@@ -47,6 +58,15 @@ def _trainer(settings_json: str, compute_device: str, data_root: str) -> Trainin
         objective=settings.get("objective", ""),
         objective_args=settings.get("objective_args") or {},
         reports=settings.get("reports") or (),
+        weighting=settings.get("weighting", "devices"),
+        rule=settings.get("rule", ""),
+        rule_args=settings.get("rule_args") or {},
+        device_state={  # the device's own, across its tasks and restarts: one folder per job's settings
+            "dir": os.path.join(os.path.expanduser(state_dir), hashlib.sha256(settings_json.encode()).hexdigest()[:16]),
+            "memory_mb": 16.0,
+            "durable": True,
+            "fresh": False,
+        },
     )
 
 
@@ -68,10 +88,18 @@ class RealDeviceProcessor(DeviceTaskProcessor):
     data_root: where this device finds a downloaded dataset; "": the job's ``--data-root``.
     ca_cert: a CA certificate (PEM) the device trusts for an HTTPS proxy, e.g. the deployment's ``rootCA.pem``
         (``python -m jobs.deploy up --proxy`` signs the proxy's certificate with it); "": the system's CAs.
+    state_dir: where this device keeps a method's per-device state (a training rule's, e.g. SCAFFOLD's ``c_i``).
     """
 
-    def __init__(self, compute_device: str = "", data_root: str = "", ca_cert: str = ""):
+    def __init__(
+        self,
+        compute_device: str = "",
+        data_root: str = "",
+        ca_cert: str = "",
+        state_dir: str = STATE_DIR,
+    ):
         DeviceTaskProcessor.__init__(self)
+        self.state_dir = state_dir
         self.compute_device = compute_device
         self.data_root = data_root
         if ca_cert:
@@ -90,7 +118,7 @@ class RealDeviceProcessor(DeviceTaskProcessor):
 
     def process_task(self, task: TaskResponse) -> dict:
         settings = task_settings(task)
-        trainer = _trainer(json.dumps(settings, sort_keys=True), self.compute_device, self.data_root)
+        trainer = _trainer(json.dumps(settings, sort_keys=True), self.compute_device, self.data_root, self.state_dir)
         version, weights = received_model(task)
         device_id = self.device.device_id
         diff = trainer.train(device_id, weights, version)

@@ -32,8 +32,9 @@ from processors.data.config import DataConfig
 from processors.data.partition import device_indices
 from processors.data.sources import Dataset, DatasetSpec, load_dataset
 from processors.device import resolve_device
+from processors.device_rule import RuleHost
 from processors.objective import DeviceObjective, make_objective
-from processors.reports import LAST_STEP, check_reports, with_reports
+from processors.reports import LAST_STEP, check_reports, weigh_by_samples, with_reports
 from processors.training import TrainingConfig, train_local, worker_model
 from processors.training_vectorized import train_group
 
@@ -154,6 +155,13 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         objective_args: its constructor's keyword arguments.
         reports: what each device reports besides its diff, by name (``processors.reports``: its last loss, its
             steps, its label histogram, ...), in its diff under ``DEVICE_EXTRA_PREFIX``; what its method asks for.
+        weighting: ``devices`` (each device's diff as trained) or ``samples`` (its diff times the samples it holds,
+            with its ``data_size`` report; ``jobs.methods.Method.weighting``).
+        rule: the method's training rule (``processors.device_rule.DeviceRule``) by import path; "": none. Its
+            reports join the diff like the others.
+        rule_args: its constructor's keyword arguments.
+        device_state: where a rule that keeps state keeps it (``processors.device_state.DeviceStateStore``):
+            ``dir`` ("": ``device_state/`` in the working folder), ``memory_mb``, ``durable``, ``fresh``.
     """
 
     def __init__(
@@ -168,6 +176,10 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         objective: str = "",
         objective_args: dict | None = None,
         reports: list[str] | tuple[str, ...] = (),
+        weighting: str = "devices",
+        rule: str = "",
+        rule_args: dict | None = None,
+        device_state: dict | None = None,
     ):
         DeviceTaskProcessor.__init__(self)
         self.data = data
@@ -180,7 +192,14 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         self.objective = objective
         self.objective_args = objective_args or {}
         self.reports = list(check_reports(reports))
+        if weighting not in ("devices", "samples"):
+            raise ValueError(f"weighting {weighting!r}: use devices or samples")
+        self.weighting = weighting
         self._objective: DeviceObjective | None = make_objective(objective, self.objective_args)
+        self.rule = rule
+        self.rule_args = rule_args or {}
+        self.device_state = device_state or {}
+        self._rules = RuleHost(rule, self.rule_args, self.device_state)
         self._data = DataConfig(**data)
         self._training = TrainingConfig(**training)
         self._settings = get_profile(profile)
@@ -222,14 +241,15 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         return [weight_diff_result(d, diff) for d, diff in zip(device_ids, diffs, strict=True)]
 
     def train_devices(
-        self, device_ids: list[str], weights: list[dict], versions: list[int]
+        self, device_ids: list[str], weights: list[dict], versions: list[int], selections: list[int] | None = None
     ) -> list[dict[str, np.ndarray]]:
         """The leaf gateway's entry point (``simulation.trainer.WeightsTrainer``): train each device from the
         global ``weights`` of its own ``versions`` entry (devices of one version share one dict), as
-        ``process_group`` does from a task; one diff each, in order."""
+        ``process_group`` does from a task; one diff each, in order. ``selections``: each task's selection id,
+        the key of the state a training rule keeps (``processors.device_state``)."""
         if len(device_ids) == 1:
-            return [self.train(device_ids[0], weights[0], versions[0])]
-        return self.train_group(device_ids, weights, versions)
+            return [self.train(device_ids[0], weights[0], versions[0], selections[0] if selections else None)]
+        return self.train_group(device_ids, weights, versions, selections)
 
     def failed_result(self, device_id: str, task: TaskResponse) -> dict:
         """What a device whose training failed for good reports: an all-zero diff with weight ``count`` 0. The
@@ -263,6 +283,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
             self.seed,
             host.num_classes,
             partition=self._data.partition,
+            users=host.users,
         )
         idx = torch.from_numpy(indices).to(data_device)
         x, y = data.x_train.index_select(0, idx), data.y_train.index_select(0, idx)
@@ -277,8 +298,11 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         """How a stored batch becomes the model's input: the dataset's own ``prepare``."""
         return load_dataset(self._data.spec(self.seed)).prepare
 
-    def train(self, device_id: str, model_data: dict, version: int) -> dict[str, np.ndarray]:
-        """Train ``device_id`` from the given global weights; return its WEIGHT_DIFF as numpy arrays."""
+    def train(
+        self, device_id: str, model_data: dict, version: int, selection: int | None = None
+    ) -> dict[str, np.ndarray]:
+        """Train ``device_id`` from the given global weights; return its WEIGHT_DIFF as numpy arrays
+        (``selection``: its task's selection id, for the state a training rule keeps)."""
         settings = self._settings
         with compute_context(resolve_device(self._training.compute_device), settings, self.leaves_per_gpu):
             device, x, y, generator = self._prepare(device_id, version)
@@ -296,23 +320,32 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
                 self._objective,
                 device_extras(params),
                 last_step := self._last_step(),
+                rule := self._rules.start([device_id], [selection]),
             )
-            return self._with_reports(diff, y, last_step)
+            return self._with_reports(self._rules.finish(rule, [device_id], [selection], [diff])[0], y, last_step)
 
     def _last_step(self) -> dict | None:
         """Where an engine puts a device's last-step losses, when a report needs them (else it measures none)."""
         return {} if set(self.reports) & set(LAST_STEP) else None
 
     def _with_reports(self, diff: dict[str, np.ndarray], y: torch.Tensor, last_step: dict | None) -> dict:
-        """The diff, with the reports the method asks for (``processors.reports``)."""
+        """The diff, with the reports the method asks for (``processors.reports``), weighted by the device's
+        samples when its method weights so."""
+        if self.weighting == "samples":
+            diff = weigh_by_samples(diff, len(y))
         if not self.reports:
             return diff
         classes = load_dataset(self._data.spec(self.seed)).num_classes
-        batch = min(self._training.local_batch_size, len(y))
-        return with_reports(diff, tuple(self.reports), y, classes, self._training.local_iters, batch, last_step)
+        t, n = self._training, len(y)
+        batch = min(t.local_batch_size, n)
+        return with_reports(diff, tuple(self.reports), y, classes, t.steps(n), batch, last_step, t.work(n))
 
     def train_group(
-        self, device_ids: list[str], model_data: dict | list[dict], version: int | list[int]
+        self,
+        device_ids: list[str],
+        model_data: dict | list[dict],
+        version: int | list[int],
+        selections: list[int] | None = None,
     ) -> list[dict[str, np.ndarray]]:
         """Train several devices in one vectorised call (``train_group``), each from its own version's weights
         (``model_data`` and ``version``: one for all, or one per device); each diff equals what ``train`` gives
@@ -347,7 +380,9 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
                 self._objective,
                 extras,
                 last_steps := ([] if self._last_step() is not None else None),
+                rule := self._rules.start(device_ids, selections or [None] * k),
             )
+            diffs = self._rules.finish(rule, device_ids, selections or [None] * k, diffs)
             steps = last_steps if last_steps is not None else [None] * len(diffs)
             return [
                 self._with_reports(d, y, last) for d, (_, _, y, _), last in zip(diffs, prepared, steps, strict=True)

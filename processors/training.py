@@ -24,11 +24,14 @@ import torch.nn.functional as F
 from common.choices import ConfigError, check_choice, check_positive
 from processors import augment as augmentation
 from processors.data.sources import normalize
+from processors.device_rule import RuleRun
+from processors.local_work import epoch_schedule, local_steps, samples_processed
 from processors.models import build_model, check_model_name, model_class, statistic_names
 from processors.objective import DeviceObjective
 from processors.reports import last_step_losses
 
 Optimizer = Literal["adam", "sgd"]
+DEFAULT_LOCAL_ITERS = 25
 
 
 @dataclass(frozen=True)
@@ -38,8 +41,11 @@ class TrainingConfig:
 
     Attributes:
         model: ``cifar10_convnet``, ``resnet18`` (the FedRevive paper's: statistic trackers, no BatchNorm),
-            ``resnet18_bn``, or an ``nn.Module`` class as ``package.module:Class`` (``processors.models``).
-        local_iters: optimizer steps per task.
+            ``resnet18_bn``, ``char_lstm`` (LEAF's Shakespeare next-character LSTM, for token-id data such as
+            ``--dataset synthetic-text``), or an ``nn.Module`` class as ``package.module:Class`` (``processors.models``).
+        local_iters: optimizer steps per task (unless --local-epochs is given).
+        local_epochs: passes over the device's own samples per task instead of --local-iters (0: off; the tail
+            batch is kept, so a device with n samples takes ceil(n / batch) steps per epoch; processors.local_work).
         local_batch_size: samples per step (a device with fewer samples uses them all).
         local_lr: local learning rate.
         optimizer: the local optimizer.
@@ -51,7 +57,8 @@ class TrainingConfig:
     """
 
     model: str = "cifar10_convnet"
-    local_iters: int = 25
+    local_iters: int = DEFAULT_LOCAL_ITERS
+    local_epochs: int = 0
     local_batch_size: int = 32
     local_lr: float = 3e-4
     optimizer: Optimizer = "adam"
@@ -62,6 +69,13 @@ class TrainingConfig:
     def __post_init__(self) -> None:
         check_positive({"--local-iters": self.local_iters, "--local-batch-size": self.local_batch_size})
         check_positive({"--local-lr": self.local_lr}, integer=False)
+        if self.local_epochs < 0:
+            raise ConfigError(f"--local-epochs {self.local_epochs}: must be >= 0 (0: train --local-iters steps)")
+        if self.local_epochs and self.local_iters != DEFAULT_LOCAL_ITERS:
+            raise ConfigError(
+                f"--local-epochs {self.local_epochs} and --local-iters {self.local_iters}: give one unit of local "
+                "work, epochs over each device's own data or a fixed number of steps, not both"
+            )
         check_choice("--optimizer", self.optimizer, Optimizer)
         try:
             check_model_name(self.model)
@@ -83,10 +97,21 @@ class TrainingConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def steps(self, num_samples: int) -> int:
+        """Local steps of a device holding ``num_samples`` samples (``processors.local_work``)."""
+        return local_steps(num_samples, self.local_batch_size, self.local_iters, self.local_epochs)
+
+    def work(self, num_samples: int) -> int:
+        """Samples a device holding ``num_samples`` samples trains on per task (``processors.local_work``)."""
+        return samples_processed(num_samples, self.local_batch_size, self.local_iters, self.local_epochs)
+
 
 def batch_schedule(num_samples: int, cfg: TrainingConfig, generator: torch.Generator) -> list[torch.Tensor]:
     """Positions (into a device's own samples) of each local iteration's batch: epochs of a fresh
-    permutation, cut into batches, for exactly ``local_iters`` iterations."""
+    permutation, cut into batches, for exactly ``local_iters`` iterations (full batches only); or, with
+    ``local_epochs``, that many epochs with their tail batches (``processors.local_work.epoch_schedule``)."""
+    if cfg.local_epochs:
+        return epoch_schedule(num_samples, cfg.local_batch_size, cfg.local_epochs, generator)
     batches: list[torch.Tensor] = []
     order = torch.empty(0, dtype=torch.int64)
     batch = min(cfg.local_batch_size, num_samples)
@@ -152,6 +177,7 @@ def train_local(
     objective: DeviceObjective | None = None,
     extras: dict[str, torch.Tensor] | None = None,
     last_step: dict[str, torch.Tensor] | None = None,
+    rule: RuleRun | None = None,
 ) -> dict[str, np.ndarray]:
     """Train ``model`` from ``global_params`` on one device's samples; return its diff (parameters and statistics).
 
@@ -161,7 +187,9 @@ def train_local(
     CIFAR-10's statistics). ``objective`` (the method's device hook, ``processors.objective``) adds its term to
     each step's loss, with the server's ``extras``. The diff is computed on the model's device, then copied out
     (``copy_to_host``, through pinned buffers when ``pinned``). ``last_step``, when given, receives the last
-    step's losses (``processors.reports.last_step_losses``), for the device's reports.
+    step's losses (``processors.reports.last_step_losses``), for the device's reports. ``rule`` (the method's
+    training rule, ``processors.device_rule``) sets up from the received weights, corrects each step's gradients
+    before the optimiser takes them, and keeps the device's reports and new state after the last step.
     """
     device = next(model.parameters()).device
     shared = dict(model.named_parameters()) | {name: model.get_buffer(name) for name in statistic_names(model)}
@@ -181,9 +209,11 @@ def train_local(
                 b.copy_(global_params[name])
     model.train()
     optimizer = cfg.make_optimizer(model.parameters())
-    if objective is not None:
+    if objective is not None or rule is not None:
         params = dict(model.named_parameters())
         received = {name: global_params[name] for name in params}
+    if rule is not None:
+        rule.begin(received, extras or {})
     data_device = x.device
     schedule = batch_schedule(len(y), cfg, generator)
     if cfg.augment:  # drawn after the schedule, from the same generator: as the vectorised engine draws them
@@ -193,8 +223,8 @@ def train_local(
         xb, yb = x.index_select(0, positions), y.index_select(0, positions)
         if data_device != device:
             xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-        if cfg.augment:
-            xb = augmentation.crop_flip(xb, offsets[step], flips[step])
+        if cfg.augment:  # a tail batch (--local-epochs) takes the first of its step's draws
+            xb = augmentation.crop_flip(xb, offsets[step, : len(positions)], flips[step, : len(positions)])
         logits = model(prepare(xb))
         loss = F.cross_entropy(logits, yb)
         if objective is not None:
@@ -203,9 +233,21 @@ def train_local(
             last_step.update(last_step_losses(logits, yb, loss))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if rule is not None:
+            _correct(params, rule)
         optimizer.step()
+    if rule is not None:
+        rule.end(params, received)
     with torch.no_grad():
         return copy_to_host({name: t.detach() - global_params[name] for name, t in shared.items()}, pinned)
+
+
+def _correct(params: dict[str, torch.Tensor], rule: RuleRun) -> None:
+    """The rule's correction of this step's gradients, put where the optimiser reads them."""
+    with torch.no_grad():
+        corrected = rule.correct({n: p.detach() for n, p in params.items()}, {n: p.grad for n, p in params.items()})
+        for name, p in params.items():
+            p.grad = corrected[name]
 
 
 @torch.no_grad()

@@ -17,6 +17,11 @@ Unequal batch sizes: ``batch_schedule`` gives a device with fewer than ``batch_s
 0 and masked: each device's loss is ``sum(ce * mask) / b_i``, the mean over its own real samples only, so
 padded samples contribute exactly zero gradient.
 
+Unequal step counts (``--local-epochs``: a device takes ``E x ceil(n_i / batch)`` steps, tail batches kept): the
+group runs for its longest device's steps; a device that has finished takes all-masked steps and its parameters,
+optimiser state and statistics are restored after each of them, so it stays exactly where its own last step left
+it (``processors.group_schedule``). Its last-step reports come from its own last step.
+
 Devices of different model versions (an asynchronous run's pending devices, ``simulation.fast_simulator``) train
 in one group too: ``global_params`` is then one dict per device, and each device starts from, and reports its diff
 against, its own version's weights (stacked like the parameters), with its own version's ``extras``. A group whose
@@ -42,6 +47,8 @@ from torch.func import functional_call, grad, vmap
 from common.protocol import LOSS, LOSS_SQUARED
 from processors import augment as augmentation
 from processors.data.sources import normalize
+from processors.device_rule import RuleRun
+from processors.group_schedule import freeze, plan_group, restore
 from processors.models.stat_tracker import collecting, tracker_buffer_names, trackers, untracked_buffers
 from processors.objective import DeviceObjective
 from processors.training import TrainingConfig, batch_schedule, copy_to_host, worker_model
@@ -96,6 +103,7 @@ def train_group(
     objective: DeviceObjective | None = None,
     extras: Weights | Sequence[Weights] | None = None,
     last_step: list[dict[str, torch.Tensor]] | None = None,
+    rule: RuleRun | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """Train K devices from ``global_params``, all at once; return each device's diff (trained - received) as
     float32 numpy arrays, the same keys, shapes and values as ``train_local`` would return.
@@ -109,7 +117,8 @@ def train_group(
     ``generators[i]`` is the CPU generator ``train_local`` would get for device i (it is advanced the same way);
     ``objective`` and ``extras``: the method's device hook, as in ``train_local`` (its ``loss`` runs under ``vmap``
     on each device's parameters); ``last_step``, when given, gets one dict per device with its last step's losses,
-    as ``train_local`` measures them (``processors.reports``).
+    as ``train_local`` measures them (``processors.reports``); ``rule``: the method's training rule, as in
+    ``train_local`` (its hooks run under ``vmap`` on the devices' stacked tensors, ``processors.device_rule``).
     """
     if len(device_data) != len(generators):
         raise ValueError(f"{len(device_data)} devices but {len(generators)} generators")
@@ -136,30 +145,16 @@ def train_group(
     if min(sizes) == 0:
         raise ValueError(f"device {sizes.index(0)} has no samples")
     schedules = [batch_schedule(n, cfg, g) for n, g in zip(sizes, generators, strict=True)]
-    iters = cfg.local_iters
-    batch = max(min(cfg.local_batch_size, n) for n in sizes)
-    index = torch.zeros(iters, k, batch, dtype=torch.int64)  # into the concatenated data; pads -> device's sample 0
-    mask = torch.zeros(iters, k, batch, dtype=torch.float32)
-    counts = torch.empty(k, dtype=torch.float32)
-    offset = 0
-    for i, (n, schedule) in enumerate(zip(sizes, schedules, strict=True)):
-        b = min(cfg.local_batch_size, n)
-        index[:, i, :] = offset
-        if iters:
-            index[:, i, :b] += torch.stack(schedule)
-        mask[:, i, :b] = 1.0
-        counts[i] = b
-        offset += n
+    plan = plan_group(sizes, schedules, generators, cfg.augment)  # pads unequal batches and step counts
+    iters, batch = plan.iters, plan.batch
     x_all = torch.cat([x for x, _ in device_data]) if k > 1 else device_data[0][0]
     y_all = torch.cat([y for _, y in device_data]) if k > 1 else device_data[0][1]
     data_device = x_all.device
-    if cfg.augment:  # each device's crops and flips, drawn after its schedule as train_local draws them
-        offsets = torch.zeros(iters, k, batch, 2, dtype=torch.int64)
-        flips = torch.zeros(iters, k, batch, dtype=torch.bool)
-        for i, (n, g) in enumerate(zip(sizes, generators, strict=True)):
-            b = min(cfg.local_batch_size, n)
-            offsets[:, i, :b], flips[:, i, :b] = augmentation.draw(iters, b, g)
-    index, mask, counts = index.to(data_device), mask.to(device), counts.to(device)
+    offsets, flips = plan.offsets, plan.flips
+    index, mask, counts = plan.index.to(data_device), plan.mask.to(device), plan.counts.to(device)
+    last_steps = plan.steps - 1  # each device's own last step (where its reports are measured)
+    if last_step is not None:
+        last_step[:] = [{} for _ in range(k)]
 
     def forward(params: Weights, x, y, m, count, received_one, extras_one) -> tuple[torch.Tensor, dict, torch.Tensor]:
         with collecting(tracked, m) as collector:
@@ -194,6 +189,10 @@ def train_group(
         }
         stats = {name: r.clone() for name, r in start_stats.items()}
         start_params = received
+    if rule is not None:  # set up from each device's own state, received weights and extras
+        rule.begin_group(
+            received_by_name, *(hook[1:] if shared is not None else device_args[1:]), shared is not None, k
+        )
 
     def device_loss(params: Weights, x, y, m, count, *per_device) -> tuple[torch.Tensor, dict]:
         loss, stats, _ = forward(params, x, y, m, count, *(per_device or hook))
@@ -223,15 +222,23 @@ def train_group(
         xb = prepare(xb).view(k, batch, *image_shape)
         yb = yb.view(k, batch)
         step_params = dict(zip(names, params, strict=True))
-        if last_step is not None and t == iters - 1:  # only a step that reports carries the extra outputs
+        ending = (last_steps == t).nonzero().view(-1).tolist() if last_step is not None else []
+        if ending:  # only a step that reports carries the extra outputs
             grads_by_name, (batch_stats, losses, per_sample) = reporting_grad(
-                step_params, xb, yb, mask[t], counts, *device_args
+                step_params, xb, yb, mask[t], counts[t], *device_args
             )
-            _record_last_step(last_step, losses, per_sample, mask[t], counts)
+            _record_last_step(last_step, losses, per_sample, mask[t], counts[t], ending)
         else:
-            grads_by_name, batch_stats = group_grad(step_params, xb, yb, mask[t], counts, *device_args)
+            grads_by_name, batch_stats = group_grad(step_params, xb, yb, mask[t], counts[t], *device_args)
+        if rule is not None:
+            grads_by_name = rule.correct_group(step_params, grads_by_name)
         grads = [grads_by_name[name] for name in names]
         with torch.no_grad():
+            frozen = None
+            if plan.unequal and not bool(plan.active(t).all()):  # finished devices: this step must not move them
+                inactive = (~plan.active(t)).nonzero().view(-1).to(device)
+                state = [*params, *state_a, *state_b, *stats.values()]
+                frozen = (state, inactive, freeze(state, inactive))
             for name, tracker in tracked.items():
                 mean, var = batch_stats[name]
                 tracker.update(stats[f"{name}.running_mean"], stats[f"{name}.running_var"], mean, var)
@@ -246,7 +253,11 @@ def train_group(
                 torch._foreach_add_(params, state_a, alpha=-cfg.local_lr)
             else:
                 torch._foreach_add_(params, grads, alpha=-cfg.local_lr)
+            if frozen is not None:
+                restore(*frozen)
 
+    if rule is not None:
+        rule.end_group(dict(zip(names, params, strict=True)), received_by_name, shared is not None)
     with torch.no_grad():
         stacked = {name: p - r for name, p, r in zip(names, params, start_params, strict=True)}
         stacked |= {name: s - start_stats[name] for name, s in stats.items()}
@@ -255,13 +266,19 @@ def train_group(
 
 
 def _record_last_step(
-    out: list[dict[str, torch.Tensor]], losses: torch.Tensor, per_sample: torch.Tensor, m: torch.Tensor, counts
+    out: list[dict[str, torch.Tensor]],
+    losses: torch.Tensor,
+    per_sample: torch.Tensor,
+    m: torch.Tensor,
+    counts,
+    ending: list[int],
 ) -> None:
-    """Each device's last-step reports (``processors.reports``): its loss, and the mean of its real samples'
-    squared cross-entropies (padding masked out, as in its loss)."""
+    """The last-step reports (``processors.reports``) of the devices ``ending`` at this step: each one's loss, and
+    the mean of its real samples' squared cross-entropies (padding masked out, as in its loss)."""
     with torch.no_grad():
         squared = (per_sample.detach() ** 2 * m).sum(1) / counts
-    out[:] = [{LOSS: losses[i], LOSS_SQUARED: squared[i]} for i in range(len(losses))]
+    for i in ending:
+        out[i] = {LOSS: losses[i], LOSS_SQUARED: squared[i]}
 
 
 def _stacked_extras(extras: Weights | Sequence[Weights] | None, k: int) -> Weights:

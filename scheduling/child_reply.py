@@ -1,13 +1,15 @@
 """What the server says to a child (a leaf, or a relay above leaves) when it reports: the devices it registers
 join the pool, and the reply carries, from the applier's last published view, the current version, the child's
 part of the selection, the version and release of each of its selection ids, the devices the server waits for,
-and every model version its devices train that it does not hold yet."""
+and every model version its devices train that it does not hold yet. The selection's maps travel packed
+(``common.packed_maps``: NVFlare's serialiser walks a plain dict entry by entry)."""
 
 from __future__ import annotations
 
 from nvflare.apis.shareable import Shareable
 from nvflare.edge.mud import PropKey, StateUpdateReply, StateUpdateReport
 
+from common.packed_maps import pack_map
 from common.protocol import AWAITED, DEVICE_RANGES, MODELS, SELECTION_RELEASES, SELECTION_VERSIONS
 from scheduling.applier import UpdateApplier
 from simulation.device_pool import DevicePool
@@ -32,13 +34,13 @@ def reply_to(applier: UpdateApplier, leaves: set[str], report: StateUpdateReport
         return StateUpdateReply(0, None, 0, None).to_shareable()
     mine, versions = view.selection, view.selection_versions
     changed = report.current_device_selection_version != view.selection_version
-    reply = StateUpdateReply(view.version, None, view.selection_version, mine if changed else None).to_shareable()
+    reply = StateUpdateReply(view.version, None, view.selection_version, None).to_shareable()
     if changed:
-        reply[PropKey.DEVICE_SELECTION] = mine  # even when empty: the child's devices are all done
+        reply[PropKey.DEVICE_SELECTION] = pack_map(mine)  # even when empty: the child's devices are all done
     needed = set(versions.values()) - held
     if needed:
         reply[MODELS] = {v: applier.model(v) for v in sorted(needed)}
     reply[AWAITED] = list(view.awaited)
-    reply[SELECTION_VERSIONS] = versions
-    reply[SELECTION_RELEASES] = view.selection_releases
+    reply[SELECTION_VERSIONS] = pack_map(versions)
+    reply[SELECTION_RELEASES] = pack_map(view.selection_releases)
     return reply

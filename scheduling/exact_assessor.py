@@ -69,6 +69,7 @@ from common.protocol import (
     SelectionSum,
 )
 from common.result_files import EVENTS
+from processors.local_work import device_work
 from scheduling import checkpoint
 from scheduling.applier import UpdateApplier
 from scheduling.child_reply import register_devices, reply_to
@@ -110,6 +111,8 @@ class ExactTimeAssessor(Assessor):
     device_timeout: with real devices, seconds a selected device may take (0: derived, ``scheduling.applier``).
     selection: the method's selection policy by import path (``simulation.selection``); "": uniform.
     selection_args: its constructor's keyword arguments.
+    work: ``{"data": DataConfig.to_dict(), "training": TrainingConfig.to_dict()}`` when each device's training
+        time scales with its own work (``--local-epochs``; ``processors.local_work.device_work``); None: it does not.
     """
 
     def __init__(
@@ -136,10 +139,12 @@ class ExactTimeAssessor(Assessor):
         device_timeout: float = 0.0,
         selection: str = "",
         selection_args: dict | None = None,
+        work: dict | None = None,
     ):
         super().__init__()
         self.selection = selection
         self.selection_args = selection_args or {}
+        self.work = work
         self.real_devices = real_devices
         self.device_timeout = device_timeout
         install_nvflare_fixes()  # one thread for finished streams, no payload rendering (nvflare_private)
@@ -200,7 +205,11 @@ class ExactTimeAssessor(Assessor):
         pool = DevicePool(self.seed)
         self.schedule = ExactSchedule(
             pool,
-            DeviceDelays(DelayConfig.from_dict(self.delays), self.seed),
+            DeviceDelays(
+                DelayConfig.from_dict(self.delays),
+                self.seed,
+                device_work(self.work["data"], self.work["training"], self.seed) if self.work else None,
+            ),
             self.selection_size,
             self.updates_per_version,
             self.min_hole_to_fill,

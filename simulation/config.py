@@ -49,12 +49,18 @@ class EngineConfig:
     device_timeout: with ``--devices real``, seconds a selected device may take before it counts as failed and
         its slot is refilled; 0: derived (``FIRST_DEVICE_TIMEOUT`` until a task is measured, then 3x the slowest
         task seen, at least that; printed at the start).
+    trainer: the leaves' task processor by import path ``package.module:Class``, a subclass of
+        ``processors.task_processor.TrainingTaskProcessor`` taking its arguments; "": that class itself. No flag:
+        an option of ``jobs.api`` for benchmarks (``benchmarks/null_trainer.py``: the protocol's ceiling).
     job_timeout: seconds a leaf's device simulator waits for the job to reach it (only that: not a limit on the
         job).
     update_interval: a leaf's heartbeat: the longest a leaf waits between syncs with its parent (it syncs at once
         when it has results the server waits for, or news; NVFlare's own leaves sync every 1.0 s).
     update_timeout: seconds a leaf waits for its parent to take an update (default: derived from the report size,
         printed at the start; ``simulation.timeouts.derive_timeouts``).
+    device_state_memory_mb: with a method whose devices keep state across tasks (SCAFFOLD's control variates,
+        ``processors.device_rule``), the MiB of it a leaf holds in memory; past it the least recently used
+        devices' state goes to disk (``processors.device_state``, in the results folder's ``device_state/``).
     """
 
     simulator: SimulatorName = "fast"
@@ -68,6 +74,8 @@ class EngineConfig:
     update_timeout: float | None = None
     devices: DevicesName = "simulated"
     device_timeout: float = 0.0
+    trainer: str = ""
+    device_state_memory_mb: float = 256.0
 
     def __post_init__(self) -> None:
         check_choice("--devices", self.devices, DevicesName)
@@ -87,6 +95,8 @@ class EngineConfig:
         check_positive({"--job-timeout": self.job_timeout, "--update-interval": self.update_interval}, integer=False)
         if self.update_timeout is not None:
             check_positive({"--update-timeout": self.update_timeout}, integer=False)
+        if not self.device_state_memory_mb >= 0:
+            raise ConfigError(f"--device-state-memory-mb {self.device_state_memory_mb}: must be >= 0 (0: all on disk)")
         if not self.time_scale >= 0:
             raise ConfigError(f"--time-scale {self.time_scale}: must be >= 0 (0: exact simulated time)")
         if self.simulator == "stock" and self.time_scale > 0:
@@ -96,5 +106,26 @@ class EngineConfig:
                 "--engine vectorized needs --simulator fast (the stock simulator runs one device at a time)"
             )
 
+    def validate(self) -> None:
+        """Import the trainer it names, if any; ``ConfigError`` naming the fix."""
+        if self.trainer:
+            trainer_class(self.trainer)
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def trainer_class(path: str) -> type:
+    """The task processor class ``--trainer``'s import path names (``TrainingTaskProcessor`` for "")."""
+    from common.imports import import_object
+    from processors.task_processor import TrainingTaskProcessor
+
+    if not path:
+        return TrainingTaskProcessor
+    try:
+        cls = import_object(path, "trainer")
+    except ValueError as ex:
+        raise ConfigError(str(ex)) from ex
+    if not (isinstance(cls, type) and issubclass(cls, TrainingTaskProcessor)):
+        raise ConfigError(f"trainer {path!r}: give a subclass of processors.task_processor.TrainingTaskProcessor")
+    return cls

@@ -8,6 +8,8 @@ never the order, the versions trained or the simulated times. ``tests/e2e/test_e
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from common.delays import DelayConfig, DeviceDelays
 from simulation.device_pool import DevicePool
 from simulation.schedule import ExactSchedule
@@ -25,14 +27,16 @@ def make_schedule(
     max_model_version: int | None = None,
     max_sim_time: float | None = None,
     policy: SelectionPolicy | None = None,
+    work: Callable[[str], float] | None = None,
 ) -> ExactSchedule:
-    """A schedule over ``leaves`` (leaf name -> devices, registered as ranges ``<leaf>#0..``), not yet started."""
+    """A schedule over ``leaves`` (leaf name -> devices, registered as ranges ``<leaf>#0..``), not yet started;
+    ``work``: the samples each device trains on per task, when its time scales with them (``common.delays``)."""
     pool = DevicePool(seed)
     for leaf, count in leaves.items():
         pool.register_range(leaf, count, leaf)
     return ExactSchedule(
         pool,
-        DeviceDelays(delays, seed),
+        DeviceDelays(delays, seed, work),
         selection_size,
         updates_per_version,
         min_hole_to_fill,

@@ -130,10 +130,12 @@ class GatewayChannel:
         ]
 
     def train(self, tasks: list[DeviceTask]) -> list[dict[str, np.ndarray]]:
-        """Each device from its own version's weights (a release may mix versions)."""
-        return self.trainer.train_devices(
-            [t.device for t in tasks], [t.payload for t in tasks], [t.version for t in tasks]
-        )
+        """Each device from its own version's weights (a release may mix versions); a trainer whose method keeps
+        per-device state also gets the selection ids, the key of that state."""
+        args = [t.device for t in tasks], [t.payload for t in tasks], [t.version for t in tasks]
+        if getattr(self.trainer, "rule", ""):
+            return self.trainer.train_devices(*args, [t.selection_id for t in tasks])
+        return self.trainer.train_devices(*args)
 
     def failure(self, task: DeviceTask) -> dict[str, np.ndarray]:
         return {k: np.zeros(np.shape(v), dtype=np.float32) for k, v in task.payload.items()}

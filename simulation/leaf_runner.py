@@ -26,6 +26,7 @@ from common.delays import DelayConfig, DeviceDelays
 from common.jsonio import JsonlWriter, write_json_atomic
 from common.leaf_outbox import OUTBOX_PROP, LeafOutbox
 from common.result_files import LEAF_PLAN, leaf_log
+from processors.local_work import device_work
 from processors.task_processor import TrainingTaskProcessor
 from simulation.fast_simulator import FastSimulator
 from simulation.leaf_channels import EdgeRequestChannel, GatewayChannel
@@ -164,11 +165,17 @@ class FastDeviceRunner(TPORunner):
             channel=channel,
             num_workers=plan.num_workers,
             get_job_timeout=self.job_timeout,
-            delays=DeviceDelays(DelayConfig.from_dict(self.delays), self.seed),
+            delays=DeviceDelays(DelayConfig.from_dict(self.delays), self.seed, self._work()),
             time_scale=self.time_scale,
             on_report=_fan_out(reporters),
             group_size=plan.group_size if grouped else 1,
         )
+
+    def _work(self):
+        """Each device's work per task, when its time scales with it (our processor with --local-epochs)."""
+        if isinstance(self.tpo, TrainingTaskProcessor):
+            return device_work(self.tpo.data, self.tpo.training, self.seed)
+        return None
 
     def make_channel(self, fl_ctx: FLContext, job_name: str, prefix: str):
         """The leaf's gateway when its executor offers one and the processor trains from weights (ours); NVFlare's

@@ -6,7 +6,10 @@ the component the config parts it needs, as the plain values NVFlare writes into
 
 from __future__ import annotations
 
+import os
+
 from common.delays import DelayConfig
+from common.result_files import DEVICE_STATE
 from evaluation.evaluator import GlobalModelEvaluator
 from evaluation.leaf_log_writer import LeafLogWriter
 from evaluation.model_saver import GlobalModelSaver
@@ -18,6 +21,7 @@ from jobs.config import JobConfig
 from jobs.run.plan import plan_request
 from processors.task_processor import TrainingTaskProcessor
 from scheduling.exact_assessor import ExactTimeAssessor
+from simulation.config import trainer_class
 from simulation.leaf_runner import FastDeviceRunner, StockDeviceRunner
 from simulation.planner import WorkerPlan
 from simulation.timeouts import Timeouts
@@ -29,11 +33,12 @@ def make_task_processor(
     cfg: JobConfig, plan: WorkerPlan | None, torch_threads: int | None = None
 ) -> TrainingTaskProcessor:
     """The device-side trainer; ``torch_threads`` overrides the plan's (0: leave torch's default). Without a plan
-    (a deployment) the leaf sets its threads from its own plan at start."""
+    (a deployment) the leaf sets its threads from its own plan at start. Its class is ``--trainer``'s (a
+    benchmark's), else ``TrainingTaskProcessor``."""
     stock = cfg.engine.simulator == "stock"
     if torch_threads is None:
         torch_threads = plan.torch_threads if plan is not None else 0
-    return TrainingTaskProcessor(
+    return trainer_class(cfg.engine.trainer)(
         data=cfg.data.to_dict(),
         training=cfg.training.to_dict(),
         seed=cfg.run.seed,
@@ -44,7 +49,27 @@ def make_task_processor(
         objective=cfg.method_spec.objective_path,
         objective_args=cfg.method_spec.objective_args(cfg),
         reports=cfg.method_spec.reports(cfg),
+        weighting=cfg.method_spec.weighting,
+        **rule_settings(cfg),
     )
+
+
+def rule_settings(cfg: JobConfig) -> dict:
+    """The method's training rule and where its devices' state is kept: the results folder's ``device_state/`` on
+    SimEnv (``--resume`` reuses it; written through when the run checkpoints), else each leaf's working folder.
+    Nothing for a method without a rule, so its job config keeps its bytes."""
+    method = cfg.method_spec
+    if not method.rule_path:
+        return {}
+    folder = cfg.run.resume or cfg.run.output
+    sim = cfg.run.env == "sim" and folder
+    state = {
+        "dir": os.path.join(os.path.abspath(os.path.expanduser(folder)), DEVICE_STATE) if sim else "",
+        "memory_mb": cfg.engine.device_state_memory_mb,
+        "durable": cfg.run.checkpoint_every != -1,
+        "fresh": not cfg.run.resume,
+    }
+    return {"rule": method.rule_path, "rule_args": method.rule_args(cfg), "device_state": state}
 
 
 def make_leaf_runner(cfg: JobConfig, plan: WorkerPlan | None, processor_id: str):
@@ -109,6 +134,10 @@ def make_assessor(
         device_timeout=cfg.engine.device_timeout,
         selection=cfg.method_spec.selection_path,
         selection_args=cfg.method_spec.selection_args(cfg),
+        # each device's time scales with its own samples (--local-epochs); None keeps today's schedule
+        work={"data": cfg.data.to_dict(), "training": cfg.training.to_dict()}
+        if cfg.training.local_epochs and not real
+        else None,
     )
 
 

@@ -30,6 +30,7 @@ from jobs.run.remote import ProdFollower, follow_poc
 from jobs.run.results import PlotAhead, finalize, format_summary, read_metrics, result_files_of
 from jobs.run.watchdog import Watchdog
 from processors.data.sources import DatasetError
+from processors.local_work import device_work
 from scheduling.checkpoint import state_path
 from simulation.config import device_timeout_words
 from simulation.event_reference import make_schedule
@@ -181,6 +182,7 @@ def schedule_for(cfg: JobConfig) -> ExactSchedule:
         f.max_model_version,
         f.max_sim_time,
         make_policy(cfg.method_spec.selection_path, cfg.method_spec.selection_args(cfg)),
+        device_work(cfg.data.to_dict(), cfg.training.to_dict(), cfg.run.seed),  # None with --local-iters
     )
 
 

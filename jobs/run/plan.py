@@ -13,6 +13,7 @@ from common.choices import ConfigError
 from common.profiles import get_profile
 from jobs.config import JobConfig
 from processors.data.sources import Dataset, load_dataset
+from processors.data.users import partition_stats
 from processors.device import resolve_device
 from processors.models import build_model
 from simulation.leaf_plan import DEFAULT_INPUT_SHAPE, PlanRequest, plan_leaf
@@ -146,7 +147,11 @@ def check_model_fits_data(cfg: JobConfig, dataset: Dataset) -> None:
             f"--model {name} cannot take the data's samples of shape {tuple(batch.shape[1:])} "
             f"({type(ex).__name__}: {ex}); give a model whose input matches the data"
         ) from ex
-    if tuple(out.shape) != (len(batch), dataset.num_classes):
+    # a text task's model may score a larger vocabulary than the ids the data holds (LEAF's 80 symbols)
+    fits = out.ndim == 2 and (
+        out.shape[1] >= dataset.num_classes if dataset.is_text else out.shape[1] == dataset.num_classes
+    )
+    if out.shape[0] != len(batch) or not fits:
         raise ConfigError(
             f"--model {name} gives outputs of shape {tuple(out.shape[1:])} per sample; the data has "
             f"{dataset.num_classes} classes, so it must give ({dataset.num_classes},)"
@@ -172,6 +177,7 @@ def prepare(cfg: JobConfig) -> RunPlan:
     whose device runner takes its worker count from the job)."""
     check_pool_memory(cfg)
     deployed = cfg.run.env == "prod"
+    partition = None
     if deployed:
         chosen = cfg.training.compute_device
         # "fedavg on the leaves' auto" read as a device named auto: each leaf resolves auto on its own hardware
@@ -182,6 +188,9 @@ def prepare(cfg: JobConfig) -> RunPlan:
         dataset = load_dataset(cfg.spec)  # missing / malformed data fails here, with the fix in the message
         check_model_fits_data(cfg, dataset)
         input_shape = dataset.input_shape
+        if cfg.data.partition == "natural" and dataset.users is not None:  # who holds what, in metrics.json
+            pool = cfg.federation.num_leaf_nodes * cfg.federation.devices_per_leaf
+            partition = partition_stats(dataset.users, pool)
     hardware = probe_hardware()
     workers = None if deployed and cfg.engine.simulator != "stock" else plan_for(cfg, hardware, input_shape)
     timeouts = timeouts_for(cfg)
@@ -192,4 +201,6 @@ def prepare(cfg: JobConfig) -> RunPlan:
         "timeouts": timeouts.to_dict(),
         "profile": get_profile(cfg.engine.profile).to_dict(),
     }
+    if partition is not None:
+        run_info["partition"] = partition
     return RunPlan(workers, timeouts, run_info, device, method_notes(cfg))

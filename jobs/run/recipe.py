@@ -61,10 +61,18 @@ STOCK_MODEL_VERSIONS = 3  # NVFlare's ModelManagerConfig default: model versions
 
 def user_modules(cfg: JobConfig) -> list[str]:
     """Top-level modules of the user's code the job names by import path (``--model pkg.mod:Class``, ``--dataset
-    pkg.mod:function``, ``--method pkg.mod:Name`` and its strategy) that are neither this project's nor installed
+    pkg.mod:function``, ``--method pkg.mod:Name`` and its strategy, a benchmark's trainer) that are neither this project's nor installed
     (site-packages, the standard library)."""
     method = cfg.method_spec
-    paths = [cfg.training.model, cfg.data.dataset, cfg.method, method.strategy_path, method.objective_path]
+    paths = [
+        cfg.training.model,
+        cfg.data.dataset,
+        cfg.method,
+        method.strategy_path,
+        method.objective_path,
+        method.rule_path,
+    ]
+    paths.append(cfg.engine.trainer)
     tops = {p.partition(":")[0].split(".")[0] for p in paths if ":" in p and not p.endswith(".npz")}
     installed = {os.path.realpath(sysconfig.get_path(k)) for k in ("purelib", "platlib", "stdlib", "platstdlib")}
     found = []

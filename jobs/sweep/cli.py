@@ -12,8 +12,8 @@ import typing
 import optuna
 
 from jobs.sweep import study as studies
-from jobs.sweep.report import format_report, write_plots
-from jobs.sweep.runner import Sweep, SweepOptions, objective_words
+from jobs.sweep.report import format_report, objective_words, write_plots
+from jobs.sweep.runner import Sweep, SweepOptions
 from jobs.sweep.spec import SpecError, load_spec, parse_spec
 
 
@@ -46,6 +46,22 @@ def build_parser() -> SweepParser:
     )
     p.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0)")
     p.add_argument("--no-bar", dest="bar", action="store_false", help="no progress bar")
+    p.add_argument(
+        "--tensorboard",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="DIR",
+        help="also write each trial's curves and hyperparameters under one TensorBoard log dir (default DIR: "
+        "<folder>/tensorboard), for the HParams tab",
+    )
+    p.add_argument(
+        "--deployment",
+        default=None,
+        metavar="DIR",
+        help="run each trial as a job on this running deployment (python -m jobs.deploy up DIR; or an admin's "
+        "startup kit) instead of a fresh SimEnv each",
+    )
     return p
 
 
@@ -87,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
             patience=args.patience,
             seed=args.seed,
             bar=args.bar,
+            tensorboard=args.tensorboard,
+            deployment=args.deployment,
         )
         if opts.parallel is not None and opts.parallel < 1:
             raise SpecError(f"--parallel {opts.parallel}: 1 or more trials at once")

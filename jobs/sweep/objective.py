@@ -10,6 +10,12 @@ The pruner sees the curve on a grid of simulated time (``Objective.step`` second
 accuracy of the newest version made by ``k * step`` simulated seconds. Two trials are thus compared at equal
 simulated progress, whatever their wall time or the moments their versions happened to be made. A step is
 reported only once a version made after it shows it is final.
+
+A candidate with repeats (``repeat:`` in the spec, e.g. three seeds) is scored and pruned on the mean over its
+runs: its objective is the mean of their objectives, and step ``k`` is the mean of their values at ``k``, reported
+once every run has it final (a run that has ended holds its last value for every later step; one not started yet
+holds the candidate's reports back). So the pruner compares candidates' means at equal simulated time, never one
+lucky or unlucky seed.
 """
 
 from __future__ import annotations
@@ -47,13 +53,35 @@ def step_value(objective: Objective, accuracy: float) -> float:
 def final_steps(objective: Objective, records: list[dict], reported: int) -> list[tuple[int, float]]:
     """The steps after ``reported`` (the last step reported, -1: none) whose value is final now: every step before
     the newest version's own (a later version may still land in that one)."""
-    timed = _timed(records)
-    if not timed:
-        return []
-    newest = int(math.floor(timed[-1]["sim_seconds"] / objective.step + 1e-9))
+    return mean_steps(objective, [(records, False)], reported)
+
+
+def mean_steps(objective: Objective, runs: list[tuple[list[dict], bool]], reported: int) -> list[tuple[int, float]]:
+    """A candidate's steps after ``reported`` that are final for every one of its ``runs`` (each its records and
+    whether it has ended), each the mean of the runs' values. A running run's steps are final up to its newest
+    version's own; an ended run's, for ever (its last value held); a run with no version yet, none."""
+    timed = [(_timed(records), ended) for records, ended in runs]
+    horizons = []
+    for records, ended in timed:
+        if not records:
+            return []
+        newest = int(math.floor(records[-1]["sim_seconds"] / objective.step + 1e-9))
+        horizons.append(None if ended else newest)
+    running = [h for h in horizons if h is not None]
+    if not running:
+        return []  # every run has ended: the candidate's score is told, no more steps are needed
     out = []
-    for k in range(reported + 1, newest):
-        accuracy = accuracy_by(timed, k * objective.step)
-        if accuracy is not None:
-            out.append((k, step_value(objective, accuracy)))
+    for k in range(reported + 1, min(running)):
+        values = [accuracy_by(records, k * objective.step) for records, _ in timed]
+        if any(v is None for v in values):
+            continue
+        out.append((k, sum(step_value(objective, v) for v in values) / len(values)))
     return out
+
+
+def mean_score(objective: Objective, runs: list[list[dict]]) -> float | None:
+    """A candidate's objective: the mean of its runs' (None when one of them scored nothing)."""
+    values = [score(objective, records) for records in runs]
+    if not values or any(v is None for v in values):
+        return None
+    return sum(values) / len(values)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import warnings
 from collections import defaultdict
 
@@ -15,8 +16,8 @@ import optuna
 from optuna.trial import TrialState
 
 from jobs.sweep.objective import accuracy_by
-from jobs.sweep.spec import format_value
-from jobs.sweep.study import best_trial
+from jobs.sweep.spec import SweepSpec, format_value
+from jobs.sweep.study import best_trial, trial_runs
 from jobs.sweep.trial import read_metrics
 
 
@@ -60,6 +61,15 @@ def seed_groups(study: optuna.Study) -> dict[tuple, list[float]]:
 
 def cell_summary(study: optuna.Study) -> str:
     lines = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        values = t.user_attrs.get("values") or []
+        if len(values) >= 2:  # a candidate with repeats: its value is their mean
+            name = ", ".join(f"{k}={format_value(v)}" for k, v in t.params.items()) or "(all)"
+            repeats = ", ".join(sorted({k for r in trial_runs(t) for k in r.get("repeat", {})}))
+            lines.append(
+                f"  trial {t.number} ({name}): {statistics.mean(values):.4f} +- {statistics.stdev(values):.4f} "
+                f"over {len(values)} runs ({repeats})"
+            )
     for key, values in sorted(seed_groups(study).items(), key=lambda kv: str(kv[0])):
         if len(values) < 2:
             continue
@@ -80,18 +90,23 @@ def format_report(study: optuna.Study, folder: str, objective: str) -> str:
         parts.append(cells)
     best = best_trial(study)
     if best is not None:
-        parts.append(f"best: trial {best.number}, {objective} {format_value(best.value)}; reproduce it alone with:")
-        parts.append(f"  {best.user_attrs.get('command')}")
+        commands = [r.get("command") for r in trial_runs(best)]
+        what = "it alone with" if len(commands) == 1 else f"its {len(commands)} runs (their mean) with"
+        parts.append(f"best: trial {best.number}, {objective} {format_value(best.value)}; reproduce {what}:")
+        parts += [f"  {c}" for c in commands]
     else:
         parts.append("best: no trial completed")
     return "\n".join(parts)
 
 
 def trial_curves(study: optuna.Study, folder: str) -> list[tuple[optuna.trial.FrozenTrial, list[dict]]]:
+    """Every ended trial's curves: one per process (a candidate with repeats has one per repeat)."""
     out = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-        records = read_metrics(os.path.join(folder, t.user_attrs.get("folder", ""))).get("versions", [])
-        out.append((t, [r for r in records if r.get("sim_seconds") is not None]))
+        for run in trial_runs(t):
+            records = read_metrics(os.path.join(folder, run.get("folder", ""))).get("versions", [])
+            if records:
+                out.append((t, [r for r in records if r.get("sim_seconds") is not None]))
     return out
 
 
@@ -177,3 +192,35 @@ def _save(fig, folder: str, name: str) -> str:
     path = os.path.join(folder, name)
     fig.savefig(path, dpi=100)
     return path
+
+
+def say(line: str) -> None:
+    """A line above the bar (tqdm keeps the bar below it), or a plain line without one."""
+    from tqdm import tqdm
+
+    tqdm.write(line, file=sys.stdout)
+
+
+def make_bar(total: int, enabled: bool):
+    """The bar over the trials, on a terminal only: in a log, its redraws would be noise (each trial's end is a
+    line of its own anyway)."""
+    from tqdm import tqdm
+
+    tqdm.monitor_interval = 0  # no monitor thread: trials are forked from this process (see jobs.sweep.trial)
+    return tqdm(
+        total=total,
+        desc="[sweep] trials",
+        unit="trial",
+        disable=not enabled or not sys.stderr.isatty(),
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )
+
+
+def objective_words(spec: SweepSpec) -> str:
+    o = spec.objective
+    if o.metric == "accuracy_at":
+        return f"accuracy at {o.budget:g} simulated s"
+    if o.metric == "time_to_target":
+        return f"simulated s to accuracy {o.target:g}"
+    return "final accuracy"

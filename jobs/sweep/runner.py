@@ -10,7 +10,6 @@ same command continues the study.
 from __future__ import annotations
 
 import fcntl
-import math
 import os
 import signal
 import sys
@@ -23,7 +22,8 @@ from optuna.trial import TrialState
 
 from evaluation.run_recorder import record_pruned
 from jobs.sweep import study as studies
-from jobs.sweep.objective import final_steps, score
+from jobs.sweep.objective import mean_score, mean_steps, score
+from jobs.sweep.report import make_bar, say
 from jobs.sweep.spec import SpecError, SweepSpec, check_flags, format_value
 from jobs.sweep.trial import TrialProcess, command, read_metrics
 
@@ -39,6 +39,10 @@ class SweepOptions:
     patience: pruning steps without improvement a trial is given before it is pruned.
     seed: seeds the sampler (TPE), so the same study proposes the same values.
     poll_seconds: how often running trials' ``metrics.json`` are read.
+    tensorboard: a log dir ("": the sweep's ``tensorboard/``) for each trial's curves and hyperparameters
+        (TensorBoard's HParams tab); None: none.
+    deployment: a ``jobs.deploy`` folder (or an admin's startup kit): each trial runs as a job there
+        (``jobs.sweep.deployment``) instead of in a SimEnv of its own.
     """
 
     output: str | None = None
@@ -51,6 +55,8 @@ class SweepOptions:
     poll_seconds: float = 0.5
     bar: bool = True
     python: str = sys.executable
+    tensorboard: str | None = None
+    deployment: str | None = None
 
 
 def sweep_dir(spec: SweepSpec, output: str | None) -> str:
@@ -110,13 +116,47 @@ Launcher = Callable[[dict, str, "list[int] | None"], TrialProcess]
 
 
 @dataclass
-class Running:
+class Run:
+    """One process of a candidate: the candidate's flags with one of its repeats (the only one without repeats)."""
+
+    repeat: dict
+    folder: str
+    flags: dict
+    proc: TrialProcess | None = None
+    slot: int | None = None
+    code: int | None = None
+    records: list = field(default_factory=list)
+    stopped: bool = False  # by the sweep, its candidate pruned
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.code is None
+
+
+@dataclass
+class Candidate:
+    """One trial of the study: its runs (one per repeat), reported and pruned on their mean."""
+
     trial: optuna.Trial
-    proc: TrialProcess
-    slot: int
+    runs: list[Run]
     reported: int = -1
     pruned_at: float | None = None
-    records: list = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        started = [r for r in self.runs if r.proc is not None]
+        if any(r.code is None for r in started):
+            return False
+        return self.pruned_at is not None or len(started) == len(self.runs)
+
+    def waiting(self) -> Run | None:
+        """Its next run not started yet (none once it is pruned)."""
+        return None if self.pruned_at is not None else next((r for r in self.runs if r.proc is None), None)
+
+
+def run_label(repeat: dict) -> str:
+    """A repeat's part of its folder's name: ``seed1``, ``seed1-local-iters2``."""
+    return "-".join(f"{k}{v}" for k, v in repeat.items()).replace(os.sep, "_")
 
 
 class Sweep:
@@ -125,10 +165,14 @@ class Sweep:
     def __init__(self, spec: SweepSpec, opts: SweepOptions, launch: Launcher | None = None):
         self.spec, self.opts = spec, opts
         # how a trial's process starts: a ``TrialProcess``; the tests give a fake one
-        self.launch = launch or (lambda flags, folder, cores: TrialProcess(flags, folder, cores, opts.python))
+        self.launch = launch or (
+            lambda flags, folder, cores: TrialProcess(flags, folder, cores, opts.python, bool(opts.deployment))
+        )
         self.folder = sweep_dir(spec, opts.output)
-        self.running: dict[int, Running] = {}
+        self.candidates: list[Candidate] = []
         self.signum: int | None = None
+        self.board = None
+        self.env_flags: dict = {}  # with --deployment: the flags that send each trial there
 
     def prepare(self) -> None:
         check_flags(self.spec)
@@ -136,12 +180,24 @@ class Sweep:
             raise SpecError(f"--pruner {self.opts.pruner}: use one of {', '.join(studies.PRUNERS)}")
         if self.opts.min_resource < 0 or self.opts.patience < 0:
             raise SpecError("--min-resource and --patience: 0 or more")
+        if self.opts.deployment:
+            from jobs.sweep.deployment import deployment_flags
+
+            self.env_flags = deployment_flags(self.opts.deployment, self.spec)
         self.n, self.share, self.why = plan_parallel(self.spec, self.opts.parallel)
         self.lock = claim_folder(self.folder, self.spec)
         self.storage = studies.open_storage(studies.storage_url(self.folder, self.opts.storage))
         min_steps, max_steps = studies.pruning_steps(self.spec, self.opts.min_resource)
         pruner = studies.make_pruner(self.opts.pruner, min_steps, self.opts.patience, max_steps)
         self.study = studies.open_study(self.spec, self.storage, pruner, self.opts.seed)
+        if self.opts.tensorboard is not None:
+            from jobs.sweep.board import Board
+
+            self.board = Board(self.opts.tensorboard or os.path.join(self.folder, "tensorboard"), self.spec)
+
+    @property
+    def running(self) -> list[Run]:
+        return [r for c in self.candidates for r in c.runs if r.running]
 
     def _cores(self, slot: int) -> list[int] | None:
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -150,57 +206,116 @@ class Sweep:
         first = (slot * self.share) % len(cores)
         return [cores[(first + i) % len(cores)] for i in range(self.share)]
 
-    def _start(self, slot: int) -> None:
+    def _ask(self) -> Candidate:
+        """The study's next waiting trial, with its runs planned (their folders and commands in its attributes)."""
         trial = self.study.ask()
         params = suggest(trial, self.spec)
-        flags = self.spec.trial_flags(params)
-        folder = os.path.join(self.folder, "trials", f"{trial.number:04d}")
+        base = os.path.join(self.folder, "trials", f"{trial.number:04d}")
+        runs = [
+            Run(rep, f"{base}-{run_label(rep)}" if rep else base, self.spec.trial_flags(params, rep) | self.env_flags)
+            for rep in self.spec.repeats()
+        ]
         for key, value in studies.owner_attrs().items():
             trial.set_user_attr(key, value)
-        trial.set_user_attr("folder", os.path.relpath(folder, self.folder))
-        trial.set_user_attr("command", " ".join(command(flags)))
-        proc = self.launch(flags, folder, self._cores(slot))
-        self.running[slot] = Running(trial, proc, slot)
+        if self.spec.repeat:
+            trial.set_user_attr("runs", [self._run_attrs(r) for r in runs])
+        else:
+            trial.set_user_attr("folder", os.path.relpath(base, self.folder))
+            trial.set_user_attr("command", " ".join(command(runs[0].flags)))
+        candidate = Candidate(trial, runs)
+        self.candidates.append(candidate)
+        return candidate
 
-    def _report(self, run: Running) -> None:
-        if read_metrics(run.proc.folder).get("outcome"):
-            return  # the job has decided its end (only its shut-down is left): its score is final, pruning saves nothing
-        run.records = run.proc.records()
-        for step, value in final_steps(self.spec.objective, run.records, run.reported):
-            run.trial.report(value, step)
-            run.reported = step
-            if run.trial.should_prune():
-                run.pruned_at = step * self.spec.objective.step
+    def _start(self, slot: int) -> bool:
+        """Fill ``slot``: a started candidate's next run first (its mean is known sooner), else a new candidate's."""
+        run = next((r for c in self.candidates if (r := c.waiting())), None)
+        if run is None:
+            if not self._waiting():
+                return False
+            run = self._ask().runs[0]
+        run.slot = slot
+        run.proc = self.launch(run.flags, run.folder, self._cores(slot))
+        return True
+
+    def _report(self, cand: Candidate) -> None:
+        views = []
+        for run in cand.runs:
+            if run.proc is not None:
+                run.records = run.proc.records()
+            decided = run.proc is not None and bool(read_metrics(run.proc.folder).get("outcome"))
+            if decided and not self.spec.repeat:
+                return  # the job has decided its end (only its shut-down is left): its score is final
+            views.append((run.records, run.code is not None or decided))
+        for step, value in mean_steps(self.spec.objective, views, cand.reported):
+            cand.trial.report(value, step)
+            cand.reported = step
+            if cand.trial.should_prune():
+                cand.pruned_at = step * self.spec.objective.step
                 return
 
-    def _finish(self, run: Running, code: int) -> None:
-        records = run.proc.records()
-        last = records[-1] if records else {}
-        for key, value in {
+    def _run_attrs(self, run: Run) -> dict:
+        """What the study keeps of one run: its folder and command, and once it ended, its figures."""
+        attrs = {"folder": os.path.relpath(run.folder, self.folder), "command": " ".join(command(run.flags))}
+        attrs |= {"repeat": run.repeat} if run.repeat else {}
+        if run.code is None or run.proc is None:
+            return attrs
+        last = run.records[-1] if run.records else {}
+        return attrs | {
             "versions": last.get("version"),
             "sim_seconds": last.get("sim_seconds"),
             "wall_seconds": round(run.proc.wall_seconds, 1),
-            "exit_code": code,
+            "exit_code": run.code,
             # process start and exit (epoch seconds): with the records' epochs, a trial's fixed cost
             "started": round(run.proc.started, 3),
             "ended": round(run.proc.started + run.proc.wall_seconds, 3),
-        }.items():
-            run.trial.set_user_attr(key, value)
-        shown = ", ".join(f"{k}={format_value(v)}" for k, v in run.trial.params.items())
-        if run.pruned_at is not None:
-            reason = f"pruned by the sweep at {run.pruned_at:g} simulated seconds (its curve fell behind)"
-            record_pruned(run.proc.folder, reason)
-            self.study.tell(run.trial, state=TrialState.PRUNED)
-            say(f"[sweep] trial {run.trial.number} pruned at {run.pruned_at:g} simulated s ({shown})")
+        }
+
+    def _finish(self, cand: Candidate) -> None:
+        started = [r for r in cand.runs if r.proc is not None]
+        for run in started:
+            run.records = run.proc.records()
+        trial, shown = cand.trial, ", ".join(f"{k}={format_value(v)}" for k, v in cand.trial.params.items())
+        if self.spec.repeat:
+            trial.set_user_attr("runs", [self._run_attrs(r) for r in cand.runs])
+        for key, value in self._run_attrs(started[0]).items() if not self.spec.repeat else ():
+            trial.set_user_attr(key, value)
+        if self.spec.repeat:  # the table's figures: the mean over the runs, the slowest run's wall time
+            ended = [self._run_attrs(r) for r in started]
+            for key in ("versions", "sim_seconds"):
+                known = [a[key] for a in ended if a.get(key) is not None]
+                trial.set_user_attr(key, round(sum(known) / len(known), 3) if known else None)
+            trial.set_user_attr("wall_seconds", max(a["wall_seconds"] for a in ended))
+        if cand.pruned_at is not None:
+            reason = f"pruned by the sweep at {cand.pruned_at:g} simulated seconds (its curve fell behind)"
+            for run in started:
+                if run.stopped:  # a repeat that had already ended keeps its own outcome
+                    record_pruned(run.folder, reason)
+            self._board(cand, None, "pruned")  # before the study hears of it: a trial it counts as ended has its board
+            self.study.tell(trial, state=TrialState.PRUNED)
+            say(f"[sweep] trial {trial.number} pruned at {cand.pruned_at:g} simulated s ({shown})")
             return
-        value = score(self.spec.objective, records)
-        if code == 0 and value is not None:
-            self.study.tell(run.trial, value)
-            say(f"[sweep] trial {run.trial.number} complete: {format_value(value)} ({shown})")
+        values = [score(self.spec.objective, r.records) for r in started]
+        value = mean_score(self.spec.objective, [r.records for r in started])
+        failed = [r for r in started if r.code != 0]
+        if not failed and value is not None:
+            if self.spec.repeat:
+                trial.set_user_attr("values", values)
+            self._board(cand, value, "complete")
+            self.study.tell(trial, value)
+            say(f"[sweep] trial {trial.number} complete: {format_value(value)} ({shown})")
         else:
-            self.study.tell(run.trial, state=TrialState.FAIL)
-            log = os.path.relpath(run.proc.folder, self.folder) + ".log"
-            say(f"[sweep] trial {run.trial.number} failed (exit {code}; its log: {log}) ({shown})")
+            self._board(cand, None, "fail")
+            self.study.tell(trial, state=TrialState.FAIL)
+            run = failed[0] if failed else started[0]
+            log = os.path.relpath(run.folder, self.folder) + ".log"
+            say(f"[sweep] trial {trial.number} failed (exit {run.code}; its log: {log}) ({shown})")
+
+    def _board(self, cand: Candidate, value: float | None, state: str) -> None:
+        """With ``--tensorboard``: the ended trial's curves and hyperparameters, one TensorBoard run per process."""
+        if self.board is not None:
+            for run in cand.runs:
+                if run.proc is not None:
+                    self.board.write_run(cand.trial.number, cand.trial.params, run, state, value)
 
     def _waiting(self) -> int:
         return len(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
@@ -210,19 +325,22 @@ class Sweep:
 
     def _stop_all(self) -> None:
         """Ctrl-C / SIGTERM: stop every running trial, mark it failed and queue it again."""
-        for run in list(self.running.values()):
-            run.proc.stop()
-            self.study.tell(run.trial, state=TrialState.FAIL, skip_if_finished=True)
-            attrs = {"slot": run.trial.user_attrs.get("slot"), "requeued_from": run.trial.number}
-            self.study.enqueue_trial(run.trial.params, user_attrs=attrs)
-        self.running.clear()
+        for cand in self.candidates:
+            for run in cand.runs:
+                if run.running:
+                    run.proc.stop()
+            self.study.tell(cand.trial, state=TrialState.FAIL, skip_if_finished=True)
+            attrs = {"slot": cand.trial.user_attrs.get("slot"), "requeued_from": cand.trial.number}
+            self.study.enqueue_trial(cand.trial.params, user_attrs=attrs)
+        self.candidates.clear()
 
     def _bar_text(self) -> str:
         c = studies.counts(self.study)
         best = studies.best_trial(self.study)
         shown = format_value(best.value) if best else "-"
         return (
-            f"done {c['complete']}, pruned {c['pruned']}, failed {c['fail']}, running {len(self.running)}, best {shown}"
+            f"done {c['complete']}, pruned {c['pruned']}, failed {c['fail']}, running {len(self.candidates)}, "
+            f"best {shown}"
         )
 
     def run(self) -> int:
@@ -240,26 +358,31 @@ class Sweep:
         bar = make_bar(self.spec.trials, self.opts.bar)
         try:
             while self.signum is None:
+                busy = {r.slot for r in self.running}
                 for slot in range(self.n):
-                    if slot not in self.running and self._waiting():
-                        self._start(slot)
-                for slot, run in list(self.running.items()):
-                    code = run.proc.poll()
-                    if code is None:
-                        self._report(run)
-                        if run.pruned_at is not None:
-                            code = run.proc.stop()
-                    if code is not None:
-                        self._finish(run, code)
-                        del self.running[slot]
+                    if slot not in busy and self._start(slot):
+                        busy.add(slot)
+                for cand in list(self.candidates):
+                    for run in cand.runs:
+                        if run.running:
+                            run.code = run.proc.poll()
+                    if cand.pruned_at is None:
+                        self._report(cand)
+                    if cand.pruned_at is not None:  # every run of a pruned candidate stops
+                        for run in cand.runs:
+                            if run.running:
+                                run.code, run.stopped = run.proc.stop(), True
+                    if cand.done:
+                        self._finish(cand)
+                        self.candidates.remove(cand)
                 c = studies.counts(self.study)
                 bar.n = c["complete"] + c["pruned"]
                 bar.set_postfix_str(self._bar_text(), refresh=True)
-                if not self.running and not self._waiting():
+                if not self.candidates and not self._waiting():
                     break
                 time.sleep(self.opts.poll_seconds)
         finally:
-            if self.running:
+            if self.candidates:
                 self._stop_all()
             bar.close()
             for s, handler in previous.items():
@@ -271,44 +394,3 @@ class Sweep:
             )
             return 128 + self.signum
         return 0
-
-
-def say(line: str) -> None:
-    """A line above the bar (tqdm keeps the bar below it), or a plain line without one."""
-    from tqdm import tqdm
-
-    tqdm.write(line, file=sys.stdout)
-
-
-def make_bar(total: int, enabled: bool):
-    """The bar over the trials, on a terminal only: in a log, its redraws would be noise (each trial's end is a
-    line of its own anyway)."""
-    from tqdm import tqdm
-
-    tqdm.monitor_interval = 0  # no monitor thread: trials are forked from this process (see jobs.sweep.trial)
-    return tqdm(
-        total=total,
-        desc="[sweep] trials",
-        unit="trial",
-        disable=not enabled or not sys.stderr.isatty(),
-        file=sys.stderr,
-        dynamic_ncols=True,
-    )
-
-
-def best_command(study: optuna.Study) -> str | None:
-    best = studies.best_trial(study)
-    return best.user_attrs.get("command") if best else None
-
-
-def objective_words(spec: SweepSpec) -> str:
-    o = spec.objective
-    if o.metric == "accuracy_at":
-        return f"accuracy at {o.budget:g} simulated s"
-    if o.metric == "time_to_target":
-        return f"simulated s to accuracy {o.target:g}"
-    return "final accuracy"
-
-
-def is_finite(value) -> bool:
-    return value is not None and not (isinstance(value, float) and (math.isnan(value) or math.isinf(value)))

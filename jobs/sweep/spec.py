@@ -7,7 +7,10 @@
       max-model-version: 10
     grid:                      # every combination is a cell; each cell is run (or searched) in turn
       method: [fedavg, fedbuff]
+    repeat:                    # optional: each candidate runs once per combination; its objective is their mean
       seed: [1, 2, 3]
+    when:                      # optional: flags added when a flag takes a value (they may override base)
+      method: {fedavg: {eval-frequency: 1}}
     search:                    # optional; one entry per flag
       local-lr: {type: log-float, low: 1.0e-4, high: 1.0}
       global-lr: {type: float, low: 0.1, high: 2.0}
@@ -41,6 +44,7 @@ SCRIPT = "jobs/pt_job_fedrevive.py"  # the job every trial runs: --method choose
 SEARCH_TYPES = ("float", "log-float", "int", "choice")
 METRICS = ("final_accuracy", "accuracy_at", "time_to_target")
 SWEEP_OWNED = ("output", "resume", "dry_run", "export_only", "env")  # the sweep decides these, not the spec
+KEYS = ("base", "grid", "repeat", "when", "search", "objective", "trials")
 
 
 class SpecError(ConfigError):
@@ -104,6 +108,8 @@ class SweepSpec:
     search: tuple[Param, ...]
     objective: Objective
     trials: int
+    repeat: dict = field(default_factory=dict)
+    when: dict = field(default_factory=dict)
     text: str = field(repr=False, default="")
 
     @property
@@ -113,6 +119,7 @@ class SweepSpec:
             {
                 "base": self.base,
                 "grid": self.grid,
+                **({"repeat": self.repeat, "when": self.when} if self.repeat or self.when else {}),
                 "search": [p.__dict__ for p in self.search],
                 "obj": self.objective.__dict__,
             },
@@ -137,9 +144,20 @@ class SweepSpec:
             return cells
         return [cells[i % len(cells)] for i in range(self.trials)]
 
-    def trial_flags(self, params: dict) -> dict:
-        """A trial's flags: the base, then its cell and searched values (Optuna's params: flag names)."""
-        return dict(self.base) | dict(params)
+    def repeats(self) -> list[dict]:
+        """Every combination of ``repeat``'s values: the runs of one candidate (one empty run without a repeat)."""
+        keys = list(self.repeat)
+        return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(self.repeat[k] for k in keys))]
+
+    def trial_flags(self, params: dict, repeat: dict | None = None) -> dict:
+        """A run's flags: the base, the ``when`` flags its values call for, then its cell and searched values
+        (Optuna's params: flag names) and its repeat's values."""
+        chosen = dict(self.base) | dict(params) | dict(repeat or {})
+        extra: dict = {}
+        for name, cases in self.when.items():
+            if name in chosen:
+                extra |= cases.get(str(chosen[name]), {})
+        return dict(self.base) | extra | dict(params) | dict(repeat or {})
 
     def workspace(self) -> str:
         return os.path.expanduser(str(self.base.get("workspace", "~/.cache/edgesim-flare/workspace")))
@@ -196,6 +214,31 @@ def parse_objective(entry) -> Objective:
     return Objective(metric, None if budget is None else float(budget), None if target is None else float(target), step)
 
 
+def _values(where: str, v) -> list:
+    values = v if isinstance(v, list) else [v]
+    if not values:
+        raise SpecError(f"{where} is empty: give at least one value, or leave it out")
+    return values
+
+
+def parse_when(raw) -> dict:
+    """``when: {FLAG: {VALUE: {FLAG2: V2, ..}}}``: flags added to a run whose FLAG is VALUE."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(isinstance(c, dict) for c in raw.values()):
+        raise SpecError(
+            "when: give {flag: {value: {flag: value, ..}}}, e.g. when: {method: {fedavg: {eval-frequency: 1}}}"
+        )
+    out = {}
+    for name, cases in raw.items():
+        out[flag_name(name)] = {}
+        for value, flags in cases.items():
+            if not isinstance(flags, dict) or not flags:
+                raise SpecError(f"when.{name}.{value}: give the flags to add, e.g. {{eval-frequency: 1}}")
+            out[flag_name(name)][str(value)] = {flag_name(k): v for k, v in flags.items()}
+    return out
+
+
 def parse_spec(text: str, name: str) -> SweepSpec:
     """A spec from its YAML text (``name``: the sweep's name, the spec file's stem); ``SpecError`` names the fix."""
     try:
@@ -204,24 +247,33 @@ def parse_spec(text: str, name: str) -> SweepSpec:
         raise SpecError(f"the spec is not valid YAML ({str(ex).splitlines()[0]}); fix its syntax") from ex
     if not isinstance(raw, dict):
         raise SpecError("the spec must be a YAML mapping with base, grid, search, objective and trials")
-    unknown = sorted(set(raw) - {"base", "grid", "search", "objective", "trials"})
+    unknown = sorted(set(raw) - set(KEYS))
     if unknown:
-        raise SpecError(f"unknown spec key(s) {', '.join(unknown)}; the keys are base, grid, search, objective, trials")
+        raise SpecError(f"unknown spec key(s) {', '.join(unknown)}; the keys are {', '.join(KEYS)}")
     base = {flag_name(k): v for k, v in (raw.get("base") or {}).items()}
-    grid = {}
-    for k, v in (raw.get("grid") or {}).items():
-        values = v if isinstance(v, list) else [v]
-        if not values:
-            raise SpecError(f"grid.{k} is empty: give at least one value, or leave it out")
-        grid[flag_name(k)] = values
+    grid = {flag_name(k): _values(f"grid.{k}", v) for k, v in (raw.get("grid") or {}).items()}
+    repeat = {flag_name(k): _values(f"repeat.{k}", v) for k, v in (raw.get("repeat") or {}).items()}
+    if "repeat" in raw and not repeat:
+        raise SpecError("repeat is empty: give the flag each candidate repeats over, e.g. repeat: {seed: [0, 1, 2]}")
+    when = parse_when(raw.get("when"))
     search_raw = raw.get("search")
     if "search" in raw and not search_raw:
         raise SpecError("search is empty: give at least one flag's range, or leave search out for a grid")
     search = tuple(parse_param(k, v) for k, v in (search_raw or {}).items())
-    overlap = sorted(({p.name for p in search} | set(grid)) & set(base)) + sorted({p.name for p in search} & set(grid))
+    places = [set(base), set(grid), {p.name for p in search}, set(repeat)]
+    overlap = sorted({n for i, a in enumerate(places) for b in places[i + 1 :] for n in a & b})
     if overlap:
-        raise SpecError(f"{', '.join(overlap)} given twice (base, grid, search): give each flag in one place")
-    owned = sorted(set(map(flag_name, SWEEP_OWNED)) & (set(base) | set(grid) | {p.name for p in search}))
+        raise SpecError(f"{', '.join(overlap)} given twice (base, grid, search, repeat): give each flag in one place")
+    added = {k for cases in when.values() for flags in cases.values() for k in flags}
+    varied = set().union(*places[1:])
+    if added & varied:
+        raise SpecError(
+            f"when adds {', '.join(sorted(added & varied))}, which the grid, search or repeat sets: give it in one place"
+        )
+    if set(when) - set().union(*places):
+        missing = ", ".join(sorted(set(when) - set().union(*places)))
+        raise SpecError(f"when.{missing}: no base, grid, search or repeat flag of that name; name one of theirs")
+    owned = sorted(set(map(flag_name, SWEEP_OWNED)) & (set().union(*places) | added))
     if owned:
         raise SpecError(
             f"{', '.join(owned)}: the sweep sets these itself (each trial's folder, SimEnv); leave them out"
@@ -229,9 +281,9 @@ def parse_spec(text: str, name: str) -> SweepSpec:
     trials = raw.get("trials", 10 if search else None)
     if search and (isinstance(trials, bool) or not isinstance(trials, int) or trials < 1):
         raise SpecError(f"trials {trials!r}: a search needs a whole number of trials >= 1")
-    spec = SweepSpec(name, base, grid, search, parse_objective(raw.get("objective")), trials or 0, text)
+    spec = SweepSpec(name, base, grid, search, parse_objective(raw.get("objective")), trials or 0, repeat, when, text)
     if not search:
-        spec = SweepSpec(name, base, grid, search, spec.objective, len(spec.cells()), text)
+        spec = SweepSpec(name, base, grid, search, spec.objective, len(spec.cells()), repeat, when, text)
     return spec
 
 
@@ -260,19 +312,22 @@ def check_flags(spec: SweepSpec) -> None:
 
     parser.error = refuse  # one line, raised here rather than printed with a usage block
     known = {s.lstrip("-") for s in parser._option_string_actions}  # argparse's own table of the flags it takes
-    for name in [*spec.base, *spec.grid, *(p.name for p in spec.search)]:
+    added = [k for cases in spec.when.values() for flags in cases.values() for k in flags]
+    for name in [*spec.base, *spec.grid, *(p.name for p in spec.search), *spec.repeat, *added]:
         plain = name[3:] if name.startswith("no-") else name
         if name not in known and plain not in known:
             raise SpecError(f"unknown flag --{name}; the flags are the job's (python {SCRIPT} --help)")
     probes = [[(p.name, v) for v in p.probes()] for p in spec.search]
-    for cell in spec.cells():
-        for combo in itertools.product(*probes) if probes else [()]:
-            flags = spec.trial_flags(cell | dict(combo))
+    repeats = spec.repeats()
+    for i, cell in enumerate(spec.cells()):
+        # every cell with the first repeat, the first cell with every repeat
+        for combo, rep in itertools.product(itertools.product(*probes), repeats if i == 0 else repeats[:1]):
+            flags = spec.trial_flags(cell | dict(combo), rep)
             try:
                 args = parser.parse_args(flag_args(flags))
                 config_from_args(args, args.method, presets=True)
             except (_Refusal, ConfigError) as ex:
-                shown = ", ".join(f"{k}={v}" for k, v in (cell | dict(combo)).items()) or "the base flags"
+                shown = ", ".join(f"{k}={v}" for k, v in (cell | dict(combo) | rep).items()) or "the base flags"
                 raise SpecError(f"{ex} (with {shown})") from ex
 
 

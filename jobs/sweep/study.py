@@ -143,3 +143,9 @@ def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
         return None
     pick = min if study.direction == optuna.study.StudyDirection.MINIMIZE else max
     return pick(done, key=lambda t: t.value)
+
+
+def trial_runs(trial: optuna.trial.FrozenTrial) -> list[dict]:
+    """A trial's processes as the study keeps them (``folder``, ``command``, once ended ``started``, ``ended`` ...):
+    one per repeat (``runs``), or the trial's own attributes without repeats."""
+    return list(trial.user_attrs.get("runs") or ([trial.user_attrs] if "folder" in trial.user_attrs else []))

@@ -66,8 +66,11 @@ def read_metrics(folder: str) -> dict:
 class TrialProcess:
     """A running trial: ``poll`` its exit code, ``records`` its evaluated versions, ``stop`` it."""
 
-    def __init__(self, flags: dict, folder: str, cores: list[int] | None, python: str = sys.executable):
+    def __init__(
+        self, flags: dict, folder: str, cores: list[int] | None, python: str = sys.executable, live_log: bool = False
+    ):
         self.folder = folder
+        self.live_log = live_log  # a deployment's job: its curve is in its log until metrics.json comes home
         os.makedirs(os.path.dirname(folder), exist_ok=True)
         env = dict(os.environ, **thread_env(len(cores) if cores else os.cpu_count() or 1))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
@@ -94,7 +97,12 @@ class TrialProcess:
         return code
 
     def records(self) -> list[dict]:
-        return read_metrics(self.folder).get("versions", [])
+        found = read_metrics(self.folder).get("versions", [])
+        if found or not self.live_log:
+            return found
+        from jobs.sweep.deployment import records_from_log
+
+        return records_from_log(f"{self.folder}.log")
 
     def stop(self, grace_seconds: float = 30.0) -> int:
         """SIGTERM the trial's driver (it stops its job's processes and records the outcome), wait, then kill

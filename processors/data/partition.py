@@ -1,6 +1,6 @@
-"""Which training samples a simulated device holds: Dirichlet non-IID or IID. Two partitions:
+"""Which training samples a simulated device holds: Dirichlet non-IID, IID, or one real user's. The partitions:
 
-* ``device`` (the default): drawn per device. Class counts are a multinomial draw from the device's Dirichlet
+* ``device`` (the default; ``dirichlet`` is the same): drawn per device. Class counts are a multinomial draw from the device's Dirichlet
   proportions, and each class's samples a uniform draw from its pool; devices overlap at random.
 * ``references``: the references' shards (R2 ``data._split_dirichlet``, as R1): counts are the Dirichlet
   proportions x the subset size, rounded (a positive remainder goes to a random class, a negative one comes off the
@@ -8,6 +8,17 @@
   longer fits. So shards are disjoint until a pool runs out, and every image is used about equally often. The
   references deal one sequence over all clients; here each device range (a leaf's ``site-1#0``, ``site-1#1``, ...)
   deals its own, device ``#i`` getting shard ``i``, because a leaf process knows its own devices only.
+* ``iid``: ``device`` with ``dirichlet_alpha`` 0, whatever it is set to: a uniform draw of ``subset_size`` samples.
+* ``natural``: the device *is* one user of a dataset that knows its users (``processors.data.users``) and holds
+  all of that user's training samples (``subset_size`` and ``dirichlet_alpha`` do not apply). Which user: device
+  ``PREFIX#i`` of a leaf's range is user ``order[i mod U]`` of lap ``i // U``, where ``order`` is a permutation of
+  the U users (sorted by name) seeded by the run seed, the range's prefix and the lap. So within one range the
+  first U devices are U different users, a range of more than U devices holds every user once per lap (each user on
+  ``floor`` or ``ceil`` of n / U devices), and a range of fewer holds a seeded sample of users without repeats.
+  Ranges of different leaves draw their own orders (a leaf knows only its own devices), so two leaves may hold the
+  same user, as one person may own two phones. A device without an index (a real one) is user
+  ``stable_seed(seed, key) mod U``. Each permutation is made once per process, on first use (O(U)); an idle
+  device costs nothing.
 
 Either way a device's subset depends only on the run seed, the device's key and the dataset labels, so the same
 device gets the same data in every process and every run, without any state shared between leaves. Seeds come from
@@ -22,14 +33,30 @@ import threading
 import numpy as np
 
 from common.seeds import stable_seed
+from processors.data.users import UserSplit
 
-PARTITIONS = ("device", "references")
+PARTITIONS = ("device", "references", "natural", "iid", "dirichlet")
+NEEDS_USERS = ("natural",)  # the partitions that need a dataset with users
 
 
 @functools.lru_cache(maxsize=8)
 def _class_pools(labels_bytes: bytes, num_classes: int) -> tuple[np.ndarray, ...]:
     labels = np.frombuffer(labels_bytes, dtype=np.int64)
     return tuple(np.flatnonzero(labels == c) for c in range(num_classes))
+
+
+def device_sample_count(
+    labels: np.ndarray,
+    device_key: str,
+    subset_size: int,
+    dirichlet_alpha: float | None,
+    seed: int,
+    num_classes: int = 10,
+    partition: str = "device",
+) -> int:
+    """How many samples a device holds: the length of its index array (``device_indices``), the one source of
+    truth for its local work with ``--local-epochs`` (``processors.local_work``) and its simulated time."""
+    return len(device_indices(labels, device_key, subset_size, dirichlet_alpha, seed, num_classes, partition))
 
 
 def device_indices(
@@ -40,13 +67,22 @@ def device_indices(
     seed: int,
     num_classes: int = 10,
     partition: str = "device",
+    users: UserSplit | None = None,
 ) -> np.ndarray:
     """Indices into the training set for one device.
 
     dirichlet_alpha None (or <= 0) means IID: a uniform sample without replacement. Otherwise class
     proportions are drawn from Dirichlet(alpha) and samples drawn from each class's pool (``partition``: how, see
-    the module docstring).
+    the module docstring). ``natural`` takes the dataset's ``users`` instead.
     """
+    if partition == "natural":
+        if users is None:
+            raise ValueError("--partition natural needs a dataset with users (femnist, shakespeare, a TFF .h5, hf:)")
+        return users.train_range(natural_user(device_key, seed, users.count))
+    if partition == "iid":
+        partition, dirichlet_alpha = "device", None
+    elif partition == "dirichlet":
+        partition = "device"
     if partition == "references" and dirichlet_alpha and dirichlet_alpha > 0:
         return references_indices(labels, device_key, subset_size, dirichlet_alpha, seed, num_classes)
     if partition not in PARTITIONS:
@@ -128,3 +164,20 @@ def references_indices(
     labels_bytes = np.ascontiguousarray(labels, dtype=np.int64).tobytes()
     dealer = _dealer(labels_bytes, num_classes, stream, subset_size, float(dirichlet_alpha), seed)
     return np.sort(dealer.shard(ordinal))
+
+
+@functools.lru_cache(maxsize=256)
+def _user_order(seed: int, prefix: str, lap: int, num_users: int) -> np.ndarray:
+    return np.random.default_rng(stable_seed("natural-partition", seed, prefix, lap)).permutation(num_users)
+
+
+def natural_user(device_key: str, seed: int, num_users: int) -> int:
+    """The user (an index into the sorted user list) device ``device_key`` is, under ``--partition natural``
+    (the module docstring gives the map)."""
+    if num_users <= 0:
+        raise ValueError("--partition natural: the dataset has no users")
+    prefix, _, index = device_key.rpartition("#")
+    if prefix and index.isdigit():
+        lap, position = divmod(int(index), num_users)
+        return int(_user_order(seed, prefix, lap, num_users)[position])
+    return stable_seed("natural-partition", seed, device_key) % num_users

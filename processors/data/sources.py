@@ -1,9 +1,13 @@
-"""Dataset sources: torchvision CIFAR-10, seeded synthetic images, a user's ``.npz``, or a user's loader function.
+"""Dataset sources: torchvision CIFAR-10, seeded synthetic images or text, a user's ``.npz``, or a user's loader
+function; and the per-user formats (LEAF's FEMNIST and Shakespeare, TFF's HDF5 files, a Hugging Face dataset with a
+user column: ``processors.data.leaf``, ``.tff``, ``.hf``; docs/datasets.md).
 
 Every source yields the same in-memory form (``Dataset``): a train and a test split of inputs and int64 labels
 ``0 .. num_classes - 1``. Inputs are either uint8 images N x C x H x W (C = 1 or 3), kept as uint8 and standardised
-per channel on the fly (CIFAR-10's statistics for the built-in sources, the training split's own for a user's), or
-float arrays N x ... used as they are. ``load_dataset`` caches per process, so all simulated devices of a process
+per channel on the fly (CIFAR-10's statistics for the built-in sources, the training split's own for a user's),
+float arrays N x ... used as they are, or int64 token ids N x T of a text task (labels: the next token's id; never
+normalised or augmented; ``processors.data.text``, whose ``synthetic-text`` is seeded generated text). A per-user
+source also fills ``Dataset.users`` (``processors.data.users``). ``load_dataset`` caches per process, so all simulated devices of a process
 share one copy: no per-task dataset load and no DataLoader worker processes. The synthetic images are also
 cached per machine (``processors.data.cache``): a run's driver, server and leaves read them, not draw them again.
 
@@ -23,8 +27,13 @@ import numpy as np
 import torch
 
 from processors.data.cache import cached_arrays
+from processors.data.synthetic import synthetic_images
+from processors.data.text import VOCAB_SIZE, make_synthetic_text
+from processors.data.users import UserSplit
 
-BUILTIN_DATASETS = ("cifar10", "synthetic")
+BUILTIN_DATASETS = ("cifar10", "synthetic", "synthetic-text")
+LEAF_DATASETS = ("femnist", "shakespeare")  # LEAF's JSON under <data-root>/<name>/data/{train,test}
+HF_PREFIX = "hf:"  # hf:PATH[?x=COLUMN&y=COLUMN&user=COLUMN]: a Hugging Face dataset (processors.data.hf)
 NUM_CLASSES = 10
 IMAGE_SHAPE = (3, 32, 32)
 # CIFAR-10 channel statistics (on [0, 1] pixels), applied on the fly.
@@ -49,7 +58,8 @@ class DatasetError(ValueError):
 class DatasetSpec:
     """What to load. Small and JSON-friendly, so it travels inside NVFlare job configs."""
 
-    name: str = "synthetic"  # "cifar10", "synthetic", a path to a .npz file, or package.module:function
+    # cifar10, synthetic, synthetic-text, femnist, shakespeare, a .npz or .h5 path, hf:PATH, or module:function
+    name: str = "synthetic"
     data_root: str = "~/.cache/edgesim-flare/data"
     synthetic_size: int = 20000  # training images for the synthetic source (test split is a fifth of it)
     seed: int = 0
@@ -61,13 +71,20 @@ class DatasetSpec:
     def kind(self) -> str:
         if self.name in BUILTIN_DATASETS:
             return self.name
+        if self.name in LEAF_DATASETS:
+            return "leaf"
+        if self.name.startswith(HF_PREFIX):
+            return "hf"
         if self.name.endswith(".npz"):
             return "npz"
+        if self.name.endswith(".h5"):
+            return "tff"
         if ":" in self.name and os.path.sep not in self.name.partition(":")[0]:
             return "loader"
         raise DatasetError(
-            f"--dataset {self.name!r}: use cifar10, synthetic, a path to a .npz file, or an import "
-            "path package.module:function that returns x_train, y_train, x_test, y_test"
+            f"--dataset {self.name!r}: use cifar10, synthetic, synthetic-text, femnist, shakespeare, a path to a "
+            ".npz file or a TFF .h5 file, hf:PATH, or an import path package.module:function that returns x_train, "
+            "y_train, x_test, y_test"
         )
 
     def to_dict(self) -> dict:
@@ -77,10 +94,12 @@ class DatasetSpec:
 @dataclass(frozen=True)
 class Dataset:
     """Attributes:
-    x_train, x_test: uint8 images N x C x H x W, or float32 arrays N x ...
+    x_train, x_test: uint8 images N x C x H x W, float32 arrays N x ..., or int64 token ids N x T (a text task).
     y_train, y_test: int64 labels.
     num_classes: labels are 0 .. num_classes - 1.
-    mean, std: per-channel statistics images are standardised with (on [0, 1] pixels); None for float inputs.
+    mean, std: per-channel statistics images are standardised with (on [0, 1] pixels); None for float inputs and
+        token ids.
+    users: who holds which samples, for a per-user source (``processors.data.users``); None otherwise.
     """
 
     x_train: torch.Tensor
@@ -90,6 +109,12 @@ class Dataset:
     num_classes: int = NUM_CLASSES
     mean: tuple[float, ...] | None = CIFAR_MEAN
     std: tuple[float, ...] | None = CIFAR_STD
+    users: UserSplit | None = None
+
+    @property
+    def is_text(self) -> bool:
+        """Whether the inputs are token ids (int64 N x L): a text task, whose inputs no image step may touch."""
+        return self.x_train.dtype == torch.int64
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -98,10 +123,13 @@ class Dataset:
 
     def to(self, device: torch.device) -> Dataset:
         moved = (t.to(device) for t in (self.x_train, self.y_train, self.x_test, self.y_test))
-        return Dataset(*moved, self.num_classes, self.mean, self.std)
+        return Dataset(*moved, self.num_classes, self.mean, self.std, self.users)
 
     def prepare(self, x: torch.Tensor) -> torch.Tensor:
-        """A batch as the model receives it: images standardised per channel, float inputs unchanged."""
+        """A batch as the model receives it: images standardised per channel, float inputs and token ids (int64)
+        unchanged."""
+        if self.is_text:
+            return x
         if self.mean is None:
             return x.float()
         return standardize(x, self.mean, self.std)
@@ -141,9 +169,11 @@ def _load_cached(spec: DatasetSpec) -> Dataset:
     if spec.normalisation != "cifar":
         if spec.normalisation not in NORMALISATIONS:
             raise DatasetError(f"--normalisation {spec.normalisation!r}: use {' or '.join(NORMALISATIONS)}")
-        if spec.kind not in BUILTIN_DATASETS:  # a user's images are standardised with their own statistics
+        if spec.kind not in ("cifar10", "synthetic"):  # a user's images are standardised with their own statistics
             raise DatasetError(f"--normalisation {spec.normalisation} is for cifar10 and synthetic only")
         data = replace(data, mean=NORMALISATIONS[spec.normalisation][0], std=NORMALISATIONS[spec.normalisation][1])
+    if spec.train_split != "all" and data.users is not None:
+        raise DatasetError(f"--train-split {spec.train_split} would cut users' samples apart: leave it out")
     if spec.train_split != "all":
         if spec.train_split not in TRAIN_SPLITS:
             raise DatasetError(f"--train-split {spec.train_split!r}: use {' or '.join(TRAIN_SPLITS)}")
@@ -161,8 +191,17 @@ def _load_source(spec: DatasetSpec) -> Dataset:
             spec.synthetic_difficulty,
             spec.data_root,
         )
+    if kind == "synthetic-text":
+        x_train, y_train, x_test, y_test = make_synthetic_text(
+            spec.synthetic_size, max(spec.synthetic_size // 5, 100), spec.seed
+        )
+        return Dataset(x_train, y_train, x_test, y_test, VOCAB_SIZE, None, None)
     if kind == "npz":
         return load_npz(spec.name)
+    if kind in ("leaf", "tff", "hf"):  # imported here: they build on this module
+        from processors.data.formats import load_per_user
+
+        return load_per_user(spec)
     if kind == "loader":
         return load_from_function(spec.name)
     return load_cifar10(spec.data_root)
@@ -191,48 +230,13 @@ def load_cifar10(data_root: str) -> Dataset:
     )
 
 
-HARD_SHARED = 0.82  # at difficulty 1, this share of every class prototype is a pattern all classes have in common
-HARD_NOISE = 0.9  # at difficulty 1, this much more pixel noise (on top of 0.35)
-
-
 def make_synthetic(n_train: int, n_test: int, seed: int, difficulty: float = 0.0) -> Dataset:
-    """Seeded, class-structured 32x32x3 images: each class has its own smooth colour pattern; samples add a
-    random shift, brightness change and pixel noise, so a small CNN must generalise, not memorise.
-
-    ``difficulty`` in [0, 1] brings the classes together: each prototype becomes ``(1 - s) x its own + s x a
-    pattern shared by all`` with ``s = HARD_SHARED x difficulty``, and the pixel noise grows by ``HARD_NOISE x
-    difficulty``. At 0 every method reaches ~1.0 (the default, and the bits of every earlier run); 1 is calibrated
-    so that centralised training of ``cifar10_convnet`` ends in CIFAR-10's range for that model
-    (``benchmarks/calibrate_synthetic.py``)."""
+    """Seeded, class-structured 32x32x3 images (``processors.data.synthetic.synthetic_images``)."""
     if n_train < NUM_CLASSES * 10:
         raise DatasetError(f"--synthetic-size {n_train} is too small; use at least {NUM_CLASSES * 10}")
     if not 0.0 <= difficulty <= 1.0:
         raise DatasetError(f"--synthetic-difficulty {difficulty}: must be in [0, 1]")
-    rng = np.random.default_rng(seed)
-    coarse = rng.normal(size=(NUM_CLASSES, 3, 4, 4))
-    if difficulty > 0:  # drawn only then: the easy data keeps its bits
-        shared = HARD_SHARED * difficulty
-        coarse = (1 - shared) * coarse + shared * rng.normal(size=(1, 3, 4, 4))
-    prototypes = np.kron(coarse, np.ones((1, 1, 8, 8)))  # 4x4 blocks upsampled to 32x32
-    prototypes = prototypes / np.abs(prototypes).max(axis=(1, 2, 3), keepdims=True)
-    noise_scale = 0.35 + HARD_NOISE * difficulty
-
-    def draw(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        labels = rng.integers(0, NUM_CLASSES, size=n)
-        shifts = rng.integers(-4, 5, size=(n, 2))
-        images = np.empty((n, 3, 32, 32), dtype=np.uint8)
-        for start in range(0, n, 4096):  # chunks keep the float temporaries small
-            idx = slice(start, min(start + 4096, n))
-            base = prototypes[labels[idx]]
-            base = np.stack([np.roll(b, tuple(s), axis=(1, 2)) for b, s in zip(base, shifts[idx], strict=True)])
-            gain = rng.uniform(0.6, 1.4, size=(base.shape[0], 1, 1, 1))
-            noise = rng.normal(scale=noise_scale, size=base.shape)
-            images[idx] = np.clip(128 + 70 * (gain * base + noise), 0, 255).astype(np.uint8)
-        return torch.from_numpy(images), torch.from_numpy(labels.astype(np.int64))
-
-    x_train, y_train = draw(n_train)
-    x_test, y_test = draw(n_test)
-    return Dataset(x_train, y_train, x_test, y_test)
+    return Dataset(*synthetic_images(n_train, n_test, seed, difficulty, NUM_CLASSES))
 
 
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
@@ -323,8 +327,9 @@ def _channels_first(x: np.ndarray) -> np.ndarray:
 
 def from_arrays(arrays: dict[str, np.ndarray], where: str) -> Dataset:
     """A ``Dataset`` from a user's arrays, checked: ``x_*`` uint8 images (N x H x W, N x H x W x C or N x C x H x W
-    with C = 1 or 3), standardised with the training split's per-channel statistics, or float arrays N x ...
-    used as they are; ``y_*`` integer labels 0 .. K - 1 (K from the training labels)."""
+    with C = 1 or 3), standardised with the training split's per-channel statistics, float arrays N x ...
+    used as they are, or other integer arrays N x L: token ids of a text task, as int64; ``y_*`` integer labels
+    0 .. K - 1 (K from the training labels; for token ids, from the largest id in the inputs or labels)."""
     out = []
     for split in ("train", "test"):
         x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
@@ -339,8 +344,17 @@ def from_arrays(arrays: dict[str, np.ndarray], where: str) -> Dataset:
                 )
         elif np.issubdtype(x.dtype, np.floating):
             x = x.astype(np.float32)
+        elif np.issubdtype(x.dtype, np.integer):  # token ids of a text task
+            if x.ndim != 2 or x.min() < 0:
+                raise DatasetError(
+                    f"{where}: x_{split} is {x.dtype} {x.shape}; integer inputs are token ids, N x L and >= 0 "
+                    "(images: uint8)"
+                )
+            x = x.astype(np.int64)
         else:
-            raise DatasetError(f"{where}: x_{split} must be uint8 images (0..255) or float arrays, got {x.dtype}")
+            raise DatasetError(
+                f"{where}: x_{split} must be uint8 images (0..255), float arrays or integer token ids, got {x.dtype}"
+            )
         if not np.issubdtype(y.dtype, np.integer):
             raise DatasetError(f"{where}: y_{split} must hold integer labels, got {y.dtype}")
         if y.shape != (x.shape[0],):
@@ -355,6 +369,8 @@ def from_arrays(arrays: dict[str, np.ndarray], where: str) -> Dataset:
             f"{x_test.dtype} {tuple(x_test.shape)}; samples must have one shape and type"
         )
     num_classes = int(y_train.max()) + 1
+    if x_train.dtype == torch.int64:  # a text task: the labels are ids of the same vocabulary as the inputs
+        num_classes = max(num_classes, int(x_train.max()) + 1)
     if int(y_test.max()) >= num_classes:
         raise DatasetError(
             f"{where}: y_test has label {int(y_test.max())}, which y_train never has (0..{num_classes - 1})"

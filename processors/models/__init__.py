@@ -1,6 +1,6 @@
 """Model zoo: the networks simulated devices train, by name, or any ``nn.Module`` class by import path.
 
-A built-in name (``cifar10_convnet``, ``resnet18``, ``resnet18_bn``) or ``package.module:ClassName``: a class whose constructor
+A built-in name (``cifar10_convnet``, ``resnet18``, ``resnet18_bn``, ``char_lstm``) or ``package.module:ClassName``: a class whose constructor
 takes no required arguments. The initial global model depends on the run seed only: a class with an ``init_seed``
 keyword (the built-in models) gets the seed; any other class is built with torch's generator seeded
 (``SeededModel``), so its weights are the same in every run whatever ran before in the server process.
@@ -14,6 +14,7 @@ import inspect
 import torch
 import torch.nn as nn
 
+from processors.models.char_lstm import CharLSTM
 from processors.models.cifar10_convnet import Cifar10ConvNet
 from processors.models.resnet18 import CifarResNet18, TrackedResNet18
 
@@ -21,6 +22,7 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "cifar10_convnet": Cifar10ConvNet,
     "resnet18": TrackedResNet18,  # the FedRevive paper's: statistic trackers, no normalisation
     "resnet18_bn": CifarResNet18,
+    "char_lstm": CharLSTM,  # LEAF's Shakespeare next-character model: token ids in, 80 logits out
 }
 
 

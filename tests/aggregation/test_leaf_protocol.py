@@ -19,6 +19,7 @@ from nvflare.edge.web.models.user_info import UserInfo
 
 from aggregation.leaf_executor import EdgeSimExecutor
 from aggregation.versioned_updater import VersionedUpdater
+from common.packed_maps import unpacked_map
 from common.packed_weights import pack, unpack
 from common.protocol import (
     DEVICE_RANGES,
@@ -106,7 +107,7 @@ def test_a_leaf_hands_out_the_release_of_each_task_and_a_relay_passes_the_releas
     assert tasks == [("site-1#0", 11, 3, 1), ("site-1#1", 12, 4, 1), ("site-1#2", 13, 5, 2)]
     report = StateUpdateReport(0, 0, None, None).to_shareable()
     _, to_child = updater.process_child_update(report, ctx("site-1"))
-    assert to_child[SELECTION_RELEASES] == {11: 1, 12: 1, 13: 2}
+    assert unpacked_map(to_child[SELECTION_RELEASES]) == {11: 1, 12: 1, 13: 2}
 
 
 def test_each_device_update_and_device_range_goes_up_once_unsummed():
@@ -137,8 +138,8 @@ def test_a_relay_replies_to_a_child_with_the_versions_it_lacks():
     ok, answer = relay.process_child_update(child_report, FLContext())
     assert ok and answer.get_header(PropKey.MODEL_VERSION) == 7
     assert sorted(answer[MODELS]) == [6]  # not 4 (the child has it), not 7 (no device trains it)
-    assert answer[PropKey.DEVICE_SELECTION] == {"site-3#0": 21, "site-3#1": 22}
-    assert answer[SELECTION_VERSIONS] == {21: 4, 22: 6}
+    assert unpacked_map(answer[PropKey.DEVICE_SELECTION]) == {"site-3#0": 21, "site-3#1": 22}
+    assert unpacked_map(answer[SELECTION_VERSIONS]) == {21: 4, 22: 6}
 
 
 def executor_with_state(versions: dict[int, int], selection: dict[str, int]) -> tuple[EdgeSimExecutor, object]:

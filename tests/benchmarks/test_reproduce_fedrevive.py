@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from benchmarks.reproduce_fedrevive import SCALES, job_command, method_labels, on_grid, summary_row, time_to
+from benchmarks.reproduce_fedrevive import METHODS, SCALES, job_command, method_labels, on_grid, summary_row, time_to
 from tests.conftest import REPO
 
 RUN_A = [
@@ -187,3 +187,23 @@ def test_trace_counts_count_fedrevives_server_work_within_the_budget(tmp_path):
     path.write_text("".join(f"{json.dumps(e)}\n" for e in events))
     counts = trace_counts(str(path), 5.0)
     assert counts == {"updates": 4, "versions": 101, "synthesis rounds (interval 1)": 2, "distillations": 1}
+
+
+@pytest.mark.parametrize("scale, variant", [("cpu", ""), ("paper", "paper-aligned")])
+def test_the_grid_as_a_sweep_spec_runs_the_same_jobs(scale, variant):
+    """``--sweep``: every (method, seed) trial of the spec resolves to the config of the job ``job_command`` runs
+    (extra flags winning in both), so the sweep's table is the same table."""
+    from benchmarks.reproduce_fedrevive import resolved_config, sweep_spec
+    from jobs.sweep.spec import check_flags, flag_args, parse_spec
+
+    extra = ["--local-iters", "3"]
+    spec = parse_spec(sweep_spec(scale, list(METHODS), [0, 4], 30.0, extra, variant, "/tmp/ws"), "reproduce")
+    check_flags(spec)
+    assert len(spec.cells()) == 6 and spec.objective.metric == "accuracy_at" and spec.objective.budget == 30.0
+    for cell in spec.cells():
+        words = ["python", "job.py", *flag_args(spec.trial_flags(cell)), "--output", "/tmp/out"]
+        job = job_command(cell["method"], cell["seed"], scale, 30.0, "/tmp/out", extra, variant)
+        swept, alone = resolved_config(words).to_dict(), resolved_config(job).to_dict()
+        assert swept["run"].pop("workspace") != alone["run"].pop("workspace")  # each its own folder
+        assert swept == alone, cell
+        assert swept["training"]["local_iters"] == 3

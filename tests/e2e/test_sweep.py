@@ -1,6 +1,7 @@
 """A real sweep on the hard synthetic data: a learning-rate search of 6 trials, 2 at a time, pruned on simulated
-time; the sweep is SIGKILLed mid-study (its trials end with it), the same command continues it to the end with every
-planned trial finished exactly once, and the printed best command, run alone, gives its trial's accuracy."""
+time, with --tensorboard; the sweep is SIGKILLed mid-study (its trials end with it), the same command continues it
+to the end with every planned trial finished exactly once (and in TensorBoard once), and the printed best command,
+run alone, gives its trial's accuracy."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def test_a_sweep_survives_sigkill_prunes_and_its_best_command_reproduces(tmp_pat
     spec.write_text(SPEC.format(ws=tmp_path / "ws"))
     folder = tmp_path / "sweep"
     cmd = [PYTHON, "-m", "jobs.sweep", str(spec), "--output", str(folder), "--parallel", "2", "--min-resource", "2"]
-    cmd.append("--no-bar")
+    cmd += ["--no-bar", "--tensorboard"]
     started = time.time()
     first = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -118,6 +119,17 @@ def test_a_sweep_survives_sigkill_prunes_and_its_best_command_reproduces(tmp_pat
     )  # cut before the end
     for name in ("curves.png", "history.png"):
         assert (folder / name).exists()
+    # --tensorboard: every ended trial's curve and hparams, whichever of the two sweeps ended it
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    for t in ended:
+        board = EventAccumulator(str(folder / "tensorboard" / f"{t.number:04d}")).Reload()
+        records = json.loads((folder / t.user_attrs["folder"] / "metrics.json").read_text())["versions"]
+        assert [e.step for e in board.Scalars("accuracy")] == [r["version"] for r in records]
+        start = board.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+        hp = plugin_data_pb2.HParamsPluginData.FromString(start).session_start_info.hparams
+        assert hp["status"].string_value == t.state.name.lower() and "local-lr" in hp
     best_line = out[out.index("reproduce it alone with:") :].splitlines()[1].strip()
     best = max((t for t in ended if t.state == TrialState.COMPLETE), key=lambda t: t.value)
     assert best_line == best.user_attrs["command"] and best_line.startswith("python jobs/pt_job_fedrevive.py")

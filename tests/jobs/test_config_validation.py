@@ -46,6 +46,7 @@ def no_nvflare(monkeypatch):
             "keeps every one of the 2,000,000,000 devices in memory",
         ),
         (["--checkpoint-every", "-2"], "--checkpoint-every -2"),
+        (["--seed", "-3"], "--seed -3: use a non-negative integer"),
         (["--leaf-timeout", "0"], "--leaf-timeout 0"),
         (["--devices", "phones"], "invalid choice: 'phones'"),
         (["--devices", "real"], "--devices real needs devices that reach the leaves: use --env poc"),

@@ -35,7 +35,10 @@ def test_valid_npz_loads_in_channels_first_layout(tmp_path):
         ({"x_train": np.zeros((20, 28, 28), np.uint8)}, "samples must have one shape and type"),
         ({"x_train": np.zeros((20, 32, 32, 3), np.float32)}, "samples must have one shape and type"),
         ({"x_train": np.zeros((20, 5, 8, 8), np.uint8), "x_test": np.zeros((10, 5, 8, 8), np.uint8)}, "C = 1 or 3"),
-        ({"x_train": np.zeros((20, 32, 32, 3), np.int32)}, r"must be uint8 images \(0..255\) or float arrays"),
+        (
+            {"x_train": np.zeros((20, 32, 32, 3), np.int32)},
+            r"integer inputs are token ids, N x L and >= 0 \(images: uint8\)",
+        ),
         ({"y_test": np.arange(10) + 20}, "label 29, which y_train never has"),
         ({"y_train": -np.arange(20)}, "negative labels"),
         ({"y_train": np.arange(19)}, "expected \\(20,\\)"),

@@ -210,3 +210,51 @@ def test_task_processor_trains_a_release_of_several_versions_as_each_device_alon
         for k in alone:
             np.testing.assert_allclose(diff[k], alone[k], rtol=0, atol=ATOL, err_msg=k)
     assert not np.allclose(grouped[1]["fc1.weight"], proc.train("site-1#1", first, version=3)["fc1.weight"])
+
+
+# -- unequal devices (--local-epochs): step counts and tail batches differ within a group -------------------------
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        TrainingConfig(local_epochs=1, local_batch_size=16),
+        TrainingConfig(local_epochs=1, local_batch_size=16, optimizer="sgd", momentum=0.9, local_lr=0.05),
+        TrainingConfig(local_epochs=1, local_batch_size=16, augment=True),
+    ],
+    ids=["adam", "sgd-momentum", "augment"],
+)
+def test_unequal_step_counts_match_each_device_alone(dataset, global_params, cfg):
+    """Devices of 5, 16, 37 and 70 samples take 1, 1, 3 and 5 steps an epoch (tail batches kept): trained in one
+    group, the devices that finish early are frozen, and each equals the device trained alone."""
+    data = _device_data(dataset, [37, 5, 70, 16])
+    assert [cfg.steps(len(y)) for _, y in data] == [cfg.local_epochs * s for s in (3, 1, 5, 1)]
+    _assert_matches_per_device(global_params, data, cfg)
+
+
+def test_unequal_step_counts_report_each_device_last_step(dataset, global_params):
+    """The last-step reports of a device that finished early come from its own last step, as train_local's."""
+    cfg = TrainingConfig(local_epochs=1, local_batch_size=16)
+    data = _device_data(dataset, [40, 10])
+    model = worker_model(MODEL, CPU)
+    alone = []
+    for (x, y), g in zip(data, _generators(2), strict=True):
+        alone.append({})
+        train_local(model, global_params, x, y, cfg, g, last_step=alone[-1])
+    grouped: list = []
+    train_group(MODEL, global_params, data, cfg, _generators(2), CPU, last_step=grouped)
+    for want, have in zip(alone, grouped, strict=True):
+        assert want.keys() == have.keys()
+        for name in want:
+            assert float(have[name]) == pytest.approx(float(want[name]), abs=1e-5)
+
+
+def test_a_finished_device_does_not_move(dataset, global_params):
+    """Frozen means frozen: a one-step device's diff in a group whose other device trains 3 steps more is its own
+    one-step diff (Adam's moments would otherwise keep moving it on zero gradients)."""
+    cfg = TrainingConfig(local_epochs=1, local_batch_size=32)
+    data = _device_data(dataset, [8, 100])
+    one_step = train_local(worker_model(MODEL, CPU), global_params, *data[0], cfg, _generators(1)[0])
+    got = train_group(MODEL, global_params, data, cfg, _generators(2), CPU)
+    for name in one_step:
+        np.testing.assert_allclose(got[0][name], one_step[name], atol=ATOL)

@@ -22,6 +22,7 @@ from nvflare.edge.mud import PropKey, StateUpdateReport
 
 from aggregation.global_model import GlobalModel
 from common.delays import DELAY_PRESETS
+from common.packed_maps import unpacked_map
 from common.protocol import (
     DEVICE_RANGES,
     DEVICE_UPDATES,
@@ -116,10 +117,10 @@ class ScriptedLeaf:
             self.sent_models += len(reply.get(MODELS) or {})
             self.version = version
         if PropKey.DEVICE_SELECTION in reply:
-            self.selection = reply[PropKey.DEVICE_SELECTION]
+            self.selection = unpacked_map(reply[PropKey.DEVICE_SELECTION])
             self.selection_version = reply.get_header(PropKey.DEVICE_SELECTION_VERSION)
-        self.versions = reply.get(SELECTION_VERSIONS) or {}
-        releases = reply.get(SELECTION_RELEASES) or {}
+        self.versions = unpacked_map(reply.get(SELECTION_VERSIONS)) or {}
+        releases = unpacked_map(reply.get(SELECTION_RELEASES)) or {}
         for device, sid in self.selection.items():
             assert sid in releases, "every device a leaf is told of came in a release"
             assert self.releases.setdefault((device, sid), releases[sid]) == releases[sid], "a release never changes"

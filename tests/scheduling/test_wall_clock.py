@@ -18,6 +18,7 @@ from nvflare.edge.assessor import Assessment
 from nvflare.edge.mud import PropKey, StateUpdateReport
 
 from aggregation.global_model import GlobalModel
+from common.packed_maps import unpacked_map
 from common.protocol import DEVICE_RANGES, DEVICE_UPDATES, SELECTION_VERSIONS, DeviceUpdate
 from scheduling.applier import UpdateApplier
 from scheduling.exact_assessor import ExactTimeAssessor
@@ -74,9 +75,9 @@ def test_real_devices_are_applied_as_they_arrive_and_failed_or_silent_ones_never
     while assessor.assess(engine.new_context()) != Assessment.WORKFLOW_DONE:
         assert time.time() - started < 30, "the run stalled"
         replies = [sync(assessor, engine, leaf) for leaf in LEAVES]
-        selections = [r.get(PropKey.DEVICE_SELECTION) or {} for r in replies]
+        selections = [unpacked_map(r.get(PropKey.DEVICE_SELECTION)) or {} for r in replies]
         assert selections[0] == selections[1], "each leaf must hear the whole selection"
-        versions = replies[0].get(SELECTION_VERSIONS) or {}
+        versions = unpacked_map(replies[0].get(SELECTION_VERSIONS)) or {}
         for device, sid in sorted(selections[0].items()):
             if (device, sid) in handled:
                 continue

@@ -1,0 +1,97 @@
+"""TFF's HDF5 client files (``tff.simulation.datasets``' downloads, extracted): ``examples/<client>/<feature>``.
+
+``--dataset PATH/NAME_train.h5`` reads that file and ``NAME_test.h5`` beside it (TFF's names:
+``fed_emnist_train.h5``, ``fed_emnist_digitsonly_train.h5``, ``shakespeare_train.h5``). The features decide the
+task:
+
+* EMNIST (``pixels`` 28 x 28 floats in [0, 1], ``label``): uint8 images N x 1 x 28 x 28, as LEAF's FEMNIST
+  (``processors.data.leaf``); 62 classes (10 for ``fed_emnist_digitsonly_*.h5``, by its name).
+* Shakespeare (``snippets``: a client's lines, bytes): the client's snippets joined by newlines, then every
+  80-character window and the character after it, as LEAF makes Shakespeare's samples (stride 1), in LEAF's
+  alphabet: int64 token ids N x 80 and int64 labels, 80 classes. Memory: 640 bytes a window.
+* StackOverflow (``tokens``, ``title``, ``tags``) is refused: its word task needs a vocabulary this project does
+  not build yet.
+
+Each client is one user of the natural partition (``processors.data.users``); clients are sorted by id.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from processors.data.formats import cached_grouped, group_arrays, pixels_to_uint8, tff_test_file, to_dataset, windows
+from processors.data.sources import Dataset, DatasetError
+
+TFF_FORMAT = 1  # raise whenever the parsed arrays change: older cached parses are not read
+EMNIST_CLASSES = 62
+SHAKESPEARE_CLASSES = 80
+WINDOW = 80
+
+
+def _task(examples, path: str) -> str:
+    first = next(iter(examples.values()), None)
+    features = set(first.keys()) if first is not None else set()
+    if {"pixels", "label"} <= features:
+        return "emnist"
+    if "snippets" in features:
+        return "shakespeare"
+    if "tokens" in features:
+        raise DatasetError(
+            f"--dataset {path}: StackOverflow's word task needs a vocabulary, not built yet; use EMNIST or "
+            "Shakespeare's TFF files, or convert it to a .npz (docs/datasets.md)"
+        )
+    raise DatasetError(
+        f"--dataset {path}: examples/<client> holds {sorted(features)}; expected EMNIST's pixels and label or "
+        "Shakespeare's snippets"
+    )
+
+
+def read_clients(path: str) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+    """(task, inputs, labels, each sample's client) of one TFF file."""
+    import h5py
+
+    try:
+        f = h5py.File(path, "r")
+    except OSError as ex:
+        raise DatasetError(f"--dataset {path}: not an HDF5 file ({ex})") from ex
+    with f:
+        if "examples" not in f:
+            raise DatasetError(f"--dataset {path}: no examples/ group; TFF's files hold examples/<client>/<feature>")
+        examples = f["examples"]
+        task = _task(examples, path)
+        xs, ys, users = [], [], []
+        for client in sorted(examples.keys()):
+            group = examples[client]
+            if task == "emnist":
+                x, y = pixels_to_uint8(group["pixels"][()]), np.asarray(group["label"][()], dtype=np.int64)
+            else:
+                lines = [s.decode("utf-8") if isinstance(s, bytes) else str(s) for s in group["snippets"][()]]
+                x, y = windows("\n".join(lines), WINDOW)
+            if len(y):
+                xs.append(x)
+                ys.append(y)
+                users.append(np.full(len(y), client))
+    if not xs:
+        raise DatasetError(f"--dataset {path}: its clients hold no samples")
+    return task, np.concatenate(xs), np.concatenate(ys), np.concatenate(users)
+
+
+def load_tff(path: str, data_root: str) -> Dataset:
+    """A TFF client file and its test file, grouped by client; parsed once per machine."""
+    test_path = tff_test_file(path)
+
+    def make() -> dict[str, np.ndarray]:
+        task, x_train, y_train, u_train = read_clients(path)
+        test_task, x_test, y_test, u_test = read_clients(test_path)
+        if test_task != task:
+            raise DatasetError(f"--dataset {path}: the test file {test_path} holds {test_task}, not {task}")
+        return group_arrays(x_train, y_train, u_train, x_test, y_test, u_test)
+
+    arrays = cached_grouped(data_root, "tff", TFF_FORMAT, [path, test_path], make)
+    if arrays["x_train"].dtype == np.int64:  # token ids: Shakespeare
+        classes = SHAKESPEARE_CLASSES
+    else:  # EMNIST: 62 classes, TFF's digits-only file (its name says so) 10
+        classes = 10 if "digitsonly" in os.path.basename(path) else EMNIST_CLASSES
+    return to_dataset(arrays, classes, f"--dataset {path}")
