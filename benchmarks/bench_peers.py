@@ -13,6 +13,9 @@ Sides:
 - ``ours``: ``jobs/pt_job_fedavg.py`` in SimEnv (2 leaves x 500 devices), a subprocess;
 - ``pfl``: pfl 0.6 in its best local setting, one process per core (``torchrun --nproc_per_node=2``), running
   ``benchmarks/peers_pfl.py``;
+- ``flower``: Flower 1.42's Simulation Runtime (Ray, one CPU per client, a client per core at once), running
+  ``benchmarks/peers_flower.py``: its ``FedAvg`` strategy, one SuperNode per user; by default only where ``flwr``
+  imports;
 - ``floor``: plain PyTorch, no FL framework: 2 processes each train half of a round's users one after another.
 
 Each side prints start-up (its process start to its first round done), seconds per round (median), client
@@ -43,9 +46,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SIDES = ("ours", "pfl", "floor")
+SIDES = ("ours", "pfl", "flower", "floor")
 LEAVES = 2
-PEERS = ("pfl",)  # the modules of the extra this benchmark needs
+PEERS = {"pfl": "pfl", "flower": "flwr"}  # side -> the module of the extra it needs
+OPTIONAL = ("flower",)  # sides left out of the default when their module does not import
 TIMEOUT = 3600  # seconds one side may take
 
 
@@ -56,10 +60,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=50, help="training samples per user (default: 50)")
     p.add_argument("--cohort", type=int, default=50, help="users a round (default: 50)")
     p.add_argument("--seed", type=int, default=0, help="the run seed: data, partition, initial weights")
-    p.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, of {', '.join(SIDES)}")
+    p.add_argument(
+        "--sides",
+        default="",
+        help=f"comma-separated, of {', '.join(SIDES)} (default: all; flower only if flwr imports)",
+    )
     p.add_argument("--ours-python", default=sys.executable, help="the interpreter our job runs with (has NVFlare)")
     args = p.parse_args(argv)
-    args.sides = [s.strip() for s in args.sides.split(",") if s.strip()]
+    args.sides = [s.strip() for s in args.sides.split(",") if s.strip()] or [
+        s for s in SIDES if s not in OPTIONAL or importlib.util.find_spec(PEERS[s]) is not None
+    ]
     unknown = [s for s in args.sides if s not in SIDES]
     if unknown:
         p.error(f"--sides: unknown {unknown}; choose from {list(SIDES)}")
@@ -69,8 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def missing_peers(sides: list[str]) -> list[str]:
-    """The extra's modules a side needs that this interpreter lacks."""
-    return [m for m in PEERS if m in sides and importlib.util.find_spec(m) is None]
+    """The extra's modules the ``sides`` need that this interpreter lacks."""
+    return [PEERS[s] for s in sides if s in PEERS and importlib.util.find_spec(PEERS[s]) is None]
 
 
 # -- the shared work: data, users, model ---------------------------------------------------------------------
@@ -218,6 +228,21 @@ def run_pfl(w: dict) -> dict:
     return result | {"started": started, "exit": ended}
 
 
+def run_flower(w: dict) -> dict:
+    out = tempfile.mktemp(suffix=".json", prefix="flower-")
+    env = _env() | {"BENCH_PEERS_WORK": json.dumps(w), "BENCH_PEERS_OUT": out}
+    started = time.time()
+    cmd = [sys.executable, str(REPO / "benchmarks" / "peers_flower.py")]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=TIMEOUT)
+    ended = time.time()
+    if done.returncode != 0 or not os.path.exists(out):
+        raise RuntimeError(f"Flower failed ({done.returncode}): {done.stderr[-2000:]}")
+    with open(out) as f:
+        result = json.load(f)
+    os.remove(out)
+    return result | {"started": started, "exit": ended}
+
+
 def run_ours(w: dict, python: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as folder:
         flags = ["--synthetic-size", w["synthetic_size"], "--synthetic-difficulty", w["difficulty"]]
@@ -297,6 +322,11 @@ def table(rows: list[dict]) -> str:
             f"ours / pfl: whole process {o['whole'] / p['whole']:.2f}x (goal <= 0.8), "
             f"s per round {o['per_round'] / p['per_round']:.2f}x (goal <= 0.9)"
         )
+    if "ours" in by and "flower" in by:
+        o, f = by["ours"], by["flower"]
+        lines.append(
+            f"ours / flower: whole process {o['whole'] / f['whole']:.2f}x, s per round {o['per_round'] / f['per_round']:.2f}x"
+        )
     return "\n".join(lines)
 
 
@@ -311,7 +341,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for side in args.sides:
         print(f"[bench_peers] {side}: {w['rounds']} rounds of {w['cohort']} of {w['users']} users ...", flush=True)
-        raw = run_ours(w, args.ours_python) if side == "ours" else run_pfl(w) if side == "pfl" else run_floor(w)
+        runners = {
+            "ours": lambda: run_ours(w, args.ours_python),
+            "pfl": lambda: run_pfl(w),
+            "flower": lambda: run_flower(w),
+        }
+        raw = runners.get(side, lambda: run_floor(w))()
         rows.append(summarise(side, raw, w))
     print(table(rows))
     return 0

@@ -3,6 +3,10 @@
 A deployment's sites have NVFlare and the third-party libraries installed, not this project: a job that names our
 components (our own jobs, or a recipe after ``simulation.drop_in.use_fast_simulator``) ships every layer they import.
 NVFlare copies only the modules of the classes a job names, so their imports would be missing otherwise.
+
+Those packages are also the job's "app packages" (``FedJob.set_app_packages``): NVFlare then leaves them to us instead
+of parsing the source of every module a component's module imports, recursively, to copy the same files again
+(``FedJobConfig._get_custom_file``: about 1.5 s of the driver's start on a 2-core machine, on every run).
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ SHIPPED_PACKAGES = ("common", "processors", "simulation", "fedrevive", "aggregat
 
 def ship_packages(job, targets: tuple[str, ...] = (SERVER_SITE_NAME, ALL_SITES)) -> None:
     """Put this project's packages into the ``custom/`` folder of each target app of ``job`` (an NVFlare
-    ``FedJob``)."""
+    ``FedJob``), and make them its app packages (see the module docstring)."""
+    given = list(getattr(getattr(job, "job", None), "app_packages", None) or [])
+    job.set_app_packages(given + [p for p in SHIPPED_PACKAGES if p not in given])
     for package in SHIPPED_PACKAGES:
         root = os.path.join(REPO, package)
         for folder, dirs, files in os.walk(root):

@@ -3,22 +3,41 @@ under an availability model also the devices online at each version, and the fai
 per-user test data the spread of the users' accuracies (10th to 90th percentile, and the median) by version.
 
 Drawn by the server's run recorder at the end of the run (so an exported job run by ``nvflare simulator`` has it
-too) and by the driver when a run was interrupted before its server could.
+too) and by the driver when a run was interrupted before its server could. Importing matplotlib costs about a
+second of CPU (more on a loaded machine), which at END_RUN stood between a run's last version and its exit: the
+recorder calls ``warm_up`` when the run's outcome is decided, so the import runs while the last version is being
+evaluated and the leaves are idle, and the drawing at END_RUN finds matplotlib loaded.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 
 from evaluation.fleet import failure_rate
 
 
-def plot_accuracy(records: list[dict], path: str, title: str) -> None:
-    """Accuracy against model version, wall seconds and (when the run has it) simulated seconds."""
+def _pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (imported once per process)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def warm_up() -> threading.Thread:
+    """Import matplotlib on a thread of its own (see the module docstring); a plot drawn meanwhile waits for the
+    import (Python's import lock) rather than importing it twice."""
+    thread = threading.Thread(target=_pyplot, name="plot-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
+def plot_accuracy(records: list[dict], path: str, title: str) -> None:
+    """Accuracy against model version, wall seconds and (when the run has it) simulated seconds."""
+    plt = _pyplot()
 
     has_sim = any(r.get("sim_seconds") for r in records)
     fig, axes = plt.subplots(1, 3 if has_sim else 2, figsize=(15 if has_sim else 10, 4))

@@ -49,7 +49,7 @@ from evaluation.events import (
     SystemStretch,
 )
 from evaluation.fleet import failure_rate
-from evaluation.plots import plot_accuracy
+from evaluation.plots import plot_accuracy, warm_up
 from evaluation.utilisation import aggregate, system_fields
 
 LOW_GROUP_SIZE = 8  # a stretch whose groups average fewer devices (and under half the plan's) is flagged
@@ -178,13 +178,21 @@ class RunRecorder(FLComponent):
     run_info: what the driver knew before the run (config, environment, plan, profile).
     updates_per_version: device updates in one global version (for devices per second).
     monitor_id: component id of the run's ``SystemMonitorComponent`` ("": no system figures).
+    plot: draw ``accuracy.png`` at END_RUN; False when the driver draws it (a SimEnv run: ``jobs.run.results``'s
+        ``PlotAhead`` draws it while NVFlare shuts down, instead of before).
     """
 
     def __init__(
-        self, results_dir: str = "", run_info: dict | None = None, updates_per_version: int = 0, monitor_id: str = ""
+        self,
+        results_dir: str = "",
+        run_info: dict | None = None,
+        updates_per_version: int = 0,
+        monitor_id: str = "",
+        plot: bool = True,
     ):
         super().__init__()
         self.results_dir = results_dir
+        self.plot = plot
         self.run_info = run_info or {}
         self.updates_per_version = updates_per_version
         self.monitor_id = monitor_id
@@ -271,15 +279,18 @@ class RunRecorder(FLComponent):
 
     def _record_outcome(self, _event: str, fl_ctx: FLContext) -> None:
         with self._lock:
+            first = self._outcome is None
             self._outcome = fl_ctx.get_prop(RUN_OUTCOME)
             self._write()
+        if first and self.plot:  # the plot drawn at END_RUN then finds matplotlib imported (evaluation.plots)
+            warm_up()
 
     def _end(self, _event: str, fl_ctx: FLContext) -> None:
         with self._lock:
             made = self._outcome.get("version") if self._outcome else None
             self._summary = run_summary(self._records, self.updates_per_version, made)
             self._write()
-            if self._records:  # here too, so a job run by ``nvflare simulator`` has it
+            if self._records and self.plot:  # here too, so a job run by ``nvflare simulator`` has it
                 title = (self.run_info.get("config") or {}).get("run", {}).get("job_name", "")
                 plot_accuracy(self._records, os.path.join(self._out, ACCURACY_PLOT), title)
 

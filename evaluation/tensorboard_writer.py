@@ -3,21 +3,27 @@
 Tags: ``accuracy`` (step = version), ``accuracy_vs_wall_seconds``, ``system/*`` (the record's ``system`` fields,
 ``seconds_per_version``, ``devices_per_second``; step = version) and ``system_samples/*`` (every sample at its own
 wall time).
+
+``torch.utils.tensorboard`` is imported when the run starts, not when the server loads its components: its import
+(about 0.3 s) then overlaps the leaves' start instead of delaying the server's.
 """
 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_component import FLComponent
 from nvflare.apis.fl_context import FLContext
-from torch.utils.tensorboard import SummaryWriter
 
 from common.output import output_dir
 from common.result_files import TENSORBOARD
 from evaluation.events import SYSTEM_SAMPLES, VERSION_RECORD, VERSION_RECORDED
 from evaluation.utilisation import write_tensorboard
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 
 class TensorBoardWriter(FLComponent):
@@ -34,6 +40,8 @@ class TensorBoardWriter(FLComponent):
         self.register_event_handler(EventType.END_RUN, self._close)
 
     def _start(self, _event: str, fl_ctx: FLContext) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
         self._writer = SummaryWriter(log_dir=os.path.join(output_dir(self.results_dir, fl_ctx), TENSORBOARD))
 
     def _write_version(self, _event: str, fl_ctx: FLContext) -> None:

@@ -23,11 +23,11 @@ from processors.models.stat_tracker import untracked_buffers
 from simulation.planner import (
     HardwareProfile,
     WorkerPlan,
+    cached_training_mflops,
     estimate_worker_bytes,
     plan_engine,
     plan_workers,
     probe_hardware,
-    training_mflops,
 )
 
 DEFAULT_INPUT_SHAPE = (3, 32, 32)  # CIFAR-10's, when nothing better is known
@@ -136,11 +136,13 @@ def plan_leaf(
         requested=request.num_workers,
         profile=request.profile,
     )
-    # on the CPU a heavy model trains faster one device at a time (measured: plan_engine's reason)
-    mflops = training_mflops(model, request.input_shape or DEFAULT_INPUT_SHAPE) if device.type == "cpu" else None
-    return plan_engine(
-        plan, request.engine, bool(untracked_buffers(model)), request.group_size, mflops_per_sample=mflops
-    )
+    # on the CPU a heavy model trains faster one device at a time (measured: plan_engine's reason); only ``auto``
+    # for a model without BatchNorm statistics asks how heavy it is, so only then is it counted
+    has_buffers = bool(untracked_buffers(model))
+    mflops = None
+    if device.type == "cpu" and request.engine == "auto" and not has_buffers:
+        mflops = cached_training_mflops(model, request.input_shape or DEFAULT_INPUT_SHAPE)
+    return plan_engine(plan, request.engine, has_buffers, request.group_size, mflops_per_sample=mflops)
 
 
 def hardware_summary(hardware: HardwareProfile) -> dict:

@@ -28,8 +28,8 @@ any of them, before a run silently changes behaviour.
    ``repr``, 23% of the server's CPU in a FedBuff run (py-spy, ``PERFORMANCE_OPTIMIZATION.md``).
    ``ConsumableBufferList`` gets a ``__repr__`` that names its size instead.
 
-``install_nvflare_fixes`` applies 4 and 5 once per process, and 7 in NVFlare's simulator processes; our
-server and leaf components call it.
+``install_nvflare_fixes`` applies 4 and 5 once per process, and 7, 8 and 10 in NVFlare's simulator processes;
+our server and leaf components call it.
 6. **Syncs when there is news, not on a timer.** ``HierarchicalUpdateGatherer._do_task`` is the loop in which a
    leaf (or relay) reports to its parent and takes its reply, then sleeps ``update_interval`` plus up to 0.5 s of
    jitter. Every result of a device thus waited for the next sync, and every selection for the one after: a
@@ -55,6 +55,21 @@ server and leaf components call it.
    a run's END_RUN and the server's shutdown. ``quick_engine_checks`` sets it to ``SIMULATOR_ENGINE_CHECK`` on the
    simulator's server (each check also sends the job's heartbeat to its parent cell, in the same process there).
    ``tests/simulation/test_nvflare_private.py`` checks the attribute and the loop in NVFlare's source.
+10. **Short polls while the simulator starts.** Between a SimEnv run's server being ready and its leaves running,
+   NVFlare's simulator sleeps in fixed steps: ``SimulatorRunner.simulator_run_main`` checks every 1 s whether the
+   server app has started, ``SimulatorClientRunner.run_client_thread`` sleeps 1 s before it starts a client
+   worker, ``SimulatorClientRunner._create_connection`` retries its connection to a starting worker every 1 s,
+   and each worker's ``ClientRunner.init_run`` sleeps 0.5 s before each attempt to sync with the server: up to
+   3.5 s of every run's start spent asleep. At the end, each worker (``ClientTaskWorker.run``) sleeps the task
+   fetch interval (2 s) after its last task before it asks for the next one, END_RUN: the simulator's shutdown
+   waits for it. ``quick_simulator_polls`` gives ``simulator_runner``, ``client_runner`` and
+   ``simulator_worker`` a ``time`` whose ``sleep``, called from those functions (``SIMULATOR_POLLS``), sleeps at
+   most ``SIMULATOR_POLL``; every other sleep of those modules (a worker asking again for a task that is not
+   there yet still waits NVFlare's 0.5 s), and every check, is NVFlare's. Only in the simulator's processes; the
+   tests check each function still sleeps there.
+
+Over 400 lines: every private NVFlare name the project uses lives in this one file (the project's rule), each fix
+with its reason.
 """
 
 from __future__ import annotations
@@ -98,6 +113,15 @@ NVFLARE_PRIVATE_PATCHES = {
 NVFLARE_PRIVATE_MODULE_FUNCTIONS = {  # a private module's function, replaced in that module only
     "nvflare.private.fed.app.simulator.simulator_runner.get_open_ports": ("number",),
     "nvflare.private.fed.app.deployer.simulator_deployer.get_open_ports": ("number",),
+}
+SIMULATOR_POLLS = {  # fix 10: module -> the functions whose sleeps are capped there
+    "nvflare.private.fed.app.simulator.simulator_runner": (
+        "simulator_run_main",
+        "run_client_thread",
+        "_create_connection",
+    ),
+    "nvflare.private.fed.client.client_runner": ("init_run",),
+    "nvflare.private.fed.app.simulator.simulator_worker": ("run",),  # runs as __main__ in a worker
 }
 NVFLARE_PRIVATE_ATTRIBUTES = {
     "nvflare.job_config.api.FedJob": ("_deploy_map",),
@@ -280,13 +304,48 @@ SIMULATOR_SHUTDOWN_GRACE = 0.3  # seconds a simulator process sleeps before its 
 SIMULATOR_ENGINE_CHECK = 0.25  # seconds between the simulator server's checks for a finished run (NVFlare: 3)
 
 
+SIMULATOR_POLL = 0.05  # seconds at most between the simulator's start-up checks (NVFlare: 0.5 to 1; fix 10)
+
+
 def install_nvflare_fixes() -> None:
-    """Fixes 4 and 5 of the module docstring, and 7 and 8 in the simulator's processes; once per process."""
+    """Fixes 4 and 5 of the module docstring, and 7, 8 and 10 in the simulator's processes; once per process."""
     share_stream_cleanup_thread()
     render_payloads_by_size()
     if in_simulator():
         simulator_ports_outside_ephemeral_range()
         short_simulator_shutdown_grace()
+        quick_simulator_polls()
+
+
+class _CappedSleeps:
+    """Stands for the ``time`` module inside one NVFlare module: the same module, except that ``sleep`` called from
+    one of ``callers`` (function names of that module) sleeps at most ``cap`` seconds (fix 10)."""
+
+    def __init__(self, callers: tuple[str, ...], cap: float):
+        self._callers, self._cap = frozenset(callers), cap
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+    def sleep(self, seconds: float) -> None:
+        import sys
+
+        caller = sys._getframe(1).f_code.co_name  # noqa: SLF001 - the one frame that says who is polling
+        time.sleep(min(seconds, self._cap) if caller in self._callers else seconds)
+
+
+def quick_simulator_polls() -> None:
+    """The simulator's start-up polls sleep at most ``SIMULATOR_POLL`` (fix 10), in each module of
+    ``SIMULATOR_POLLS`` this process has loaded; idempotent."""
+    import sys
+
+    main = sys.modules.get("__main__")
+    main_name = getattr(getattr(main, "__spec__", None), "name", None)  # a worker runs as python -m ...
+    for name, callers in SIMULATOR_POLLS.items():
+        module = main if name == main_name else sys.modules.get(name)
+        if module is None or not hasattr(module, "time") or isinstance(module.time, _CappedSleeps):
+            continue
+        module.time = _CappedSleeps(callers, SIMULATOR_POLL)
 
 
 def quick_engine_checks(engine) -> None:

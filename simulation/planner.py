@@ -13,15 +13,19 @@ GIL, so more threads than cores add queueing, not throughput.
 from __future__ import annotations
 
 import copy
+import hashlib
+import inspect
 import math
 import os
 from dataclasses import asdict, dataclass, field, replace
 
+import numpy as np
 import torch
 import torch.nn as nn
 
 from common.nvml import Nvml, visible_indices
 from common.profiles import DEFAULT_PROFILE, UtilisationProfile, get_profile
+from processors.data.cache import cached_arrays
 from processors.training_vectorized import NotVectorizable
 
 # Per-process CUDA context and allocator slack, not available to workers.
@@ -128,6 +132,34 @@ def _probe_gpus() -> list[GpuInfo]:
 
 
 CPU_GROUP_MAX_MFLOPS = 100.0  # auto on the CPU: a model costing more per training sample trains one device at a time
+
+
+MFLOPS_CACHE = "~/.cache/edgesim-flare/plan"
+MFLOPS_FORMAT = 1  # raise whenever training_mflops counts differently: older cached counts are not read
+
+
+def cached_training_mflops(model: nn.Module, input_shape: tuple[int, ...], folder: str = MFLOPS_CACHE) -> float:
+    """``training_mflops``, counted once per machine (``processors.data.cache``) and read back by every later
+    process: counting loads ``torch._dynamo`` (a dispatch mode does), about 2.5 s of a 2-core machine in the
+    driver and again in every leaf at start. The key is the count's input: the model's class, the source file it
+    is defined in (its content, so an edited model is counted again), the input shape and torch's version. A
+    model whose source cannot be read is counted in the process."""
+    cls = type(model)
+    try:
+        with open(inspect.getsourcefile(cls) or "", "rb") as f:
+            source = hashlib.sha256(f.read()).hexdigest()[:16]
+    except (OSError, TypeError):
+        return training_mflops(model, input_shape)
+    key = {
+        "model": f"{cls.__module__}.{cls.__qualname__}",
+        "source": source,
+        "shape": "x".join(map(str, input_shape)),
+        "torch": torch.__version__,
+    }
+    made = cached_arrays(
+        folder, "mflops", MFLOPS_FORMAT, key, lambda: {"mflops": np.array([training_mflops(model, input_shape)])}
+    )
+    return float(made["mflops"][0])
 
 
 def training_mflops(model: nn.Module, input_shape: tuple[int, ...]) -> float:

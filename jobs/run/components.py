@@ -167,7 +167,15 @@ def make_result_components(cfg: JobConfig, run_info: dict, results_dir: str) -> 
             backlog=cfg.run.eval_backlog,
         ),
         MONITOR_ID: SystemMonitorComponent(diagnose_context(run_info, cfg)),
-        "edgesim_recorder": RunRecorder(results_dir, run_info, f.num_updates_for_model, monitor_id=MONITOR_ID),
+        # a SimEnv run's driver draws the plot while NVFlare shuts down (jobs.run.results.PlotAhead); an exported
+        # job, or one on a deployment, has its server draw it
+        "edgesim_recorder": RunRecorder(
+            results_dir,
+            run_info,
+            f.num_updates_for_model,
+            monitor_id=MONITOR_ID,
+            plot=cfg.run.env != "sim" or bool(cfg.run.export_only),
+        ),
         "edgesim_progress": ProgressReporter(f.max_model_version),
         "edgesim_tensorboard": TensorBoardWriter(results_dir),
         "edgesim_model_saver": GlobalModelSaver(cfg.training.model, results_dir),

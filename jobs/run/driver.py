@@ -27,7 +27,7 @@ from jobs.run.plan import RunPlan, prepare
 from jobs.run.process_guard import Interrupts, no_orphans
 from jobs.run.recipe import EdgeSimRecipe
 from jobs.run.remote import ProdFollower, follow_poc
-from jobs.run.results import finalize, format_summary, read_metrics, result_files_of
+from jobs.run.results import PlotAhead, finalize, format_summary, read_metrics, result_files_of
 from jobs.run.watchdog import Watchdog
 from processors.data.sources import DatasetError
 from processors.local_work import device_work
@@ -61,13 +61,19 @@ def stock_outcome(metrics: dict, max_version: int) -> dict | None:
 
 
 def report_end(
-    results_dir: str, started: float, files: tuple[str, ...], cause: str = "", stock_max_version: int | None = None
+    results_dir: str,
+    started: float,
+    files: tuple[str, ...],
+    cause: str = "",
+    stock_max_version: int | None = None,
+    drawn: int | None = None,
 ) -> int:
     """Print the summary (naming which of the run's result ``files`` exist) and how the run ended; the exit code.
-    ``stock_max_version``: the run's server is NVFlare's (no outcome of its own), whose last version this is."""
+    ``stock_max_version``: the run's server is NVFlare's (no outcome of its own), whose last version this is.
+    ``drawn``: the versions in the plot the driver drew (``PlotAhead``), if it did."""
     summary = None
     if os.path.exists(os.path.join(results_dir, METRICS)):
-        summary = finalize(results_dir, time.time() - started)
+        summary = finalize(results_dir, time.time() - started, drawn)
         print(format_summary(summary, results_dir, files))
     metrics = read_metrics(results_dir)
     outcome = metrics.get("outcome")
@@ -210,8 +216,13 @@ def run_sim(recipe: EdgeSimRecipe, env, results_dir: str, plan: RunPlan) -> int:
     cause = ""
     interrupts = Interrupts()
     files = result_files_of(recipe.cfg.method_spec)
+    plotter = PlotAhead(results_dir)  # accuracy.png, drawn while NVFlare shuts down (jobs.run.results)
     try:
-        with no_orphans() as interrupts, Watchdog(results_dir, shutdown_grace=60 + plan.timeouts.update_timeout) as dog:
+        with (
+            no_orphans() as interrupts,
+            Watchdog(results_dir, shutdown_grace=60 + plan.timeouts.update_timeout) as dog,
+            plotter,
+        ):
             try:
                 recipe.run(env)
             except RuntimeError as ex:  # the simulator ended with an error (a killed process, an abort)
@@ -223,10 +234,11 @@ def run_sim(recipe: EdgeSimRecipe, env, results_dir: str, plan: RunPlan) -> int:
     if interrupts.signum is not None:
         # NVFlare may turn the KeyboardInterrupt into its own error, so the signal, not the exception, decides
         what = "every process of the job was stopped"
+        plotter.finish()  # a drawing under way ends before the interrupted run's plot is drawn
         return interrupted(results_dir, started, interrupts.exit_code, what, plan.run_info, files)
     cfg = recipe.cfg
     stock_max = cfg.federation.max_model_version if cfg.engine.simulator == "stock" else None
-    return report_end(results_dir, started, files, cause, stock_max_version=stock_max)
+    return report_end(results_dir, started, files, cause, stock_max_version=stock_max, drawn=plotter.finish())
 
 
 def run_remote(recipe: EdgeSimRecipe, env, cfg: JobConfig, results_dir: str) -> int:

@@ -11,7 +11,8 @@ from benchmarks import bench_peers
 def test_its_flags_describe_the_issue_s_work_with_few_rounds_by_default():
     args = bench_peers.parse_args([])
     assert (args.users, args.samples, args.cohort, args.rounds) == (1000, 50, 50, 5)
-    assert args.sides == ["ours", "pfl", "floor"]
+    flower = ["flower"] if importlib.util.find_spec("flwr") else []  # by default only where Flower imports
+    assert args.sides == ["ours", "pfl", *flower, "floor"]
     w = bench_peers.work(args)
     assert (w["synthetic_size"], w["difficulty"], w["steps"], w["batch"], w["lr"]) == (50000, 1.0, 5, 10, 0.1)
     names = bench_peers.user_names(w)
@@ -32,6 +33,9 @@ def test_without_the_extra_it_says_so_in_one_line_and_exits_2(capsys, monkeypatc
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and "pip install -e '.[peers]'" in out
     assert bench_peers.missing_peers(["ours", "floor"]) == []  # sides without a peer need no extra
+    monkeypatch.setattr(bench_peers.importlib.util, "find_spec", lambda m: None if m == "flwr" else real(m))
+    assert "flower" not in bench_peers.parse_args([]).sides  # left out of the default without Flower
+    assert bench_peers.main(["--sides", "flower"]) == 2  # asked for: refused in one line
 
 
 def test_the_project_never_imports_the_peers():

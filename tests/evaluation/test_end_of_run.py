@@ -206,3 +206,31 @@ def test_the_watchdog_waits_while_the_run_still_records_and_stops_a_silent_one(t
     out, _ = proc.communicate(timeout=30)
     assert out.startswith("stopped"), out
     assert "within" in out and time.time() - started < 10
+
+
+def test_the_driver_draws_the_plot_once_the_summary_is_recorded_and_only_then(tmp_path):
+    """``PlotAhead``: nothing drawn while the run has no summary; drawn (every version) once the server recorded it,
+    and ``finalize`` then keeps that plot; stopped before any summary, it draws nothing and ``finalize`` draws."""
+    from common.jsonio import write_json_atomic
+    from jobs.run.results import PlotAhead
+
+    records = [{"version": v, "accuracy": 0.1 * v, "wall_seconds": float(v)} for v in (1, 2, 3)]
+    metrics = tmp_path / "metrics.json"
+    plot = tmp_path / "accuracy.png"
+    with PlotAhead(str(tmp_path), interval=0.01) as plotter:
+        write_json_atomic(str(metrics), RUN_INFO | {"versions": records, "outcome": {"status": "completed"}})
+        time.sleep(1.5)
+        assert not plot.exists()
+        write_json_atomic(str(metrics), RUN_INFO | {"versions": records, "summary": {"last_version": 3}})
+        assert plotter.finish() == 3 and plot.exists()
+    drawn_at = plot.stat().st_mtime
+    time.sleep(0.05)
+    metrics.write_text(metrics.read_text())  # the system summary, written after the summary
+    finalize(str(tmp_path), 1.0, drawn=3)
+    assert plot.stat().st_mtime == drawn_at
+    plot.unlink()
+    write_json_atomic(str(metrics), RUN_INFO | {"versions": records})  # stopped before its summary
+    with PlotAhead(str(tmp_path), interval=0.01) as plotter:
+        assert plotter.finish() is None and not plot.exists()
+    finalize(str(tmp_path), 1.0, drawn=None)
+    assert plot.exists()

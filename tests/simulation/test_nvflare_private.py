@@ -26,12 +26,15 @@ from simulation.nvflare_private import (
     NVFLARE_PRIVATE_PATCHES,
     ORIGINALS,
     SIMULATOR_ENGINE_CHECK,
+    SIMULATOR_POLL,
+    SIMULATOR_POLLS,
     SIMULATOR_SHUTDOWN_GRACE,
     STREAM_CLEANUP,
     QuietEdgeModelExecutor,
     client_app_config,
     install_nvflare_fixes,
     quick_engine_checks,
+    quick_simulator_polls,
     recipe_job,
     server_app_config,
     set_sync_interval,
@@ -287,3 +290,35 @@ def test_the_event_driven_sync_waits_for_a_request_batches_within_its_window_and
     started = time.monotonic()
     node._wait_for_sync(5.0)
     assert time.monotonic() - started < 0.2
+
+
+@pytest.mark.parametrize("module_name, callers", sorted(SIMULATOR_POLLS.items()))
+def test_the_simulators_start_up_polls_sleep_briefly_and_nothing_else_changes(monkeypatch, module_name, callers):
+    """Fix 10: each named NVFlare function still sleeps through its module's ``time``; once capped, a sleep from
+    one of them lasts at most SIMULATOR_POLL, any other sleep of the module what it asked for; idempotent."""
+    import ast
+    import textwrap
+
+    module = importlib.import_module(module_name)
+    sleepers = set()
+    for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(module)))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and "time.sleep(" in ast.unparse(node):
+            sleepers.add(node.name)
+    assert set(callers) <= sleepers, f"{module_name}: review fix 10 of simulation/nvflare_private.py"
+    for name in SIMULATOR_POLLS:  # NVFlare's own, restored after the test
+        monkeypatch.setattr(importlib.import_module(name), "time", time)
+    slept = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    quick_simulator_polls()
+    capped = module.time
+    quick_simulator_polls()
+    assert module.time is capped and capped.monotonic is time.monotonic
+
+    def call_as(name: str) -> None:  # a function of that name asking the module's time for 1 s
+        code = compile("capped.sleep(1.0)", module_name, "exec").replace(co_name=name)
+        exec(code, {"capped": capped})
+
+    for name in callers:
+        call_as(name)
+    call_as("some_other_function")
+    assert slept == [SIMULATOR_POLL] * len(callers) + [1.0]

@@ -100,3 +100,35 @@ def test_auto_trains_a_heavy_model_one_device_at_a_time_on_the_cpu_only():
     assert plan_engine(cpu, "vectorized", mflops_per_sample=resnet).engine == "vectorized"  # asked for: given
     gpu = plan_workers(HardwareProfile(16, (GpuInfo("fake", 80 * GB, 80 * GB),)), 10, CONVNET_BYTES, use_gpu=True)
     assert plan_engine(gpu, "auto", mflops_per_sample=resnet).engine == "vectorized"
+
+
+def test_a_models_mflops_are_counted_once_per_machine_and_again_when_its_source_changes(tmp_path, monkeypatch):
+    """``cached_training_mflops``: the count of ``training_mflops``, read back by a later process (here: a later
+    call) without counting again; a model whose source file changed is counted anew."""
+    import importlib.util
+    import sys
+
+    from simulation import planner
+
+    source = tmp_path / "tiny_model.py"
+    source.write_text(
+        "import torch.nn as nn\nclass Tiny(nn.Sequential):\n    def __init__(self):\n"
+        "        super().__init__(nn.Flatten(), nn.Linear(12, 4))\n"
+    )
+
+    def load():
+        spec = importlib.util.spec_from_file_location("tiny_model", source)
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, "tiny_model", module)
+        spec.loader.exec_module(module)
+        return module.Tiny()
+
+    counted = []
+    real = planner.training_mflops
+    monkeypatch.setattr(planner, "training_mflops", lambda m, s: counted.append(s) or real(m, s))
+    folder = str(tmp_path / "cache")
+    first = planner.cached_training_mflops(load(), (3, 2, 2), folder)
+    assert first == real(load(), (3, 2, 2)) and counted == [(3, 2, 2)]
+    assert planner.cached_training_mflops(load(), (3, 2, 2), folder) == first and len(counted) == 1  # read back
+    source.write_text(source.read_text().replace("nn.Linear(12, 4)", "nn.Linear(12, 8)"))
+    assert planner.cached_training_mflops(load(), (3, 2, 2), folder) == 2 * first and len(counted) == 2

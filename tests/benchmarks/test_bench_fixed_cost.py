@@ -1,0 +1,24 @@
+"""benchmarks/bench_fixed_cost.py reads the phases of a run from NVFlare's logs (every site's, in time order). The
+benchmark itself runs jobs, so it is run by hand, not here."""
+
+from benchmarks import bench_fixed_cost
+
+
+def test_the_phases_markers_are_read_from_every_log_in_time_order(tmp_path):
+    server, site = tmp_path / "job" / "server", tmp_path / "job" / "site-1"
+    server.mkdir(parents=True)
+    site.mkdir(parents=True)
+    (server / "log.txt").write_text(
+        "2026-01-01 10:00:01,000 - SimulatorRunner - INFO - Deploy and start the Server App.\n"
+        "a line without a time stamp\n"
+        "2026-01-01 10:00:03,500 - ServerRunner - INFO - [identity=x] - END_RUN fired\n"
+    )
+    (site / "log.txt").write_text(
+        "2026-01-01 10:00:02,250 - ClientRunner - INFO - [identity=site-1] - client runner started\n"
+    )
+    lines = bench_fixed_cost.log_lines(str(tmp_path))
+    assert [logger for _, logger, _ in lines] == ["SimulatorRunner", "ClientRunner", "ServerRunner"]
+    deploy = bench_fixed_cost.find(lines, "SimulatorRunner", "Deploy and start", "first")
+    started = bench_fixed_cost.find(lines, "ClientRunner", "client runner started", "last")
+    assert started - deploy == 1.25
+    assert bench_fixed_cost.find(lines, "MPM", "Good Bye", "last") is None
