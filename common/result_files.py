@@ -25,6 +25,9 @@ TENSORBOARD = "tensorboard"  # a folder: evaluation.tensorboard_writer
 LEAF_LOG = "leaf_{leaf}.jsonl"  # one per leaf: evaluation.leaf_log_writer (the drop-in's leaves: on the leaf)
 LEAF_LOGS = LEAF_LOG.format(leaf="*")
 CHECKPOINT = "checkpoint"  # a folder: scheduling.checkpoint
+# in CHECKPOINT: the lowest selection id a resume from the checkpoint trains again (scheduling.checkpoint writes it
+# after the checkpoint itself; processors.device_state reads it to know which device states a resume can need)
+SELECTION_FLOOR = "selection_floor.json"
 DEVICE_STATE = "device_state"  # a folder: per-device state of a method's training rule (processors.device_state)
 NVFLARE = "nvflare"  # a folder: NVFlare's workspace of each attempt (jobs.run.outputs), a deployment's server logs
 

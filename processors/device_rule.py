@@ -164,7 +164,8 @@ class RuleHost:
     Args:
         path: the rule's import path ("": none); ``args``: its constructor's keyword arguments.
         device_state: the store's settings: ``dir`` ("": ``device_state/`` in the working folder), ``memory_mb``,
-            ``durable``, ``fresh`` (``processors.device_state.DeviceStateStore``).
+            ``durable`` (default off: only a run that checkpoints into the store's results folder needs it),
+            ``fresh`` (``processors.device_state.DeviceStateStore``).
     """
 
     def __init__(self, path: str, args: dict, device_state: dict):
@@ -206,7 +207,7 @@ class RuleHost:
                 self._store = DeviceStateStore(
                     cfg.get("dir") or os.path.join(os.getcwd(), "device_state"),
                     int(float(cfg.get("memory_mb", 256.0)) * 2**20),
-                    durable=bool(cfg.get("durable", True)),
+                    durable=bool(cfg.get("durable", False)),
                     fresh=bool(cfg.get("fresh", True)),
                 )
         return self._store

@@ -3,23 +3,35 @@ tasks (``processors.device_rule``), held only for devices that have trained.
 
 Entries are keyed by (device, selection id): a task of selection ``s`` starts from the device's newest entry with
 a selection id below ``s`` and writes its own under ``s``. So a task trained again (a resumed run retrains the
-devices its checkpoint holds in flight, with the same selection ids) starts from exactly the state it started
-from the first time, whatever the killed run trained after its checkpoint.
+devices its checkpoint holds in flight, and every later selection, with the same selection ids) starts from
+exactly the state it started from the first time, whatever the killed run trained after its checkpoint.
 
 Memory: the newest entry of the most recently used devices stays in memory up to ``memory_budget`` bytes (an
 idle device costs nothing; a device that has trained costs its arrays, in memory or on disk). Past the budget the
 least recently used device's entry goes to disk, one ``.npz`` file per entry under ``directory/<device>/``.
 
-Durable (a run that writes checkpoints): every entry is also written to disk when it is made, and the newest
-``KEEP_DURABLE`` entries per device stay there, so that a run resumed from its checkpoint finds the state its
-in-flight devices started from even after the killed run trained them, and once more, past the checkpoint (a
-task's entry replaces those of the device's later selections: a resumed run trains them again). The
-store lives in the run's results folder (``device_state/``), which ``--resume`` reuses. A fresh run clears each
-device's folder the first time it touches the device.
+Durable (a run that writes checkpoints): every entry is also written to disk when it is made, and a device keeps
+exactly the entries a resume can need. The store lives in the run's results folder (``device_state/``), which
+``--resume`` reuses; a fresh run clears each device's folder the first time it touches the device. The server
+writes, after each checkpoint, the lowest selection id a resume from it trains again (its *floor*:
+``checkpoint/selection_floor.json``, ``scheduling.checkpoint``). A resumed task of selection ``s >= floor`` reads
+the device's newest entry below ``s``: its newest entry below the floor, or one the resumed run itself wrote
+again (a task's entry replaces those of the device's later selections: the resumed run trains them again). So a
+device keeps its newest entry below the floor and every entry from the floor on, and drops the older ones each
+time it writes: exact for any number of tasks after the checkpoint, and the disk holds per device one entry plus
+its tasks since the last checkpoint's floor (before the first checkpoint, all its tasks of the run so far).
+
+Why a file next to the checkpoint rather than a field in the server's replies to the leaves: it is written
+right after the checkpoint itself and lives in the same folder as the store (a durable store exists only where
+the results folder is the leaves' too: SimEnv), so the floor a leaf reads is never ahead of the checkpoint on
+disk (a crash between the two leaves the previous, lower floor: more kept, never too little), a fresh run's
+cleared folder has none, and no message, leaf path (the executor's gateway, NVFlare's edge requests) or relay
+has to carry it. Reading it costs one ``stat`` per durable write (the file is read again only when it changed).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -27,8 +39,9 @@ from collections import OrderedDict
 
 import numpy as np
 
+from common.result_files import CHECKPOINT, SELECTION_FLOOR
+
 Arrays = dict[str, np.ndarray]
-KEEP_DURABLE = 3  # a device's task, its retraining after a resume, and one more past the checkpoint
 NO_SELECTION = -1  # the key of a task whose selection id is not known (NVFlare's per-device path, a real device)
 
 
@@ -42,10 +55,17 @@ class DeviceStateStore:
     memory_budget: bytes of entries kept in memory (0: none; every read then comes from disk).
     durable: write every entry to disk as it is made (a run that may be resumed).
     fresh: a new run: a device's files from an earlier run in ``directory`` are removed when it is first used.
+    floor_file: the server's selection floor (durable; default: ``checkpoint/selection_floor.json`` beside
+        ``directory``, i.e. in the same results folder).
     """
 
-    def __init__(self, directory: str, memory_budget: int, durable: bool = False, fresh: bool = True):
+    def __init__(
+        self, directory: str, memory_budget: int, durable: bool = False, fresh: bool = True, floor_file: str = ""
+    ):
         self.directory = directory
+        self.floor_file = floor_file or os.path.join(os.path.dirname(directory), CHECKPOINT, SELECTION_FLOOR)
+        self._floor_seen: tuple[int, int] | None = None  # the floor file's (mtime, size) when last read
+        self._floor = 0  # no checkpoint yet: every entry from selection 0 on is kept
         self.memory_budget = memory_budget
         self.durable = durable
         self.fresh = fresh
@@ -85,7 +105,7 @@ class DeviceStateStore:
                     os.remove(self._path(device, later))
                     self._on_disk[device].remove(later)
                 self._write(device, selection, arrays)
-                self._trim(device, KEEP_DURABLE)
+                self._prune(device)
             else:
                 self._trim(device, 0)  # a spilled older entry is superseded
             self._memory[device] = (selection, arrays)
@@ -93,6 +113,22 @@ class DeviceStateStore:
             self._spill()
 
     # -- figures ---------------------------------------------------------------------------------------------------
+
+    def floor(self) -> int:
+        """The selection floor of the server's last checkpoint (0 before the first): see the module docstring."""
+        try:
+            st = os.stat(self.floor_file)
+        except OSError:
+            return self._floor
+        seen = (st.st_mtime_ns, st.st_size)
+        if seen != self._floor_seen:
+            try:
+                with open(self.floor_file) as f:
+                    self._floor = max(self._floor, int(json.load(f)["selection_floor"]))  # never goes down
+            except (OSError, ValueError, KeyError, TypeError):
+                return self._floor  # half-visible or foreign: read it again next time
+            self._floor_seen = seen
+        return self._floor
 
     def memory_bytes(self) -> int:
         return self._memory_bytes
@@ -142,6 +178,14 @@ class DeviceStateStore:
     def _read(self, device: str, selection: int) -> Arrays:
         with np.load(self._path(device, selection)) as data:
             return {n: data[n] for n in data.files}
+
+    def _prune(self, device: str) -> None:
+        """Drop the device's entries a resume cannot need: those below its newest entry below the floor."""
+        index, floor = self._on_disk[device], self.floor()
+        below = [s for s in index if s < floor]
+        for selection in below[:-1]:
+            os.remove(self._path(device, selection))
+            index.remove(selection)
 
     def _trim(self, device: str, keep: int) -> None:
         index = self._on_disk[device]

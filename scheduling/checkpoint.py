@@ -7,6 +7,10 @@ the global model's kept versions and the buffer of the next one (FedRevive: teac
 pool and their generators too), and how many updates were applied (the length of ``events.jsonl`` to keep).
 
 It is written to ``state.pt.tmp`` and renamed over ``state.pt``: a crash mid-write leaves the previous checkpoint.
+After it, ``selection_floor.json`` (also atomic) gives the lowest selection id a resume from it trains again (its
+in-flight devices' selections, or the next one); the leaves' store of per-device state
+(``processors.device_state``) keeps what those tasks start from. Written after the checkpoint, the floor is never
+that of a checkpoint not yet on disk: a crash between the two leaves the previous (lower) floor, which keeps more.
 A failed write (a full disk) removes the temporary file, keeps the previous checkpoint and says so; the run goes on.
 
 When: every ``every`` versions, or with ``every`` 0 (the default) whenever at least ``max(60 s, 20 x the last
@@ -22,7 +26,7 @@ import torch
 
 from common.jsonio import write_json_atomic
 from common.protocol import DeviceUpdate, SelectionSum
-from common.result_files import CHECKPOINT
+from common.result_files import CHECKPOINT, SELECTION_FLOOR
 
 PICKLE_PROTOCOL = 4
 CHECKPOINT_DIR = CHECKPOINT
@@ -33,6 +37,13 @@ AUTO_COST_SHARE = 20.0  # wall time between checkpoints >= this x the last write
 
 def state_path(results_dir: str) -> str:
     return os.path.join(results_dir, CHECKPOINT_DIR, STATE_FILE)
+
+
+def selection_floor(schedule_state: dict) -> int:
+    """The lowest selection id a run resumed from a checkpoint with this schedule state trains again: its in-flight
+    devices' selections (issued again with the same ids), else the next selection's."""
+    in_flight = [int(d["selection_id"]) for d in schedule_state["in_flight"]]
+    return min(in_flight, default=int(schedule_state["selection_seq"]) + 1)
 
 
 def write(results_dir: str, state: dict) -> float:
@@ -53,6 +64,9 @@ def write(results_dir: str, state: dict) -> float:
     seconds = time.time() - started
     meta = state["meta"] | {"write_seconds": round(seconds, 4), "bytes": os.path.getsize(path)}
     write_json_atomic(os.path.join(os.path.dirname(path), "meta.json"), meta)  # for people; not read back
+    if "schedule" in state:  # after state.pt: see the module docstring
+        floor = {"selection_floor": selection_floor(state["schedule"]), "version": state["meta"]["version"]}
+        write_json_atomic(os.path.join(os.path.dirname(path), SELECTION_FLOOR), floor)
     return seconds
 
 

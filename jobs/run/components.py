@@ -56,8 +56,9 @@ def make_task_processor(
 
 def rule_settings(cfg: JobConfig) -> dict:
     """The method's training rule and where its devices' state is kept: the results folder's ``device_state/`` on
-    SimEnv (``--resume`` reuses it; written through when the run checkpoints), else each leaf's working folder.
-    Nothing for a method without a rule, so its job config keeps its bytes."""
+    SimEnv (``--resume`` reuses it; written through when the run checkpoints, pruned by the checkpoints' selection
+    floor), else each leaf's working folder (not written through: a resume does not find it there). Nothing for a
+    method without a rule, so its job config keeps its bytes."""
     method = cfg.method_spec
     if not method.rule_path:
         return {}
@@ -66,7 +67,7 @@ def rule_settings(cfg: JobConfig) -> dict:
     state = {
         "dir": os.path.join(os.path.abspath(os.path.expanduser(folder)), DEVICE_STATE) if sim else "",
         "memory_mb": cfg.engine.device_state_memory_mb,
-        "durable": cfg.run.checkpoint_every != -1,
+        "durable": bool(sim) and cfg.run.checkpoint_every != -1,
         "fresh": not cfg.run.resume,
     }
     return {"rule": method.rule_path, "rule_args": method.rule_args(cfg), "device_state": state}

@@ -1,5 +1,5 @@
 """A method's training rule (``processors.device_rule``) runs unchanged in both engines, and the per-device state
-store (``processors.device_state``) keeps only devices that trained, spills past its budget, and gives a task
+store (``processors.device_state``) keeps only devices that trained, spills past its budget, and gives every task
 retrained after a resume the state it started from the first time."""
 
 from __future__ import annotations
@@ -7,12 +7,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from common.result_files import DEVICE_STATE
 from processors.data.sources import make_synthetic
 from processors.device_rule import DeviceRule, RuleRun
-from processors.device_state import KEEP_DURABLE, DeviceStateStore
+from processors.device_state import DeviceStateStore
 from processors.models import build_model
 from processors.training import TrainingConfig, train_local, worker_model
 from processors.training_vectorized import train_group
+from scheduling import checkpoint
 
 MODEL = "cifar10_convnet"
 CPU = torch.device("cpu")
@@ -93,21 +95,46 @@ def test_the_store_holds_only_devices_that_trained_and_spills_past_its_budget(tm
     assert store.get("leaf#0")["a"][0] == 9.0 and len(list((tmp_path / "leaf_0").glob("*.npz"))) <= 1
 
 
-def test_a_retrained_task_starts_from_the_state_it_started_from_before_even_after_a_resume(tmp_path):
-    store = DeviceStateStore(str(tmp_path), memory_budget=0, durable=True)
-    for selection in (3, 7, 12):  # the device's tasks
-        start = store.get("leaf#1", before=selection)
-        store.put("leaf#1", selection, arrays(selection if start is None else start["a"][0] + selection))
-    assert store.get("leaf#1", before=12)["a"][0] == 10.0  # what task 12 started from: 3 + 7
-    # a resumed run: a new store on the same folder; the checkpoint had selection 7 in flight
-    again = DeviceStateStore(str(tmp_path), memory_budget=10**6, durable=True, fresh=False)
-    assert again.get("leaf#1", before=7)["a"][0] == 3.0
-    again.put("leaf#1", 7, arrays(10.0))
-    assert not (tmp_path / "leaf_1" / "12.npz").exists()  # the killed run's later task: the resumed run redoes it
-    assert again.get("leaf#1", before=12)["a"][0] == 10.0
-    for selection in range(20, 20 + 2 * KEEP_DURABLE):
-        again.put("leaf#1", selection, arrays(selection))
-    assert len(list((tmp_path / "leaf_1").glob("*.npz"))) == KEEP_DURABLE
+def train(store: DeviceStateStore, device: str, selections: list[int], reads: dict[int, float]) -> None:
+    """Each task of ``selections`` reads the state it starts from and keeps a new one made from it."""
+    for selection in selections:
+        start = store.get(device, before=selection)
+        reads[selection] = -1.0 if start is None else float(start["a"][0])
+        store.put(device, selection, arrays(reads[selection] * 0.5 + selection))
+
+
+def checkpoint_at(results, version: int, in_flight: list[int], selection_seq: int) -> None:
+    schedule = {"in_flight": [{"selection_id": s} for s in in_flight], "selection_seq": selection_seq}
+    checkpoint.write(str(results), {"meta": {"version": version}, "schedule": schedule})
+
+
+def saved(results, device: str = "leaf_1") -> list[int]:
+    return sorted(int(p.stem) for p in (results / DEVICE_STATE / device).glob("*.npz"))
+
+
+def test_a_resume_retrains_every_task_from_the_state_it_started_from_and_old_states_are_dropped(tmp_path):
+    before, after = [2, 4], [6, 10, 13, 17, 21]  # the device trains 5 times after the checkpoint
+    assert checkpoint.selection_floor({"in_flight": [], "selection_seq": 9}) == 10  # none in flight: the next one
+    reference, killed = tmp_path / "whole", tmp_path / "killed"
+    expected: dict[int, float] = {}
+    for results, reads in ((reference, expected), (killed, {})):
+        store = DeviceStateStore(str(results / DEVICE_STATE), memory_budget=0, durable=True)
+        train(store, "leaf#1", before, reads)
+        assert store.floor() == 0 and saved(results) == before  # no checkpoint yet: nothing a resume could skip
+        checkpoint_at(results, 3, in_flight=[6, 9], selection_seq=9)  # the device in flight with selection 6
+        train(store, "leaf#1", after, reads)
+        assert store.floor() == 6
+        # kept: the newest state below the floor (what selection 6 starts from), and every one from the floor on
+        assert saved(results) == [4, *after]
+    # the killed run stops here; resumed, the server issues selections 6, 10, ... again, with the same ids
+    resumed: dict[int, float] = {}
+    again = DeviceStateStore(str(killed / DEVICE_STATE), memory_budget=10**6, durable=True, fresh=False)
+    train(again, "leaf#1", after[:3], resumed)
+    assert saved(killed) == [4, 6, 10, 13]  # the killed run's later tasks are gone: the resumed run redoes them
+    checkpoint_at(killed, 5, in_flight=[17], selection_seq=17)  # the resumed run's own checkpoint
+    train(again, "leaf#1", after[3:], resumed)
+    assert resumed == {s: expected[s] for s in after}  # every retrained task read what it read the first time
+    assert saved(killed) == [13, 17, 21]  # below the new floor, only what selection 17 starts from
     # a fresh run in the same folder starts every device anew
-    assert DeviceStateStore(str(tmp_path), memory_budget=0, durable=True).get("leaf#1") is None
-    assert not (tmp_path / "leaf_1").exists()
+    assert DeviceStateStore(str(killed / DEVICE_STATE), memory_budget=0, durable=True).get("leaf#1") is None
+    assert not (killed / DEVICE_STATE / "leaf_1").exists()
