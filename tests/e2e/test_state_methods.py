@@ -71,6 +71,9 @@ def test_scaffold_on_a_diurnal_fleet_resumes_exactly_and_fednova_runs(tmp_path):
     trained = {r["device"].replace("#", "_") for r in trace if not r.get("failed")}
     kept = set(os.listdir(tmp_path / "whole" / "device_state"))
     assert trained <= kept and len(kept) < 24
+    # the server's selection floor beside each checkpoint: the stores kept what a resume from it needs
+    floor = json.loads((tmp_path / "killed" / "checkpoint" / "selection_floor.json").read_text())
+    assert floor["selection_floor"] > 0 and floor["version"] >= 4
     nova = json.loads((tmp_path / "fednova" / "metrics.json").read_text())
     assert nova["config"]["method"] == "fednova:FedNova" and nova["outcome"]["status"] == "completed"
     assert whole["config"]["method"] == "scaffold:Scaffold"
