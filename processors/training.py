@@ -42,7 +42,8 @@ class TrainingConfig:
     Attributes:
         model: ``cifar10_convnet``, ``resnet18`` (the FedRevive paper's: statistic trackers, no BatchNorm),
             ``resnet18_bn``, ``char_lstm`` (LEAF's Shakespeare next-character LSTM, for token-id data such as
-            ``--dataset synthetic-text``), or an ``nn.Module`` class as ``package.module:Class`` (``processors.models``).
+            ``--dataset synthetic-text``), ``word_lstm`` (TFF's StackOverflow next-word LSTM, for TFF's
+            ``stackoverflow_train.h5``), or an ``nn.Module`` class as ``package.module:Class`` (``processors.models``).
         local_iters: optimizer steps per task (unless --local-epochs is given).
         local_epochs: passes over the device's own samples per task instead of --local-iters (0: off; the tail
             batch is kept, so a device with n samples takes ceil(n / batch) steps per epoch; processors.local_work).

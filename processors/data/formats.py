@@ -18,6 +18,7 @@ import torch
 
 from processors.data.cache import cached_arrays
 from processors.data.sources import HF_PREFIX, Dataset, DatasetError, DatasetSpec
+from processors.data.stackoverflow import check_word_count, is_stackoverflow
 from processors.data.text import ALL_LETTERS
 from processors.data.users import UserSplit, group_by_user
 
@@ -80,6 +81,8 @@ def check_files(spec: DatasetSpec) -> None:
                     f"--dataset {spec.name}: no file {path}; put TFF's extracted ..._train.h5 and ..._test.h5 "
                     "side by side there (docs/datasets.md)"
                 )
+        if is_stackoverflow(spec.name):
+            check_word_count(spec.name)
     elif kind == "hf":
         path = spec.name[len(HF_PREFIX) :].partition("?")[0]
         if path.startswith((os.sep, ".", "~")) and not os.path.exists(os.path.expanduser(path)):

@@ -9,8 +9,9 @@ task:
 * Shakespeare (``snippets``: a client's lines, bytes): the client's snippets joined by newlines, then every
   80-character window and the character after it, as LEAF makes Shakespeare's samples (stride 1), in LEAF's
   alphabet: int64 token ids N x 80 and int64 labels, 80 classes. Memory: 640 bytes a window.
-* StackOverflow (``tokens``, ``title``, ``tags``) is refused: its word task needs a vocabulary this project does
-  not build yet.
+* StackOverflow (``tokens``: a client's sentences, space-separated words; ``title``, ``tags`` and the rest are not
+  read): next-word windows of 20 word ids in TFF's vocabulary (``stackoverflow.word_count`` beside the files) and
+  the next word's id, ``processors.data.stackoverflow``: int64 N x 20 and int64 labels, 10004 classes.
 
 Each client is one user of the natural partition (``processors.data.users``); clients are sorted by id.
 """
@@ -23,6 +24,14 @@ import numpy as np
 
 from processors.data.formats import cached_grouped, group_arrays, pixels_to_uint8, tff_test_file, to_dataset, windows
 from processors.data.sources import Dataset, DatasetError
+from processors.data.stackoverflow import (
+    NUM_IDS,
+    check_word_count,
+    client_windows,
+    is_stackoverflow,
+    load_vocab,
+    word_count_file,
+)
 
 TFF_FORMAT = 1  # raise whenever the parsed arrays change: older cached parses are not read
 EMNIST_CLASSES = 62
@@ -38,18 +47,16 @@ def _task(examples, path: str) -> str:
     if "snippets" in features:
         return "shakespeare"
     if "tokens" in features:
-        raise DatasetError(
-            f"--dataset {path}: StackOverflow's word task needs a vocabulary, not built yet; use EMNIST or "
-            "Shakespeare's TFF files, or convert it to a .npz (docs/datasets.md)"
-        )
+        return "stackoverflow"
     raise DatasetError(
-        f"--dataset {path}: examples/<client> holds {sorted(features)}; expected EMNIST's pixels and label or "
-        "Shakespeare's snippets"
+        f"--dataset {path}: examples/<client> holds {sorted(features)}; expected EMNIST's pixels and label, "
+        "Shakespeare's snippets or StackOverflow's tokens"
     )
 
 
-def read_clients(path: str) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
-    """(task, inputs, labels, each sample's client) of one TFF file."""
+def read_clients(path: str, vocab_from: str | None = None) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+    """(task, inputs, labels, each sample's client) of one TFF file; StackOverflow's vocabulary file is the one
+    beside ``vocab_from`` (the train file; default ``path``)."""
     import h5py
 
     try:
@@ -61,11 +68,14 @@ def read_clients(path: str) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
             raise DatasetError(f"--dataset {path}: no examples/ group; TFF's files hold examples/<client>/<feature>")
         examples = f["examples"]
         task = _task(examples, path)
+        vocab = load_vocab(vocab_from or path) if task == "stackoverflow" else None
         xs, ys, users = [], [], []
         for client in sorted(examples.keys()):
             group = examples[client]
             if task == "emnist":
                 x, y = pixels_to_uint8(group["pixels"][()]), np.asarray(group["label"][()], dtype=np.int64)
+            elif vocab is not None:
+                x, y = client_windows(group["tokens"][()], vocab)
             else:
                 lines = [s.decode("utf-8") if isinstance(s, bytes) else str(s) for s in group["snippets"][()]]
                 x, y = windows("\n".join(lines), WINDOW)
@@ -81,17 +91,22 @@ def read_clients(path: str) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
 def load_tff(path: str, data_root: str) -> Dataset:
     """A TFF client file and its test file, grouped by client; parsed once per machine."""
     test_path = tff_test_file(path)
+    sources = [path, test_path]
+    if is_stackoverflow(path):  # TFF's name: its vocabulary must be there too
+        check_word_count(path)
+    if os.path.isfile(word_count_file(path)):  # a changed vocabulary parses the files again
+        sources.append(word_count_file(path))
 
     def make() -> dict[str, np.ndarray]:
         task, x_train, y_train, u_train = read_clients(path)
-        test_task, x_test, y_test, u_test = read_clients(test_path)
+        test_task, x_test, y_test, u_test = read_clients(test_path, vocab_from=path)
         if test_task != task:
             raise DatasetError(f"--dataset {path}: the test file {test_path} holds {test_task}, not {task}")
         return group_arrays(x_train, y_train, u_train, x_test, y_test, u_test)
 
-    arrays = cached_grouped(data_root, "tff", TFF_FORMAT, [path, test_path], make)
-    if arrays["x_train"].dtype == np.int64:  # token ids: Shakespeare
-        classes = SHAKESPEARE_CLASSES
+    arrays = cached_grouped(data_root, "tff", TFF_FORMAT, sources, make)
+    if arrays["x_train"].dtype == np.int64:  # token ids: Shakespeare's 80 characters, StackOverflow's 20 words
+        classes = NUM_IDS if arrays["x_train"].shape[1] != WINDOW else SHAKESPEARE_CLASSES
     else:  # EMNIST: 62 classes, TFF's digits-only file (its name says so) 10
         classes = 10 if "digitsonly" in os.path.basename(path) else EMNIST_CLASSES
     return to_dataset(arrays, classes, f"--dataset {path}")

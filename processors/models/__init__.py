@@ -1,7 +1,7 @@
 """Model zoo: the networks simulated devices train, by name, or any ``nn.Module`` class by import path.
 
-A built-in name (``cifar10_convnet``, ``resnet18``, ``resnet18_bn``, ``char_lstm``) or ``package.module:ClassName``: a class whose constructor
-takes no required arguments. The initial global model depends on the run seed only: a class with an ``init_seed``
+A built-in name (``cifar10_convnet``, ``resnet18``, ``resnet18_bn``, ``char_lstm``, ``word_lstm``) or
+``package.module:ClassName``: a class whose constructor takes no required arguments. The initial global model depends on the run seed only: a class with an ``init_seed``
 keyword (the built-in models) gets the seed; any other class is built with torch's generator seeded
 (``SeededModel``), so its weights are the same in every run whatever ran before in the server process.
 """
@@ -17,12 +17,14 @@ import torch.nn as nn
 from processors.models.char_lstm import CharLSTM
 from processors.models.cifar10_convnet import Cifar10ConvNet
 from processors.models.resnet18 import CifarResNet18, TrackedResNet18
+from processors.models.word_lstm import WordLSTM
 
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "cifar10_convnet": Cifar10ConvNet,
     "resnet18": TrackedResNet18,  # the FedRevive paper's: statistic trackers, no normalisation
     "resnet18_bn": CifarResNet18,
     "char_lstm": CharLSTM,  # LEAF's Shakespeare next-character model: token ids in, 80 logits out
+    "word_lstm": WordLSTM,  # TFF's StackOverflow next-word model: 20 word ids in, 10004 logits out
 }
 
 

@@ -107,3 +107,41 @@ def write_tff_shakespeare(folder, clients: int = 4, seed: int = 0) -> str:
                 group = examples.create_group(f"ROLE_{c}")
                 group.create_dataset("snippets", data=lines, dtype=h5py.string_dtype("utf-8"))
     return os.path.join(folder, "shakespeare_train.h5")
+
+
+SO_WORDS = ["the", "to", "i", "a", "is", "in", "and", "it", "of", "python", "list", "error", "how", "do"]
+
+
+def write_tff_stackoverflow(folder, clients: int = 5, seed: int = 0, vocab: list[str] | None = None) -> str:
+    """``stackoverflow_train.h5``, ``stackoverflow_test.h5`` (each client's ``tokens``, ``title``, ``tags``, ``type``:
+    bytes strings, one a sample) and ``stackoverflow.word_count`` (``word count`` lines, most frequent first) in
+    TFF's layout; the train file's path. A sentence walks the word list cyclically from a random word (so the next
+    word follows from the last one), runs 1 to 25 words (some over TFF's 20) and has a few words replaced by ones
+    the word-count file lacks (OOV)."""
+    import h5py
+
+    rng = np.random.default_rng(seed)
+    words = SO_WORDS + ["zzrare", "qqunseen"]  # the last two are not in the word-count file
+    counted = vocab if vocab is not None else SO_WORDS
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "stackoverflow.word_count"), "w") as f:
+        for rank, word in enumerate(counted):
+            f.write(f"{word} {1000 - 10 * rank}\n")
+    for split in ("train", "test"):
+        with h5py.File(os.path.join(folder, f"stackoverflow_{split}.h5"), "w") as f:
+            examples = f.create_group("examples")
+            for c in range(clients):
+                n = int(rng.integers(1, 6)) if split == "train" else 2
+                sentences = []
+                for _ in range(n):
+                    start, length = int(rng.integers(len(words))), int(rng.integers(1, 26))
+                    walk = [words[(start + i) % len(words)] for i in range(length)]
+                    walk = [w if rng.random() > 0.1 else "qqunseen" for w in walk]
+                    sentences.append(" ".join(walk))
+                group = examples.create_group(f"{1000 + 37 * c:08d}")
+                strings = h5py.string_dtype("utf-8")
+                group.create_dataset("tokens", data=sentences, dtype=strings)
+                group.create_dataset("title", data=[s[:12] for s in sentences], dtype=strings)
+                group.create_dataset("tags", data=["python|list"] * n, dtype=strings)
+                group.create_dataset("type", data=["question"] * n, dtype=strings)
+    return os.path.join(folder, "stackoverflow_train.h5")

@@ -1,0 +1,99 @@
+"""TFF's StackOverflow next-word task: ``stackoverflow_train.h5`` / ``stackoverflow_test.h5`` (``examples/<client>/
+tokens``, one space-separated sentence per sample) and TFF's vocabulary file ``stackoverflow.word_count`` beside them.
+
+The ids are TFF's (``tff.simulation.baselines.stackoverflow``'s word-prediction preprocessing): the vocabulary is
+the first ``VOCAB_SIZE`` words of ``stackoverflow.word_count`` (lines ``word count``, most frequent first); pad is
+0, the vocabulary's words 1..V, out-of-vocabulary ``V + 1`` (one OOV bucket), beginning-of-sentence ``V + 2``,
+end-of-sentence ``V + 3``: ``V + 4`` ids in all. A sentence keeps its first ``SEQUENCE_LENGTH`` (20) words, becomes
+BOS, its word ids, and EOS when it was shorter than 20 words (as TFF's ``to_ids``).
+
+TFF trains on every position of a sentence at once (inputs ``s[:-1]``, targets ``s[1:]``, the loss masked at pad).
+This project's text tasks have one label a sample (``processors.data.text``), so each position becomes a sample:
+input = the ``SEQUENCE_LENGTH`` ids before it (left-padded with pad's 0 at a sentence's start), label = its id.
+The predictions are TFF's, one a sample; the loss is averaged over positions instead of per sentence.
+Memory: 168 bytes a position; the full StackOverflow training file (about 135 million sentences) does not fit in
+memory this way, its test file and subsets of clients do.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from processors.data.sources import DatasetError
+
+VOCAB_SIZE = 10_000  # TFF's baseline vocabulary (its ``vocab_size``)
+SEQUENCE_LENGTH = 20  # TFF's baseline ``sequence_length``
+WORD_COUNT = "stackoverflow.word_count"  # TFF's name (``load_word_counts``)
+PAD_ID = 0
+OOV_ID = VOCAB_SIZE + 1
+BOS_ID = VOCAB_SIZE + 2
+EOS_ID = VOCAB_SIZE + 3
+NUM_IDS = VOCAB_SIZE + 4  # the model's output size: pad, V words, OOV, BOS, EOS
+
+
+def word_count_file(train_path: str) -> str:
+    """Where TFF's vocabulary file goes: beside the ``.h5`` files."""
+    return os.path.join(os.path.dirname(train_path), WORD_COUNT)
+
+
+def is_stackoverflow(train_path: str) -> bool:
+    """Whether a TFF file's name is StackOverflow's (TFF's ``stackoverflow_{train,test,held_out}.h5``)."""
+    return os.path.basename(train_path).startswith("stackoverflow")
+
+
+def check_word_count(train_path: str) -> None:
+    """``DatasetError`` in one line saying where the vocabulary file goes, when it is missing."""
+    path = word_count_file(train_path)
+    if not os.path.isfile(path):
+        raise DatasetError(
+            f"--dataset {train_path}: no vocabulary file {path}; put TFF's {WORD_COUNT} (from "
+            "stackoverflow.word_count.tar.bz2, extracted) beside the .h5 files (docs/datasets.md)"
+        )
+
+
+def load_vocab(train_path: str, size: int = VOCAB_SIZE) -> dict[str, int]:
+    """The first ``size`` words of the word-count file and their ids 1..size (TFF's ``create_vocab`` order)."""
+    check_word_count(train_path)
+    vocab: dict[str, int] = {}
+    with open(word_count_file(train_path), encoding="utf-8") as f:
+        for line in f:
+            parts = line.split()
+            if not parts:
+                continue
+            if parts[0] not in vocab:
+                vocab[parts[0]] = len(vocab) + 1
+            if len(vocab) == size:
+                break
+    if not vocab:
+        raise DatasetError(f"--dataset {train_path}: {word_count_file(train_path)} holds no words")
+    return vocab
+
+
+def sentence_ids(sentence: str, vocab: dict[str, int]) -> np.ndarray:
+    """BOS, the first ``SEQUENCE_LENGTH`` words' ids (OOV for any other word), EOS if the sentence was shorter."""
+    words = sentence.split(" ")[:SEQUENCE_LENGTH]  # TFF splits on single spaces
+    ids = [BOS_ID] + [vocab.get(w, OOV_ID) for w in words]
+    if len(words) < SEQUENCE_LENGTH:
+        ids.append(EOS_ID)
+    return np.asarray(ids, dtype=np.int64)
+
+
+def sentence_windows(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each position after BOS: the ``SEQUENCE_LENGTH`` ids before it (left-padded with 0) and its id."""
+    padded = np.concatenate([np.full(SEQUENCE_LENGTH - 1, PAD_ID, np.int64), ids])
+    x = np.lib.stride_tricks.sliding_window_view(padded[:-1], SEQUENCE_LENGTH)
+    return np.ascontiguousarray(x), ids[1:].copy()
+
+
+def client_windows(tokens, vocab: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    """A client's samples (its ``tokens`` dataset: bytes or str sentences) as next-word windows and labels."""
+    xs, ys = [], []
+    for s in tokens:
+        x, y = sentence_windows(sentence_ids(s.decode("utf-8") if isinstance(s, bytes) else str(s), vocab))
+        xs.append(x)
+        ys.append(y)
+    if not xs:
+        return np.zeros((0, SEQUENCE_LENGTH), np.int64), np.zeros(0, np.int64)
+    return np.concatenate(xs), np.concatenate(ys)
