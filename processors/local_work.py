@@ -82,14 +82,16 @@ class _DeviceWork:
         from processors.data.sources import load_dataset
 
         dataset = load_dataset(self.data.spec(self.seed))
-        return dataset.y_train.numpy(), dataset.num_classes
+        return dataset.y_train.numpy(), dataset.num_classes, dataset.users  # users: a natural partition's
 
     @functools.lru_cache(maxsize=65536)  # noqa: B019 - one instance per run; its devices' counts are what it keeps
     def __call__(self, device_key: str) -> float:
         from processors.data.partition import device_sample_count
 
         with self._lock:
-            labels, classes = self._labels
+            labels, classes, users = self._labels
         d = self.data
-        n = device_sample_count(labels, device_key, d.subset_size, d.dirichlet_alpha, self.seed, classes, d.partition)
+        n = device_sample_count(
+            labels, device_key, d.subset_size, d.dirichlet_alpha, self.seed, classes, d.partition, users
+        )
         return float(self.training.work(n))

@@ -53,10 +53,11 @@ def device_sample_count(
     seed: int,
     num_classes: int = 10,
     partition: str = "device",
+    users: UserSplit | None = None,
 ) -> int:
     """How many samples a device holds: the length of its index array (``device_indices``), the one source of
     truth for its local work with ``--local-epochs`` (``processors.local_work``) and its simulated time."""
-    return len(device_indices(labels, device_key, subset_size, dirichlet_alpha, seed, num_classes, partition))
+    return len(device_indices(labels, device_key, subset_size, dirichlet_alpha, seed, num_classes, partition, users))
 
 
 def device_indices(

@@ -51,14 +51,15 @@ def model_class(name: str) -> type[nn.Module]:
 
 
 class SeededModel:
-    """A model class without ``init_seed``, built with torch's generator seeded. NVFlare builds the initial global
+    """A user's model class (or a built-in one without ``init_seed``), built with torch's generator seeded (and
+    given ``init_seed`` when it takes one). NVFlare builds the initial global
     model from a class path and arguments; this class's constructor returns the user's model itself, so its
     weights and state-dict keys are the user's. Args: model (the model's name), init_seed."""
 
     def __new__(cls, model: str, init_seed: int = 0) -> nn.Module:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(init_seed)
-            return model_class(model)()
+            return model_class(model)(init_seed=init_seed) if _takes_seed(model) else model_class(model)()
 
 
 def _takes_seed(name: str) -> bool:
@@ -66,15 +67,17 @@ def _takes_seed(name: str) -> bool:
 
 
 def initial_model_config(name: str, seed: int) -> dict:
-    """``{"path", "args"}`` of the run's initial global model, as NVFlare's ``PTModel`` takes it."""
-    if _takes_seed(name):
+    """``{"path", "args"}`` of the run's initial global model, as NVFlare's ``PTModel`` takes it. A user's class
+    is always built through ``SeededModel`` (torch's generator seeded), even when it takes ``init_seed``: one that
+    takes it but draws from the global generator anyway would otherwise start every run from other weights."""
+    if name in MODEL_CLASSES and _takes_seed(name):
         return {"path": model_class_path(name), "args": {"init_seed": seed}}
     return {"path": f"{SeededModel.__module__}.{SeededModel.__qualname__}", "args": {"model": name, "init_seed": seed}}
 
 
 def initial_model(name: str, seed: int) -> nn.Module:
     """The run's initial global model, built here (the same weights the server builds from ``initial_model_config``)."""
-    return model_class(name)(init_seed=seed) if _takes_seed(name) else SeededModel(name, seed)
+    return model_class(name)(init_seed=seed) if name in MODEL_CLASSES and _takes_seed(name) else SeededModel(name, seed)
 
 
 def model_class_path(name: str) -> str:

@@ -1,7 +1,8 @@
 """Real jobs on per-user data, run at once: generated LEAF FEMNIST with FedAvg, a generated TFF EMNIST file with
-FedBuff (both with ``--partition natural``: each device one writer), and generated LEAF Shakespeare with LEAF's
-char-LSTM (each device one speaking role; token ids through the leaves' task processor and the server's evaluator).
-Small: 2 leaves, a few versions."""
+FedBuff (both with ``--partition natural``: each device one writer; the FedBuff job trains ``--local-epochs 8``, so
+writers of unequal size take unequal simulated time, which ``--dry-run`` must plan byte for byte), and generated LEAF
+Shakespeare with LEAF's char-LSTM (each device one speaking role; token ids through the leaves' task processor and
+the server's evaluator). Small: 2 leaves, a few versions."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from torch import nn
 
 
 class Net(nn.Module):
-    def __init__(self, init_seed=None):
+    def __init__(self, init_seed=None):  # taken and ignored: the project seeds the initial weights anyway
         super().__init__()
         self.net = nn.Sequential(nn.Flatten(), nn.Linear(784, 32), nn.ReLU(), nn.Linear(32, 62))
 
@@ -53,7 +54,17 @@ def test_leaf_femnist_tff_emnist_and_leaf_shakespeare_train_by_user(tmp_path):
         "leaf": ("pt_job_fedavg.py", _flags(tmp_path / "leaf", "--dataset", "femnist")),
         "tff": (
             "pt_job_fedrevive.py",  # the asynchronous methods' script
-            _flags(tmp_path / "tff", "--dataset", h5, "--method", "fedbuff", "--num-updates-for-model", "3"),
+            tff_flags := _flags(
+                tmp_path / "tff",
+                "--dataset",
+                h5,
+                "--method",
+                "fedbuff",
+                "--num-updates-for-model",
+                "3",
+                "--local-epochs",
+                "8",  # each writer trains over all its own samples: unequal work and time
+            ),
         ),
         "text": (
             "pt_job_fedavg.py",
@@ -80,6 +91,20 @@ def test_leaf_femnist_tff_emnist_and_leaf_shakespeare_train_by_user(tmp_path):
         for proc in procs.values():
             if proc.poll() is None:
                 proc.kill()
+    # the timing-only planner accounts for each writer's work as the real run did: the same events, byte for byte
+    dry = [*tff_flags, "--dry-run"]
+    dry[dry.index(str(tmp_path / "tff" / "out"))] = str(tmp_path / "tff-dry")
+    planned = subprocess.run(
+        [PYTHON, os.path.join(REPO, "jobs", "pt_job_fedrevive.py"), *dry],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert planned.returncode == 0, planned.stdout[-2000:] + planned.stderr[-2000:]
+    events = (tmp_path / "tff" / "out" / "events.jsonl").read_bytes()
+    assert events and events == (tmp_path / "tff-dry" / "events.jsonl").read_bytes()
     text = json.load(open(tmp_path / "text" / "out" / "metrics.json"))
     assert procs["text"].returncode == 0 and text["outcome"]["status"] == "completed", outputs["text"][-3000:]
     assert text["partition"]["users"] == len(roles) and text["partition"]["devices"] == 16

@@ -24,6 +24,24 @@ class NoSeedNet(torch.nn.Module):  # a user's class: no init_seed keyword
         self.fc = torch.nn.Linear(4, 3)
 
 
+class IgnoresSeedNet(torch.nn.Module):  # takes init_seed, draws from torch's global generator anyway
+    def __init__(self, init_seed=None):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+
+
+def test_a_users_model_that_takes_init_seed_but_ignores_it_still_starts_from_the_seeds_weights():
+    from processors.models import SeededModel, initial_model, initial_model_config
+
+    name = f"{__name__}:IgnoresSeedNet"
+    config = initial_model_config(name, seed=5)
+    first = initial_model(name, 5)
+    torch.rand(100)  # whatever ran before in the process
+    again = SeededModel(**config["args"])  # as NVFlare's persistor builds it
+    assert type(again) is IgnoresSeedNet and torch.equal(first.fc.weight, again.fc.weight)
+    assert not torch.equal(first.fc.weight, initial_model(name, 6).fc.weight)
+
+
 def test_a_users_model_without_init_seed_starts_from_the_same_weights_in_every_run():
     from processors.models import SeededModel, initial_model, initial_model_config
 

@@ -191,3 +191,19 @@ def test_per_user_accuracy_is_the_global_one_and_each_users_own():
     hits = (model(x).argmax(1) == y).numpy()
     own = [hits[:700].mean(), hits[700:2400].mean()]
     assert spread["users"] == 2 and spread["min"] == round(min(own), 5) and spread["max"] == round(max(own), 5)
+
+
+def test_local_epochs_on_natural_partitions_give_each_device_its_users_work(tmp_path):
+    """The schedule's work function (``processors.local_work.device_work``) reads a natural partition's users:
+    a device's work per task is its own user's sample count x epochs, so users of unequal size take unequal
+    simulated time (``common.delays``)."""
+    from processors.local_work import device_work
+
+    write_leaf_femnist(tmp_path, users=10)
+    data_cfg = DataConfig(dataset="femnist", data_root=str(tmp_path), partition="natural")
+    data = load_dataset(data_cfg.spec(0))
+    work = device_work(data_cfg.to_dict(), {"local_epochs": 2, "local_batch_size": 8}, 0)
+    keys = [f"site-1#{i}" for i in range(10)]
+    held = [len(device_indices(data.y_train.numpy(), k, 350, 0.5, 0, 62, "natural", data.users)) for k in keys]
+    assert [work(k) for k in keys] == [2.0 * n for n in held]  # every sample, every epoch (tail batch kept)
+    assert len(set(held)) > 1  # the generated writers hold unequal amounts
