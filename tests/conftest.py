@@ -22,6 +22,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
+@pytest.fixture(autouse=True)
+def fresh_weights_cache(monkeypatch):
+    """Each test gets an empty per-process cache of converted global weights (``processors.task_processor``): the
+    cache is keyed by version number only, and tests reuse version numbers with different models."""
+    task_processor = sys.modules.get("processors.task_processor")
+    if task_processor is not None:
+        monkeypatch.setattr(task_processor, "_global_params", {})
+
+
 @pytest.fixture(scope="session")
 def small_data():
     from processors.data.sources import make_synthetic

@@ -208,7 +208,10 @@ def test_task_processor_trains_a_release_of_several_versions_as_each_device_alon
     for device_id, w, v, diff in zip(devices, weights, versions, grouped, strict=True):
         alone = proc.train(device_id, w, version=v)
         for k in alone:
-            np.testing.assert_allclose(diff[k], alone[k], rtol=0, atol=ATOL, err_msg=k)
+            # 3e-5: Adam divides by the root of tiny second moments, so summation-order noise in a near-zero gradient
+            # grows to a few percent of one lr-sized step (2 of 10,080 elements here); a wrong version's weights
+            # (0.05 apart) differ by orders of magnitude more, as the last line checks
+            np.testing.assert_allclose(diff[k], alone[k], rtol=0, atol=3 * ATOL, err_msg=k)
     assert not np.allclose(grouped[1]["fc1.weight"], proc.train("site-1#1", first, version=3)["fc1.weight"])
 
 
