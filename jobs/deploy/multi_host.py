@@ -85,4 +85,6 @@ def start_site(site_dir: str) -> int:
 def shutdown(admin_kit: str) -> None:
     """Stop every site (clients, relays' leaves and the server) through the admin API: nothing local is needed."""
     with admin.admin_session(os.path.abspath(admin_kit), timeout=10.0) as session:
-        session.shutdown("all")
+        # sent, not waited for: NVFlare's own wait gives the server 30 s to become unreachable, and a server with
+        # relays can take longer to exit after it says "stopped"; callers that need the sites gone wait for them
+        session.shutdown("all", wait=False)
