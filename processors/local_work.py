@@ -57,24 +57,27 @@ def epoch_schedule(num_samples: int, batch_size: int, epochs: int, generator: to
     return batches
 
 
-def device_work(data: dict, training: dict, seed: int) -> Callable[[str], float] | None:
+def device_work(
+    data: dict, training: dict, seed: int, offsets: dict[str, int] | None = None
+) -> Callable[[str], float] | None:
     """The samples each device trains on per task, by device key (``DataConfig`` and ``TrainingConfig`` as dicts;
     the dataset is loaded once per process, each device's count computed once); ``None`` with ``--local-iters``
-    (every device's work is the same, ``DelayConfig.task_samples``)."""
+    (every device's work is the same, ``DelayConfig.task_samples``). ``offsets``: a natural partition's global
+    device layout (``processors.data.partition.range_offsets``)."""
     from processors.data.config import DataConfig
     from processors.training import TrainingConfig
 
     t = TrainingConfig(**training)
     if not t.local_epochs:
         return None
-    return _DeviceWork(DataConfig(**data), t, seed)
+    return _DeviceWork(DataConfig(**data), t, seed, offsets)
 
 
 class _DeviceWork:
     """``device_work``'s function: ``TrainingConfig.work`` of the device's sample count."""
 
-    def __init__(self, data, training, seed: int):
-        self.data, self.training, self.seed = data, training, seed
+    def __init__(self, data, training, seed: int, offsets: dict[str, int] | None = None):
+        self.data, self.training, self.seed, self.offsets = data, training, seed, offsets
         self._lock = threading.Lock()
 
     @functools.cached_property
@@ -92,6 +95,6 @@ class _DeviceWork:
             labels, classes, users = self._labels
         d = self.data
         n = device_sample_count(
-            labels, device_key, d.subset_size, d.dirichlet_alpha, self.seed, classes, d.partition, users
+            labels, device_key, d.subset_size, d.dirichlet_alpha, self.seed, classes, d.partition, users, self.offsets
         )
         return float(self.training.work(n))

@@ -29,7 +29,7 @@ from common.profiles import DEFAULT_PROFILE, UtilisationProfile, get_profile
 from common.protocol import DEVICE_EXTRA_PREFIX, DEVICE_ID_META
 from common.seeds import stable_seed
 from processors.data.config import DataConfig
-from processors.data.partition import device_indices
+from processors.data.partition import device_indices, natural_user
 from processors.data.sources import Dataset, DatasetSpec, load_dataset
 from processors.device import resolve_device
 from processors.device_rule import RuleHost
@@ -162,6 +162,8 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         rule_args: its constructor's keyword arguments.
         device_state: where a rule that keeps state keeps it (``processors.device_state.DeviceStateStore``):
             ``dir`` ("": ``device_state/`` in the working folder), ``memory_mb``, ``durable``, ``fresh``.
+        device_offsets: with ``--partition natural``, each leaf's first global device index, for the global
+            device-to-user map (``processors.data.partition.range_offsets``); None otherwise.
     """
 
     def __init__(
@@ -180,6 +182,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         rule: str = "",
         rule_args: dict | None = None,
         device_state: dict | None = None,
+        device_offsets: dict[str, int] | None = None,
     ):
         DeviceTaskProcessor.__init__(self)
         self.data = data
@@ -199,6 +202,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         self.rule = rule
         self.rule_args = rule_args or {}
         self.device_state = device_state or {}
+        self.device_offsets = device_offsets
         self._rules = RuleHost(rule, self.rule_args, self.device_state)
         self._data = DataConfig(**data)
         self._training = TrainingConfig(**training)
@@ -275,18 +279,25 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         spec = self._data.spec(self.seed)
         data = _dataset_on(spec, str(data_device))
         host = load_dataset(spec)  # the CPU copy, cached per process
-        indices = device_indices(
-            host.y_train.numpy(),
-            device_id,
-            self._data.subset_size,
-            self._data.dirichlet_alpha,
-            self.seed,
-            host.num_classes,
-            partition=self._data.partition,
-            users=host.users,
-        )
-        idx = torch.from_numpy(indices).to(data_device)
-        x, y = data.x_train.index_select(0, idx), data.y_train.index_select(0, idx)
+        users = host.users
+        if self._data.partition == "natural" and users is not None and users.lazy is not None:
+            # a source read per user (StackOverflow): the device's user's samples, built on first use
+            user = natural_user(device_id, self.seed, users.count, self.device_offsets)
+            x, y = (torch.from_numpy(a).to(data_device) for a in users.lazy.arrays(user))
+        else:
+            indices = device_indices(
+                host.y_train.numpy(),
+                device_id,
+                self._data.subset_size,
+                self._data.dirichlet_alpha,
+                self.seed,
+                host.num_classes,
+                partition=self._data.partition,
+                users=users,
+                offsets=self.device_offsets,
+            )
+            idx = torch.from_numpy(indices).to(data_device)
+            x, y = data.x_train.index_select(0, idx), data.y_train.index_select(0, idx)
         generator = torch.Generator().manual_seed(stable_seed("train", self.seed, device_id, version) % 2**63)
         return device, x, y, generator
 

@@ -113,6 +113,7 @@ class ExactTimeAssessor(Assessor):
     selection_args: its constructor's keyword arguments.
     work: ``{"data": DataConfig.to_dict(), "training": TrainingConfig.to_dict()}`` when each device's training
         time scales with its own work (``--local-epochs``; ``processors.local_work.device_work``); None: it does not.
+        With ``--partition natural`` also ``"offsets"``: the global device layout the users are mapped by.
     """
 
     def __init__(
@@ -208,7 +209,9 @@ class ExactTimeAssessor(Assessor):
             DeviceDelays(
                 DelayConfig.from_dict(self.delays),
                 self.seed,
-                device_work(self.work["data"], self.work["training"], self.seed) if self.work else None,
+                device_work(self.work["data"], self.work["training"], self.seed, self.work.get("offsets"))
+                if self.work
+                else None,
             ),
             self.selection_size,
             self.updates_per_version,

@@ -174,7 +174,7 @@ class FastDeviceRunner(TPORunner):
     def _work(self):
         """Each device's work per task, when its time scales with it (our processor with --local-epochs)."""
         if isinstance(self.tpo, TrainingTaskProcessor):
-            return device_work(self.tpo.data, self.tpo.training, self.seed)
+            return device_work(self.tpo.data, self.tpo.training, self.seed, self.tpo.device_offsets)
         return None
 
     def make_channel(self, fl_ctx: FLContext, job_name: str, prefix: str):

@@ -31,6 +31,12 @@ def fresh_weights_cache(monkeypatch):
         monkeypatch.setattr(task_processor, "_global_params", {})
 
 
+@pytest.fixture
+def no_data_cache(monkeypatch):
+    """Each test parses its own files (``processors.data.cache``: no per-machine cache of parsed arrays)."""
+    monkeypatch.setenv("EDGESIM_NO_DATA_CACHE", "1")
+
+
 @pytest.fixture(scope="session")
 def small_data():
     from processors.data.sources import make_synthetic
@@ -49,6 +55,29 @@ def make_processor(
     data = DataConfig(synthetic_size=synthetic_size, subset_size=subset_size)
     training = TrainingConfig(**({"compute_device": "cpu"} | training))
     return TrainingTaskProcessor(data=data.to_dict(), training=training.to_dict(), seed=seed, profile=profile)
+
+
+def assert_both_engines_agree(data, training, devices: list[str]) -> list[dict]:
+    """Train ``devices`` (``DataConfig``, ``TrainingConfig``) from one model's initial weights as one group (the
+    vectorised engine) and each alone (the per-device engine): their diffs agree up to summation order, each device
+    trained (the check is not vacuous), and the first two devices' diffs differ (each trains its own data). The
+    grouped diffs."""
+    import numpy as np
+
+    from processors.models import initial_model
+    from processors.task_processor import TrainingTaskProcessor
+
+    proc = TrainingTaskProcessor(data=data.to_dict(), training=training.to_dict(), seed=0, profile="high")
+    weights = {k: v.numpy() for k, v in initial_model(training.model, 0).state_dict().items()}
+    grouped = proc.train_group(devices, weights, version=1)
+    for device_id, diff in zip(devices, grouped, strict=True):
+        alone = proc.train(device_id, weights, version=1)
+        assert diff.keys() == alone.keys() == weights.keys()
+        for k in alone:
+            np.testing.assert_allclose(diff[k], alone[k], rtol=0, atol=1e-5, err_msg=k)
+        assert max(float(np.abs(d).max()) for d in alone.values()) > 1e-4
+    assert any(not np.allclose(grouped[0][k], grouped[1][k]) for k in weights)
+    return grouped
 
 
 def job_args(tmp_path, *extra: str, output: bool = True) -> list[str]:

@@ -17,8 +17,10 @@ from evaluation.progress import ProgressReporter
 from evaluation.run_recorder import RunRecorder
 from evaluation.system_monitor import SystemMonitorComponent
 from evaluation.tensorboard_writer import TensorBoardWriter
+from jobs.admin_kit import project_leaves
 from jobs.config import JobConfig
 from jobs.run.plan import plan_request
+from processors.data.partition import range_offsets
 from processors.task_processor import TrainingTaskProcessor
 from scheduling.exact_assessor import ExactTimeAssessor
 from simulation.config import trainer_class
@@ -51,7 +53,31 @@ def make_task_processor(
         reports=cfg.method_spec.reports(cfg),
         weighting=cfg.method_spec.weighting,
         **rule_settings(cfg),
+        **({"device_offsets": offsets} if (offsets := device_offsets(cfg)) else {}),  # else: the config's bytes
     )
+
+
+def leaf_names(cfg: JobConfig) -> list[str]:
+    """The run's leaves, named as they will be: SimEnv's ``site-1, site-2, ..``, or with ``--env prod`` the
+    deployment's (``C11, C12, ..``, from its kit)."""
+    f = cfg.federation
+    names = project_leaves(cfg.run.startup_kit) if cfg.run.env == "prod" else None
+    return names or [f"site-{i + 1}" for i in range(f.num_leaf_nodes)]
+
+
+def device_offsets(cfg: JobConfig) -> dict[str, int] | None:
+    """With ``--partition natural``, each leaf's first global device index (the pool's numbering), which the
+    device-to-user map is a function of (``processors.data.partition.range_offsets``); None otherwise."""
+    if cfg.data.partition != "natural":
+        return None
+    return range_offsets(leaf_names(cfg), cfg.federation.devices_per_leaf)
+
+
+def schedule_work(cfg: JobConfig) -> dict:
+    """What the server's schedule needs to time each device by its own work (``--local-epochs``)."""
+    work = {"data": cfg.data.to_dict(), "training": cfg.training.to_dict()}
+    offsets = device_offsets(cfg)
+    return work | {"offsets": offsets} if offsets else work
 
 
 def rule_settings(cfg: JobConfig) -> dict:
@@ -136,9 +162,7 @@ def make_assessor(
         selection=cfg.method_spec.selection_path,
         selection_args=cfg.method_spec.selection_args(cfg),
         # each device's time scales with its own samples (--local-epochs); None keeps today's schedule
-        work={"data": cfg.data.to_dict(), "training": cfg.training.to_dict()}
-        if cfg.training.local_epochs and not real
-        else None,
+        work=schedule_work(cfg) if cfg.training.local_epochs and not real else None,
     )
 
 

@@ -19,8 +19,9 @@ from common.choices import ConfigError
 from common.profiles import get_profile
 from common.result_files import DRY_RUN_FILES, METRICS
 from evaluation.run_recorder import record_interruption
-from jobs.admin_kit import check_leaf_count, check_server_answers, project_leaves
+from jobs.admin_kit import check_leaf_count, check_server_answers
 from jobs.config import JobConfig
+from jobs.run.components import device_offsets, leaf_names
 from jobs.run.environments import make_env
 from jobs.run.outputs import nvflare_workspace, prepare_output_dir
 from jobs.run.plan import RunPlan, prepare
@@ -168,9 +169,7 @@ def schedule_for(cfg: JobConfig) -> ExactSchedule:
     ``events.jsonl`` must equal (``simulation.event_reference``). Its leaves are named as the run's will be:
     SimEnv's ``site-1, site-2, ..``, or with ``--env prod`` the deployment's (``C11, C12, ..``, from its kit)."""
     f = cfg.federation
-    names = project_leaves(cfg.run.startup_kit) if cfg.run.env == "prod" else None
-    names = names or [f"site-{i + 1}" for i in range(f.num_leaf_nodes)]
-    leaves = dict.fromkeys(names, f.devices_per_leaf)
+    leaves = dict.fromkeys(leaf_names(cfg), f.devices_per_leaf)
     return make_schedule(
         cfg.delays,
         cfg.run.seed,
@@ -182,7 +181,9 @@ def schedule_for(cfg: JobConfig) -> ExactSchedule:
         f.max_model_version,
         f.max_sim_time,
         make_policy(cfg.method_spec.selection_path, cfg.method_spec.selection_args(cfg)),
-        device_work(cfg.data.to_dict(), cfg.training.to_dict(), cfg.run.seed),  # None with --local-iters
+        device_work(
+            cfg.data.to_dict(), cfg.training.to_dict(), cfg.run.seed, device_offsets(cfg)
+        ),  # None: --local-iters
     )
 
 

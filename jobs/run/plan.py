@@ -12,6 +12,7 @@ import torch
 from common.choices import ConfigError
 from common.profiles import get_profile
 from jobs.config import JobConfig
+from processors.data.config import lazy_refusal
 from processors.data.sources import Dataset, load_dataset
 from processors.data.users import partition_stats
 from processors.device import resolve_device
@@ -188,6 +189,8 @@ def prepare(cfg: JobConfig) -> RunPlan:
         dataset = load_dataset(cfg.spec)  # missing / malformed data fails here, with the fix in the message
         check_model_fits_data(cfg, dataset)
         input_shape = dataset.input_shape
+        if dataset.users is not None and dataset.users.lazy is not None and cfg.data.partition != "natural":
+            raise ConfigError(lazy_refusal(cfg.data.dataset, cfg.data.partition))
         if cfg.data.partition == "natural" and dataset.users is not None:  # who holds what, in metrics.json
             pool = cfg.federation.num_leaf_nodes * cfg.federation.devices_per_leaf
             partition = partition_stats(dataset.users, pool)

@@ -8,6 +8,7 @@ from typing import Literal
 
 from common.choices import ConfigError, check_positive
 from processors.data.sources import BUILTIN_DATASETS, HF_PREFIX, DatasetError, DatasetSpec
+from processors.data.stackoverflow import is_stackoverflow
 
 PER_USER_KINDS = ("leaf", "tff", "hf")  # the sources that know their users (--partition natural)
 
@@ -66,6 +67,8 @@ class DataConfig:
                 f"--partition natural: --dataset {self.dataset} has no users; use femnist, shakespeare, a TFF .h5 "
                 "file or hf:PATH, or --partition device"
             )
+        if kind == "tff" and is_stackoverflow(self.dataset) and self.partition != "natural":
+            raise ConfigError(lazy_refusal(self.dataset, self.partition))
         if kind in PER_USER_KINDS and self.train_split != "all":
             raise ConfigError(f"--train-split {self.train_split} is for cifar10 and array datasets: leave it out")
 
@@ -104,3 +107,11 @@ def absolute_source(dataset: str) -> str:
     path, sep, query = dataset[len(HF_PREFIX) :].partition("?")
     local = path.startswith((os.sep, ".", "~")) or os.path.exists(os.path.expanduser(path))
     return HF_PREFIX + (os.path.abspath(os.path.expanduser(path)) if local else path) + sep + query
+
+
+def lazy_refusal(dataset: str, partition: str) -> str:
+    """The one line refusing a partition other than ``natural`` of a dataset read per user (StackOverflow)."""
+    return (
+        f"--partition {partition}: --dataset {dataset} is read one user at a time (StackOverflow's training file "
+        "does not fit in memory), so only --partition natural can split it"
+    )

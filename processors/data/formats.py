@@ -19,7 +19,6 @@ import torch
 from processors.data.cache import cached_arrays
 from processors.data.sources import HF_PREFIX, Dataset, DatasetError, DatasetSpec
 from processors.data.stackoverflow import check_word_count, is_stackoverflow
-from processors.data.text import ALL_LETTERS
 from processors.data.users import UserSplit, group_by_user
 
 GROUPED_KEYS = ("x_train", "y_train", "x_test", "y_test", "names", "train_offsets", "test_offsets")
@@ -180,29 +179,3 @@ def pixels_to_uint8(x: np.ndarray) -> np.ndarray:
     """Float pixels in [0, 1] (LEAF's and TFF's EMNIST) as uint8 0..255, rounded; N x H x W becomes N x 1 x H x W."""
     images = np.clip(np.rint(np.asarray(x, dtype=np.float32) * 255.0), 0, 255).astype(np.uint8)
     return images[:, None] if images.ndim == 3 else images
-
-
-# LEAF's Shakespeare alphabet (``processors.data.text.ALL_LETTERS``): a character's token id is its position. LEAF's
-# own lookup gives -1 for any other character; here it becomes the space's id, so a stray character can never index
-# outside an embedding.
-_CODES = np.array([ord(c) for c in ALL_LETTERS], dtype=np.int64)
-_SORTED = np.argsort(_CODES)
-UNKNOWN_ID = ALL_LETTERS.index(" ")
-
-
-def char_ids(text: str) -> np.ndarray:
-    """Each character's id in ``ALL_LETTERS`` (int64), unknown characters as the space's."""
-    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
-    position = np.searchsorted(_CODES[_SORTED], codes).clip(0, len(_CODES) - 1)
-    found = _CODES[_SORTED][position] == codes
-    return np.where(found, _SORTED[position], UNKNOWN_ID).astype(np.int64)
-
-
-def windows(text: str, length: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every ``length``-character window of ``text`` and the character after it (LEAF's stride 1), as ids."""
-    ids = char_ids(text)
-    count = len(ids) - length
-    if count <= 0:
-        return np.zeros((0, length), np.int64), np.zeros(0, np.int64)
-    x = np.lib.stride_tricks.sliding_window_view(ids, length)[:count]
-    return np.ascontiguousarray(x), ids[length:].copy()

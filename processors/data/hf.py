@@ -23,8 +23,9 @@ from urllib.parse import parse_qsl
 
 import numpy as np
 
-from processors.data.formats import ALL_LETTERS, cached_grouped, char_ids, to_dataset
+from processors.data.formats import cached_grouped, to_dataset
 from processors.data.sources import Dataset, DatasetError
+from processors.data.text import ALL_LETTERS, SPACE_ID, token_ids
 
 HF_FORMAT = 1  # raise whenever the parsed arrays change: older cached parses are not read
 GUESSES = {
@@ -59,7 +60,7 @@ def _inputs(values, uint8: bool, where: str) -> np.ndarray:
     if _is_text(values):
         if len({len(v) for v in values}) != 1:
             raise DatasetError(f"{where}: text inputs must have one length (LEAF's Shakespeare: 80 characters)")
-        return char_ids("".join(str(v) for v in values)).reshape(len(values), -1)
+        return token_ids("".join(str(v) for v in values), unknown=SPACE_ID).reshape(len(values), -1)
     x = (
         values
         if isinstance(values, np.ndarray) and values.dtype != object
@@ -80,7 +81,7 @@ def _inputs(values, uint8: bool, where: str) -> np.ndarray:
 
 def _labels(values) -> np.ndarray:
     if _is_text(values):
-        return char_ids("".join(str(v) for v in values))
+        return token_ids("".join(str(v) for v in values), unknown=SPACE_ID)
     return np.asarray(values, dtype=np.int64)
 
 

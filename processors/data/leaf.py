@@ -22,7 +22,6 @@ import numpy as np
 
 from processors.data.formats import (
     cached_grouped,
-    char_ids,
     group_arrays,
     json_files,
     leaf_folders,
@@ -30,6 +29,7 @@ from processors.data.formats import (
     to_dataset,
 )
 from processors.data.sources import Dataset, DatasetError
+from processors.data.text import SPACE_ID, token_ids
 
 LEAF_FORMAT = 1  # raise whenever the parsed arrays change: older cached parses are not read
 NUM_CLASSES = {"femnist": 62, "shakespeare": 80}
@@ -47,8 +47,8 @@ def _femnist(x: list, where: str) -> np.ndarray:
 def _shakespeare(x: list, y: list, where: str) -> tuple[np.ndarray, np.ndarray]:
     if any(len(s) != SHAKESPEARE_LENGTH for s in x) or any(len(c) != 1 for c in y):
         raise DatasetError(f"{where}: Shakespeare's x must be {SHAKESPEARE_LENGTH}-character strings, y single ones")
-    ids = char_ids("".join(x)).reshape(len(x), SHAKESPEARE_LENGTH)
-    return ids, char_ids("".join(y))
+    ids = token_ids("".join(x), unknown=SPACE_ID).reshape(len(x), SHAKESPEARE_LENGTH)
+    return ids, token_ids("".join(y), unknown=SPACE_ID)
 
 
 def read_split(name: str, paths: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -10,15 +10,16 @@
   deals its own, device ``#i`` getting shard ``i``, because a leaf process knows its own devices only.
 * ``iid``: ``device`` with ``dirichlet_alpha`` 0, whatever it is set to: a uniform draw of ``subset_size`` samples.
 * ``natural``: the device *is* one user of a dataset that knows its users (``processors.data.users``) and holds
-  all of that user's training samples (``subset_size`` and ``dirichlet_alpha`` do not apply). Which user: device
-  ``PREFIX#i`` of a leaf's range is user ``order[i mod U]`` of lap ``i // U``, where ``order`` is a permutation of
-  the U users (sorted by name) seeded by the run seed, the range's prefix and the lap. So within one range the
-  first U devices are U different users, a range of more than U devices holds every user once per lap (each user on
-  ``floor`` or ``ceil`` of n / U devices), and a range of fewer holds a seeded sample of users without repeats.
-  Ranges of different leaves draw their own orders (a leaf knows only its own devices), so two leaves may hold the
-  same user, as one person may own two phones. A device without an index (a real one) is user
-  ``stable_seed(seed, key) mod U``. Each permutation is made once per process, on first use (O(U)); an idle
-  device costs nothing.
+  all of that user's training samples (``subset_size`` and ``dirichlet_alpha`` do not apply). Which user: the
+  device's *global* index ``g`` (its place in the server's pool: leaves' ranges in name order, ``devices_per_leaf``
+  each, so device ``PREFIX#i`` is ``offsets[PREFIX] + i``; ``range_offsets``) is user ``order[g mod U]``, where
+  ``order`` is one permutation of the U users (sorted by name) seeded by the run seed alone. So the first U devices
+  of the whole pool are U different users, whichever leaves they are on: a pool of at most U devices holds no user
+  twice, and a larger pool holds every user on ``floor`` or ``ceil`` of P / U devices (P the pool). The job passes
+  the offsets to every process that maps devices (the leaves' task processors, the server's and ``--dry-run``'s
+  work function), computed from the run's leaf names and ``devices_per_leaf``. A device without an index (a real
+  one), or of a leaf the offsets do not name (a recipe that passes none), is user ``stable_seed(seed, key) mod U``.
+  The permutation is made once per process, on first use (O(U)); an idle device costs nothing.
 
 Either way a device's subset depends only on the run seed, the device's key and the dataset labels, so the same
 device gets the same data in every process and every run, without any state shared between leaves. Seeds come from
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -54,9 +56,12 @@ def device_sample_count(
     num_classes: int = 10,
     partition: str = "device",
     users: UserSplit | None = None,
+    offsets: Mapping[str, int] | None = None,
 ) -> int:
     """How many samples a device holds: the length of its index array (``device_indices``), the one source of
     truth for its local work with ``--local-epochs`` (``processors.local_work``) and its simulated time."""
+    if partition == "natural" and users is not None:
+        return users.train_size(natural_user(device_key, seed, users.count, offsets))  # a lazy user: its size only
     return len(device_indices(labels, device_key, subset_size, dirichlet_alpha, seed, num_classes, partition, users))
 
 
@@ -69,17 +74,19 @@ def device_indices(
     num_classes: int = 10,
     partition: str = "device",
     users: UserSplit | None = None,
+    offsets: Mapping[str, int] | None = None,
 ) -> np.ndarray:
     """Indices into the training set for one device.
 
     dirichlet_alpha None (or <= 0) means IID: a uniform sample without replacement. Otherwise class
     proportions are drawn from Dirichlet(alpha) and samples drawn from each class's pool (``partition``: how, see
-    the module docstring). ``natural`` takes the dataset's ``users`` instead.
+    the module docstring). ``natural`` takes the dataset's ``users`` instead (``offsets``: each leaf's first
+    global device index, ``range_offsets``).
     """
     if partition == "natural":
         if users is None:
             raise ValueError("--partition natural needs a dataset with users (femnist, shakespeare, a TFF .h5, hf:)")
-        return users.train_range(natural_user(device_key, seed, users.count))
+        return users.train_range(natural_user(device_key, seed, users.count, offsets))
     if partition == "iid":
         partition, dirichlet_alpha = "device", None
     elif partition == "dirichlet":
@@ -167,18 +174,23 @@ def references_indices(
     return np.sort(dealer.shard(ordinal))
 
 
-@functools.lru_cache(maxsize=256)
-def _user_order(seed: int, prefix: str, lap: int, num_users: int) -> np.ndarray:
-    return np.random.default_rng(stable_seed("natural-partition", seed, prefix, lap)).permutation(num_users)
+def range_offsets(leaves: Iterable[str], devices_per_leaf: int) -> dict[str, int]:
+    """Each leaf's first global device index, as the server's pool numbers devices
+    (``simulation.device_pool.DevicePool``: the leaves' ranges in name order, ``devices_per_leaf`` each)."""
+    return {name: rank * devices_per_leaf for rank, name in enumerate(sorted(leaves))}
 
 
-def natural_user(device_key: str, seed: int, num_users: int) -> int:
+@functools.lru_cache(maxsize=16)
+def _user_order(seed: int, num_users: int) -> np.ndarray:
+    return np.random.default_rng(stable_seed("natural-partition", seed)).permutation(num_users)
+
+
+def natural_user(device_key: str, seed: int, num_users: int, offsets: Mapping[str, int] | None = None) -> int:
     """The user (an index into the sorted user list) device ``device_key`` is, under ``--partition natural``
-    (the module docstring gives the map)."""
+    (``offsets``: ``range_offsets`` of the run; the module docstring gives the map)."""
     if num_users <= 0:
         raise ValueError("--partition natural: the dataset has no users")
     prefix, _, index = device_key.rpartition("#")
-    if prefix and index.isdigit():
-        lap, position = divmod(int(index), num_users)
-        return int(_user_order(seed, prefix, lap, num_users)[position])
+    if offsets and prefix in offsets and index.isdigit():
+        return int(_user_order(seed, num_users)[(offsets[prefix] + int(index)) % num_users])
     return stable_seed("natural-partition", seed, device_key) % num_users

@@ -11,13 +11,21 @@ TFF trains on every position of a sentence at once (inputs ``s[:-1]``, targets `
 This project's text tasks have one label a sample (``processors.data.text``), so each position becomes a sample:
 input = the ``SEQUENCE_LENGTH`` ids before it (left-padded with pad's 0 at a sentence's start), label = its id.
 The predictions are TFF's, one a sample; the loss is averaged over positions instead of per sentence.
-Memory: 168 bytes a position; the full StackOverflow training file (about 135 million sentences) does not fit in
-memory this way, its test file and subsets of clients do.
+
+Memory: 168 bytes a position, so the full training file (about 135 million sentences, 342,477 clients) does not fit
+in memory as windows. It is therefore read per client (``LazyClientWindows``): loading reads the clients' names and
+sentence counts only (HDF5 metadata, no tokens), and a client's windows are built when a device first trains it (or
+the schedule asks its size), from that client's ``tokens`` alone, and kept in a small LRU cache
+(``CACHE_USERS`` clients per process; their sizes are kept for good, 8 bytes a client). So memory grows with the
+users trained, not the file. The test file is read whole, as today (the server evaluates on it): give a subset of
+its clients when it is too large.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 
 import numpy as np
 
@@ -31,6 +39,7 @@ OOV_ID = VOCAB_SIZE + 1
 BOS_ID = VOCAB_SIZE + 2
 EOS_ID = VOCAB_SIZE + 3
 NUM_IDS = VOCAB_SIZE + 4  # the model's output size: pad, V words, OOV, BOS, EOS
+CACHE_USERS = 32  # clients whose windows a process keeps (LRU): a few groups' worth of devices
 
 
 def word_count_file(train_path: str) -> str:
@@ -91,9 +100,53 @@ def client_windows(tokens, vocab: dict[str, int]) -> tuple[np.ndarray, np.ndarra
     """A client's samples (its ``tokens`` dataset: bytes or str sentences) as next-word windows and labels."""
     xs, ys = [], []
     for s in tokens:
-        x, y = sentence_windows(sentence_ids(s.decode("utf-8") if isinstance(s, bytes) else str(s), vocab))
+        x, y = sentence_windows(sentence_ids(decode(s), vocab))
         xs.append(x)
         ys.append(y)
     if not xs:
         return np.zeros((0, SEQUENCE_LENGTH), np.int64), np.zeros(0, np.int64)
     return np.concatenate(xs), np.concatenate(ys)
+
+
+def decode(sentence) -> str:
+    return sentence.decode("utf-8") if isinstance(sentence, bytes) else str(sentence)
+
+
+class LazyClientWindows:
+    """The training clients of one StackOverflow file, their windows built per client on first use (the module
+    docstring): a ``processors.data.users.LazyUsers``. ``names``: the clients, sorted; ``sentences``: each one's
+    sentence count (from the HDF5 shapes); ``vocab``: the word ids. Thread-safe: a leaf's workers share it."""
+
+    def __init__(self, path: str, names: tuple[str, ...], sentences: np.ndarray, vocab: dict[str, int]):
+        self.path, self.names, self.sentences, self.vocab = path, names, sentences, vocab
+        self.reads = 0  # clients whose tokens were read, for the tests and the docs' claim
+        self._cache: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._sizes: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def arrays(self, user: int) -> tuple[np.ndarray, np.ndarray]:
+        with self._lock:
+            cached = self._cache.get(user)
+            if cached is not None:
+                self._cache.move_to_end(user)
+                return cached
+        import h5py
+
+        with h5py.File(self.path, "r") as f:
+            tokens = f["examples"][self.names[user]]["tokens"][()]
+        built = client_windows(tokens, self.vocab)
+        with self._lock:
+            self.reads += 1
+            self._sizes[user] = len(built[1])
+            self._cache[user] = built
+            while len(self._cache) > CACHE_USERS:
+                self._cache.popitem(last=False)
+        return built
+
+    def size(self, user: int) -> int:
+        with self._lock:
+            known = self._sizes.get(user)
+        return known if known is not None else len(self.arrays(user)[1])
+
+    def unit_counts(self) -> tuple[str, np.ndarray]:
+        return "sentences", self.sentences

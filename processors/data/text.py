@@ -24,20 +24,33 @@ GENERATED_SYMBOLS = " .,abcdefghijklmnopqrstuvwxyz"
 SUCCESSORS = 3
 
 
-def token_ids(text: str) -> np.ndarray:
-    """The ids of ``text``'s characters in ``ALL_LETTERS`` (a character outside it: ``ValueError``)."""
-    index = {c: i for i, c in enumerate(ALL_LETTERS)}
-    try:
-        return np.fromiter((index[c] for c in text), dtype=np.int64, count=len(text))
-    except KeyError as ex:
-        raise ValueError(f"character {ex.args[0]!r} is not in LEAF's 80-symbol alphabet") from ex
+SPACE_ID = ALL_LETTERS.index(" ")  # what the file readers make of a character outside the alphabet
+_CODES = np.array([ord(c) for c in ALL_LETTERS], dtype=np.int64)
+_ORDER = np.argsort(_CODES)
+_SORTED_CODES = _CODES[_ORDER]
 
 
-def windows(ids: np.ndarray, window: int = WINDOW) -> tuple[np.ndarray, np.ndarray]:
+def token_ids(text: str, unknown: int | None = None) -> np.ndarray:
+    """The ids (int64) of ``text``'s characters: each one's position in ``ALL_LETTERS``. A character outside it is
+    ``unknown``'s id, or a ``ValueError`` when ``unknown`` is None (the generated text must not hold one). LEAF's
+    own lookup gives -1; the readers of LEAF's, TFF's and Hugging Face's files pass ``SPACE_ID``, so a stray
+    character can never index outside an embedding."""
+    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
+    position = np.searchsorted(_SORTED_CODES, codes).clip(0, len(_CODES) - 1)
+    found = _SORTED_CODES[position] == codes
+    if unknown is None and not found.all():
+        raise ValueError(f"character {text[int(np.argmin(found))]!r} is not in LEAF's 80-symbol alphabet")
+    return np.where(found, _ORDER[position], unknown if unknown is not None else 0).astype(np.int64)
+
+
+def windows(ids: np.ndarray, window: int = WINDOW, short_ok: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Every ``window``-long run of ``ids`` (N x window) and the id that follows each (N), as LEAF cuts a role's
-    text: one sample per position."""
+    text: one sample per position. Fewer than ``window + 1`` ids make no sample: a ``ValueError``, or with
+    ``short_ok`` (a file's short user) empty arrays."""
     n = len(ids) - window
     if n < 1:
+        if short_ok:
+            return np.zeros((0, window), np.int64), np.zeros(0, np.int64)
         raise ValueError(f"{len(ids)} characters make no {window}-character window with a next character")
     x = np.lib.stride_tricks.sliding_window_view(ids[:-1], window)[:n]
     return np.ascontiguousarray(x), ids[window:].copy()

@@ -11,7 +11,9 @@ task:
   alphabet: int64 token ids N x 80 and int64 labels, 80 classes. Memory: 640 bytes a window.
 * StackOverflow (``tokens``: a client's sentences, space-separated words; ``title``, ``tags`` and the rest are not
   read): next-word windows of 20 word ids in TFF's vocabulary (``stackoverflow.word_count`` beside the files) and
-  the next word's id, ``processors.data.stackoverflow``: int64 N x 20 and int64 labels, 10004 classes.
+  the next word's id, ``processors.data.stackoverflow``: int64 N x 20 and int64 labels, 10004 classes. The
+  training file is read per client, on first use (``stackoverflow.LazyClientWindows``: it does not fit in memory),
+  so only ``--partition natural`` can split it; the test file is read whole.
 
 Each client is one user of the natural partition (``processors.data.users``); clients are sorted by id.
 """
@@ -21,17 +23,23 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import torch
 
-from processors.data.formats import cached_grouped, group_arrays, pixels_to_uint8, tff_test_file, to_dataset, windows
+from processors.data.formats import cached_grouped, group_arrays, pixels_to_uint8, tff_test_file, to_dataset
 from processors.data.sources import Dataset, DatasetError
 from processors.data.stackoverflow import (
     NUM_IDS,
+    SEQUENCE_LENGTH,
+    LazyClientWindows,
     check_word_count,
     client_windows,
+    decode,
     is_stackoverflow,
     load_vocab,
     word_count_file,
 )
+from processors.data.text import SPACE_ID, token_ids, windows
+from processors.data.users import UserSplit, group_by_user
 
 TFF_FORMAT = 1  # raise whenever the parsed arrays change: older cached parses are not read
 EMNIST_CLASSES = 62
@@ -54,18 +62,41 @@ def _task(examples, path: str) -> str:
     )
 
 
-def read_clients(path: str, vocab_from: str | None = None) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
-    """(task, inputs, labels, each sample's client) of one TFF file; StackOverflow's vocabulary file is the one
-    beside ``vocab_from`` (the train file; default ``path``)."""
+def _open(path: str):
     import h5py
 
     try:
         f = h5py.File(path, "r")
     except OSError as ex:
         raise DatasetError(f"--dataset {path}: not an HDF5 file ({ex})") from ex
-    with f:
-        if "examples" not in f:
-            raise DatasetError(f"--dataset {path}: no examples/ group; TFF's files hold examples/<client>/<feature>")
+    if "examples" not in f:
+        f.close()
+        raise DatasetError(f"--dataset {path}: no examples/ group; TFF's files hold examples/<client>/<feature>")
+    return f
+
+
+def file_task(path: str) -> str:
+    """Which task a TFF file holds, from its first client's feature names (no data read)."""
+    with _open(path) as f:
+        return _task(f["examples"], path)
+
+
+def client_sentences(path: str) -> tuple[tuple[str, ...], np.ndarray]:
+    """StackOverflow's clients with at least one sentence, sorted, and their sentence counts: HDF5 shapes only,
+    no token read."""
+    with _open(path) as f:
+        examples = f["examples"]
+        counts = {c: int(examples[c]["tokens"].shape[0]) for c in sorted(examples.keys())}
+    held = {c: n for c, n in counts.items() if n > 0}
+    if not held:
+        raise DatasetError(f"--dataset {path}: its clients hold no samples")
+    return tuple(held), np.asarray(list(held.values()), dtype=np.int64)
+
+
+def read_clients(path: str, vocab_from: str | None = None) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+    """(task, inputs, labels, each sample's client) of one TFF file; StackOverflow's vocabulary file is the one
+    beside ``vocab_from`` (the train file; default ``path``)."""
+    with _open(path) as f:
         examples = f["examples"]
         task = _task(examples, path)
         vocab = load_vocab(vocab_from or path) if task == "stackoverflow" else None
@@ -77,8 +108,8 @@ def read_clients(path: str, vocab_from: str | None = None) -> tuple[str, np.ndar
             elif vocab is not None:
                 x, y = client_windows(group["tokens"][()], vocab)
             else:
-                lines = [s.decode("utf-8") if isinstance(s, bytes) else str(s) for s in group["snippets"][()]]
-                x, y = windows("\n".join(lines), WINDOW)
+                lines = [decode(s) for s in group["snippets"][()]]
+                x, y = windows(token_ids("\n".join(lines), unknown=SPACE_ID), WINDOW, short_ok=True)
             if len(y):
                 xs.append(x)
                 ys.append(y)
@@ -96,6 +127,8 @@ def load_tff(path: str, data_root: str) -> Dataset:
         check_word_count(path)
     if os.path.isfile(word_count_file(path)):  # a changed vocabulary parses the files again
         sources.append(word_count_file(path))
+    if file_task(path) == "stackoverflow":
+        return load_stackoverflow(path, test_path, data_root, sources)
 
     def make() -> dict[str, np.ndarray]:
         task, x_train, y_train, u_train = read_clients(path)
@@ -110,3 +143,38 @@ def load_tff(path: str, data_root: str) -> Dataset:
     else:  # EMNIST: 62 classes, TFF's digits-only file (its name says so) 10
         classes = 10 if "digitsonly" in os.path.basename(path) else EMNIST_CLASSES
     return to_dataset(arrays, classes, f"--dataset {path}")
+
+
+def load_stackoverflow(path: str, test_path: str, data_root: str, sources: list[str]) -> Dataset:
+    """StackOverflow: the training clients' windows built per client on first use (no ``x_train``; the users'
+    ``lazy``), the test file's windows grouped by client as the other formats' (parsed once per machine)."""
+    vocab = load_vocab(path)
+
+    def make() -> dict[str, np.ndarray]:
+        names, sentences = client_sentences(path)
+        test_task, x_test, y_test, u_test = read_clients(test_path, vocab_from=path)
+        if test_task != "stackoverflow":
+            raise DatasetError(f"--dataset {path}: the test file {test_path} holds {test_task}, not stackoverflow")
+        _, test_order, split = group_by_user(np.asarray(names), u_test)  # test offsets in the clients' order
+        return {
+            "names": np.asarray(names, dtype=str),
+            "sentences": sentences,
+            "x_test": x_test[test_order],
+            "y_test": y_test[test_order],
+            "test_offsets": split.test_offsets,
+        }
+
+    arrays = cached_grouped(data_root, "tff-stackoverflow", TFF_FORMAT, sources, make)
+    names = tuple(str(n) for n in arrays["names"])
+    lazy = LazyClientWindows(path, names, np.asarray(arrays["sentences"], dtype=np.int64), vocab)
+    users = UserSplit(names, None, np.asarray(arrays["test_offsets"], dtype=np.int64), lazy)
+    return Dataset(
+        torch.zeros((0, SEQUENCE_LENGTH), dtype=torch.int64),  # per user: users.lazy
+        torch.zeros(0, dtype=torch.int64),
+        torch.from_numpy(np.ascontiguousarray(arrays["x_test"])),
+        torch.from_numpy(np.ascontiguousarray(arrays["y_test"], dtype=np.int64)),
+        NUM_IDS,
+        None,
+        None,
+        users,
+    )

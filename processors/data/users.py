@@ -9,13 +9,34 @@ training samples are ``x_train[train_offsets[u]:train_offsets[u + 1]]``. Finding
 array reads, whatever the number of users. Users with no training sample are dropped (a device must train on
 something); their test samples, and test samples of users absent from the training split, follow the grouped ones
 in ``x_test`` and count for the global accuracy only.
+
+A source too large to hold (TFF's StackOverflow) gives its training samples per user instead (``UserSplit.lazy``,
+a ``LazyUsers``): the split then has no training offsets, and a user's samples are built on first use
+(``processors.data.stackoverflow.LazyClientWindows``), so memory grows with the users trained, not the file.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
+
+
+class LazyUsers(Protocol):
+    """Training samples built per user, on first use (``UserSplit.lazy``)."""
+
+    def arrays(self, user: int) -> tuple[np.ndarray, np.ndarray]:
+        """User ``user``'s training inputs and labels."""
+        ...
+
+    def size(self, user: int) -> int:
+        """How many training samples user ``user`` holds."""
+        ...
+
+    def unit_counts(self) -> tuple[str, np.ndarray]:
+        """What the source can count per user without building samples (e.g. ``sentences``), and the counts."""
+        ...
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: hashed by identity (a Dataset holding it stays hashable)
@@ -24,19 +45,31 @@ class UserSplit:
     names: the users, sorted.
     train_offsets: ``len(names) + 1`` int64 offsets into the training split (user ``u``: ``[o[u], o[u + 1])``).
     test_offsets: the same into the test split, or None when the format has no per-user test data.
+    lazy: the users' training samples, built per user (then ``train_offsets`` is None and the dataset's
+        ``x_train`` is empty); None when they are all in ``x_train``.
     """
 
     names: tuple[str, ...]
-    train_offsets: np.ndarray
+    train_offsets: np.ndarray | None
     test_offsets: np.ndarray | None = None
+    lazy: LazyUsers | None = None
 
     @property
     def count(self) -> int:
         return len(self.names)
 
     def train_range(self, user: int) -> np.ndarray:
-        """The training-sample indices of user ``user`` (an index into ``names``)."""
+        """The training-sample indices of user ``user`` (an index into ``names``): into ``x_train``, or with
+        ``lazy`` into the user's own ``lazy.arrays(user)``."""
+        if self.lazy is not None:
+            return np.arange(self.lazy.size(user))
         return np.arange(self.train_offsets[user], self.train_offsets[user + 1])
+
+    def train_size(self, user: int) -> int:
+        """How many training samples user ``user`` holds."""
+        if self.lazy is not None:
+            return self.lazy.size(user)
+        return int(self.train_offsets[user + 1] - self.train_offsets[user])
 
     def train_sizes(self) -> np.ndarray:
         return np.diff(self.train_offsets)
@@ -85,13 +118,14 @@ def gini(values: np.ndarray) -> float:
 
 def partition_stats(users: UserSplit, pool: int | None = None) -> dict:
     """What ``metrics.json`` records of a natural partition: users, samples per user (min, median, max, Gini), the
-    test users, and with the pool size, devices per user."""
-    sizes = users.train_sizes()
+    test users, and with the pool size, devices per user. A lazy source's samples are not counted (that would
+    build every user's): its own unit's (``LazyUsers.unit_counts``, e.g. ``sentences_per_user``) instead."""
+    unit, sizes = ("samples", users.train_sizes()) if users.lazy is None else users.lazy.unit_counts()
     stats = {
         "partition": "natural",
         "users": users.count,
-        "train_samples": int(sizes.sum()),
-        "samples_per_user": {
+        f"train_{unit}": int(sizes.sum()),
+        f"{unit}_per_user": {
             "min": int(sizes.min()),
             "median": float(np.median(sizes)),
             "max": int(sizes.max()),

@@ -1,5 +1,5 @@
 """Small files in exactly the real per-user formats: LEAF's JSON (FEMNIST, Shakespeare), TFF's HDF5 client files
-(EMNIST, Shakespeare) and a Hugging Face dataset saved to disk. Users hold unequal amounts of data, and each
+(EMNIST, Shakespeare, StackOverflow), and ``load_user_dataset``, which loads one as a job would. Users hold unequal amounts of data, and each
 user's samples are learnable (a class-specific pattern), so a job trained on them can beat chance."""
 
 from __future__ import annotations
@@ -145,3 +145,11 @@ def write_tff_stackoverflow(folder, clients: int = 5, seed: int = 0, vocab: list
                 group.create_dataset("tags", data=["python|list"] * n, dtype=strings)
                 group.create_dataset("type", data=["question"] * n, dtype=strings)
     return os.path.join(folder, "stackoverflow_train.h5")
+
+
+def load_user_dataset(dataset, root, **config):
+    """The dataset ``--dataset DATASET --data-root ROOT`` (and ``DataConfig`` fields) loads, in this process."""
+    from processors.data.config import DataConfig
+    from processors.data.sources import load_dataset
+
+    return load_dataset(DataConfig(dataset=str(dataset), data_root=str(root), **config).spec(0))

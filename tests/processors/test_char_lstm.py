@@ -16,6 +16,7 @@ from processors.data.text import ALL_LETTERS, VOCAB_SIZE, frequency_baseline, ma
 from processors.models import build_model, initial_model
 from processors.models.char_lstm import CharLSTM
 from processors.training import TrainingConfig, evaluate_accuracy, train_local
+from tests.conftest import assert_both_engines_agree
 
 SHORT = 8  # characters per sample in these tests
 
@@ -77,21 +78,10 @@ def test_both_engines_train_a_text_group_to_each_devices_own_diff():
     """The task processor's two paths on token ids: a group (vectorised engine: the LSTM unrolled under vmap) and
     each device alone (per-device engine: torch's fused LSTM) give the same diffs, up to summation order."""
     from processors.data.config import DataConfig
-    from processors.task_processor import TrainingTaskProcessor
 
     data = DataConfig(dataset="tests.processors.test_char_lstm:short_text", subset_size=24)
     training = TrainingConfig(model="char_lstm", local_iters=3, local_batch_size=8, compute_device="cpu")
-    proc = TrainingTaskProcessor(data=data.to_dict(), training=training.to_dict(), seed=0, profile="high")
-    weights = {k: v.numpy() for k, v in initial_model("char_lstm", 0).state_dict().items()}
-    devices = ["site-1#0", "site-2#3"]
-    grouped = proc.train_group(devices, weights, version=1)
-    for device_id, diff in zip(devices, grouped, strict=True):
-        alone = proc.train(device_id, weights, version=1)
-        assert diff.keys() == alone.keys() == weights.keys()
-        for k in alone:
-            np.testing.assert_allclose(diff[k], alone[k], rtol=0, atol=1e-5, err_msg=k)
-        assert max(float(np.abs(d).max()) for d in alone.values()) > 1e-4  # it trained: the check is not vacuous
-    assert not np.allclose(grouped[0]["decoder.weight"], grouped[1]["decoder.weight"])
+    assert_both_engines_agree(data, training, ["site-1#0", "site-2#3"])
 
 
 def test_auto_trains_the_lstm_one_device_at_a_time_on_the_cpu_and_grouped_on_a_gpu():

@@ -1,19 +1,23 @@
 """TFF's StackOverflow files (``tests.fakes.user_formats.write_tff_stackoverflow``: TFF's HDF5 layout and word-count
-file) become next-word windows in TFF's ids, one client a user; a missing vocabulary file is refused before
-anything starts; TFF's word LSTM has the baseline's shape, its two paths agree, it learns the generated text, and
-both engines train one client per device (natural partition) to the same diffs."""
+file) become next-word windows in TFF's ids, one client a user, built per client on first use (the training file
+does not fit in memory); a missing vocabulary file is refused before anything starts; TFF's word LSTM has the
+baseline's shape, its two paths agree, it learns the generated text, and both engines train one client per device
+(natural partition) to the same diffs."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 import h5py
+import numpy as np
 import pytest
 import torch
 
 from common.choices import ConfigError
+from processors.data import stackoverflow
 from processors.data.config import DataConfig
-from processors.data.sources import DatasetError, load_dataset
+from processors.data.partition import device_indices, device_sample_count, natural_user, range_offsets
+from processors.data.sources import DatasetError
 from processors.data.stackoverflow import (
     BOS_ID,
     EOS_ID,
@@ -24,19 +28,27 @@ from processors.data.stackoverflow import (
     VOCAB_SIZE,
     sentence_ids,
 )
+from processors.data.tff import read_clients
+from processors.data.users import partition_stats
 from processors.models import build_model, initial_model
 from processors.models.word_lstm import WordLSTM
 from processors.training import TrainingConfig, evaluate_accuracy, train_local
-from tests.fakes.user_formats import SO_WORDS, write_tff_stackoverflow
+from tests.conftest import assert_both_engines_agree
+from tests.fakes.user_formats import SO_WORDS, load_user_dataset, write_tff_stackoverflow
 
-
-@pytest.fixture(autouse=True)
-def _no_cache(monkeypatch):
-    monkeypatch.setenv("EDGESIM_NO_DATA_CACHE", "1")  # each test parses its own files
+pytestmark = pytest.mark.usefixtures("no_data_cache")
 
 
 def _load(path, root):
-    return load_dataset(DataConfig(dataset=str(path), data_root=str(root)).spec(0))
+    return load_user_dataset(path, root, partition="natural")  # the training file is read per user
+
+
+def _train(data) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every client's training windows, client after client (what a test of the whole file compares)."""
+    parts = [data.users.lazy.arrays(u) for u in range(data.users.count)]
+    return torch.from_numpy(np.concatenate([x for x, _ in parts])), torch.from_numpy(
+        np.concatenate([y for _, y in parts])
+    )
 
 
 def _sentences(path, client):
@@ -69,12 +81,13 @@ def test_stackoverflow_files_become_next_word_windows_per_client(tmp_path):
                 before = ids[max(0, t - 20) : t]
                 expected_x.append([PAD_ID] * (20 - len(before)) + before)
                 expected_y.append(ids[t])
-        idx = data.users.train_range(u)
-        assert data.x_train[idx].tolist() == expected_x and data.y_train[idx].tolist() == expected_y
+        x, y = data.users.lazy.arrays(u)
+        assert x.tolist() == expected_x and y.tolist() == expected_y
     assert data.users.test_offsets[-1] == len(data.y_test) > 0  # the test file's clients, each its own
-    assert int(data.y_train.min()) >= 1 and int(data.y_train.max()) <= EOS_ID  # pad is never a label
-    assert (data.y_train == OOV_ID).any() and (data.y_train == EOS_ID).any()
-    assert torch.equal(data.prepare(data.x_train[:3]), data.x_train[:3])  # word ids are never normalised
+    x_train, y_train = _train(data)
+    assert int(y_train.min()) >= 1 and int(y_train.max()) <= EOS_ID  # pad is never a label
+    assert (y_train == OOV_ID).any() and (y_train == EOS_ID).any()
+    assert torch.equal(data.prepare(x_train[:3]), x_train[:3])  # word ids are never normalised
 
 
 def test_only_the_top_10000_words_of_the_word_count_file_are_the_vocabulary(tmp_path):
@@ -84,16 +97,49 @@ def test_only_the_top_10000_words_of_the_word_count_file_are_the_vocabulary(tmp_
     kept = {SO_WORDS[0]: VOCAB_SIZE - 1, SO_WORDS[1]: VOCAB_SIZE}  # the 9999th and 10000th lines
     for u, client in enumerate(data.users.names):
         words = [w for s in _sentences(path, client) for w in s.split(" ")[:20] + ["<eos>"] * (len(s.split(" ")) < 20)]
-        labels = data.y_train[data.users.train_range(u)].tolist()
+        labels = data.users.lazy.arrays(u)[1].tolist()
         assert labels == [EOS_ID if w == "<eos>" else kept.get(w, OOV_ID) for w in words]
-    assert {VOCAB_SIZE - 1, VOCAB_SIZE, OOV_ID} <= set(data.y_train.tolist())
+    assert {VOCAB_SIZE - 1, VOCAB_SIZE, OOV_ID} <= set(_train(data)[1].tolist())
+
+
+def test_the_training_file_is_read_per_user_on_first_use_into_the_eager_windows(tmp_path, monkeypatch):
+    """Loading and partitioning read no client's tokens (names and sentence counts are HDF5 metadata); a device's
+    user is read when it trains or its size is asked, alone, into exactly the windows of reading the whole file;
+    a small LRU keeps the users' windows, their sizes kept for good."""
+    path = write_tff_stackoverflow(tmp_path / "so", clients=6)
+    data = _load(path, tmp_path)
+    lazy = data.users.lazy
+    assert data.x_train.shape == (0, SEQUENCE_LENGTH) and data.users.train_offsets is None
+    stats = partition_stats(data.users, pool=4)
+    assert stats["users"] == 6 and stats["train_sentences"] == int(lazy.sentences.sum()) and lazy.reads == 0
+    offsets = range_offsets(["site-1", "site-2"], 2)
+    user = natural_user("site-2#1", 0, data.users.count, offsets)
+    n = device_sample_count(data.y_train.numpy(), "site-2#1", 350, 0.5, 0, NUM_IDS, "natural", data.users, offsets)
+    assert lazy.reads == 1  # that user's tokens only
+    _, x_eager, y_eager, clients = read_clients(path)  # the whole file at once, as before
+    mine = clients == data.users.names[user]
+    x, y = lazy.arrays(user)
+    assert np.array_equal(x, x_eager[mine]) and np.array_equal(y, y_eager[mine]) and n == len(y) > 0
+    assert lazy.reads == 1  # cached
+    indices = device_indices(data.y_train.numpy(), "site-2#1", 350, 0.5, 0, NUM_IDS, "natural", data.users, offsets)
+    assert np.array_equal(indices, np.arange(n))  # into the user's own windows
+    monkeypatch.setattr(stackoverflow, "CACHE_USERS", 2)
+    others = [u for u in range(data.users.count) if u != user]
+    for u in others:
+        assert np.array_equal(lazy.arrays(u)[1], y_eager[clients == data.users.names[u]])
+    assert len(lazy._cache) == 2 and lazy.reads == 6  # one read each; only 2 users' windows kept
+    assert lazy.size(user) == n and lazy.reads == 6  # sizes stay known
+    lazy.arrays(user)
+    assert lazy.reads == 7  # its windows were dropped: read again
+    with pytest.raises(ConfigError, match="only --partition natural"):
+        DataConfig(dataset=str(path), data_root=str(tmp_path), partition="dirichlet")
 
 
 def test_a_missing_word_count_file_is_refused_in_one_line_saying_where(tmp_path):
     path = write_tff_stackoverflow(tmp_path / "so", clients=2)
     (tmp_path / "so" / "stackoverflow.word_count").unlink()
     with pytest.raises(ConfigError, match=r"so/stackoverflow.word_count.*beside the .h5 files") as info:
-        DataConfig(dataset=str(path), data_root=str(tmp_path)).validate()
+        DataConfig(dataset=str(path), data_root=str(tmp_path), partition="natural").validate()
     assert "\n" not in str(info.value)
     renamed = tmp_path / "so" / "posts_train.h5"  # another name: refused when the tokens are read
     (tmp_path / "so" / "stackoverflow_train.h5").rename(renamed)
@@ -128,7 +174,8 @@ def test_the_word_lstm_learns_the_generated_sentences(tmp_path):
     """On the last 4 of the 20 ids only (the model does not depend on the length; the generated sentences' next
     word follows from the last one), which keeps the training real and 5 times cheaper."""
     data = _load(write_tff_stackoverflow(tmp_path / "so", clients=8, seed=1), tmp_path)
-    data = replace(data, x_train=data.x_train[:, -4:].contiguous(), x_test=data.x_test[:, -4:].contiguous())
+    x_train, y_train = _train(data)
+    data = replace(data, x_train=x_train[:, -4:].contiguous(), y_train=y_train, x_test=data.x_test[:, -4:].contiguous())
     most = int(torch.bincount(data.y_train).argmax())
     baseline = float((data.y_test == most).float().mean())  # always the most frequent training label
     model = initial_model("word_lstm", 0)
@@ -145,21 +192,7 @@ def test_the_word_lstm_learns_the_generated_sentences(tmp_path):
 def test_both_engines_train_stackoverflow_users_to_each_devices_own_diff(tmp_path):
     """Each device one client of the files (natural partition); a group (the LSTM unrolled under vmap) and each
     device alone (torch's fused LSTM) give the same diffs, up to summation order."""
-    import numpy as np
-
-    from processors.task_processor import TrainingTaskProcessor
-
     path = write_tff_stackoverflow(tmp_path / "so", clients=4)
     data = DataConfig(dataset=str(path), data_root=str(tmp_path), partition="natural")
     training = TrainingConfig(model="word_lstm", local_iters=1, local_batch_size=2, compute_device="cpu")
-    proc = TrainingTaskProcessor(data=data.to_dict(), training=training.to_dict(), seed=0, profile="high")
-    weights = {k: v.numpy() for k, v in initial_model("word_lstm", 0).state_dict().items()}
-    devices = ["site-1#0", "site-1#1"]
-    grouped = proc.train_group(devices, weights, version=1)
-    for device_id, diff in zip(devices, grouped, strict=True):
-        alone = proc.train(device_id, weights, version=1)
-        assert diff.keys() == alone.keys() == weights.keys()
-        for k in alone:
-            np.testing.assert_allclose(diff[k], alone[k], rtol=0, atol=1e-5, err_msg=k)
-        assert max(float(np.abs(d).max()) for d in alone.values()) > 1e-4  # it trained: the check is not vacuous
-    assert not np.allclose(grouped[0]["decoder.weight"], grouped[1]["decoder.weight"])
+    assert_both_engines_agree(data, training, ["site-1#0", "site-1#1"])

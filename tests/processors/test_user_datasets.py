@@ -15,27 +15,22 @@ import torch
 
 from common.choices import ConfigError
 from processors.data.config import DataConfig
-from processors.data.formats import ALL_LETTERS
-from processors.data.partition import device_indices, natural_user
+from processors.data.partition import device_indices, natural_user, range_offsets
 from processors.data.sources import DatasetError, load_dataset
+from processors.data.text import ALL_LETTERS
 from processors.data.users import gini, group_by_user, partition_stats
 from tests.conftest import REPO
 from tests.fakes.user_formats import (
     TEXT,
+    load_user_dataset,
     write_leaf_femnist,
     write_leaf_shakespeare,
     write_tff_emnist,
     write_tff_shakespeare,
 )
 
-
-@pytest.fixture(autouse=True)
-def _no_cache(monkeypatch):
-    monkeypatch.setenv("EDGESIM_NO_DATA_CACHE", "1")  # each test parses its own files
-
-
-def _load(dataset: str, root, **kw):
-    return load_dataset(DataConfig(dataset=dataset, data_root=str(root), **kw).spec(0))
+pytestmark = pytest.mark.usefixtures("no_data_cache")
+_load = load_user_dataset
 
 
 def test_leaf_femnist_reads_users_images_and_their_test_samples(tmp_path):
@@ -102,30 +97,73 @@ def test_missing_files_are_refused_before_start_saying_where_they_go(tmp_path, c
     assert "no LEAF .json files" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_each_device_is_one_user_by_a_seeded_map(tmp_path):
+def test_each_device_is_one_user_by_a_global_seeded_map(tmp_path):
+    """The map is one permutation over the users, indexed by the device's place in the whole pool: devices of
+    different leaves never share a user while the pool is no larger than the users, a larger pool spreads them
+    evenly, and the same device is the same user in every call and process."""
+    from simulation.device_pool import DevicePool
+
     write_leaf_femnist(tmp_path, users=10)
     data = _load("femnist", tmp_path, partition="natural")
     users = data.users
     labels = data.y_train.numpy()
 
-    def user_of(key: str, seed: int = 0) -> int:
-        idx = device_indices(labels, key, 350, 0.5, seed, 62, partition="natural", users=users)
+    def user_of(key: str, offsets: dict, seed: int = 0) -> int:
+        idx = device_indices(labels, key, 350, 0.5, seed, 62, partition="natural", users=users, offsets=offsets)
         (u,) = {int(np.searchsorted(users.train_offsets, i, side="right") - 1) for i in idx}
         assert np.array_equal(idx, users.train_range(u))  # all of that user's samples, nothing else
         return u
 
-    # a pool smaller than the users: distinct users; larger: every user once per lap, each on 2 or 3 devices
-    assert len({user_of(f"site-1#{i}") for i in range(7)}) == 7
-    counts = np.bincount([user_of(f"site-1#{i}") for i in range(25)], minlength=10)
-    assert set(counts.tolist()) <= {2, 3} and counts.sum() == 25
-    assert [user_of(f"site-1#{i}") for i in range(10)] != [user_of(f"site-1#{i}", seed=1) for i in range(10)]
-    assert 0 <= user_of("phone-abc") < 10  # a real device without an index
+    def pool(leaves: int, per_leaf: int) -> tuple[list[str], dict]:
+        names = [f"site-{leaf + 1}" for leaf in range(leaves)]
+        return [f"{n}#{i}" for n in names for i in range(per_leaf)], range_offsets(names, per_leaf)
+
+    devices, offsets = pool(2, 5)  # pool = users: every user once, across the two leaves
+    assert offsets == {"site-1": 0, "site-2": 5}
+    assert sorted(user_of(d, offsets) for d in devices) == list(range(10))
+    devices, offsets = pool(3, 3)  # smaller: distinct users
+    assert len({user_of(d, offsets) for d in devices}) == 9
+    devices, offsets = pool(3, 9)  # larger (27): every user on 2 or 3 devices
+    counts = np.bincount([user_of(d, offsets) for d in devices], minlength=10)
+    assert set(counts.tolist()) <= {2, 3} and counts.sum() == 27
+    server = DevicePool(0)  # the offsets number devices as the server's pool does: leaves in name order
+    for name in ("site-3", "site-1", "site-2"):
+        server.register_range(name, 9, name)
+    assert all(server.index_of(d) == offsets[d.split("#")[0]] + int(d.split("#")[1]) for d in devices)
+    assert [user_of(d, offsets) for d in devices] != [user_of(d, offsets, seed=1) for d in devices]
+    assert [user_of(d, offsets) for d in devices] == [user_of(d, offsets) for d in devices]
+    assert 0 <= user_of("phone-abc", offsets) < 10  # a real device without an index
+    offsets = range_offsets([f"site-{leaf}" for leaf in range(1, 5)], 2500)
+    keys = [f"site-{leaf}#{i}" for leaf in (1, 3) for i in range(0, 2500, 251)]
     code = (
-        "from processors.data.partition import natural_user;"
-        "print([natural_user(f'site-2#{i}', 5, 3550) for i in range(0, 9000, 997)])"
+        "from processors.data.partition import natural_user, range_offsets;"
+        "o = range_offsets([f'site-{l}' for l in range(1, 5)], 2500);"
+        f"print([natural_user(k, 5, 3550, o) for k in {keys!r}])"
     )
     other = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert other.stdout.strip() == str([natural_user(f"site-2#{i}", 5, 3550) for i in range(0, 9000, 997)])
+    mine = [natural_user(k, 5, 3550, offsets) for k in keys]
+    assert other.stdout.strip() == str(mine) and len(set(mine)) == len(mine)
+
+
+def test_the_job_passes_the_global_layout_only_with_natural_partitions(tmp_path):
+    """The leaves' task processors, the server's work function and ``--dry-run`` map devices by the same offsets;
+    other partitions' task processors keep their arguments (and the job config its bytes)."""
+    from jobs.api import make_config
+    from jobs.run.components import make_assessor, make_task_processor
+
+    write_leaf_femnist(tmp_path, users=10)
+    options = dict(num_leaf_nodes=3, devices_per_leaf=4, device_selection_size=2, data_root=str(tmp_path))
+    cfg = make_config("fedavg", data="femnist", partition="natural", local_epochs=1, **options)
+    expected = {"site-1": 0, "site-2": 4, "site-3": 8}
+    assert make_task_processor(cfg, None, 0).device_offsets == expected
+
+    class Timeouts:
+        leaf_timeout = 60.0
+
+    assert make_assessor(cfg, Timeouts(), "p", "m", "").work["offsets"] == expected
+    plain = make_config("fedavg", local_epochs=1, num_leaf_nodes=3, devices_per_leaf=4, device_selection_size=2)
+    assert make_task_processor(plain, None, 0).device_offsets is None
+    assert "offsets" not in make_assessor(plain, Timeouts(), "p", "m", "").work
 
 
 def test_iid_and_dirichlet_names_keep_the_device_partitions_bits():
