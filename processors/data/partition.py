@@ -21,8 +21,9 @@
   one), or of a leaf the offsets do not name (a recipe that passes none), is user ``stable_seed(seed, key) mod U``.
   The permutation is made once per process, on first use (O(U)); an idle device costs nothing.
 
-Either way a device's subset depends only on the run seed, the device's key and the dataset labels, so the same
-device gets the same data in every process and every run, without any state shared between leaves. Seeds come from
+Either way a device's subset depends only on the run seed, the device's key and the dataset labels (and, for
+``natural``, the run's layout of leaves, fixed at its start), so the same device gets the same data in every process
+and every run, without any state shared between leaves. Seeds come from
 SHA-256, never from Python's per-process salted ``hash()``.
 """
 

@@ -1,8 +1,9 @@
-"""Real jobs on per-user data, run at once: generated LEAF FEMNIST with FedAvg, a generated TFF EMNIST file with
-FedBuff (both with ``--partition natural``: each device one writer; the FedBuff job trains ``--local-epochs 8``, so
-writers of unequal size take unequal simulated time, which ``--dry-run`` must plan byte for byte), and generated LEAF
-Shakespeare with LEAF's char-LSTM (each device one speaking role; token ids through the leaves' task processor and
-the server's evaluator). Small: 2 leaves, a few versions."""
+"""Real jobs on per-user data, run at once: each format with FedAvg and with FedBuff, every one with
+``--partition natural`` (each device one user): generated LEAF FEMNIST, a generated TFF EMNIST file (its FedBuff job
+trains ``--local-epochs 8``, so writers of unequal size take unequal simulated time, which ``--dry-run`` must plan
+byte for byte) and generated LEAF Shakespeare with LEAF's char-LSTM (each device one speaking role; token ids
+through the leaves' task processor and the server's evaluator). Small: 2 leaves, 2 to 4 versions; each job records its
+accuracy, its partition's statistics and the per-user spread."""
 
 from __future__ import annotations
 
@@ -30,48 +31,49 @@ class Net(nn.Module):
 """
 
 
-def _flags(root, *extra: str, model: str = "users_pkg.models:Net") -> list[str]:
+def _flags(tmp_path, name: str, *extra: str, model: str = "users_pkg.models:Net") -> list[str]:
+    root = tmp_path / name
     return [
         *("--output", str(root / "out"), "--workspace", str(root / "ws")),
         *("--num-leaf-nodes", "2", "--devices-per-leaf", "8", "--device-selection-size", "6"),
         *("--partition", "natural", "--model", model, "--local-batch-size", "8"),
-        *("--local-lr", "3e-3", "--max-model-version", "4", "--data-root", str(root / "data")),
+        *("--local-lr", "3e-3", "--max-model-version", "4", "--data-root", str(tmp_path / "data")),
         *extra,
     ]
 
 
+FEDBUFF = ("--method", "fedbuff", "--num-updates-for-model", "3")
+
+
 @pytest.mark.slow
-def test_leaf_femnist_tff_emnist_and_leaf_shakespeare_train_by_user(tmp_path):
+def test_each_format_trains_by_user_with_fedavg_and_fedbuff(tmp_path):
     package = tmp_path / "src" / "users_pkg"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
     (package / "models.py").write_text(textwrap.dedent(MODEL))
-    writers = write_leaf_femnist(tmp_path / "leaf" / "data", users=12)
-    h5 = write_tff_emnist(tmp_path / "tff" / "files", clients=10)
-    roles = write_leaf_shakespeare(tmp_path / "text" / "data", users=6)
+    data = tmp_path / "data"
+    writers = write_leaf_femnist(data, users=12)
+    h5 = write_tff_emnist(tmp_path / "tff-files", clients=10)
+    roles = write_leaf_shakespeare(data, users=6)
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(tmp_path / "src"), REPO])}
-    runs = {  # the job script, its flags
-        "leaf": ("pt_job_fedavg.py", _flags(tmp_path / "leaf", "--dataset", "femnist")),
-        "tff": (
-            "pt_job_fedrevive.py",  # the asynchronous methods' script
-            tff_flags := _flags(
-                tmp_path / "tff",
-                "--dataset",
-                h5,
-                "--method",
-                "fedbuff",
-                "--num-updates-for-model",
-                "3",
-                "--local-epochs",
-                "8",  # each writer trains over all its own samples: unequal work and time
-            ),
+    text_flags = ("--dataset", "shakespeare", "--local-iters", "2", "--max-model-version", "2")
+    short = ("--max-model-version", "2")  # the last of a repeated flag wins
+    runs = {  # the job script (pt_job_fedrevive.py: the asynchronous methods'), its flags
+        "leaf": ("pt_job_fedavg.py", _flags(tmp_path, "leaf", "--dataset", "femnist")),
+        "leaf-fedbuff": (
+            "pt_job_fedrevive.py",
+            _flags(tmp_path, "leaf-fedbuff", "--dataset", "femnist", *FEDBUFF),
         ),
-        "text": (
-            "pt_job_fedavg.py",
-            [
-                *_flags(tmp_path / "text", "--dataset", "shakespeare", model="char_lstm"),
-                *("--local-iters", "2", "--max-model-version", "2"),  # the last of a repeated flag wins
-            ],
+        "tff": (
+            "pt_job_fedrevive.py",
+            # each writer trains over all its own samples: unequal work and time
+            tff_flags := _flags(tmp_path, "tff", "--dataset", h5, *FEDBUFF, "--local-epochs", "8"),
+        ),
+        "tff-fedavg": ("pt_job_fedavg.py", _flags(tmp_path, "tff-fedavg", "--dataset", h5, *short)),
+        "text": ("pt_job_fedavg.py", _flags(tmp_path, "text", *text_flags, model="char_lstm")),
+        "text-fedbuff": (
+            "pt_job_fedrevive.py",
+            _flags(tmp_path, "text-fedbuff", *text_flags, *FEDBUFF, model="char_lstm"),
         ),
     }
     procs = {
@@ -86,7 +88,7 @@ def test_leaf_femnist_tff_emnist_and_leaf_shakespeare_train_by_user(tmp_path):
         for name, (job, flags) in runs.items()
     }
     try:
-        outputs = {name: proc.communicate(timeout=400)[0] for name, proc in procs.items()}
+        outputs = {name: proc.communicate(timeout=500)[0] for name, proc in procs.items()}
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -105,25 +107,29 @@ def test_leaf_femnist_tff_emnist_and_leaf_shakespeare_train_by_user(tmp_path):
     assert planned.returncode == 0, planned.stdout[-2000:] + planned.stderr[-2000:]
     events = (tmp_path / "tff" / "out" / "events.jsonl").read_bytes()
     assert events and events == (tmp_path / "tff-dry" / "events.jsonl").read_bytes()
+    users = {"leaf": len(writers), "tff": 10, "text": len(roles)}
+    # 8 patterns: chance is 0.125; seen 1.0, 0.65, 0.58 and 1.0 (the char-LSTM's 2 versions are too few to learn: its
+    # learning is test_char_lstm.py's; here its accuracy and per-user spread are recorded)
+    learned = {"leaf": 0.5, "leaf-fedbuff": 0.3, "tff": 0.5, "tff-fedavg": 0.5}
+    for name in runs:
+        assert procs[name].returncode == 0, name + outputs[name][-3000:]
+        out = tmp_path / name / "out"
+        metrics = json.load(open(out / "metrics.json"))
+        assert metrics["outcome"]["status"] == "completed", name
+        fmt = name.split("-")[0]
+        partition = metrics["partition"]
+        assert partition["users"] == users[fmt] and partition["devices"] == 16, name
+        sizes = partition["samples_per_user"]
+        assert sizes["min"] < sizes["max"] and 0 < sizes["gini"] < 1, name  # users hold unequal amounts
+        last = metrics["versions"][-1]
+        assert last["version"] == (2 if name in ("tff-fedavg", "text", "text-fedbuff") else 4), name
+        assert all(0.0 <= r["accuracy"] <= 1.0 for r in metrics["versions"]), name
+        assert name not in learned or last["accuracy"] > learned[name], (name, last["accuracy"])
+        spread = last["per_user"]  # every user has test samples: each scored on its own
+        assert spread["users"] == users[fmt] and spread["min"] <= spread["median"] <= spread["max"], name
+        assert (out / "accuracy.png").stat().st_size > 0
+        reports = (out / "leaf_site-1.jsonl").read_text().splitlines()
+        assert reports and all(json.loads(line)["ok"] for line in reports), name
     text = json.load(open(tmp_path / "text" / "out" / "metrics.json"))
-    assert procs["text"].returncode == 0 and text["outcome"]["status"] == "completed", outputs["text"][-3000:]
-    assert text["partition"]["users"] == len(roles) and text["partition"]["devices"] == 16
-    assert [r["version"] for r in text["versions"]] == [1, 2] and all(
-        0.0 <= r["accuracy"] <= 1.0 for r in text["versions"]
-    )
     # the planner counted the fused LSTM: one device at a time on the CPU (measured faster, bench_engine.py)
     assert text["planner"]["engine"] == "per-device" and "MFLOP per training sample" in text["planner"]["engine_reason"]
-    for name, users in {"leaf": len(writers), "tff": 10}.items():
-        assert procs[name].returncode == 0, outputs[name][-3000:]
-        metrics = json.load(open(tmp_path / name / "out" / "metrics.json"))
-        assert metrics["outcome"]["status"] == "completed"
-        partition = metrics["partition"]
-        assert partition["users"] == users and partition["devices"] == 16
-        sizes = partition["samples_per_user"]
-        assert sizes["min"] < sizes["max"] and 0 < sizes["gini"] < 1  # users hold unequal amounts
-        assert metrics["versions"][-1]["accuracy"] > 0.5  # 8 patterns: chance is 0.125
-        spread = metrics["versions"][-1]["per_user"]  # every user has test samples: each scored on its own
-        assert spread["users"] == users and spread["min"] <= spread["median"] <= spread["max"]
-        assert (tmp_path / name / "out" / "accuracy.png").stat().st_size > 0
-        reports = (tmp_path / name / "out" / "leaf_site-1.jsonl").read_text().splitlines()
-        assert reports and all(json.loads(line)["ok"] for line in reports)
