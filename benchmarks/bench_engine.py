@@ -1,6 +1,6 @@
 """Per-device vs. vectorised local training: samples/second for groups of K simulated devices.
 
-Each device: ``--model`` (Cifar10ConvNet by default; ``resnet18``, the FedRevive paper's), ``--iters`` Adam iterations of batch ``--batch-size`` on ``--samples`` synthetic
+Each device: ``--model`` (Cifar10ConvNet by default; ``resnet18``, the FedRevive paper's), ``--iters`` iterations (``--optimizer``, Adam by default) of batch ``--batch-size`` on ``--samples`` synthetic
 images. The per-device engine is a loop of ``train_local`` reusing one model; the vectorised engine is one
 ``train_group`` call for all K devices. Both get identically seeded generators, so they train the same batches;
 the maximum |difference| of their diffs is printed as a sanity check.
@@ -31,6 +31,16 @@ one's (what unequal sizes cost), and the share of the unequal group's lanes (ste
 sample. Alternated, best of ``--repeats`` (at least 3).
 
     .venv/bin/python benchmarks/bench_engine.py --unequal --ks 32 --samples 120 --epochs 1
+
+``--floor-batches 10,32``: the vectorised engine against the serial floor of ``benchmarks/bench_peers.py`` (plain
+PyTorch, no framework: each device's data standardised once beforehand, then per device ``load_state_dict``, a
+fresh optimiser and its steps one after another), the largest K devices trained on the same batches
+(``batch_schedule``) at each of these batch sizes, alternated, best of ``--repeats`` (at least 3). One line per
+batch size, ``floor batch <b>: ... grouped <X>x the floor``. Issue 34's work (25 devices a process, one thread,
+5 SGD steps at lr 0.1, 50 samples):
+
+    .venv/bin/python benchmarks/bench_engine.py --device cpu --threads 1 --ks 1,25 --iters 5 --samples 50 \
+        --optimizer sgd --lr 0.1 --batch-size 10 --floor-batches 10,32 --repeats 7 --cpu-time
 """
 
 from __future__ import annotations
@@ -50,7 +60,7 @@ from processors.data.sources import Dataset, make_synthetic, normalize  # noqa: 
 from processors.data.text import VOCAB_SIZE, WINDOW, make_synthetic_text  # noqa: E402
 from processors.models import build_model  # noqa: E402
 from processors.models.stat_tracker import trackers  # noqa: E402
-from processors.training import TrainingConfig, train_local, worker_model  # noqa: E402
+from processors.training import TrainingConfig, batch_schedule, train_local, worker_model  # noqa: E402
 from processors.training_vectorized import train_group  # noqa: E402
 
 MODEL = "cifar10_convnet"
@@ -106,12 +116,15 @@ def run_vectorized(global_params, data, cfg, device):
     return train_group(MODEL, global_params, data, cfg, gens, device, prepare=PREPARE)
 
 
+CLOCK = time.perf_counter  # --cpu-time: time.process_time
+
+
 def timed(fn, device, *args):
     sync(device)
-    start = time.perf_counter()
+    start = CLOCK()
     out = fn(*args, device)
     sync(device)
-    return time.perf_counter() - start, out
+    return CLOCK() - start, out
 
 
 def best_of(repeats: int, fn, device, *args):
@@ -120,14 +133,19 @@ def best_of(repeats: int, fn, device, *args):
 
 
 def main() -> None:
-    global MODEL, PREPARE
+    global MODEL, PREPARE, CLOCK
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--model", default=MODEL, choices=["cifar10_convnet", "resnet18", "char_lstm"])
     parser.add_argument("--window", type=int, default=WINDOW, help="char_lstm: characters per sample")
     parser.add_argument("--ks", default="1,8,32,100", help="comma-separated group sizes")
-    parser.add_argument("--iters", type=int, default=25, help="local Adam iterations per device")
+    parser.add_argument("--iters", type=int, default=25, help="local iterations per device")
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
+    parser.add_argument("--lr", type=float, default=None, help="local learning rate (default: TrainingConfig's)")
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--cpu-time", action="store_true", help="time by this process's CPU time (a shared machine)")
+    parser.add_argument("--floor-batches", default="", help="compare with the serial floor at these batch sizes")
     parser.add_argument("--samples", type=int, default=350, help="samples per device")
     parser.add_argument("--repeats", type=int, default=1, help="time each engine this many times, keep the best")
     parser.add_argument("--unequal", action="store_true", help="measure unequal devices instead (see above)")
@@ -135,6 +153,10 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1, help="local epochs with --unequal")
     args = parser.parse_args()
     MODEL = args.model
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.cpu_time:
+        CLOCK = time.process_time
     if args.unequal:
         unequal_cost(args)
         return
@@ -144,7 +166,10 @@ def main() -> None:
     else:
         device = torch.device(args.device)
     ks = [int(k) for k in args.ks.split(",") if k.strip()]
-    cfg = TrainingConfig(model=MODEL, local_iters=args.iters, local_batch_size=args.batch_size, optimizer="adam")
+    lr = {} if args.lr is None else {"local_lr": args.lr}
+    cfg = TrainingConfig(
+        model=MODEL, local_iters=args.iters, local_batch_size=args.batch_size, optimizer=args.optimizer, **lr
+    )
 
     pool = min(max(ks) * args.samples, 20000)
     text = MODEL == "char_lstm"
@@ -165,7 +190,11 @@ def main() -> None:
     peak = peak_flops(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     shown = f"{MODEL} ({args.window}-character windows)" if text else MODEL
-    print(f"device {name}; {shown}; Adam {args.iters} iters x batch {args.batch_size}; {args.samples} samples/device")
+    print(
+        f"device {name}, {torch.get_num_threads()} thread(s); {shown}; {args.optimizer} lr {cfg.local_lr} "
+        f"{args.iters} iters x batch {args.batch_size}; {args.samples} samples/device; "
+        f"clock: {'CPU time' if args.cpu_time else 'wall'}"
+    )
     print(
         f"train FLOPs/sample (fwd+bwd) {fps / 1e6:.2f} MFLOP; FP32 peak {f'{peak / 1e12:.1f} TFLOP/s' if peak else 'n/a'}"
     )
@@ -194,6 +223,9 @@ def main() -> None:
             f"{k:>5} {rate_dev:>15.0f} {rate_vec:>15.0f} {speedup:>6.2f}x {pct(rate_dev):>14} {pct(rate_vec):>10} {err:>10.2e}"
         )
     print(f"speedup: {speedup:.2f}x")
+    for b in [int(v) for v in args.floor_batches.split(",") if v.strip()]:
+        floor_cfg = TrainingConfig(**(cfg.to_dict() | {"local_batch_size": b}))
+        floor_line(global_params, data_all[: max(ks)], floor_cfg, args.repeats)
     if text:  # no statistic trackers, no image augmentation
         return
     if all("." not in name for name in trackers(worker_model(MODEL, device))):
@@ -203,6 +235,52 @@ def main() -> None:
     augmented, plain = augment_cost(global_params, data_all[: max(ks)], cfg, device, args.repeats)
     print(f"vectorised K={max(ks)}: {augmented:.3f} s with crop-and-flip augmentation, {plain:.3f} s without")
     print(f"augment: {augmented / plain:.3f}x")
+
+
+def run_floor(global_params, data, cfg, device, prepared=None):
+    """``bench_peers.py``'s serial floor on the engines' batches: each device's data standardised beforehand
+    (``prepared``, made untimed), then ``load_state_dict``, a fresh optimiser and its steps, one device after
+    another; the diffs as the engines return them."""
+    net = FLOOR_NET.setdefault(device, build_model(MODEL).to(device))
+    out = []
+    for i, (x, y) in enumerate(prepared):
+        net.load_state_dict(global_params)
+        opt = cfg.make_optimizer(net.parameters())
+        net.train()
+        for positions in batch_schedule(len(y), cfg, torch.Generator().manual_seed(i)):
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(net(x[positions]), y[positions]).backward()
+            opt.step()
+        out.append({k: (v - global_params[k]).cpu().numpy() for k, v in net.state_dict().items()})
+    return out
+
+
+FLOOR_NET: dict = {}
+
+
+def floor_line(global_params, data, cfg, repeats: int = 7) -> None:
+    """Grouped (one ``train_group`` of all the devices) against the serial floor and the per-device engine at
+    ``cfg``'s batch size: best of alternated runs, one line."""
+    device = data[0][0].device
+    prepared = [(PREPARE(x), y) for x, y in data]  # the floor's data, standardised once (untimed)
+    times: dict[str, list[float]] = {"grouped": [], "floor": [], "per-device": []}
+    outs = {}
+    for _ in range(2):  # warm-up at this batch size
+        run_vectorized(global_params, data[:2], cfg, device)
+        run_floor(global_params, data[:2], cfg, device, prepared[:2])
+    for _ in range(max(repeats, 3)):
+        t, outs["grouped"] = timed(run_vectorized, device, global_params, data, cfg)
+        times["grouped"].append(t)
+        t, outs["floor"] = timed(lambda *a: run_floor(*a, prepared), device, global_params, data, cfg)
+        times["floor"].append(t)
+        times["per-device"].append(timed(run_per_device, device, global_params, data, cfg)[0])
+    best = {k: min(v) for k, v in times.items()}
+    err = max(float(np.abs(a[n] - b[n]).max()) for a, b in zip(outs["floor"], outs["grouped"], strict=True) for n in a)
+    print(
+        f"floor batch {cfg.local_batch_size}: K={len(data)}, grouped {best['grouped']:.4f} s, serial floor "
+        f"{best['floor']:.4f} s, per-device engine {best['per-device']:.4f} s, max|diff| {err:.1e}: "
+        f"grouped {best['floor'] / best['grouped']:.2f}x the floor"
+    )
 
 
 def long_tailed_sizes(k: int, mean: int, sigma: float, seed: int = 0) -> list[int]:

@@ -74,6 +74,34 @@ def global_params_on(
     return cached
 
 
+@functools.lru_cache(maxsize=8192)
+def _device_indices(
+    spec: DatasetSpec,
+    device_id: str,
+    subset_size: int,
+    alpha: float | None,
+    seed: int,
+    partition: str,
+    offsets: tuple[tuple[str, int], ...] | None = None,
+) -> np.ndarray:
+    """``device_indices`` of a device, drawn once per process for the devices of the last 8,192 tasks (a device
+    trains again and again: drawing its Dirichlet shares from the labels took ~0.4 ms of every task). Shared:
+    read, never written."""
+    host = load_dataset(spec)  # the CPU copy, cached per process
+    labels = host.y_train.numpy()
+    return device_indices(
+        labels,
+        device_id,
+        subset_size,
+        alpha,
+        seed,
+        host.num_classes,
+        partition,
+        host.users,
+        dict(offsets) if offsets else None,
+    )
+
+
 def _cap_cuda_memory(device: torch.device, share: float) -> None:
     """Once per process and GPU: cap the CUDA caching allocator at ``share`` of the GPU's memory."""
     key = str(device)
@@ -285,16 +313,10 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
             user = natural_user(device_id, self.seed, users.count, self.device_offsets)
             x, y = (torch.from_numpy(a).to(data_device) for a in users.lazy.arrays(user))
         else:
-            indices = device_indices(
-                host.y_train.numpy(),
-                device_id,
-                self._data.subset_size,
-                self._data.dirichlet_alpha,
-                self.seed,
-                host.num_classes,
-                partition=self._data.partition,
-                users=users,
-                offsets=self.device_offsets,
+            d = self._data
+            offsets = tuple(sorted(self.device_offsets.items())) if self.device_offsets else None
+            indices = _device_indices(
+                spec, device_id, d.subset_size, d.dirichlet_alpha, self.seed, d.partition, offsets
             )
             idx = torch.from_numpy(indices).to(data_device)
             x, y = data.x_train.index_select(0, idx), data.y_train.index_select(0, idx)

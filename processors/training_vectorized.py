@@ -55,6 +55,8 @@ from processors.training import TrainingConfig, batch_schedule, copy_to_host, wo
 
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam defaults
 ADAM_EPS = 1e-8
+# Gather image batches sample-major (see train_group); False: devices-major, as before (the tests compare the bits)
+SAMPLE_MAJOR = True
 
 
 class NotVectorizable(NotImplementedError, ValueError):
@@ -150,6 +152,17 @@ def train_group(
     x_all = torch.cat([x for x, _ in device_data]) if k > 1 else device_data[0][0]
     y_all = torch.cat([y for _, y in device_data]) if k > 1 else device_data[0][1]
     data_device = x_all.device
+    # An elementwise ``prepare`` (the built-in standardisation) applied once to the group's samples gives every
+    # batch the same bits as applying it to each batch, in fewer passes when the steps draw more samples than the
+    # devices hold (crops pad the stored images, so --augment prepares each batch).
+    prepared = (
+        getattr(prepare, "elementwise", False)
+        and not cfg.augment
+        and data_device == device
+        and iters * k * batch >= len(x_all)
+    )
+    if prepared:
+        x_all = prepare(x_all)
     offsets, flips = plan.offsets, plan.flips
     index, mask, counts = plan.index.to(data_device), plan.mask.to(device), plan.counts.to(device)
     last_steps = plan.steps - 1  # each device's own last step (where its reports are measured)
@@ -203,8 +216,14 @@ def train_group(
         loss, stats, per_sample = forward(params, x, y, m, count, *(per_device or hook))
         return loss, (stats, loss.detach(), per_sample.detach())
 
-    group_grad = vmap(grad(device_loss, has_aux=True))
-    reporting_grad = vmap(grad(reporting_loss, has_aux=True))
+    # Images are gathered sample-major (batch x K x C x H x W) and batched along dim 1: a convolution over K
+    # devices' weights is one grouped convolution of a (batch, K * C, H, W) input, which that layout already is (a
+    # view, where devices-first needs a copy of every step's batch); the same values, so the same bits.
+    sample_major = SAMPLE_MAJOR and len(x_all.shape) == 4
+    in_dims = (0, 1 if sample_major else 0, 0, 0, 0, *(0 for _ in device_args))
+    group_grad = vmap(grad(device_loss, has_aux=True), in_dims=in_dims)
+    reporting_grad = vmap(grad(reporting_loss, has_aux=True), in_dims=in_dims)
+    order = plan.index.transpose(1, 2).contiguous().to(data_device) if sample_major else index  # x's gather
     state_a: list[torch.Tensor] = []  # Adam exp_avg / SGD momentum buffer
     state_b: list[torch.Tensor] = []  # Adam exp_avg_sq
     if cfg.optimizer == "adam":
@@ -213,13 +232,13 @@ def train_group(
     image_shape = x_all.shape[1:]
 
     for t in range(iters):
-        flat = index[t].view(-1)
-        xb, yb = x_all.index_select(0, flat), y_all.index_select(0, flat)
+        xb, yb = x_all.index_select(0, order[t].view(-1)), y_all.index_select(0, index[t].view(-1))
         if data_device != device:
             xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
         if cfg.augment:
-            xb = augmentation.crop_flip(xb, offsets[t].view(-1, 2), flips[t].view(-1))
-        xb = prepare(xb).view(k, batch, *image_shape)
+            draws = (offsets[t].transpose(0, 1), flips[t].t()) if sample_major else (offsets[t], flips[t])
+            xb = augmentation.crop_flip(xb, draws[0].reshape(-1, 2), draws[1].reshape(-1))
+        xb = (xb if prepared else prepare(xb)).view(*((batch, k) if sample_major else (k, batch)), *image_shape)
         yb = yb.view(k, batch)
         step_params = dict(zip(names, params, strict=True))
         ending = (last_steps == t).nonzero().view(-1).tolist() if last_step is not None else []

@@ -25,10 +25,12 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def fresh_weights_cache(monkeypatch):
     """Each test gets an empty per-process cache of converted global weights (``processors.task_processor``): the
-    cache is keyed by version number only, and tests reuse version numbers with different models."""
+    cache is keyed by version number only, and tests reuse version numbers with different models. Its cache of
+    devices' sample indices is emptied too: tests replace ``device_indices``."""
     task_processor = sys.modules.get("processors.task_processor")
     if task_processor is not None:
         monkeypatch.setattr(task_processor, "_global_params", {})
+        task_processor._device_indices.cache_clear()
 
 
 @pytest.fixture
