@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 from nvflare.fuel.utils.fobs.datum import Datum
 
-from common.packed_weights import PACKED, pack, packed_bytes, views
+from common.packed_weights import LAYOUT, PACKED, pack, packed_bytes, views
 
 Weights = dict[str, np.ndarray]
 
@@ -34,7 +34,7 @@ class VersionStore:
         self.memory_bytes = memory_bytes
         self._folder_of = folder
         self._folder = ""
-        self._layout: dict[int, tuple[list, list, list]] = {}  # version -> (names, dtypes, shapes)
+        self._layout: dict[int, str] = {}  # version -> its layout (``common.packed_weights.layout_text``)
         self._memory: dict[int, tuple[bytearray, Weights]] = {}  # version -> (its blob, its arrays: views of it)
         self._disk: dict[int, int] = {}  # spilled version -> its bytes
         self._in_memory = 0  # bytes of the blobs in memory
@@ -59,7 +59,7 @@ class VersionStore:
         packed = pack(weights)
         blob = packed_bytes(packed)
         arrays = views(packed)
-        self._layout[version] = (packed["names"], packed["dtypes"], packed["shapes"])
+        self._layout[version] = packed[LAYOUT]
         self._memory[version] = (blob, arrays)
         self._in_memory += len(blob)
         self._spill(newest=version)
@@ -129,8 +129,7 @@ class VersionStore:
             return bytearray(f.read())
 
     def _packed_dict(self, version: int, blob) -> dict:
-        names, dtypes, shapes = self._layout[version]
-        return {PACKED: 1, "names": names, "dtypes": dtypes, "shapes": shapes, "data": Datum.blob_datum(blob)}
+        return {PACKED: 1, LAYOUT: self._layout[version], "data": Datum.blob_datum(blob)}
 
     def _note(self) -> None:
         peak = self.peak
