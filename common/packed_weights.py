@@ -52,6 +52,9 @@ def layout_text(names: tuple, dtypes: tuple, shapes: tuple) -> str:
 
 def layout(packed: dict) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
     """(name, dtype, shape) of each array of a packed dict, in order."""
+    if LAYOUT not in packed:  # packed before the layout was one string (a checkpoint an older run wrote)
+        zipped = zip(packed["names"], packed["dtypes"], packed["shapes"], strict=True)
+        return [(n, np.dtype(d), tuple(s)) for n, d, s in zipped]
     text = packed[LAYOUT]
     parsed = _LAYOUTS.get(text)
     if parsed is None:

@@ -44,3 +44,18 @@ def test_the_blob_travels_beside_the_message_body_and_through_a_relay_unchanged(
     back = unpack(at_server, writable=False)
     assert {k: a.tobytes() for k, a in back.items()} == {k: a.tobytes() for k, a in weights.items()}
     assert not back["w"].flags.writeable  # read-only views of the received bytes: no copy
+
+
+def test_a_blob_packed_the_older_way_still_unpacks():
+    weights = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "n": np.array(4, np.int64)}
+    older = {  # as a checkpoint written before the layout became one string holds a received diff
+        "edgesim_packed": 1,
+        "names": list(weights),
+        "dtypes": [a.dtype.str for a in weights.values()],
+        "shapes": [list(a.shape) for a in weights.values()],
+        "data": b"".join(a.tobytes() for a in weights.values()),
+    }
+    back = unpack(older, writable=False)
+    assert {k: (a.shape, a.tobytes()) for k, a in back.items()} == {
+        k: (a.shape, a.tobytes()) for k, a in weights.items()
+    }
