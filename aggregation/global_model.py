@@ -22,6 +22,8 @@ the context, for the evaluator and recorder.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_component import FLComponent
@@ -32,6 +34,7 @@ from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 
 from aggregation.strategy import ServerContext, ServerStrategy, Update, Weights
+from aggregation.version_store import VersionStore
 from common.imports import import_object
 from common.output import output_dir
 from common.packed_weights import pack
@@ -60,6 +63,7 @@ class GlobalModel(FLComponent):
     seed: the run's seed (``ServerContext.seed``).
     compute_device: the torch device the strategy may compute on.
     results_dir: the run's results folder ("": the server app's run folder).
+    version_memory_mb: MiB of versions kept in memory; past it the oldest go to disk (``aggregation.version_store``).
     """
 
     def __init__(
@@ -70,6 +74,7 @@ class GlobalModel(FLComponent):
         seed: int = 0,
         compute_device: str = "auto",
         results_dir: str = "",
+        version_memory_mb: float = 256.0,
     ):
         super().__init__()
         self.strategy = strategy  # NVFlare exports a component's arguments from its attributes of the same name
@@ -79,14 +84,16 @@ class GlobalModel(FLComponent):
         self.seed = seed
         self.compute_device = compute_device
         self.results_dir = results_dir
+        self.version_memory_mb = version_memory_mb
+        self._spill_folder = ""  # under the run's folder, once known (START_RUN)
         self.statistics: frozenset[str] = frozenset(statistic_names(build_model(model))) if model else frozenset()
         self.current_version = 0
-        self._versions: dict[int, Weights] = {}
+        self._versions = VersionStore(version_memory_mb * 2**20, lambda: self._spill_folder)
         self._extras: dict[int, Weights] = {}  # the strategy's device_extras of each version that has any
         self._packed: dict[int, dict] = {}
+        self._spared: set[int] = set()  # versions ``forget`` was told of that the strategy still needed
         self._groups: list = []  # the selection sums already given to the strategy since the last version
         self._set_up = False
-        self.peak_kept = (0, 0)  # the most versions kept at once, and their bytes (weights and packed copies)
         self.register_event_handler(EventType.START_RUN, lambda _event, fl_ctx: self._setup(fl_ctx))
         self.register_event_handler(EventType.END_RUN, self._log_retention)
 
@@ -103,31 +110,34 @@ class GlobalModel(FLComponent):
             results_dir=output_dir(self.results_dir, fl_ctx) if has_folder else "",
         )
         self.server_strategy.setup(context)
+        app_root = fl_ctx.get_prop(FLContextKey.APP_ROOT)
+        self._spill_folder = os.path.join(app_root, "spilled_versions") if app_root else ""
         self._set_up = True
 
     @property
     def current_weights(self) -> Weights:
-        return self._versions[self.current_version]
+        return self._versions.get(self.current_version)
 
     def weights_of(self, version: int) -> Weights:
-        return self._versions[version]
+        return self._versions.get(version)
 
     def model_packed(self, version: int) -> dict:
         """A version's weights as they travel to the leaves (``common.packed_weights``; packed once per version),
         with the strategy's extra state for devices, if any, under ``DEVICE_EXTRA_PREFIX``."""
+        if version not in self._extras:  # the version's own blob, as it is kept
+            return self._versions.packed(version)
         packed = self._packed.get(version)
         if packed is None:
-            extras = {DEVICE_EXTRA_PREFIX + k: v for k, v in self._extras.get(version, {}).items()}
-            packed = self._packed[version] = pack(self._versions[version] | extras)
-            self._note_kept()
+            extras = {DEVICE_EXTRA_PREFIX + k: v for k, v in self._extras[version].items()}
+            packed = self._packed[version] = pack(self._versions.get(version) | extras)
         return packed
 
     def start(self, initial: dict, fl_ctx: FLContext) -> None:
         """The initial model becomes version 1 (at simulated time 0)."""
         self._setup(fl_ctx)
         self.current_version = 1
-        self._versions = {1: as_float32_arrays(initial)}
-        self.server_strategy.start(self._versions[1])
+        self._versions.close()
+        self.server_strategy.start(self._versions.put(1, as_float32_arrays(initial)))
         self._keep_extras()
         self._announce(0.0, fl_ctx)
 
@@ -155,9 +165,8 @@ class GlobalModel(FLComponent):
         new = self.server_strategy.make_version(self, sim_time)
         self._groups = []
         self.current_version += 1
-        self._versions[self.current_version] = new
+        self._versions.put(self.current_version, new)
         self._keep_extras()
-        self._note_kept()
         self._announce(sim_time, fl_ctx)
 
     def _keep_extras(self) -> None:
@@ -169,7 +178,7 @@ class GlobalModel(FLComponent):
         """The versions kept, the current one, and the strategy's state (for a checkpoint)."""
         state = {
             "current_version": self.current_version,
-            "versions": self._versions,
+            "versions": {v: self._versions.get(v) for v in self._versions},
             "groups": [g.to_dict() for g in self._groups],
         }
         if self._extras:
@@ -180,41 +189,47 @@ class GlobalModel(FLComponent):
         if fl_ctx is not None:
             self._setup(fl_ctx)
         self.current_version = state["current_version"]
-        self._versions = {int(v): w for v, w in state["versions"].items()}
+        self._versions.close()
+        for v, w in state["versions"].items():
+            self._versions.put(int(v), w)
         self._extras = {int(v): w for v, w in state.get("device_extras", {}).items()}
-        self._packed = {}
+        self._packed, self._spared = {}, set()
         self._groups = [SelectionSum.from_dict(g) for g in state["groups"]]
         self.server_strategy.load_state_dict(state)
 
     def retain(self, versions: set[int]) -> None:
-        """Forget every version but these, the strategy's ``needed_versions()`` and the current one."""
-        # called after every update with every version a device in flight trains (hundreds with paper delays): set
-        # operations, not a Python loop over the versions kept
-        dead = self._versions.keys() - versions
+        """Forget every version but these, the strategy's ``needed_versions()`` and the current one (at the start
+        and after a resume; afterwards the applier tells ``forget`` what stopped being needed)."""
+        self.forget(self._versions.keys() - versions)
+
+    def forget(self, versions: set[int]) -> None:
+        """Forget these versions (no device in flight trains them), except those the strategy still reads and the
+        current one. A version spared for the strategy is looked at again on every later call."""
+        dead = versions | self._spared if self._spared else versions
         if not dead:
             return
-        dead -= self.server_strategy.needed_versions()
+        needed = self.server_strategy.needed_versions()
+        self._spared = dead & needed
+        dead = dead - needed
         dead.discard(self.current_version)
         for v in dead:
-            del self._versions[v]
+            self._versions.discard(v)
             self._extras.pop(v, None)
             self._packed.pop(v, None)
 
-    def _note_kept(self) -> None:
-        """Track the peak of versions kept (what the versions pending devices need cost in memory): every version
-        is the same size, so the bytes are counts times one version's (its weights, and its packed copy if made)."""
-        count = len(self._versions)
-        if count < self.peak_kept[0]:
-            return
-        one = self._versions[self.current_version]
-        size = count * sum(a.nbytes for a in one.values())
-        if self._packed:
-            size += len(self._packed) * len(next(iter(self._packed.values()))["data"])
-        self.peak_kept = max(self.peak_kept, (count, size))
+    @property
+    def peak_kept(self) -> tuple[int, int, int]:
+        """The most versions kept at once, the most bytes of them in memory and the most spilled to disk."""
+        return self._versions.peak
 
     def _log_retention(self, _event: str, fl_ctx: FLContext) -> None:
-        count, size = self.peak_kept
-        self.log_info(fl_ctx, f"versions kept: peak {count} ({size / 2**20:.1f} MB with their packed copies)")
+        count, memory, disk = self.peak_kept
+        self.log_info(
+            fl_ctx,
+            f"versions kept: peak {count} ({memory / 2**20:.1f} MB in memory, at most {self.version_memory_mb:g} "
+            f"MB; {disk / 2**20:.1f} MB spilled to disk at most)",
+        )
+        self._versions.close(spilled_only=True)  # the run's folder keeps no spilled version
 
     def status(self) -> str:
         """The method's word on where it stands, for the progress line ("": nothing to say)."""

@@ -188,19 +188,18 @@ NULL_ROW = "{:<22} {:<14} {:>10} {:>9} {:>10} {:>9} {:>12} {:>14} {:>12}"
 # measurement. With a GPU, measure it (bench_engine.py --device cuda) and pass --gpu-samples-per-second.
 GPU_SAMPLES_PER_SECOND = 1e6
 PAPER_SAMPLES_PER_DEVICE = 25 * 32  # the paper's device: 25 steps of batch 32
-RETENTION = re.compile(r"versions kept: peak (\d+) \((\d+\.\d+) MB")
+RETENTION = re.compile(r"versions kept: peak (\d+) \((\d+\.\d+) MB(?:.*?(\d+\.\d+) MB spilled)?")
 
 
-def retention(out: str) -> tuple[int, float] | None:
-    """The server's peak of versions kept (and their MB), from its log's last ``versions kept`` line
-    (``aggregation.global_model.GlobalModel``)."""
+def retention(out: str) -> tuple[int, float, float] | None:
+    """The server's peak of versions kept, and of their MB in memory and on disk, from its log (``GlobalModel``)."""
     found = None
     for path in glob.glob(os.path.join(out, "nvflare", "**", "server", "log.txt"), recursive=True):
         with open(path, errors="replace") as f:
             for line in f:
                 m = RETENTION.search(line)
                 if m:
-                    found = int(m.group(1)), float(m.group(2))
+                    found = int(m.group(1)), float(m.group(2)), float(m.group(3) or 0.0)
     return found
 
 
@@ -241,7 +240,8 @@ def print_tail(args, measured: dict[str, dict[str, dict]]) -> None:
         for name, r in results.items():
             line = f"{name} ({label}): mean group size {mean_group(r['groups']):.1f} devices per training call"
             if r["retention"]:
-                line += f"; versions kept for pending devices: peak {r['retention'][0]} ({r['retention'][1]:.1f} MB)"
+                n, memory, disk = r["retention"]
+                line += f"; versions kept for pending devices: peak {n} ({memory:.1f} MB in memory, {disk:.1f} on disk)"
             print(line)
     if args.baseline_rev:
         for name in ours:

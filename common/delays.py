@@ -231,6 +231,9 @@ class TaskDurations:
         return self.download + self.train + self.upload
 
 
+TRAITS_KEPT = 1 << 16  # devices whose traits DeviceDelays keeps (a pure function of seed and id: only speed)
+
+
 class DeviceDelays:
     """The delay model of one run: ``durations(device_id, task_number)`` is a pure function of its arguments.
 
@@ -244,12 +247,23 @@ class DeviceDelays:
         self.config = config
         self.seed = seed
         self.work = work
+        self._traits: dict[str, tuple[int, float]] = {}  # device -> device_traits, for the devices seen lately
         self.availability = Availability(
             config.availability, seed, config.availability_period, config.availability_online
         )
 
     def device_traits(self, device_id: str) -> tuple[int, float]:
-        """(speed class, upload mean) of a device, drawn once from the seed and its id."""
+        """(speed class, upload mean) of a device, drawn once from the seed and its id (and kept: a generator
+        made and drawn from costs more than the rest of a selection; the devices seen last are kept, so a pool of
+        millions costs no memory)."""
+        traits = self._traits.get(device_id)
+        if traits is None:
+            if len(self._traits) >= TRAITS_KEPT:
+                self._traits.clear()
+            traits = self._traits[device_id] = self._draw_traits(device_id)
+        return traits
+
+    def _draw_traits(self, device_id: str) -> tuple[int, float]:
         c = self.config
         rng = np.random.default_rng(stable_seed("delay-traits", self.seed, device_id))
         k = (

@@ -36,6 +36,7 @@ HARMLESS = {
     ("engine", "job_timeout"),
     ("engine", "profile"),
     ("engine", "device_state_memory_mb"),
+    ("engine", "version_memory_mb"),
     ("run", "eval_frequency"),
     ("run", "eval_backlog"),
     ("run", "workspace"),

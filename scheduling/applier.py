@@ -253,6 +253,9 @@ class UpdateApplier:
 
     def start(self) -> None:
         self._started_at = time.time()
+        with self._cond:  # from here on the applier forgets versions as they stop being needed
+            self.schedule.take_unneeded_versions()
+            self.model_manager.retain(self.schedule.needed_versions())
         self.republish()
         self._thread = threading.Thread(target=self._run, name="update-applier", daemon=True)
         self._thread.start()
@@ -364,7 +367,7 @@ class UpdateApplier:
             record["arrival"] = round(now, 9)
         self.events.write(record, flush=False)  # flushed when the applier waits, and before a checkpoint
         self.applied += 1
-        mm.retain(s.needed_versions())  # every in-flight device's version, held back or not
+        mm.forget(s.take_unneeded_versions())  # kept: every in-flight device's version, held back or not
         self.publish(selected)
         if arrival.made_version and self.on_version is not None:
             self.on_version()

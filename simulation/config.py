@@ -61,6 +61,10 @@ class EngineConfig:
     device_state_memory_mb: with a method whose devices keep state across tasks (SCAFFOLD's control variates,
         ``processors.device_rule``), the MiB of it a leaf holds in memory; past it the least recently used
         devices' state goes to disk (``processors.device_state``, in the results folder's ``device_state/``).
+    version_memory_mb: the MiB of model versions the server keeps in memory for the devices in flight (an
+        asynchronous run keeps every version one of them trains: about a thousand at K = 2,000 with the paper's
+        delays); past it the oldest go to disk in the server's run folder and are read back when a device needs
+        one (``aggregation.version_store``; the results are the same).
     """
 
     simulator: SimulatorName = "fast"
@@ -76,6 +80,7 @@ class EngineConfig:
     device_timeout: float = 0.0
     trainer: str = ""
     device_state_memory_mb: float = 256.0
+    version_memory_mb: float = 256.0
 
     def __post_init__(self) -> None:
         check_choice("--devices", self.devices, DevicesName)
@@ -97,6 +102,8 @@ class EngineConfig:
             check_positive({"--update-timeout": self.update_timeout}, integer=False)
         if not self.device_state_memory_mb >= 0:
             raise ConfigError(f"--device-state-memory-mb {self.device_state_memory_mb}: must be >= 0 (0: all on disk)")
+        if not self.version_memory_mb >= 0:
+            raise ConfigError(f"--version-memory-mb {self.version_memory_mb}: must be >= 0 (0: only the newest)")
         if not self.time_scale >= 0:
             raise ConfigError(f"--time-scale {self.time_scale}: must be >= 0 (0: exact simulated time)")
         if self.simulator == "stock" and self.time_scale > 0:

@@ -139,6 +139,7 @@ class ExactSchedule:
         self._base_counts: Counter[int] = Counter()  # model version -> devices in flight training it
         self._sid_counts: Counter[int] = Counter()  # selection id -> its devices in flight
         self._finished_sids: set[int] = set()  # selections with no device in flight any more
+        self._maybe_unneeded: set[int] = set()  # versions that may have stopped being needed since last asked
 
     # -- queries ------------------------------------------------------------------------------------------------
     def next_due(self) -> Dispatch | None:
@@ -174,6 +175,15 @@ class ExactSchedule:
         """Model versions some in-flight device trains, plus the current one."""
         return set(self._base_counts) | {self.version}
 
+    def take_unneeded_versions(self) -> set[int]:
+        """The versions that stopped being needed (no device in flight trains them, and they are not the current
+        one) since the last call: what the server may forget now. Called after every update, so it looks only at
+        the versions whose last device landed or that stopped being current, not at every version in flight
+        (hundreds with the paper's delays)."""
+        unneeded = {v for v in self._maybe_unneeded if v not in self._base_counts and v != self.version}
+        self._maybe_unneeded = set()  # the rest are needed again; they come back when that ends
+        return unneeded
+
     # -- transitions --------------------------------------------------------------------------------------------
     def start(self) -> list[Dispatch]:
         """The initial model is version 1 at time 0; select the first devices."""
@@ -202,6 +212,7 @@ class ExactSchedule:
         if self.buffered and (self.buffered >= self.updates_per_version or round_over):
             self.buffered = 0
             self.version += 1
+            self._maybe_unneeded.add(self.version - 1)
             made = True
         target = self.version if made else self.version + 1
         if self.policy is not None and counted:
@@ -301,6 +312,8 @@ class ExactSchedule:
             counts[key] -= 1
             if not counts[key]:
                 del counts[key]
+                if counts is self._base_counts:
+                    self._maybe_unneeded.add(key)
         if dispatch.selection_id not in self._sid_counts:
             self._finished_sids.add(dispatch.selection_id)
 
@@ -334,6 +347,7 @@ class ExactSchedule:
         self.applied, self.failed = state.get("applied", 0), state.get("failed", 0)  # older checkpoints: from 0
         self.in_flight = {d["device"]: Dispatch(**d) for d in state["in_flight"]}
         self._base_counts = Counter(d.base_version for d in self.in_flight.values())
+        self._maybe_unneeded = set()
         self._sid_counts = Counter(d.selection_id for d in self.in_flight.values())
         self._due = [(d.arrival, d.device, d.selection_id) for d in self.in_flight.values()]
         heapq.heapify(self._due)

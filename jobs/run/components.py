@@ -128,6 +128,7 @@ def make_model_manager(cfg: JobConfig, results_dir: str):
         seed=cfg.run.seed,
         compute_device=cfg.training.compute_device,
         results_dir=results_dir,
+        version_memory_mb=cfg.engine.version_memory_mb,
     )
 
 

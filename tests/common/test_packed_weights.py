@@ -3,6 +3,7 @@ serialiser, whatever their dtypes and shapes."""
 
 import numpy as np
 from nvflare.fuel.utils import fobs
+from nvflare.fuel.utils.fobs.datum import Datum
 
 from common.packed_weights import is_packed, pack, packed_or_none, unpack, unpacked
 
@@ -32,3 +33,29 @@ def test_packing_is_idempotent_and_plain_dicts_pass():
     packed = pack(weights)
     assert packed_or_none(packed) is packed and packed_or_none(None) is None
     assert unpacked(weights) is weights and unpacked(packed)["w"].tobytes() == weights["w"].tobytes()
+
+
+def test_the_blob_travels_beside_the_message_body_and_through_a_relay_unchanged():
+    weights = {"w": np.arange(70_000, dtype=np.float32), "b": np.ones(3, np.float32)}
+    sent = fobs.dumps({"updates": [{"diff": pack(weights)}]})
+    at_relay = fobs.loads(sent)["updates"]  # a relay forwards its children's entries as they came
+    assert isinstance(at_relay[0]["diff"]["data"], Datum)  # a section of its own, not inside msgpack's body
+    at_server = fobs.loads(fobs.dumps({"updates": at_relay}))["updates"][0]["diff"]
+    back = unpack(at_server, writable=False)
+    assert {k: a.tobytes() for k, a in back.items()} == {k: a.tobytes() for k, a in weights.items()}
+    assert not back["w"].flags.writeable  # read-only views of the received bytes: no copy
+
+
+def test_a_blob_packed_the_older_way_still_unpacks():
+    weights = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "n": np.array(4, np.int64)}
+    older = {  # as a checkpoint written before the layout became one string holds a received diff
+        "edgesim_packed": 1,
+        "names": list(weights),
+        "dtypes": [a.dtype.str for a in weights.values()],
+        "shapes": [list(a.shape) for a in weights.values()],
+        "data": b"".join(a.tobytes() for a in weights.values()),
+    }
+    back = unpack(older, writable=False)
+    assert {k: (a.shape, a.tobytes()) for k, a in back.items()} == {
+        k: (a.shape, a.tobytes()) for k, a in weights.items()
+    }
