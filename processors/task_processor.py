@@ -12,7 +12,6 @@ GPU, how many global-model versions stay converted there, and when the allocator
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 import time
 
@@ -29,8 +28,8 @@ from common.profiles import DEFAULT_PROFILE, UtilisationProfile, get_profile
 from common.protocol import DEVICE_EXTRA_PREFIX, DEVICE_ID_META
 from common.seeds import stable_seed
 from processors.data.config import DataConfig
-from processors.data.partition import device_indices, natural_user
-from processors.data.sources import Dataset, DatasetSpec, load_dataset
+from processors.data.device_samples import device_samples, ready_for_other_streams
+from processors.data.sources import load_dataset
 from processors.device import resolve_device
 from processors.device_rule import RuleHost
 from processors.objective import DeviceObjective, make_objective
@@ -44,19 +43,6 @@ _memory_capped: set[str] = set()  # CUDA devices whose allocator this process ha
 _worker = threading.local()  # this worker thread's CUDA streams
 
 
-def _ready_for_other_streams(device: torch.device) -> None:
-    """Shared tensors (dataset, global weights) are read by every worker's stream: wait for their copies."""
-    if device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()
-
-
-@functools.lru_cache(maxsize=4)
-def _dataset_on(spec: DatasetSpec, device: str) -> Dataset:
-    data = load_dataset(spec).to(torch.device(device))
-    _ready_for_other_streams(torch.device(device))
-    return data
-
-
 def global_params_on(
     model_data: dict, version: int, device: torch.device, keep_versions: int = 3
 ) -> dict[str, torch.Tensor]:
@@ -67,39 +53,11 @@ def global_params_on(
         cached = _global_params.get(key)
         if cached is None:
             cached = {k: torch.as_tensor(np.asarray(v, dtype=np.float32)).to(device) for k, v in model_data.items()}
-            _ready_for_other_streams(device)
+            ready_for_other_streams(device)
             for old in [k for k in _global_params if k[0] <= version - max(1, keep_versions)]:
                 del _global_params[old]
             _global_params[key] = cached
     return cached
-
-
-@functools.lru_cache(maxsize=8192)
-def _device_indices(
-    spec: DatasetSpec,
-    device_id: str,
-    subset_size: int,
-    alpha: float | None,
-    seed: int,
-    partition: str,
-    offsets: tuple[tuple[str, int], ...] | None = None,
-) -> np.ndarray:
-    """``device_indices`` of a device, drawn once per process for the devices of the last 8,192 tasks (a device
-    trains again and again: drawing its Dirichlet shares from the labels took ~0.4 ms of every task). Shared:
-    read, never written."""
-    host = load_dataset(spec)  # the CPU copy, cached per process
-    labels = host.y_train.numpy()
-    return device_indices(
-        labels,
-        device_id,
-        subset_size,
-        alpha,
-        seed,
-        host.num_classes,
-        partition,
-        host.users,
-        dict(offsets) if offsets else None,
-    )
 
 
 def _cap_cuda_memory(device: torch.device, share: float) -> None:
@@ -305,21 +263,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         device = resolve_device(self._training.compute_device)
         data_device = device if self._settings.data_resident else torch.device("cpu")
         spec = self._data.spec(self.seed)
-        data = _dataset_on(spec, str(data_device))
-        host = load_dataset(spec)  # the CPU copy, cached per process
-        users = host.users
-        if self._data.partition == "natural" and users is not None and users.lazy is not None:
-            # a source read per user (StackOverflow): the device's user's samples, built on first use
-            user = natural_user(device_id, self.seed, users.count, self.device_offsets)
-            x, y = (torch.from_numpy(a).to(data_device) for a in users.lazy.arrays(user))
-        else:
-            d = self._data
-            offsets = tuple(sorted(self.device_offsets.items())) if self.device_offsets else None
-            indices = _device_indices(
-                spec, device_id, d.subset_size, d.dirichlet_alpha, self.seed, d.partition, offsets
-            )
-            idx = torch.from_numpy(indices).to(data_device)
-            x, y = data.x_train.index_select(0, idx), data.y_train.index_select(0, idx)
+        x, y = device_samples(spec, self._data, device_id, self.seed, self.device_offsets, data_device)
         generator = torch.Generator().manual_seed(stable_seed("train", self.seed, device_id, version) % 2**63)
         return device, x, y, generator
 

@@ -30,7 +30,9 @@ def fresh_weights_cache(monkeypatch):
     task_processor = sys.modules.get("processors.task_processor")
     if task_processor is not None:
         monkeypatch.setattr(task_processor, "_global_params", {})
-        task_processor._device_indices.cache_clear()
+    device_samples = sys.modules.get("processors.data.device_samples")
+    if device_samples is not None:
+        device_samples.cached_device_indices.cache_clear()
 
 
 @pytest.fixture

@@ -44,7 +44,6 @@ def unequal(monkeypatch):
         return np.arange(size_of(device_key))
 
     monkeypatch.setattr(partition, "device_indices", indices)
-    monkeypatch.setattr("processors.task_processor.device_indices", indices)
 
 
 # -- local work and reports --------------------------------------------------------------------------------------
