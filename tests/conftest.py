@@ -187,8 +187,8 @@ def run_one_killed_and_resumed(
 
 def assert_trained_alike(got: dict, want: dict, lr: float, steps: int, rtol: float = 1e-4, atol: float = 1e-5) -> None:
     """Two float32 Adam trainings of one device that differ in summation order only (the vectorised engine and the
-    per-device one): all but 1% of the diffs' elements within ``rtol``/``atol``, and every one within
-    ``2 x steps x lr``.
+    per-device one): all but 1% of the diffs' elements within ``rtol``/``atol``, and every weight (the data
+    statistics, ``running_*``, are not Adam's to move) within ``2 x steps x lr``.
 
     Why not every element: a ReLU pre-activation within float32 rounding of 0 can fall on either side, depending
     on the summation order (seen: 2e-8, one fc1 unit for one sample, in 1 of 310 weight draws), and Adam moves each
@@ -204,7 +204,8 @@ def assert_trained_alike(got: dict, want: dict, lr: float, steps: int, rtol: flo
     apart = total = 0
     for name, w in want.items():
         d = np.abs(got[name] - w)
-        assert d.max(initial=0) <= 2 * steps * lr, f"{name}: {d.max()} apart, past 2 x {steps} steps x lr {lr}"
+        if not name.rsplit(".", 1)[-1].startswith("running_"):
+            assert d.max(initial=0) <= 2 * steps * lr, f"{name}: {d.max()} apart, past 2 x {steps} steps x lr {lr}"
         apart += int((d > atol + rtol * np.abs(w)).sum())
         total += d.size
     assert apart <= 0.01 * total, f"{apart} of {total} elements past rtol {rtol} / atol {atol}"
