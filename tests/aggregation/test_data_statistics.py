@@ -62,6 +62,7 @@ def _numpy_state(model: nn.Module) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.slow  # ResNet-18 trained and evaluated three times on 2 cores: most of the fast subset's time
 def test_server_model_accuracy_equals_the_device_model_accuracy_on_the_same_weights_and_statistics(monkeypatch):
     import processors.task_processor as tp
 

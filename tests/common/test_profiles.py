@@ -14,7 +14,7 @@ from processors.models import build_model
 from processors.task_processor import compute_context, global_params_on
 from simulation.config import EngineConfig
 from simulation.planner import GpuInfo, HardwareProfile, estimate_worker_bytes, plan_engine, plan_workers
-from tests.conftest import make_processor
+from tests.conftest import assert_trained_alike, make_processor
 
 GB = 2**30
 CONVNET_BYTES = estimate_worker_bytes(build_model("cifar10_convnet"), 32, "adam")
@@ -146,7 +146,7 @@ def test_conservative_processor_trains_from_cpu_data_like_high(monkeypatch):
         return real(net, params, x, y, *args)
 
     monkeypatch.setattr(tp, "train_local", spy)
-    torch.manual_seed(0)  # fixed weights: the group-vs-alone tolerance is not left to whatever ran before
+    torch.manual_seed(0)  # fixed weights, not whatever ran before in the process
     weights = {k: v.numpy() for k, v in build_model("cifar10_convnet").state_dict().items()}
     diffs, group_diffs = {}, {}
     for name in ("conservative", "high"):
@@ -160,5 +160,7 @@ def test_conservative_processor_trains_from_cpu_data_like_high(monkeypatch):
         np.testing.assert_allclose(diffs["conservative"][key], diffs["high"][key], rtol=1e-5, atol=1e-6)
         for c, h in zip(group_diffs["conservative"], group_diffs["high"], strict=True):
             np.testing.assert_allclose(c[key], h[key], rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(group_diffs["high"][0][key], diffs["high"][key], rtol=1e-4, atol=1e-5)
+    # the group against the device alone: equal up to summation order, which a ReLU at the edge of float32's
+    # rounding can amplify through Adam on some weight draws (assert_trained_alike says how far, and why)
+    assert_trained_alike(group_diffs["high"][0], diffs["high"], lr=3e-4, steps=3)
     assert any(np.abs(d).max() > 0 for d in diffs["conservative"].values())

@@ -20,7 +20,7 @@ from common.delays import DELAY_PRESETS
 from jobs.config import JobConfig
 from jobs.run.driver import schedule_for
 from simulation.event_reference import reference_trace
-from tests.conftest import PYTHON, REPO
+from tests.conftest import PYTHON, REPO, checkpoint_version, kill_tree, wait_for
 
 PAPER = DELAY_PRESETS["paper"]
 
@@ -58,36 +58,6 @@ def finish(proc: subprocess.Popen, timeout: float = 400) -> tuple[int, str]:
         if proc.poll() is None:
             kill_tree(proc.pid)
     return proc.returncode, out
-
-
-def kill_tree(pid: int) -> list[psutil.Process]:
-    """SIGKILL a process and every descendant at once: a crash, not a polite stop."""
-    root = psutil.Process(pid)
-    tree = [root, *root.children(recursive=True)]
-    for p in tree:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(tree, timeout=10)
-    return tree
-
-
-def wait_for(predicate, proc: subprocess.Popen, timeout: float, what: str) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        assert proc.poll() is None, f"the job ended before {what}: {proc.stdout.read()[-3000:]}"
-        if predicate():
-            return
-        time.sleep(0.3)
-    pytest.fail(f"no {what} within {timeout} s")
-
-
-def checkpoint_version(out) -> int:
-    try:
-        return json.loads((out / "checkpoint" / "meta.json").read_text())["version"]
-    except (OSError, ValueError):
-        return 0
 
 
 def results(out) -> tuple[str, list, dict]:

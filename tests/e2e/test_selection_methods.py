@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import subprocess
 
 from common.delays import DELAY_PRESETS
 from simulation.event_reference import make_schedule, reference_trace
-from tests.conftest import PYTHON, REPO
+from tests.conftest import PYTHON, REPO, examples_env, run_one_killed_and_resumed
 from tests.e2e.test_exact_time import COMMON
-from tests.e2e.test_long_runs import checkpoint_version, kill_tree, wait_for
 
-EXAMPLES = os.path.join(REPO, "examples")
 VERSIONS = 12
 OORT = ["--method", "oort_selection:Oort", "--checkpoint-every", "2"]
 RUNS = {
@@ -36,10 +33,6 @@ def command(name: str, tmp_path) -> list[str]:
     return [PYTHON, "jobs/pt_job_fedrevive.py", *COMMON, *RUNS[name], "--max-model-version", str(VERSIONS), *out]
 
 
-def env() -> dict:
-    return os.environ | {"PYTHONPATH": os.pathsep.join(p for p in (EXAMPLES, os.environ.get("PYTHONPATH")) if p)}
-
-
 def uniform_reference() -> list[dict]:
     """FedBuff's trace with the same flags (its presets: B = 2, min hole 1)."""
     schedule = make_schedule(
@@ -49,37 +42,15 @@ def uniform_reference() -> list[dict]:
 
 
 def test_selection_examples_run_as_jobs_differ_from_uniform_repeat_and_resume_exactly(tmp_path):
-    procs, outputs = {}, {}
-    try:
-        for name in RUNS:
-            procs[name] = subprocess.Popen(
-                command(name, tmp_path),
-                cwd=REPO,
-                env=env(),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        killed = tmp_path / "oort_again" / "out"
-        wait_for(lambda: checkpoint_version(killed) >= 4, procs["oort_again"], 300, "a checkpoint at version 4")
-        kill_tree(procs["oort_again"].pid)
-        outputs = {name: proc.communicate(timeout=400)[0] for name, proc in procs.items() if name != "oort_again"}
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                kill_tree(proc.pid)
-    resumed = subprocess.run(  # the original command with --resume appended
-        [*command("oort_again", tmp_path), "--resume", str(killed)],
-        cwd=REPO,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=400,
+    killed = tmp_path / "oort_again" / "out"
+    finished = run_one_killed_and_resumed(
+        {name: command(name, tmp_path) for name in RUNS}, "oort_again", killed, examples_env()
     )
-    assert resumed.returncode == 0 and "resuming" in resumed.stdout, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert set(finished) == {"power_of_choice", "oort"}
+    for code, output in finished.values():
+        assert code == 0, output[-3000:]
     traces, metrics = {}, {}
     for name in RUNS:
-        assert name == "oort_again" or procs[name].returncode == 0, outputs[name][-3000:]
         out = tmp_path / name / "out"
         traces[name] = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
         metrics[name] = json.loads((out / "metrics.json").read_text())
@@ -105,7 +76,7 @@ def test_dry_run_refuses_a_policy_that_needs_training_results_in_one_line(tmp_pa
         [PYTHON, "jobs/pt_job_fedrevive.py", *COMMON, *RUNS["power_of_choice"], "--dry-run"]
         + ["--output", str(tmp_path / "out")],
         cwd=REPO,
-        env=env(),
+        env=examples_env(),
         capture_output=True,
         text=True,
         timeout=120,

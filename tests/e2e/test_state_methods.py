@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
-from tests.conftest import PYTHON, REPO
-from tests.e2e.test_long_runs import DIURNAL, SMALL, checkpoint_version, kill_tree, results, wait_for
-from tests.e2e.test_selection_methods import env
+from tests.conftest import PYTHON, examples_env, run_one_killed_and_resumed
+from tests.e2e.test_long_runs import DIURNAL, SMALL, results
 
 SGD = ["--optimizer", "sgd", "--local-lr", "0.05", "--max-model-version", "8", "--checkpoint-every", "2"]
 RUNS = {
@@ -29,36 +27,11 @@ def command(name: str, tmp_path) -> list[str]:
 
 
 def test_scaffold_on_a_diurnal_fleet_resumes_exactly_and_fednova_runs(tmp_path):
-    procs, outputs = {}, {}
-    try:
-        for name in RUNS:
-            procs[name] = subprocess.Popen(
-                command(name, tmp_path),
-                cwd=REPO,
-                env=env(),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        killed = tmp_path / "killed"
-        wait_for(lambda: checkpoint_version(killed) >= 4, procs["killed"], 300, "a checkpoint at version 4")
-        kill_tree(procs["killed"].pid)
-        outputs = {name: proc.communicate(timeout=400)[0] for name, proc in procs.items() if name != "killed"}
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                kill_tree(proc.pid)
-    for name in ("whole", "fednova"):
-        assert procs[name].returncode == 0, outputs[name][-3000:]
-    resumed = subprocess.run(  # the original command with --resume appended
-        [*command("killed", tmp_path), "--resume", str(tmp_path / "killed")],
-        cwd=REPO,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=400,
+    finished = run_one_killed_and_resumed(
+        {name: command(name, tmp_path) for name in RUNS}, "killed", tmp_path / "killed", examples_env()
     )
-    assert resumed.returncode == 0 and "resuming" in resumed.stdout, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    for name in ("whole", "fednova"):
+        assert finished[name][0] == 0, finished[name][1][-3000:]
     events, accuracy, whole = results(tmp_path / "whole")
     events_again, accuracy_again, _ = results(tmp_path / "killed")
     assert events_again == events and accuracy_again == accuracy

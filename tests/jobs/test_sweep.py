@@ -18,14 +18,8 @@ from jobs.sweep.objective import final_steps, score
 from jobs.sweep.report import cell_summary
 from jobs.sweep.runner import Sweep, SweepOptions, plan_parallel
 from jobs.sweep.spec import Objective, SpecError, check_flags, flag_args, parse_spec
+from tests.fakes.sweep import BASE, STARTED, FakeTrial, reset
 
-BASE = """
-base:
-  num-leaf-nodes: 2
-  devices-per-leaf: 4
-  device-selection-size: 4
-  max_model_version: 5
-"""
 SPEC = (
     BASE
     + """
@@ -134,31 +128,6 @@ def test_parallel_trials_are_planned_from_the_cores_and_each_trials_leaves(monke
     assert plan_parallel(spec, 8)[:2] == (8, 1)
 
 
-class FakeTrial:
-    """A trial's process that ends after a few polls; its accuracy is highest for a local lr near 1e-2."""
-
-    def __init__(self, flags: dict, folder: str, cores):
-        self.flags, self.folder, self.polls = flags, folder, 0
-        lr = float(flags.get("local-lr", 1e-2))
-        self.accuracy = round(max(0.05, 0.9 - abs(math.log10(lr) + 2) / 4), 4)
-        self.wall_seconds, self.started = 0.0, 0.0
-        STARTED.append(flags)
-
-    def poll(self):
-        self.polls += 1
-        return 0 if self.polls > 3 else None
-
-    def records(self):
-        n = min(self.polls, 3)
-        return [{"version": v + 1, "accuracy": self.accuracy * v / 2, "sim_seconds": 4.0 * v} for v in range(n)]
-
-    def stop(self):
-        return 143
-
-
-STARTED: list[dict] = []
-
-
 class Killed(BaseException):
     """The sweep's process dies (SIGKILL): nothing of it runs any more, its trials stay RUNNING in the study."""
 
@@ -170,7 +139,7 @@ def test_a_killed_sweep_continues_every_trial_exactly_once(tmp_path, monkeypatch
     monkeypatch.setattr(
         studies, "owner_attrs", lambda: {"host": studies.socket.gethostname(), "sweep_pid": int(dead.stdout)}
     )
-    STARTED.clear()
+    reset()
 
     def dies_on_the_fourth(flags, folder, cores):
         if len(STARTED) == 3:

@@ -4,8 +4,6 @@ reader, and the remaining refusals."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 from optuna.trial import TrialState
 
@@ -14,55 +12,12 @@ from jobs.sweep.objective import mean_score, mean_steps
 from jobs.sweep.report import format_report
 from jobs.sweep.runner import Sweep, SweepOptions
 from jobs.sweep.spec import Objective, SpecError, check_flags, parse_spec
-
-BASE = """
-base:
-  num-leaf-nodes: 2
-  devices-per-leaf: 4
-  device-selection-size: 4
-  max_model_version: 5
-"""
-
-LIVE: list = []  # the fake runs alive now
-PEAK: list[int] = [0]
-STOPPED: list[dict] = []
-
-
-class SeededFake:
-    """A run that ends after a few polls; its accuracy is highest for a local lr near 1e-2, plus 0.01 x its seed."""
-
-    def __init__(self, flags: dict, folder: str, cores):
-        self.flags, self.folder, self.polls, self.code = flags, folder, 0, None
-        lr = float(flags.get("local-lr", 1e-2))
-        self.accuracy = round(max(0.05, 0.9 - abs(math.log10(lr) + 2) / 4) + 0.01 * int(flags.get("seed", 0)), 4)
-        self.wall_seconds, self.started = 1.0, 100.0
-        LIVE.append(self)
-        PEAK[0] = max(PEAK[0], len(LIVE))
-
-    def poll(self):
-        self.polls += 1
-        if self.polls > 3 and self.code is None:
-            self.code = 0
-            LIVE.remove(self)
-        return self.code
-
-    def records(self):
-        n = min(self.polls, 3)
-        return [{"version": v + 1, "accuracy": self.accuracy * v / 2, "sim_seconds": 4.0 * v} for v in range(n)]
-
-    def stop(self):
-        STOPPED.append(self.flags)
-        if self in LIVE:
-            LIVE.remove(self)
-        self.code = 143
-        return 143
+from tests.fakes.sweep import BASE, PEAK, STOPPED, SeededFake, reset
 
 
 @pytest.fixture(autouse=True)
 def _fresh():
-    LIVE.clear()
-    STOPPED.clear()
-    PEAK[0] = 0
+    reset()
 
 
 def test_a_repeat_runs_each_candidate_once_per_seed_and_flags_come_when_called_for():

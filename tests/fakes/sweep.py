@@ -1,0 +1,68 @@
+"""The sweep tests' shared pieces (``tests/jobs/test_sweep*.py``): the spec's base flags, and a trial process that
+runs no job, with a record of the fakes started, alive and stopped."""
+
+from __future__ import annotations
+
+import math
+
+BASE = """
+base:
+  num-leaf-nodes: 2
+  devices-per-leaf: 4
+  device-selection-size: 4
+  max_model_version: 5
+"""
+
+STARTED: list[dict] = []  # each fake's flags, in the order they started
+LIVE: list = []  # the fakes alive now
+PEAK: list[int] = [0]  # the most alive at once
+STOPPED: list[dict] = []  # the flags of each fake the sweep stopped
+
+
+def reset() -> None:
+    """Forget every fake started so far (each test starts from none)."""
+    STARTED.clear()
+    LIVE.clear()
+    STOPPED.clear()
+    PEAK[0] = 0
+
+
+class FakeTrial:
+    """A trial's process that ends after a few polls; its accuracy is highest for a local lr near 1e-2, plus
+    ``seed_bonus`` x its seed."""
+
+    seed_bonus = 0.0
+
+    def __init__(self, flags: dict, folder: str, cores):
+        self.flags, self.folder, self.polls, self.code = flags, folder, 0, None
+        lr = float(flags.get("local-lr", 1e-2))
+        bonus = self.seed_bonus * int(flags.get("seed", 0))
+        self.accuracy = round(max(0.05, 0.9 - abs(math.log10(lr) + 2) / 4) + bonus, 4)
+        self.wall_seconds, self.started = 1.0, 100.0
+        STARTED.append(flags)
+        LIVE.append(self)
+        PEAK[0] = max(PEAK[0], len(LIVE))
+
+    def poll(self):
+        self.polls += 1
+        if self.polls > 3 and self.code is None:
+            self.code = 0
+            LIVE.remove(self)
+        return self.code
+
+    def records(self):
+        n = min(self.polls, 3)
+        return [{"version": v + 1, "accuracy": self.accuracy * v / 2, "sim_seconds": 4.0 * v} for v in range(n)]
+
+    def stop(self):
+        STOPPED.append(self.flags)
+        if self in LIVE:
+            LIVE.remove(self)
+        self.code = 143
+        return 143
+
+
+class SeededFake(FakeTrial):
+    """A fake whose accuracy also grows with its seed (0.01 per seed), so runs over seeds differ."""
+
+    seed_bonus = 0.01
