@@ -28,7 +28,7 @@ any of them, before a run silently changes behaviour.
    ``repr``, 23% of the server's CPU in a FedBuff run (py-spy, ``PERFORMANCE_OPTIMIZATION.md``).
    ``ConsumableBufferList`` gets a ``__repr__`` that names its size instead.
 
-``install_nvflare_fixes`` applies 4 and 5 once per process, and 7, 8 and 10 in NVFlare's simulator processes;
+``install_nvflare_fixes`` applies 4 and 5 once per process, and 7, 8, 10 and 11 in NVFlare's simulator processes;
 our server and leaf components call it.
 6. **Syncs when there is news, not on a timer.** ``HierarchicalUpdateGatherer._do_task`` is the loop in which a
    leaf (or relay) reports to its parent and takes its reply, then sleeps ``update_interval`` plus up to 0.5 s of
@@ -67,6 +67,13 @@ our server and leaf components call it.
    most ``SIMULATOR_POLL``; every other sleep of those modules (a worker asking again for a task that is not
    there yet still waits NVFlare's 0.5 s), and every check, is NVFlare's. Only in the simulator's processes; the
    tests check each function still sleeps there.
+11. **A short grace after the workflow.** ``ScatterAndGatherForEdge.control_flow`` sleeps ``update_interval + 1``
+   s after its last task "for clients to end gracefully" before the server fires END_RUN: 1.25 s of every run's
+   end at our default interval. By then the run's outcome is decided and every version is made; each leaf was told
+   to end its task (the workflow's ``end_task`` message) and ends it within a few tens of milliseconds (NVFlare
+   drops the task's final report anyway: "task ... is not found"). ``short_workflow_grace`` caps that sleep at
+   ``SIMULATOR_WORKFLOW_GRACE`` in the simulator's server (``SIMULATOR_GRACES``; our assessor installs it, so
+   ``--simulator stock`` keeps NVFlare's); a deployment keeps NVFlare's grace.
 
 Over 400 lines: every private NVFlare name the project uses lives in this one file (the project's rule), each fix
 with its reason.
@@ -122,6 +129,9 @@ SIMULATOR_POLLS = {  # fix 10: module -> the functions whose sleeps are capped t
     ),
     "nvflare.private.fed.client.client_runner": ("init_run",),
     "nvflare.private.fed.app.simulator.simulator_worker": ("run",),  # runs as __main__ in a worker
+}
+SIMULATOR_GRACES = {  # fix 11: module -> the functions whose sleeps are capped at SIMULATOR_WORKFLOW_GRACE
+    "nvflare.edge.controllers.sage": ("control_flow",),
 }
 NVFLARE_PRIVATE_ATTRIBUTES = {
     "nvflare.job_config.api.FedJob": ("_deploy_map",),
@@ -305,16 +315,18 @@ SIMULATOR_ENGINE_CHECK = 0.25  # seconds between the simulator server's checks f
 
 
 SIMULATOR_POLL = 0.05  # seconds at most between the simulator's start-up checks (NVFlare: 0.5 to 1; fix 10)
+SIMULATOR_WORKFLOW_GRACE = 0.25  # seconds the workflow waits for its leaves after its last task (NVFlare: 1.25; fix 11)
 
 
 def install_nvflare_fixes() -> None:
-    """Fixes 4 and 5 of the module docstring, and 7, 8 and 10 in the simulator's processes; once per process."""
+    """Fixes 4 and 5 of the module docstring, and 7, 8, 10 and 11 in the simulator's processes; once per process."""
     share_stream_cleanup_thread()
     render_payloads_by_size()
     if in_simulator():
         simulator_ports_outside_ephemeral_range()
         short_simulator_shutdown_grace()
         quick_simulator_polls()
+        short_workflow_grace()
 
 
 class _CappedSleeps:
@@ -337,15 +349,28 @@ class _CappedSleeps:
 def quick_simulator_polls() -> None:
     """The simulator's start-up polls sleep at most ``SIMULATOR_POLL`` (fix 10), in each module of
     ``SIMULATOR_POLLS`` this process has loaded; idempotent."""
+
+    _cap_sleeps(SIMULATOR_POLLS, SIMULATOR_POLL)
+
+
+def short_workflow_grace() -> None:
+    """The edge workflow's sleep after its last task lasts at most ``SIMULATOR_WORKFLOW_GRACE`` (fix 11);
+    idempotent. Call in the simulator's server only (``install_nvflare_fixes`` does)."""
+    _cap_sleeps(SIMULATOR_GRACES, SIMULATOR_WORKFLOW_GRACE)
+
+
+def _cap_sleeps(modules: dict[str, tuple[str, ...]], cap: float) -> None:
+    """Give each loaded module of ``modules`` a ``time`` whose ``sleep`` from the named functions lasts at most
+    ``cap``; a module already given one keeps it."""
     import sys
 
     main = sys.modules.get("__main__")
     main_name = getattr(getattr(main, "__spec__", None), "name", None)  # a worker runs as python -m ...
-    for name, callers in SIMULATOR_POLLS.items():
+    for name, callers in modules.items():
         module = main if name == main_name else sys.modules.get(name)
         if module is None or not hasattr(module, "time") or isinstance(module.time, _CappedSleeps):
             continue
-        module.time = _CappedSleeps(callers, SIMULATOR_POLL)
+        module.time = _CappedSleeps(callers, cap)
 
 
 def quick_engine_checks(engine) -> None:

@@ -26,9 +26,11 @@ from simulation.nvflare_private import (
     NVFLARE_PRIVATE_PATCHES,
     ORIGINALS,
     SIMULATOR_ENGINE_CHECK,
+    SIMULATOR_GRACES,
     SIMULATOR_POLL,
     SIMULATOR_POLLS,
     SIMULATOR_SHUTDOWN_GRACE,
+    SIMULATOR_WORKFLOW_GRACE,
     STREAM_CLEANUP,
     QuietEdgeModelExecutor,
     client_app_config,
@@ -40,6 +42,7 @@ from simulation.nvflare_private import (
     set_sync_interval,
     share_stream_cleanup_thread,
     short_simulator_shutdown_grace,
+    short_workflow_grace,
     simulator_ports_outside_ephemeral_range,
 )
 from tests.fakes.processors import UsersProcessor
@@ -292,10 +295,18 @@ def test_the_event_driven_sync_waits_for_a_request_batches_within_its_window_and
     assert time.monotonic() - started < 0.2
 
 
-@pytest.mark.parametrize("module_name, callers", sorted(SIMULATOR_POLLS.items()))
-def test_the_simulators_start_up_polls_sleep_briefly_and_nothing_else_changes(monkeypatch, module_name, callers):
-    """Fix 10: each named NVFlare function still sleeps through its module's ``time``; once capped, a sleep from
-    one of them lasts at most SIMULATOR_POLL, any other sleep of the module what it asked for; idempotent."""
+CAPPED_SLEEPS = [(name, callers, SIMULATOR_POLL, quick_simulator_polls) for name, callers in SIMULATOR_POLLS.items()]
+CAPPED_SLEEPS += [
+    (name, callers, SIMULATOR_WORKFLOW_GRACE, short_workflow_grace) for name, callers in SIMULATOR_GRACES.items()
+]
+
+
+@pytest.mark.parametrize("module_name, callers, cap, install", sorted(CAPPED_SLEEPS, key=lambda c: c[0]))
+def test_the_simulators_capped_sleeps_are_short_and_nothing_else_changes(
+    monkeypatch, module_name, callers, cap, install
+):
+    """Fixes 10 and 11: each named NVFlare function still sleeps through its module's ``time``; once capped, a
+    sleep from one of them lasts at most its cap, any other sleep of the module what it asked for; idempotent."""
     import ast
     import textwrap
 
@@ -304,14 +315,14 @@ def test_the_simulators_start_up_polls_sleep_briefly_and_nothing_else_changes(mo
     for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(module)))):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and "time.sleep(" in ast.unparse(node):
             sleepers.add(node.name)
-    assert set(callers) <= sleepers, f"{module_name}: review fix 10 of simulation/nvflare_private.py"
-    for name in SIMULATOR_POLLS:  # NVFlare's own, restored after the test
+    assert set(callers) <= sleepers, f"{module_name}: review fixes 10 and 11 of simulation/nvflare_private.py"
+    for name in (*SIMULATOR_POLLS, *SIMULATOR_GRACES):  # NVFlare's own, restored after the test
         monkeypatch.setattr(importlib.import_module(name), "time", time)
     slept = []
     monkeypatch.setattr(time, "sleep", slept.append)
-    quick_simulator_polls()
+    install()
     capped = module.time
-    quick_simulator_polls()
+    install()
     assert module.time is capped and capped.monotonic is time.monotonic
 
     def call_as(name: str) -> None:  # a function of that name asking the module's time for 1 s
@@ -321,4 +332,4 @@ def test_the_simulators_start_up_polls_sleep_briefly_and_nothing_else_changes(mo
     for name in callers:
         call_as(name)
     call_as("some_other_function")
-    assert slept == [SIMULATOR_POLL] * len(callers) + [1.0]
+    assert slept == [min(1.0, cap)] * len(callers) + [1.0]
