@@ -34,14 +34,13 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_protocol import worktree  # noqa: E402
-from benchmarks.harness import REPO  # noqa: E402
+from benchmarks.harness import REPO, start_job  # noqa: E402
 from common.result_files import METRICS  # noqa: E402
 
 SCRIPT = "jobs/pt_job_fedavg.py"
@@ -81,21 +80,12 @@ def find(lines: list[tuple[float, str, str]], logger: str, text: str, which: str
 
 def measure(script: str, flags: list[str], out: str, repo: str) -> dict:
     """One run of the job from ``repo``: the fixed-cost figures and the phases, in seconds."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
     started = time.time()
-    proc = subprocess.run(
-        [sys.executable, os.path.join(repo, script), *flags, "--output", out],
-        cwd=repo,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        check=False,
-    )
+    proc = start_job(script, flags, out, repo)
+    output = proc.communicate()[0]
     ended = time.time()
     if proc.returncode:
-        sys.exit(f"job failed ({script} {' '.join(flags)}):\n{proc.stdout[-3000:]}")
+        sys.exit(f"job failed ({script} {' '.join(flags)}):\n{output[-3000:]}")
     with open(os.path.join(out, METRICS)) as f:
         versions = json.load(f)["versions"]
     first, last = versions[0]["epoch"], versions[-1]["epoch"]

@@ -67,6 +67,21 @@ def role_of(proc: psutil.Process, root: psutil.Process) -> str:
     return "leaves" if "simulator_worker" in cmdline else "server"
 
 
+def job_command(script: str, flags: list[str], out: str, repo: str = REPO) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment that run ``python <script> <flags> --output <out>`` from the checkout
+    ``repo``: its code goes first on ``PYTHONPATH``, so every process of the job (NVFlare's simulator and its
+    workers too) imports that checkout's modules, whatever is installed. Run it with ``cwd=repo``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
+    return [sys.executable, os.path.join(repo, script), *flags, "--output", out], env
+
+
+def start_job(script: str, flags: list[str], out: str, repo: str = REPO) -> subprocess.Popen:
+    """Start the job of ``job_command`` (stdout and stderr together, as text, on ``stdout``)."""
+    argv, env = job_command(script, flags, out, repo)
+    return subprocess.Popen(argv, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 def run_job(
     script: str, flags: list[str], out: str, sample_s: float = 0.2, timeout: float | None = None, repo: str = REPO
 ) -> JobResult:
@@ -74,17 +89,7 @@ def run_job(
     first on ``PYTHONPATH``, for every process of the job) and measure it; exit with the job's output if it
     fails."""
     started = time.time()
-    env = dict(os.environ)
-    if repo != REPO:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
-    popen = subprocess.Popen(
-        [sys.executable, os.path.join(repo, script), *flags, "--output", out],
-        cwd=repo,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    popen = start_job(script, flags, out, repo)
     root = psutil.Process(popen.pid)
     cpu_by_pid: dict[int, tuple[str, float]] = {}
     cpu_at_version: dict[int, dict[str, float]] = {}

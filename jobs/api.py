@@ -50,7 +50,7 @@ from jobs.methods import BUILT_IN, Method, method_of
 from jobs.run.results import read_metrics
 from processors.data.config import DataConfig
 from processors.data.sources import NPZ_KEYS, DatasetError, as_arrays, from_arrays
-from processors.training import TrainingConfig
+from processors.training_config import TrainingConfig
 from simulation.config import EngineConfig
 
 DELAY_FIELDS = tuple(f.name for f in dataclasses.fields(DelayConfig))

@@ -2,17 +2,17 @@
 
 The parts match the command line's flag groups; each lives with the layer that uses it:
 
-==========================  ==============================  ===========================================
-part                        class                           used by
-==========================  ==============================  ===========================================
-data                        ``processors.data.config``      task processor, evaluator
-federation                  ``FederationConfig`` (here)     server components (selection, aggregation)
-local training              ``processors.training``         task processor, planner, evaluator
-engine                      ``simulation.config``           planner, device simulator
-heterogeneity (delays)      ``common.delays``               the simulated-time schedule, device simulator
-run/output                  ``RunConfig`` (here)            driver, results
-method settings             the method's own dataclass      its server strategy (FedRevive: ``fedrevive.config``)
-==========================  ==============================  ===========================================
+==========================  ================================  ===========================================
+part                        class                             used by
+==========================  ================================  ===========================================
+data                        ``processors.data.config``        task processor, evaluator
+federation                  ``FederationConfig`` (here)       server components (selection, aggregation)
+local training              ``processors.training_config``    task processor, planner, evaluator
+engine                      ``simulation.config``             planner, device simulator
+heterogeneity (delays)      ``common.delays``                 the simulated-time schedule, device simulator
+run/output                  ``RunConfig`` (here)              driver, results
+method settings             the method's own dataclass        its server strategy (FedRevive: ``fedrevive.config``)
+==========================  ================================  ===========================================
 
 Each part documents its fields once, in its ``Attributes:`` docstring: that text, in that order, is also the
 help of their flags (``common.config_flags``), so it is written for users; a field whose default is ``None`` says
@@ -41,7 +41,7 @@ from common.delays import DelayConfig
 from jobs.admin_kit import check_user
 from jobs.methods import Method, method_of
 from processors.data.config import DataConfig
-from processors.training import TrainingConfig
+from processors.training_config import TrainingConfig
 from simulation.config import EngineConfig
 
 EnvName = Literal["sim", "poc", "prod"]

@@ -42,7 +42,7 @@ from common.imports import import_object, import_path
 from common.protocol import DATA_SIZE, LABEL_COUNTS
 from fedrevive.config import LOG_FILE as FEDREVIVE_LOG
 from fedrevive.config import FedReviveConfig
-from processors.data.sources import NORMALISATIONS
+from processors.data.spec import NORMALISATIONS
 
 Weighting = Literal["devices", "samples"]  # aggregation.buffered_mean
 

@@ -1,6 +1,6 @@
 """How much a device trains per task: its steps, its batches and the samples it processes, from its own data size.
 
-Two units of local work (``processors.training.TrainingConfig``):
+Two units of local work (``processors.training_config.TrainingConfig``):
 
 * ``--local-iters T`` (the default): exactly T steps of ``min(batch, n)`` samples, whatever the device holds
   (epochs of a fresh permutation, each cut into full batches; a tail shorter than a batch is left out and the next
@@ -65,7 +65,7 @@ def device_work(
     (every device's work is the same, ``DelayConfig.task_samples``). ``offsets``: a natural partition's global
     device layout (``processors.data.partition.range_offsets``)."""
     from processors.data.config import DataConfig
-    from processors.training import TrainingConfig
+    from processors.training_config import TrainingConfig
 
     t = TrainingConfig(**training)
     if not t.local_epochs:

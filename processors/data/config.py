@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from common.choices import ConfigError, check_positive
-from processors.data.sources import BUILTIN_DATASETS, HF_PREFIX, DatasetError, DatasetSpec
+from processors.data.spec import BUILTIN_DATASETS, HF_PREFIX, DatasetError, DatasetSpec
 from processors.data.stackoverflow import is_stackoverflow
 
 PER_USER_KINDS = ("leaf", "tff", "hf")  # the sources that know their users (--partition natural)

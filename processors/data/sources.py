@@ -22,74 +22,31 @@ import functools
 import importlib
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from processors.data.cache import cached_arrays
+from processors.data.spec import (  # noqa: F401 - the spec's names, long imported from here
+    BUILTIN_DATASETS,
+    CIFAR_MEAN,
+    CIFAR_STD,
+    HF_PREFIX,
+    IMAGE_SHAPE,
+    LEAF_DATASETS,
+    NORMALISATIONS,
+    NUM_CLASSES,
+    REFERENCES_SPLIT_SEED,
+    REFERENCES_STD,
+    REFERENCES_TRAIN_FRACTION,
+    TRAIN_SPLITS,
+    DatasetError,
+    DatasetSpec,
+)
 from processors.data.synthetic import synthetic_images
 from processors.data.text import VOCAB_SIZE, make_synthetic_text
 from processors.data.users import UserSplit
-
-BUILTIN_DATASETS = ("cifar10", "synthetic", "synthetic-text")
-LEAF_DATASETS = ("femnist", "shakespeare")  # LEAF's JSON under <data-root>/<name>/data/{train,test}
-HF_PREFIX = "hf:"  # hf:PATH[?x=COLUMN&y=COLUMN&user=COLUMN]: a Hugging Face dataset (processors.data.hf)
-NUM_CLASSES = 10
-IMAGE_SHAPE = (3, 32, 32)
-# CIFAR-10 channel statistics (on [0, 1] pixels), applied on the fly.
-CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
-CIFAR_STD = (0.2470, 0.2435, 0.2616)
-# The std both FedRevive references standardise CIFAR-10 with (a widely copied value, not CIFAR-10's own): inputs
-# then come out 1 / 0.82 of ours (``--normalisation references``).
-REFERENCES_STD = (0.2023, 0.1994, 0.2010)
-NORMALISATIONS = {"cifar": (CIFAR_MEAN, CIFAR_STD), "references": (CIFAR_MEAN, REFERENCES_STD)}
-TRAIN_SPLITS = ("all", "references")
-# The references' split (R2 prepare_cifar10: random_split(train, [37500, 7500, 5000], seed 42)): devices draw
-# from the first three quarters of a seed-42 permutation (validation and KD parts are not used by either).
-REFERENCES_SPLIT_SEED = 42
-REFERENCES_TRAIN_FRACTION = 0.75
-
-
-class DatasetError(ValueError):
-    """A dataset that is missing or malformed; the message names the fix."""
-
-
-@dataclass(frozen=True)
-class DatasetSpec:
-    """What to load. Small and JSON-friendly, so it travels inside NVFlare job configs."""
-
-    # cifar10, synthetic, synthetic-text, femnist, shakespeare, a .npz or .h5 path, hf:PATH, or module:function
-    name: str = "synthetic"
-    data_root: str = "~/.cache/edgesim-flare/data"
-    synthetic_size: int = 20000  # training images for the synthetic source (test split is a fifth of it)
-    seed: int = 0
-    synthetic_difficulty: float = 0.0  # 0: the easy classes of make_synthetic; 1: the calibrated hard ones
-    normalisation: str = "cifar"  # the built-in sources' statistics: a key of NORMALISATIONS
-    train_split: str = "all"  # "references": the training images the references' devices draw from
-
-    @property
-    def kind(self) -> str:
-        if self.name in BUILTIN_DATASETS:
-            return self.name
-        if self.name in LEAF_DATASETS:
-            return "leaf"
-        if self.name.startswith(HF_PREFIX):
-            return "hf"
-        if self.name.endswith(".npz"):
-            return "npz"
-        if self.name.endswith(".h5"):
-            return "tff"
-        if ":" in self.name and os.path.sep not in self.name.partition(":")[0]:
-            return "loader"
-        raise DatasetError(
-            f"--dataset {self.name!r}: use cifar10, synthetic, synthetic-text, femnist, shakespeare, a path to a "
-            ".npz file or a TFF .h5 file, hf:PATH, or an import path package.module:function that returns x_train, "
-            "y_train, x_test, y_test"
-        )
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def elementwise(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:

@@ -29,7 +29,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from processors.data.sources import DatasetError
+from processors.data.spec import DatasetError
 
 VOCAB_SIZE = 10_000  # TFF's baseline vocabulary (its ``vocab_size``)
 SEQUENCE_LENGTH = 20  # TFF's baseline ``sequence_length``

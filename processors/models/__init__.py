@@ -14,25 +14,21 @@ import inspect
 import torch
 import torch.nn as nn
 
+from processors.model_names import BUILT_IN_MODELS, check_model_name
 from processors.models.char_lstm import CharLSTM
 from processors.models.cifar10_convnet import Cifar10ConvNet
 from processors.models.resnet18 import CifarResNet18, TrackedResNet18
 from processors.models.word_lstm import WordLSTM
 
-MODEL_CLASSES: dict[str, type[nn.Module]] = {
+MODEL_CLASSES: dict[str, type[nn.Module]] = {  # keyed by processors.model_names.BUILT_IN_MODELS, in order
     "cifar10_convnet": Cifar10ConvNet,
     "resnet18": TrackedResNet18,  # the FedRevive paper's: statistic trackers, no normalisation
     "resnet18_bn": CifarResNet18,
     "char_lstm": CharLSTM,  # LEAF's Shakespeare next-character model: token ids in, 80 logits out
     "word_lstm": WordLSTM,  # TFF's StackOverflow next-word model: 20 word ids in, 10004 logits out
 }
-
-
-def check_model_name(name: str) -> None:
-    """``ValueError`` naming the fix unless ``name`` is a built-in name or has an import path's shape (nothing is
-    imported: ``model_class`` does that)."""
-    if name not in MODEL_CLASSES and ":" not in name:
-        raise ValueError(f"--model {name!r}: use {', '.join(MODEL_CLASSES)} or an import path package.module:Class")
+if tuple(MODEL_CLASSES) != BUILT_IN_MODELS:  # the config checks names against BUILT_IN_MODELS, torch unimported
+    raise ImportError("processors.models.MODEL_CLASSES and processors.model_names.BUILT_IN_MODELS name other models")
 
 
 def model_class(name: str) -> type[nn.Module]:

@@ -263,3 +263,34 @@ def test_the_command_line_refuses_a_missing_trace_before_start(missing, capsys):
         main(["--capacity-file", missing + ".pkl"])
     assert exit_info.value.code == 2
     assert f"--capacity-file {missing}.pkl: no such file" in capsys.readouterr().err
+
+
+def test_a_configuration_is_built_and_refused_without_importing_torch():
+    """``jobs.config`` (and every part's class) imports no torch: a refused value exits before torch loads, and
+    the driver loads it only when a run is about to start. In a fresh interpreter: this one has torch already."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from common.choices import ConfigError\n"
+        "from jobs.config import JobConfig\n"
+        "from processors.training_config import TrainingConfig\n"
+        "JobConfig(method='fedrevive')\n"
+        "try:\n"
+        "    TrainingConfig(model='no_such_model')\n"
+        "except ConfigError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise SystemExit('a bad model name was not refused')\n"
+        "from fedrevive.config import FedReviveConfig\n"
+        "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
+        "print(loaded[:3])\n"
+        "raise SystemExit(1 if loaded else 0)\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False, cwd=root, env=env
+    )
+    assert done.returncode == 0, f"torch imported with the config: {done.stdout}{done.stderr}"

@@ -1,0 +1,99 @@
+"""A device's local training settings (``TrainingConfig``), without importing torch: part of ``jobs.config``, so
+building and checking a configuration (the flags, ``--help``, a refused value) does not load torch; what needs it
+(the model's import in ``validate``, the optimiser) imports it when called. The training itself:
+``processors.training`` and ``processors.training_vectorized``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Literal
+
+from common.choices import ConfigError, check_choice, check_positive
+from processors.model_names import check_model_name
+
+if TYPE_CHECKING:
+    import torch
+
+Optimizer = Literal["adam", "sgd"]
+DEFAULT_LOCAL_ITERS = 25
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Local training of one simulated device. Defaults: the FedRevive paper's reference FedAvg client (Adam,
+    lr 3e-4, 25 iterations of batch 32).
+
+    Attributes:
+        model: ``cifar10_convnet``, ``resnet18`` (the FedRevive paper's: statistic trackers, no BatchNorm),
+            ``resnet18_bn``, ``char_lstm`` (LEAF's Shakespeare next-character LSTM, for token-id data such as
+            ``--dataset synthetic-text``), ``word_lstm`` (TFF's StackOverflow next-word LSTM, for TFF's
+            ``stackoverflow_train.h5``), or an ``nn.Module`` class as ``package.module:Class`` (``processors.models``).
+        local_iters: optimizer steps per task (unless --local-epochs is given).
+        local_epochs: passes over the device's own samples per task instead of --local-iters (0: off; the tail
+            batch is kept, so a device with n samples takes ceil(n / batch) steps per epoch; processors.local_work).
+        local_batch_size: samples per step (a device with fewer samples uses them all).
+        local_lr: local learning rate.
+        optimizer: the local optimizer.
+        momentum: SGD momentum (no flag: ``jobs.api`` only).
+        compute_device: torch device that trains: ``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N``.
+        augment: each local batch randomly cropped (padding 4) and flipped, as the FedRevive references train
+            their clients (``processors.augment``; 32 x 32 natural images only; ``reproduce_fedrevive.py`` turns
+            it on at the paper's scale).
+    """
+
+    model: str = "cifar10_convnet"
+    local_iters: int = DEFAULT_LOCAL_ITERS
+    local_epochs: int = 0
+    local_batch_size: int = 32
+    local_lr: float = 3e-4
+    optimizer: Optimizer = "adam"
+    momentum: float = 0.0
+    compute_device: str = "auto"
+    augment: bool = False
+
+    def __post_init__(self) -> None:
+        check_positive({"--local-iters": self.local_iters, "--local-batch-size": self.local_batch_size})
+        check_positive({"--local-lr": self.local_lr}, integer=False)
+        if self.local_epochs < 0:
+            raise ConfigError(f"--local-epochs {self.local_epochs}: must be >= 0 (0: train --local-iters steps)")
+        if self.local_epochs and self.local_iters != DEFAULT_LOCAL_ITERS:
+            raise ConfigError(
+                f"--local-epochs {self.local_epochs} and --local-iters {self.local_iters}: give one unit of local "
+                "work, epochs over each device's own data or a fixed number of steps, not both"
+            )
+        check_choice("--optimizer", self.optimizer, Optimizer)
+        try:
+            check_model_name(self.model)
+        except ValueError as ex:
+            raise ConfigError(str(ex)) from ex
+
+    def validate(self) -> None:
+        """Import the model it names (a user's ``package.module:Class``); ``ConfigError`` naming the fix."""
+        from processors.models import model_class  # torch: only when a run is about to start
+
+        try:
+            model_class(self.model)
+        except ValueError as ex:
+            raise ConfigError(str(ex)) from ex
+
+    def make_optimizer(self, params) -> torch.optim.Optimizer:
+        import torch
+
+        if self.optimizer == "adam":
+            return torch.optim.Adam(params, lr=self.local_lr)
+        return torch.optim.SGD(params, lr=self.local_lr, momentum=self.momentum)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def steps(self, num_samples: int) -> int:
+        """Local steps of a device holding ``num_samples`` samples (``processors.local_work``)."""
+        from processors.local_work import local_steps
+
+        return local_steps(num_samples, self.local_batch_size, self.local_iters, self.local_epochs)
+
+    def work(self, num_samples: int) -> int:
+        """Samples a device holding ``num_samples`` samples trains on per task (``processors.local_work``)."""
+        from processors.local_work import samples_processed
+
+        return samples_processed(num_samples, self.local_batch_size, self.local_iters, self.local_epochs)
