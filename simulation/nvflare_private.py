@@ -60,20 +60,26 @@ our server and leaf components call it.
    server app has started, ``SimulatorClientRunner.run_client_thread`` sleeps 1 s before it starts a client
    worker, ``SimulatorClientRunner._create_connection`` retries its connection to a starting worker every 1 s,
    and each worker's ``ClientRunner.init_run`` sleeps 0.5 s before each attempt to sync with the server: up to
-   3.5 s of every run's start spent asleep. At the end, each worker (``ClientTaskWorker.run``) sleeps the task
-   fetch interval (2 s) after its last task before it asks for the next one, END_RUN: the simulator's shutdown
-   waits for it. ``quick_simulator_polls`` gives ``simulator_runner``, ``client_runner`` and
+   3.5 s of every run's start spent asleep. Before those, the server's cell sleeps 0.5 s after it starts its
+   internal listener (``ConnectorManager._get_connector``, "Kludge: to wait for listener ready and avoid race"):
+   nothing connects to that listener for seconds (the server's job cell is in the same process, the workers
+   start after the server app), and a connector that came too early would retry. At the end, each worker
+   (``ClientTaskWorker.run``) sleeps the task fetch interval (2 s) after its last task before it asks for the
+   next one, END_RUN: the simulator's shutdown waits for it. ``quick_simulator_polls`` gives ``simulator_runner``, ``client_runner``, ``connector_manager`` and
    ``simulator_worker`` a ``time`` whose ``sleep``, called from those functions (``SIMULATOR_POLLS``), sleeps at
    most ``SIMULATOR_POLL``; every other sleep of those modules (a worker asking again for a task that is not
    there yet still waits NVFlare's 0.5 s), and every check, is NVFlare's. Only in the simulator's processes; the
-   tests check each function still sleeps there.
+   tests check each function still sleeps there. ``simulation.early_start`` installs these fixes as each
+   simulator process reads its logging config, before the server's cell starts, so the first sleeps are short
+   too.
 11. **A short grace after the workflow.** ``ScatterAndGatherForEdge.control_flow`` sleeps ``update_interval + 1``
    s after its last task "for clients to end gracefully" before the server fires END_RUN: 1.25 s of every run's
    end at our default interval. By then the run's outcome is decided and every version is made; each leaf was told
    to end its task (the workflow's ``end_task`` message) and ends it within a few tens of milliseconds (NVFlare
    drops the task's final report anyway: "task ... is not found"). ``short_workflow_grace`` caps that sleep at
-   ``SIMULATOR_WORKFLOW_GRACE`` in the simulator's server (``SIMULATOR_GRACES``; our assessor installs it, so
-   ``--simulator stock`` keeps NVFlare's); a deployment keeps NVFlare's grace.
+   ``SIMULATOR_WORKFLOW_GRACE`` in the simulator's server (``SIMULATOR_GRACES``; ``--simulator stock`` keeps
+   NVFlare's: neither our assessor nor ``simulation.early_start`` installs the fixes there); a deployment keeps
+   NVFlare's grace.
 
 Over 400 lines: every private NVFlare name the project uses lives in this one file (the project's rule), each fix
 with its reason.
@@ -129,6 +135,7 @@ SIMULATOR_POLLS = {  # fix 10: module -> the functions whose sleeps are capped t
     ),
     "nvflare.private.fed.client.client_runner": ("init_run",),
     "nvflare.private.fed.app.simulator.simulator_worker": ("run",),  # runs as __main__ in a worker
+    "nvflare.fuel.f3.cellnet.connector_manager": ("_get_connector",),  # the listener's "kludge" (its docstring)
 }
 SIMULATOR_GRACES = {  # fix 11: module -> the functions whose sleeps are capped at SIMULATOR_WORKFLOW_GRACE
     "nvflare.edge.controllers.sage": ("control_flow",),
