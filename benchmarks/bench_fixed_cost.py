@@ -8,17 +8,23 @@ each evaluated version). The phases come from the time stamps of NVFlare's logs 
 
   driver            process start -> the simulator's first log line (imports, config, plan, the job's files,
                     the simulator process's own start)
+  server cell       -> the server's cell has its listeners ("created backbone internal listener")
   server up         -> NVFlare asks for the server app ("Deploy and start the Server App")
   server app        -> the server's workflow is running ("Server runner starting")
+  workers asked     -> NVFlare starts the first leaf's worker process ("Simulate Run client")
   leaves start      -> the last leaf has its runner started ("client runner started")
   first version     -> the first evaluated version
   ...
 and after the last evaluated version, each as seconds since that version (END_RUN may come first: an evaluation
 still running holds END_RUN's handlers, not NVFlare's END_RUN itself):
 
+  workflow done     the workflow's task is done (the run's outcome is decided; the leaves are told to end it)
   END_RUN           the server fires END_RUN (its workflow has ended, the leaves are told)
   server's end      the simulator's last log line ("Good Bye")
   exit              the driver process has exited (the plot, the summary)
+
+and "workflow done -> END_RUN", NVFlare's wait between the two (under load the last version's evaluation can end
+after either).
 
 ``--baseline-rev REV`` runs the same job first on an earlier commit (a temporary git worktree, its own code first
 on ``PYTHONPATH``), then on this one, ``--repeat N`` times each, alternating, and prints each figure's median and
@@ -48,11 +54,17 @@ FLAGS = "--max-model-version 3 --devices-per-leaf 10 --device-selection-size 10 
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) - (\S+) - \w+ - (.*)$")
 START_PHASES = (  # (name, the log line that ends it: logger, text in the message, which one: first or last)
     ("driver", None),
+    ("server cell", ("CoreCell", "created backbone internal listener", "first")),
     ("server up", ("SimulatorRunner", "Deploy and start the Server App", "first")),
     ("server app", ("ServerRunner", "Server runner starting", "first")),
+    ("workers asked", ("SimulatorClientRunner", "Simulate Run client", "first")),
     ("leaves start", ("ClientRunner", "client runner started", "last")),
 )
-END_PHASES = (("END_RUN", ("ServerRunner", "END_RUN fired", "first")), ("server's end", ("MPM", "Good Bye", "last")))
+END_PHASES = (
+    ("workflow done", ("ScatterAndGatherForEdge", "is done: assessment", "first")),
+    ("END_RUN", ("ServerRunner", "END_RUN fired", "first")),
+    ("server's end", ("MPM", "Good Bye", "last")),
+)
 
 
 def log_lines(nvflare_dir: str) -> list[tuple[float, str, str]]:
@@ -100,6 +112,9 @@ def measure(script: str, flags: list[str], out: str, repo: str) -> dict:
         stamp = find(lines, *marker)
         phases[f"+{name}"] = None if stamp is None else stamp - last
     phases["+exit"] = ended - last
+    done, end_run = phases["+workflow done"], phases["+END_RUN"]
+    # NVFlare's own wait between the two, whatever the evaluation of the last version does meanwhile
+    phases["workflow done -> END_RUN"] = None if done is None or end_run is None else end_run - done
     return {
         "start to first version": first - started,
         "last version to exit": ended - last,
