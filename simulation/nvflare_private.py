@@ -67,8 +67,10 @@ our server and leaf components call it.
    (``ClientTaskWorker.run``) sleeps the task fetch interval (2 s) after its last task before it asks for the
    next one, END_RUN: the simulator's shutdown waits for it. ``quick_simulator_polls`` gives ``simulator_runner``, ``client_runner``, ``connector_manager`` and
    ``simulator_worker`` a ``time`` whose ``sleep``, called from those functions (``SIMULATOR_POLLS``), sleeps at
-   most ``SIMULATOR_POLL``; every other sleep of those modules (a worker asking again for a task that is not
-   there yet still waits NVFlare's 0.5 s), and every check, is NVFlare's. Only in the simulator's processes; the
+   most ``SIMULATOR_POLL``; every other sleep of those modules, and every check, is NVFlare's. A worker asking
+   again for a task that is not there yet (``ClientTaskWorker.do_one_task``, 0.5 s) is capped too: that happens
+   only at the end, between its last task and END_RUN (our leaves hold one task for the whole run, scheduled
+   before they start), where it kept each leaf up to 0.5 s from taking END_RUN. Only in the simulator's processes; the
    tests check each function still sleeps there. ``simulation.early_start`` installs these fixes as each
    simulator process reads its logging config, before the server's cell starts, so the first sleeps are short
    too.
@@ -134,7 +136,7 @@ SIMULATOR_POLLS = {  # fix 10: module -> the functions whose sleeps are capped t
         "_create_connection",
     ),
     "nvflare.private.fed.client.client_runner": ("init_run",),
-    "nvflare.private.fed.app.simulator.simulator_worker": ("run",),  # runs as __main__ in a worker
+    "nvflare.private.fed.app.simulator.simulator_worker": ("run", "do_one_task"),  # __main__ in a worker
     "nvflare.fuel.f3.cellnet.connector_manager": ("_get_connector",),  # the listener's "kludge" (its docstring)
 }
 SIMULATOR_GRACES = {  # fix 11: module -> the functions whose sleeps are capped at SIMULATOR_WORKFLOW_GRACE
