@@ -47,10 +47,10 @@ def make_device_shareables(template: dict[str, tuple], n: int, seed: int) -> lis
 
 def payload_nbytes(obj) -> int:
     """numpy bytes in a (nested) dict / list payload (a packed diff: its blob)."""
-    from common.packed_weights import is_packed
+    from common.packed_weights import is_packed, packed_bytes
 
     if is_packed(obj):
-        return len(obj["data"])
+        return len(packed_bytes(obj))
     if isinstance(obj, np.ndarray):
         return obj.nbytes
     if isinstance(obj, dict):
