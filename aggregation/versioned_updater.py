@@ -140,7 +140,7 @@ class VersionedUpdater(Updater):
             reported = {u.device for u in self._buckets[sid]}
             expected = {d for d, s in selection.items() if s == sid}
             if reported >= expected:
-                self._sums.append(SelectionSum.of(self._buckets.pop(sid)).to_dict())
+                self._sums.append(SelectionSum.of(self._buckets.pop(sid)).to_wire())
 
     def prepare_update_for_parent(self, fl_ctx: FLContext) -> Shareable | None:
         with self._lock:
@@ -155,7 +155,7 @@ class VersionedUpdater(Updater):
                 report[DEVICE_RANGES] = dict(self._ranges_unsent)
                 self._ranges_sent, self._ranges_unsent = self._ranges_unsent, {}
             if self._pending:  # this leaf's own updates are packed here, once
-                report[DEVICE_UPDATES] = [u.to_dict() if isinstance(u, DeviceUpdate) else u for u in self._pending]
+                report[DEVICE_UPDATES] = [u.to_wire() if isinstance(u, DeviceUpdate) else u for u in self._pending]
                 self._pending = []
             if self._sums:
                 report[SELECTION_SUMS], self._sums = self._sums, []

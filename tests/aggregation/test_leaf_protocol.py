@@ -29,6 +29,7 @@ from common.protocol import (
     SELECTION_RELEASES,
     SELECTION_SUMS,
     SELECTION_VERSIONS,
+    off_wire,
 )
 
 
@@ -187,7 +188,7 @@ def test_a_result_goes_up_as_that_devices_own_update_with_its_selection_and_base
     executor.process_edge_result_report(report, task, ctx())
     (update,) = executor.updater.prepare_update_for_parent(FLContext())[DEVICE_UPDATES]
     assert (update["device"], update["selection_id"], update["base_version"], update["count"]) == ("site-1#0", 31, 2, 1)
-    np.testing.assert_array_equal(unpack(update["diff"])["w"], np.ones(2))
+    np.testing.assert_array_equal(unpack(off_wire(update["diff"]))["w"], np.ones(2))
 
 
 def test_a_simulated_leaf_registers_its_range_once_and_its_devices_are_known_by_it():
@@ -244,7 +245,7 @@ def test_a_synchronous_leaf_sends_one_sum_per_selection_once_all_its_devices_rep
     report("site-1#0", 7, 0.5)
     (total,) = updater.prepare_update_for_parent(FLContext())[SELECTION_SUMS]
     assert total["devices"] == {"site-1#0": 1, "site-1#2": 1} and total["count"] == 2
-    np.testing.assert_array_equal(unpack(total["diff"])["w"], [2.5, 2.5])
+    np.testing.assert_array_equal(unpack(off_wire(total["diff"]))["w"], [2.5, 2.5])
     assert DEVICE_UPDATES not in updater.prepare_update_for_parent(FLContext())  # nothing sent per device
 
 
