@@ -67,6 +67,24 @@ def weights_dxo(version: int, weights: dict) -> DXO:
     return dxo
 
 
+# a sync carries at most this many bytes of diffs (more go up in the next sync, at once): a message past glibc's
+# largest mmap threshold (32 MB) is a fresh mapping, zero-filled page by page, in the leaf and in the server
+MAX_SYNC_BYTES = 16 * 1024 * 1024
+
+
+def _device_of(u: DeviceUpdate | dict) -> str:
+    return u.device if isinstance(u, DeviceUpdate) else u["device"]
+
+
+def _diff_bytes(u: DeviceUpdate | dict) -> int:
+    """The size of an update's diff (a child's entry: its blob as it came)."""
+    if isinstance(u, DeviceUpdate):
+        return sum(getattr(a, "nbytes", 0) for a in (u.diff or {}).values())
+    blob = (u.get("diff") or {}).get("data")
+    blob = getattr(blob, "value", blob)  # a datum (common.protocol.on_wire)
+    return len(blob) if blob is not None else 0
+
+
 DEFER_SYNC = "edgesim_defer_sync"  # header of a local report whose sender asks for the sync itself
 
 
@@ -142,7 +160,26 @@ class VersionedUpdater(Updater):
             if reported >= expected:
                 self._sums.append(SelectionSum.of(self._buckets.pop(sid)).to_wire())
 
+    def _next_batch(self) -> tuple[list, list]:
+        """(the pending updates to send now, the rest): awaited devices' first, then in arrival order, up to
+        ``MAX_SYNC_BYTES`` of diffs (at least one update)."""
+        awaited = self.awaited
+        pending = sorted(self._pending, key=lambda u: _device_of(u) not in awaited)  # stable
+        total = 0
+        for i, u in enumerate(pending):
+            total += _diff_bytes(u)
+            if total > MAX_SYNC_BYTES and i:
+                return pending[:i], pending[i:]
+        return pending, []
+
     def prepare_update_for_parent(self, fl_ctx: FLContext) -> Shareable | None:
+        try:
+            return self._prepare_update(fl_ctx)
+        finally:
+            if self._pending and self.on_work is not None:  # what did not fit goes up in the next sync, at once
+                self.on_work()
+
+    def _prepare_update(self, fl_ctx: FLContext) -> Shareable:
         with self._lock:
             self._complete_sums()
             state = self.current_state
@@ -155,8 +192,8 @@ class VersionedUpdater(Updater):
                 report[DEVICE_RANGES] = dict(self._ranges_unsent)
                 self._ranges_sent, self._ranges_unsent = self._ranges_unsent, {}
             if self._pending:  # this leaf's own updates are packed here, once
-                report[DEVICE_UPDATES] = [u.to_wire() if isinstance(u, DeviceUpdate) else u for u in self._pending]
-                self._pending = []
+                sent, self._pending = self._next_batch()
+                report[DEVICE_UPDATES] = [u.to_wire() if isinstance(u, DeviceUpdate) else u for u in sent]
             if self._sums:
                 report[SELECTION_SUMS], self._sums = self._sums, []
             outbox = fl_ctx.get_prop(OUTBOX_PROP) if fl_ctx is not None else None
@@ -220,7 +257,7 @@ class VersionedUpdater(Updater):
         """Whether an update of one of ``devices`` waits here to go up (alone, or in a complete selection sum)."""
         with self._lock:
             self._complete_sums()
-            pending = {u.device if isinstance(u, DeviceUpdate) else u["device"] for u in self._pending}
+            pending = {_device_of(u) for u in self._pending}
             summed = {d for s in self._sums for d in s["devices"]}
             return bool(devices & (pending | summed))
 
