@@ -41,7 +41,7 @@ from nvflare.edge.updater import Updater
 
 from common.leaf_outbox import OUTBOX_PROP
 from common.packed_maps import pack_map, unpacked_map
-from common.packed_weights import pack, unpack
+from common.packed_weights import unpack
 from common.protocol import (
     AWAITED,
     DEVICE_RANGES,
@@ -57,6 +57,8 @@ from common.protocol import (
     SELECTION_VERSIONS,
     DeviceUpdate,
     SelectionSum,
+    off_wire,
+    on_wire,
 )
 
 
@@ -219,7 +221,8 @@ class VersionedUpdater(Updater):
         with self._lock:
             self._ranges_sent = {}  # the parent has them
             state = copy.copy(self.current_state)
-            models = {v: weights_dxo(v, unpack(p)) for v, p in (reply.get(MODELS) or {}).items()}
+            # packed, as it came on the wire (a datum) or not
+            models = {v: weights_dxo(v, unpack(off_wire(p))) for v, p in (reply.get(MODELS) or {}).items()}
             self._models.update(models)
             if r.model is not None:  # a parent that sends the current model itself (as NVFlare's do)
                 self._models[r.model_version] = r.model
@@ -346,7 +349,7 @@ class VersionedUpdater(Updater):
             reply[PropKey.DEVICE_SELECTION] = pack_map(state.device_selection)  # even when empty
         needed = set(self._selection_versions.values()) - held
         if needed:
-            reply[MODELS] = {v: pack(self._models[v].data) for v in sorted(needed) if v in self._models}
+            reply[MODELS] = {v: on_wire(self._models[v].data) for v in sorted(needed) if v in self._models}
         reply[SELECTION_VERSIONS] = pack_map(self._selection_versions)
         if self._selection_releases:
             reply[SELECTION_RELEASES] = pack_map(self._selection_releases)
