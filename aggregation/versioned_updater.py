@@ -163,16 +163,14 @@ class VersionedUpdater(Updater):
                 self._sums.append(SelectionSum.of(self._buckets.pop(sid)).to_wire())
 
     def _next_batch(self) -> tuple[list, list]:
-        """(the pending updates to send now, the rest): awaited devices' first, then in arrival order, up to
-        ``MAX_SYNC_BYTES`` of diffs (at least one update)."""
-        awaited = self.awaited
-        pending = sorted(self._pending, key=lambda u: _device_of(u) not in awaited)  # stable
+        """(the pending updates to send now, the rest): in arrival order (with real devices the server applies
+        them in that order), up to ``MAX_SYNC_BYTES`` of diffs, at least one update."""
         total = 0
-        for i, u in enumerate(pending):
+        for i, u in enumerate(self._pending):
             total += _diff_bytes(u)
             if total > MAX_SYNC_BYTES and i:
-                return pending[:i], pending[i:]
-        return pending, []
+                return self._pending[:i], self._pending[i:]
+        return self._pending, []
 
     def prepare_update_for_parent(self, fl_ctx: FLContext) -> Shareable | None:
         try:
