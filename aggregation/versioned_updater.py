@@ -17,6 +17,8 @@ each device's update on its own (``scheduling.exact_assessor``), so ``VersionedU
   synchronous run (``sum_selections``) every device of a selection goes into the same version, so the leaf sends
   one sum per selection instead, once all its devices of that selection have reported, added in device-id order
   (``SELECTION_SUMS``): the same bits every run, and one model-sized message instead of one per device;
+* sends each diff as it crosses the wire (``common.protocol.on_wire``: a datum beside the message body), at most
+  ``MAX_SYNC_BYTES`` of them per sync, the rest in the next sync at once;
 * registers its devices once, as ranges (``DEVICE_RANGES``), instead of re-sending every device on every sync;
 * sends up what the leaf's device runner put in its outbox (``common.leaf_outbox``: the leaf's plan, its
   per-device report lines), and as a relay forwards its children's.
