@@ -17,6 +17,8 @@ each device's update on its own (``scheduling.exact_assessor``), so ``VersionedU
   synchronous run (``sum_selections``) every device of a selection goes into the same version, so the leaf sends
   one sum per selection instead, once all its devices of that selection have reported, added in device-id order
   (``SELECTION_SUMS``): the same bits every run, and one model-sized message instead of one per device;
+* sends each diff packed (``common.packed_weights``: its blob a datum beside the message body), at most
+  ``MAX_SYNC_BYTES`` of them per sync, the rest in the next sync at once;
 * registers its devices once, as ranges (``DEVICE_RANGES``), instead of re-sending every device on every sync;
 * sends up what the leaf's device runner put in its outbox (``common.leaf_outbox``: the leaf's plan, its
   per-device report lines), and as a relay forwards its children's.
@@ -41,7 +43,7 @@ from nvflare.edge.updater import Updater
 
 from common.leaf_outbox import OUTBOX_PROP
 from common.packed_maps import pack_map, unpacked_map
-from common.packed_weights import pack, unpack
+from common.packed_weights import pack, packed_bytes, unpack
 from common.protocol import (
     AWAITED,
     DEVICE_RANGES,
@@ -65,6 +67,23 @@ def weights_dxo(version: int, weights: dict) -> DXO:
     dxo = DXO(DataKind.WEIGHTS, data=weights)
     dxo.set_meta_prop(MsgKey.MODEL_VERSION, version)
     return dxo
+
+
+# a sync carries at most this many bytes of diffs (more go up in the next sync, at once): a message past glibc's
+# largest mmap threshold (32 MB) is a fresh mapping, zero-filled page by page, in the leaf and in the server
+MAX_SYNC_BYTES = 16 * 1024 * 1024
+
+
+def _device_of(u: DeviceUpdate | dict) -> str:
+    return u.device if isinstance(u, DeviceUpdate) else u["device"]
+
+
+def _diff_bytes(u: DeviceUpdate | dict) -> int:
+    """The size of an update's diff (a child's entry: its blob as it came)."""
+    if isinstance(u, DeviceUpdate):
+        return sum(getattr(a, "nbytes", 0) for a in (u.diff or {}).values())
+    diff = u.get("diff")
+    return len(packed_bytes(diff)) if diff else 0
 
 
 DEFER_SYNC = "edgesim_defer_sync"  # header of a local report whose sender asks for the sync itself
@@ -142,7 +161,24 @@ class VersionedUpdater(Updater):
             if reported >= expected:
                 self._sums.append(SelectionSum.of(self._buckets.pop(sid)).to_dict())
 
+    def _next_batch(self) -> tuple[list, list]:
+        """(the pending updates to send now, the rest): in arrival order (with real devices the server applies
+        them in that order), up to ``MAX_SYNC_BYTES`` of diffs, at least one update."""
+        total = 0
+        for i, u in enumerate(self._pending):
+            total += _diff_bytes(u)
+            if total > MAX_SYNC_BYTES and i:
+                return self._pending[:i], self._pending[i:]
+        return self._pending, []
+
     def prepare_update_for_parent(self, fl_ctx: FLContext) -> Shareable | None:
+        try:
+            return self._prepare_update(fl_ctx)
+        finally:
+            if self._pending and self.on_work is not None:  # what did not fit goes up in the next sync, at once
+                self.on_work()
+
+    def _prepare_update(self, fl_ctx: FLContext) -> Shareable:
         with self._lock:
             self._complete_sums()
             state = self.current_state
@@ -155,8 +191,8 @@ class VersionedUpdater(Updater):
                 report[DEVICE_RANGES] = dict(self._ranges_unsent)
                 self._ranges_sent, self._ranges_unsent = self._ranges_unsent, {}
             if self._pending:  # this leaf's own updates are packed here, once
-                report[DEVICE_UPDATES] = [u.to_dict() if isinstance(u, DeviceUpdate) else u for u in self._pending]
-                self._pending = []
+                sent, self._pending = self._next_batch()
+                report[DEVICE_UPDATES] = [u.to_dict() if isinstance(u, DeviceUpdate) else u for u in sent]
             if self._sums:
                 report[SELECTION_SUMS], self._sums = self._sums, []
             outbox = fl_ctx.get_prop(OUTBOX_PROP) if fl_ctx is not None else None
@@ -220,7 +256,7 @@ class VersionedUpdater(Updater):
         """Whether an update of one of ``devices`` waits here to go up (alone, or in a complete selection sum)."""
         with self._lock:
             self._complete_sums()
-            pending = {u.device if isinstance(u, DeviceUpdate) else u["device"] for u in self._pending}
+            pending = {_device_of(u) for u in self._pending}
             summed = {d for s in self._sums for d in s["devices"]}
             return bool(devices & (pending | summed))
 

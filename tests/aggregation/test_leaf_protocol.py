@@ -17,8 +17,9 @@ from nvflare.edge.web.models.result_report import ResultReport
 from nvflare.edge.web.models.task_request import TaskRequest
 from nvflare.edge.web.models.user_info import UserInfo
 
+from aggregation import versioned_updater
 from aggregation.leaf_executor import EdgeSimExecutor
-from aggregation.versioned_updater import VersionedUpdater
+from aggregation.versioned_updater import DEFER_SYNC, VersionedUpdater
 from common.packed_maps import unpacked_map
 from common.packed_weights import pack, unpack
 from common.protocol import (
@@ -29,6 +30,7 @@ from common.protocol import (
     SELECTION_RELEASES,
     SELECTION_SUMS,
     SELECTION_VERSIONS,
+    DeviceUpdate,
 )
 
 
@@ -126,6 +128,23 @@ def test_each_device_update_and_device_range_goes_up_once_unsummed():
     updater.process_parent_update_reply(reply(2, {}, {}), FLContext())
     second = updater.prepare_update_for_parent(FLContext())
     assert DEVICE_UPDATES not in second and DEVICE_RANGES not in second  # sent once, confirmed by the reply
+
+
+def test_a_sync_carries_at_most_max_sync_bytes_of_diffs_in_arrival_order(monkeypatch):
+    monkeypatch.setattr(versioned_updater, "MAX_SYNC_BYTES", 20)  # two 8-byte diffs per sync
+    woken = []
+    updater = started_updater()
+    updater.on_work = lambda: woken.append(1)
+    local = StateUpdateReport(0, 0, None, None).to_shareable()
+    local.set_header("edgesim_local_report", True)
+    local.set_header(DEFER_SYNC, True)
+    local[DEVICE_UPDATES] = [DeviceUpdate(f"site-1#{i}", 3, 1, {"w": np.full(2, i, np.float32)}) for i in range(5)]
+    updater.process_child_update(local, FLContext())
+    sent = []
+    while not sent or woken:  # each sync that leaves updates behind asks for the next one at once
+        woken.clear()
+        sent.append([u["device"] for u in updater.prepare_update_for_parent(FLContext())[DEVICE_UPDATES]])
+    assert sent == [["site-1#0", "site-1#1"], ["site-1#2", "site-1#3"], ["site-1#4"]]
 
 
 def test_a_relay_replies_to_a_child_with_the_versions_it_lacks():
