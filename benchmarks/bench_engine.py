@@ -58,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from processors.data.sources import Dataset, make_synthetic, normalize  # noqa: E402
 from processors.data.text import VOCAB_SIZE, WINDOW, make_synthetic_text  # noqa: E402
+from processors.device import full_float32, resolve_device  # noqa: E402
 from processors.models import build_model  # noqa: E402
 from processors.models.stat_tracker import trackers  # noqa: E402
 from processors.training import TrainingConfig, batch_schedule, train_local, worker_model  # noqa: E402
@@ -161,10 +162,8 @@ def main() -> None:
         unequal_cost(args)
         return
 
-    if args.device == "auto":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        device = torch.device(args.device)
+    device = resolve_device(args.device)
+    full_float32()
     ks = [int(k) for k in args.ks.split(",") if k.strip()]
     lr = {} if args.lr is None else {"local_lr": args.lr}
     cfg = TrainingConfig(
@@ -292,7 +291,8 @@ def long_tailed_sizes(k: int, mean: int, sigma: float, seed: int = 0) -> list[in
 
 def unequal_cost(args) -> None:
     """The ``--unequal`` measurement (module docstring)."""
-    device = torch.device("cuda" if args.device != "cpu" and torch.cuda.is_available() else "cpu")
+    device = resolve_device(args.device)
+    full_float32()
     k = max(int(v) for v in args.ks.split(",") if v.strip())
     sizes = long_tailed_sizes(k, args.samples, args.unequal_sigma)
     mean = max(2, round(sum(sizes) / k))

@@ -24,6 +24,17 @@ def resolve_device(name: str | None = "auto") -> torch.device:
         index = device.index or 0
         if index >= torch.cuda.device_count():
             raise ValueError(f"--compute-device {name}: only {torch.cuda.device_count()} CUDA device(s) are visible.")
+        # always with its index: torch's memory calls refuse a bare "cuda", and cuda != cuda:0 when devices compare
+        device = torch.device("cuda", index)
     elif device.type != "cpu":
         raise ValueError(f"--compute-device {name}: unsupported device type {device.type!r}; use auto, cpu or cuda[:N]")
     return device
+
+
+def full_float32() -> None:
+    """Train in full float32 on CUDA: no TF32 in cuDNN's convolutions or cuBLAS's matrix products. torch lets cuDNN
+    use TF32 by default on Ampere and later; on an H200 that put a grouped device 5% (relative, per tensor) from the
+    same device trained alone after 10 steps, against 2e-6 in float32 (``benchmarks/gpu_equivalence.py``), so
+    the engines would no longer agree and a seed's curve would depend on the grouping."""
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False

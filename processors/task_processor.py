@@ -30,7 +30,7 @@ from common.seeds import stable_seed
 from processors.data.config import DataConfig
 from processors.data.device_samples import device_samples, ready_for_other_streams
 from processors.data.sources import load_dataset
-from processors.device import resolve_device
+from processors.device import full_float32, resolve_device
 from processors.device_rule import RuleHost
 from processors.objective import DeviceObjective, make_objective
 from processors.reports import LAST_STEP, check_reports, weigh_by_samples, with_reports
@@ -78,6 +78,7 @@ def compute_context(device: torch.device, profile: UtilisationProfile, leaves_pe
         yield
         return
     _cap_cuda_memory(device, profile.gpu_memory_share / max(1, leaves_per_gpu))
+    full_float32()
     stream = None
     if profile.pinned_streams:
         streams = getattr(_worker, "streams", None)

@@ -101,6 +101,28 @@ def test_explicit_cuda_without_cuda_is_an_error_not_a_cpu_fallback(monkeypatch):
     assert resolve_device("auto").type == "cpu"
 
 
+def test_cuda_resolves_with_its_index_as_torch_memory_calls_need(monkeypatch):
+    """A bare ``cuda`` made ``set_per_process_memory_fraction`` raise and ``cuda`` != ``cuda:0`` fail the engine's
+    device check on the first GPU run (an H200): every device failed."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for name, index in (("cuda", 0), ("cuda:0", 0), ("cuda:1", 1), ("auto", 0)):
+        device = resolve_device(name)
+        assert device == torch.device("cuda", index) and device.index == index, name
+
+
+def test_full_float32_turns_tf32_off_in_convolutions_and_matrix_products():
+    from processors.device import full_float32
+
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:  # cuBLAS's flag is a property of torch's backend module: set and restored by hand
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+        full_float32()
+        assert torch.backends.cudnn.allow_tf32 is False and torch.backends.cuda.matmul.allow_tf32 is False
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 def test_processor_trains_on_the_device_it_is_given(small_data, monkeypatch):
     seen = []
     import processors.task_processor as tp
