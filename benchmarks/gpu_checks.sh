@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# GPU_FIX_NOTES.md's checks as one run that fits a short GPU lease: every step has its own time cap, the whole run a
+# deadline (BUDGET seconds, default 540), and a step that fails or runs out of time is recorded and the next one runs.
+# Each step's output goes to $OUT/<step>.log; the summary table is printed last.
+#
+#   OUT=/tmp/gpu BUDGET=540 bash benchmarks/gpu_checks.sh
+#   ONLY="pytest-cuda engine-convnet" OUT=/tmp/gpu bash benchmarks/gpu_checks.sh      # some steps only
+#   DEVICE=cpu QUICK=1 WHEELS=none PY=.venv/bin/python OUT=/tmp/gpu bash benchmarks/gpu_checks.sh   # a CPU dry pass
+#
+# Where the machine lacks NVFlare (or its dependencies), put their wheels in .whl/ (README of the GPU lease): they
+# are installed into /tmp/site first.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu-checks}
+BUDGET=${BUDGET:-540}
+DEVICE=${DEVICE:-cuda}
+QUICK=${QUICK:-0}
+PY=${PY:-python3}
+ONLY=${ONLY:-}  # a space-separated list of step names: run only these
+WHEELS=${WHEELS:-.whl}
+mkdir -p "$OUT"
+START=$(date +%s)
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+
+if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl \
+    >"$OUT/wheels.log" 2>&1 || echo "wheels: install failed (see wheels.log)" >>"$SUMMARY"
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+
+# step NAME CAP COMMAND...: run COMMAND for at most CAP seconds (less if the deadline is nearer); log its outcome.
+step() {
+  local name=$1 cap=$2
+  shift 2
+  [[ -n $ONLY && " $ONLY " != *" $name "* ]] && return
+  local left=$((BUDGET - ($(date +%s) - START)))
+  if ((left < 15)); then
+    printf '%-22s skipped (deadline)\n' "$name" >>"$SUMMARY"
+    return
+  fi
+  ((cap > left - 5)) && cap=$((left - 5))
+  local t0=$(date +%s)
+  timeout -k 5 "$cap" bash -c '"$@"' _ "$@" >"$OUT/$name.log" 2>&1  # bash -c: a step may be a function
+  local rc=$?
+  printf '%-22s rc=%-3s %4ss (cap %ss)\n' "$name" "$rc" "$(($(date +%s) - t0))" "$cap" >>"$SUMMARY"
+}
+
+env_report() {
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,utilization.gpu --format=csv || true
+  nproc
+  free -g
+  $PY - <<'PY'
+import platform, torch
+print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda,
+      "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(p.name, p.multi_processor_count, "SMs", round(p.total_memory / 2**30, 1), "GiB")
+import nvflare
+print("nvflare", nvflare.__version__)
+PY
+}
+
+# FedBuff with the paper's delays at K concurrent devices (GPU_FIX_NOTES.md item 9): groups and GPU utilisation.
+fedbuff_job() {
+  local k=$1 versions=$2 model=$3
+  $PY jobs/pt_job_fedrevive.py --method fedbuff --compute-device "$DEVICE" --num-leaf-nodes 2 \
+    --devices-per-leaf $((k / 2)) --device-selection-size "$k" --max-model-version "$versions" --model "$model" \
+    --eval-frequency 100 --checkpoint-every -1 --workspace /tmp/edgesim-ws --output "$OUT/fedbuff-$model-k$k" &&
+    $PY - "$OUT/fedbuff-$model-k$k/metrics.json" "$k" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+vs = m["versions"]
+gpu = [v["system"].get("gpu_util_percent") for v in vs[1:]]
+gpu = [g for g in gpu if g is not None]
+vram = [v["system"].get("vram_used_gb") for v in vs[1:] if v["system"].get("vram_used_gb") is not None]
+print(f"RESULT K={sys.argv[2]}: groups {m.get('groups')}; GPU% mean {sum(gpu) / max(1, len(gpu)):.0f} "
+      f"min {min(gpu, default=0):.0f} over {len(gpu)} records; VRAM max {max(vram, default=0)} GB; "
+      f"devices/s {m['summary'].get('devices_per_second')}; wall {vs[-1].get('wall_seconds')} s; "
+      f"system {m.get('system')}; "
+      f"final acc {m['summary'].get('final_accuracy')}; plans "
+      f"{[(p.get('workers'), p.get('group_size'), p.get('engine')) for p in m.get('leaf_plans', {}).values()]}")
+PY
+}
+
+# FedAvg at K devices a version, the synchronous side of the same comparison.
+fedavg_job() {
+  local k=$1 versions=$2
+  $PY jobs/pt_job_fedavg.py --compute-device "$DEVICE" --num-leaf-nodes 2 --devices-per-leaf $((k / 2)) \
+    --device-selection-size "$k" --max-model-version "$versions" --checkpoint-every -1 --workspace /tmp/edgesim-ws \
+    --output "$OUT/fedavg-k$k" &&
+    $PY -c "import json,sys; m=json.load(open(sys.argv[1])); print('RESULT FedAvg K=$k:', m['summary'], m.get('system'))" \
+      "$OUT/fedavg-k$k/metrics.json"
+}
+
+export -f env_report fedbuff_job fedavg_job
+export OUT DEVICE PY
+nvidia-smi dmon -s um -o T >"$OUT/dmon.log" 2>&1 &
+DMON=$!
+
+step env 30 env_report
+if [[ $QUICK == 1 ]]; then
+  step engine-convnet 120 $PY benchmarks/bench_engine.py --device "$DEVICE" --ks 1,4 --iters 2 --samples 64
+  step fedbuff-k8 200 fedbuff_job 8 6 cifar10_convnet
+  step fedavg-k8 200 fedavg_job 8 3
+else
+  step pytest-cuda 60 $PY -m pytest -q -p no:cacheprovider tests/processors/test_cuda.py
+  step engine-convnet 75 $PY benchmarks/bench_engine.py --device "$DEVICE" --ks 1,8,32,100 --iters 25
+  step fedbuff-k1000 100 fedbuff_job 1000 1000 cifar10_convnet
+  step fedavg-k1000 60 fedavg_job 1000 6
+  step fedbuff-k10000 110 fedbuff_job 10000 1000 cifar10_convnet
+  step engine-resnet18 75 $PY benchmarks/bench_engine.py --device "$DEVICE" --model resnet18 --ks 1,8,32 --iters 25
+  step equivalence 60 $PY benchmarks/gpu_equivalence.py
+  step fedrevive-round 60 $PY benchmarks/bench_fedrevive_round.py --model resnet18 --device "$DEVICE" --repeats 2 \
+    --fr-synth-every-versions 1 --no-previous
+  step fedbuff-k100 60 fedbuff_job 100 1000 cifar10_convnet
+fi
+kill "$DMON" 2>/dev/null
+
+echo "==== results"
+grep -h -E "^RESULT|speedup|samples/s|trackers:|augment:|vs |high vs|defaults:|^device |passed|failed|error" \
+  "$OUT"/*.log 2>/dev/null | cut -c1-300 | tail -60
+echo "==== steps (total $(($(date +%s) - START)) s)"
+cat "$SUMMARY"

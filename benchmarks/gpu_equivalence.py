@@ -1,0 +1,161 @@
+"""What training on a CUDA device changes in the numbers: each comparison prints its largest absolute error and its
+largest relative error ‖a − b‖ / ‖b‖ among the diffs' tensors, so a GPU run records how far each path is from the
+one it must equal.
+
+- ``cuda vs cpu``: one device trained alone (``train_local``) on CUDA and on the CPU, same batches.
+- ``group vs alone``: an asynchronous release (devices of three model versions, unequal sample counts) trained
+  as one vectorised group on CUDA against each device trained alone on CUDA, Adam and SGD.
+- ``high vs conservative``: the job's task processor with the ``high`` profile (data on the GPU, pinned copies
+  on per-worker streams) against ``conservative`` (data on the host, no streams), a group and a device alone.
+- ``tf32``: the first two again with TF32 convolutions and matrix products off and on, since torch lets cuDNN
+  use TF32 for convolutions by default on Ampere and later (``torch.backends.cudnn.allow_tf32``).
+
+    .venv/bin/python benchmarks/gpu_equivalence.py            # needs CUDA; exits 2 without it
+
+``tests/processors/test_cuda.py`` bounds the same comparisons (it skips where CUDA is absent).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from processors.data.sources import make_synthetic  # noqa: E402
+from processors.models import build_model  # noqa: E402
+from processors.training import TrainingConfig, train_local, worker_model  # noqa: E402
+from processors.training_vectorized import train_group  # noqa: E402
+
+MODEL = "cifar10_convnet"
+Diff = dict[str, np.ndarray]
+
+
+def errors(got: list[Diff], want: list[Diff]) -> tuple[float, float, float]:
+    """(largest |got − want|, largest per-tensor ‖got − want‖ / ‖want‖, largest |want|) over every tensor of every
+    device: per tensor, so a small weight's error is not hidden by a large statistic's norm."""
+    worst, rel, scale = 0.0, 0.0, 0.0
+    for a, b in zip(got, want, strict=True):
+        assert a.keys() == b.keys()
+        for k in b:
+            want64, d = b[k].astype(np.float64), a[k].astype(np.float64) - b[k].astype(np.float64)
+            worst = max(worst, float(np.abs(d).max()))
+            rel = max(rel, float(np.linalg.norm(d)) / max(float(np.linalg.norm(want64)), 1e-30))
+            scale = max(scale, float(np.abs(want64).max()))
+    return worst, rel, scale
+
+
+@contextlib.contextmanager
+def tf32(enabled: bool) -> Iterator[None]:
+    """TF32 for cuDNN convolutions and cuBLAS matrix products, restored afterwards."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def _start(seed: int = 7) -> dict[str, torch.Tensor]:
+    torch.manual_seed(seed)
+    return {k: p.detach().clone() for k, p in build_model(MODEL).state_dict().items()}
+
+
+def _versions(count: int) -> list[dict[str, torch.Tensor]]:
+    base = _start()
+    out = [base]
+    for v in range(1, count):
+        g = torch.Generator().manual_seed(100 + v)
+        out.append({k: t + 0.05 * torch.randn(t.shape, generator=g) for k, t in base.items()})
+    return out
+
+
+def _data(sizes: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    ds = make_synthetic(sum(sizes), 10, seed=3)
+    out, start = [], 0
+    for n in sizes:
+        out.append((ds.x_train[start : start + n], ds.y_train[start : start + n]))
+        start += n
+    return out
+
+
+def _gens(k: int) -> list[torch.Generator]:
+    return [torch.Generator().manual_seed(11 + i) for i in range(k)]
+
+
+def _on(params: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: t.to(device) for k, t in params.items()}
+
+
+CONFIGS = {
+    "adam": TrainingConfig(local_iters=10, local_batch_size=32, optimizer="adam", local_lr=3e-4),
+    "sgd": TrainingConfig(local_iters=10, local_batch_size=32, optimizer="sgd", local_lr=0.05, momentum=0.9),
+}
+
+
+def cuda_vs_cpu(optimizer: str, device: torch.device) -> tuple[float, float, float]:
+    """One device alone on ``device`` against the same device alone on the CPU."""
+    cfg, start = CONFIGS[optimizer], _start()
+    (x, y) = _data([100])[0]
+    cpu = torch.device("cpu")
+    want = train_local(worker_model(MODEL, cpu), start, x, y, cfg, _gens(1)[0])
+    got = train_local(worker_model(MODEL, device), _on(start, device), x.to(device), y.to(device), cfg, _gens(1)[0])
+    return errors([got], [want])
+
+
+def group_vs_alone(optimizer: str, device: torch.device) -> tuple[float, float, float]:
+    """A release of devices of three versions as one vectorised group on ``device``, against each alone there."""
+    cfg = CONFIGS[optimizer]
+    versions = [_on(v, device) for v in _versions(3)]
+    of_device = [versions[v] for v in (0, 2, 1, 2)]
+    data = [(x.to(device), y.to(device)) for x, y in _data([40, 64, 12, 100])]
+    model = worker_model(MODEL, device)
+    alone = [train_local(model, p, x, y, cfg, g) for p, (x, y), g in zip(of_device, data, _gens(4), strict=True)]
+    grouped = train_group(MODEL, of_device, data, cfg, _gens(4), device)
+    return errors(grouped, alone)
+
+
+def profiles(device: str) -> tuple[float, float, float]:
+    """The task processor on ``device``: ``high`` (data resident, pinned copies on streams) against
+    ``conservative``, for a group of 3 devices and for one device alone."""
+    from processors.models import initial_model
+    from tests.conftest import make_processor
+
+    weights = {k: v.numpy() for k, v in initial_model(MODEL, 0).state_dict().items()}
+    got, want = [], []
+    for profile, out in (("high", got), ("conservative", want)):
+        proc = make_processor(synthetic_size=1000, subset_size=60, profile=profile, compute_device=device)
+        out.extend(proc.train_group(["device-1", "device-2", "device-3"], weights, version=1))
+        out.append(proc.train("device-4", weights, version=1))
+    return errors(got, want)
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("gpu_equivalence: no CUDA device (torch.cuda.is_available() is False); run it on a GPU machine")
+        return 2
+    device = torch.device("cuda:0")
+    print(f"device {torch.cuda.get_device_name(device)}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    print(
+        f"defaults: cudnn.allow_tf32={torch.backends.cudnn.allow_tf32} "
+        f"matmul.allow_tf32={torch.backends.cuda.matmul.allow_tf32}"
+    )
+    print(f"{'comparison':<34} {'tf32':>5} {'max |err|':>11} {'rel err':>11} {'max |diff|':>11}")
+    for allow in (False, True):
+        with tf32(allow):
+            for opt in ("adam", "sgd"):
+                for name, fn in (("cuda vs cpu", cuda_vs_cpu), ("group vs alone (3 versions)", group_vs_alone)):
+                    worst, rel, scale = fn(opt, device)
+                    print(f"{name + ', ' + opt:<34} {allow!s:>5} {worst:>11.3e} {rel:>11.3e} {scale:>11.3e}")
+    worst, rel, scale = profiles("cuda")
+    print(f"{'high vs conservative (processor)':<34} {'dflt':>5} {worst:>11.3e} {rel:>11.3e} {scale:>11.3e}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

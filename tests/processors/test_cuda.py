@@ -1,0 +1,59 @@
+"""Training on a CUDA device gives the numbers the CPU paths give, up to float32 summation order: a device alone,
+an asynchronous release trained as one vectorised group, and the processor's GPU profile (data resident, pinned
+copies on per-worker streams) against its host-data profile. Skipped where CUDA is absent (CI); run on a GPU
+machine, with the measured errors printed by ``benchmarks/gpu_equivalence.py``.
+
+The bounds are relative errors over every tensor of the diffs, with TF32 off (full float32 convolutions): a wrong
+start version, a device's data leaking into another or a diff taken on the wrong device gives errors of order 1."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks import gpu_equivalence as eq
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+CUDA = torch.device("cuda:0")
+
+
+def test_auto_resolves_to_the_cuda_device_when_one_is_present():
+    from processors.device import resolve_device
+
+    assert resolve_device("auto") == CUDA
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_a_device_trained_on_cuda_gets_the_diff_it_gets_on_the_cpu(optimizer):
+    with eq.tf32(False):
+        worst, rel, scale = eq.cuda_vs_cpu(optimizer, CUDA)
+    assert scale > 1e-3  # it trained
+    assert rel < 1e-3, (worst, rel)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_a_release_of_three_versions_grouped_on_cuda_equals_each_device_alone_on_cuda(optimizer):
+    with eq.tf32(False):
+        worst, rel, scale = eq.group_vs_alone(optimizer, CUDA)
+    assert scale > 1e-3
+    assert rel < 1e-3, (worst, rel)
+
+
+def test_the_gpu_profile_gives_the_host_data_profiles_diffs():
+    with eq.tf32(False):
+        worst, rel, scale = eq.profiles("cuda")
+    assert scale > 1e-4
+    assert rel < 1e-4, (worst, rel)
+
+
+def test_the_processor_keeps_its_model_and_data_on_cuda():
+    from processors.models import initial_model
+    from tests.conftest import make_processor
+
+    proc = make_processor(synthetic_size=1000, subset_size=60, compute_device="cuda")
+    weights = {k: v.numpy() for k, v in initial_model(eq.MODEL, 0).state_dict().items()}
+    before = torch.cuda.memory_allocated(CUDA)
+    proc.train("device-1", weights, version=1)
+    device, x, _, _ = proc._prepare("device-1", 1)
+    assert device == CUDA and x.device.type == "cuda"
+    assert torch.cuda.memory_allocated(CUDA) > before
