@@ -90,11 +90,14 @@ PY
 # FedAvg at K devices a version, the synchronous side of the same comparison.
 fedavg_job() {
   local k=$1 versions=$2
+  shift 2
+  local flags="$*"
+  local name="fedavg-k$k${flags// /}"
   $PY jobs/pt_job_fedavg.py --compute-device "$DEVICE" --num-leaf-nodes 2 --devices-per-leaf $((k / 2)) \
     --device-selection-size "$k" --max-model-version "$versions" --checkpoint-every -1 --workspace /tmp/edgesim-ws \
-    --output "$OUT/fedavg-k$k" &&
-    $PY -c "import json,sys; m=json.load(open(sys.argv[1])); print('RESULT FedAvg K=$k:', m['summary'], m.get('system'))" \
-      "$OUT/fedavg-k$k/metrics.json"
+    --output "$OUT/$name" "$@" &&
+    $PY -c "import json,sys; m=json.load(open(sys.argv[1])); print('RESULT FedAvg K=$k $*:', m['summary'], m.get('system'))" \
+      "$OUT/$name/metrics.json"
 }
 
 export -f env_report fedbuff_job fedavg_job
@@ -107,6 +110,7 @@ if [[ $QUICK == 1 ]]; then
   step engine-convnet 120 $PY benchmarks/bench_engine.py --device "$DEVICE" --ks 1,4 --iters 2 --samples 64
   step fedbuff-k8 200 fedbuff_job 8 6 cifar10_convnet
   step fedavg-k8 200 fedavg_job 8 3
+  step fedavg-k8-w1 200 fedavg_job 8 3 --num-workers 1
 else
   step pytest-cuda 60 $PY -m pytest -q -p no:cacheprovider tests/processors/test_cuda.py
   step engine-convnet 75 $PY benchmarks/bench_engine.py --device "$DEVICE" --ks 1,8,32,100 --iters 25
@@ -118,6 +122,11 @@ else
   step fedrevive-round 60 $PY benchmarks/bench_fedrevive_round.py --model resnet18 --device "$DEVICE" --repeats 2 \
     --fr-synth-every-versions 1 --no-previous
   step fedbuff-k100 60 fedbuff_job 100 1000 cifar10_convnet
+  # left by the first GPU run: ResNet-18's grouped-vs-alone agreement, and whether fewer workers with larger groups
+  # beat the planner's cores-sized plan on a GPU leaf (8 workers of 63 devices at K = 1,000)
+  step equivalence-resnet18 90 $PY benchmarks/gpu_equivalence.py --model resnet18
+  step fedavg-k1000-w1 60 fedavg_job 1000 6 --num-workers 1
+  step fedavg-k1000-w2 60 fedavg_job 1000 6 --num-workers 2
 fi
 kill "$DMON" 2>/dev/null
 

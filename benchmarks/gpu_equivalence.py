@@ -11,6 +11,7 @@ one it must equal.
   use TF32 for convolutions by default on Ampere and later (``torch.backends.cudnn.allow_tf32``).
 
     .venv/bin/python benchmarks/gpu_equivalence.py            # needs CUDA; exits 2 without it
+    .venv/bin/python benchmarks/gpu_equivalence.py --model resnet18   # the paper's ResNet-18 (no processor line)
 
 ``tests/processors/test_cuda.py`` bounds the same comparisons (it skips where CUDA is absent).
 """
@@ -61,13 +62,13 @@ def tf32(enabled: bool) -> Iterator[None]:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
-def _start(seed: int = 7) -> dict[str, torch.Tensor]:
+def _start(model: str = MODEL, seed: int = 7) -> dict[str, torch.Tensor]:
     torch.manual_seed(seed)
-    return {k: p.detach().clone() for k, p in build_model(MODEL).state_dict().items()}
+    return {k: p.detach().clone() for k, p in build_model(model).state_dict().items()}
 
 
-def _versions(count: int) -> list[dict[str, torch.Tensor]]:
-    base = _start()
+def _versions(count: int, model: str = MODEL) -> list[dict[str, torch.Tensor]]:
+    base = _start(model)
     out = [base]
     for v in range(1, count):
         g = torch.Generator().manual_seed(100 + v)
@@ -98,25 +99,25 @@ CONFIGS = {
 }
 
 
-def cuda_vs_cpu(optimizer: str, device: torch.device) -> tuple[float, float, float]:
+def cuda_vs_cpu(optimizer: str, device: torch.device, model: str = MODEL) -> tuple[float, float, float]:
     """One device alone on ``device`` against the same device alone on the CPU."""
-    cfg, start = CONFIGS[optimizer], _start()
+    cfg, start = CONFIGS[optimizer], _start(model)
     (x, y) = _data([100])[0]
     cpu = torch.device("cpu")
-    want = train_local(worker_model(MODEL, cpu), start, x, y, cfg, _gens(1)[0])
-    got = train_local(worker_model(MODEL, device), _on(start, device), x.to(device), y.to(device), cfg, _gens(1)[0])
+    want = train_local(worker_model(model, cpu), start, x, y, cfg, _gens(1)[0])
+    got = train_local(worker_model(model, device), _on(start, device), x.to(device), y.to(device), cfg, _gens(1)[0])
     return errors([got], [want])
 
 
-def group_vs_alone(optimizer: str, device: torch.device) -> tuple[float, float, float]:
+def group_vs_alone(optimizer: str, device: torch.device, model: str = MODEL) -> tuple[float, float, float]:
     """A release of devices of three versions as one vectorised group on ``device``, against each alone there."""
     cfg = CONFIGS[optimizer]
-    versions = [_on(v, device) for v in _versions(3)]
+    versions = [_on(v, device) for v in _versions(3, model)]
     of_device = [versions[v] for v in (0, 2, 1, 2)]
     data = [(x.to(device), y.to(device)) for x, y in _data([40, 64, 12, 100])]
-    model = worker_model(MODEL, device)
-    alone = [train_local(model, p, x, y, cfg, g) for p, (x, y), g in zip(of_device, data, _gens(4), strict=True)]
-    grouped = train_group(MODEL, of_device, data, cfg, _gens(4), device)
+    net = worker_model(model, device)
+    alone = [train_local(net, p, x, y, cfg, g) for p, (x, y), g in zip(of_device, data, _gens(4), strict=True)]
+    grouped = train_group(model, of_device, data, cfg, _gens(4), device)
     return errors(grouped, alone)
 
 
@@ -135,12 +136,17 @@ def profiles(device: str) -> tuple[float, float, float]:
     return errors(got, want)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=MODEL, help="cifar10_convnet (default) or resnet18 (its statistic trackers too)")
+    model = p.parse_args(argv).model
     if not torch.cuda.is_available():
         print("gpu_equivalence: no CUDA device (torch.cuda.is_available() is False); run it on a GPU machine")
         return 2
     device = torch.device("cuda:0")
-    print(f"device {torch.cuda.get_device_name(device)}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    print(f"{model} on {torch.cuda.get_device_name(device)}, torch {torch.__version__}, CUDA {torch.version.cuda}")
     print(
         f"defaults: cudnn.allow_tf32={torch.backends.cudnn.allow_tf32} "
         f"matmul.allow_tf32={torch.backends.cuda.matmul.allow_tf32}"
@@ -150,8 +156,10 @@ def main() -> int:
         with tf32(allow):
             for opt in ("adam", "sgd"):
                 for name, fn in (("cuda vs cpu", cuda_vs_cpu), ("group vs alone (3 versions)", group_vs_alone)):
-                    worst, rel, scale = fn(opt, device)
+                    worst, rel, scale = fn(opt, device, model)
                     print(f"{name + ', ' + opt:<34} {allow!s:>5} {worst:>11.3e} {rel:>11.3e} {scale:>11.3e}")
+    if model != MODEL:
+        return 0
     worst, rel, scale = profiles("cuda")
     print(f"{'high vs conservative (processor)':<34} {'dflt':>5} {worst:>11.3e} {rel:>11.3e} {scale:>11.3e}")
     return 0

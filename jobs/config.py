@@ -199,7 +199,15 @@ class RunConfig:
             )
 
     def validate(self) -> None:
-        """The startup kit must be a folder (``prod``), an admin kit whose user is ``--username``."""
+        """The startup kit must be a folder (``prod``), an admin kit whose user is ``--username``; in SimEnv the
+        ``--output`` folder (NVFlare's workspace goes inside it) must hold no whitespace."""
+        if self.env == "sim" and not self.export_only and self.output and any(c.isspace() for c in self.output):
+            # NVFlare's simulator builds its commands as strings and splits them on spaces: it exits 2 with
+            # "unrecognized arguments" after our processes started
+            raise ConfigError(
+                f"--output {self.output!r} holds whitespace, which NVFlare's simulator cannot take (it splits its "
+                "commands on spaces); choose a folder without spaces"
+            )
         if self.env == "prod" and not os.path.isdir(os.path.expanduser(self.startup_kit)):
             raise ConfigError(f"--startup-kit {self.startup_kit}: no such directory")
         if self.env == "prod":

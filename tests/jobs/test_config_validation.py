@@ -112,6 +112,16 @@ def test_a_non_empty_folder_that_holds_no_earlier_run_is_never_cleared(tmp_path,
     assert (tmp_path / "precious.txt").read_text() == "keep me"
 
 
+def test_an_output_folder_with_a_space_is_refused_before_anything_is_made(tmp_path, capsys):
+    """NVFlare's simulator splits its worker commands on spaces: such a run failed after its processes started."""
+    target = tmp_path / "my results"
+    with pytest.raises(SystemExit) as exit_info:
+        raise SystemExit(main(["--output", str(target)]))
+    assert exit_info.value.code == 2
+    assert "holds whitespace" in capsys.readouterr().err
+    assert not target.exists()
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
 def test_an_unwritable_output_folder_is_refused(tmp_path, capsys):
     folder = tmp_path / "ro"
