@@ -17,8 +17,12 @@ in memory as windows. It is therefore read per client (``LazyClientWindows``): l
 sentence counts only (HDF5 metadata, no tokens), and a client's windows are built when a device first trains it (or
 the schedule asks its size), from that client's ``tokens`` alone, and kept in a small LRU cache
 (``CACHE_USERS`` clients per process; their sizes are kept for good, 8 bytes a client). So memory grows with the
-users trained, not the file. The test file is read whole, as today (the server evaluates on it): give a subset of
-its clients when it is too large.
+users trained, not the file. The test file (about 16 million sentences in TFF's) is read in part: the server
+evaluates every version on at most ``TEST_SENTENCES`` (10,000) of its sentences, as the per-round validation of
+Reddi et al.'s "Adaptive Federated Optimization" (``--so_nwp_num_validation_examples=10000``, from the test data).
+Which ones (``test_selection``): every sentence when the file holds no more; otherwise whole clients in one seeded
+order, the same on every machine and in every run whatever ``--seed``, until 10,000, the last client's first
+sentences only. Only those clients' tokens are read (the others' sentence counts are HDF5 metadata).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from common.seeds import stable_seed
 from processors.data.spec import DatasetError
 
 VOCAB_SIZE = 10_000  # TFF's baseline vocabulary (its ``vocab_size``)
@@ -40,6 +45,7 @@ BOS_ID = VOCAB_SIZE + 2
 EOS_ID = VOCAB_SIZE + 3
 NUM_IDS = VOCAB_SIZE + 4  # the model's output size: pad, V words, OOV, BOS, EOS
 CACHE_USERS = 32  # clients whose windows a process keeps (LRU): a few groups' worth of devices
+TEST_SENTENCES = 10_000  # test sentences evaluated at most (the module docstring)
 
 
 def word_count_file(train_path: str) -> str:
@@ -108,6 +114,23 @@ def client_windows(tokens, vocab: dict[str, int]) -> tuple[np.ndarray, np.ndarra
     return np.concatenate(xs), np.concatenate(ys)
 
 
+def test_selection(names: tuple[str, ...], counts: np.ndarray, cap: int | None = None) -> dict[str, int]:
+    """The test clients evaluated, sorted, and how many of their first sentences each: all of them when ``counts``
+    (each client's sentences) sum to at most ``cap`` (default ``TEST_SENTENCES``); otherwise whole clients in a
+    seeded order fixed for the file's clients (not the run's seed: every run evaluates on the same sentences)
+    until ``cap`` sentences, the last client cut to fit."""
+    cap = TEST_SENTENCES if cap is None else cap
+    counts = np.asarray(counts, dtype=np.int64)
+    if int(counts.sum()) <= cap:
+        return {name: int(n) for name, n in zip(names, counts, strict=True)}
+    order = np.random.default_rng(stable_seed("stackoverflow-test")).permutation(len(names))
+    reached = np.cumsum(counts[order])
+    last = int(np.searchsorted(reached, cap))  # the first client at which the running total reaches cap
+    take = {names[i]: int(counts[i]) for i in order[: last + 1]}
+    take[names[order[last]]] -= int(reached[last]) - cap
+    return dict(sorted(take.items()))
+
+
 def decode(sentence) -> str:
     return sentence.decode("utf-8") if isinstance(sentence, bytes) else str(sentence)
 
@@ -115,10 +138,19 @@ def decode(sentence) -> str:
 class LazyClientWindows:
     """The training clients of one StackOverflow file, their windows built per client on first use (the module
     docstring): a ``processors.data.users.LazyUsers``. ``names``: the clients, sorted; ``sentences``: each one's
-    sentence count (from the HDF5 shapes); ``vocab``: the word ids. Thread-safe: a leaf's workers share it."""
+    sentence count (from the HDF5 shapes); ``vocab``: the word ids; ``test_sentences``: the test sentences
+    evaluated and the test file's (``test_selection``). Thread-safe: a leaf's workers share it."""
 
-    def __init__(self, path: str, names: tuple[str, ...], sentences: np.ndarray, vocab: dict[str, int]):
+    def __init__(
+        self,
+        path: str,
+        names: tuple[str, ...],
+        sentences: np.ndarray,
+        vocab: dict[str, int],
+        test_sentences: tuple[int, int] = (0, 0),
+    ):
         self.path, self.names, self.sentences, self.vocab = path, names, sentences, vocab
+        self.test_sentences = test_sentences
         self.reads = 0  # clients whose tokens were read, for the tests and the docs' claim
         self._cache: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._sizes: dict[int, int] = {}
@@ -150,3 +182,7 @@ class LazyClientWindows:
 
     def unit_counts(self) -> tuple[str, np.ndarray]:
         return "sentences", self.sentences
+
+    def test_record(self) -> dict:
+        evaluated, in_file = self.test_sentences
+        return {"test_sentences": evaluated, "test_sentences_in_file": in_file}

@@ -13,7 +13,8 @@ task:
   read): next-word windows of 20 word ids in TFF's vocabulary (``stackoverflow.word_count`` beside the files) and
   the next word's id, ``processors.data.stackoverflow``: int64 N x 20 and int64 labels, 10004 classes. The
   training file is read per client, on first use (``stackoverflow.LazyClientWindows``: it does not fit in memory),
-  so only ``--partition natural`` can split it; the test file is read whole.
+  so only ``--partition natural`` can split it; of the test file, at most 10,000 sentences are read and evaluated
+  (``stackoverflow.test_selection``).
 
 Each client is one user of the natural partition (``processors.data.users``); clients are sorted by id.
 """
@@ -30,12 +31,14 @@ from processors.data.sources import Dataset, DatasetError
 from processors.data.stackoverflow import (
     NUM_IDS,
     SEQUENCE_LENGTH,
+    TEST_SENTENCES,
     LazyClientWindows,
     check_word_count,
     client_windows,
     decode,
     is_stackoverflow,
     load_vocab,
+    test_selection,
     word_count_file,
 )
 from processors.data.text import SPACE_ID, token_ids, windows
@@ -93,20 +96,25 @@ def client_sentences(path: str) -> tuple[tuple[str, ...], np.ndarray]:
     return tuple(held), np.asarray(list(held.values()), dtype=np.int64)
 
 
-def read_clients(path: str, vocab_from: str | None = None) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+def read_clients(
+    path: str, vocab_from: str | None = None, take: dict[str, int] | None = None
+) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
     """(task, inputs, labels, each sample's client) of one TFF file; StackOverflow's vocabulary file is the one
-    beside ``vocab_from`` (the train file; default ``path``)."""
+    beside ``vocab_from`` (the train file; default ``path``). ``take``: StackOverflow only, the clients to read and
+    how many of their first sentences each (``stackoverflow.test_selection``); default every sentence of every
+    client."""
     with _open(path) as f:
         examples = f["examples"]
         task = _task(examples, path)
         vocab = load_vocab(vocab_from or path) if task == "stackoverflow" else None
         xs, ys, users = [], [], []
-        for client in sorted(examples.keys()):
+        for client in sorted(examples.keys() if take is None else take):
             group = examples[client]
             if task == "emnist":
                 x, y = pixels_to_uint8(group["pixels"][()]), np.asarray(group["label"][()], dtype=np.int64)
             elif vocab is not None:
-                x, y = client_windows(group["tokens"][()], vocab)
+                tokens = group["tokens"]
+                x, y = client_windows(tokens[()] if take is None else tokens[: take[client]], vocab)
             else:
                 lines = [decode(s) for s in group["snippets"][()]]
                 x, y = windows(token_ids("\n".join(lines), unknown=SPACE_ID), WINDOW, short_ok=True)
@@ -147,14 +155,18 @@ def load_tff(path: str, data_root: str) -> Dataset:
 
 def load_stackoverflow(path: str, test_path: str, data_root: str, sources: list[str]) -> Dataset:
     """StackOverflow: the training clients' windows built per client on first use (no ``x_train``; the users'
-    ``lazy``), the test file's windows grouped by client as the other formats' (parsed once per machine)."""
+    ``lazy``), the evaluated part of the test file (``stackoverflow.test_selection``) grouped by client as the other
+    formats' (parsed once per machine)."""
     vocab = load_vocab(path)
 
     def make() -> dict[str, np.ndarray]:
         names, sentences = client_sentences(path)
-        test_task, x_test, y_test, u_test = read_clients(test_path, vocab_from=path)
+        test_task = file_task(test_path)
         if test_task != "stackoverflow":
             raise DatasetError(f"--dataset {path}: the test file {test_path} holds {test_task}, not stackoverflow")
+        test_names, test_counts = client_sentences(test_path)  # HDF5 metadata: which clients, how many sentences
+        take = test_selection(test_names, test_counts)
+        _, x_test, y_test, u_test = read_clients(test_path, vocab_from=path, take=take)
         _, test_order, split = group_by_user(np.asarray(names), u_test)  # test offsets in the clients' order
         return {
             "names": np.asarray(names, dtype=str),
@@ -162,11 +174,15 @@ def load_stackoverflow(path: str, test_path: str, data_root: str, sources: list[
             "x_test": x_test[test_order],
             "y_test": y_test[test_order],
             "test_offsets": split.test_offsets,
+            "test_sentences": np.asarray([sum(take.values()), int(test_counts.sum())], dtype=np.int64),
         }
 
-    arrays = cached_grouped(data_root, "tff-stackoverflow", TFF_FORMAT, sources, make)
+    extra = f"test sentences {TEST_SENTENCES}"  # another cap parses the test file again
+    arrays = cached_grouped(data_root, "tff-stackoverflow", TFF_FORMAT, sources, make, extra)
     names = tuple(str(n) for n in arrays["names"])
-    lazy = LazyClientWindows(path, names, np.asarray(arrays["sentences"], dtype=np.int64), vocab)
+    evaluated, in_file = (int(n) for n in arrays["test_sentences"])
+    sentences = np.asarray(arrays["sentences"], dtype=np.int64)
+    lazy = LazyClientWindows(path, names, sentences, vocab, (evaluated, in_file))
     users = UserSplit(names, None, np.asarray(arrays["test_offsets"], dtype=np.int64), lazy)
     return Dataset(
         torch.zeros((0, SEQUENCE_LENGTH), dtype=torch.int64),  # per user: users.lazy

@@ -38,6 +38,10 @@ class LazyUsers(Protocol):
         """What the source can count per user without building samples (e.g. ``sentences``), and the counts."""
         ...
 
+    def test_record(self) -> dict:
+        """What ``metrics.json`` says of the test split the server evaluates on (e.g. a part of the file)."""
+        ...
+
 
 @dataclass(frozen=True, eq=False)  # eq=False: hashed by identity (a Dataset holding it stays hashable)
 class UserSplit:
@@ -119,7 +123,8 @@ def gini(values: np.ndarray) -> float:
 def partition_stats(users: UserSplit, pool: int | None = None) -> dict:
     """What ``metrics.json`` records of a natural partition: users, samples per user (min, median, max, Gini), the
     test users, and with the pool size, devices per user. A lazy source's samples are not counted (that would
-    build every user's): its own unit's (``LazyUsers.unit_counts``, e.g. ``sentences_per_user``) instead."""
+    build every user's): its own unit's (``LazyUsers.unit_counts``, e.g. ``sentences_per_user``) instead, and
+    what it says of its test split (``LazyUsers.test_record``)."""
     unit, sizes = ("samples", users.train_sizes()) if users.lazy is None else users.lazy.unit_counts()
     stats = {
         "partition": "natural",
@@ -135,6 +140,8 @@ def partition_stats(users: UserSplit, pool: int | None = None) -> dict:
     if users.test_offsets is not None:
         test_sizes = np.diff(users.test_offsets)
         stats["test_users"] = int((test_sizes > 0).sum())
+    if users.lazy is not None:
+        stats |= users.lazy.test_record()
     if pool is not None:
         stats["devices"] = int(pool)
         stats["devices_per_user"] = round(pool / users.count, 4)

@@ -9,7 +9,6 @@ import os
 
 import numpy as np
 
-LEAF_LETTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
 TEXT = (
     "To be, or not to be, that is the question: Whether 'tis nobler in the mind to suffer the slings and "
     "arrows of outrageous fortune, or to take arms against a sea of troubles and by opposing end them. "

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from common.choices import ConfigError
-from processors.data import stackoverflow
+from processors.data import stackoverflow, tff
 from processors.data.config import DataConfig
 from processors.data.partition import device_indices, device_sample_count, natural_user, range_offsets
 from processors.data.sources import DatasetError
@@ -26,6 +26,7 @@ from processors.data.stackoverflow import (
     PAD_ID,
     SEQUENCE_LENGTH,
     VOCAB_SIZE,
+    client_windows,
     sentence_ids,
 )
 from processors.data.tff import read_clients
@@ -133,6 +134,46 @@ def test_the_training_file_is_read_per_user_on_first_use_into_the_eager_windows(
     assert lazy.reads == 7  # its windows were dropped: read again
     with pytest.raises(ConfigError, match="only --partition natural"):
         DataConfig(dataset=str(path), data_root=str(tmp_path), partition="dirichlet")
+
+
+def test_the_test_selection_keeps_whole_clients_in_a_fixed_order_up_to_the_cap():
+    names, counts = ("a", "b", "c", "d", "e"), np.array([3, 5, 2, 4, 6])
+    assert stackoverflow.test_selection(names, counts, cap=20) == dict(zip(names, [3, 5, 2, 4, 6], strict=True))
+    take = stackoverflow.test_selection(names, counts, cap=9)
+    assert sum(take.values()) == 9 and list(take) == sorted(take)
+    whole = [c for c, n in take.items() if n == counts[names.index(c)]]
+    assert len(whole) >= len(take) - 1 and all(n > 0 for n in take.values())  # at most one client cut
+    assert take == stackoverflow.test_selection(names, counts, cap=9)  # no run seed: the same sentences every run
+    assert sum(stackoverflow.test_selection(names, counts, cap=1).values()) == 1
+
+
+def test_at_most_test_sentences_of_the_test_file_are_read_and_evaluated(tmp_path, monkeypatch):
+    """TFF's test file holds about 16 million sentences: the server evaluates on 10,000 of them (here 7 of the
+    generated file's 16); only the selected clients' tokens are read, into the windows of their first sentences."""
+    path = write_tff_stackoverflow(tmp_path / "so", clients=8)
+    test_path = str(tmp_path / "so" / "stackoverflow_test.h5")
+    monkeypatch.setattr(stackoverflow, "TEST_SENTENCES", 7)
+    built = []  # the sentences each client_windows call reads
+    monkeypatch.setattr(
+        tff, "client_windows", lambda tokens, vocab: built.append(len(tokens)) or client_windows(tokens, vocab)
+    )
+    data = _load(path, tmp_path)
+    assert sum(built) == 7 and len(built) < 8  # 7 sentences, of fewer clients than the file's 8
+    names, counts = tff.client_sentences(test_path)
+    take = stackoverflow.test_selection(names, counts, cap=7)
+    vocab = {w: i + 1 for i, w in enumerate(SO_WORDS)}
+    with h5py.File(test_path) as f:
+        expected = [client_windows(f["examples"][c]["tokens"][:n], vocab) for c, n in take.items()]
+    pairs = sorted(zip(map(tuple, data.x_test.tolist()), data.y_test.tolist(), strict=True))
+    assert pairs == sorted((tuple(r), int(t)) for x, y in expected for r, t in zip(x.tolist(), y, strict=True))
+    stats = partition_stats(data.users, pool=4)
+    assert (stats["test_sentences"], stats["test_sentences_in_file"]) == (7, int(counts.sum())) == (7, 16)
+    assert stats["test_users"] == len(take)  # each evaluated client scored on its own
+    monkeypatch.setattr(stackoverflow, "TEST_SENTENCES", 16)  # the whole file fits: every sentence, as before
+    path = write_tff_stackoverflow(tmp_path / "again", clients=8)  # the same files: another path, another load
+    whole = _load(path, tmp_path)
+    assert partition_stats(whole.users)["test_sentences"] == 16 and sum(built) == 7 + 16
+    assert len(whole.y_test) == len(read_clients(str(tmp_path / "again" / "stackoverflow_test.h5"), path)[2])
 
 
 def test_a_missing_word_count_file_is_refused_in_one_line_saying_where(tmp_path):
