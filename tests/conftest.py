@@ -90,6 +90,36 @@ def assert_both_engines_agree(data, training, devices: list[str]) -> list[dict]:
     return grouped
 
 
+# a small real job on exact simulated time (2 leaves x 12 devices, 8 in flight, the paper's delays, tiny data), the
+# base of the e2e tests that compare runs (each adds its seed and method)
+SMALL_JOB = (
+    "--num-leaf-nodes 2 --devices-per-leaf 12 --device-selection-size 8 --delays paper --synthetic-size 1500 "
+    "--subset-size 40 --local-iters 2 --local-batch-size 16 --local-lr 1e-3 --eval-backlog wait"
+).split()
+# a fleet whose devices come and go (and drop out mid-task): one session of half a 6-unit day each
+DIURNAL = ["--availability", "diurnal", "--availability-period", "6", "--availability-online", "0.5"]
+
+
+def job_commands(runs: dict[str, list[str]], tmp_path, *common: str) -> dict[str, list[str]]:
+    """Each named run's command (``jobs/pt_job_fedrevive.py`` with ``common`` and its own flags), its results in
+    ``tmp_path/NAME/out`` and its workspace in ``tmp_path/NAME/ws``."""
+    return {
+        name: [PYTHON, "jobs/pt_job_fedrevive.py", *common, *flags]
+        + ["--output", str(tmp_path / name / "out"), "--workspace", str(tmp_path / name / "ws")]
+        for name, flags in runs.items()
+    }
+
+
+def assert_same_run(out, again) -> None:
+    """Two runs' results folders hold the same run: the same ``events.jsonl``, accuracies and model bytes."""
+    for name in ("events.jsonl", "global_model.pt"):
+        assert (again / name).read_bytes() == (out / name).read_bytes(), name
+    curves = [json.loads((o / "metrics.json").read_text())["versions"] for o in (out, again)]
+    assert [(v["version"], v.get("accuracy")) for v in curves[1]] == [
+        (v["version"], v.get("accuracy")) for v in curves[0]
+    ]
+
+
 def job_args(tmp_path, *extra: str, output: bool = True) -> list[str]:
     """Flags for a small but real NVFlare run: 2 leaves, 8 devices a round, synthetic data."""
     return (["--output", str(tmp_path / "out")] if output else []) + [
