@@ -50,12 +50,14 @@ from aggregation.versioned_updater import DEFER_SYNC, VersionedState, VersionedU
 from common.device_wire import DEVICE_SETTINGS_META, diff_problem, from_wire, to_wire
 from common.protocol import (
     AWAITED,
+    DEVICE_ERROR_META,
     DEVICE_RANGES,
     DEVICE_UPDATES,
     LOCAL_REPORT,
     NEWS_FOR,
     WAKE_TOPIC,
     DeviceUpdate,
+    short_error,
 )
 from simulation.leaf_gateway import FIND_GATEWAY, GATEWAY_PROP, DeviceResult, GatewayTask, LeafWork
 from simulation.nvflare_private import EventDrivenSync, NoPayloadRendering, install_nvflare_fixes
@@ -196,7 +198,9 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
         report.set_header(LOCAL_REPORT, True)
         report.set_header(DEFER_SYNC, True)  # asked for below
         # a local report never leaves this process: the updates go in as objects, packed once when sent up
-        report[DEVICE_UPDATES] = [DeviceUpdate(r.device, r.selection_id, r.version, r.diff, r.count) for r in results]
+        report[DEVICE_UPDATES] = [
+            DeviceUpdate(r.device, r.selection_id, r.version, r.diff, r.count, error=r.error) for r in results
+        ]
         with self._engine.new_context() as fl_ctx:
             self.accept_update("", report, fl_ctx)  # the current task's
         # a sync is a message each way, dearer than a device at near-zero training: results the server waits for
@@ -284,7 +288,7 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
             return ResultResponse(EdgeApiStatus.ERROR, task_id=request.task_id, message="no version/selection cookie")
         device = request.get_device_id()
         self.log_warning(fl_ctx, f"device {device} reports its task failed ({request.status}): counted failed")
-        failed = DeviceUpdate(device, *selection, None, 0)
+        failed = DeviceUpdate(device, *selection, None, 0, error=f"the device reported status {request.status}")
         self._send_up([failed], request.task_id, fl_ctx)
         return ResultResponse(EdgeApiStatus.OK, task_id=request.task_id, task_name=request.task_name)
 
@@ -301,13 +305,15 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
             raise ValueError(f"result of device {device} has no version/selection cookie")
         sid, version = selection
         diff, count = dxo.data["dict"], int(dxo.data.get("count", 1))
+        error = str(dxo.get_meta_prop(DEVICE_ERROR_META, "") or "") if count == 0 else ""
         if self.real_devices:  # from JSON, and from a device we do not control: checked before it can reach the model
             diff = from_wire(diff)
             problem = self._diff_problem(diff, version, current_task)
             if problem:
                 self.log_warning(fl_ctx, f"device {device}'s result is refused and counted failed: {problem}")
-                diff, count = None, 0
-        return self._send_up([DeviceUpdate(device, sid, version, diff, count)], result_report.task_id, fl_ctx)
+                diff, count, error = None, 0, short_error(f"its result was refused: {problem}")
+        update = DeviceUpdate(device, sid, version, diff, count, error=error)
+        return self._send_up([update], result_report.task_id, fl_ctx)
 
     @staticmethod
     def _diff_problem(diff: dict, version: int, current_task: TaskInfo) -> str:

@@ -5,7 +5,7 @@
     python benchmarks/same_bits.py --compare A.json B.json         # exit 0 when every digest is equal
 
 Each run is small but real (SimEnv, 2 leaves): FedAvg; FedBuff with the paper's delays (updates of many versions,
-stale ones included); FedRevive with its phases from version 2, so distillation runs. Every scheduled version is
+stale ones included); FedRevive with its phases from version 2 (``benchmarks.fedrevive_small``), so distillation runs. Every scheduled version is
 evaluated (``--eval-backlog wait``), so the accuracy curve does not depend on the machine's load. A digest is the
 SHA-256 of ``events.jsonl`` and of ``global_model.pt``, the list of (version, accuracy), and FedRevive's log without
 its wall-clock field (``kd_seconds``).
@@ -23,6 +23,7 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from benchmarks.fedrevive_small import FEDREVIVE_SMALL  # noqa: E402
 from common.result_files import EVENTS, GLOBAL_MODEL, METRICS  # noqa: E402
 from fedrevive.config import LOG_FILE as FEDREVIVE_LOG  # noqa: E402
 
@@ -46,36 +47,12 @@ SMALL = [
     "--eval-frequency",
     "1",
 ]
-FEDREVIVE = [
-    "--fr-distill-from-version",
-    "2",
-    "--fr-kd-train-from-version",
-    "3",
-    "--fr-s-max",
-    "2",
-    "--fr-teacher-buffer-size",
-    "3",
-    "--fr-synth-per-teacher",
-    "4",
-    "--fr-kd-iters",
-    "2",
-    "--fr-gen-width",
-    "8",
-    "--fr-synth-every-versions",
-    "1",
-    "--fr-synth-batch-size",
-    "8",
-    "--fr-pool-size",
-    "64",
-    "--fr-probe-samples",
-    "16",
-]
 RUNS = {
     "fedavg": ["jobs/pt_job_fedavg.py", *SMALL, "--max-model-version", "4"],
     "fedbuff": ["jobs/pt_job_fedrevive.py", "--method", "fedbuff", *SMALL, "--delays", "paper"]
     + ["--max-model-version", "12"],
     "fedrevive": ["jobs/pt_job_fedrevive.py", "--method", "fedrevive", *SMALL, "--delays", "paper"]
-    + ["--max-model-version", "8", *FEDREVIVE],
+    + ["--max-model-version", "8", *FEDREVIVE_SMALL],
 }
 
 

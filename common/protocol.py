@@ -54,6 +54,10 @@ DATA_SIZE = "data_size"  # samples it holds (its weight when its method weights 
 DEVICE_REPORTS = (LOSS, LOSS_SQUARED, STEPS, SAMPLES, LABEL_COUNTS, DATA_SIZE)
 SELECTION_VERSIONS = "edgesim_selection_versions"  # {selection id: model version}
 SELECTION_RELEASES = "edgesim_selection_releases"  # {selection id: the release it came in}
+# a failed device's result (a zero-weight update) carries why it failed, cut to this many characters: the server
+# names the last one when it stops a run whose devices keep failing (``scheduling.failure_streak``)
+MAX_ERROR_CHARS = 300
+DEVICE_ERROR_META = "edgesim_device_error"  # the same text in a failed result's DXO meta (NVFlare's edge requests)
 
 # FLContext key set by the server's model manager next to AppConstants.GLOBAL_MODEL: the simulated time at which
 # the version was made
@@ -62,6 +66,12 @@ SIM_TIME = "edgesim.sim_time"
 METHOD_STATUS = "edgesim.method_status"
 # fl_ctx prop beside it: the fleet as the version was made, ``ExactSchedule.fleet()`` (devices online, updates, failed)
 FLEET = "edgesim.fleet"
+
+
+def short_error(text: str) -> str:
+    """A device's error as it travels: one line, at most ``MAX_ERROR_CHARS`` characters."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= MAX_ERROR_CHARS else line[: MAX_ERROR_CHARS - 3] + "..."
 
 
 def reports_of(diff: dict | None) -> dict:
@@ -80,9 +90,11 @@ class DeviceUpdate:
         base_version: the model version it trained (from its task's cookie).
         diff: parameter name -> float32 array, trained minus received.
         count: 1, or 0 for a device whose training failed for good (its diff is zeros and counts nothing).
+        error: why it failed, when the device (or its leaf) said so (``short_error``); "" for an update that
+            counted, and for a failure the server decided (offline, silent past its timeout, its leaf lost).
     """
 
-    __slots__ = ("device", "selection_id", "base_version", "diff", "count", "group")
+    __slots__ = ("device", "selection_id", "base_version", "diff", "count", "group", "error")
 
     def __init__(
         self,
@@ -92,6 +104,7 @@ class DeviceUpdate:
         diff: dict | None,
         count: int = 1,
         group: SelectionSum | None = None,
+        error: str = "",
     ):
         self.device = device
         self.selection_id = selection_id
@@ -99,20 +112,25 @@ class DeviceUpdate:
         self.diff = diff  # None when the diff travels summed with its selection's (``group``)
         self.count = count
         self.group = group
+        self.error = error
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "device": self.device,
             "selection_id": self.selection_id,
             "base_version": self.base_version,
             "diff": packed_or_none(self.diff),
             "count": self.count,
         }
+        if self.error:  # only a failed device's: an update that counted carries no extra key
+            d["error"] = self.error
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> DeviceUpdate:
         diff = unpacked(d["diff"], writable=False)  # only ever read (summed, blended): no copy
-        return cls(d["device"], int(d["selection_id"]), int(d["base_version"]), diff, int(d.get("count", 1)))
+        count = int(d.get("count", 1))
+        return cls(d["device"], int(d["selection_id"]), int(d["base_version"]), diff, count, error=d.get("error", ""))
 
 
 class SelectionSum:
@@ -124,14 +142,24 @@ class SelectionSum:
         devices: device id -> its count (1, or 0 for a device whose training failed).
         diff: the sum of their diffs, added in device-id order.
         count: the sum of their counts.
+        errors: device id -> why it failed, for its failed devices that said so (``DeviceUpdate.error``).
     """
 
-    def __init__(self, selection_id: int, base_version: int, devices: dict[str, int], diff: dict, count: int):
+    def __init__(
+        self,
+        selection_id: int,
+        base_version: int,
+        devices: dict[str, int],
+        diff: dict,
+        count: int,
+        errors: dict[str, str] | None = None,
+    ):
         self.selection_id = selection_id
         self.base_version = base_version
         self.devices = devices
         self.diff = diff
         self.count = count
+        self.errors = errors or {}
 
     @classmethod
     def of(cls, updates: list[DeviceUpdate]) -> SelectionSum:
@@ -151,27 +179,39 @@ class SelectionSum:
             {u.device: u.count for u in ordered},
             diff,
             sum(u.count for u in ordered),
+            {u.device: u.error for u in ordered if u.error},
         )
 
     def device_updates(self) -> list[DeviceUpdate]:
         """One entry per device, each pointing at this sum (the server applies devices one by one, in its order)."""
         return [
-            DeviceUpdate(d, self.selection_id, self.base_version, None, c, group=self) for d, c in self.devices.items()
+            DeviceUpdate(d, self.selection_id, self.base_version, None, c, group=self, error=self.errors.get(d, ""))
+            for d, c in self.devices.items()
         ]
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "selection_id": self.selection_id,
             "base_version": self.base_version,
             "devices": self.devices,
             "diff": packed_or_none(self.diff),
             "count": self.count,
         }
+        if self.errors:
+            d["errors"] = self.errors
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> SelectionSum:
         diff = unpacked(d["diff"], writable=False)
-        return cls(int(d["selection_id"]), int(d["base_version"]), dict(d["devices"]), diff, int(d["count"]))
+        return cls(
+            int(d["selection_id"]),
+            int(d["base_version"]),
+            dict(d["devices"]),
+            diff,
+            int(d["count"]),
+            dict(d.get("errors") or {}),
+        )
 
 
 # fired by the server's assessor when it ends the run; fl_ctx[RUN_OUTCOME] is {"status", "reason", "version",

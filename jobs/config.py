@@ -66,6 +66,13 @@ class FederationConfig:
     on_leaf_loss: ``stop``: end the run naming the lost leaf (``metrics.json`` keeps what was made); ``continue``:
         go on with the living leaves, the lost leaf's in-flight devices counted as failed (fits asynchronous
         methods).
+    max_consecutive_failures: stop the run (``outcome`` ``stopped``, naming the last device error) once this many
+        device updates in a row failed with an error, from as many different devices (or every device, in a
+        smaller pool), none counting since: it cannot make progress. Only a device's own error counts (its
+        training raised; a real device reported an error or a result that does not fit), not going offline
+        (``--availability``), silence past ``--device-timeout`` or a lost leaf. 100 in a row is beyond any
+        healthy fleet (even one whose devices each fail 8 times in 10, about 1 in 5e9 per update) yet quick to
+        reach when every device fails; 0: never stop.
     """
 
     num_leaf_nodes: int = 2
@@ -80,6 +87,7 @@ class FederationConfig:
     device_wait_timeout: float = 120.0
     leaf_timeout: float | None = None
     on_leaf_loss: LeafLossPolicy = "stop"
+    max_consecutive_failures: int = 100
 
     def __post_init__(self) -> None:
         if self.num_updates_for_model is None:
@@ -103,6 +111,11 @@ class FederationConfig:
         if self.leaf_timeout is not None and not self.leaf_timeout > 0:
             raise ConfigError(f"--leaf-timeout {self.leaf_timeout}: must be > 0 seconds (or leave it out)")
         check_choice("--on-leaf-loss", self.on_leaf_loss, LeafLossPolicy)
+        if self.max_consecutive_failures < 0:
+            raise ConfigError(
+                f"--max-consecutive-failures {self.max_consecutive_failures}: failed updates in a row, >= 1 (or 0: "
+                "never stop)"
+            )
         if self.max_model_version < 2:
             raise ConfigError(
                 f"--max-model-version {self.max_model_version}: must be >= 2 (version 1 is the initial model, "

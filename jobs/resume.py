@@ -30,6 +30,7 @@ HARMLESS = {
     ("federation", "device_wait_timeout"),
     ("federation", "leaf_timeout"),
     ("federation", "on_leaf_loss"),
+    ("federation", "max_consecutive_failures"),
     ("engine", "num_workers"),
     ("engine", "update_interval"),
     ("engine", "update_timeout"),

@@ -25,7 +25,7 @@ from nvflare.edge.web.models.task_response import TaskResponse
 
 from common.delays import DelayConfig, DeviceDelays
 from common.profiles import DEFAULT_PROFILE, UtilisationProfile, get_profile
-from common.protocol import DEVICE_EXTRA_PREFIX, DEVICE_ID_META
+from common.protocol import DEVICE_ERROR_META, DEVICE_EXTRA_PREFIX, DEVICE_ID_META, short_error
 from common.seeds import stable_seed
 from processors.data.config import DataConfig
 from processors.data.device_samples import device_samples, ready_for_other_streams
@@ -110,13 +110,17 @@ def device_extras(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k[n:]: v for k, v in params.items() if k.startswith(DEVICE_EXTRA_PREFIX)}
 
 
-def weight_diff_result(device_id: str, diff: dict[str, np.ndarray], count: int = 1, stock_lists: bool = False) -> dict:
-    """A device's result: its WEIGHT_DIFF DXO (as a dict), with its id in the metadata. ``stock_lists``: weights as
-    Python lists, the format of NVFlare's example (the stock baseline)."""
+def weight_diff_result(
+    device_id: str, diff: dict[str, np.ndarray], count: int = 1, stock_lists: bool = False, error: str = ""
+) -> dict:
+    """A device's result: its WEIGHT_DIFF DXO (as a dict), with its id in the metadata (and a failed device's
+    ``error``). ``stock_lists``: weights as Python lists, the format of NVFlare's example (the stock baseline)."""
     if stock_lists:
         diff = {k: v.tolist() for k, v in diff.items()}
     result = DXO(data_kind=DataKind.WEIGHT_DIFF, data={"dict": diff, "count": count})
     result.set_meta_prop(DEVICE_ID_META, device_id)
+    if error:
+        result.set_meta_prop(DEVICE_ERROR_META, error)
     return result.to_dict()
 
 
@@ -242,17 +246,18 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
             return [self.train(device_ids[0], weights[0], versions[0], selections[0] if selections else None)]
         return self.train_group(device_ids, weights, versions, selections)
 
-    def failed_result(self, device_id: str, task: TaskResponse) -> dict:
-        """What a device whose training failed for good reports: an all-zero diff with weight ``count`` 0. The
-        server then frees the device's slot while the mean over the other updates is unchanged (the mean divides
-        the summed diffs by the summed counts)."""
+    def failed_result(self, device_id: str, task: TaskResponse, error: str = "") -> dict:
+        """What a device whose training failed for good reports: an all-zero diff with weight ``count`` 0, and
+        ``error`` (why, one short line) in its meta. The server then frees the device's slot while the mean over
+        the other updates is unchanged (the mean divides the summed diffs by the summed counts), and stops a run
+        whose devices keep failing, naming the last error (``scheduling.failure_streak``)."""
         _, weights = received_model(task)
         zeros = {
             k: np.zeros(np.shape(v), dtype=np.float32)
             for k, v in weights.items()
             if not k.startswith(DEVICE_EXTRA_PREFIX)
         }
-        return weight_diff_result(device_id, zeros, count=0)
+        return weight_diff_result(device_id, zeros, count=0, error=short_error(error or "training failed"))
 
     def _prepare(
         self, device_id: str, version: int

@@ -9,6 +9,7 @@ per update on a CPU) never holds a leaf's report past its timeout.
 On the wall clock a selected device that has not reported within the device timeout counts as failed at that
 moment (its slot is refilled; a late report is refused), so a device that vanishes never stalls the run. The
 timeout is fixed, or derived: ``FIRST_DEVICE_TIMEOUT`` until a task is measured, then 3x the slowest task seen.
+A run whose devices keep failing with errors stops instead of reselecting forever (``scheduling.failure_streak``).
 
 What a child is told (``child_view``: the current version, its leaves' part of the selection, the model version
 and the release of each of its selection ids) is kept per leaf as updates are applied and received, so answering
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 
 from common.jsonio import JsonlWriter
 from common.protocol import FLEET, DeviceUpdate, reports_of
+from scheduling.failure_streak import FailureStreak
 from simulation.config import FIRST_DEVICE_TIMEOUT
 from simulation.schedule import Dispatch, ExactSchedule
 
@@ -76,6 +78,8 @@ class UpdateApplier:
         per device awaited.
     device_timeout: on the wall clock, seconds a device may take before it counts as failed; 0: derived (see the
         module docstring); ``math.inf``: never (simulated devices always report).
+    max_consecutive_failures: failed updates with a device error in a row (from as many devices) that stop the
+        run (``scheduling.failure_streak``); 0: never.
     """
 
     def __init__(
@@ -90,8 +94,10 @@ class UpdateApplier:
         on_selected: Callable[[list[str]], None] | None = None,
         on_stalled: Callable[[str], None] | None = None,
         device_timeout: float = math.inf,
+        max_consecutive_failures: int = 0,
     ):
         self.schedule = schedule
+        self.failures = FailureStreak(max_consecutive_failures)
         self.device_timeout = device_timeout
         self.slowest = 0.0  # wall seconds of the slowest task measured so far (wall clock only)
         self.on_selected = on_selected
@@ -105,7 +111,7 @@ class UpdateApplier:
         self.log_error = log_error
         self.received: dict[str, DeviceUpdate] = {}
         self.applied = 0  # updates applied (lines in events.jsonl)
-        self.error = ""  # set when an update could not be applied: the run must stop
+        self.error = ""  # why the run must stop: an update could not be applied, or the devices keep failing
         self.finished = False  # the schedule is done and its last update fully applied (its version announced)
         self._by_leaf: dict[str, dict[str, int]] = {}  # leaf -> {device: selection id} released, not arrived
         self._held: dict[str, Dispatch] = {}  # selected, not released yet (exact time)
@@ -345,6 +351,12 @@ class UpdateApplier:
                 self.error = f"applying the update of device {item[0].device} failed: {type(ex).__name__}: {ex}"
                 self.log_error(self.error)
                 return
+            with self._cond:
+                stalled = self.failures.reason(len(self.schedule.pool))
+            if stalled:  # nothing after it is applied: the outcome is the state this update left
+                self.error = stalled
+                self.log_error(stalled)
+                return
 
     def apply(self, update: DeviceUpdate, now: float | None, fl_ctx) -> None:
         s, mm = self.schedule, self.model_manager
@@ -356,6 +368,7 @@ class UpdateApplier:
             # the selection policy sees this update's own reports (a leaf's sum of a selection carries none)
             reports = reports_of(update.diff) if s.policy is not None and counted else None
             arrival, selected = s.apply(update.device, counted=counted, at=now, reports=reports)
+            self.failures.note(update.device, arrival.counted, update.error)
             if arrival.made_version:  # the fleet as the version is made, for its results record
                 fl_ctx.set_prop(FLEET, s.fleet(), private=True, sticky=True)
         if counted:

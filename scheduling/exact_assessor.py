@@ -20,7 +20,9 @@ Around the schedule it:
   ``continue`` treats its in-flight devices as failed at their arrival times (their slots are refilled from the
   living leaves, which keeps exact order for the rest) and never selects its devices again;
 * ends the run when the schedule is done (the last version or the time budget), a leaf is lost (``stop``), the
-  devices never all registered, or an update could not be applied, and fires ``RUN_OUTCOME`` saying which;
+  devices never all registered, an update could not be applied, or the devices keep failing with errors and
+  nothing counts (``max_consecutive_failures``, ``scheduling.failure_streak``), and fires ``RUN_OUTCOME`` saying
+  which;
 * can save its whole state and restore it (``scheduling.checkpoint``).
 
 With real devices (``real_devices``) the same machinery runs on the wall clock: it starts once ``selection_size``
@@ -29,7 +31,7 @@ selection (the proxy routes a device to a leaf by a hash of its id, so any leaf 
 its applier applies updates as they arrive, failing a device that does not report within the device timeout.
 
 Over 400 lines: this is the one NVFlare component the edge workflow calls (run start and end, each child's report,
-``assess``), with 22 documented constructor arguments that NVFlare writes into the job's config; its parts live
+``assess``), with 23 documented constructor arguments that NVFlare writes into the job's config; its parts live
 beside it (``scheduling.applier``, ``scheduling.leaf_watch``, ``scheduling.child_reply``, ``scheduling.checkpoint``,
 ``scheduling.waker``), and what remains is the wiring between them.
 """
@@ -111,6 +113,9 @@ class ExactTimeAssessor(Assessor):
     device_timeout: with real devices, seconds a selected device may take (0: derived, ``scheduling.applier``).
     selection: the method's selection policy by import path (``simulation.selection``); "": uniform.
     selection_args: its constructor's keyword arguments.
+    max_consecutive_failures: failed device updates with an error in a row, from as many devices (or the whole
+        pool), with none counting since, that stop the run naming the last error; 0: never (the job passes
+        ``--max-consecutive-failures``).
     work: ``{"data": DataConfig.to_dict(), "training": TrainingConfig.to_dict()}`` when each device's training
         time scales with its own work (``--local-epochs``; ``processors.local_work.device_work``); None: it does not.
         With ``--partition natural`` also ``"offsets"``: the global device layout the users are mapped by.
@@ -141,8 +146,10 @@ class ExactTimeAssessor(Assessor):
         selection: str = "",
         selection_args: dict | None = None,
         work: dict | None = None,
+        max_consecutive_failures: int = 0,
     ):
         super().__init__()
+        self.max_consecutive_failures = max_consecutive_failures
         self.selection = selection
         self.selection_args = selection_args or {}
         self.work = work
@@ -301,6 +308,7 @@ class ExactTimeAssessor(Assessor):
             on_selected=self._note_news,
             on_stalled=self._wake_for,
             device_timeout=self.device_timeout if self.real_devices else math.inf,
+            max_consecutive_failures=self.max_consecutive_failures,
         )
         return self.applier
 

@@ -17,8 +17,10 @@ not (``use_fast_simulator`` on someone else's recipe). Either way:
   real-time mode (``time_scale`` > 0, for load tests) holds each result for its delays x ``time_scale`` wall
   seconds after dispatch, on a timer (``due_timer``) so the worker is freed at once;
 * a task that raises is retried, then logged with the device id and reported as a zero-weight update when the
-  channel offers one (its slot is freed, the mean of the others unchanged), else with an error status; a GPU
-  out-of-memory error halves the leaf's concurrency (or group size) for the rest of the run;
+  channel offers one (its slot is freed, the mean of the others unchanged), else with an error status; either way
+  its last error goes with it, one short line (``common.protocol.short_error``), so a server whose devices keep
+  failing stops the run naming it (``scheduling.failure_streak``); a GPU out-of-memory error halves the leaf's
+  concurrency (or group size) for the rest of the run;
 * no request, task or result is ever rendered as text (NVFlare's debug f-strings do, at ~15 ms per device).
 """
 
@@ -35,6 +37,7 @@ from nvflare.fuel.utils.log_utils import get_obj_logger
 from nvflare.security.logging import secure_format_exception
 
 from common.delays import DeviceDelays
+from common.protocol import short_error
 from simulation.concurrency import AdjustableLimit
 from simulation.due_timer import DueTimer
 from simulation.leaf_channels import DeviceTask, LeafChannel
@@ -166,6 +169,7 @@ class FastSimulator:
                 with self.limit:
                     return [(t, self.channel.train([t])[0])]
             except Exception as ex:
+                t.error = short_error(f"{type(ex).__name__}: {ex}")
                 if is_out_of_memory(ex):
                     self._free_gpu_cache()
                     self.logger.warning(

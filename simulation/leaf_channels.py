@@ -56,6 +56,7 @@ class DeviceTask:
         handle: the channel's own handle of the device (the edge-request path's ``SimulatedDevice``).
         trained_with: devices in the call that trained it.
         failed: its training failed for good.
+        error: its last training error, one short line (``common.protocol.short_error``); "" when none.
         release: the server's release it came in (devices the server released together are trained together,
             whatever their versions, ``simulation.fast_simulator.make_groups``); None when the channel cannot tell.
     """
@@ -69,6 +70,7 @@ class DeviceTask:
     trained_with: int = 1
     failed: bool = False
     release: int | None = None
+    error: str = ""
 
 
 class LeafChannel(Protocol):
@@ -142,7 +144,8 @@ class GatewayChannel:
 
     def report(self, finished: list[tuple[DeviceTask, Any]]) -> None:
         results = [
-            DeviceResult(t.device, t.selection_id, t.version, diff, 0 if t.failed else 1) for t, diff in finished
+            DeviceResult(t.device, t.selection_id, t.version, diff, 0 if t.failed else 1, t.error if t.failed else "")
+            for t, diff in finished
         ]
         self.gateway.report(results)
 
@@ -304,7 +307,7 @@ class EdgeRequestChannel:
     def failure(self, task: DeviceTask) -> dict | None:
         if self.trainer is None:
             return None
-        return self.trainer.failed_result(task.device, task.payload)
+        return self.trainer.failed_result(task.device, task.payload, task.error)
 
     def report(self, finished: list[tuple[DeviceTask, Any]]) -> None:
         for t, result in finished:

@@ -52,13 +52,15 @@ class LeafWork:
 
 @dataclass
 class DeviceResult:
-    """One device's result: ``diff`` (trained - received) of ``version``; ``count`` 0 for a failed device."""
+    """One device's result: ``diff`` (trained - received) of ``version``; ``count`` 0 for a failed device, with
+    its last ``error`` (one short line)."""
 
     device: str
     selection_id: int
     version: int
     diff: dict[str, np.ndarray]
     count: int = 1
+    error: str = ""
 
 
 @runtime_checkable

@@ -21,8 +21,9 @@ class GroupTrainer(Protocol):
         """Train every device in ``device_ids`` on ``task``; one result dict each, in order."""
         ...
 
-    def failed_result(self, device_id: str, task: TaskResponse) -> dict:
-        """The result a device reports when its training failed for good (a zero-weight update)."""
+    def failed_result(self, device_id: str, task: TaskResponse, error: str = "") -> dict:
+        """The result a device reports when its training failed for good (a zero-weight update), carrying
+        ``error``, why (``common.protocol.DEVICE_ERROR_META``)."""
         ...
 
 

@@ -155,6 +155,7 @@ def make_assessor(
         max_sim_time=f.max_sim_time,
         leaf_timeout=timeouts.leaf_timeout,
         on_leaf_loss=f.on_leaf_loss,
+        max_consecutive_failures=f.max_consecutive_failures,
         checkpoint_every=cfg.run.checkpoint_every,
         resume=bool(cfg.run.resume),
         results_dir=results_dir,

@@ -14,7 +14,7 @@ from processors.models import build_model
 from processors.task_processor import compute_context, global_params_on
 from simulation.config import EngineConfig
 from simulation.planner import GpuInfo, HardwareProfile, estimate_worker_bytes, plan_engine, plan_workers
-from tests.conftest import assert_trained_alike, make_processor
+from tests.conftest import assert_trained_alike, make_processor, nudged_alone
 
 GB = 2**30
 CONVNET_BYTES = estimate_worker_bytes(build_model("cifar10_convnet"), 32, "adam")
@@ -160,7 +160,10 @@ def test_conservative_processor_trains_from_cpu_data_like_high(monkeypatch):
         np.testing.assert_allclose(diffs["conservative"][key], diffs["high"][key], rtol=1e-5, atol=1e-6)
         for c, h in zip(group_diffs["conservative"], group_diffs["high"], strict=True):
             np.testing.assert_allclose(c[key], h[key], rtol=1e-5, atol=1e-6)
-    # the group against the device alone: equal up to summation order, which a ReLU at the edge of float32's
-    # rounding can amplify through Adam on some weight draws (assert_trained_alike says how far, and why)
-    assert_trained_alike(group_diffs["high"][0], diffs["high"], lr=3e-4, steps=3)
+    # the group against the device alone: equal up to summation order on every element, or, on a weight draw that
+    # float32 rounding tips (a ReLU input within rounding of 0, its gradient's sign flips spread by Adam), no further
+    # apart than rounding alone moves the device (assert_trained_alike measures it, and says why)
+    assert_trained_alike(
+        group_diffs["high"][0], diffs["high"], lambda: nudged_alone(proc, "site-1#3", weights, version=1)
+    )
     assert any(np.abs(d).max() > 0 for d in diffs["conservative"].values())

@@ -12,19 +12,12 @@ import subprocess
 
 import pytest
 
+from benchmarks.fedrevive_small import FEDREVIVE_SMALL
 from common.delays import DELAY_PRESETS
 from simulation.event_reference import make_schedule, reference_trace
-from tests.conftest import PYTHON, REPO
+from tests.conftest import PYTHON, REPO, SMALL_JOB
 
-COMMON = (
-    "--num-leaf-nodes 2 --devices-per-leaf 12 --device-selection-size 8 --delays paper --synthetic-size 1500 "
-    "--subset-size 40 --local-iters 2 --local-batch-size 16 --local-lr 1e-3 --seed 11 --eval-backlog wait"
-).split()
-FEDREVIVE_SMALL = (
-    "--fr-distill-from-version 3 --fr-kd-train-from-version 4 --fr-s-max 2 --fr-teacher-buffer-size 2 "
-    "--fr-synth-per-teacher 2 --fr-kd-iters 1 --fr-gen-width 8 --fr-synth-every-versions 1 --fr-synth-batch-size 8 "
-    "--fr-pool-size 32 --fr-probe-samples 8"
-).split()
+COMMON = [*SMALL_JOB, "--seed", "11"]
 METHODS = {  # B, min hole, versions
     "fedavg": (8, 8, 4),
     "fedbuff": (2, 1, 12),

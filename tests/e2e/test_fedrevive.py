@@ -3,6 +3,7 @@
 import json
 import subprocess
 
+from benchmarks.fedrevive_small import FEDREVIVE_SMALL
 from tests.conftest import PYTHON, REPO, job_args
 
 
@@ -19,28 +20,7 @@ def test_fedrevive_distills_stale_updates_and_finishes(tmp_path):
         "--speed-stds",
         "1,1",
         # small distillation settings so it runs on a CPU in seconds; phases from version 2 and 3
-        "--fr-distill-from-version",
-        "2",
-        "--fr-kd-train-from-version",
-        "3",
-        "--fr-s-max",
-        "2",
-        "--fr-teacher-buffer-size",
-        "3",
-        "--fr-synth-per-teacher",
-        "4",
-        "--fr-kd-iters",
-        "2",
-        "--fr-gen-width",
-        "8",
-        "--fr-synth-every-versions",
-        "1",
-        "--fr-synth-batch-size",
-        "8",
-        "--fr-pool-size",
-        "64",
-        "--fr-probe-samples",
-        "16",
+        *FEDREVIVE_SMALL,
     )
     proc = subprocess.run(
         [PYTHON, "jobs/pt_job_fedrevive.py", *flags], cwd=REPO, capture_output=True, text=True, timeout=500
@@ -53,7 +33,8 @@ def test_fedrevive_distills_stale_updates_and_finishes(tmp_path):
     assert all(e["kd_seconds"] > 0 and 0 < e["beta"] <= 1 and e["tau"] >= 1 for e in distilled)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["versions"][-1]["version"] >= 8  # async versions can overshoot: the server checks every 0.5 s
-    assert metrics["config"]["method_settings"]["kd_iters"] == 2
+    kd_iters = FEDREVIVE_SMALL[FEDREVIVE_SMALL.index("--fr-kd-iters") + 1]
+    assert metrics["config"]["method_settings"]["kd_iters"] == int(kd_iters)  # a method's flag reaches its config
     assert metrics["versions"][-1]["sim_seconds"] > 0
     # one version numbering: an update's log line names the version it goes into, as events.jsonl does
     events = [json.loads(line) for line in open(out / "events.jsonl")]

@@ -19,6 +19,7 @@ import subprocess
 import psutil
 import pytest
 
+from benchmarks.fedrevive_small import FEDREVIVE_SMALL
 from common.delays import DELAY_PRESETS
 from jobs.deploy import exposure
 from jobs.deploy.device_proxy import device_client_config
@@ -237,10 +238,7 @@ def test_real_http_devices_train_fedbuff_and_fedrevive_jobs_at_once_and_failed_o
         "edgesim_real_fedrevive",
         "processors.device_processor.RealDeviceProcessor",
         *("--method", "fedrevive", "--max-model-version", "6"),
-        *("--fr-distill-from-version", "2", "--fr-kd-train-from-version", "3", "--fr-s-max", "2"),
-        *("--fr-teacher-buffer-size", "3", "--fr-synth-per-teacher", "4", "--fr-kd-iters", "2"),
-        *("--fr-gen-width", "8", "--fr-synth-every-versions", "1", "--fr-synth-batch-size", "8"),
-        *("--fr-pool-size", "64", "--fr-probe-samples", "16"),
+        *FEDREVIVE_SMALL,
     )
     fedbuff_result = finish_real_job(tmp_path / "fedbuff", *fedbuff)
     fedrevive_result = finish_real_job(tmp_path / "fedrevive", *fedrevive)

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import PYTHON, REPO, job_args
+from tests.conftest import PYTHON, REPO, job_args, kill_tree
 
 
 def wait_for_version(metrics_path, version: int, proc, timeout: float) -> None:
@@ -52,3 +52,57 @@ def test_interrupting_a_running_job_leaves_no_process_and_keeps_results(tmp_path
     assert outcome["version"] >= metrics["versions"][-1]["version"]
     assert metrics["summary"]["last_version"] == outcome["version"]
     assert f"interrupted ({name})" in out
+
+
+# the job's command line with the engine's ``trainer`` option (it has no flag), as benchmarks/null_training.py runs it
+JOB_WITH_TRAINER = (
+    "import sys; from jobs.cli import job_main; from jobs.run.process_guard import exit_now; "
+    "exit_now(job_main('', sys.argv[2:], method=None, hidden={'trainer': sys.argv[1]}))"
+)
+
+
+@pytest.mark.parametrize(
+    "method, trainer",
+    [("fedavg", "FailingTrainer"), ("fedbuff", "FailingFromVersion2Trainer")],
+    ids=["fedavg-fails-from-the-start", "fedbuff-fails-after-a-checkpoint"],
+)
+def test_a_run_whose_devices_all_fail_stops_in_seconds_naming_the_error(tmp_path, method, trainer):
+    """Every task raises (FedAvg: from the first; FedBuff: once version 1's devices are done, after checkpoints):
+    the server stops the run at the default --max-consecutive-failures instead of reselecting for ever, naming the
+    count and the error; the driver exits 1, with the --resume command when there is a checkpoint, and every
+    process of the job is gone."""
+    flags = job_args(tmp_path, "--method", method, "--local-iters", "1", "--checkpoint-every", "1")
+    command = [PYTHON, "-c", JOB_WITH_TRAINER, f"tests.fakes.processors:{trainer}", *flags]
+    logs = {name: open(tmp_path / name, "w+") for name in ("stdout", "stderr")}  # failures log a lot: no pipe
+    proc = subprocess.Popen(command, cwd=REPO, stdout=logs["stdout"], stderr=logs["stderr"], text=True)
+    events, tree, first_failure = tmp_path / "out" / "events.jsonl", {}, None
+    try:
+        while proc.poll() is None:  # what the job started, and when the server applied its first failed update
+            try:
+                tree |= {p.pid: p for p in psutil.Process(proc.pid).children(recursive=True)}
+            except psutil.NoSuchProcess:  # it has just ended
+                pass
+            if first_failure is None and events.exists() and '"failed": true' in events.read_text():
+                first_failure = time.time()
+            assert time.time() - (first_failure or time.time()) < 60, "the run went on failing"
+            time.sleep(0.2)
+        ended = time.time()
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc.pid)
+        for f in logs.values():
+            f.close()
+    out, err = ((tmp_path / name).read_text() for name in ("stdout", "stderr"))
+    assert proc.returncode == 1, out[-3000:] + err[-3000:]
+    assert first_failure is not None and ended - first_failure < 30, "from the first failure to the job's end"
+    survivors = [p for p in tree.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert len(tree) >= 3 and not survivors, [" ".join(p.cmdline()[:4]) for p in survivors]
+    outcome = json.loads((tmp_path / "out" / "metrics.json").read_text())["outcome"]
+    reason = outcome["reason"]
+    assert outcome["status"] == "stopped", outcome
+    assert "100 device updates in a row failed with an error" in reason and "--max-consecutive-failures 100" in reason
+    assert "RuntimeError: a bug in the fake trainer: version" in reason
+    assert f"the run stopped early: {reason}" in err
+    resumable = (tmp_path / "out" / "checkpoint").exists()
+    assert resumable == (method == "fedbuff") and outcome["version"] >= (2 if resumable else 1), outcome
+    assert (f"--resume {tmp_path / 'out'}" in err) == resumable

@@ -16,23 +16,16 @@ import psutil
 import pytest
 import torch
 
+from benchmarks.fedrevive_small import FEDREVIVE_SMALL
 from common.delays import DELAY_PRESETS
 from jobs.config import JobConfig
 from jobs.run.driver import schedule_for
 from simulation.event_reference import reference_trace
-from tests.conftest import PYTHON, REPO, checkpoint_version, kill_tree, wait_for
+from tests.conftest import DIURNAL, PYTHON, REPO, SMALL_JOB, checkpoint_version, kill_tree, wait_for
 
 PAPER = DELAY_PRESETS["paper"]
 
-SMALL = (
-    "--num-leaf-nodes 2 --devices-per-leaf 12 --device-selection-size 8 --delays paper --synthetic-size 1500 "
-    "--subset-size 40 --local-iters 2 --local-batch-size 16 --local-lr 1e-3 --seed 5 --eval-frequency 4 --eval-backlog wait"
-).split()
-FEDREVIVE_SMALL = (
-    "--fr-distill-from-version 3 --fr-kd-train-from-version 5 --fr-s-max 2 --fr-teacher-buffer-size 2 "
-    "--fr-synth-per-teacher 2 --fr-kd-iters 1 --fr-gen-width 8 --fr-synth-every-versions 1 --fr-synth-batch-size 8 "
-    "--fr-pool-size 32 --fr-probe-samples 8"
-).split()
+SMALL = [*SMALL_JOB, "--seed", "5", "--eval-frequency", "4"]
 METHOD_FLAGS = {
     "fedavg": ["--method", "fedavg", "--max-model-version", "8", "--global-lr", "1.0"],
     "fedbuff": ["--method", "fedbuff", "--max-model-version", "24", "--global-lr", "0.5"],
@@ -63,9 +56,6 @@ def finish(proc: subprocess.Popen, timeout: float = 400) -> tuple[int, str]:
 def results(out) -> tuple[str, list, dict]:
     metrics = json.loads((out / "metrics.json").read_text())
     return (out / "events.jsonl").read_text(), [(r["version"], r["accuracy"]) for r in metrics["versions"]], metrics
-
-
-DIURNAL = ["--availability", "diurnal", "--availability-period", "6", "--availability-online", "0.5"]
 
 
 # a FedScale-format availability trace: 6 clients, on/off windows repeating every 6 units (one always online)

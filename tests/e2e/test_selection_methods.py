@@ -15,10 +15,18 @@ import subprocess
 
 from common.delays import DELAY_PRESETS
 from simulation.event_reference import make_schedule, reference_trace
-from tests.conftest import PYTHON, REPO, examples_env, run_one_killed_and_resumed
-from tests.e2e.test_exact_time import COMMON
+from tests.conftest import (
+    PYTHON,
+    REPO,
+    SMALL_JOB,
+    assert_same_run,
+    examples_env,
+    job_commands,
+    run_one_killed_and_resumed,
+)
 
 VERSIONS = 12
+COMMON = [*SMALL_JOB, "--seed", "11", "--max-model-version", str(VERSIONS)]
 OORT = ["--method", "oort_selection:Oort", "--checkpoint-every", "2"]
 RUNS = {
     "power_of_choice": ["--method", "power_of_choice:PowerOfChoice", "--poc-choices", "3"],
@@ -26,11 +34,6 @@ RUNS = {
     "oort": [*OORT, "--num-workers", "2", "--update-interval", "0.1"],
     "oort_again": [*OORT, "--num-workers", "2", "--update-interval", "0.4"],
 }
-
-
-def command(name: str, tmp_path) -> list[str]:
-    out = ["--output", str(tmp_path / name / "out"), "--workspace", str(tmp_path / name / "ws")]
-    return [PYTHON, "jobs/pt_job_fedrevive.py", *COMMON, *RUNS[name], "--max-model-version", str(VERSIONS), *out]
 
 
 def uniform_reference() -> list[dict]:
@@ -43,9 +46,7 @@ def uniform_reference() -> list[dict]:
 
 def test_selection_examples_run_as_jobs_differ_from_uniform_repeat_and_resume_exactly(tmp_path):
     killed = tmp_path / "oort_again" / "out"
-    finished = run_one_killed_and_resumed(
-        {name: command(name, tmp_path) for name in RUNS}, "oort_again", killed, examples_env()
-    )
+    finished = run_one_killed_and_resumed(job_commands(RUNS, tmp_path, *COMMON), "oort_again", killed, examples_env())
     assert set(finished) == {"power_of_choice", "oort"}
     for code, output in finished.values():
         assert code == 0, output[-3000:]
@@ -60,13 +61,7 @@ def test_selection_examples_run_as_jobs_differ_from_uniform_repeat_and_resume_ex
     for name in RUNS:  # the first selection is the policy's too, and later ones follow the reported losses
         assert [r["device"] for r in traces[name]] != [r["device"] for r in uniform], name
     # a function of the seed and the policy, not of timing, and continued exactly from a checkpoint
-    assert traces["oort_again"] == traces["oort"]
-    assert (tmp_path / "oort_again" / "out" / "global_model.pt").read_bytes() == (
-        tmp_path / "oort" / "out" / "global_model.pt"
-    ).read_bytes()
-    assert [v["accuracy"] for v in metrics["oort_again"]["versions"]] == [
-        v["accuracy"] for v in metrics["oort"]["versions"]
-    ]
+    assert_same_run(tmp_path / "oort" / "out", killed)
     assert metrics["power_of_choice"]["config"]["method_settings"] == {"choices": 3.0}
     assert metrics["oort"]["config"]["method"] == "oort_selection:Oort"
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import os
 
-from tests.conftest import PYTHON, examples_env, run_one_killed_and_resumed
-from tests.e2e.test_long_runs import DIURNAL, SMALL, results
+from tests.conftest import DIURNAL, SMALL_JOB, assert_same_run, examples_env, job_commands, run_one_killed_and_resumed
 
+SMALL = [*SMALL_JOB, "--seed", "5", "--eval-frequency", "4"]
 SGD = ["--optimizer", "sgd", "--local-lr", "0.05", "--max-model-version", "8", "--checkpoint-every", "2"]
 RUNS = {
     "whole": ["--method", "scaffold:Scaffold", *SGD, *DIURNAL],
@@ -22,31 +22,22 @@ RUNS = {
 }
 
 
-def command(name: str, tmp_path) -> list[str]:
-    return [PYTHON, "jobs/pt_job_fedrevive.py", *SMALL, *RUNS[name], "--output", str(tmp_path / name)]
-
-
 def test_scaffold_on_a_diurnal_fleet_resumes_exactly_and_fednova_runs(tmp_path):
-    finished = run_one_killed_and_resumed(
-        {name: command(name, tmp_path) for name in RUNS}, "killed", tmp_path / "killed", examples_env()
-    )
+    out = {name: tmp_path / name / "out" for name in RUNS}
+    finished = run_one_killed_and_resumed(job_commands(RUNS, tmp_path, *SMALL), "killed", out["killed"], examples_env())
     for name in ("whole", "fednova"):
         assert finished[name][0] == 0, finished[name][1][-3000:]
-    events, accuracy, whole = results(tmp_path / "whole")
-    events_again, accuracy_again, _ = results(tmp_path / "killed")
-    assert events_again == events and accuracy_again == accuracy
-    assert (tmp_path / "killed" / "global_model.pt").read_bytes() == (
-        tmp_path / "whole" / "global_model.pt"
-    ).read_bytes()
-    trace = [json.loads(line) for line in events.splitlines()]
+    assert_same_run(out["whole"], out["killed"])
+    whole = json.loads((out["whole"] / "metrics.json").read_text())
+    trace = [json.loads(line) for line in (out["whole"] / "events.jsonl").read_text().splitlines()]
     assert any(r.get("failed") for r in trace)  # the diurnal fleet's devices dropped out
     # state for each device that trained (one folder each), none for the devices that never did
     trained = {r["device"].replace("#", "_") for r in trace if not r.get("failed")}
-    kept = set(os.listdir(tmp_path / "whole" / "device_state"))
+    kept = set(os.listdir(out["whole"] / "device_state"))
     assert trained <= kept and len(kept) < 24
     # the server's selection floor beside each checkpoint: the stores kept what a resume from it needs
-    floor = json.loads((tmp_path / "killed" / "checkpoint" / "selection_floor.json").read_text())
+    floor = json.loads((out["killed"] / "checkpoint" / "selection_floor.json").read_text())
     assert floor["selection_floor"] > 0 and floor["version"] >= 4
-    nova = json.loads((tmp_path / "fednova" / "metrics.json").read_text())
+    nova = json.loads((out["fednova"] / "metrics.json").read_text())
     assert nova["config"]["method"] == "fednova:FedNova" and nova["outcome"]["status"] == "completed"
     assert whole["config"]["method"] == "scaffold:Scaffold"

@@ -1,5 +1,6 @@
-"""The sweep tests' shared pieces (``tests/jobs/test_sweep*.py``): the spec's base flags, and a trial process that
-runs no job, with a record of the fakes started, alive and stopped."""
+"""The sweep tests' shared pieces (``tests/jobs/test_sweep*.py``): the spec's base flags, a spec file, the check
+that a sweep is refused in one line before any trial, and a trial process that runs no job, with a record of the
+fakes started, alive and stopped."""
 
 from __future__ import annotations
 
@@ -66,3 +67,25 @@ class SeededFake(FakeTrial):
     """A fake whose accuracy also grows with its seed (0.01 per seed), so runs over seeds differ."""
 
     seed_bonus = 0.01
+
+
+ONE_SEED = BASE + "grid: {seed: [1]}\n"  # the smallest sweep: one trial
+
+
+def write_spec(tmp_path, text: str = ONE_SEED) -> str:
+    """A spec file of ``text`` in ``tmp_path``; its path."""
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def refused_before_any_trial(tmp_path, capsys, text: str, *args: str) -> str:
+    """Run the sweep of spec ``text`` with ``args``: it must be refused (exit 2) in one line, ``error: ...``, before
+    any trial starts. That line."""
+    from jobs.sweep.cli import main
+
+    assert main([write_spec(tmp_path, text), "--output", str(tmp_path / "sweep"), "--no-bar", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "sweep" / "trials").exists()
+    return err

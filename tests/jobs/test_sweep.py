@@ -18,7 +18,7 @@ from jobs.sweep.objective import final_steps, score
 from jobs.sweep.report import cell_summary
 from jobs.sweep.runner import Sweep, SweepOptions, plan_parallel
 from jobs.sweep.spec import Objective, SpecError, check_flags, flag_args, parse_spec
-from tests.fakes.sweep import BASE, STARTED, FakeTrial, reset
+from tests.fakes.sweep import BASE, ONE_SEED, STARTED, FakeTrial, refused_before_any_trial, reset, write_spec
 
 SPEC = (
     BASE
@@ -77,30 +77,20 @@ def test_a_grid_alone_runs_each_cell_once_and_flags_are_exact_words():
     ],
 )
 def test_bad_specs_are_refused_in_one_line_naming_the_fix(tmp_path, capsys, text, fix):
-    path = tmp_path / "bad.yaml"
-    path.write_text(text)
-    assert main([str(path), "--output", str(tmp_path / "sweep"), "--no-bar"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert fix in err and err.startswith("error: ") and len(err.splitlines()) == 1, err
-    assert not (tmp_path / "sweep" / "trials").exists()  # refused before any trial
+    err = refused_before_any_trial(tmp_path, capsys, text)
+    assert fix in err, err
 
 
 def test_the_api_runs_the_same_command(tmp_path, capsys):
     from jobs.api import sweep
 
-    path = tmp_path / "s.yaml"
-    path.write_text(BASE + "grid: {seed: [1]}\n")
-    assert sweep(str(path), output=str(tmp_path / "sweep"), parallel=0, bar=False) == 2
+    assert sweep(write_spec(tmp_path), output=str(tmp_path / "sweep"), parallel=0, bar=False) == 2
     assert "--parallel 0: 1 or more" in capsys.readouterr().err
 
 
 def test_a_storage_that_cannot_be_opened_is_refused_before_any_trial(tmp_path, capsys):
-    path = tmp_path / "s.yaml"
-    path.write_text(BASE + "grid: {seed: [1]}\n")
-    code = main([str(path), "--output", str(tmp_path / "sweep"), "--storage", "nosuchdb://x/y", "--no-bar"])
-    err = capsys.readouterr().err.strip()
-    assert code == 2 and "--storage nosuchdb://x/y: cannot open it" in err and len(err.splitlines()) == 1, err
-    assert not (tmp_path / "sweep" / "trials").exists()
+    err = refused_before_any_trial(tmp_path, capsys, ONE_SEED, "--storage", "nosuchdb://x/y")
+    assert "--storage nosuchdb://x/y: cannot open it" in err, err
 
 
 def test_the_objective_reads_accuracy_on_simulated_time():
@@ -227,9 +217,8 @@ def test_a_pruned_run_keeps_its_last_version_and_says_why(tmp_path):
 
 
 def test_a_second_spec_or_a_missing_folder_is_refused(tmp_path, capsys):
-    path = tmp_path / "s.yaml"
-    path.write_text(BASE + "grid: {seed: [1]}\n")
-    assert main([str(path), str(path)]) == 2
+    path = write_spec(tmp_path)
+    assert main([path, path]) == 2
     assert "a sweep takes one spec" in capsys.readouterr().err
     assert main(["show", str(tmp_path)]) == 2
     assert "holds no sweep (no spec.yaml)" in capsys.readouterr().err

@@ -7,12 +7,11 @@ from __future__ import annotations
 import pytest
 from optuna.trial import TrialState
 
-from jobs.sweep.cli import main
 from jobs.sweep.objective import mean_score, mean_steps
 from jobs.sweep.report import format_report
 from jobs.sweep.runner import Sweep, SweepOptions
 from jobs.sweep.spec import Objective, SpecError, check_flags, parse_spec
-from tests.fakes.sweep import BASE, PEAK, STOPPED, SeededFake, reset
+from tests.fakes.sweep import BASE, ONE_SEED, PEAK, STOPPED, SeededFake, refused_before_any_trial, reset
 
 
 @pytest.fixture(autouse=True)
@@ -130,12 +129,8 @@ def test_tensorboard_holds_every_trials_curve_and_hparams(tmp_path):
     ],
 )
 def test_more_bad_input_is_refused_in_one_line_before_any_trial(tmp_path, capsys, text, args, fix):
-    path = tmp_path / "bad.yaml"
-    path.write_text(text)
-    assert main([str(path), "--output", str(tmp_path / "sweep"), "--no-bar", *args]) == 2
-    err = capsys.readouterr().err.strip()
-    assert fix in err and err.startswith("error: ") and len(err.splitlines()) == 1, err
-    assert not (tmp_path / "sweep" / "trials").exists()
+    err = refused_before_any_trial(tmp_path, capsys, text, *args)
+    assert fix in err, err
 
 
 def test_a_when_flag_is_refused_where_it_cannot_apply():
@@ -162,12 +157,8 @@ def test_a_deployment_trials_curve_is_read_from_its_progress_lines_until_its_res
 
 
 def test_a_deployment_that_is_not_up_is_refused_before_any_trial(tmp_path, capsys):
-    path = tmp_path / "s.yaml"
-    path.write_text(BASE + "grid: {seed: [1]}\n")
-    code = main([str(path), "--output", str(tmp_path / "sweep"), "--no-bar", "--deployment", str(tmp_path / "nope")])
-    err = capsys.readouterr().err.strip()
-    assert code == 2 and err.startswith(f"error: --deployment {tmp_path / 'nope'}: ") and len(err.splitlines()) == 1
-    assert "not an admin's startup kit" in err, err
+    err = refused_before_any_trial(tmp_path, capsys, ONE_SEED, "--deployment", str(tmp_path / "nope"))
+    assert err.startswith(f"error: --deployment {tmp_path / 'nope'}: ") and "not an admin's startup kit" in err, err
 
 
 @pytest.mark.parametrize("patience, pruned", [(0, True), (2, False)])

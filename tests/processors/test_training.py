@@ -147,13 +147,16 @@ def test_failed_device_report_is_a_zero_weight_diff_that_leaves_the_mean_unchang
     from nvflare.edge.aggregators.model_update_dxo import ModelUpdateDXOAggregator
     from nvflare.edge.web.models.task_response import TaskResponse
 
+    from common.protocol import DEVICE_ERROR_META, MAX_ERROR_CHARS
     from processors.models import build_model
 
     weights = {k: v.numpy() for k, v in build_model("cifar10_convnet").state_dict().items()}
     task = TaskResponse("OK", "job", 0, "t", "train", DXO(DataKind.WEIGHTS, weights).to_dict(), {})
     proc = make_processor(synthetic_size=500)
-    failed = from_dict(proc.failed_result("site-1#3", task))
+    failed = from_dict(proc.failed_result("site-1#3", task, "RuntimeError: " + "x" * 1000))
     assert failed.data["count"] == 0 and failed.data["dict"].keys() == weights.keys()
+    error = failed.get_meta_prop(DEVICE_ERROR_META)  # why it failed, cut short: results stay small
+    assert error.startswith("RuntimeError: xxx") and len(error) == MAX_ERROR_CHARS
     assert all(not v.any() for v in failed.data["dict"].values())
 
     aggregator = ModelUpdateDXOAggregator()

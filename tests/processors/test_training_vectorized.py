@@ -8,6 +8,8 @@ up as a diff error of order lr (seen: 1.5e-5 at lr 3e-3 in 2 of 48,000 fc1 weigh
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
@@ -17,7 +19,7 @@ from processors.data.sources import make_synthetic, normalize
 from processors.models import MODEL_CLASSES, build_model
 from processors.training import TrainingConfig, train_local, worker_model
 from processors.training_vectorized import train_group
-from tests.conftest import assert_trained_alike, make_processor
+from tests.conftest import assert_trained_alike, make_processor, nudged_alone
 
 MODEL = "cifar10_convnet"
 CPU = torch.device("cpu")
@@ -146,8 +148,10 @@ def test_task_processor_group_gives_each_device_the_diff_it_would_get_alone():
     devices = ["site-1#0", "site-1#1", "site-2#5"]
     grouped = proc.train_group(devices, weights, version=3)
     for device_id, diff in zip(devices, grouped, strict=True):
-        # Adam in float32: equal up to summation order, which a ReLU at the edge of rounding can amplify
-        assert_trained_alike(diff, proc.train(device_id, weights, version=3), lr=3e-4, steps=3, rtol=0, atol=ATOL)
+        # Adam in float32: equal up to summation order, or no further apart than rounding moves it on a draw that
+        # rounding tips (assert_trained_alike says why)
+        alone = proc.train(device_id, weights, version=3)
+        assert_trained_alike(diff, alone, partial(nudged_alone, proc, device_id, weights, 3), rtol=0, atol=ATOL)
 
 
 def _versions(global_params, count: int) -> list[dict[str, torch.Tensor]]:

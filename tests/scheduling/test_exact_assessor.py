@@ -126,14 +126,14 @@ class ScriptedLeaf:
             assert self.releases.setdefault((device, sid), releases[sid]) == releases[sid], "a release never changes"
 
 
-def run_scripted(tmp_path, kw: dict, sums: bool = False, seed: int = 0) -> tuple:
+def run_scripted(tmp_path, kw: dict, sums: bool = False, seed: int = 0, delays=DELAY_PRESETS["paper"]) -> tuple:
     """A run of the assessor with two scripted leaves reporting at random (``seed``); the manager, the leaves."""
     manager = GlobalModel(MEAN, strategy_args={"global_lr": 0.5})
     assessor = ExactTimeAssessor(
         "persistor",
         "model_manager",
         num_leaves=2,
-        delays=DELAY_PRESETS["paper"].to_dict(),
+        delays=delays.to_dict(),
         seed=4,
         results_dir=str(tmp_path),
         **kw,

@@ -149,8 +149,8 @@ class GroupingTrainer:
         self.calls.append(list(device_ids))
         return [{"trained": d} for d in device_ids]
 
-    def failed_result(self, device_id, task):
-        return {"dict": {"w": [0.0]}, "count": 0}
+    def failed_result(self, device_id, task, error=""):
+        return {"dict": {"w": [0.0]}, "count": 0, "error": error}
 
 
 def run_grouped(selection: dict[str, int], group_size: int, oom_above: int | None = None):
@@ -191,6 +191,7 @@ def test_a_device_that_fails_for_good_reports_a_zero_weight_update_so_its_slot_i
     assert sim.drain()
     (report,) = leaf.reports
     assert report.status == EdgeApiStatus.OK and report.result["count"] == 0
+    assert report.result["error"] == "RuntimeError: corrupt sample"  # why, for a server whose devices all fail
     assert sim.failed_tasks == 1
     assert [line["ok"] for line in lines] == [False]
 
@@ -285,6 +286,8 @@ def test_the_gateway_channel_registers_once_takes_work_at_once_and_reports_each_
     assert (first.selection_id, first.version, first.count) == (7, 3, 1) and first.diff["w"][0] == 1.0
     failed = gateway.reports[2][0]
     assert failed.count == 0 and not failed.diff["w"].any()  # a zero-weight update frees its slot
+    assert failed.error == "RuntimeError: corrupt sample"
+    assert all(not r.error for group in gateway.reports for r in group if r.count)
     assert sim.failed_tasks == 1 and [line["ok"] for line in lines].count(False) == 1
 
 
