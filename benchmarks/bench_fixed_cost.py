@@ -2,17 +2,23 @@
 and the whole process, with where the time goes, from one run of this script.
 
 The job (default: ``pt_job_fedavg.py --max-model-version 3 --devices-per-leaf 10 --device-selection-size 10
---subset-size 50 --seed 7``, almost no training) is run as a subprocess; the clock starts just before the process
-is started and stops when it has exited. The versions' times are the server's own (``metrics.json``'s ``epoch`` of
-each evaluated version). The phases come from the time stamps of NVFlare's logs in the run's ``nvflare/`` folder:
+--subset-size 50 --seed 7``, almost no training) is run by ``benchmarks.harness.run_job``; the clock starts just
+before the process is started and stops when it has exited. The versions' times are the server's own
+(``metrics.json``'s ``epoch`` of each evaluated version). The CPU seconds are the harness's samples of every
+process of the job (every 50 ms, by role: the driver, the simulator's server processes, the leaves' workers) when
+``metrics.json`` first holds version 1: on a shared machine the wall times move with the other users' load, the
+CPU spent to the first version much less. "simulator to first version" leaves out the driver's phase (its imports
+and plan, one process alone on a core: the phase the load moves most), from NVFlare's first log line on. The phases come from the time stamps of NVFlare's logs in the run's
+``nvflare/`` folder, each from the phases it waits for (two run side by side: the server app and the leaves'
+workers start together since the simulator starts the workers with the server app):
 
   driver            process start -> the simulator's first log line (imports, config, plan, the job's files,
                     the simulator process's own start)
   server cell       -> the server's cell has its listeners ("created backbone internal listener")
   server up         -> NVFlare asks for the server app ("Deploy and start the Server App")
-  server app        -> the server's workflow is running ("Server runner starting")
-  workers asked     -> NVFlare starts the first leaf's worker process ("Simulate Run client")
-  leaves start      -> the last leaf has its runner started ("client runner started")
+  server app        server up -> the server's workflow is running ("Server runner starting")
+  workers asked     server up -> NVFlare starts the first leaf's worker process ("Simulate Run client")
+  leaves start      the later of the two -> the last leaf has its runner started ("client runner started")
   first version     -> the first evaluated version
   ...
 and after the last evaluated version, each as seconds since that version (END_RUN may come first: an evaluation
@@ -28,37 +34,40 @@ after either).
 
 ``--baseline-rev REV`` runs the same job first on an earlier commit (a temporary git worktree, its own code first
 on ``PYTHONPATH``), then on this one, ``--repeat N`` times each, alternating, and prints each figure's median and
-the ratios. Every run writes into a fresh folder under ``--work`` (default: a temporary one).
-"""
+the ratios. Every run writes into a fresh folder under ``--work`` (default: a temporary one)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import datetime
-import json
 import os
 import re
 import statistics
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_protocol import worktree  # noqa: E402
-from benchmarks.harness import REPO, start_job  # noqa: E402
-from common.result_files import METRICS  # noqa: E402
+from benchmarks.harness import REPO, ROLES, run_job  # noqa: E402
 
 SCRIPT = "jobs/pt_job_fedavg.py"
 FLAGS = "--max-model-version 3 --devices-per-leaf 10 --device-selection-size 10 --subset-size 50 --seed 7"
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) - (\S+) - \w+ - (.*)$")
-START_PHASES = (  # (name, the log line that ends it: logger, text in the message, which one: first or last)
-    ("driver", None),
-    ("server cell", ("CoreCell", "created backbone internal listener", "first")),
-    ("server up", ("SimulatorRunner", "Deploy and start the Server App", "first")),
-    ("server app", ("ServerRunner", "Server runner starting", "first")),
-    ("workers asked", ("SimulatorClientRunner", "Simulate Run client", "first")),
-    ("leaves start", ("ClientRunner", "client runner started", "last")),
+START_PHASES = (  # (name, the log line that ends it: logger, text in the message, which one; the phases it follows)
+    ("driver", None, ()),
+    ("server cell", ("CoreCell", "created backbone internal listener", "first"), ("driver",)),
+    ("server up", ("SimulatorRunner", "Deploy and start the Server App", "first"), ("server cell",)),
+    ("server app", ("ServerRunner", "Server runner starting", "first"), ("server up",)),
+    ("workers asked", ("SimulatorClientRunner", "Simulate Run client", "first"), ("server up",)),
+    ("leaves start", ("ClientRunner", "client runner started", "last"), ("server app", "workers asked")),
+)
+FIGURES = (
+    "start to first version",
+    "simulator to first version",
+    "last version to exit",
+    "whole process",
+    "CPU to first version",
 )
 END_PHASES = (
     ("workflow done", ("ScatterAndGatherForEdge", "is done: assessment", "first")),
@@ -91,23 +100,18 @@ def find(lines: list[tuple[float, str, str]], logger: str, text: str, which: str
 
 
 def measure(script: str, flags: list[str], out: str, repo: str) -> dict:
-    """One run of the job from ``repo``: the fixed-cost figures and the phases, in seconds."""
-    started = time.time()
-    proc = start_job(script, flags, out, repo)
-    output = proc.communicate()[0]
-    ended = time.time()
-    if proc.returncode:
-        sys.exit(f"job failed ({script} {' '.join(flags)}):\n{output[-3000:]}")
-    with open(os.path.join(out, METRICS)) as f:
-        versions = json.load(f)["versions"]
+    """One run of the job from ``repo``: the fixed-cost figures, the CPU seconds to the first version and the
+    phases, in seconds."""
+    result = run_job(script, flags, out, sample_s=0.05, repo=repo)
+    started, ended, versions = result.started, result.ended, result.versions
     first, last = versions[0]["epoch"], versions[-1]["epoch"]
     lines = log_lines(os.path.join(out, "nvflare"))
-    phases, previous = {}, started
-    for name, marker in START_PHASES:
-        stamp = lines[0][0] if marker is None else find(lines, *marker)
-        phases[name] = None if stamp is None else stamp - previous
-        previous = stamp if stamp is not None else previous
-    phases["first version"] = first - previous
+    phases, stamps = {}, {}
+    for name, marker, after in START_PHASES:
+        since = max((stamps[a] for a in after if stamps.get(a) is not None), default=started)
+        stamps[name] = lines[0][0] if marker is None else find(lines, *marker)
+        phases[name] = None if stamps[name] is None else stamps[name] - since
+    phases["first version"] = first - max(t for t in stamps.values() if t is not None)
     for name, marker in END_PHASES:
         stamp = find(lines, *marker)
         phases[f"+{name}"] = None if stamp is None else stamp - last
@@ -115,10 +119,14 @@ def measure(script: str, flags: list[str], out: str, repo: str) -> dict:
     done, end_run = phases["+workflow done"], phases["+END_RUN"]
     # NVFlare's own wait between the two, whatever the evaluation of the last version does meanwhile
     phases["workflow done -> END_RUN"] = None if done is None or end_run is None else end_run - done
+    cpu = result.cpu_at_version.get(versions[0]["version"], {})
     return {
         "start to first version": first - started,
+        "simulator to first version": first - stamps["driver"],  # the driver's imports and plan left out
         "last version to exit": ended - last,
         "whole process": ended - started,
+        "CPU to first version": sum(cpu.values()) if cpu else None,
+        "cpu": {f"CPU {role}": cpu.get(role) for role in ROLES},
         "phases": phases,
     }
 
@@ -153,16 +161,19 @@ def main() -> None:
     print(f"\n{args.script} {args.flags}; {os.cpu_count()} cores; median (min-max) of {args.repeat} run(s), seconds")
     labels = list(runs)
     print(f"{'':<24}" + "".join(f"{label:>26}" for label in labels))
-    for key in ("start to first version", "last version to exit", "whole process"):
+    for key in FIGURES:
         print(f"{key:<24}" + "".join(f"{fmt([r[key] for r in runs[label]]):>26}" for label in labels))
+    for key in runs[labels[0]][0]["cpu"]:
+        print(f"  {key:<22}" + "".join(f"{fmt([r['cpu'][key] for r in runs[lb]]):>26}" for lb in labels))
     print("phases:")
     for phase in runs[labels[0]][0]["phases"]:
         print(f"  {phase:<22}" + "".join(f"{fmt([r['phases'][phase] for r in runs[lb]]):>26}" for lb in labels))
     if args.baseline_rev:
         base, ours = runs[args.baseline_rev], runs["this commit"]
-        for key in ("start to first version", "last version to exit", "whole process"):
-            ratio = statistics.median(r[key] for r in ours) / statistics.median(r[key] for r in base)
-            print(f"{key}: {ratio:.2f}x {args.baseline_rev}")
+        for key in FIGURES:
+            values = [[r[key] for r in side if r[key] is not None] for side in (ours, base)]
+            if all(values):
+                print(f"{key}: {statistics.median(values[0]) / statistics.median(values[1]):.2f}x {args.baseline_rev}")
 
 
 if __name__ == "__main__":

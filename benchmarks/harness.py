@@ -33,6 +33,8 @@ class JobResult:
     process_seconds: float
     peak_rss_bytes: int
     cpu_at_version: dict[int, dict[str, float]] = field(default_factory=dict)  # version -> role -> CPU seconds
+    started: float = 0.0  # epoch seconds: just before the job's process started
+    ended: float = 0.0  # epoch seconds: once it had exited
 
     @property
     def versions(self) -> list[dict]:
@@ -136,6 +138,7 @@ def run_job(
     sampler.start()
     try:
         output = popen.communicate(timeout=timeout)[0]
+        ended = time.time()
     finally:
         stop.set()
         sampler.join()
@@ -145,4 +148,4 @@ def run_job(
         sys.exit(f"job failed ({script} {' '.join(flags)}):\n{output[-3000:]}")
     with open(metrics_path) as f:
         metrics = json.load(f)
-    return JobResult(metrics, output, time.time() - started, peak, cpu_at_version)
+    return JobResult(metrics, output, time.time() - started, peak, cpu_at_version, started, ended)

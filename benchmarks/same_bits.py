@@ -24,6 +24,7 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from benchmarks.fedrevive_small import FEDREVIVE_SMALL  # noqa: E402
+from benchmarks.harness import job_command  # noqa: E402
 from common.result_files import EVENTS, GLOBAL_MODEL, METRICS  # noqa: E402
 from fedrevive.config import LOG_FILE as FEDREVIVE_LOG  # noqa: E402
 
@@ -82,11 +83,11 @@ def digest(out: str) -> dict:
 
 def run_all(repo: str, names: list[str]) -> dict:
     digests = {}
-    env = dict(os.environ, PYTHONPATH=repo)
     with tempfile.TemporaryDirectory(prefix="same_bits_") as tmp:
         for name in names:
             out, ws = os.path.join(tmp, name, "out"), os.path.join(tmp, name, "ws")
-            command = [sys.executable, *RUNS[name], "--output", out, "--workspace", ws]
+            script, *flags = RUNS[name]
+            command, env = job_command(script, [*flags, "--workspace", ws], out, repo)
             proc = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
             if proc.returncode != 0:
                 sys.exit(f"{name} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")

@@ -12,6 +12,13 @@ Unlike NVFlare's ``GlobalEvaluator`` it neither embeds data in the job config no
 Versions evaluated: 1, then every ``eval_frequency``-th, always ``max_model_version``, and the last version made
 when the run ends earlier (``RUN_OUTCOME``: a time budget, a lost leaf).
 
+Version 1 is the run's initial global model (``processors.models.initial_model``: a function of the model and the
+seed), which the server only announces once every leaf has registered, when the leaves start training and take the
+CPU. The evaluation thread therefore scores the initial model first, at START_RUN, while the leaves' processes are
+still starting; version 1's record takes that accuracy when its weights are exactly the initial model's (every
+array equal), and is evaluated as any other version otherwise. A resumed run, whose version 1 is recorded
+already, does not.
+
 Evaluation runs on a thread of its own, on the version's weights (each version is a new, never-modified dict),
 so the server keeps answering the leaves while a large model is scored (a ResNet-18 evaluation takes about a
 minute on a 2-core CPU, longer than a leaf waits for its parent's reply). With ``backlog`` ``wait`` (the default)
@@ -43,7 +50,7 @@ from evaluation.per_user import per_user_accuracy
 from processors.data.config import DataConfig
 from processors.data.sources import load_dataset
 from processors.device import resolve_device
-from processors.models import build_model
+from processors.models import build_model, initial_model
 from processors.training import evaluate_accuracy
 
 
@@ -114,6 +121,8 @@ class GlobalModelEvaluator(FLComponent):
         self._cond = threading.Condition()
         self._wall_offset = 0.0
         self._thread: threading.Thread | None = None
+        self._initial: tuple[dict, float, dict | None, float] | None = None  # weights, accuracy, spread, seconds
+        self._ahead = False  # version 1 is being (or was) scored at START_RUN: no newer version supersedes it
         self.register_event_handler(EventType.START_RUN, self._start_run)
         self.register_event_handler(AppEventType.GLOBAL_WEIGHTS_UPDATED, self._on_version)
         self.register_event_handler(RUN_OUTCOME, self._on_outcome)
@@ -131,7 +140,15 @@ class GlobalModelEvaluator(FLComponent):
         self._prepare = data.prepare
         users = data.users  # per-user test data (LEAF's evaluation): the spread over the users too
         self._user_offsets = users.test_offsets if users is not None else None
-        self._thread = threading.Thread(target=self._run, name="evaluator", daemon=True)
+        # a resumed run recorded version 1 already (RUN_RESUMED comes from the assessor's START_RUN, before ours)
+        initial = None
+        self._ahead = 1 not in self._evaluated
+        if self._ahead:
+            with torch.random.fork_rng(devices=[]):  # torch's generator as it was: a run's draws stay the same
+                initial = {
+                    k: v.detach().cpu().numpy() for k, v in initial_model(self.model, self.seed).state_dict().items()
+                }
+        self._thread = threading.Thread(target=self._run, args=(initial,), name="evaluator", daemon=True)
         self._thread.start()
 
     def _on_version(self, _event: str, fl_ctx: FLContext) -> None:
@@ -174,9 +191,10 @@ class GlobalModelEvaluator(FLComponent):
             if item[0] in self._evaluated:
                 return
             self._evaluated.add(item[0])
-            if self.backlog == "skip":  # the newest supersedes what still waits
-                self._skipped += [waiting[0] for waiting in self._waiting]
-                self._waiting.clear()
+            if self.backlog == "skip":  # the newest supersedes what still waits, except a version 1 scored ahead
+                kept = [w for w in self._waiting if w[0] == 1 and self._ahead]
+                self._skipped += [w[0] for w in self._waiting if w not in kept]
+                self._waiting[:] = kept
             self._waiting.append(item)
             self._cond.notify()
 
@@ -200,22 +218,49 @@ class GlobalModelEvaluator(FLComponent):
             self._evaluating = item[0]
             return item, skipped
 
-    def _run(self) -> None:
+    def _score(self, weights: dict) -> tuple[float, dict | None]:
+        """Accuracy of ``weights`` on the test split, and with per-user test data the users' spread."""
+        net = load_into(self._net, weights)
+        if self._user_offsets is None:
+            return evaluate_accuracy(net, *self._test, prepare=self._prepare), None
+        return per_user_accuracy(net, *self._test, self._user_offsets, self._prepare)
+
+    def _score_initial(self, weights: dict) -> None:
+        """Score the run's initial model ahead of version 1 (see the module docstring)."""
+        started = time.time()
+        accuracy, spread = self._score(weights)
+        self._initial = (weights, accuracy, spread, time.time() - started)
+
+    def _scored_ahead(self, version: int, weights: dict) -> tuple[float, dict | None, float] | None:
+        """Version 1's accuracy, spread and seconds, scored at START_RUN, if its weights are the initial model's."""
+        if version != 1 or self._initial is None:
+            return None
+        initial, accuracy, spread, seconds = self._initial
+        self._initial = None
+        same = initial.keys() == weights.keys() and all(
+            np.array_equal(np.asarray(weights[k]), v) and np.asarray(weights[k]).dtype == v.dtype
+            for k, v in initial.items()
+        )
+        return (accuracy, spread, seconds) if same else None
+
+    def _run(self, initial: dict | None = None) -> None:
+        if initial is not None:
+            self._score_initial(initial)
         while (job := self._next()) is not None:
             (version, weights, sim_time, status, fleet), skipped = job
             started = time.time()
-            spread = None
-            if self._user_offsets is None:
-                accuracy = evaluate_accuracy(load_into(self._net, weights), *self._test, prepare=self._prepare)
+            scored = self._scored_ahead(version, weights)
+            if scored is None:
+                accuracy, spread = self._score(weights)
+                eval_seconds = time.time() - started
             else:
-                net = load_into(self._net, weights)
-                accuracy, spread = per_user_accuracy(net, *self._test, self._user_offsets, self._prepare)
+                accuracy, spread, eval_seconds = scored
             now = time.time()
             record = {
                 "version": version,
                 "accuracy": round(accuracy, 5),
                 "wall_seconds": round(self._wall_offset + now - self._start, 3),
-                "eval_seconds": round(now - started, 3),
+                "eval_seconds": round(eval_seconds, 3),
                 "epoch": round(now, 3),
             }
             if spread is not None:

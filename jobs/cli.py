@@ -16,6 +16,7 @@ import os
 import sys
 import typing
 
+from common import startup_gc
 from common.choices import ConfigError, literal_choices
 from common.config_flags import Extra, Flag, add_dataclass_flags, default_words, show
 from common.delays import DELAY_PRESET_ORIGINS, DELAY_PRESETS, DelayConfig, DelayPreset
@@ -190,6 +191,7 @@ def job_main(description: str, argv: list[str] | None, method: str | None = None
     from jobs.resume import given_flags, resumed_config
     from jobs.run.driver import run
 
+    startup_gc.resume()  # the driver's modules are loaded (a job script paused it: common.startup_gc)
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(description, method_choice=method is None)
     if method is None:  # a user's method (--method package.module:Name) brings its own settings' flags

@@ -6,8 +6,13 @@ min hole to fill), which is what makes this FedAvg rather than FedBuff.
 
 from __future__ import annotations
 
-from jobs.cli import job_main
-from jobs.run.process_guard import exit_now
+if __name__ == "__main__":  # the imports below, torch's among them, without the garbage collector (common.startup_gc)
+    from common import startup_gc
+
+    startup_gc.pause()
+
+from jobs.cli import job_main  # noqa: E402
+from jobs.run.process_guard import exit_now  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

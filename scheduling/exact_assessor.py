@@ -53,6 +53,7 @@ from nvflare.app_common.app_event_type import AppEventType
 from nvflare.edge.assessor import Assessment, Assessor
 from nvflare.edge.mud import BaseState, StateUpdateReply, StateUpdateReport
 
+from common import startup_gc
 from common.delays import DelayConfig, DeviceDelays
 from common.jsonio import JsonlWriter
 from common.output import output_dir
@@ -197,6 +198,7 @@ class ExactTimeAssessor(Assessor):
 
     # -- run lifecycle ------------------------------------------------------------------------------------------
     def _start_run(self, _event: str, fl_ctx: FLContext) -> None:
+        startup_gc.resume()  # the server is built (paused for its start-up in SimEnv: simulation.early_start)
         self._engine = fl_ctx.get_engine()
         quick_engine_checks(self._engine)  # the simulator's server ends soon after END_RUN (nvflare_private, 9)
         persistor = self._engine.get_component(self.persistor_id)

@@ -9,6 +9,10 @@ name a filter factory (``"()"``, ``logging.config``): the run's log config
 (``jobs.run.environments.quiet_log_config``) names ``start_early``, which installs the fixes there. The processes,
 their order and the wire are NVFlare's.
 
+The garbage collector is paused here too (``common.startup_gc``): what follows in each of these processes is the
+import of torch and of the job's components; our server's assessor resumes it at START_RUN, a leaf's runner once
+its simulator is built.
+
 Not done here, though tried: importing torch on a background thread from this point (to overlap the server's and
 the workers' start-up waits) killed the simulator's server process at once ("Intel oneMKL FATAL ERROR: Cannot load
 libtorch_cpu.so"), and gained nothing measurable in the workers, whose start-up is CPU work, not waits.
@@ -19,6 +23,8 @@ from __future__ import annotations
 import logging
 import threading
 
+from common import startup_gc
+
 _started = threading.Event()
 
 
@@ -27,6 +33,7 @@ def start_early() -> logging.Filter:
     may apply the config more than once); the filter passes every record."""
     if not _started.is_set():
         _started.set()
+        startup_gc.pause()
         from simulation.nvflare_private import install_nvflare_fixes
 
         install_nvflare_fixes()

@@ -8,7 +8,6 @@ random UUID, so each device's data partition and speed class are the same in eve
 from __future__ import annotations
 
 import ctypes
-import gc
 import os
 import sys
 from dataclasses import replace
@@ -25,6 +24,7 @@ from nvflare.edge.simulation.simulator import Simulator
 from nvflare.edge.web.models.task_response import TaskResponse
 from nvflare.edge.widgets.tpo_runner import TPORunner
 
+from common import startup_gc
 from common.delays import DelayConfig, DeviceDelays
 from common.jsonio import JsonlWriter, write_json_atomic
 from common.leaf_outbox import OUTBOX_PROP, LeafOutbox
@@ -47,12 +47,13 @@ def settle_process() -> None:
     """Once the leaf is built: what a leaf process allocates per update costs less.
 
     * The objects made so far (torch's and NVFlare's modules, millions of them) are never garbage: frozen out of
-      the collector (``gc.freeze``), a full collection no longer walks them every few hundred updates.
+      the collector (``gc.freeze``), a full collection no longer walks them every few hundred updates; the
+      collector, paused for the process's start-up in SimEnv (``common.startup_gc``), runs again.
     * With glibc, buffers up to 32 MB (a diff's blob, a model, a message's chunks: hundreds of kB each, several
       per update) come from the heap, which is kept, instead of a fresh mapping each that is zero-filled page by
       page and unmapped when freed: about a third of a leaf's CPU per asynchronous update went to page faults.
       Only the leaf's own process; the bits are untouched."""
-    gc.freeze()
+    startup_gc.resume(freeze=True)
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL("libc.so.6")

@@ -28,7 +28,7 @@ any of them, before a run silently changes behaviour.
    ``repr``, 23% of the server's CPU in a FedBuff run (py-spy, ``PERFORMANCE_OPTIMIZATION.md``).
    ``ConsumableBufferList`` gets a ``__repr__`` that names its size instead.
 
-``install_nvflare_fixes`` applies 4 and 5 once per process, and 7, 8, 10 and 11 in NVFlare's simulator processes;
+``install_nvflare_fixes`` applies 4 and 5 once per process, and 7, 8 and 10 to 13 in NVFlare's simulator processes;
 our server and leaf components call it.
 6. **Syncs when there is news, not on a timer.** ``HierarchicalUpdateGatherer._do_task`` is the loop in which a
    leaf (or relay) reports to its parent and takes its reply, then sleeps ``update_interval`` plus up to 0.5 s of
@@ -70,7 +70,12 @@ our server and leaf components call it.
    most ``SIMULATOR_POLL``; every other sleep of those modules, and every check, is NVFlare's. A worker asking
    again for a task that is not there yet (``ClientTaskWorker.do_one_task``, 0.5 s) is capped too: that happens
    only at the end, between its last task and END_RUN (our leaves hold one task for the whole run, scheduled
-   before they start), where it kept each leaf up to 0.5 s from taking END_RUN. Only in the simulator's processes; the
+   before they start), where it kept each leaf up to 0.5 s from taking END_RUN. So is a leaf's wait between two
+   tries to send its task's last report (``ClientRunner._send_task_result`` and ``_try_send_result_once`` sleep
+   ``task_check_interval``, 5 s): under load a report sent as the run ends can time out, and the leaf then slept
+   the whole 5 s before it saw the run's abort and took END_RUN, with the server's shutdown waiting for it (one
+   run in three of ``bench_fixed_cost.py`` at load 6: the server's end 4.64 s after the last version, not 0.6).
+   Only in the simulator's processes; the
    tests check each function still sleeps there. ``simulation.early_start`` installs these fixes as each
    simulator process reads its logging config, before the server's cell starts, so the first sleeps are short
    too.
@@ -82,6 +87,33 @@ our server and leaf components call it.
    ``SIMULATOR_WORKFLOW_GRACE`` in the simulator's server (``SIMULATOR_GRACES``; ``--simulator stock`` keeps
    NVFlare's: neither our assessor nor ``simulation.early_start`` installs the fixes there); a deployment keeps
    NVFlare's grace.
+
+12. **The leaves start with the server app, not after it.** ``SimulatorRunner.simulator_run_main`` starts the
+   server app on a thread, waits until that app has started (``engine_info.status``: its components built, which
+   imports torch and every module of ours the server uses), and only then starts a worker process per leaf: a fresh
+   interpreter that imports NVFlare and torch and builds the leaf's app before it first asks the server anything.
+   On 2 cores one core was idle for the whole server app build (1.8 s of an idle machine's start). Each worker's
+   first message to the server job is NVFlare's own runner sync (``ClientRunner.init_run``), which it retries
+   until the server's runner answers, exactly as a deployed client job does when it starts before the server's.
+   ``leaves_start_with_server_app`` replaces ``SimulatorRunner.start_server_app`` with NVFlare's own, run after
+   starting a thread that starts the leaves (NVFlare's ``client_run``, the same arguments) as soon as the server
+   app's folder is set (``server_custom_folder``) and its job cell exists, the state NVFlare's order gave them;
+   ``SimulatorRunner.client_run``, which ``simulator_run_main`` calls once the server app has started, then waits
+   for those leaves instead of starting them again. A server app that fails still fails the run at once (NVFlare
+   raises; its MPM ends the process, which still runs the thread that started the leaves; each worker exits with
+   its parent). Only without ``--gpu`` groups (NVFlare then
+   splits the leaves between its GPUs; SimEnv runs never name one); installed by ``simulation.early_start`` as
+   the server process reads its log config, before ``simulator_run_main`` starts the app.
+
+13. **Listeners that stop at once in the simulator.** NVFlare's TCP listener (``TcpDriver.listen``) serves with
+   ``socketserver``'s ``serve_forever``, which looks for a shutdown every ``poll_interval`` (0.5 s by default);
+   stopping the listener (``TcpDriver.shutdown``) waits for that look. The simulator's server stops its cell's
+   two listeners in MPM's cleanup, between a run's last version and its exit: py-spy found that cleanup callback
+   waiting there (``BaseServer.shutdown``), 0.44-0.47 s by NVFlare's MPM log. ``quick_listener_stops`` gives
+   ``TcpDriver`` a ``listen`` that is NVFlare's (its three lines) with ``serve_forever(poll_interval=SIMULATOR_POLL)``
+   in the simulator's processes; a
+   connection is still accepted the moment it arrives (the listener's ``select`` returns at once), and a deployed
+   site keeps NVFlare's interval.
 
 Over 400 lines: every private NVFlare name the project uses lives in this one file (the project's rule), each fix
 with its reason.
@@ -127,6 +159,14 @@ NVFLARE_PRIVATE_PATCHES = {
     "nvflare.fuel.f3.streaming.byte_receiver.RxTask._schedule_remove_task": ("self", "ttl"),
     "nvflare.fuel.f3.streaming.byte_receiver.RxTask._remove_task": ("self",),
     "nvflare.fuel.f3.mpm.MainProcessMonitor._start_shutdown": ("shutdown_grace_time", "cleanup_grace_time"),
+    "nvflare.private.fed.app.simulator.simulator_runner.SimulatorRunner.start_server_app": ("self", "args"),
+    "nvflare.fuel.f3.drivers.tcp_driver.TcpDriver.listen": ("self", "connector"),
+    "nvflare.private.fed.app.simulator.simulator_runner.SimulatorRunner.client_run": (
+        "self",
+        "server_custom_folder",
+        "clients",
+        "gpu",
+    ),
 }
 NVFLARE_PRIVATE_MODULE_FUNCTIONS = {  # a private module's function, replaced in that module only
     "nvflare.private.fed.app.simulator.simulator_runner.get_open_ports": ("number",),
@@ -138,7 +178,7 @@ SIMULATOR_POLLS = {  # fix 10: module -> the functions whose sleeps are capped t
         "run_client_thread",
         "_create_connection",
     ),
-    "nvflare.private.fed.client.client_runner": ("init_run",),
+    "nvflare.private.fed.client.client_runner": ("init_run", "_send_task_result", "_try_send_result_once"),
     "nvflare.private.fed.app.simulator.simulator_worker": ("run", "do_one_task"),  # __main__ in a worker
     "nvflare.fuel.f3.cellnet.connector_manager": ("_get_connector",),  # the listener's "kludge" (its docstring)
 }
@@ -322,7 +362,7 @@ STREAM_CLEANUP = DueTimer()  # every finished stream's delayed removal, on one t
 ORIGINALS: dict[str, Callable] = {}  # NVFlare's own methods this process replaced, by name
 
 
-SIMULATOR_SHUTDOWN_GRACE = 0.3  # seconds a simulator process sleeps before its cleanup callbacks (NVFlare: 3)
+SIMULATOR_SHUTDOWN_GRACE = 0.1  # seconds a simulator process sleeps before its cleanup callbacks (NVFlare: 3)
 SIMULATOR_ENGINE_CHECK = 0.25  # seconds between the simulator server's checks for a finished run (NVFlare: 3)
 
 
@@ -331,7 +371,7 @@ SIMULATOR_WORKFLOW_GRACE = 0.25  # seconds the workflow waits for its leaves aft
 
 
 def install_nvflare_fixes() -> None:
-    """Fixes 4 and 5 of the module docstring, and 7, 8, 10 and 11 in the simulator's processes; once per process."""
+    """Fixes 4 and 5 of the module docstring, and 7, 8 and 10 to 13 in the simulator's processes; once per process."""
     share_stream_cleanup_thread()
     render_payloads_by_size()
     if in_simulator():
@@ -339,6 +379,73 @@ def install_nvflare_fixes() -> None:
         short_simulator_shutdown_grace()
         quick_simulator_polls()
         short_workflow_grace()
+        leaves_start_with_server_app()
+        quick_listener_stops()
+
+
+class _EarlyLeaves:
+    """The leaves a simulator run started with its server app (fix 12): the thread that started them (NVFlare's
+    ``client_run``, which returns once they have all ended)."""
+
+    def __init__(self, runner, client_run: Callable) -> None:
+        # not a daemon (nor, then, the threads NVFlare's client_run starts): were the server app to fail, NVFlare's
+        # MPM would find it still running and end the process at once (os._exit), and each worker its own within a
+        # second (NVFlare's check_parent_alive); a daemon's threads would be joined at exit, for as long as the
+        # workers take to time out (measured: 11 s, and their errors on the console)
+        self.thread = threading.Thread(target=self._start, args=(runner, client_run), name="leaves-with-server-app")
+
+    @staticmethod
+    def _start(runner, client_run: Callable) -> None:
+        # NVFlare's order gave the leaves the server app's folder (set first in start_server_app) and its job cell
+        while runner.server_custom_folder is None or getattr(runner.server, "job_cell", None) is None:
+            time.sleep(0.01)
+        client_run(runner, runner.server_custom_folder, runner.federated_clients, None)
+
+
+def leaves_start_with_server_app() -> None:
+    """The simulator starts its leaves' workers while its server app starts, not after (fix 12); idempotent, and
+    only where NVFlare's simulator runner is loaded (the simulator's server process)."""
+    import sys
+
+    module = sys.modules.get("nvflare.private.fed.app.simulator.simulator_runner")
+    if module is None or "SimulatorRunner.start_server_app" in ORIGINALS:
+        return
+    runner_class = module.SimulatorRunner
+    start_server_app = ORIGINALS["SimulatorRunner.start_server_app"] = runner_class.start_server_app
+    client_run = ORIGINALS["SimulatorRunner.client_run"] = runner_class.client_run
+
+    def start_server_app_with_leaves(self, args) -> None:
+        if not self.args.gpu:  # with GPU groups NVFlare splits the leaves between them: its own order
+            self._edgesim_early_leaves = _EarlyLeaves(self, client_run)
+            self._edgesim_early_leaves.thread.start()
+        start_server_app(self, args)
+
+    def client_run_or_wait(self, server_custom_folder, clients, gpu) -> None:
+        early = getattr(self, "_edgesim_early_leaves", None)
+        if early is None:
+            client_run(self, server_custom_folder, clients, gpu)
+        else:  # started with the server app: simulator_run_main waits here for them, as for its own
+            early.thread.join()
+
+    runner_class.start_server_app = start_server_app_with_leaves
+    runner_class.client_run = client_run_or_wait
+
+
+def quick_listener_stops() -> None:
+    """NVFlare's TCP listeners look for a shutdown every ``SIMULATOR_POLL`` seconds (fix 13); idempotent. Only in
+    NVFlare's simulator processes (``install_nvflare_fixes``): a deployed site keeps NVFlare's 0.5 s."""
+    from nvflare.fuel.f3.drivers import tcp_driver
+
+    if "TcpDriver.listen" in ORIGINALS:
+        return
+    ORIGINALS["TcpDriver.listen"] = tcp_driver.TcpDriver.listen
+
+    def listen(self, connector) -> None:  # TcpDriver.listen (NVFlare 2.9), with the poll interval given
+        self.connector = connector
+        self.server = tcp_driver.TcpStreamServer(self, connector)
+        self.server.serve_forever(poll_interval=SIMULATOR_POLL)
+
+    tcp_driver.TcpDriver.listen = listen
 
 
 class _CappedSleeps:

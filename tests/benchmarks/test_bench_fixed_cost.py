@@ -24,9 +24,10 @@ def test_the_phases_markers_are_read_from_every_log_in_time_order(tmp_path):
     assert bench_fixed_cost.find(lines, "MPM", "Good Bye", "last") is None
 
 
-def test_both_benchmarks_start_a_job_from_another_checkout_the_same_way(monkeypatch):
-    """``harness.job_command`` (used by ``run_job`` and by ``bench_fixed_cost.measure``): the checkout's script,
-    ``--output`` last, and the checkout first on ``PYTHONPATH`` for every process of the job."""
+def test_the_benchmarks_start_a_job_from_another_checkout_the_same_way(monkeypatch):
+    """``harness.job_command`` (used by ``run_job``, which ``bench_fixed_cost.measure`` runs its job with, and by
+    ``same_bits``): the checkout's script, ``--output`` last, and the checkout first on ``PYTHONPATH`` for every
+    process of the job."""
     import os
     import sys
 
@@ -36,4 +37,7 @@ def test_both_benchmarks_start_a_job_from_another_checkout_the_same_way(monkeypa
     argv, env = harness.job_command("jobs/pt_job_fedavg.py", ["--seed", "7"], "/out", repo="/other/checkout")
     assert argv == [sys.executable, "/other/checkout/jobs/pt_job_fedavg.py", "--seed", "7", "--output", "/out"]
     assert env["PYTHONPATH"].split(os.pathsep) == ["/other/checkout", "/elsewhere"]
-    assert bench_fixed_cost.start_job is harness.start_job
+    assert bench_fixed_cost.run_job is harness.run_job
+    from benchmarks import same_bits
+
+    assert same_bits.job_command is harness.job_command

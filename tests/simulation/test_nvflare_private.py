@@ -61,6 +61,7 @@ def test_the_private_names_we_touch_are_nvflares_real_ones():
     from nvflare.edge.controllers.sage import ScatterAndGatherForEdge
     from nvflare.edge.executors.ete import EdgeTaskExecutor
     from nvflare.edge.executors.hug import HierarchicalUpdateGatherer
+    from nvflare.fuel.f3.drivers.tcp_driver import TcpDriver
     from nvflare.fuel.f3.mpm import MainProcessMonitor
     from nvflare.fuel.f3.streaming.byte_receiver import RxTask
     from nvflare.job_config.api import FedJob
@@ -73,10 +74,14 @@ def test_the_private_names_we_touch_are_nvflares_real_ones():
         _real(EdgeTaskExecutor, "_handle_edge_request"): ("self", "event_type", "fl_ctx", "process_f", "no_task_reply"),
         _real(EdgeTaskExecutor, "_handle_edge_job_request"): ("self", "event_type", "fl_ctx"),
     }
+    runner = simulator_runner.SimulatorRunner
     assert NVFLARE_PRIVATE_PATCHES == {
         _real(RxTask, "_schedule_remove_task"): ("self", "ttl"),
         _real(RxTask, "_remove_task"): ("self",),
         _real(MainProcessMonitor, "_start_shutdown"): ("shutdown_grace_time", "cleanup_grace_time"),
+        _real(runner, "start_server_app"): ("self", "args"),
+        _real(TcpDriver, "listen"): ("self", "connector"),
+        _real(runner, "client_run"): ("self", "server_custom_folder", "clients", "gpu"),
     }
     assert NVFLARE_PRIVATE_MODULE_FUNCTIONS == {
         _real(simulator_runner, "get_open_ports"): ("number",),
