@@ -12,6 +12,11 @@ its own after the message body instead of copying it into msgpack's buffer, and 
 ``bytes`` object, without a second copy out of the message body. With hundreds of diffs in a leaf's report
 (asynchronous runs) those two copies were most of the CPU each update cost the leaf's and the server's
 serialiser. The bits are the arrays' own: nothing is converted.
+
+The arrays of a blob come back as a ``PackedArrays``: a plain ``{name: array}`` dict to whoever reads it, which
+also keeps its blob, its layout and, when every array is float32, the whole blob as one float32 vector
+(``flat``). A sum of hundreds of diffs, or a new version made from one, is then one numpy call over the vector
+instead of one per tensor, with the same bits (elementwise float32 arithmetic is the same whatever the slicing).
 """
 
 from __future__ import annotations
@@ -23,6 +28,56 @@ import numpy as np
 from nvflare.fuel.utils.fobs.datum import Datum
 
 PACKED = "edgesim_packed"  # the key that marks a packed dict
+
+
+class PackedArrays(dict):
+    """``{name: array}``, every array a view of one blob (``views``). Beyond the dict:
+
+    Attributes:
+        layout: the blob's layout text (``layout_text``), the same for two dicts whose names, dtypes and shapes
+            are the same, in the same order.
+        flat: the whole blob as one 1-D float32 array when every array is float32 (each array a slice of it, in
+            order), else None.
+        blob: the buffer the arrays view.
+
+    A copy or a pickle of it is a plain dict (what it holds is the arrays)."""
+
+    __slots__ = ("layout", "flat", "blob")
+
+    def __reduce__(self):
+        return dict, (dict(self),)
+
+
+def flat_of(*weights) -> np.ndarray | None:
+    """The flat float32 vector of the first of ``weights`` when every one is a ``PackedArrays`` with one, all of
+    the same layout (then their flat vectors line up, slice for slice); else None."""
+    first = weights[0]
+    if not isinstance(first, PackedArrays) or first.flat is None:
+        return None
+    for other in weights[1:]:
+        if not isinstance(other, PackedArrays) or other.flat is None or other.layout != first.layout:
+            return None
+    return first.flat
+
+
+def fresh_like(weights: PackedArrays) -> PackedArrays:
+    """New arrays of ``weights``'s layout, views of a new writable blob (its contents to be written)."""
+    return views({PACKED: 1, LAYOUT: weights.layout, "data": Datum.blob_datum(bytearray(len(weights.blob)))})
+
+
+def slices_of(weights: PackedArrays, names) -> list[slice]:
+    """Where the arrays ``names`` lie in ``weights.flat``, adjacent ones merged into one slice, in order."""
+    out: list[slice] = []
+    offset = 0
+    for name, _dtype, shape in layout({LAYOUT: weights.layout}):
+        count = math.prod(shape)
+        if name in names:
+            if out and out[-1].stop == offset:
+                out[-1] = slice(out[-1].start, offset + count)
+            else:
+                out.append(slice(offset, offset + count))
+        offset += count
+    return out
 
 
 def pack(weights: dict[str, np.ndarray]) -> dict:
@@ -87,15 +142,20 @@ def unpack(packed: dict, writable: bool = True) -> dict[str, np.ndarray]:
     return views(packed, bytearray(data) if writable else memoryview(data).toreadonly())
 
 
-def views(packed: dict, buffer=None) -> dict[str, np.ndarray]:
+def views(packed: dict, buffer=None) -> PackedArrays:
     """The arrays of a packed dict as views of ``buffer`` (default: its own blob; writable if that is a
     ``bytearray``, as ``pack`` makes it): no copy."""
     buffer = packed_bytes(packed) if buffer is None else buffer
-    out, offset = {}, 0
+    out, offset = PackedArrays(), 0
+    all_float32 = True
     for name, dt, shape in layout(packed):
         count = math.prod(shape)
         out[name] = np.frombuffer(buffer, dtype=dt, count=count, offset=offset).reshape(shape)
         offset += count * dt.itemsize
+        all_float32 = all_float32 and dt == np.float32
+    out.layout = packed.get(LAYOUT)
+    out.flat = np.frombuffer(buffer, dtype=np.float32, count=offset // 4) if all_float32 and out.layout else None
+    out.blob = buffer
     return out
 
 
