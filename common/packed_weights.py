@@ -62,7 +62,7 @@ def flat_of(*weights) -> np.ndarray | None:
 
 def fresh_like(weights: PackedArrays) -> PackedArrays:
     """New arrays of ``weights``'s layout, views of a new writable blob (its contents to be written)."""
-    return views({PACKED: 1, LAYOUT: weights.layout, "data": Datum.blob_datum(bytearray(len(weights.blob)))})
+    return views({LAYOUT: weights.layout}, bytearray(_plan({LAYOUT: weights.layout}).nbytes))
 
 
 def slices_of(weights: PackedArrays, names) -> list[slice]:
@@ -83,14 +83,48 @@ def slices_of(weights: PackedArrays, names) -> list[slice]:
 def pack(weights: dict[str, np.ndarray]) -> dict:
     """``{name: array}`` as one blob (see the module docstring)."""
     arrays = [np.asarray(v) for v in weights.values()]
-    buffer = bytearray(sum(a.nbytes for a in arrays))
-    offset = 0
-    for a in arrays:  # each array copied once, in C order whatever its layout (as tobytes() would)
-        if a.size:
-            np.frombuffer(buffer, dtype=a.dtype, count=a.size, offset=offset).reshape(a.shape)[...] = a
-        offset += a.nbytes
     layout = layout_text(tuple(weights), tuple(a.dtype.str for a in arrays), tuple(a.shape for a in arrays))
+    plan = _plan({LAYOUT: layout})
+    buffer = bytearray(plan.nbytes)
+    if arrays:  # each array copied once, in C order whatever its layout (as tobytes() would)
+        raw = np.frombuffer(buffer, dtype=np.uint8)
+        if plan.float32:
+            np.concatenate([a.reshape(-1) for a in arrays], out=raw.view(np.float32))
+        else:
+            for a, (_, dt, shape, start, stop) in zip(arrays, plan.entries, strict=True):
+                raw[start:stop].view(dt).reshape(shape)[...] = a
     return {PACKED: 1, LAYOUT: layout, "data": Datum.blob_datum(buffer)}
+
+
+class _Plan:
+    """Where each array of a layout lies in its blob (bytes), parsed once per layout."""
+
+    __slots__ = ("entries", "nbytes", "float32", "float32_entries")
+
+    def __init__(self, parsed: list[tuple[str, np.dtype, tuple[int, ...]]]):
+        self.entries, offset = [], 0
+        for name, dt, shape in parsed:
+            nbytes = math.prod(shape) * dt.itemsize
+            self.entries.append((name, dt, shape, offset, offset + nbytes))
+            offset += nbytes
+        self.nbytes = offset
+        self.float32 = all(dt == np.float32 for _, dt, _ in parsed)
+        # the same in float32 elements, for slicing the blob's flat float32 vector
+        self.float32_entries = (
+            [(n, shape, a // 4, b // 4) for n, _, shape, a, b in self.entries] if self.float32 else []
+        )
+
+
+def _plan(packed: dict) -> _Plan:
+    text = packed.get(LAYOUT)
+    found = _PLANS.get(text) if text is not None else None
+    if found is None:
+        found = _Plan(layout(packed))
+        if text is not None:
+            if len(_PLANS) >= LAYOUTS_KEPT:
+                _PLANS.clear()
+            _PLANS[text] = found
+    return found
 
 
 def layout_text(names: tuple, dtypes: tuple, shapes: tuple) -> str:
@@ -123,6 +157,7 @@ LAYOUT = "layout"
 LAYOUTS_KEPT = 64  # distinct layouts remembered (a run has one or two: its model's, and with extras)
 _TEXTS: dict[tuple, str] = {}
 _LAYOUTS: dict[str, list] = {}
+_PLANS: dict[str, _Plan] = {}
 
 
 def is_packed(value) -> bool:
@@ -144,18 +179,21 @@ def unpack(packed: dict, writable: bool = True) -> dict[str, np.ndarray]:
 
 def views(packed: dict, buffer=None) -> PackedArrays:
     """The arrays of a packed dict as views of ``buffer`` (default: its own blob; writable if that is a
-    ``bytearray``, as ``pack`` makes it): no copy."""
+    ``bytearray``, as ``pack`` makes it): no copy. The buffer is taken once and sliced (a ``np.frombuffer`` per
+    array cost more than the rest of a received diff's handling)."""
     buffer = packed_bytes(packed) if buffer is None else buffer
-    out, offset = PackedArrays(), 0
-    all_float32 = True
-    for name, dt, shape in layout(packed):
-        count = math.prod(shape)
-        out[name] = np.frombuffer(buffer, dtype=dt, count=count, offset=offset).reshape(shape)
-        offset += count * dt.itemsize
-        all_float32 = all_float32 and dt == np.float32
-    out.layout = packed.get(LAYOUT)
-    out.flat = np.frombuffer(buffer, dtype=np.float32, count=offset // 4) if all_float32 and out.layout else None
-    out.blob = buffer
+    plan = _plan(packed)
+    raw = np.frombuffer(buffer, dtype=np.uint8, count=plan.nbytes)
+    out = PackedArrays()
+    out.layout, out.blob, out.flat = packed.get(LAYOUT), buffer, None
+    if plan.float32:
+        flat = raw.view(np.float32)
+        for name, shape, start, stop in plan.float32_entries:
+            out[name] = flat[start:stop].reshape(shape)
+        out.flat = flat if out.layout else None
+    else:
+        for name, dt, shape, start, stop in plan.entries:
+            out[name] = raw[start:stop].view(dt).reshape(shape)
     return out
 
 
