@@ -45,6 +45,7 @@ class BufferedMean(ServerStrategy):
         self._sum: Weights | None = None
         self._count = 0
         self._statistic_slices: dict[str, list[slice]] = {}  # layout -> where the statistics lie in its vector
+        self._spare: PackedArrays | None = None  # the last version's sum, its buffer reused for the next one
 
     def add_update(self, update: Update, model: ModelHistory) -> None:
         self.buffer(update.diff, self.weight_of(update), update.base_version, model)
@@ -94,7 +95,8 @@ class BufferedMean(ServerStrategy):
         c = np.float32(count)
         stats = self._stat_slices(diff) if base is not None else []
         if self._sum is None:  # the first diff: a copy, statistics as the devices' own values
-            self._sum = fresh_like(diff)
+            spare, self._spare = self._spare, None  # no fresh pages for each version's sum
+            self._sum = spare if spare is not None and spare.layout == diff.layout else fresh_like(diff)
             np.copyto(self._sum.flat, d)
             for s in stats:
                 self._sum.flat[s] = d[s] + c * base.flat[s]
@@ -120,7 +122,7 @@ class BufferedMean(ServerStrategy):
             np.add(current.flat, new.flat, out=new.flat)  # current + scaled sum, as below (a + b == b + a)
             for s in self._stat_slices(current):
                 np.divide(total[s], np.float32(self._count), out=new.flat[s])
-            self._sum, self._count = None, 0
+            self._spare, self._sum, self._count = self._sum, None, 0
             return new
         new = {k: v.copy() for k, v in current.items()}
         if self._sum is not None and self._count > 0:
@@ -134,7 +136,9 @@ class BufferedMean(ServerStrategy):
         return new
 
     def state_dict(self) -> dict:
-        return {"sum": self._sum, "count": self._count}
+        # a copy: the sum's buffer is reused for a later version's sum (``_spare``)
+        total = None if self._sum is None else {k: v.copy() for k, v in self._sum.items()}
+        return {"sum": total, "count": self._count}
 
     def load_state_dict(self, state: dict) -> None:
         self._sum, self._count = state["sum"], state["count"]
