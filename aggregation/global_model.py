@@ -37,12 +37,16 @@ from aggregation.strategy import ServerContext, ServerStrategy, Update, Weights
 from aggregation.version_store import VersionStore
 from common.imports import import_object
 from common.output import output_dir
-from common.packed_weights import pack
+from common.packed_weights import PackedArrays, pack
 from common.protocol import DEVICE_EXTRA_PREFIX, METHOD_STATUS, SIM_TIME, DeviceUpdate, SelectionSum
 from processors.models import build_model, statistic_names
 
 
 def as_float32_arrays(weights: dict) -> Weights:
+    """``weights`` with every array float32 (arrays that travelled packed and are all float32 as they are: their
+    ``PackedArrays`` lets a strategy sum them as one vector)."""
+    if isinstance(weights, PackedArrays) and weights.flat is not None:
+        return weights
     return {k: np.asarray(v, dtype=np.float32) for k, v in weights.items()}
 
 
@@ -152,7 +156,9 @@ class GlobalModel(FLComponent):
         else:
             return
         n = len(DEVICE_EXTRA_PREFIX)
-        reports = {k[n:]: v for k, v in diff.items() if k.startswith(DEVICE_EXTRA_PREFIX)}
+        # a packed diff's layout names its arrays: one without reports needs no walk over them
+        plain = isinstance(diff, PackedArrays) and diff.layout and DEVICE_EXTRA_PREFIX not in diff.layout
+        reports = {} if plain else {k[n:]: v for k, v in diff.items() if k.startswith(DEVICE_EXTRA_PREFIX)}
         if reports:
             diff = {k: v for k, v in diff.items() if not k.startswith(DEVICE_EXTRA_PREFIX)}
         self.server_strategy.add_update(

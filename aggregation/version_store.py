@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 from nvflare.fuel.utils.fobs.datum import Datum
 
-from common.packed_weights import LAYOUT, PACKED, pack, packed_bytes, views
+from common.packed_weights import LAYOUT, PACKED, PackedArrays, pack, packed_bytes, views
 
 Weights = dict[str, np.ndarray]
 
@@ -54,12 +54,16 @@ class VersionStore:
         return self._layout.keys()
 
     def put(self, version: int, weights: Weights) -> Weights:
-        """Keep ``weights`` as ``version`` (one copy); returns its arrays as kept (views of its blob)."""
+        """Keep ``weights`` as ``version`` (one copy, none when they are already the views of a writable blob of
+        their own, as a strategy that writes a version into ``fresh_like``'s arrays returns them); returns its
+        arrays as kept (views of its blob)."""
         self.discard(version)
-        packed = pack(weights)
-        blob = packed_bytes(packed)
-        arrays = views(packed)
-        self._layout[version] = packed[LAYOUT]
+        if isinstance(weights, PackedArrays) and weights.layout and isinstance(weights.blob, bytearray):
+            blob, arrays, layout_text = weights.blob, weights, weights.layout
+        else:
+            packed = pack(weights)
+            blob, arrays, layout_text = packed_bytes(packed), views(packed), packed[LAYOUT]
+        self._layout[version] = layout_text
         self._memory[version] = (blob, arrays)
         self._in_memory += len(blob)
         self._spill(newest=version)

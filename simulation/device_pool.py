@@ -162,7 +162,9 @@ class DevicePool:
                 count = min(count, len(idle))
                 if count == 0:
                     return []
-            picks = self.rng.choice(idle, size=count, replace=False)
+            # the last idle device: numpy's choice of one out of one draws nothing, so neither does this (an
+            # asynchronous run that selects every device comes here once per update)
+            picks = idle if len(idle) == 1 else self.rng.choice(idle, size=count, replace=False)
             chosen = [self.device_at(int(i)) for i in picks]
             mask[picks] = True
             self._indices.update(zip(chosen, (int(i) for i in picks), strict=True))

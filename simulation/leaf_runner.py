@@ -7,9 +7,7 @@ random UUID, so each device's data partition and speed class are the same in eve
 
 from __future__ import annotations
 
-import ctypes
 import os
-import sys
 from dataclasses import replace
 
 import torch
@@ -24,10 +22,10 @@ from nvflare.edge.simulation.simulator import Simulator
 from nvflare.edge.web.models.task_response import TaskResponse
 from nvflare.edge.widgets.tpo_runner import TPORunner
 
-from common import startup_gc
 from common.delays import DelayConfig, DeviceDelays
 from common.jsonio import JsonlWriter, write_json_atomic
 from common.leaf_outbox import OUTBOX_PROP, LeafOutbox
+from common.process_settings import settle_process
 from common.result_files import LEAF_PLAN, leaf_log
 from processors.local_work import device_work
 from processors.task_processor import TrainingTaskProcessor
@@ -38,29 +36,6 @@ from simulation.leaf_plan import PlanRequest, count_leaf_processes, hardware_sum
 from simulation.planner import WorkerPlan, probe_hardware
 from simulation.process_watch import ChildProcessWatch
 from simulation.trainer import GroupTrainer, WeightsTrainer
-
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
-LARGE_BUFFERS = 32 * 1024 * 1024  # glibc's largest mmap threshold on 64-bit systems
-
-
-def settle_process() -> None:
-    """Once the leaf is built: what a leaf process allocates per update costs less.
-
-    * The objects made so far (torch's and NVFlare's modules, millions of them) are never garbage: frozen out of
-      the collector (``gc.freeze``), a full collection no longer walks them every few hundred updates; the
-      collector, paused for the process's start-up in SimEnv (``common.startup_gc``), runs again.
-    * With glibc, buffers up to 32 MB (a diff's blob, a model, a message's chunks: hundreds of kB each, several
-      per update) come from the heap, which is kept, instead of a fresh mapping each that is zero-filled page by
-      page and unmapped when freed: about a third of a leaf's CPU per asynchronous update went to page faults.
-      Only the leaf's own process; the bits are untouched."""
-    startup_gc.resume(freeze=True)
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL("libc.so.6")
-            libc.mallopt(M_MMAP_THRESHOLD, LARGE_BUFFERS)
-            libc.mallopt(M_TRIM_THRESHOLD, 4 * LARGE_BUFFERS)
-        except (OSError, AttributeError):  # not glibc: its defaults stay
-            pass
 
 
 def device_id_prefix(site_name: str) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import collections
 import tracemalloc
 
+import numpy as np
+
 from simulation.device_pool import DevicePool
 
 
@@ -101,3 +103,19 @@ def test_the_exact_draws_kept_mask_gives_the_draws_of_a_pool_built_afresh_each_t
             pool.release(device, retire=steps.random() < 0.02)
         if step == 150:
             pool.register_range("site-3", 10, "site-3")  # membership changes: indices are recomputed
+
+
+def test_the_last_idle_device_is_taken_without_a_draw_as_numpys_choice_does():
+    """An asynchronous run that selects every device asks for the one idle device at each update: the pool takes
+    it without calling numpy, which must draw nothing for a choice of one out of one (else the bits would move)."""
+    rng = np.random.default_rng(3)
+    before = rng.bit_generator.state
+    assert rng.choice(np.array([7]), size=1, replace=False).tolist() == [7]
+    assert rng.bit_generator.state == before
+    pool = DevicePool(seed=5)
+    pool.register_range("site-1", 4, "site-1")
+    taken = pool.sample(4)
+    pool.release(taken[2])
+    state = pool.rng.bit_generator.state
+    assert pool.sample(1) == [taken[2]]
+    assert pool.rng.bit_generator.state == state
