@@ -240,6 +240,11 @@ def run_flower(w: dict) -> dict:
     with open(out) as f:
         result = json.load(f)
     os.remove(out)
+    if result.get("unchanged_rounds"):  # its clients failed: Flower logs each error and goes on with the old model
+        raise RuntimeError(
+            f"Flower's global model did not change in {result['unchanged_rounds']} of {w['rounds']} rounds: its "
+            f"clients failed; the first error it logged:\n{first_client_error(done.stdout + done.stderr)}"
+        )
     return result | {"started": started, "exit": ended}
 
 
@@ -281,6 +286,12 @@ def run_ours(w: dict, python: str) -> dict:
         "exit": ended,
         "accuracy": last["accuracy"],
     }
+
+
+def first_client_error(log: str) -> str:
+    """The first lines of the first error a Flower client reported in ``log`` ("" for none)."""
+    at = log.find("Received error in reply")
+    return log[at : at + 600] if at >= 0 else log[-600:]
 
 
 def _env() -> dict:

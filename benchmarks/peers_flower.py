@@ -8,7 +8,12 @@ round's global weights; the server replaces the model with the mean of the retur
 sample counts (all equal: plain FedAvg, server learning rate 1); the initial weights are our job's. Flower samples
 each round's cohort itself (``fraction_train`` = cohort / users). The times: ``ready`` when the strategy first
 calls its evaluation (before round 1), a round's end each later call; the accuracy is computed once, after the
-last round.
+last round; ``unchanged_rounds`` counts the rounds whose global model equals the one before (every client of that
+round failed: Flower logs the error and goes on), which ``bench_peers.py`` refuses to report as a result.
+
+The apps are run from this module imported by name (``benchmarks.peers_flower``), never from ``__main__``: Ray's
+workers unpickle the client's functions by their module, and every client run from ``__main__`` failed with
+"Can't get attribute 'actor_work' on <module '__main__'>" while the server went on with the initial model.
 """
 
 from __future__ import annotations
@@ -69,10 +74,15 @@ server = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     data, _ = load_work(WORK)
     net = initial_net(WORK)
-    times = {"ready": 0.0, "round_ends": [], "accuracy": None}
+    times = {"ready": 0.0, "round_ends": [], "accuracy": None, "unchanged_rounds": 0}
+    previous: list = []
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         now = time.time()
+        current = arrays.to_numpy_ndarrays()
+        if previous and all(a.shape == b.shape and (a == b).all() for a, b in zip(current, previous, strict=True)):
+            times["unchanged_rounds"] += 1
+        previous[:] = current
         if server_round == 0:
             times["ready"] = now
             return None
@@ -99,10 +109,12 @@ def main(grid: Grid, context: Context) -> None:
 
 
 if __name__ == "__main__":
+    from benchmarks import peers_flower as apps  # by module name, so Ray's workers can unpickle the client
+
     cores = os.cpu_count() or 1
     run_simulation(
-        server_app=server,
-        client_app=client,
+        server_app=apps.server,
+        client_app=apps.client,
         num_supernodes=WORK["users"],
         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {"num_cpus": cores}},
     )

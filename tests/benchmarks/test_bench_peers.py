@@ -1,5 +1,5 @@
-"""benchmarks/bench_peers.py parses its flags and, without the peers extra, refuses in one line with exit 2. It
-never runs a side here: the benchmark itself is run by hand or in CI only where the extra is installed."""
+"""benchmarks/bench_peers.py parses its flags, without the peers extra refuses in one line with exit 2, and refuses
+to report a Flower run whose clients failed. It never runs a side here: the benchmark itself is run by hand or in CI only where the extra is installed."""
 
 import importlib.util
 
@@ -46,3 +46,21 @@ def test_the_project_never_imports_the_peers():
 
     code = "import sys, jobs.cli, jobs.run.driver; print(sorted(m for m in ('pfl', 'flwr') if m in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True).stdout == "[]\n"
+
+
+def test_a_flower_run_whose_clients_failed_is_refused_not_reported(monkeypatch):
+    """Flower logs a failing client and goes on with the old model: its timings would describe no training. Ray's
+    workers once failed every client ("Can't get attribute 'actor_work' on <module '__main__'>") and the table still
+    printed Flower's seconds per round."""
+    import json
+    import subprocess
+
+    def fake_run(cmd, env, **_):
+        with open(env["BENCH_PEERS_OUT"], "w") as f:
+            json.dump({"ready": 0.0, "round_ends": [1.0, 2.0], "accuracy": 0.1, "unchanged_rounds": 2}, f)
+        log = "INFO: > Received error in reply from node 7: AttributeError: Can't get attribute 'actor_work'"
+        return subprocess.CompletedProcess(cmd, 0, stdout=log, stderr="")
+
+    monkeypatch.setattr(bench_peers.subprocess, "run", fake_run)
+    with pytest.raises(RuntimeError, match=r"did not change in 2 of 2 rounds(.|\n)*actor_work"):
+        bench_peers.run_flower({"rounds": 2})
