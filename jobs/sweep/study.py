@@ -5,11 +5,14 @@ Planned trials are enqueued once, each with its grid cell (``slot``: its index i
 plan survives any interruption: a re-run enqueues only the slots missing from the study. A trial left RUNNING by a
 sweep of this machine that is no longer alive is marked FAIL and its parameters re-queued (same slot, same
 values, ``requeued_from`` its number); a trial running under another live sweep (another machine sharing the
-storage) is left alone.
+storage) is left alone. A sweep killed between taking a trial (``study.ask``) and stamping it with its owner
+leaves a RUNNING trial with no owner: it is an orphan too once ``UNCLAIMED_GRACE_S`` have passed since it started
+(a live sweep stamps its trial within milliseconds of taking it).
 """
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import socket
@@ -104,7 +107,14 @@ def owner_attrs() -> dict:
     return {"host": socket.gethostname(), "sweep_pid": me.pid, "sweep_started": me.create_time()}
 
 
-def owner_alive(attrs: dict) -> bool:
+UNCLAIMED_GRACE_S = 60.0  # seconds a RUNNING trial may lack its owner's stamp before it counts as an orphan
+
+
+def owner_alive(attrs: dict, started: datetime.datetime | None = None, now: datetime.datetime | None = None) -> bool:
+    """Whether the sweep that took a trial (its ``owner_attrs``, its ``started`` time) may still be running it."""
+    if "host" not in attrs:  # taken, never stamped: its sweep died at once, unless it is being stamped right now
+        now = now or datetime.datetime.now()
+        return started is not None and (now - started).total_seconds() < UNCLAIMED_GRACE_S
     if attrs.get("host") != socket.gethostname():
         return True  # another machine's sweep: we cannot tell, so its trial is left to it
     try:
@@ -114,15 +124,16 @@ def owner_alive(attrs: dict) -> bool:
         return False
 
 
-def requeue_orphans(study: optuna.Study) -> list[int]:
-    """Trials left RUNNING by a dead sweep of this machine: marked FAIL, their parameters enqueued again. Returns
-    their numbers."""
-    orphans = [
-        t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if not owner_alive(t.user_attrs)
-    ]
+def requeue_orphans(study: optuna.Study, now: datetime.datetime | None = None) -> list[int]:
+    """Trials left RUNNING by a dead sweep of this machine (or by one killed before it stamped them): marked FAIL,
+    their parameters enqueued again. Returns their numbers."""
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    orphans = [t for t in running if not owner_alive(t.user_attrs, t.datetime_start, now)]
     for t in orphans:
         study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
-        study.enqueue_trial(t.params, user_attrs={"slot": t.user_attrs.get("slot"), "requeued_from": t.number})
+        # a trial killed before it suggested its values has only those it was enqueued with
+        values = {**t.system_attrs.get("fixed_params", {}), **t.params}
+        study.enqueue_trial(values, user_attrs={"slot": t.user_attrs.get("slot"), "requeued_from": t.number})
     return [t.number for t in orphans]
 
 

@@ -169,6 +169,27 @@ def test_a_killed_sweep_continues_every_trial_exactly_once(tmp_path, monkeypatch
     assert (tmp_path / "sweep" / "history.png").exists()
 
 
+def test_a_trial_taken_but_never_stamped_is_queued_again_after_the_grace(tmp_path):
+    # a sweep SIGKILLed between study.ask() and stamping the trial with its owner leaves a RUNNING trial with
+    # no owner: its slot must run again (the e2e sweep test once ended with such a trial RUNNING and its slot lost)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}", direction="maximize")
+    study.enqueue_trial({"x": 1.0}, user_attrs={"slot": 3})
+    taken = study.ask()
+    started = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))[0].datetime_start
+    soon = started + studies.datetime.timedelta(seconds=1)
+    assert studies.requeue_orphans(study, now=soon) == []  # it may be being stamped right now
+    later = started + studies.datetime.timedelta(seconds=studies.UNCLAIMED_GRACE_S + 1)
+    assert studies.requeue_orphans(study, now=later) == [taken.number]
+    assert study.get_trials(deepcopy=False)[taken.number].state == TrialState.FAIL
+    (queued,) = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    assert queued.user_attrs == {"slot": 3, "requeued_from": taken.number}
+    stamped = study.ask()  # the same values again; stamped by a live sweep of this machine, left alone however old
+    assert stamped.suggest_float("x", 0.0, 2.0) == 1.0
+    for key, value in studies.owner_attrs().items():
+        stamped.set_user_attr(key, value)
+    assert studies.requeue_orphans(study, now=later + studies.datetime.timedelta(hours=1)) == []
+
+
 def test_two_sweeps_never_share_a_folder(tmp_path):
     spec = parse_spec(BASE + "grid: {seed: [1]}\n", "a")
     opts = SweepOptions(output=str(tmp_path / "sweep"), bar=False)
