@@ -136,11 +136,12 @@ def plan_leaf(
         requested=request.num_workers,
         profile=request.profile,
     )
-    # on the CPU a heavy model trains faster one device at a time (measured: plan_engine's reason); only ``auto``
-    # for a model without BatchNorm statistics asks how heavy it is, so only then is it counted
+    # on the CPU a heavy model trains faster one device at a time, on a GPU a light one with one worker (measured:
+    # plan_engine's reasons); only ``auto`` for a model without BatchNorm statistics asks how heavy it is, so only
+    # then is it counted
     has_buffers = bool(untracked_buffers(model))
     mflops = None
-    if device.type == "cpu" and request.engine == "auto" and not has_buffers:
+    if request.engine == "auto" and not has_buffers:
         mflops = cached_training_mflops(model, request.input_shape or DEFAULT_INPUT_SHAPE)
     return plan_engine(plan, request.engine, has_buffers, request.group_size, mflops_per_sample=mflops)
 

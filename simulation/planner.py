@@ -7,7 +7,11 @@ comes with the reason, printed once per job.
 
 Why cores bound the CPU path: a worker's training is PyTorch compute; threads beyond the cores available to a
 leaf only time-slice. Why cores also bound the GPU path: each worker launches its kernels from Python under the
-GIL, so more threads than cores add queueing, not throughput.
+GIL, so more threads than cores add queueing, not throughput. A light model's vectorised groups on a GPU go
+further: one worker per GPU training the leaf's whole round as one group (``plan_engine``) beats the cores'
+workers each training its share, since the kernels are launch-bound and a larger group launches the same kernels
+once for more devices (measured on an H200, convnet, K = 1,000 over 2 leaves: 8 workers of 63 devices -> 1 of
+500, FedAvg 1.26x and FedBuff 1.22x the devices per second, GPU_FIX_NOTES.md).
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ class WorkerPlan:
     profile: str = DEFAULT_PROFILE  # the utilisation profile the plan follows (common.profiles)
     cores_per_leaf: int = 0  # 0: the "cpu" limit (plans made before profiles)
     leaves_per_gpu: int = 1  # leaves sharing one GPU (each caps its CUDA allocator at share / this)
+    gpus_per_leaf: int = 1  # GPUs a leaf has to itself (more GPUs than leaves on the host)
 
     @property
     def torch_threads(self) -> int:
@@ -74,7 +79,8 @@ class WorkerPlan:
 
     @property
     def waves(self) -> float:
-        return self.devices_per_leaf / self.num_workers
+        """Training calls each worker makes per round: a vectorised group trains ``group_size`` devices at once."""
+        return self.devices_per_leaf / (self.num_workers * max(1, self.group_size))
 
     def describe(self) -> str:
         return (
@@ -132,6 +138,9 @@ def _probe_gpus() -> list[GpuInfo]:
 
 
 CPU_GROUP_MAX_MFLOPS = 100.0  # auto on the CPU: a model costing more per training sample trains one device at a time
+# auto on a GPU: a vectorised model costing at most this per training sample gets one worker per GPU (launch-bound);
+# a heavier one keeps the cores' workers (ResNet-18, 0.94x grouped on an H200, was not measured with one worker)
+GPU_ONE_WORKER_MAX_MFLOPS = CPU_GROUP_MAX_MFLOPS
 
 
 MFLOPS_CACHE = "~/.cache/edgesim-flare/plan"
@@ -241,7 +250,7 @@ def plan_workers(
     limits: dict[str, int | None] = {"devices": devices_per_leaf}
     limits["cpu"] = max(1, int(cores_per_leaf * prof.workers_per_core))
     compute = "cpu"
-    leaves_per_gpu = 1
+    leaves_per_gpu = gpus_per_leaf = 1
     if use_gpu:
         if not hardware.gpus:
             raise ValueError("the GPU path was asked for but no GPU is visible; use --compute-device cpu")
@@ -261,7 +270,12 @@ def plan_workers(
             )
         limits["gpu_memory"] = int(usable // per_worker_bytes) * gpus_per_leaf
     gpu_bytes = int(usable) * gpus_per_leaf if use_gpu else None
-    extra = {"profile": prof.name, "cores_per_leaf": cores_per_leaf, "leaves_per_gpu": leaves_per_gpu}
+    extra = {
+        "profile": prof.name,
+        "cores_per_leaf": cores_per_leaf,
+        "leaves_per_gpu": leaves_per_gpu,
+        "gpus_per_leaf": gpus_per_leaf,
+    }
     if requested is not None:
         if requested < 1:
             raise ValueError(f"--num-workers {requested}: must be >= 1")
@@ -310,6 +324,16 @@ def plan_engine(
             "--model resnet18: 0.73x at K=4)"
         )
         return replace(plan, engine="per-device", group_size=1, engine_reason=reason)
+    light = mflops_per_sample is not None and mflops_per_sample <= GPU_ONE_WORKER_MAX_MFLOPS
+    if requested == "auto" and on_gpu and light and plan.limited_by != "--num-workers":
+        plan = replace(
+            plan,
+            num_workers=min(plan.gpus_per_leaf, plan.num_workers),
+            limited_by=(
+                f"one worker per GPU: {mflops_per_sample:.1f} MFLOP per training sample is launch-bound, so one "
+                "group of the leaf's round beats the cores' workers' smaller groups (H200: 1.22-1.26x)"
+            ),
+        )
     limits = {"devices per worker": math.ceil(plan.devices_per_leaf / plan.num_workers)}
     if on_gpu:
         limits["gpu_memory"] = max(1, plan.gpu_bytes_per_leaf // (plan.num_workers * plan.per_worker_bytes))

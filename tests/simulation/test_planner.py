@@ -132,3 +132,30 @@ def test_a_models_mflops_are_counted_once_per_machine_and_again_when_its_source_
     assert planner.cached_training_mflops(load(), (3, 2, 2), folder) == first and len(counted) == 1  # read back
     source.write_text(source.read_text().replace("nn.Linear(12, 4)", "nn.Linear(12, 8)"))
     assert planner.cached_training_mflops(load(), (3, 2, 2), folder) == 2 * first and len(counted) == 2
+
+
+def test_a_light_vectorised_model_gets_one_worker_per_gpu_and_the_whole_round_as_its_group():
+    from simulation.planner import GPU_ONE_WORKER_MAX_MFLOPS, training_mflops
+
+    convnet, resnet = (training_mflops(build_model(m), (3, 32, 32)) for m in ("cifar10_convnet", "resnet18"))
+    assert convnet <= GPU_ONE_WORKER_MAX_MFLOPS < resnet
+    hw = HardwareProfile(16, (GpuInfo("fake 140GB", 140 * GB, 140 * GB),))
+    plan = plan_workers(hw, devices_per_leaf=500, per_worker_bytes=CONVNET_BYTES, leaves_on_host=2, use_gpu=True)
+    assert plan.num_workers == 8  # the cores' bound, before the engine is chosen
+    light = plan_engine(plan, "auto", mflops_per_sample=convnet)
+    assert (light.engine, light.num_workers, light.group_size) == ("vectorized", 1, 500)
+    assert "one worker per GPU" in light.describe() and "~1.0 waves per round" in light.describe()
+    # a heavy model, an explicit engine or --num-workers keep the cores' workers and split the round over them
+    assert plan_engine(plan, "auto", mflops_per_sample=resnet).num_workers == 8
+    assert plan_engine(plan, "vectorized", mflops_per_sample=convnet).num_workers == 8
+    asked = plan_workers(hw, 500, CONVNET_BYTES, leaves_on_host=2, use_gpu=True, requested=4)
+    assert plan_engine(asked, "auto", mflops_per_sample=convnet).num_workers == 4
+    # a leaf with two GPUs to itself: a worker each, the round split between them
+    two = HardwareProfile(16, (GpuInfo("a", 140 * GB, 140 * GB), GpuInfo("b", 140 * GB, 140 * GB)))
+    both = plan_engine(plan_workers(two, 500, CONVNET_BYTES, use_gpu=True), "auto", mflops_per_sample=convnet)
+    assert (both.num_workers, both.group_size) == (2, 250)
+    # the CPU path is unchanged: the cores' workers, each a share of the round
+    cpu = plan_engine(
+        plan_workers(HardwareProfile(16), 500, CONVNET_BYTES, leaves_on_host=2), "auto", None, None, None, convnet
+    )
+    assert cpu.num_workers == 8
