@@ -68,10 +68,13 @@ PY
 # FedBuff with the paper's delays at K concurrent devices (GPU_FIX_NOTES.md item 9): groups and GPU utilisation.
 fedbuff_job() {
   local k=$1 versions=$2 model=$3
+  shift 3
+  local flags="$*"
+  local name="fedbuff-$model-k$k${flags// /}"
   $PY jobs/pt_job_fedrevive.py --method fedbuff --compute-device "$DEVICE" --num-leaf-nodes 2 \
     --devices-per-leaf $((k / 2)) --device-selection-size "$k" --max-model-version "$versions" --model "$model" \
-    --eval-frequency 100 --checkpoint-every -1 --workspace /tmp/edgesim-ws --output "$OUT/fedbuff-$model-k$k" &&
-    $PY - "$OUT/fedbuff-$model-k$k/metrics.json" "$k" <<'PY'
+    --eval-frequency 100 --checkpoint-every -1 --workspace /tmp/edgesim-ws --output "$OUT/$name" "$@" &&
+    $PY - "$OUT/$name/metrics.json" "$k $flags" <<'PY'
 import json, sys
 m = json.load(open(sys.argv[1]))
 vs = m["versions"]
@@ -127,11 +130,16 @@ else
   step equivalence-resnet18 90 $PY benchmarks/gpu_equivalence.py --model resnet18
   step fedavg-k1000-w1 60 fedavg_job 1000 6 --num-workers 1
   step fedavg-k1000-w2 60 fedavg_job 1000 6 --num-workers 2
+  # the protocol's ceiling on this machine's own cores (null training: no GPU work), against the H200's measured
+  # engine floor (197,092 samples/s, bench_engine K = 100 in GPU_FIX_NOTES.md)
+  step fedbuff-k1000-w1 100 fedbuff_job 1000 1000 cifar10_convnet --num-workers 1
+  step protocol-null 120 $PY benchmarks/bench_protocol.py --null-training --only fedavg,fedbuff-paper \
+    --gpu-samples-per-second 197092
 fi
 kill "$DMON" 2>/dev/null
 
 echo "==== results"
-grep -h -E "^RESULT|speedup|samples/s|trackers:|augment:|vs |high vs|defaults:|^device |passed|failed|error" \
+grep -h -E "^RESULT|speedup|samples/s|trackers:|augment:|vs |high vs|defaults:|^device |passed|failed|error|^FedAvg|^FedBuff|devices/s" \
   "$OUT"/*.log 2>/dev/null | cut -c1-300 | tail -60
 echo "==== steps (total $(($(date +%s) - START)) s)"
 cat "$SUMMARY"

@@ -5,6 +5,8 @@ one it must equal.
 - ``cuda vs cpu``: one device trained alone (``train_local``) on CUDA and on the CPU, same batches.
 - ``group vs alone``: an asynchronous release (devices of three model versions, unequal sample counts) trained
   as one vectorised group on CUDA against each device trained alone on CUDA, Adam and SGD.
+- ``alone +1 ulp vs alone``: the yardstick for ``group vs alone``: the same devices alone from their start
+  weights moved one float32 ulp, against them alone (what rounding alone does to this training).
 - ``high vs conservative``: the job's task processor with the ``high`` profile (data on the GPU, pinned copies
   on per-worker streams) against ``conservative`` (data on the host, no streams), a group and a device alone.
 - ``tf32``: the first two again with TF32 convolutions and matrix products off and on, since torch lets cuDNN
@@ -121,6 +123,25 @@ def group_vs_alone(optimizer: str, device: torch.device, model: str = MODEL) -> 
     return errors(grouped, alone)
 
 
+def nudged_vs_alone(optimizer: str, device: torch.device, model: str = MODEL) -> tuple[float, float, float]:
+    """The yardstick for ``group vs alone``: the same devices alone, from their start weights moved one float32 ulp
+    up, against them alone. What rounding alone does to this training (Adam turns a gradient element whose sign
+    rounding flips into a step of about lr), so a grouped error of this size is rounding, not a wrong version."""
+    cfg = CONFIGS[optimizer]
+    versions = [_on(v, device) for v in _versions(3, model)]
+    of_device = [versions[v] for v in (0, 2, 1, 2)]
+    data = [(x.to(device), y.to(device)) for x, y in _data([40, 64, 12, 100])]
+    net = worker_model(model, device)
+    up = torch.tensor(float("inf"))
+
+    def nudged(p: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: torch.nextafter(t, up.to(t)) if t.is_floating_point() else t for k, t in p.items()}
+
+    alone = [train_local(net, p, x, y, cfg, g) for p, (x, y), g in zip(of_device, data, _gens(4), strict=True)]
+    moved = [train_local(net, nudged(p), x, y, cfg, g) for p, (x, y), g in zip(of_device, data, _gens(4), strict=True)]
+    return errors(moved, alone)
+
+
 def profiles(device: str) -> tuple[float, float, float]:
     """The task processor on ``device``: ``high`` (data resident, pinned copies on streams) against
     ``conservative``, for a group of 3 devices and for one device alone."""
@@ -155,7 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     for allow in (False, True):
         with tf32(allow):
             for opt in ("adam", "sgd"):
-                for name, fn in (("cuda vs cpu", cuda_vs_cpu), ("group vs alone (3 versions)", group_vs_alone)):
+                comparisons = (
+                    ("cuda vs cpu", cuda_vs_cpu),
+                    ("group vs alone (3 versions)", group_vs_alone),
+                    ("alone +1 ulp vs alone", nudged_vs_alone),
+                )
+                for name, fn in comparisons:
                     worst, rel, scale = fn(opt, device, model)
                     print(f"{name + ', ' + opt:<34} {allow!s:>5} {worst:>11.3e} {rel:>11.3e} {scale:>11.3e}")
     if model != MODEL:
