@@ -8,6 +8,7 @@ from __future__ import annotations
 from nvflare.apis.fl_component import FLComponent
 from nvflare.apis.fl_constant import ReservedKey
 from nvflare.apis.fl_context import FLContext
+from nvflare.apis.shareable import Shareable
 from nvflare.apis.utils.event import fire_event_to_components
 
 
@@ -30,3 +31,14 @@ class EventEngine:
         ctx = FLContext()
         ctx.set_prop(ReservedKey.ENGINE, self, private=True, sticky=False)
         return ctx
+
+
+def child_reports(assessor, engine: EventEngine, child: str, report: Shareable) -> Shareable:
+    """``child`` (a leaf or relay, by name) sends ``report`` to the server's ``assessor``; its reply."""
+    ctx = engine.new_context()
+    peer = FLContext()
+    peer.set_prop(ReservedKey.IDENTITY_NAME, child, private=True, sticky=False)
+    ctx.set_peer_context(peer)
+    ok, reply = assessor.process_child_update(report, ctx)
+    assert ok
+    return reply

@@ -11,8 +11,6 @@ import time
 import numpy as np
 import pytest
 from nvflare.apis.event_type import EventType
-from nvflare.apis.fl_constant import ReservedKey
-from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.learnable_persistor import LearnablePersistor
 from nvflare.app_common.abstract.model import make_model_learnable
 from nvflare.app_common.app_constant import AppConstants
@@ -38,7 +36,7 @@ from common.protocol import (
 )
 from scheduling.exact_assessor import ExactTimeAssessor
 from simulation.event_reference import make_schedule, reference_trace
-from tests.fakes.engine import EventEngine
+from tests.fakes.engine import EventEngine, child_reports
 
 LEAVES = {"site-1": 12, "site-2": 12}
 
@@ -105,12 +103,7 @@ class ScriptedLeaf:
             shareable[SELECTION_SUMS] = sums
         else:
             shareable[DEVICE_UPDATES] = updates
-        ctx = engine.new_context()
-        peer = FLContext()
-        peer.set_prop(ReservedKey.IDENTITY_NAME, self.name, private=True, sticky=False)
-        ctx.set_peer_context(peer)
-        ok, reply = assessor.process_child_update(shareable, ctx)
-        assert ok
+        reply = child_reports(assessor, engine, self.name, shareable)
         version = reply.get_header(PropKey.MODEL_VERSION)
         if version:
             self.models.update(reply.get(MODELS) or {})  # what it holds: only what was sent

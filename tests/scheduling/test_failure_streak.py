@@ -12,8 +12,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from nvflare.apis.event_type import EventType
-from nvflare.apis.fl_constant import ReservedKey
-from nvflare.apis.fl_context import FLContext
 from nvflare.edge.assessor import Assessment
 from nvflare.edge.mud import PropKey, StateUpdateReport
 
@@ -31,7 +29,7 @@ from common.protocol import (
 from scheduling.exact_assessor import ExactTimeAssessor
 from scheduling.failure_streak import FailureStreak
 from simulation.event_reference import make_schedule, reference_trace
-from tests.fakes.engine import EventEngine
+from tests.fakes.engine import EventEngine, child_reports
 from tests.scheduling.test_exact_assessor import LEAVES, MEAN, ZeroPersistor, run_scripted
 
 
@@ -67,13 +65,7 @@ def report(assessor, engine, leaf: str, **entries):
     shareable = StateUpdateReport(0, 0, None, None).to_shareable()
     for key, value in entries.items():
         shareable[key] = value
-    ctx = engine.new_context()
-    peer = FLContext()
-    peer.set_prop(ReservedKey.IDENTITY_NAME, leaf, private=True, sticky=False)
-    ctx.set_peer_context(peer)
-    ok, reply = assessor.process_child_update(shareable, ctx)
-    assert ok
-    return reply
+    return child_reports(assessor, engine, leaf, shareable)
 
 
 @pytest.mark.parametrize("b, hole, sums", [(2, 1, False), (8, 8, True)], ids=["fedbuff", "fedavg-sums"])

@@ -12,8 +12,6 @@ import time
 import numpy as np
 import pytest
 from nvflare.apis.event_type import EventType
-from nvflare.apis.fl_constant import ReservedKey
-from nvflare.apis.fl_context import FLContext
 from nvflare.edge.assessor import Assessment
 from nvflare.edge.mud import PropKey, StateUpdateReport
 
@@ -23,7 +21,7 @@ from common.protocol import DEVICE_RANGES, DEVICE_UPDATES, SELECTION_VERSIONS, D
 from scheduling.applier import UpdateApplier
 from scheduling.exact_assessor import ExactTimeAssessor
 from simulation.config import FIRST_DEVICE_TIMEOUT
-from tests.fakes.engine import EventEngine
+from tests.fakes.engine import EventEngine, child_reports
 from tests.scheduling.test_exact_assessor import MEAN, ZeroPersistor
 
 LEAVES = ("C11", "C12")
@@ -35,13 +33,7 @@ def sync(assessor, engine, leaf: str, updates=(), ranges=None):
     if ranges:
         report[DEVICE_RANGES] = ranges
     report[DEVICE_UPDATES] = [u.to_dict() for u in updates]
-    ctx = engine.new_context()
-    peer = FLContext()
-    peer.set_prop(ReservedKey.IDENTITY_NAME, leaf, private=True, sticky=False)
-    ctx.set_peer_context(peer)
-    ok, reply = assessor.process_child_update(report, ctx)
-    assert ok
-    return reply
+    return child_reports(assessor, engine, leaf, report)
 
 
 @pytest.mark.parametrize("b, hole", [(2, 1), (4, 4)], ids=["fedbuff", "fedavg"])
