@@ -111,14 +111,24 @@ def cuda_vs_cpu(optimizer: str, device: torch.device, model: str = MODEL) -> tup
     return errors([got], [want])
 
 
+def _release(device: torch.device, model: str) -> tuple[list[dict[str, torch.Tensor]], list]:
+    """An asynchronous release on ``device``: four devices' start weights (of three versions) and their batches."""
+    versions = [_on(v, device) for v in _versions(3, model)]
+    data = [(x.to(device), y.to(device)) for x, y in _data([40, 64, 12, 100])]
+    return [versions[v] for v in (0, 2, 1, 2)], data
+
+
+def _alone(cfg: TrainingConfig, starts: list, data: list, device: torch.device, model: str) -> list[Diff]:
+    """Each device of a release trained alone on ``device`` from its start weights."""
+    net = worker_model(model, device)
+    return [train_local(net, p, x, y, cfg, g) for p, (x, y), g in zip(starts, data, _gens(len(starts)), strict=True)]
+
+
 def group_vs_alone(optimizer: str, device: torch.device, model: str = MODEL) -> tuple[float, float, float]:
     """A release of devices of three versions as one vectorised group on ``device``, against each alone there."""
     cfg = CONFIGS[optimizer]
-    versions = [_on(v, device) for v in _versions(3, model)]
-    of_device = [versions[v] for v in (0, 2, 1, 2)]
-    data = [(x.to(device), y.to(device)) for x, y in _data([40, 64, 12, 100])]
-    net = worker_model(model, device)
-    alone = [train_local(net, p, x, y, cfg, g) for p, (x, y), g in zip(of_device, data, _gens(4), strict=True)]
+    of_device, data = _release(device, model)
+    alone = _alone(cfg, of_device, data, device, model)
     grouped = train_group(model, of_device, data, cfg, _gens(4), device)
     return errors(grouped, alone)
 
@@ -128,18 +138,12 @@ def nudged_vs_alone(optimizer: str, device: torch.device, model: str = MODEL) ->
     up, against them alone. What rounding alone does to this training (Adam turns a gradient element whose sign
     rounding flips into a step of about lr), so a grouped error of this size is rounding, not a wrong version."""
     cfg = CONFIGS[optimizer]
-    versions = [_on(v, device) for v in _versions(3, model)]
-    of_device = [versions[v] for v in (0, 2, 1, 2)]
-    data = [(x.to(device), y.to(device)) for x, y in _data([40, 64, 12, 100])]
-    net = worker_model(model, device)
+    of_device, data = _release(device, model)
     up = torch.tensor(float("inf"))
-
-    def nudged(p: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {k: torch.nextafter(t, up.to(t)) if t.is_floating_point() else t for k, t in p.items()}
-
-    alone = [train_local(net, p, x, y, cfg, g) for p, (x, y), g in zip(of_device, data, _gens(4), strict=True)]
-    moved = [train_local(net, nudged(p), x, y, cfg, g) for p, (x, y), g in zip(of_device, data, _gens(4), strict=True)]
-    return errors(moved, alone)
+    nudged = [
+        {k: torch.nextafter(t, up.to(t)) if t.is_floating_point() else t for k, t in p.items()} for p in of_device
+    ]
+    return errors(_alone(cfg, nudged, data, device, model), _alone(cfg, of_device, data, device, model))
 
 
 def profiles(device: str) -> tuple[float, float, float]:
