@@ -54,6 +54,7 @@ from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 
 from common.choices import EvalBacklog
+from common.cores import available_cores
 from common.protocol import CHECKPOINT_DUE, FLEET, METHOD_STATUS, RUN_OUTCOME, RUN_RESUMED, SIM_TIME
 from evaluation.events import VERSION_EVALUATED, VERSION_RECORD, VERSION_WEIGHTS
 from evaluation.per_user import per_user_accuracy
@@ -89,11 +90,7 @@ def eval_threads(device: torch.device) -> int:
     evaluation keeps torch's default."""
     if device.type != "cpu":
         return torch.get_num_threads()
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // 2)
+    return max(1, available_cores() // 2)
 
 
 def limit_this_thread(threads: int) -> None:

@@ -20,13 +20,13 @@ import copy
 import hashlib
 import inspect
 import math
-import os
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
 import torch.nn as nn
 
+from common.cores import available_cores
 from common.nvml import Nvml, visible_indices
 from common.profiles import DEFAULT_PROFILE, UtilisationProfile, get_profile
 from processors.data.cache import cached_arrays
@@ -109,13 +109,7 @@ class WorkerPlan:
 
 def probe_hardware() -> HardwareProfile:
     """Cores available to this process and every visible GPU's memory (NVML first, torch as fallback)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        import psutil
-
-        cores = psutil.cpu_count(logical=True) or 1
-    return HardwareProfile(cpu_cores=cores, gpus=tuple(_probe_gpus()))
+    return HardwareProfile(cpu_cores=available_cores(), gpus=tuple(_probe_gpus()))
 
 
 def _probe_gpus() -> list[GpuInfo]:

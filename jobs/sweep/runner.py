@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import optuna
 from optuna.trial import TrialState
 
+from common.cores import available_cores
 from evaluation.run_recorder import record_pruned
 from jobs.sweep import study as studies
 from jobs.sweep.objective import mean_score, mean_steps, score
@@ -66,7 +67,7 @@ def sweep_dir(spec: SweepSpec, output: str | None) -> str:
 def plan_parallel(spec: SweepSpec, requested: int | None) -> tuple[int, int, str]:
     """Trials at once, cores each, and why. Each leaf of a trial plans at least one core of its own
     (``simulation.planner.plan_workers``), so a trial keeps ``num-leaf-nodes`` cores busy."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = available_cores()
     leaves = int(spec.base.get("num-leaf-nodes", 2))
     if requested:
         share = max(1, cores // requested)
