@@ -103,7 +103,16 @@ fedavg_job() {
       "$OUT/$name/metrics.json"
 }
 
-export -f env_report fedbuff_job fedavg_job
+# devices/s of two runs' metrics.json side by side, and their ratio: one worker per GPU against the planner's default.
+worker_ratio() {
+  $PY - "$OUT/$1/metrics.json" "$OUT/$2/metrics.json" <<'PY'
+import json, sys
+rates = [json.load(open(p))["summary"].get("devices_per_second") for p in sys.argv[1:]]
+print(f"RESULT one worker vs default: {rates[0]} vs {rates[1]} devices/s, ratio {rates[0] / rates[1]:.2f}x")
+PY
+}
+
+export -f env_report fedbuff_job fedavg_job worker_ratio
 export OUT DEVICE PY
 nvidia-smi dmon -s um -o T >"$OUT/dmon.log" 2>&1 &
 DMON=$!
@@ -135,6 +144,11 @@ else
   step fedbuff-k1000-w1 100 fedbuff_job 1000 1000 cifar10_convnet --num-workers 1
   step protocol-null 120 $PY benchmarks/bench_protocol.py --null-training --only fedavg,fedbuff-paper \
     --gpu-samples-per-second 197092
+  # the paper's ResNet-18: does one worker per GPU (the light models' plan) pay for it too, or do the cores' workers
+  # (its default plan) keep the GPU busier?
+  step fedbuff-resnet18-k100 90 fedbuff_job 100 40 resnet18
+  step fedbuff-resnet18-k100-w1 90 fedbuff_job 100 40 resnet18 --num-workers 1
+  step ratio-resnet18 15 worker_ratio fedbuff-resnet18-k100--num-workers1 fedbuff-resnet18-k100
 fi
 kill "$DMON" 2>/dev/null
 

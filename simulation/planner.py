@@ -133,7 +133,7 @@ def _probe_gpus() -> list[GpuInfo]:
 
 CPU_GROUP_MAX_MFLOPS = 100.0  # auto on the CPU: a model costing more per training sample trains one device at a time
 # auto on a GPU: a vectorised model costing at most this per training sample gets one worker per GPU (launch-bound);
-# a heavier one keeps the cores' workers (ResNet-18, 0.94x grouped on an H200, was not measured with one worker)
+# a heavier one keeps the cores' workers (ResNet-18 on an H200: 0.94x grouped, and one worker 0.96x its default plan)
 GPU_ONE_WORKER_MAX_MFLOPS = CPU_GROUP_MAX_MFLOPS
 
 
