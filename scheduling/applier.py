@@ -121,7 +121,11 @@ class UpdateApplier:
         self._version = 0  # the published current version
         self._applying = False  # an update was taken for applying and its publish has not come yet
         self._started_at = time.time()
-        self._cond = threading.Condition()
+        # one lock, two conditions: ``_cond`` wakes the applier thread, ``_idle`` whoever waits for it to settle, once
+        # it has nothing left to apply (so a sync's burst of hundreds of updates wakes a waiting reply once, not each)
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        self._idle = threading.Condition(lock)
         self._stop = False
         self._thread: threading.Thread | None = None
 
@@ -199,7 +203,7 @@ class UpdateApplier:
                 left = deadline - time.time()
                 if left <= 0:
                     return False
-                self._cond.wait(min(left, 0.5))
+                self._idle.wait(min(left, 0.5))
         return True
 
     def republish(self) -> None:
@@ -214,6 +218,7 @@ class UpdateApplier:
         """A lost leaf: nothing more is told about it."""
         with self._cond:
             self._by_leaf.pop(leaf, None)
+            self._idle.notify_all()
 
     def child_view(self, leaves: set[str]) -> ChildView:
         """What a child whose subtree holds ``leaves`` is told now."""
@@ -255,7 +260,7 @@ class UpdateApplier:
                 left = deadline - time.time()
                 if not busy or left <= 0:
                     return
-                self._cond.wait(left)
+                self._idle.wait(left)
 
     def start(self) -> None:
         self._started_at = time.time()
@@ -270,6 +275,7 @@ class UpdateApplier:
         with self._cond:
             self._stop = True
             self._cond.notify_all()
+            self._idle.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -317,6 +323,7 @@ class UpdateApplier:
                         if self.on_stalled is not None:
                             self.on_stalled(due.device)  # its leaf, or one holding news, may be asleep: wake it
                 self.events.flush()  # nothing to apply now: the trace so far goes to disk
+                self._idle.notify_all()  # settled: the replies waiting for it go out
                 self._cond.wait(0.5)
         return None
 
@@ -340,6 +347,13 @@ class UpdateApplier:
         return oldest if late else None
 
     def _run(self) -> None:
+        try:
+            self._apply_until_done()
+        finally:  # finished, stopped or failed: whoever waits for it to settle stops waiting
+            with self._cond:
+                self._idle.notify_all()
+
+    def _apply_until_done(self) -> None:
         fl_ctx = self.new_context()
         while True:
             item = self._next()
