@@ -121,8 +121,8 @@ class UpdateApplier:
         self._version = 0  # the published current version
         self._applying = False  # an update was taken for applying and its publish has not come yet
         self._started_at = time.time()
-        # one lock, two conditions: ``_cond`` wakes the applier thread, ``_idle`` whoever waits for it to settle, once
-        # it has nothing left to apply (so a sync's burst of hundreds of updates wakes a waiting reply once, not each)
+        # one lock, two conditions: ``_cond`` wakes the applier's thread (arrivals), ``_idle`` the replies waiting for
+        # it to settle, once it has nothing left to apply (a burst of hundreds of updates wakes such a reply once)
         lock = threading.RLock()
         self._cond = threading.Condition(lock)
         self._idle = threading.Condition(lock)
@@ -203,7 +203,7 @@ class UpdateApplier:
                 left = deadline - time.time()
                 if left <= 0:
                     return False
-                self._idle.wait(min(left, 0.5))
+                self._cond.wait(min(left, 0.5))  # on the applier's thread (a checkpoint): woken by each arrival
         return True
 
     def republish(self) -> None:
@@ -218,7 +218,7 @@ class UpdateApplier:
         """A lost leaf: nothing more is told about it."""
         with self._cond:
             self._by_leaf.pop(leaf, None)
-            self._idle.notify_all()
+            self._cond.notify_all()
 
     def child_view(self, leaves: set[str]) -> ChildView:
         """What a child whose subtree holds ``leaves`` is told now."""

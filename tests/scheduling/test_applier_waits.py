@@ -1,9 +1,11 @@
-"""A leaf's reply waits for the applier to settle (every update that can be applied now has been), and is woken when
-it has: after a burst of arrivals, not at its time limit. The applier's own thread runs here on a real schedule
-(paper delays, FedBuff), a real model manager and a trace, on a stand-in engine."""
+"""Who waits for the applier is woken when what it waits for happens, not at its time limit: a leaf's reply waiting
+for the applier to settle (every update that can be applied now has been), and a checkpoint, on the applier's own
+thread, waiting for every released device to report. A real schedule (paper delays, FedBuff), a real model manager
+and a trace, on a stand-in engine."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -21,7 +23,8 @@ from tests.scheduling.test_exact_assessor import MEAN
 LEAVES = {"site-1": 100, "site-2": 100}
 
 
-def running_applier(tmp_path) -> tuple[UpdateApplier, GlobalModel]:
+def running_applier(tmp_path, thread: bool = True) -> tuple[UpdateApplier, GlobalModel]:
+    """An applier on its thread; or (``thread=False``) one whose devices are all released and nobody applies."""
     model = GlobalModel(MEAN, {"global_lr": 0.5})
     engine = EventEngine({"model": model})
     ctx = engine.new_context()
@@ -29,7 +32,12 @@ def running_applier(tmp_path) -> tuple[UpdateApplier, GlobalModel]:
     schedule = make_schedule(DELAY_PRESETS["paper"], 1, LEAVES, 200, 2, 1, max_model_version=10**6)
     model.start({"w": np.zeros(3, np.float32)}, ctx)
     schedule.start()
-    applier = UpdateApplier(schedule, model, JsonlWriter(str(tmp_path / "events.jsonl")), engine.new_context)
+    events = JsonlWriter(str(tmp_path / "events.jsonl"))
+    if not thread:  # the wall clock's rule releases every selected device at once
+        applier = UpdateApplier(schedule, model, events, engine.new_context, time_scale=1.0)
+        applier.republish()
+        return applier, model
+    applier = UpdateApplier(schedule, model, events, engine.new_context)
     applier.start()
     return applier, model
 
@@ -71,3 +79,29 @@ def test_a_reply_waiting_for_a_burst_to_be_applied_is_woken_when_the_applier_set
     started = time.monotonic()
     applier.wait_settled(30.0)
     assert time.monotonic() - started < 5.0
+
+
+def test_a_checkpoint_waiting_for_released_devices_wakes_with_the_last_report(tmp_path):
+    # A checkpoint waits on the applier's own thread, so no applier goes idle to wake it: each arrival must. Five
+    # tries, as a poll (every 0.5 s) can return soon after the last report by chance; five in a row cannot.
+    late = []
+    for i in range(5):
+        (tmp_path / str(i)).mkdir()
+        applier, _model = running_applier(tmp_path / str(i), thread=False)
+        with applier.lock:
+            flights = list(applier.schedule.in_flight.values())
+        assert flights and applier.releases == 1
+        done: dict = {}
+        waiter = threading.Thread(
+            target=lambda a=applier, d=done: d.update(released=a.wait_released(30.0), at=time.monotonic())
+        )
+        waiter.start()
+        time.sleep(0.05)  # it waits: nothing has reported yet
+        assert not done
+        for f in flights:
+            assert applier.receive(DeviceUpdate(f.device, f.selection_id, f.base_version, {"w": np.ones(3)})) == ""
+        last = time.monotonic()
+        waiter.join(10)
+        assert done["released"] is True
+        late.append(done["at"] - last)
+    assert sum(late) < 0.4, f"woken {late} s after the last report: by its poll, not by the reports"
