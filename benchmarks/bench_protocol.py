@@ -13,7 +13,9 @@ devices per second, seconds per version, how busy the CPU was, and CPU milliseco
 the server. The compute floor is the job's own task processor and engine training the same devices in this
 process (no NVFlare), at the group sizes the run's leaves really trained them in (their report lines); a run's
 ``x floor`` is its devices per second over what the floor allows on all cores, and ``- floor`` is the leaves'
-CPU per device beyond training. ``--only fedavg,fedbuff-paper,fedbuff-none`` runs a subset.
+CPU per device beyond training. ``/s all busy`` is the devices per second the run's CPU per device (leaves and
+server) allows with every core busy: its ceiling on this machine, however well its phases overlap.
+``--only fedavg,fedbuff-paper,fedbuff-none`` runs a subset.
 
 ``--baseline-rev REV``: runs the same jobs first on an earlier commit of this repository (a temporary git
 worktree, its own code on ``PYTHONPATH``), then on this one, and prints the ratios.
@@ -162,6 +164,12 @@ def describe(result, out: str) -> dict:
     }
 
 
+def at_full_cpu(r: dict) -> str:
+    """The devices per second the run's CPU per device (leaves and server) allows with every core busy: its
+    ceiling on this machine, however well its phases overlap."""
+    return f"{(os.cpu_count() or 1) * 1000 / (r['cpu_ms']['leaves'] + r['cpu_ms']['server']):.0f}"
+
+
 class Floors:
     """The training floor at each group size, measured once per size (the same processor, no NVFlare)."""
 
@@ -182,8 +190,8 @@ class Floors:
         return priced / total
 
 
-ROW = "{:<22} {:<14} {:>10} {:>9} {:>8} {:>10} {:>9} {:>12} {:>8} {:>14}"
-NULL_ROW = "{:<22} {:<14} {:>10} {:>9} {:>10} {:>9} {:>12} {:>14} {:>12}"
+ROW = "{:<22} {:<14} {:>10} {:>9} {:>8} {:>10} {:>9} {:>12} {:>8} {:>14} {:>12}"
+NULL_ROW = "{:<22} {:<14} {:>10} {:>9} {:>10} {:>9} {:>12} {:>14} {:>12} {:>12}"
 # The GPU floor without a GPU: bench_engine's goal for the vectorised engine on an H100 (GPU_FIX_NOTES.md), not a
 # measurement. With a GPU, measure it (bench_engine.py --device cuda) and pass --gpu-samples-per-second.
 GPU_SAMPLES_PER_SECOND = 1e6
@@ -273,20 +281,8 @@ def throughput(args, work: str) -> None:
         + ", ".join(f"{g}: {floors.at(g):.2f}" for g in sorted({1, best}))
     )
     print("each run's floor prices its devices at the group sizes they were trained in (leaf report lines)")
-    print(
-        ROW.format(
-            "run",
-            "commit",
-            "devices/s",
-            "x FedAvg",
-            "x floor",
-            "s/version",
-            "CPU busy",
-            "leaf ms/dev",
-            "- floor",
-            "server ms/dev",
-        )
-    )
+    head = ("run", "commit", "devices/s", "x FedAvg", "x floor", "s/version", "CPU busy", "leaf ms/dev", "- floor")
+    print(ROW.format(*head, "server ms/dev", "/s all busy"))
     for label, results in measured.items():
         base = results.get("FedAvg", {}).get("devices_per_second")
         for name, r in results.items():
@@ -303,6 +299,7 @@ def throughput(args, work: str) -> None:
                     f"{r['cpu_ms']['leaves']:.2f}",
                     f"{r['cpu_ms']['leaves'] - floor:.2f}",
                     f"{r['cpu_ms']['server']:.2f}",
+                    at_full_cpu(r),
                 )
             )
     print_tail(args, measured)
@@ -324,19 +321,8 @@ def print_null(args, measured: dict[str, dict[str, dict]]) -> None:
         f"GPU floor: {gpu:,.0f} samples/s ({source}); at the paper's {PAPER_SAMPLES_PER_DEVICE} samples per device "
         f"{gpu_devices:,.0f} devices/s. 'x GPU floor' > 1: the protocol outpaces that GPU"
     )
-    print(
-        NULL_ROW.format(
-            "run",
-            "commit",
-            "devices/s",
-            "x FedAvg",
-            "s/version",
-            "CPU busy",
-            "leaf ms/dev",
-            "server ms/dev",
-            "x GPU floor",
-        )
-    )
+    head = ("run", "commit", "devices/s", "x FedAvg", "s/version", "CPU busy", "leaf ms/dev", "server ms/dev")
+    print(NULL_ROW.format(*head, "x GPU floor", "/s all busy"))
     for label, results in measured.items():
         base = results.get("FedAvg", {}).get("devices_per_second")
         for name, r in results.items():
@@ -352,6 +338,7 @@ def print_null(args, measured: dict[str, dict[str, dict]]) -> None:
                     f"{r['cpu_ms']['leaves']:.3f}",
                     f"{r['cpu_ms']['server']:.3f}",
                     f"{rate / gpu_devices:.2f}x",
+                    at_full_cpu(r),
                 )
             )
 
