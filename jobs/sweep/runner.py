@@ -321,6 +321,12 @@ class Sweep:
     def _waiting(self) -> int:
         return len(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
+    def _orphans_left(self) -> bool:
+        """Trials of a gone sweep, queued again now, or taken and not yet stamped (waited for): no slot is lost."""
+        if requeued := studies.requeue_orphans(self.study):
+            print(f"[sweep] trial(s) {', '.join(map(str, requeued))} left by a gone sweep: failed, queued again")
+        return bool(requeued or studies.unclaimed(self.study))
+
     def _on_signal(self, signum, _frame) -> None:
         self.signum = signum
 
@@ -350,9 +356,8 @@ class Sweep:
         print(f"[sweep] {self.spec.study_name}: {self.spec.trials} trial(s); folder {self.folder}")
         print(f"[sweep] {self.n} trial(s) at once: {self.why}")
         if requeued:
-            print(
-                f"[sweep] continuing: trial(s) {', '.join(map(str, requeued))} were running, marked failed, queued again"
-            )
+            ids = ", ".join(map(str, requeued))
+            print(f"[sweep] continuing: trial(s) {ids} were running, marked failed, queued again")
         elif not planned:
             print("[sweep] continuing the study found in its storage")
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -379,7 +384,7 @@ class Sweep:
                 c = studies.counts(self.study)
                 bar.n = c["complete"] + c["pruned"]
                 bar.set_postfix_str(self._bar_text(), refresh=True)
-                if not self.candidates and not self._waiting():
+                if not self.candidates and not self._waiting() and not self._orphans_left():
                     break
                 time.sleep(self.opts.poll_seconds)
         finally:
@@ -389,9 +394,7 @@ class Sweep:
             for s, handler in previous.items():
                 signal.signal(s, handler)
         if self.signum is not None:
-            print(
-                f"[sweep] stopped ({signal.Signals(self.signum).name}); run the same command to continue",
-                file=sys.stderr,
-            )
+            name = signal.Signals(self.signum).name
+            print(f"[sweep] stopped ({name}); run the same command to continue", file=sys.stderr)
             return 128 + self.signum
         return 0

@@ -7,7 +7,8 @@ sweep of this machine that is no longer alive is marked FAIL and its parameters 
 values, ``requeued_from`` its number); a trial running under another live sweep (another machine sharing the
 storage) is left alone. A sweep killed between taking a trial (``study.ask``) and stamping it with its owner
 leaves a RUNNING trial with no owner: it is an orphan too once ``UNCLAIMED_GRACE_S`` have passed since it started
-(a live sweep stamps its trial within milliseconds of taking it).
+(a live sweep stamps its trial within milliseconds of taking it). A re-run started within that grace finds it
+``unclaimed``: before it ends, it waits out the grace and runs the trial's slot itself.
 """
 
 from __future__ import annotations
@@ -135,6 +136,13 @@ def requeue_orphans(study: optuna.Study, now: datetime.datetime | None = None) -
         values = {**t.system_attrs.get("fixed_params", {}), **t.params}
         study.enqueue_trial(values, user_attrs={"slot": t.user_attrs.get("slot"), "requeued_from": t.number})
     return [t.number for t in orphans]
+
+
+def unclaimed(study: optuna.Study) -> list[int]:
+    """RUNNING trials never stamped with an owner: a sweep killed between taking them and stamping them, or one
+    stamping them right now. Either way not ended: ``requeue_orphans`` takes them once their grace has passed."""
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    return [t.number for t in running if "host" not in t.user_attrs]
 
 
 def counts(study: optuna.Study) -> dict[str, int]:

@@ -169,6 +169,46 @@ def test_a_killed_sweep_continues_every_trial_exactly_once(tmp_path, monkeypatch
     assert (tmp_path / "sweep" / "history.png").exists()
 
 
+def test_a_sweep_continued_at_once_waits_for_a_trial_taken_but_never_stamped(tmp_path, monkeypatch, capsys):
+    # the e2e sweep test's loss: SIGKILLed between study.ask() and the stamp, the first sweep left slot 3 RUNNING with
+    # no owner; the second, started within the grace, ran every other slot and exited 0 without it
+    spec = parse_spec(BASE + "search: {local-lr: {type: log-float, low: 1.0e-4, high: 1.0}}\ntrials: 6\n", "u")
+    opts = SweepOptions(output=str(tmp_path / "sweep"), parallel=2, poll_seconds=0.0, bar=False, pruner="none")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stamps = []
+
+    def stamp_then_die_before_the_fourth():
+        if len(stamps) == 3:
+            raise Killed
+        stamps.append(1)
+        return {"host": studies.socket.gethostname(), "sweep_pid": int(dead.stdout)}
+
+    monkeypatch.setattr(studies, "owner_attrs", stamp_then_die_before_the_fourth)
+    monkeypatch.setattr(studies, "UNCLAIMED_GRACE_S", 1.0)  # the test's grace; a sweep's is 60 s
+    reset()
+    first = Sweep(spec, opts, launch=FakeTrial)
+    first.prepare()
+    monkeypatch.setattr(first, "_stop_all", lambda: None)  # SIGKILL: no clean-up runs
+    with pytest.raises(Killed):
+        first.run()
+    first.lock.close()
+    (unstamped,) = studies.unclaimed(first.study)
+    monkeypatch.undo()
+    monkeypatch.setattr(studies, "UNCLAIMED_GRACE_S", 1.0)
+
+    second = Sweep(spec, opts, launch=FakeTrial)
+    second.prepare()
+    assert second.run() == 0
+    trials = second.study.get_trials()
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert sorted(t.user_attrs["slot"] for t in done) == list(range(6)), [(t.number, t.state) for t in trials]
+    assert trials[unstamped].state == TrialState.FAIL
+    assert [t for t in done if t.user_attrs.get("requeued_from") == unstamped]
+    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    assert f"trial(s) {unstamped} left by a gone sweep" in capsys.readouterr().out
+    second.lock.close()
+
+
 def test_a_trial_taken_but_never_stamped_is_queued_again_after_the_grace(tmp_path):
     # a sweep SIGKILLed between study.ask() and stamping the trial with its owner leaves a RUNNING trial with
     # no owner: its slot must run again (the e2e sweep test once ended with such a trial RUNNING and its slot lost)
