@@ -321,11 +321,12 @@ class Sweep:
     def _waiting(self) -> int:
         return len(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
-    def _orphans_left(self) -> bool:
-        """Trials of a gone sweep, queued again now, or taken and not yet stamped (waited for): no slot is lost."""
+    def _requeue_orphans(self) -> list[int]:
+        """Trials a gone sweep left RUNNING (``study.requeue_orphans``): marked failed, queued again, and said so."""
         if requeued := studies.requeue_orphans(self.study):
-            print(f"[sweep] trial(s) {', '.join(map(str, requeued))} left by a gone sweep: failed, queued again")
-        return bool(requeued or studies.unclaimed(self.study))
+            ids = ", ".join(map(str, requeued))
+            print(f"[sweep] continuing: trial(s) {ids} were running, marked failed, queued again")
+        return requeued
 
     def _on_signal(self, signum, _frame) -> None:
         self.signum = signum
@@ -351,14 +352,10 @@ class Sweep:
         )
 
     def run(self) -> int:
-        requeued = studies.requeue_orphans(self.study)
-        planned = studies.plan_trials(self.study, self.spec)
         print(f"[sweep] {self.spec.study_name}: {self.spec.trials} trial(s); folder {self.folder}")
         print(f"[sweep] {self.n} trial(s) at once: {self.why}")
-        if requeued:
-            ids = ", ".join(map(str, requeued))
-            print(f"[sweep] continuing: trial(s) {ids} were running, marked failed, queued again")
-        elif not planned:
+        requeued, planned = self._requeue_orphans(), studies.plan_trials(self.study, self.spec)  # in either order
+        if not requeued and not planned:
             print("[sweep] continuing the study found in its storage")
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         bar = make_bar(self.spec.trials, self.opts.bar)
@@ -384,7 +381,9 @@ class Sweep:
                 c = studies.counts(self.study)
                 bar.n = c["complete"] + c["pruned"]
                 bar.set_postfix_str(self._bar_text(), refresh=True)
-                if not self.candidates and not self._waiting() and not self._orphans_left():
+                # done, unless a gone sweep's trials were queued again or one taken is not yet stamped (its grace)
+                idle = not self.candidates and not self._waiting()
+                if idle and not self._requeue_orphans() and not studies.unclaimed(self.study):
                     break
                 time.sleep(self.opts.poll_seconds)
         finally:

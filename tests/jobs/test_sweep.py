@@ -122,13 +122,33 @@ class Killed(BaseException):
     """The sweep's process dies (SIGKILL): nothing of it runs any more, its trials stay RUNNING in the study."""
 
 
-def test_a_killed_sweep_continues_every_trial_exactly_once(tmp_path, monkeypatch, capsys):
-    spec = parse_spec(BASE + "search: {local-lr: {type: log-float, low: 1.0e-4, high: 1.0}}\ntrials: 6\n", "r")
-    opts = SweepOptions(output=str(tmp_path / "sweep"), parallel=2, poll_seconds=0.0, bar=False, pruner="none")
+def six_trial_sweep(tmp_path, name: str) -> tuple:
+    """A search of 6 trials, 2 at once, polled without pause and never pruned: its spec and options."""
+    spec = parse_spec(BASE + "search: {local-lr: {type: log-float, low: 1.0e-4, high: 1.0}}\ntrials: 6\n", name)
+    return spec, SweepOptions(output=str(tmp_path / "sweep"), parallel=2, poll_seconds=0.0, bar=False, pruner="none")
+
+
+def dead_sweep_owner() -> dict:
+    """The owner stamp of a sweep of this machine that is no longer alive (a pid that has exited)."""
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    monkeypatch.setattr(
-        studies, "owner_attrs", lambda: {"host": studies.socket.gethostname(), "sweep_pid": int(dead.stdout)}
-    )
+    return {"host": studies.socket.gethostname(), "sweep_pid": int(dead.stdout)}
+
+
+def killed_sweep(spec, opts, monkeypatch, launch=FakeTrial) -> Sweep:
+    """A sweep run until ``Killed`` is raised in it, with none of its clean-up (as SIGKILL); its folder unlocked."""
+    first = Sweep(spec, opts, launch=launch)
+    first.prepare()
+    monkeypatch.setattr(first, "_stop_all", lambda: None)  # SIGKILL: no clean-up runs
+    with pytest.raises(Killed):
+        first.run()
+    first.lock.close()
+    return first
+
+
+def test_a_killed_sweep_continues_every_trial_exactly_once(tmp_path, monkeypatch, capsys):
+    spec, opts = six_trial_sweep(tmp_path, "r")
+    owner = dead_sweep_owner()
+    monkeypatch.setattr(studies, "owner_attrs", lambda: owner)
     reset()
 
     def dies_on_the_fourth(flags, folder, cores):
@@ -136,12 +156,7 @@ def test_a_killed_sweep_continues_every_trial_exactly_once(tmp_path, monkeypatch
             raise Killed
         return FakeTrial(flags, folder, cores)
 
-    first = Sweep(spec, opts, launch=dies_on_the_fourth)
-    first.prepare()
-    monkeypatch.setattr(first, "_stop_all", lambda: None)  # SIGKILL: no clean-up runs
-    with pytest.raises(Killed):
-        first.run()
-    first.lock.close()
+    first = killed_sweep(spec, opts, monkeypatch, launch=dies_on_the_fourth)
     running = first.study.get_trials(states=(TrialState.RUNNING,))
     assert running, "the kill came with trials running"
 
@@ -172,26 +187,20 @@ def test_a_killed_sweep_continues_every_trial_exactly_once(tmp_path, monkeypatch
 def test_a_sweep_continued_at_once_waits_for_a_trial_taken_but_never_stamped(tmp_path, monkeypatch, capsys):
     # the e2e sweep test's loss: SIGKILLed between study.ask() and the stamp, the first sweep left slot 3 RUNNING with
     # no owner; the second, started within the grace, ran every other slot and exited 0 without it
-    spec = parse_spec(BASE + "search: {local-lr: {type: log-float, low: 1.0e-4, high: 1.0}}\ntrials: 6\n", "u")
-    opts = SweepOptions(output=str(tmp_path / "sweep"), parallel=2, poll_seconds=0.0, bar=False, pruner="none")
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    spec, opts = six_trial_sweep(tmp_path, "u")
+    owner = dead_sweep_owner()
     stamps = []
 
     def stamp_then_die_before_the_fourth():
         if len(stamps) == 3:
             raise Killed
         stamps.append(1)
-        return {"host": studies.socket.gethostname(), "sweep_pid": int(dead.stdout)}
+        return owner
 
     monkeypatch.setattr(studies, "owner_attrs", stamp_then_die_before_the_fourth)
     monkeypatch.setattr(studies, "UNCLAIMED_GRACE_S", 1.0)  # the test's grace; a sweep's is 60 s
     reset()
-    first = Sweep(spec, opts, launch=FakeTrial)
-    first.prepare()
-    monkeypatch.setattr(first, "_stop_all", lambda: None)  # SIGKILL: no clean-up runs
-    with pytest.raises(Killed):
-        first.run()
-    first.lock.close()
+    first = killed_sweep(spec, opts, monkeypatch)
     (unstamped,) = studies.unclaimed(first.study)
     monkeypatch.undo()
     monkeypatch.setattr(studies, "UNCLAIMED_GRACE_S", 1.0)
@@ -205,7 +214,7 @@ def test_a_sweep_continued_at_once_waits_for_a_trial_taken_but_never_stamped(tmp
     assert trials[unstamped].state == TrialState.FAIL
     assert [t for t in done if t.user_attrs.get("requeued_from") == unstamped]
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
-    assert f"trial(s) {unstamped} left by a gone sweep" in capsys.readouterr().out
+    assert f"trial(s) {unstamped} were running, marked failed, queued again" in capsys.readouterr().out
     second.lock.close()
 
 
