@@ -66,6 +66,7 @@ from common.protocol import (
     LEAF_PLANS,
     LEAF_REPORTS,
     LEAVES_SEEN,
+    MODELS,
     RUN_OUTCOME,
     RUN_RESUMED,
     SELECTION_SUMS,
@@ -88,6 +89,12 @@ from simulation.selection import make_policy
 # seconds a report's reply may wait for the updates it brought to be applied (then it carries the selections they
 # caused); a slower method (FedRevive's distillation) answers sooner, and the waker brings the news later
 SETTLE_SECONDS = 0.05
+
+
+# the server's last word on its traffic (a log line): benchmarks/bench_transport_floor.py reads it
+PROTOCOL_SUMMARY = (
+    "protocol: {reports} reports from children, {wakes} wake messages, {applied} updates applied, {models} models sent"
+)
 
 
 class ExactTimeAssessor(Assessor):
@@ -191,6 +198,7 @@ class ExactTimeAssessor(Assessor):
         self._waker: Waker | None = None
         self._news: set[str] = set()  # children with newly selected devices they have not heard of yet
         self.reports = 0  # reports (syncs) received from children
+        self.models_sent = 0  # model versions carried by the replies to them
         self._news_lock = threading.Lock()
         self._waiting_since = time.time()
         self._lock = threading.Lock()
@@ -245,8 +253,9 @@ class ExactTimeAssessor(Assessor):
             wakes = self._waker.sent if self._waker is not None else 0
             self.log_info(
                 fl_ctx,
-                f"protocol: {self.reports} reports from children, {wakes} wake messages, "
-                f"{self.applier.applied} updates applied",
+                PROTOCOL_SUMMARY.format(
+                    reports=self.reports, wakes=wakes, applied=self.applier.applied, models=self.models_sent
+                ),
             )
         if self._waker is not None:
             self._waker.stop()
@@ -479,4 +488,6 @@ class ExactTimeAssessor(Assessor):
             return True, StateUpdateReply(0, None, 0, None).to_shareable()
         # real devices: every leaf may be asked by any device (the proxy's hash decides), so each hears everything
         leaves = self.schedule.pool.leaves if self.real_devices else self.leaves.leaves_of(child)
-        return True, reply_to(self.applier, leaves, report, set(update.get(HELD_VERSIONS) or ()))
+        reply = reply_to(self.applier, leaves, report, set(update.get(HELD_VERSIONS) or ()))
+        self.models_sent += len(reply.get(MODELS) or ())
+        return True, reply

@@ -1,0 +1,45 @@
+"""benchmarks/bench_transport_floor.py: NVFlare's wire alone, between real cells in real processes, and the job's
+traffic read from the server's own log line."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.bench_transport_floor import protocol_line
+from scheduling.exact_assessor import PROTOCOL_SUMMARY
+
+BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "bench_transport_floor.py")
+
+
+def test_the_job_s_traffic_is_read_from_the_line_its_server_logs():
+    logged = PROTOCOL_SUMMARY.format(reports=120, wakes=7, applied=5528, models=4323)
+    found = protocol_line().search(f"2026-11-27 09:30:00,000 - ExactTimeAssessor - INFO - [run=x] - {logged}")
+    assert (found["reports"], found["applied"], found["models"]) == ("120", "5528", "4323")
+
+
+@pytest.mark.slow
+def test_the_floor_moves_whole_diffs_and_versions_between_real_cells_and_prints_its_cpu(tmp_path):
+    """Two leaf processes sync with the server's cell for a short window; the bench checks the first sync and
+    reply arrive whole (or exits non-zero) and prints each process's CPU per update."""
+    argv = [sys.executable, BENCH, "--seconds", "1", "--warmup", "0.5", "--diffs-per-sync", "4"]
+    done = subprocess.run([*argv, "--versions-per-update", "0.5"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 leaves, 4 diffs up and 2 versions down per sync" in done.stdout
+    rows = {}
+    for line in done.stdout.splitlines():
+        m = re.match(r"(updates/s|server CPU ms per update|leaves CPU ms per update)\s+([\d.]+)", line)
+        if m:
+            rows[m[1]] = float(m[2])
+    assert set(rows) == {"updates/s", "server CPU ms per update", "leaves CPU ms per update"}
+    assert all(value > 0 for value in rows.values())
+
+
+def test_a_bad_window_exits_2_with_one_line_before_any_process_starts():
+    done = subprocess.run([sys.executable, BENCH, "--seconds", "0"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "bench_transport_floor: --leaves, --seconds and --diffs-per-sync must be positive"
+    ]
