@@ -200,7 +200,10 @@ def run_server(args) -> dict:
             if leaf.poll() is None:
                 leaf.kill()
         cell.stop()
+    failed = [f"leaf {i} exited {leaf.returncode}" for i, leaf in enumerate(leaves) if leaf.returncode]
     updates = received1 - received0
+    if failed or not updates:
+        raise SystemExit(f"bench_transport_floor: {', '.join(failed) or 'no update in the window'} (see above)")
     used = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
     return {
         "updates": updates,

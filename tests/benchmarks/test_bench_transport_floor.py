@@ -43,3 +43,25 @@ def test_a_bad_window_exits_2_with_one_line_before_any_process_starts():
     assert done.stderr.strip().splitlines() == [
         "bench_transport_floor: --leaves, --seconds and --diffs-per-sync must be positive"
     ]
+
+
+@pytest.mark.slow
+def test_a_reply_that_lost_a_version_fails_the_bench_naming_it_and_leaves_no_process(monkeypatch, capfd):
+    import psutil
+
+    from benchmarks import bench_transport_floor
+
+    answer = bench_transport_floor.Server.on_sync
+
+    def one_version_short(self, request):
+        reply = answer(self, request)
+        reply.payload["versions"] = reply.payload["versions"][:-1]
+        return reply
+
+    monkeypatch.setattr(bench_transport_floor.Server, "on_sync", one_version_short)
+    argv = ["bench_transport_floor.py", "--seconds", "1", "--warmup", "0.5", "--diffs-per-sync", "4"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--versions-per-update", "0.5"])
+    with pytest.raises(SystemExit, match="bench_transport_floor: .*leaf"):
+        bench_transport_floor.main()
+    assert "the reply held 1 versions" in capfd.readouterr().err
+    assert not psutil.Process().children(recursive=True)
