@@ -31,8 +31,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import resource
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,12 +48,6 @@ SERVER_GOAL_MS = 0.5
 RATE_GOAL = 1500.0
 
 
-def cpu_seconds() -> float:
-    """This process's CPU so far, user and system, every thread."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def model_blobs(model: str, count: int, seed: int) -> list[dict]:
     """``count`` packed ``{name: array}`` dicts shaped like ``model``'s state (distinct values, float32)."""
     from common.packed_weights import pack
@@ -67,12 +59,6 @@ def model_blobs(model: str, count: int, seed: int) -> list[dict]:
         pack({name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()})
         for _ in range(count)
     ]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def make_cell(fqcn: str, url: str):
@@ -161,9 +147,10 @@ def run_server(args) -> dict:
     """Start the server's cell and the leaves; measure every process's CPU over one window once all leaves sync."""
     import psutil
 
+    from common.ports import listen_ports
     from common.process_settings import settle_process
 
-    url = f"tcp://127.0.0.1:{free_port()}"
+    url = f"tcp://127.0.0.1:{listen_ports(1)[0]}"  # outside the ephemeral range: no outgoing socket takes it
     cell = make_cell("server", url)
     server = Server(args)
     args.blob_bytes = server.blob_bytes
