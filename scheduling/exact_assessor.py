@@ -455,8 +455,8 @@ class ExactTimeAssessor(Assessor):
     def process_child_update(self, update: Shareable, fl_ctx: FLContext) -> tuple[bool, Shareable | None]:
         child = fl_ctx.get_peer_context().get_identity_name()
         received = False
-        self.reports += 1
-        with self._lock:
+        with self._lock:  # each child's reports arrive on a thread of their own: the counts are kept under it
+            self.reports += 1
             if self.schedule is None:
                 return False, None
             report = StateUpdateReport.from_shareable(update)
@@ -489,5 +489,6 @@ class ExactTimeAssessor(Assessor):
         # real devices: every leaf may be asked by any device (the proxy's hash decides), so each hears everything
         leaves = self.schedule.pool.leaves if self.real_devices else self.leaves.leaves_of(child)
         reply = reply_to(self.applier, leaves, report, set(update.get(HELD_VERSIONS) or ()))
-        self.models_sent += len(reply.get(MODELS) or ())
+        with self._lock:
+            self.models_sent += len(reply.get(MODELS) or ())
         return True, reply
