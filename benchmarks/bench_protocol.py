@@ -164,10 +164,15 @@ def describe(result, out: str) -> dict:
     }
 
 
+def all_busy_rate(leaves_ms: float, server_ms: float) -> float:
+    """The devices (or updates) per second that this CPU per device, the leaves' and the server's, allows with every
+    core busy: a run's ceiling on this machine, however well its phases overlap."""
+    return (os.cpu_count() or 1) * 1000 / (leaves_ms + server_ms)
+
+
 def at_full_cpu(r: dict) -> str:
-    """The devices per second the run's CPU per device (leaves and server) allows with every core busy: its
-    ceiling on this machine, however well its phases overlap."""
-    return f"{(os.cpu_count() or 1) * 1000 / (r['cpu_ms']['leaves'] + r['cpu_ms']['server']):.0f}"
+    """``all_busy_rate`` of a run (``describe``), as its table shows it."""
+    return f"{all_busy_rate(r['cpu_ms']['leaves'], r['cpu_ms']['server']):.0f}"
 
 
 class Floors:
@@ -199,16 +204,20 @@ PAPER_SAMPLES_PER_DEVICE = 25 * 32  # the paper's device: 25 steps of batch 32
 RETENTION = re.compile(r"versions kept: peak (\d+) \((\d+\.\d+) MB(?:.*?(\d+\.\d+) MB spilled)?")
 
 
-def retention(out: str) -> tuple[int, float, float] | None:
-    """The server's peak of versions kept, and of their MB in memory and on disk, from its log (``GlobalModel``)."""
+def last_in_server_log(out: str, pattern: re.Pattern) -> re.Match | None:
+    """The last line of the server's log under a run's ``out`` that ``pattern`` matches (searched), if any."""
     found = None
     for path in glob.glob(os.path.join(out, "nvflare", "**", "server", "log.txt"), recursive=True):
         with open(path, errors="replace") as f:
             for line in f:
-                m = RETENTION.search(line)
-                if m:
-                    found = int(m.group(1)), float(m.group(2)), float(m.group(3) or 0.0)
+                found = pattern.search(line) or found
     return found
+
+
+def retention(out: str) -> tuple[int, float, float] | None:
+    """The server's peak of versions kept, and of their MB in memory and on disk, from its log (``GlobalModel``)."""
+    m = last_in_server_log(out, RETENTION)
+    return (int(m.group(1)), float(m.group(2)), float(m.group(3) or 0.0)) if m else None
 
 
 def select_runs(args) -> dict[str, tuple[str, list[str]]]:
@@ -221,7 +230,8 @@ def select_runs(args) -> dict[str, tuple[str, list[str]]]:
 
 
 def measure(args, work: str) -> dict[str, dict[str, dict]]:
-    """Each run on the baseline commit (if any), then on this one: label -> run name -> ``describe``."""
+    """Each run on the baseline commit (if any), then on this one: label -> run name -> ``describe``, with the
+    server's versions kept (``retention``) and the run's output folder (``out``)."""
     runs = select_runs(args)
     measured: dict[str, dict[str, dict]] = {}
     with contextlib.ExitStack() as stack:
@@ -237,7 +247,7 @@ def measure(args, work: str) -> dict[str, dict[str, dict]]:
                 flags = [*flags, "--workspace", os.path.join(work, f"ws-{slug}")]
                 out = os.path.join(work, slug)
                 result = run_job(script, flags, out, repo=tree)
-                measured.setdefault(label, {})[name] = describe(result, out) | {"retention": retention(out)}
+                measured.setdefault(label, {})[name] = describe(result, out) | {"retention": retention(out), "out": out}
     return measured
 
 
