@@ -1,2 +1,2 @@
-"""How device updates travel and combine: the leaves' executor and updater, the server's global model and the
-methods' strategies that make its next version."""
+"""The server process, its model: the global model's versions (``global_model``, kept by ``version_store``) and
+the methods' strategies that make the next one (``strategy``, ``buffered_mean``, ``fedrevive_strategy``)."""

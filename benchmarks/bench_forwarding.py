@@ -2,7 +2,7 @@
 
 A leaf collects the WEIGHT_DIFFs of N devices for one model version and emits one message to its parent.
 NVFlare's ``ModelUpdateDXOAggregator`` sums them: one model-sized payload whatever N is. Our leaf updater
-(``aggregation.versioned_updater``) forwards each device's update (``DeviceUpdate``: device, selection, base version,
+(``simulation.versioned_updater``) forwards each device's update (``DeviceUpdate``: device, selection, base version,
 diff): N model-sized payloads. Exact simulated time needs that for every method: the server applies each update at
 its own arrival time, and sums in that order (the same bits every run).
 
@@ -69,7 +69,7 @@ class ForwardingLeaf:
         from nvflare.apis.fl_context import FLContext
         from nvflare.edge.mud import BaseState
 
-        from aggregation.versioned_updater import VersionedUpdater
+        from simulation.versioned_updater import VersionedUpdater
 
         self.updater = VersionedUpdater()
         self.updater.start_task(BaseState(0, None, 0, {}).to_shareable(), FLContext())

@@ -60,7 +60,7 @@ def measure(updates: int, sync: int, seed: int) -> dict:
     from common.result_files import EVENTS
     from scheduling.applier import UpdateApplier
     from scheduling.child_reply import reply_to
-    from simulation.event_reference import make_schedule
+    from scheduling.event_reference import make_schedule
     from tests.fakes.engine import EventEngine
 
     rng = np.random.default_rng(seed)

@@ -1,4 +1,4 @@
-"""How fast the timing-only planner (``--dry-run``, ``simulation.timeline``) computes a run's trace: FedBuff
+"""How fast the timing-only planner (``--dry-run``, ``scheduling.timeline``) computes a run's trace: FedBuff
 (B = 2, min hole 1) with the paper's delays, ``--versions`` versions, K = ``--selection`` devices in flight, for
 fleets of 10^4, 10^5 and 10^6 devices over two leaves, with every device always online and with a diurnal fleet
 (``--availability diurnal``: one session a day of ``--online`` x ``--period`` time units; selection then draws
@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dataclasses import replace  # noqa: E402
 
 from common.delays import DELAY_PRESETS  # noqa: E402
-from simulation.event_reference import make_schedule  # noqa: E402
-from simulation.timeline import run_timeline, timeline_summary  # noqa: E402
+from scheduling.event_reference import make_schedule  # noqa: E402
+from scheduling.timeline import run_timeline, timeline_summary  # noqa: E402
 
 
 def main() -> None:

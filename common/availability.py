@@ -11,7 +11,7 @@ Models (``DelayConfig.availability``):
   ``active[k]`` to ``inactive[k]``, and the pattern repeats with period ``T``. Devices take trace clients by the
   seeded rule of ``common.capacity`` (position ``stable_seed("availability", seed, d) mod clients``).
 
-The schedule (``simulation.schedule``) selects only online devices, and a device that goes offline before its
+The schedule (``scheduling.schedule``) selects only online devices, and a device that goes offline before its
 update arrives drops out at that moment (``session_end``).
 """
 
@@ -160,7 +160,7 @@ class Availability:
         return math.inf if ends[0] >= period else (cycle + 1) * period + ends[0]
 
     def online_count(self, pool, t: float) -> int:
-        """How many devices of ``pool`` (a ``simulation.device_pool.DevicePool``, or any sized sequence of ids
+        """How many devices of ``pool`` (a ``scheduling.device_pool.DevicePool``, or any sized sequence of ids
         with ``device_at``) are online at ``t``: vectorised over the devices, their phases or trace clients drawn
         once per pool size."""
         n = len(pool)

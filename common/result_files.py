@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterable
 
 METRICS = "metrics.json"  # evaluation.run_recorder, its only writer
-EVENTS = "events.jsonl"  # scheduling.exact_assessor (and --dry-run: simulation.timeline)
+EVENTS = "events.jsonl"  # scheduling.exact_assessor (and --dry-run: scheduling.timeline)
 GLOBAL_MODEL = "global_model.pt"  # evaluation.model_saver
 ACCURACY_PLOT = "accuracy.png"  # evaluation.plots, drawn by the recorder (or the driver after an interrupt)
 TENSORBOARD = "tensorboard"  # a folder: evaluation.tensorboard_writer
@@ -32,7 +32,7 @@ DEVICE_STATE = "device_state"  # a folder: per-device state of a method's traini
 NVFLARE = "nvflare"  # a folder: NVFlare's workspace of each attempt (jobs.run.outputs), a deployment's server logs
 
 # --dry-run writes the trace and its figures only
-TIMELINE = "timeline.json"  # simulation.timeline
+TIMELINE = "timeline.json"  # scheduling.timeline
 DRY_RUN_FILES = (EVENTS, TIMELINE)
 
 # the drop-in's leaves (simulation.leaf_runner with a leaf log folder) also write their worker plan there

@@ -1,4 +1,4 @@
-"""Server-side results: evaluate each global model and record the run, one concern per NVFlare component.
+"""The server process, its results: evaluate each global model and record the run, one concern per NVFlare component.
 
 The chain of one evaluated version (events in ``evaluation.events``)::
 

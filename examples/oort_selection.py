@@ -45,7 +45,7 @@ import numpy as np
 
 from common.protocol import LOSS_SQUARED, SAMPLES
 from jobs.methods import FedBuff
-from simulation.selection import Candidate, SelectionPolicy
+from scheduling.selection import Candidate, SelectionPolicy
 
 
 @dataclass(frozen=True)

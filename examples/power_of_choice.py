@@ -20,7 +20,7 @@ import numpy as np
 
 from common.protocol import LOSS
 from jobs.methods import FedBuff
-from simulation.selection import Candidate, SelectionPolicy
+from scheduling.selection import Candidate, SelectionPolicy
 
 
 class HighestLoss(SelectionPolicy):

@@ -169,7 +169,7 @@ class RunConfig:
         ``nvflare/`` subfolder (default: a new ``WORKSPACE/results/JOB_NAME-DATE-TIME-PID``).
     export_only: write the NVFlare job to this folder and exit (run it with ``nvflare simulator DIR/JOB -n L -t
         L``).
-    dry_run: compute the run's event trace only, in seconds (no training, no NVFlare; ``simulation.timeline``):
+    dry_run: compute the run's event trace only, in seconds (no training, no NVFlare; ``scheduling.timeline``):
         ``events.jsonl`` (the one a real run writes) and ``timeline.json`` (versions per time unit, staleness,
         failure rate, fleet use) in the results folder, then exit.
     job_name: NVFlare job name (default: ``edgesim_<method>``).

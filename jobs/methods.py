@@ -10,7 +10,7 @@ A method subclasses ``Method`` and says, in class attributes and a few overridab
   its own;
 * the reports its devices send besides their diffs (``reports``: their last loss, steps, label histogram, ...;
   ``processors.reports``), which its strategy gets in ``add_update`` as ``Update.reports``;
-* optionally its selection policy (``simulation.selection.SelectionPolicy``): whom the schedule selects, from the
+* optionally its selection policy (``scheduling.selection.SelectionPolicy``): whom the schedule selects, from the
   idle online devices and what the run knows of them (the reports it ``needs`` are sent too);
 * its own settings, a frozen dataclass that checks itself in ``__post_init__`` and names the fix; its fields
   become the flags ``--<flag_prefix>-<field>`` (help from the dataclass's ``Attributes:`` docstring,

@@ -1,10 +1,10 @@
 """What a device reports besides its diff: named float32 arrays and scalars a method asks for by name.
 
 A method declares the reports it reads (``jobs.methods.Method.reports``: its strategy's, and its selection
-policy's, ``simulation.selection.SelectionPolicy.needs``); the job's task processor computes only those, in
+policy's, ``scheduling.selection.SelectionPolicy.needs``); the job's task processor computes only those, in
 either engine, and sends them in the device's diff under ``common.protocol.DEVICE_EXTRA_PREFIX``. The server
 splits them off: the strategy gets them as ``Update.reports`` (``aggregation.strategy``), the schedule keeps the
-scalar ones as what the run knows of each device (``simulation.selection.DeviceKnowledge``).
+scalar ones as what the run knows of each device (``scheduling.selection.DeviceKnowledge``).
 
 The reports (names in ``common.protocol``):
 

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from common.jsonio import JsonlWriter
 from common.protocol import FLEET, DeviceUpdate, reports_of
 from scheduling.failure_streak import FailureStreak
+from scheduling.schedule import Dispatch, ExactSchedule
 from simulation.config import FIRST_DEVICE_TIMEOUT
-from simulation.schedule import Dispatch, ExactSchedule
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from nvflare.edge.mud import PropKey, StateUpdateReply, StateUpdateReport
 from common.packed_maps import pack_map
 from common.protocol import AWAITED, DEVICE_RANGES, MODELS, SELECTION_RELEASES, SELECTION_VERSIONS
 from scheduling.applier import UpdateApplier
-from simulation.device_pool import DevicePool
+from scheduling.device_pool import DevicePool
 
 
 def register_devices(pool: DevicePool, update: Shareable, report: StateUpdateReport, lost: set[str]) -> None:

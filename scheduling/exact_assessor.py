@@ -3,7 +3,7 @@
 NVFlare's edge workflow (``ScatterAndGatherForEdge``) calls the assessor with each report from a child (a leaf, or
 a relay above leaves) and asks it, every ``assess_interval``, whether the run is done. NVFlare's own
 ``ModelUpdateAssessor`` applies whatever a report brings, in the order reports happen to arrive. This one keeps an
-``ExactSchedule`` (``simulation.schedule``): it knows every in-flight device's arrival time from the moment it
+``ExactSchedule`` (``scheduling.schedule``): it knows every in-flight device's arrival time from the moment it
 selects it, and its ``UpdateApplier`` thread applies the earliest due update only once it has arrived, i.e. once
 every device due earlier has reported. Leaves just train as fast as they can. So the trace of applied updates
 (``events.jsonl``) is the reference schedule's, whatever the machine's load, worker counts or sync intervals.
@@ -78,13 +78,13 @@ from processors.local_work import device_work
 from scheduling import checkpoint
 from scheduling.applier import UpdateApplier
 from scheduling.child_reply import register_devices, reply_to
+from scheduling.device_pool import DevicePool
 from scheduling.leaf_watch import LeafWatch
+from scheduling.schedule import ExactSchedule
+from scheduling.selection import make_policy
 from scheduling.waker import Waker
 from simulation.config import device_timeout_words
-from simulation.device_pool import DevicePool
 from simulation.nvflare_private import install_nvflare_fixes, quick_engine_checks
-from simulation.schedule import ExactSchedule
-from simulation.selection import make_policy
 
 # seconds a report's reply may wait for the updates it brought to be applied (then it carries the selections they
 # caused); a slower method (FedRevive's distillation) answers sooner, and the waker brings the news later
@@ -120,7 +120,7 @@ class ExactTimeAssessor(Assessor):
     real_devices: devices are real (see the module docstring): the wall clock, ``selection_size`` devices to
         start, the whole selection for every child.
     device_timeout: with real devices, seconds a selected device may take (0: derived, ``scheduling.applier``).
-    selection: the method's selection policy by import path (``simulation.selection``); "": uniform.
+    selection: the method's selection policy by import path (``scheduling.selection``); "": uniform.
     selection_args: its constructor's keyword arguments.
     max_consecutive_failures: failed device updates with an error in a row, from as many devices (or the whole
         pool), with none counting since, that stop the run naming the last error; 0: never (the job passes

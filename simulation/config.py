@@ -39,7 +39,7 @@ class EngineConfig:
     profile: utilisation profile (``common.profiles``): ``conservative`` (half the workers and groups, half the
         GPU memory, data on the CPU, cache emptied after every task), ``high`` (the planner's defaults),
         ``aggressive`` (90% of free GPU memory, tighter memory estimate); printed at the start.
-    time_scale: 0: exact simulated time, nothing sleeps (``simulation.schedule``). S > 0: a real-time mode for
+    time_scale: 0: exact simulated time, nothing sleeps (``scheduling.schedule``). S > 0: a real-time mode for
         load-testing a deployment: each result is held for its delays x S wall seconds and the server applies
         updates as they arrive (simulated time = wall time / S).
     devices: ``simulated`` (each leaf runs our device simulator) or ``real``: leaves run no simulator and wait for
@@ -57,7 +57,7 @@ class EngineConfig:
     update_interval: a leaf's heartbeat: the longest a leaf waits between syncs with its parent (it syncs at once
         when it has results the server waits for, or news; NVFlare's own leaves sync every 1.0 s).
     update_timeout: seconds a leaf waits for its parent to take an update (default: derived from the report size,
-        printed at the start; ``simulation.timeouts.derive_timeouts``).
+        printed at the start; ``jobs.run.timeouts.derive_timeouts``).
     device_state_memory_mb: with a method whose devices keep state across tasks (SCAFFOLD's control variates,
         ``processors.device_rule``), the MiB of it a leaf holds in memory; past it the least recently used
         devices' state goes to disk (``processors.device_state``, in the results folder's ``device_state/``).

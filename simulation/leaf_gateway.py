@@ -2,7 +2,7 @@
 
 Simulated devices need not talk to their leaf the way real ones do (an edge request per device for its selection,
 its task and its result, each an event through every component of the leaf). A leaf executor that implements
-``LeafGateway`` (ours, ``aggregation.leaf_executor.EdgeSimExecutor``) lets the simulator on the same leaf:
+``LeafGateway`` (ours, ``simulation.leaf_executor.EdgeSimExecutor``) lets the simulator on the same leaf:
 
 * register its devices once, as a range (``register_devices``);
 * take the tasks of every newly selected device of the leaf at once, with the model weights they train, as soon

@@ -20,13 +20,13 @@ from evaluation.tensorboard_writer import TensorBoardWriter
 from jobs.admin_kit import project_leaves
 from jobs.config import JobConfig
 from jobs.run.plan import plan_request
+from jobs.run.timeouts import Timeouts
 from processors.data.partition import range_offsets
 from processors.task_processor import TrainingTaskProcessor
 from scheduling.exact_assessor import ExactTimeAssessor
 from simulation.config import trainer_class
 from simulation.leaf_runner import FastDeviceRunner, StockDeviceRunner
 from simulation.planner import WorkerPlan
-from simulation.timeouts import Timeouts
 
 MONITOR_ID = "edgesim_monitor"
 

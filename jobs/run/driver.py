@@ -33,11 +33,11 @@ from jobs.run.watchdog import Watchdog
 from processors.data.sources import DatasetError
 from processors.local_work import device_work
 from scheduling.checkpoint import state_path
+from scheduling.event_reference import make_schedule
+from scheduling.schedule import ExactSchedule
+from scheduling.selection import make_policy
+from scheduling.timeline import format_timeline, run_timeline, write_timeline
 from simulation.config import device_timeout_words
-from simulation.event_reference import make_schedule
-from simulation.schedule import ExactSchedule
-from simulation.selection import make_policy
-from simulation.timeline import format_timeline, run_timeline, write_timeline
 
 
 def simulator_failure(ex: Exception) -> str:
@@ -166,7 +166,7 @@ def describe_real_devices(cfg: JobConfig) -> str:
 
 def schedule_for(cfg: JobConfig) -> ExactSchedule:
     """The run's schedule alone, not started: what ``--dry-run`` runs, and the reference a real run's
-    ``events.jsonl`` must equal (``simulation.event_reference``). Its leaves are named as the run's will be:
+    ``events.jsonl`` must equal (``scheduling.event_reference``). Its leaves are named as the run's will be:
     SimEnv's ``site-1, site-2, ..``, or with ``--env prod`` the deployment's (``C11, C12, ..``, from its kit)."""
     f = cfg.federation
     leaves = dict.fromkeys(leaf_names(cfg), f.devices_per_leaf)
@@ -188,7 +188,7 @@ def schedule_for(cfg: JobConfig) -> ExactSchedule:
 
 
 def dry_run(cfg: JobConfig, results_dir: str) -> int:
-    """The run's event trace without training or NVFlare (``simulation.timeline``), with the run's leaf names."""
+    """The run's event trace without training or NVFlare (``scheduling.timeline``), with the run's leaf names."""
     schedule = schedule_for(cfg)
     started = time.time()
     summary = write_timeline(run_timeline(schedule, len(schedule.pool)), results_dir)

@@ -12,6 +12,7 @@ import torch
 from common.choices import ConfigError
 from common.profiles import get_profile
 from jobs.config import JobConfig
+from jobs.run.timeouts import Timeouts, derive_timeouts
 from processors.data.config import lazy_refusal
 from processors.data.sources import Dataset, load_dataset
 from processors.data.users import partition_stats
@@ -19,7 +20,6 @@ from processors.device import resolve_device
 from processors.models import build_model
 from simulation.leaf_plan import DEFAULT_INPUT_SHAPE, PlanRequest, plan_leaf
 from simulation.planner import HardwareProfile, WorkerPlan, estimate_worker_bytes, plan_workers, probe_hardware
-from simulation.timeouts import Timeouts, derive_timeouts
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ built by its factory in ``jobs.run.components``:
 server   persistor (the seeded initial model), the global model driving the method's strategy (``jobs.methods``), the exact-time
          assessor (``scheduling``: selection and the order updates are applied in), the result components
          (``evaluation``)
-clients  edge task receiver, leaf executor (``aggregation.leaf_executor``), task processor, and the widget that
+clients  edge task receiver, leaf executor (``simulation.leaf_executor``), task processor, and the widget that
          runs the leaf's device simulator (none with ``--devices real``: the leaves wait for real devices, and
          the task processor only describes the training the leaf hands each device)
 
@@ -34,7 +34,6 @@ from nvflare.edge.tools.edge_job import EdgeJob
 from nvflare.edge.widgets.etr import EdgeTaskReceiver
 from nvflare.recipe.spec import Recipe
 
-from aggregation.leaf_executor import EdgeSimExecutor
 from common.job_files import SHIPPED_PACKAGES, ship_packages
 from jobs.config import JobConfig
 from jobs.run.components import (
@@ -46,6 +45,7 @@ from jobs.run.components import (
 )
 from jobs.run.plan import RunPlan
 from processors.models import initial_model_config
+from simulation.leaf_executor import EdgeSimExecutor
 
 TASK_NAME = "train"
 PROCESSOR_ID = "task_processor"

@@ -177,7 +177,7 @@ def references_indices(
 
 def range_offsets(leaves: Iterable[str], devices_per_leaf: int) -> dict[str, int]:
     """Each leaf's first global device index, as the server's pool numbers devices
-    (``simulation.device_pool.DevicePool``: the leaves' ranges in name order, ``devices_per_leaf`` each)."""
+    (``scheduling.device_pool.DevicePool``: the leaves' ranges in name order, ``devices_per_leaf`` each)."""
     return {name: rank * devices_per_leaf for rank, name in enumerate(sorted(leaves))}
 
 

@@ -12,7 +12,7 @@ import pytest
 from aggregation.version_store import VersionStore
 from common.delays import DELAY_PRESETS
 from common.packed_weights import unpack
-from simulation.event_reference import make_schedule
+from scheduling.event_reference import make_schedule
 
 
 def weights(seed: int) -> dict[str, np.ndarray]:

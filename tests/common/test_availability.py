@@ -14,7 +14,7 @@ import pytest
 from common.availability import Availability, load_availability
 from common.choices import ConfigError
 from common.delays import DelayConfig, DeviceDelays
-from simulation.event_reference import make_schedule, reference_trace
+from scheduling.event_reference import make_schedule, reference_trace
 
 DIURNAL = dict(availability="diurnal", availability_period=4.0, availability_online=0.5)
 

@@ -14,7 +14,7 @@ import pytest
 
 from benchmarks.fedrevive_small import FEDREVIVE_SMALL
 from common.delays import DELAY_PRESETS
-from simulation.event_reference import make_schedule, reference_trace
+from scheduling.event_reference import make_schedule, reference_trace
 from tests.conftest import PYTHON, REPO, SMALL_JOB
 
 COMMON = [*SMALL_JOB, "--seed", "11"]

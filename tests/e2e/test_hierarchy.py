@@ -25,7 +25,7 @@ from jobs.deploy import exposure
 from jobs.deploy.device_proxy import device_client_config
 from jobs.deploy.local import Deployment, deployment_processes
 from jobs.deploy.sessions import session_processes
-from simulation.event_reference import make_schedule, reference_trace
+from scheduling.event_reference import make_schedule, reference_trace
 from tests.conftest import PYTHON, REPO
 from tests.e2e.test_multi_host import namespaces_available
 

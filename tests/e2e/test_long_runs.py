@@ -20,7 +20,7 @@ from benchmarks.fedrevive_small import FEDREVIVE_SMALL
 from common.delays import DELAY_PRESETS
 from jobs.config import JobConfig
 from jobs.run.driver import schedule_for
-from simulation.event_reference import reference_trace
+from scheduling.event_reference import reference_trace
 from tests.conftest import DIURNAL, PYTHON, REPO, SMALL_JOB, checkpoint_version, kill_tree, wait_for
 
 PAPER = DELAY_PRESETS["paper"]

@@ -17,7 +17,7 @@ import pytest
 
 from common.delays import DELAY_PRESETS
 from jobs.deploy import exposure, multi_host, provisioning
-from simulation.event_reference import make_schedule, reference_trace
+from scheduling.event_reference import make_schedule, reference_trace
 from tests.conftest import PYTHON, REPO
 
 SITES = ["server", "R1", "C11", "C12", "admin"]

@@ -14,7 +14,7 @@ import json
 import subprocess
 
 from common.delays import DELAY_PRESETS
-from simulation.event_reference import make_schedule, reference_trace
+from scheduling.event_reference import make_schedule, reference_trace
 from tests.conftest import (
     PYTHON,
     REPO,

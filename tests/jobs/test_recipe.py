@@ -59,7 +59,7 @@ def test_each_method_gets_its_strategy_on_the_exact_time_server(tmp_path, method
     assert server["model_manager"]["args"]["strategy"] == strategy
     assert server["wf_assessor"]["path"] == "scheduling.exact_assessor.ExactTimeAssessor"
     assert RESULT_COMPONENTS <= set(server), "a result component is missing from the job"
-    assert client["executor"]["path"] == "aggregation.leaf_executor.EdgeSimExecutor"
+    assert client["executor"]["path"] == "simulation.leaf_executor.EdgeSimExecutor"
     assert client["device_runner"]["path"].endswith("FastDeviceRunner")
     assert client["task_processor"]["path"].endswith("TrainingTaskProcessor")
     assert server["persistor"]["args"]["model"]["args"] == {"init_seed": 0}

@@ -85,9 +85,9 @@ def test_a_real_device_sends_the_reports_its_job_asks_for():
     sends the same reports as a simulated device, through the JSON wire, and the leaf accepts its diff."""
     import json
 
-    from aggregation.leaf_executor import device_settings
     from common.device_wire import diff_problem, from_wire, to_wire
     from processors.device_processor import _trainer
+    from simulation.leaf_executor import device_settings
 
     simulated = make_processor(synthetic_size=500, subset_size=20, local_iters=2, local_batch_size=8)
     simulated.reports = [LOSS, LABEL_COUNTS]

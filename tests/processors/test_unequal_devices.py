@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from aggregation.buffered_mean import BufferedMean
-from aggregation.leaf_executor import device_settings
 from aggregation.strategy import ServerContext, Update
 from common.choices import ConfigError
 from common.delays import DELAY_PRESETS, DelayConfig, DeviceDelays
@@ -25,7 +24,8 @@ from jobs.methods import FedAvg, FedRevive
 from jobs.run.driver import schedule_for
 from processors.data import partition
 from processors.local_work import device_work
-from simulation.event_reference import make_schedule, reference_trace
+from scheduling.event_reference import make_schedule, reference_trace
+from simulation.leaf_executor import device_settings
 from tests.conftest import make_processor
 
 BATCH = 16

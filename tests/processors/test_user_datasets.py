@@ -101,7 +101,7 @@ def test_each_device_is_one_user_by_a_global_seeded_map(tmp_path):
     """The map is one permutation over the users, indexed by the device's place in the whole pool: devices of
     different leaves never share a user while the pool is no larger than the users, a larger pool spreads them
     evenly, and the same device is the same user in every call and process."""
-    from simulation.device_pool import DevicePool
+    from scheduling.device_pool import DevicePool
 
     write_leaf_femnist(tmp_path, users=10)
     data = _load("femnist", tmp_path, partition="natural")

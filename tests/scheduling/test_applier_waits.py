@@ -16,7 +16,7 @@ from common.delays import DELAY_PRESETS
 from common.jsonio import JsonlWriter
 from common.protocol import DeviceUpdate
 from scheduling.applier import UpdateApplier
-from simulation.event_reference import make_schedule
+from scheduling.event_reference import make_schedule
 from tests.fakes.engine import EventEngine
 from tests.scheduling.test_exact_assessor import MEAN
 

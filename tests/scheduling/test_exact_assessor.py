@@ -34,8 +34,8 @@ from common.protocol import (
     DeviceUpdate,
     SelectionSum,
 )
+from scheduling.event_reference import make_schedule, reference_trace
 from scheduling.exact_assessor import ExactTimeAssessor
-from simulation.event_reference import make_schedule, reference_trace
 from tests.fakes.engine import EventEngine, child_reports
 
 LEAVES = {"site-1": 12, "site-2": 12}

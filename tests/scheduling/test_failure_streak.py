@@ -26,9 +26,9 @@ from common.protocol import (
     DeviceUpdate,
     SelectionSum,
 )
+from scheduling.event_reference import make_schedule, reference_trace
 from scheduling.exact_assessor import ExactTimeAssessor
 from scheduling.failure_streak import FailureStreak
-from simulation.event_reference import make_schedule, reference_trace
 from tests.fakes.engine import EventEngine, child_reports
 from tests.scheduling.test_exact_assessor import LEAVES, MEAN, ZeroPersistor, run_scripted
 

@@ -17,8 +17,8 @@ from nvflare.edge.executors.edge_model_executor import EdgeModelExecutor
 from nvflare.edge.tools.edge_job import EdgeJob
 from nvflare.edge.widgets.tpo_runner import TPORunner
 
-from aggregation.leaf_executor import EdgeSimExecutor
 from common.ports import ephemeral_range
+from simulation.leaf_executor import EdgeSimExecutor
 from simulation.nvflare_private import (
     NVFLARE_PRIVATE_ATTRIBUTES,
     NVFLARE_PRIVATE_MODULE_FUNCTIONS,

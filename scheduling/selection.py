@@ -1,8 +1,8 @@
 """Client selection as a method's plug-in: a ``SelectionPolicy`` picks whom the schedule selects.
 
-Without a policy the schedule samples uniformly among idle, online devices (``simulation.device_pool``): today's
+Without a policy the schedule samples uniformly among idle, online devices (``scheduling.device_pool``): today's
 traces, bit for bit. A method may supply a policy (``jobs.methods.Method.selection``); at every selection the
-schedule (``simulation.schedule.ExactSchedule``) then gathers the candidates and asks the policy whom to take:
+schedule (``scheduling.schedule.ExactSchedule``) then gathers the candidates and asks the policy whom to take:
 
 * the candidates are the idle devices online at that moment: every one of them (``sample_size`` returns
   ``None``), or a uniform sample of them drawn by the pool (power-of-choice's d candidates, at any pool size);
@@ -97,7 +97,7 @@ def make_policy(path: str, args: dict | None = None) -> SelectionPolicy | None:
         return None
     made = import_object(path, "selection")(**(args or {}))
     if not isinstance(made, SelectionPolicy):
-        raise ValueError(f"selection {path!r}: {type(made).__name__} is not a simulation.selection.SelectionPolicy")
+        raise ValueError(f"selection {path!r}: {type(made).__name__} is not a scheduling.selection.SelectionPolicy")
     return made
 
 

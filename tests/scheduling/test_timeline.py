@@ -1,4 +1,4 @@
-"""The timing-only planner (``simulation.timeline``, ``--dry-run``): the trace a real run writes, computed from
+"""The timing-only planner (``scheduling.timeline``, ``--dry-run``): the trace a real run writes, computed from
 the schedule alone, and the figures it is planned with."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import subprocess
 import pytest
 
 from common.delays import DELAY_PRESETS
-from simulation.event_reference import make_schedule, reference_trace
-from simulation.timeline import run_timeline, timeline_summary, write_timeline
+from scheduling.event_reference import make_schedule, reference_trace
+from scheduling.timeline import run_timeline, timeline_summary, write_timeline
 from tests.conftest import PYTHON, REPO
 
 

@@ -1,6 +1,6 @@
 """The timing-only planner: a run's whole event trace from its schedule alone, without training or NVFlare.
 
-A run on exact simulated time applies its updates in the order ``simulation.schedule.ExactSchedule`` decides, and
+A run on exact simulated time applies its updates in the order ``scheduling.schedule.ExactSchedule`` decides, and
 that order depends on the seed, the delay model, K, B, the minimum hole and the fleet only, never on training.
 So the trace a real run will write (``events.jsonl``) can be computed first, in seconds: researchers use it to
 choose K, B and a time budget before spending GPU hours (``--dry-run`` on the jobs). ``timeline_summary`` says
@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from common.result_files import EVENTS, TIMELINE
-from simulation.schedule import ExactSchedule
+from scheduling.schedule import ExactSchedule
 
 
 @dataclass

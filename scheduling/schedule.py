@@ -10,8 +10,8 @@ time inside NVFlare"):
   is made from exactly ``B`` updates, at the ``B``-th arrival's time.
 * Staleness ``tau`` = versions made between the update's base version and its arrival.
 * When an arrival leaves ``min_hole_to_fill`` free slots (of ``selection_size`` devices in flight), replacements
-  are selected at that arrival's time (uniformly among idle devices, ``simulation.device_pool``, or by the
-  method's selection policy, ``simulation.selection``, which sees what was applied up to and including this
+  are selected at that arrival's time (uniformly among idle devices, ``scheduling.device_pool``, or by the
+  method's selection policy, ``scheduling.selection``, which sees what was applied up to and including this
   arrival) and train the version current at that time: after the arrival's own version, if it made one.
 * A device is idle again once its update has arrived (never again with ``device_reuse`` off).
 * A failed device (its update counts nothing) frees its slot at its arrival but does not count towards ``B``.
@@ -24,7 +24,7 @@ time inside NVFlare"):
 * Computation takes no simulated time. Nothing here depends on wall time, worker counts or message timing.
 
 ``ExactSchedule`` only decides *when* and *which*: the server's assessor feeds it the arrivals it has received and
-applies the updates it releases, in its order (``scheduling``); ``simulation.event_reference`` runs it alone to
+applies the updates it releases, in its order (``scheduling``); ``scheduling.event_reference`` runs it alone to
 give the trace a run must reproduce. Selection ids are unique per selection event (a device reselected at the
 same model version is a new selection), and ``selection_version`` maps each to the model version it trains.
 """
@@ -40,8 +40,8 @@ import numpy as np
 from common.capacity import device_capacity
 from common.delays import DeviceDelays
 from common.seeds import stable_seed
-from simulation.device_pool import DevicePool
-from simulation.selection import DeviceKnowledge, SelectionPolicy
+from scheduling.device_pool import DevicePool
+from scheduling.selection import DeviceKnowledge, SelectionPolicy
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class ExactSchedule:
     device_reuse: a device may be selected again after its update arrived.
     max_model_version: no update is applied once this version exists.
     max_sim_time: no update arriving later than this is applied (None: no limit).
-    policy: the method's selection policy (``simulation.selection``); None: uniform among idle devices.
+    policy: the method's selection policy (``scheduling.selection``); None: uniform among idle devices.
     """
 
     def __init__(

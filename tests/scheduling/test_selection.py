@@ -1,4 +1,4 @@
-"""Client selection as a plug-in (``simulation.selection``): the schedule asks the method's policy whom to select,
+"""Client selection as a plug-in (``scheduling.selection``): the schedule asks the method's policy whom to select,
 with what had been applied by then; the run repeats from its seed and continues exactly from a checkpoint; the
 example policies (``examples/power_of_choice.py``, ``examples/oort_selection.py``) choose as their papers say on
 hand-made candidates; a policy that reads training reports is refused by ``--dry-run``."""
@@ -16,8 +16,8 @@ from common.choices import ConfigError
 from common.delays import DELAY_PRESETS
 from common.protocol import LOSS, LOSS_SQUARED, SAMPLES
 from jobs.methods import FedBuff
-from simulation.event_reference import make_schedule, reference_trace
-from simulation.selection import Candidate, SelectionPolicy
+from scheduling.event_reference import make_schedule, reference_trace
+from scheduling.selection import Candidate, SelectionPolicy
 from tests.conftest import REPO
 
 sys.path.insert(0, os.path.join(REPO, "examples"))

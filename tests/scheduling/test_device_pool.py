@@ -7,7 +7,7 @@ import tracemalloc
 
 import numpy as np
 
-from simulation.device_pool import DevicePool
+from scheduling.device_pool import DevicePool
 
 
 def pool_of(ranges: dict[str, int], seed: int = 0) -> DevicePool:

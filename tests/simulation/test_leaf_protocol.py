@@ -17,9 +17,6 @@ from nvflare.edge.web.models.result_report import ResultReport
 from nvflare.edge.web.models.task_request import TaskRequest
 from nvflare.edge.web.models.user_info import UserInfo
 
-from aggregation import versioned_updater
-from aggregation.leaf_executor import EdgeSimExecutor
-from aggregation.versioned_updater import DEFER_SYNC, VersionedUpdater
 from common.packed_maps import unpacked_map
 from common.packed_weights import pack, unpack
 from common.protocol import (
@@ -32,6 +29,9 @@ from common.protocol import (
     SELECTION_VERSIONS,
     DeviceUpdate,
 )
+from simulation import versioned_updater
+from simulation.leaf_executor import EdgeSimExecutor
+from simulation.versioned_updater import DEFER_SYNC, VersionedUpdater
 
 
 def model(version: int) -> DXO:

@@ -46,7 +46,6 @@ from nvflare.edge.web.models.result_response import ResultResponse
 from nvflare.edge.web.models.task_request import TaskRequest
 from nvflare.edge.web.models.task_response import TaskResponse
 
-from aggregation.versioned_updater import DEFER_SYNC, VersionedState, VersionedUpdater
 from common.device_wire import DEVICE_SETTINGS_META, diff_problem, from_wire, to_wire
 from common.protocol import (
     AWAITED,
@@ -61,6 +60,7 @@ from common.protocol import (
 )
 from simulation.leaf_gateway import FIND_GATEWAY, GATEWAY_PROP, DeviceResult, GatewayTask, LeafWork
 from simulation.nvflare_private import EventDrivenSync, NoPayloadRendering, install_nvflare_fixes
+from simulation.versioned_updater import DEFER_SYNC, VersionedState, VersionedUpdater
 
 BATCH_WINDOW = 0.1  # seconds a result the server is not waiting for may wait for others, to go up in one sync
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from common.delays import DelayConfig, DeviceDelays
-from simulation.device_pool import DevicePool
-from simulation.schedule import ExactSchedule
-from simulation.selection import SelectionPolicy
+from scheduling.device_pool import DevicePool
+from scheduling.schedule import ExactSchedule
+from scheduling.selection import SelectionPolicy
 
 
 def make_schedule(

@@ -9,9 +9,9 @@ import pytest
 
 from common.availability import Availability
 from common.delays import DELAY_PRESETS
-from simulation.device_pool import DevicePool
-from simulation.event_reference import make_schedule, reference_trace
-from simulation.schedule import ExactSchedule
+from scheduling.device_pool import DevicePool
+from scheduling.event_reference import make_schedule, reference_trace
+from scheduling.schedule import ExactSchedule
 
 
 @dataclass(frozen=True)
