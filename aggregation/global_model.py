@@ -2,7 +2,9 @@
 
 The exact-time assessor and its applier drive it (``scheduling``): ``start`` with the initial model (version 1),
 ``add_update`` for each applied update in the schedule's order, ``make_version`` when the schedule says a version
-is due (after exactly B updates), ``retain`` with the versions devices in flight still train. What goes into the
+is due (after exactly B updates), ``retain`` with the versions devices in flight still train. The version numbers
+are the schedule's (``scheduling.schedule.ExactSchedule.version``, the run's one version counter): this component
+is told each one and refuses a number out of step, it never counts on its own. What goes into the
 next version is the strategy's decision (``aggregation.strategy``); keeping versions, packing them for the leaves,
 handing a synchronous selection's sum to the strategy once, checkpoints and announcing versions are this
 component's.
@@ -91,7 +93,7 @@ class GlobalModel(FLComponent):
         self.version_memory_mb = version_memory_mb
         self._spill_folder = ""  # under the run's folder, once known (START_RUN)
         self.statistics: frozenset[str] = frozenset(statistic_names(build_model(model))) if model else frozenset()
-        self.current_version = 0
+        self._current = 0  # the version the schedule last made (0 before the start)
         self._versions = VersionStore(version_memory_mb * 2**20, lambda: self._spill_folder)
         self._extras: dict[int, Weights] = {}  # the strategy's device_extras of each version that has any
         self._packed: dict[int, dict] = {}
@@ -119,6 +121,11 @@ class GlobalModel(FLComponent):
         self._set_up = True
 
     @property
+    def current_version(self) -> int:
+        """The newest version, as numbered by the schedule (``start``, ``make_version``)."""
+        return self._current
+
+    @property
     def current_weights(self) -> Weights:
         return self._versions.get(self.current_version)
 
@@ -136,12 +143,12 @@ class GlobalModel(FLComponent):
             packed = self._packed[version] = pack(self._versions.get(version) | extras)
         return packed
 
-    def start(self, initial: dict, fl_ctx: FLContext) -> None:
-        """The initial model becomes version 1 (at simulated time 0)."""
+    def start(self, initial: dict, version: int, fl_ctx: FLContext) -> None:
+        """The initial model becomes ``version`` (the schedule's first, 1), at simulated time 0."""
         self._setup(fl_ctx)
-        self.current_version = 1
+        self._current = version
         self._versions.close()
-        self.server_strategy.start(self._versions.put(1, as_float32_arrays(initial)))
+        self.server_strategy.start(self._versions.put(version, as_float32_arrays(initial)))
         self._keep_extras()
         self._announce(0.0, fl_ctx)
 
@@ -166,12 +173,15 @@ class GlobalModel(FLComponent):
             self,
         )
 
-    def make_version(self, sim_time: float, fl_ctx: FLContext) -> None:
-        """The strategy's next version becomes the current one, and is announced."""
+    def make_version(self, version: int, sim_time: float, fl_ctx: FLContext) -> None:
+        """The strategy's next version becomes the current one, numbered ``version`` by the schedule, and is
+        announced. Raises ``ValueError`` for a number that is not the next one (the two would be out of step)."""
+        if version != self._current + 1:
+            raise ValueError(f"the schedule made version {version}, but the global model holds {self._current}")
         new = self.server_strategy.make_version(self, sim_time)
         self._groups = []
-        self.current_version += 1
-        self._versions.put(self.current_version, new)
+        self._current = version
+        self._versions.put(version, new)
         self._keep_extras()
         self._announce(sim_time, fl_ctx)
 
@@ -194,7 +204,7 @@ class GlobalModel(FLComponent):
     def load_state_dict(self, state: dict, fl_ctx: FLContext | None = None) -> None:
         if fl_ctx is not None:
             self._setup(fl_ctx)
-        self.current_version = state["current_version"]
+        self._current = state["current_version"]
         self._versions.close()
         for v, w in state["versions"].items():
             self._versions.put(int(v), w)

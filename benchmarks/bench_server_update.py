@@ -80,7 +80,7 @@ def measure(updates: int, sync: int, seed: int) -> dict:
     schedule = make_schedule(DELAY_PRESETS["paper"], seed, leaves, 2000, 2, 1, max_model_version=10**9)
     with tempfile.TemporaryDirectory(prefix="bench_server_update_") as tmp:
         events = JsonlWriter(os.path.join(tmp, EVENTS))
-        model.start(weights, ctx)
+        model.start(weights, 1, ctx)
         schedule.start()
         applier = UpdateApplier(schedule, model, events, engine.new_context)
         with applier.lock:

@@ -59,7 +59,12 @@ SELECTION_RELEASES = "edgesim_selection_releases"  # {selection id: the release 
 MAX_ERROR_CHARS = 300
 DEVICE_ERROR_META = "edgesim_device_error"  # the same text in a failed result's DXO meta (NVFlare's edge requests)
 
-# FLContext key set by the server's model manager next to AppConstants.GLOBAL_MODEL: the simulated time at which
+# The server's global model (aggregation.global_model) goes by NVFlare's edge name for it, "model_manager", in two
+# places older runs wrote: its component id in a job's config (NVFlare's BuffModelManager has the same id) and its
+# key in a checkpoint (scheduling.checkpoint). Everywhere else in the code it is the global model.
+GLOBAL_MODEL_ALIAS = "model_manager"
+
+# FLContext key set by the server's global model next to AppConstants.GLOBAL_MODEL: the simulated time at which
 # the version was made
 SIM_TIME = "edgesim.sim_time"
 # FLContext key set next to it: the method's own word on where it stands ("" for none), shown in progress lines

@@ -15,6 +15,7 @@ import json
 import os
 
 from common.choices import ConfigError
+from common.protocol import GLOBAL_MODEL_ALIAS
 from common.result_files import METRICS
 from jobs.config import PARTS, JobConfig
 from jobs.methods import BUILT_IN
@@ -132,8 +133,8 @@ def resumed_config(results_dir: str, flags_cfg: JobConfig, given: set[str]) -> J
 def check_checkpoint_model(results_dir: str, model: str) -> None:
     """The checkpoint's global model must have the weights and statistics the model has today (a checkpoint of an
     older edgesim-flare may lack, e.g., the convnet's statistic trackers); ``ConfigError`` naming them otherwise."""
-    manager = checkpoint.read(results_dir)["model_manager"]
-    saved = set(manager["versions"][manager["current_version"]])
+    model_state = checkpoint.read(results_dir)[GLOBAL_MODEL_ALIAS]
+    saved = set(model_state["versions"][model_state["current_version"]])
     expected = set(build_model(model).state_dict())
     if saved != expected:
         missing, extra = sorted(expected - saved), sorted(saved - expected)

@@ -66,7 +66,7 @@ class ChildView:
 class UpdateApplier:
     """Args:
     schedule: the run's schedule (started).
-    model_manager: the run's global model (``aggregation.global_model``; the method's strategy makes versions).
+    global_model: the run's global model (``aggregation.global_model``; the method's strategy makes versions).
     events: where each applied update's trace line goes.
     new_context: makes an ``FLContext`` for this thread (the engine's ``new_context``).
     time_scale: 0: exact order; S > 0: the real-time mode (apply as received, at wall / S).
@@ -85,7 +85,7 @@ class UpdateApplier:
     def __init__(
         self,
         schedule: ExactSchedule,
-        model_manager,
+        global_model,
         events: JsonlWriter,
         new_context: Callable,
         time_scale: float = 0.0,
@@ -103,7 +103,7 @@ class UpdateApplier:
         self.on_selected = on_selected
         self.on_stalled = on_stalled
         self._awaited: str | None = None  # the device the applier waits for (its update has not arrived)
-        self.model_manager = model_manager
+        self.global_model = global_model
         self.events = events
         self.new_context = new_context
         self.time_scale = time_scale
@@ -166,7 +166,7 @@ class UpdateApplier:
                 self._release(fresh)
             else:  # a device that drops out never reports: nothing to train, nothing to hold
                 self._held.update((d.device, d) for d in fresh)
-            self._version = self.model_manager.current_version
+            self._version = self.schedule.version
             self._applying = False
             self._cond.notify_all()
 
@@ -245,7 +245,7 @@ class UpdateApplier:
 
     def model(self, version: int) -> dict:
         """A version's packed weights (one a published selection trains is always kept)."""
-        return self.model_manager.model_packed(version)
+        return self.global_model.model_packed(version)
 
     def wait_settled(self, timeout: float) -> None:
         """Wait (up to ``timeout`` seconds) until every received update that can be applied now has been: the next
@@ -266,7 +266,7 @@ class UpdateApplier:
         self._started_at = time.time()
         with self._cond:  # from here on the applier forgets versions as they stop being needed
             self.schedule.take_unneeded_versions()
-            self.model_manager.retain(self.schedule.needed_versions())
+            self.global_model.retain(self.schedule.needed_versions())
         self.republish()
         self._thread = threading.Thread(target=self._run, name="update-applier", daemon=True)
         self._thread.start()
@@ -373,7 +373,7 @@ class UpdateApplier:
                 return
 
     def apply(self, update: DeviceUpdate, now: float | None, fl_ctx) -> None:
-        s, mm = self.schedule, self.model_manager
+        s, model = self.schedule, self.global_model
         counted = update.count > 0
         with self._cond:
             if now is not None and counted:  # the wall clock: how long a device took (the derived timeout)
@@ -386,15 +386,15 @@ class UpdateApplier:
             if arrival.made_version:  # the fleet as the version is made, for its results record
                 fl_ctx.set_prop(FLEET, s.fleet(), private=True, sticky=True)
         if counted:
-            mm.add_update(update, arrival.tau, fl_ctx, sim_time=arrival.arrival)
+            model.add_update(update, arrival.tau, fl_ctx, sim_time=arrival.arrival)
         if arrival.made_version:
-            mm.make_version(s.now, fl_ctx)
+            model.make_version(s.version, s.now, fl_ctx)
         record = arrival.trace_record()
         if now is not None:
             record["arrival"] = round(now, 9)
         self.events.write(record, flush=False)  # flushed when the applier waits, and before a checkpoint
         self.applied += 1
-        mm.forget(s.take_unneeded_versions())  # kept: every in-flight device's version, held back or not
+        model.forget(s.take_unneeded_versions())  # kept: every in-flight device's version, held back or not
         self.publish(selected)
         if arrival.made_version and self.on_version is not None:
             self.on_version()

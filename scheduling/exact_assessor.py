@@ -61,6 +61,7 @@ from common.process_settings import settle_process
 from common.protocol import (
     CHECKPOINT_DUE,
     DEVICE_UPDATES,
+    GLOBAL_MODEL_ALIAS,
     HELD_VERSIONS,
     LEAF_INFO,
     LEAF_PLANS,
@@ -100,7 +101,7 @@ PROTOCOL_SUMMARY = (
 class ExactTimeAssessor(Assessor):
     """Args:
     persistor_id: component id of the persistor holding the initial model.
-    model_manager_id: component id of the run's global model (``aggregation.global_model``).
+    global_model_id: component id of the run's global model (``aggregation.global_model``).
     num_leaves: leaves whose devices must all be registered before the first selection.
     selection_size: devices in flight (K).
     updates_per_version: updates per new model version (B).
@@ -133,7 +134,7 @@ class ExactTimeAssessor(Assessor):
     def __init__(
         self,
         persistor_id: str,
-        model_manager_id: str,
+        global_model_id: str,
         num_leaves: int,
         selection_size: int,
         updates_per_version: int,
@@ -166,7 +167,7 @@ class ExactTimeAssessor(Assessor):
         self.device_timeout = device_timeout
         install_nvflare_fixes()  # one thread for finished streams, no payload rendering (nvflare_private)
         self.persistor_id = persistor_id
-        self.model_manager_id = model_manager_id
+        self.global_model_id = global_model_id
         self.num_leaves = num_leaves
         self.selection_size = selection_size
         self.updates_per_version = updates_per_version
@@ -185,7 +186,7 @@ class ExactTimeAssessor(Assessor):
         self.results_dir = results_dir
         self.schedule: ExactSchedule | None = None
         self.applier: UpdateApplier | None = None
-        self.model_manager = None
+        self.global_model = None
         self.outcome: dict | None = None
         self.leaves = LeafWatch(leaf_timeout)
         self._initial: dict | None = None
@@ -214,7 +215,7 @@ class ExactTimeAssessor(Assessor):
         if not isinstance(persistor, LearnablePersistor):
             self.system_panic(f"component {self.persistor_id!r} must be a LearnablePersistor", fl_ctx)
             return
-        self.model_manager = self._engine.get_component(self.model_manager_id)
+        self.global_model = self._engine.get_component(self.global_model_id)
         model = persistor.load(fl_ctx)
         if not isinstance(model, ModelLearnable):
             self.system_panic(f"the persistor returned {type(model)}, not a ModelLearnable", fl_ctx)
@@ -285,8 +286,8 @@ class ExactTimeAssessor(Assessor):
             self.log_info(
                 fl_ctx, f"all {self.num_leaves} leaves registered {len(self.schedule.pool)} devices: starting"
             )
-        self.model_manager.start(self._initial, fl_ctx)
         selected = self.schedule.start()
+        self.global_model.start(self._initial, self.schedule.version, fl_ctx)
         self._note_news([d.device for d in selected])
         settle_process()  # what the run keeps is built: the per-update garbage and buffers cost less from here
         self._make_applier(fl_ctx).start()
@@ -312,7 +313,7 @@ class ExactTimeAssessor(Assessor):
     def _make_applier(self, fl_ctx: FLContext) -> UpdateApplier:
         self.applier = UpdateApplier(
             self.schedule,
-            self.model_manager,
+            self.global_model,
             self._events,
             self._engine.new_context,
             1.0 if self.real_devices else self.time_scale,
@@ -330,13 +331,13 @@ class ExactTimeAssessor(Assessor):
         """The whole server state (called on the applier thread, between two updates)."""
         wall = self._wall_offset + time.time() - self._started_wall
         return checkpoint.server_state(self.applier, self.schedule, wall) | {
-            "model_manager": self.model_manager.state_dict()  # the key older checkpoints were written with
+            GLOBAL_MODEL_ALIAS: self.global_model.state_dict()
         }
 
     def _restore(self, state: dict, fl_ctx: FLContext) -> None:
         meta = state["meta"]
         self.schedule.load_state_dict(state["schedule"])
-        self.model_manager.load_state_dict(state["model_manager"], fl_ctx)
+        self.global_model.load_state_dict(state[GLOBAL_MODEL_ALIAS], fl_ctx)
         applier = self._make_applier(fl_ctx)
         checkpoint.restore_received(applier, state)
         self._events.truncate(meta["applied"])

@@ -116,7 +116,7 @@ def make_leaf_runner(cfg: JobConfig, plan: WorkerPlan | None, processor_id: str)
     )
 
 
-def make_model_manager(cfg: JobConfig, results_dir: str):
+def make_global_model(cfg: JobConfig, results_dir: str):
     """The server's global model, its versions made by the method's strategy (``jobs.methods``)."""
     from aggregation.global_model import GlobalModel
 
@@ -133,7 +133,7 @@ def make_model_manager(cfg: JobConfig, results_dir: str):
 
 
 def make_assessor(
-    cfg: JobConfig, timeouts: Timeouts, persistor_id: str, model_manager_id: str, results_dir: str
+    cfg: JobConfig, timeouts: Timeouts, persistor_id: str, global_model_id: str, results_dir: str
 ) -> ExactTimeAssessor:
     """The server's schedule: selection, and applying updates in simulated arrival order (with real devices: in
     the order they arrive)."""
@@ -141,7 +141,7 @@ def make_assessor(
     real = cfg.engine.devices == "real"
     return ExactTimeAssessor(
         persistor_id,
-        model_manager_id,
+        global_model_id,
         num_leaves=f.num_leaf_nodes,
         selection_size=f.device_selection_size,
         updates_per_version=f.num_updates_for_model,

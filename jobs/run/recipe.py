@@ -35,11 +35,12 @@ from nvflare.edge.widgets.etr import EdgeTaskReceiver
 from nvflare.recipe.spec import Recipe
 
 from common.job_files import SHIPPED_PACKAGES, ship_packages
+from common.protocol import GLOBAL_MODEL_ALIAS
 from jobs.config import JobConfig
 from jobs.run.components import (
     make_assessor,
+    make_global_model,
     make_leaf_runner,
-    make_model_manager,
     make_result_components,
     make_task_processor,
 )
@@ -151,14 +152,16 @@ class EdgeSimRecipe(Recipe):
 
     def _add_server(self, job: EdgeJob, persistor_id: str, results_dir: str) -> str:
         """Our server: the global model (the method's strategy) and the exact-time assessor."""
-        model_manager_id = job.to_server(make_model_manager(self.cfg, results_dir), id="model_manager")
-        assessor = make_assessor(self.cfg, self.plan.timeouts, persistor_id, model_manager_id, results_dir)
+        global_model_id = job.to_server(make_global_model(self.cfg, results_dir), id=GLOBAL_MODEL_ALIAS)
+        assessor = make_assessor(self.cfg, self.plan.timeouts, persistor_id, global_model_id, results_dir)
         return job.to_server(assessor, id="wf_assessor")
 
     def _add_stock_server(self, job: EdgeJob, persistor_id: str) -> str:
         """NVFlare's own model manager (Python-list weights), device manager and assessor: the baseline."""
         f = self.cfg.federation
-        manager_id = job.to_server(BuffModelManager(f.num_updates_for_model, global_lr=f.global_lr), id="model_manager")
+        manager_id = job.to_server(
+            BuffModelManager(f.num_updates_for_model, global_lr=f.global_lr), id=GLOBAL_MODEL_ALIAS
+        )
         devices_id = job.to_server(
             BuffDeviceManager(
                 f.device_selection_size, min_hole_to_fill=f.min_hole_to_fill, device_reuse=f.device_reuse

@@ -87,9 +87,9 @@ def test_server_model_accuracy_equals_the_device_model_accuracy_on_the_same_weig
     )
     ctx = engine.new_context()
     engine.fire_event(EventType.START_RUN, ctx)
-    manager.start(initial, ctx)
+    manager.start(initial, 1, ctx)
     manager.add_update(DeviceUpdate("site-1#0", 1, 1, diff), 0, ctx)
-    manager.make_version(1.0, ctx)
+    manager.make_version(2, 1.0, ctx)
     engine.fire_event(EventType.END_RUN, ctx)  # waits for the queued evaluations
 
     server = manager.current_weights
@@ -131,16 +131,16 @@ def test_statistics_are_the_mean_of_the_devices_own_not_a_scaled_step_and_stale_
     manager = GlobalModel(MEAN, strategy_args={"global_lr": 0.5}, model=TINY)
     assert manager.statistics == {"bn.running_mean", "bn.running_var"}
     v1 = _numpy_state(TinyBatchNormNet())
-    manager.start(v1, ctx)
+    manager.start(v1, 1, ctx)
     manager.add_update(_update("d#0", 1, _stats_diff(v1, 2.0, 4.0)), 0, ctx)
-    manager.make_version(1.0, ctx)
+    manager.make_version(2, 1.0, ctx)
     v2 = manager.current_weights
     np.testing.assert_array_equal(v2["bn.running_var"], np.full(4, 4.0, np.float32))  # not 1 + 0.5 x 3
     np.testing.assert_array_equal(v2["conv.weight"], v1["conv.weight"] + np.float32(0.5))
     # a stale device (trained version 1) and a fresh one (version 2): each counts with its own statistics
     manager.add_update(_update("d#1", 1, _stats_diff(v1, 1.0, 0.5)), 1, ctx)
     manager.add_update(_update("d#2", 2, _stats_diff(v2, 3.0, 1.5)), 0, ctx)
-    manager.make_version(2.0, ctx)
+    manager.make_version(3, 2.0, ctx)
     np.testing.assert_array_equal(manager.current_weights["bn.running_mean"], np.full(4, 2.0, np.float32))
     np.testing.assert_array_equal(manager.current_weights["bn.running_var"], np.full(4, 1.0, np.float32))
     # adding the stale device's step (0.5 - 1 = -0.5) to version 2's variance would have given 3.5, and a
@@ -179,7 +179,7 @@ def test_fedrevive_teachers_carry_their_clients_statistics_as_feature_targets(tm
     ctx = engine.new_context()
     engine.fire_event(EventType.START_RUN, ctx)
     v1 = _numpy_state(TinyBatchNormNet())
-    manager.start(v1, ctx)
+    manager.start(v1, 1, ctx)
     manager.add_update(_update("d#0", 1, _stats_diff(v1, 2.0, 4.0)), 0, ctx)
     (teacher,) = list(manager.server_strategy.distiller.teachers)
     assert torch.equal(teacher.model.bn.running_mean, torch.full((4,), 2.0))

@@ -66,13 +66,13 @@ def test_a_users_strategy_gets_each_update_with_its_staleness_and_time_and_makes
         model.server_strategy.context.results_dir == str(tmp_path)
         and model.server_strategy.context.statistics == frozenset()
     )
-    model.start({"w": np.zeros(2)}, ctx)
+    model.start({"w": np.zeros(2)}, 1, ctx)
     model.add_update(_update("a#0", 1, 2.0), 0, ctx, sim_time=1.5)
     model.add_update(_update("a#1", 1, 4.0), 0, ctx, sim_time=2.0)
-    model.make_version(2.0, ctx)
+    model.make_version(2, 2.0, ctx)
     np.testing.assert_array_equal(model.current_weights["w"], np.full(2, 1.5, np.float32))  # 0.5 x mean(2, 4)
     model.add_update(_update("a#2", 1, 3.0), 1, ctx, sim_time=3.0)  # stale by one version: weight 1/2
-    model.make_version(3.0, ctx)
+    model.make_version(3, 3.0, ctx)
     np.testing.assert_array_equal(model.current_weights["w"], np.full(2, 3.0, np.float32))  # 1.5 + 0.5 x 3
     assert model.server_strategy.seen == [("a#0", 1, 1, 0, 1.5), ("a#1", 1, 1, 0, 2.0), ("a#2", 1, 1, 1, 3.0)]
     assert model.status() == "3 updates at version 3"
@@ -82,25 +82,25 @@ def test_a_users_strategy_gets_each_update_with_its_staleness_and_time_and_makes
 
 def test_a_selection_sum_reaches_the_strategy_once_as_one_update_of_its_devices(tmp_path):
     model, ctx = _model(results_dir=str(tmp_path))
-    model.start({"w": np.zeros(2)}, ctx)
+    model.start({"w": np.zeros(2)}, 1, ctx)
     group = SelectionSum(7, 1, {f"a#{i}": 1 for i in range(3)}, {"w": np.full(2, 6.0, np.float32)}, 3)
     for i in range(3):
         model.add_update(DeviceUpdate(f"a#{i}", 7, 1, None, group=group), 0, ctx)
     assert [(device, count) for device, _, count, _, _ in model.server_strategy.seen] == [("a#0", 3)]
-    model.make_version(1.0, ctx)
+    model.make_version(2, 1.0, ctx)
     np.testing.assert_array_equal(model.current_weights["w"], np.full(2, 1.0, np.float32))  # 0.5 x 6 / 3
 
 
 def test_a_checkpoint_carries_the_strategys_state_mid_buffer(tmp_path):
     model, ctx = _model(results_dir=str(tmp_path))
-    model.start({"w": np.zeros(2)}, ctx)
+    model.start({"w": np.zeros(2)}, 1, ctx)
     model.add_update(_update("a#0", 1, 2.0), 0, ctx)
     state = model.state_dict()
     again, ctx2 = _model(results_dir=str(tmp_path))
     again.load_state_dict(state, ctx2)
     for m, c in ((model, ctx), (again, ctx2)):
         m.add_update(_update("a#1", 1, 4.0), 0, c)
-        m.make_version(1.0, c)
+        m.make_version(2, 1.0, c)
     np.testing.assert_array_equal(again.current_weights["w"], model.current_weights["w"])
 
 
@@ -115,3 +115,14 @@ class NotAStrategy:
 def test_what_is_not_a_strategy_is_refused_naming_it(path, named):
     with pytest.raises(ValueError, match=named):
         GlobalModel(path)
+
+
+def test_the_global_model_takes_its_version_numbers_from_the_schedule_and_refuses_one_out_of_step(tmp_path):
+    model, ctx = _model(results_dir=str(tmp_path))
+    model.start({"w": np.zeros(2)}, 1, ctx)
+    model.add_update(_update("a#0", 1, 2.0), 0, ctx)
+    with pytest.raises(ValueError, match="the schedule made version 3, but the global model holds 1"):
+        model.make_version(3, 1.0, ctx)
+    assert model.current_version == 1
+    model.make_version(2, 1.0, ctx)
+    assert model.current_version == 2 and sorted(model.state_dict()["versions"]) == [1, 2]

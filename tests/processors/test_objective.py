@@ -107,9 +107,9 @@ def test_extras_travel_with_a_version_and_stay_out_of_the_model():
     gm = GlobalModel("aggregation.buffered_mean:BufferedMean", {"global_lr": 1.0})
     gm.server_strategy = WithExtras()
     fl_ctx = EventEngine({}).new_context()
-    gm.start({"w": np.zeros(2, np.float32)}, fl_ctx)
+    gm.start({"w": np.zeros(2, np.float32)}, 1, fl_ctx)
     gm.server_strategy.add_update(Update("a#0", 1, 1, {"w": np.ones(2, np.float32)}, 0, 0.0), gm)
-    gm.make_version(1.0, fl_ctx)
+    gm.make_version(2, 1.0, fl_ctx)
     sent = unpack(gm.model_packed(2))
     assert set(sent) == {"w", DEVICE_EXTRA_PREFIX + "c"} and sent[DEVICE_EXTRA_PREFIX + "c"].tolist() == [2.0, 2.0]
     assert set(gm.current_weights) == {"w"}  # evaluation, checkpoints of the model and global_model.pt: weights only
@@ -153,10 +153,10 @@ def test_a_devices_label_histogram_reaches_the_strategy_beside_its_diff():
     gm = GlobalModel("aggregation.buffered_mean:BufferedMean", {"global_lr": 1.0})
     gm.server_strategy = Recording()
     fl_ctx = EventEngine({}).new_context()
-    gm.start(weights, fl_ctx)
+    gm.start(weights, 1, fl_ctx)
     gm.add_update(DeviceUpdate("site-1#3", 1, 1, alone), 0, fl_ctx)
     assert set(seen[0].diff) == set(weights) and np.array_equal(seen[0].reports[LABEL_COUNTS], counts)
-    gm.make_version(1.0, fl_ctx)
+    gm.make_version(2, 1.0, fl_ctx)
     assert set(gm.current_weights) == set(weights)
 
 

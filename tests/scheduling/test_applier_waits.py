@@ -30,7 +30,7 @@ def running_applier(tmp_path, thread: bool = True) -> tuple[UpdateApplier, Globa
     ctx = engine.new_context()
     engine.fire_event(EventType.START_RUN, ctx)
     schedule = make_schedule(DELAY_PRESETS["paper"], 1, LEAVES, 200, 2, 1, max_model_version=10**6)
-    model.start({"w": np.zeros(3, np.float32)}, ctx)
+    model.start({"w": np.zeros(3, np.float32)}, 1, ctx)
     schedule.start()
     events = JsonlWriter(str(tmp_path / "events.jsonl"))
     if not thread:  # the wall clock's rule releases every selected device at once

@@ -124,14 +124,14 @@ def run_scripted(tmp_path, kw: dict, sums: bool = False, seed: int = 0, delays=D
     manager = GlobalModel(MEAN, strategy_args={"global_lr": 0.5})
     assessor = ExactTimeAssessor(
         "persistor",
-        "model_manager",
+        "global_model",
         num_leaves=2,
         delays=delays.to_dict(),
         seed=4,
         results_dir=str(tmp_path),
         **kw,
     )
-    engine = EventEngine({"persistor": ZeroPersistor(), "model_manager": manager, "wf_assessor": assessor})
+    engine = EventEngine({"persistor": ZeroPersistor(), "global_model": manager, "wf_assessor": assessor})
     engine.fire_event(EventType.START_RUN, engine.new_context())
     rng = random.Random(seed)
     leaves = [ScriptedLeaf("site-1", sums), ScriptedLeaf("site-2", sums)]
@@ -183,7 +183,7 @@ def test_reports_in_any_order_give_the_reference_trace_and_model(tmp_path, b, ho
     assert all(leaf.sent_models <= len({r["base_version"] for r in expected}) for leaf in leaves)
 
 
-def test_the_model_manager_announces_each_version_with_its_simulated_time():
+def test_the_global_model_announces_each_version_with_its_simulated_time():
     seen = []
 
     class Listener(ZeroPersistor):
@@ -194,8 +194,8 @@ def test_the_model_manager_announces_each_version_with_its_simulated_time():
     manager = GlobalModel(MEAN)
     engine = EventEngine({"m": manager, "l": Listener()})
     ctx = engine.new_context()
-    manager.start({"w": np.zeros(1)}, ctx)
-    manager.make_version(2.5, ctx)
+    manager.start({"w": np.zeros(1)}, 1, ctx)
+    manager.make_version(2, 2.5, ctx)
     assert seen == [(1, 0.0), (2, 2.5)]
 
 

@@ -73,7 +73,7 @@ def test_a_run_whose_every_device_fails_stops_naming_the_count_and_the_last_erro
     manager = GlobalModel(MEAN)
     assessor = ExactTimeAssessor(
         "persistor",
-        "model_manager",
+        "global_model",
         num_leaves=2,
         selection_size=8,
         updates_per_version=b,
@@ -84,7 +84,7 @@ def test_a_run_whose_every_device_fails_stops_naming_the_count_and_the_last_erro
         results_dir=str(tmp_path),
         max_consecutive_failures=10,
     )
-    engine = EventEngine({"persistor": ZeroPersistor(), "model_manager": manager, "wf_assessor": assessor})
+    engine = EventEngine({"persistor": ZeroPersistor(), "global_model": manager, "wf_assessor": assessor})
     engine.fire_event(EventType.START_RUN, engine.new_context())
     for leaf, count in LEAVES.items():
         report(assessor, engine, leaf, **{DEVICE_RANGES: {leaf: [count, leaf]}})

@@ -41,7 +41,7 @@ def test_real_devices_are_applied_as_they_arrive_and_failed_or_silent_ones_never
     manager = GlobalModel(MEAN)
     assessor = ExactTimeAssessor(
         "persistor",
-        "model_manager",
+        "global_model",
         num_leaves=2,
         selection_size=4,
         updates_per_version=b,
@@ -53,7 +53,7 @@ def test_real_devices_are_applied_as_they_arrive_and_failed_or_silent_ones_never
         device_timeout=0.4,
         max_consecutive_failures=2,  # the silent device's timeouts, however many in a row, are not errors
     )
-    engine = EventEngine({"persistor": ZeroPersistor(), "model_manager": manager, "wf_assessor": assessor})
+    engine = EventEngine({"persistor": ZeroPersistor(), "global_model": manager, "wf_assessor": assessor})
     engine.fire_event(EventType.START_RUN, engine.new_context())
     # NVFlare's HTTP client registers its devices as one range, at whichever leaf the proxy sent it to
     sync(assessor, engine, "C11", ranges={"phones": [3, "C11"]})
