@@ -20,6 +20,7 @@ from common.profiles import DEFAULT_PROFILE
 from processors.device import resolve_device
 from processors.models import build_model
 from processors.models.stat_tracker import untracked_buffers
+from simulation.nvflare_private import NVFLARE_CLIENT_JOB_MODULE, NVFLARE_SIMULATOR_WORKER_MODULE
 from simulation.planner import (
     HardwareProfile,
     WorkerPlan,
@@ -31,8 +32,6 @@ from simulation.planner import (
 )
 
 DEFAULT_INPUT_SHAPE = (3, 32, 32)  # CIFAR-10's, when nothing better is known
-NVFLARE_CLIENT_JOB_MODULE = "nvflare.private.fed.app.client.worker_process"  # one per client per job
-NVFLARE_SIMULATOR_WORKER_MODULE = "nvflare.private.fed.app.simulator.simulator_worker"  # one per SimEnv leaf
 
 
 @dataclass(frozen=True)

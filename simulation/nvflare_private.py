@@ -1,7 +1,12 @@
 """Every use of NVFlare's private names in this project, in one place (NVFlare 2.9).
 
 ``tests/simulation/test_nvflare_private.py`` fails, naming the name, if an NVFlare upgrade renames or reshapes
-any of them, before a run silently changes behaviour.
+any of them, before a run silently changes behaviour. Every NVFlare function whose body a fix copies
+(``NVFLARE_COPIES``) or whose behaviour a fix relies on (``NVFLARE_RELIED_ON``: where it sleeps, which branch a
+setting takes, what it reads) carries a digest of its source in NVFlare ``TESTED_NVFLARE``;
+``simulation.nvflare_guard`` compares them with the installed NVFlare (its test fails naming each function that
+changed, and a job on another NVFlare version is warned or refused before it starts). What each fix would need
+from NVFlare upstream, so that it can be deleted: ``docs/nvflare-upstream.md``.
 
 1. **No payload rendering.** ``EdgeTaskExecutor._handle_edge_request`` evaluates ``f"received edge request:
    {request}"`` and ``f"Reply to edge: {reply}"`` for every device request, even with debug logging off; each
@@ -115,6 +120,20 @@ our server and leaf components call it.
    connection is still accepted the moment it arrives (the listener's ``select`` returns at once), and a deployed
    site keeps NVFlare's interval.
 
+14. **Arrays inline in each message.** NVFlare sends each numpy array above a size threshold through a separate
+   download transaction (an .npz written, a download request and reply, CRC-checked on the way): an extra round
+   trip inside every leaf sync that carries a diff or a model. The application config variable that sets the
+   numpy decomposer's chunk size (``INLINE_ARRAYS``, its name made by ``ViaDownloaderDecomposer._config_var_name``)
+   set to 0 makes it put the arrays in the message itself (``ViaDownloaderDecomposer.decompose``:
+   ``max_chunk_size <= 0``); the job carries it to every site (``jobs.run.recipe``).
+15. **Our fixes installed as each simulator process reads its log config.** NVFlare reads a job's logging config
+   at the very start of each simulator process (``SimulatorRunner.setup``, ``simulator_worker.main``), before the
+   server's cell starts; ``simulation.early_start`` names its filter factory there, so fixes 8 to 13 are in place
+   before NVFlare's first sleeps.
+16. **NVFlare's job processes, by their command line.** A leaf on a deployment counts this job's client processes
+   on its machine (``simulation.leaf_plan``): NVFlare starts each as ``python -m`` ``NVFLARE_CLIENT_JOB_MODULE``
+   with ``-n JOB_ID`` (a deployed site) or ``NVFLARE_SIMULATOR_WORKER_MODULE`` with ``-o`` its workspace (SimEnv).
+
 Over 400 lines: every private NVFlare name the project uses lives in this one file (the project's rule), each fix
 with its reason.
 """
@@ -143,6 +162,45 @@ from simulation.due_timer import DueTimer
 if TYPE_CHECKING:  # the recipe's classes: 0.5 s of imports a simulator process never needs (early_start)
     from nvflare.job_config.api import FedJob
     from nvflare.recipe.spec import Recipe
+
+TESTED_NVFLARE = "2.9.0"  # the NVFlare these fixes were written and tested against (pyproject.toml pins it)
+
+# module.Class.function -> digest of its source in TESTED_NVFLARE (``simulation.nvflare_guard.source_digest``)
+NVFLARE_COPIES = {  # bodies a fix copies, with its one change (each copy names its original)
+    "nvflare.edge.executors.hug.HierarchicalUpdateGatherer._do_task": "9bc74a20b409322f",
+    "nvflare.edge.executors.ete.EdgeTaskExecutor._handle_edge_request": "37e246d09f8ceb2f",
+    "nvflare.edge.executors.ete.EdgeTaskExecutor._handle_edge_job_request": "2b0675c596a5ff40",
+    "nvflare.fuel.f3.drivers.tcp_driver.TcpDriver.listen": "fde878dbc2546e72",
+    "nvflare.fuel.f3.streaming.byte_receiver.RxTask._schedule_remove_task": "53ba0fe8e9554ef0",
+}
+_RUNNER = "nvflare.private.fed.app.simulator.simulator_runner"
+_CLIENT_RUNNER = "nvflare.private.fed.client.client_runner.ClientRunner"
+_WORKER = "nvflare.private.fed.app.simulator.simulator_worker"
+NVFLARE_RELIED_ON = {  # bodies whose behaviour a fix depends on (the fix's number in the module docstring)
+    f"{_RUNNER}.SimulatorRunner.setup": "8152f8675112ea51",  # 15
+    f"{_RUNNER}.SimulatorRunner.simulator_run_main": "fa7e3a54048f6aed",  # 10, 12
+    f"{_RUNNER}.SimulatorRunner.start_server_app": "8e76d39ef6ef8cf1",  # 12
+    f"{_RUNNER}.SimulatorRunner.client_run": "81a615e0e20e677e",  # 12
+    f"{_RUNNER}.SimulatorClientRunner.run_client_thread": "9bc66407f7717d78",  # 10
+    f"{_RUNNER}.SimulatorClientRunner._create_connection": "8f524e5aebaf4004",  # 10
+    f"{_RUNNER}.SimulatorClientRunner.do_one_task": "e2d56068a07ad7d9",  # 7, 16
+    "nvflare.private.fed.client.client_executor.JobExecutor.start_app": "4502e22529d7b38c",  # 16
+    f"{_CLIENT_RUNNER}.init_run": "978a344d246ec91b",  # 10
+    f"{_CLIENT_RUNNER}._send_task_result": "5c4591509679bedf",  # 10
+    f"{_CLIENT_RUNNER}._try_send_result_once": "907b82638989d9e4",  # 10
+    f"{_WORKER}.ClientTaskWorker.run": "2405414767da983e",  # 10
+    f"{_WORKER}.ClientTaskWorker.do_one_task": "42a9f55d5a0b1cd0",  # 10
+    f"{_WORKER}.main": "c451c07d5f6a1ca7",  # 15
+    "nvflare.fuel.f3.cellnet.connector_manager.ConnectorManager._get_connector": "f6ad95d18f315789",  # 10
+    "nvflare.edge.controllers.sage.ScatterAndGatherForEdge.control_flow": "00183ad9cc5148e7",  # 11
+    "nvflare.fuel.f3.mpm.MainProcessMonitor._start_shutdown": "53a427bd4ebea262",  # 8
+    "nvflare.private.fed.server.fed_server.FederatedServer.start_run": "7768d4955024a4c5",  # 9
+    "nvflare.fuel.f3.cellnet.cell.Adapter.call": "3209a3399e733866",  # 5
+    "nvflare.fuel.utils.fobs.decomposers.via_downloader.ViaDownloaderDecomposer.decompose": "c5511a3d5c57e0ec",  # 14
+}
+NVFLARE_CLIENT_JOB_MODULE = "nvflare.private.fed.app.client.worker_process"  # fix 16: one per client per job
+NVFLARE_SIMULATOR_WORKER_MODULE = _WORKER  # fix 16: one per SimEnv leaf
+INLINE_ARRAYS = {"np_download_chunk_size": 0}  # fix 14: the numpy decomposer's chunk size, as a job config variable
 
 NVFLARE_PRIVATE_OVERRIDES = {
     "nvflare.edge.executors.hug.HierarchicalUpdateGatherer._do_task": ("self", "fl_ctx", "abort_signal"),
@@ -206,6 +264,7 @@ class NoPayloadRendering:
     """Mixin for an ``EdgeTaskExecutor``: its device-request handlers without rendering requests or replies."""
 
     def _handle_edge_request(self, event_type: str, fl_ctx: FLContext, process_f, no_task_reply):
+        # a copy of EdgeTaskExecutor._handle_edge_request (NVFLARE_COPIES), without its two payload-rendering logs
         task_info = self.get_current_task(fl_ctx)
         if not task_info:
             reply = no_task_reply
@@ -215,6 +274,7 @@ class NoPayloadRendering:
         fl_ctx.set_prop(EdgeContextKey.REPLY_TO_EDGE, reply, private=True, sticky=False)
 
     def _handle_edge_job_request(self, event_type: str, fl_ctx: FLContext):
+        # a copy of EdgeTaskExecutor._handle_edge_job_request (NVFLARE_COPIES), without its payload-rendering log
         job_name = fl_ctx.get_prop(FLContextKey.JOB_META).get(JobMetaKey.JOB_NAME)
         reply = JobResponse(EdgeApiStatus.OK, fl_ctx.get_job_id(), job_name, job_data={})
         fl_ctx.set_prop(EdgeContextKey.REPLY_TO_EDGE, reply, private=True, sticky=False)
@@ -250,7 +310,7 @@ class EventDrivenSync:
         """Called with what ``process_parent_update_reply`` returned, after each reply."""
 
     def _do_task(self, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
-        # HierarchicalUpdateGatherer._do_task (NVFlare 2.9), with its sleep replaced by the event
+        # a copy of HierarchicalUpdateGatherer._do_task (NVFLARE_COPIES), with its sleep replaced by the event
         task_info = self._pending_task
         update_interval = task_info.update_interval
         engine = fl_ctx.get_engine()
@@ -371,7 +431,10 @@ SIMULATOR_WORKFLOW_GRACE = 0.25  # seconds the workflow waits for its leaves aft
 
 
 def install_nvflare_fixes() -> None:
-    """Fixes 4 and 5 of the module docstring, and 7, 8 and 10 to 13 in the simulator's processes; once per process."""
+    """Fixes 4 and 5 of the module docstring, and 7, 8 and 10 to 13 in the simulator's processes; once per process.
+    On an NVFlare other than ``TESTED_NVFLARE`` it logs a warning once (a deployment's site may run another
+    NVFlare than the machine that submitted the job, whose driver checked its own: ``simulation.nvflare_guard``)."""
+    warn_untested_nvflare()
     share_stream_cleanup_thread()
     render_payloads_by_size()
     if in_simulator():
@@ -381,6 +444,22 @@ def install_nvflare_fixes() -> None:
         short_workflow_grace()
         leaves_start_with_server_app()
         quick_listener_stops()
+
+
+def warn_untested_nvflare() -> None:
+    """One warning per process when the installed NVFlare is not ``TESTED_NVFLARE`` (versions only: cheap)."""
+    import importlib.metadata
+    import logging
+
+    version = importlib.metadata.version("nvflare")
+    if version != TESTED_NVFLARE and "untested NVFlare" not in ORIGINALS:
+        ORIGINALS["untested NVFlare"] = warn_untested_nvflare  # once per process, as every fix here
+        logging.getLogger(__name__).warning(
+            "NVFlare %s is installed; edgesim-flare's fixes to it (simulation/nvflare_private.py) were written "
+            "against NVFlare %s",
+            version,
+            TESTED_NVFLARE,
+        )
 
 
 class _EarlyLeaves:
@@ -440,7 +519,7 @@ def quick_listener_stops() -> None:
         return
     ORIGINALS["TcpDriver.listen"] = tcp_driver.TcpDriver.listen
 
-    def listen(self, connector) -> None:  # TcpDriver.listen (NVFlare 2.9), with the poll interval given
+    def listen(self, connector) -> None:  # a copy of TcpDriver.listen (NVFLARE_COPIES), with the poll interval
         self.connector = connector
         self.server = tcp_driver.TcpStreamServer(self, connector)
         self.server.serve_forever(poll_interval=SIMULATOR_POLL)
@@ -563,7 +642,7 @@ def share_stream_cleanup_thread() -> None:
         return
     ORIGINALS["RxTask._schedule_remove_task"] = RxTask._schedule_remove_task  # noqa: SLF001
 
-    def _schedule_remove_task(self, ttl: float = None):
+    def _schedule_remove_task(self, ttl: float = None):  # a copy of RxTask._schedule_remove_task (NVFLARE_COPIES)
         with self.stop_lock:
             if self.cleanup_timer:
                 return

@@ -38,6 +38,7 @@ from scheduling.schedule import ExactSchedule
 from scheduling.selection import make_policy
 from scheduling.timeline import format_timeline, run_timeline, write_timeline
 from simulation.config import device_timeout_words
+from simulation.nvflare_guard import nvflare_problem
 
 
 def simulator_failure(ex: Exception) -> str:
@@ -99,11 +100,23 @@ def report_end(
     return 1
 
 
+def check_nvflare() -> None:
+    """Refuse (``ConfigError``) an NVFlare whose code our fixes copy or rely on changed; warn on another version
+    whose code is unchanged (``simulation.nvflare_guard``)."""
+    line, stop = nvflare_problem()
+    if stop:
+        raise ConfigError(line)
+    if line:
+        print(line, file=sys.stderr)
+
+
 def run(cfg: JobConfig, verbose: bool = False) -> int:
     """Run (or export) the job a config describes; returns a process exit code (2: refused before anything
     started, ``JobConfig.validate``'s message printed)."""
     try:
         cfg = cfg.validate()
+        if not cfg.run.dry_run:  # a dry run starts no NVFlare
+            check_nvflare()
         plan: RunPlan = prepare(cfg)
         if cfg.run.env == "prod":
             check_leaf_count(cfg.run.startup_kit, cfg.federation.num_leaf_nodes)

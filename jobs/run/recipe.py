@@ -47,15 +47,10 @@ from jobs.run.components import (
 from jobs.run.plan import RunPlan
 from processors.models import initial_model_config
 from simulation.leaf_executor import EdgeSimExecutor
+from simulation.nvflare_private import INLINE_ARRAYS
 
 TASK_NAME = "train"
 PROCESSOR_ID = "task_processor"
-# NVFlare 2.9 sends each numpy array above a size threshold through a separate download transaction (an .npz
-# written, a download request and reply, CRC-checked on the way): an extra round trip inside every leaf sync that
-# carries a diff or a model. A chunk size of 0 makes its numpy decomposer put the arrays in the message itself
-# (``ViaDownloaderDecomposer.decompose``: ``max_chunk_size <= 0``). An application config variable, so it travels
-# with the job to every site.
-INLINE_ARRAYS = {"np_download_chunk_size": 0}
 STOCK_UPDATE_INTERVAL = 1.0  # NVFlare's EdgeJob default
 STOCK_MODEL_VERSIONS = 3  # NVFlare's ModelManagerConfig default: model versions a leaf keeps aggregators for
 

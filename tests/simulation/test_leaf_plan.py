@@ -12,14 +12,9 @@ from nvflare.apis.fl_constant import FLContextKey, ReservedKey
 from nvflare.apis.fl_context import FLContext
 
 from common.leaf_outbox import OUTBOX_PROP
-from simulation.leaf_plan import (
-    NVFLARE_CLIENT_JOB_MODULE,
-    NVFLARE_SIMULATOR_WORKER_MODULE,
-    PlanRequest,
-    count_leaf_processes,
-    plan_leaf,
-)
+from simulation.leaf_plan import PlanRequest, count_leaf_processes, plan_leaf
 from simulation.leaf_runner import FastDeviceRunner
+from simulation.nvflare_private import NVFLARE_CLIENT_JOB_MODULE, NVFLARE_SIMULATOR_WORKER_MODULE
 from simulation.planner import GpuInfo, HardwareProfile
 from tests.conftest import make_processor
 
