@@ -2,8 +2,8 @@
 per tensor, carried by NVFlare's serialiser beside its message rather than inside it.
 
 FOBS serialises each numpy array of a message on its own (``np.save`` into the message, a header ``np.load``
-parses back with ``ast.literal_eval``): about 30 microseconds per tensor per side, 0.4 ms per convnet diff, more
-than the training of a device at near-zero work. ``pack`` puts a whole ``{name: array}`` dict into one buffer
+parses back with ``ast.literal_eval``): a cost per tensor per side that exceeds a device's training at near-zero
+work (PERFORMANCE_OPTIMIZATION.md, "The figures behind rules in the code"). ``pack`` puts a whole ``{name: array}`` dict into one buffer
 (one copy of each array) with the names, dtypes and shapes beside it, as one string; ``unpack`` gives the arrays back as views of
 one writable copy, or of the received bytes themselves.
 

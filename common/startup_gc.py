@@ -2,8 +2,7 @@
 
 Every process of a SimEnv run (the driver, NVFlare's simulator server, each leaf's worker) starts by importing
 torch, NVFlare and this project: millions of objects, none of them garbage, which the collector walks again and
-again as they are made (about 480 collections, 0.28 of 2.28 s of CPU for the imports of a leaf's worker, measured
-with ``gc.callbacks``). ``pause`` stops the collector before those imports and ``resume`` starts it again once the
+again as they are made (its cost: "The figures behind rules in the code", PERFORMANCE_OPTIMIZATION.md). ``pause`` stops the collector before those imports and ``resume`` starts it again once the
 process is built (the driver once its modules are loaded, the server at START_RUN, a leaf when its simulator
 starts, after ``gc.freeze``). Reference counting frees memory as before; only cycles wait for ``resume``.
 """

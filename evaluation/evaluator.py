@@ -31,9 +31,9 @@ evaluation under way and the ones still waiting, so the run's last version is al
 
 On the CPU the evaluation thread computes with half the cores (``eval_threads``): the applier, NVFlare's transport
 and, in the simulator, the leaves run beside it. With every core, the OpenMP worker that each of torch's parallel
-regions wakes spins after it for more CPU than the region took: on 2 cores a convnet's evaluation of 800 images
-cost 25-140 ms of CPU with 2 threads and 10-12 ms with one (and took less wall time), a fifth of the server's CPU
-in an asynchronous run at the protocol's ceiling. Only this thread's OpenMP count is set (``limit_this_thread``):
+regions wakes spins after it for more CPU than the region took: on 2 cores an evaluation with every core costs
+several times the CPU of one with one thread, and takes more wall time (PERFORMANCE_OPTIMIZATION.md, "The
+figures behind rules in the code"). Only this thread's OpenMP count is set (``limit_this_thread``):
 ``torch.set_num_threads`` would also set the count every thread starting torch work later takes, FedRevive's
 distillation on the applier thread among them, and change its bits.
 """

@@ -276,10 +276,6 @@ class FedRevive(Method):
             args["image_std"] = list(NORMALISATIONS[cfg.data.normalisation][1])
         return args
 
-    def objective_args(self, cfg: Any) -> dict:
-        """Its device hook's constructor arguments for this run (``cfg``: the ``JobConfig``)."""
-        return {}
-
     def leaf_sums(self, cfg: Any) -> bool:
         return False  # it revives each update on its own
 

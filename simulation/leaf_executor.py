@@ -10,7 +10,7 @@ with ``VersionedUpdater`` as its updater, and these changes:
   applies it in arrival order;
 * a simulated leaf's device range (``site-1?100``) is registered once, as a range;
 * no request or reply is ever rendered as text (``simulation.nvflare_private.NoPayloadRendering``: NVFlare
-  renders whole models with numpy's ``repr`` for every device request, about 15 ms per device each);
+  renders whole models with numpy's ``repr`` for every device request);
 * it syncs with its parent when there is something to send or fetch, not on a timer
   (``simulation.nvflare_private.EventDrivenSync``): a device's result, a child's report, or the parent's wake
   message (``WAKE_TOPIC``) sends the next report at once; as a relay it wakes its children when its parent's

@@ -10,8 +10,8 @@ from NVFlare upstream, so that it can be deleted: ``docs/nvflare-upstream.md``.
 
 1. **No payload rendering.** ``EdgeTaskExecutor._handle_edge_request`` evaluates ``f"received edge request:
    {request}"`` and ``f"Reply to edge: {reply}"`` for every device request, even with debug logging off; each
-   renders a whole model or diff with numpy's ``repr`` (about 15 ms per device each, measured as most of a leaf's
-   CPU). ``NoPayloadRendering`` overrides the two handlers with the same behaviour minus the rendering; our leaf
+   renders a whole model or diff with numpy's ``repr`` (most of a leaf's CPU; the measured costs of this and the
+   other fixes: ``docs/nvflare-upstream.md``). ``NoPayloadRendering`` overrides the two handlers with the same behaviour minus the rendering; our leaf
    executor uses it, and ``QuietEdgeModelExecutor`` is NVFlare's stock leaf executor with it (``use_fast_simulator``
    puts it in place of a recipe's ``EdgeModelExecutor``).
 2. **A built job's apps.** ``FedJob`` keeps each target's app in ``_deploy_map`` and has no public way to replace a
@@ -24,13 +24,12 @@ from NVFlare upstream, so that it can be deleted: ``docs/nvflare-upstream.md``.
 4. **One thread for finished streams.** NVFlare streams every aux message (each leaf sync and its reply), and each
    received stream's ``RxTask._schedule_remove_task`` starts a ``threading.Timer`` thread that sleeps 65 s before
    removing the finished stream. A process receiving a few syncs a second thus holds hundreds of idle threads
-   (``benchmarks/bench_soak.py``: a leaf went from 129 to 297 threads in 150 FedBuff versions), and a faster
-   protocol would hold thousands. ``share_stream_cleanup_thread`` gives every finished stream's removal, with the
+   (``benchmarks/bench_soak.py``), and a faster protocol would hold thousands. ``share_stream_cleanup_thread`` gives every finished stream's removal, with the
    same delay, to one scheduler thread per process.
 5. **No payload rendering in the cell.** ``nvflare.fuel.f3.cellnet.cell.Adapter.call`` evaluates
    ``f"... incoming data={result}"`` for every streamed message, debug logging off or not, where ``result`` is the
    received payload as a ``ConsumableBufferList`` (a ``list`` of byte chunks): the whole payload rendered with
-   ``repr``, 23% of the server's CPU in a FedBuff run (py-spy, ``PERFORMANCE_OPTIMIZATION.md``).
+   ``repr``, a large share of the server's CPU in a FedBuff run (py-spy).
    ``ConsumableBufferList`` gets a ``__repr__`` that names its size instead.
 
 ``install_nvflare_fixes`` applies 4 and 5 once per process, and 7, 8 and 10 to 13 in NVFlare's simulator processes;
@@ -78,8 +77,8 @@ our server and leaf components call it.
    before they start), where it kept each leaf up to 0.5 s from taking END_RUN. So is a leaf's wait between two
    tries to send its task's last report (``ClientRunner._send_task_result`` and ``_try_send_result_once`` sleep
    ``task_check_interval``, 5 s): under load a report sent as the run ends can time out, and the leaf then slept
-   the whole 5 s before it saw the run's abort and took END_RUN, with the server's shutdown waiting for it (one
-   run in three of ``bench_fixed_cost.py`` at load 6: the server's end 4.64 s after the last version, not 0.6).
+   the whole 5 s before it saw the run's abort and took END_RUN, with the server's shutdown waiting for it
+   (``bench_fixed_cost.py`` under load).
    Only in the simulator's processes; the
    tests check each function still sleeps there. ``simulation.early_start`` installs these fixes as each
    simulator process reads its logging config, before the server's cell starts, so the first sleeps are short
@@ -97,7 +96,7 @@ our server and leaf components call it.
    server app on a thread, waits until that app has started (``engine_info.status``: its components built, which
    imports torch and every module of ours the server uses), and only then starts a worker process per leaf: a fresh
    interpreter that imports NVFlare and torch and builds the leaf's app before it first asks the server anything.
-   On 2 cores one core was idle for the whole server app build (1.8 s of an idle machine's start). Each worker's
+   On 2 cores one core was idle for the whole server app build. Each worker's
    first message to the server job is NVFlare's own runner sync (``ClientRunner.init_run``), which it retries
    until the server's runner answers, exactly as a deployed client job does when it starts before the server's.
    ``leaves_start_with_server_app`` replaces ``SimulatorRunner.start_server_app`` with NVFlare's own, run after
@@ -114,7 +113,7 @@ our server and leaf components call it.
    ``socketserver``'s ``serve_forever``, which looks for a shutdown every ``poll_interval`` (0.5 s by default);
    stopping the listener (``TcpDriver.shutdown``) waits for that look. The simulator's server stops its cell's
    two listeners in MPM's cleanup, between a run's last version and its exit: py-spy found that cleanup callback
-   waiting there (``BaseServer.shutdown``), 0.44-0.47 s by NVFlare's MPM log. ``quick_listener_stops`` gives
+   waiting there (``BaseServer.shutdown``). ``quick_listener_stops`` gives
    ``TcpDriver`` a ``listen`` that is NVFlare's (its three lines) with ``serve_forever(poll_interval=SIMULATOR_POLL)``
    in the simulator's processes; a
    connection is still accepted the moment it arrives (the listener's ``select`` returns at once), and a deployed
@@ -470,7 +469,7 @@ class _EarlyLeaves:
         # not a daemon (nor, then, the threads NVFlare's client_run starts): were the server app to fail, NVFlare's
         # MPM would find it still running and end the process at once (os._exit), and each worker its own within a
         # second (NVFlare's check_parent_alive); a daemon's threads would be joined at exit, for as long as the
-        # workers take to time out (measured: 11 s, and their errors on the console)
+        # workers take to time out (seconds, and their errors on the console)
         self.thread = threading.Thread(target=self._start, args=(runner, client_run), name="leaves-with-server-app")
 
     @staticmethod

@@ -10,8 +10,7 @@ leaf only time-slice. Why cores also bound the GPU path: each worker launches it
 GIL, so more threads than cores add queueing, not throughput. A light model's vectorised groups on a GPU go
 further: one worker per GPU training the leaf's whole round as one group (``plan_engine``) beats the cores'
 workers each training its share, since the kernels are launch-bound and a larger group launches the same kernels
-once for more devices (measured on an H200, convnet, K = 1,000 over 2 leaves: 8 workers of 63 devices -> 1 of
-500, FedAvg 1.26x and FedBuff 1.22x the devices per second, GPU_FIX_NOTES.md).
+once for more devices (the measurement: GPU_FIX_NOTES.md).
 """
 
 from __future__ import annotations
@@ -74,7 +73,7 @@ class WorkerPlan:
     @property
     def torch_threads(self) -> int:
         """Intra-op threads for each leaf process: its cores shared by its workers. More would make the leaves'
-        OpenMP pools fight over the same cores (measured: 30x slower training with 2 leaves on 2 cores)."""
+        OpenMP pools fight over the same cores (docs/performance-history.md, "threads")."""
         return max(1, int(self.cores_per_leaf or self.limits.get("cpu") or 1) // self.num_workers)
 
     @property
@@ -133,7 +132,7 @@ def _probe_gpus() -> list[GpuInfo]:
 
 CPU_GROUP_MAX_MFLOPS = 100.0  # auto on the CPU: a model costing more per training sample trains one device at a time
 # auto on a GPU: a vectorised model costing at most this per training sample gets one worker per GPU (launch-bound);
-# a heavier one keeps the cores' workers (ResNet-18 on an H200: 0.94x grouped, and one worker 0.96x its default plan)
+# a heavier one keeps the cores' workers (ResNet-18's figures on a GPU: GPU_FIX_NOTES.md)
 GPU_ONE_WORKER_MAX_MFLOPS = CPU_GROUP_MAX_MFLOPS
 
 
@@ -297,7 +296,7 @@ def plan_engine(
     share; and a group never exceeds the devices a worker gets per round (``ceil(devices per leaf / workers)``).
     The profile (default: the plan's) scales that group by its ``group_fraction``; ``--group-size`` overrides both.
     On the CPU, ``auto`` trains a model of more than ``CPU_GROUP_MAX_MFLOPS`` per sample (``mflops_per_sample``,
-    ``training_mflops``) one device at a time: there batched convolutions do not pay (ResNet-18: 0.73x at K = 4).
+    ``training_mflops``) one device at a time: there batched convolutions do not pay (``benchmarks/bench_engine.py``).
     """
     prof = get_profile(profile or plan.profile)
     if requested not in ("auto", "vectorized", "per-device"):
@@ -314,8 +313,8 @@ def plan_engine(
     if requested == "auto" and not on_gpu and heavy:
         reason = (
             f"auto on the CPU: {mflops_per_sample:.0f} MFLOP per training sample (> {CPU_GROUP_MAX_MFLOPS:.0f}); "
-            "there a group's batched convolutions are slower than one device at a time (benchmarks/bench_engine.py "
-            "--model resnet18: 0.73x at K=4)"
+            "there a group's batched convolutions are slower than one device at a time (measured: benchmarks/"
+            "bench_engine.py --model resnet18, PERFORMANCE_OPTIMIZATION.md)"
         )
         return replace(plan, engine="per-device", group_size=1, engine_reason=reason)
     light = mflops_per_sample is not None and mflops_per_sample <= GPU_ONE_WORKER_MAX_MFLOPS
@@ -325,7 +324,7 @@ def plan_engine(
             num_workers=min(plan.gpus_per_leaf, plan.num_workers),
             limited_by=(
                 f"one worker per GPU: {mflops_per_sample:.1f} MFLOP per training sample is launch-bound, so one "
-                "group of the leaf's round beats the cores' workers' smaller groups (H200: 1.22-1.26x)"
+                "group of the leaf's round beats the cores' workers' smaller groups (measured: GPU_FIX_NOTES.md)"
             ),
         )
     limits = {"devices per worker": math.ceil(plan.devices_per_leaf / plan.num_workers)}

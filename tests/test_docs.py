@@ -210,3 +210,44 @@ def test_each_architecture_row_names_one_file_and_at_most_one_more():
     assert len(rows) >= 30
     assert [(q, f) for q, f, _ in rows if len(set(f)) != 1] == []
     assert [(q, a) for q, _, a in rows if len(set(a)) > 1] == []
+
+
+DOC_PATH = re.compile(r"(?<![\w./-])((?:" + "|".join(sorted(TOP_LEVEL)) + r")/[\w./-]*\w)")
+
+
+def stale_docstring_paths(root: str = REPO) -> list[str]:
+    """Repository paths (``benchmarks/bench_engine.py``, ``docs/engines.md``) named in any docstring of the
+    project's packages, benchmarks and examples that do not exist."""
+    import ast
+
+    problems = []
+    top_level = {e for e in os.listdir(root) if not e.startswith(".")}
+    for top in (*PACKAGES, "benchmarks", "examples"):
+        for folder, dirs, files in os.walk(os.path.join(root, top)):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for name in sorted(f for f in files if f.endswith(".py")):
+                path = os.path.join(folder, name)
+                tree = ast.parse(open(path).read(), path)
+                nodes = [tree] + [
+                    n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                ]
+                for node in nodes:
+                    for found in DOC_PATH.findall(ast.get_docstring(node, clean=False) or ""):
+                        found = found.rstrip(".")
+                        if found.split("/")[0] in top_level and not glob.glob(os.path.join(root, found)):
+                            problems.append(f"{os.path.relpath(path, root)}: {found} does not exist")
+    return sorted(set(problems))
+
+
+def test_every_file_path_named_in_a_docstring_exists():
+    assert stale_docstring_paths() == []
+
+
+def test_the_docstring_path_check_catches_a_missing_file(tmp_path):
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "bench_engine.py").write_text("")
+    (tmp_path / "jobs" / "api.py").write_text(
+        '"""Measured by ``benchmarks/null_trainer.py``; see benchmarks/bench_engine.py."""\n'
+    )
+    assert stale_docstring_paths(str(tmp_path)) == ["jobs/api.py: benchmarks/null_trainer.py does not exist"]

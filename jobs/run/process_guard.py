@@ -2,8 +2,8 @@
 job started is stopped.
 
 NVFlare's simulator runs the server and each leaf in subprocesses, and the leaf workers start their own process
-groups, so a Ctrl-C in the terminal never reaches them and killing the driver orphans them (measured: after
-``timeout`` killed a driver, its server and both leaf workers kept running, ~0.9 GB each). The guard turns
+groups, so a Ctrl-C in the terminal never reaches them and killing the driver orphans them (after ``timeout``
+killed a driver, its server and its leaf workers kept running). The guard turns
 SIGTERM into a normal exit and, on the way out, terminates the driver's descendants, then kills those that do
 not stop within the grace period. ``exit_now`` ends a job script's process once all of that is done, without
 the interpreter's slow teardown.

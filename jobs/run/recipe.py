@@ -21,7 +21,6 @@ import importlib.util
 import os
 import sysconfig
 
-from nvflare.apis.job_def import ALL_SITES, SERVER_SITE_NAME
 from nvflare.app_common.widgets.metrics_artifact_writer import MetricsArtifactWriter
 from nvflare.app_opt.pt.job_config.model import PTModel
 from nvflare.edge.aggregators.model_update_dxo_factory import ModelUpdateDXOAggrFactory
@@ -34,7 +33,7 @@ from nvflare.edge.tools.edge_job import EdgeJob
 from nvflare.edge.widgets.etr import EdgeTaskReceiver
 from nvflare.recipe.spec import Recipe
 
-from common.job_files import SHIPPED_PACKAGES, ship_packages
+from common.job_files import SHIPPED_PACKAGES, TARGETS, ship_package, ship_packages
 from common.protocol import GLOBAL_MODEL_ALIAS
 from jobs.config import JobConfig
 from jobs.run.components import (
@@ -88,15 +87,9 @@ def ship_user_code(job: EdgeJob, cfg: JobConfig) -> None:
     for top in user_modules(cfg):
         spec = importlib.util.find_spec(top)
         if spec.submodule_search_locations:  # a package: every .py file below it
-            root = os.path.dirname(spec.origin)
-            for folder, dirs, files in os.walk(root):
-                dirs[:] = [d for d in dirs if d != "__pycache__"]
-                relative = os.path.join(top, os.path.relpath(folder, root))
-                for name in sorted(f for f in files if f.endswith(".py")):
-                    for target in (SERVER_SITE_NAME, ALL_SITES):
-                        job.add_file_to(os.path.join(folder, name), target, dest_dir=os.path.normpath(relative))
+            ship_package(job, os.path.dirname(spec.origin), top)
         else:
-            for target in (SERVER_SITE_NAME, ALL_SITES):
+            for target in TARGETS:
                 job.add_file_to(spec.origin, target)
 
 

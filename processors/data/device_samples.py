@@ -1,6 +1,7 @@
 """A device's training samples on the device they train on, cached per process: the dataset moved there once,
 and each device's sample indices drawn once for the devices of the last 8,192 tasks (a device trains again and
-again: drawing its Dirichlet shares from the labels took ~0.4 ms of every task).
+again: drawing its Dirichlet shares from the labels cost a noticeable part of every task; PERFORMANCE_OPTIMIZATION.md,
+"The figures behind rules in the code").
 
 Both engines and every task of a leaf take a device's samples from ``device_samples``; the caches are shared by the
 leaf's worker threads: read, never written after they are filled.
