@@ -20,9 +20,9 @@ from common import startup_gc
 from common.choices import ConfigError, literal_choices
 from common.config_flags import Extra, Flag, add_dataclass_flags, default_words, show
 from common.delays import DELAY_PRESET_ORIGINS, DELAY_PRESETS, DelayConfig, DelayPreset
-from jobs.api import config_from_options, option_names, presets_applied
 from jobs.config import PARTS, FederationConfig, JobConfig
 from jobs.methods import BUILT_IN, Method, method_of
+from jobs.options import config_from_options, option_names, presets_applied
 
 DEFAULT_METHOD = "fedrevive"  # pt_job_fedrevive.py's --method (jobs.api's default is fedavg)
 
@@ -177,7 +177,7 @@ def add_method_flags(parser: argparse.ArgumentParser, method: Method) -> None:
 
 
 def config_from_args(args: argparse.Namespace, method: str, presets: bool = False) -> JobConfig:
-    """The ``JobConfig`` a parsed command line describes (``jobs.api.config_from_options``: the flags are its
+    """The ``JobConfig`` a parsed command line describes (``jobs.options.config_from_options``: the flags are its
     options). ``presets``: the method's federation presets fill every federation flag not given. Raises
     ``ConfigError`` (a ``ValueError``) naming the fix."""
     known = option_names(method_of(method))  # a parser may carry its own flags too (the tuner's)

@@ -15,8 +15,8 @@ Two units of local work (``processors.training_config.TrainingConfig``):
   bit for bit.
 
 So a device's work is a pure function of its sample count n (``processors.data.partition.device_sample_count``:
-the length of its index array is the source of truth) and the training settings: ``local_steps`` and
-``samples_processed`` give it, for the engines and the reports; ``device_work`` gives the schedule its ``work``
+the length of its index array is the source of truth) and the training settings: ``TrainingConfig.steps`` and
+``TrainingConfig.work`` give it, for the engines and the reports; ``device_work`` gives the schedule its ``work``
 (``common.delays.DeviceDelays``), a pure function of the seed, the device's key and the data, so the server, a
 leaf and ``--dry-run`` time a device alike. With ``--local-iters`` there is none: every device's work is the job's
 ``task_samples`` and the schedule is today's, bit for bit.
@@ -25,26 +25,12 @@ leaf and ``--dry-run`` time a device alike. With ``--local-iters`` there is none
 from __future__ import annotations
 
 import functools
-import math
 import threading
 from collections.abc import Callable
 
 import torch
 
-
-def local_steps(num_samples: int, batch_size: int, local_iters: int, local_epochs: int = 0) -> int:
-    """Optimizer steps a device holding ``num_samples`` samples takes per task (see the module docstring)."""
-    if local_epochs > 0:
-        return local_epochs * math.ceil(num_samples / batch_size)
-    return local_iters
-
-
-def samples_processed(num_samples: int, batch_size: int, local_iters: int, local_epochs: int = 0) -> int:
-    """Samples a device holding ``num_samples`` samples trains on per task, counted over its steps: ``E x n``, or
-    ``T x min(batch, n)``."""
-    if local_epochs > 0:
-        return local_epochs * num_samples
-    return local_iters * min(batch_size, num_samples)
+from processors.training_config import TrainingConfig
 
 
 def epoch_schedule(num_samples: int, batch_size: int, epochs: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -65,7 +51,6 @@ def device_work(
     (every device's work is the same, ``DelayConfig.task_samples``). ``offsets``: a natural partition's global
     device layout (``processors.data.partition.range_offsets``)."""
     from processors.data.config import DataConfig
-    from processors.training_config import TrainingConfig
 
     t = TrainingConfig(**training)
     if not t.local_epochs:

@@ -5,6 +5,7 @@ building and checking a configuration (the flags, ``--help``, a refused value) d
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -87,13 +88,15 @@ class TrainingConfig:
         return asdict(self)
 
     def steps(self, num_samples: int) -> int:
-        """Local steps of a device holding ``num_samples`` samples (``processors.local_work``)."""
-        from processors.local_work import local_steps
-
-        return local_steps(num_samples, self.local_batch_size, self.local_iters, self.local_epochs)
+        """Optimizer steps a device holding ``num_samples`` samples takes per task: ``E x ceil(n / batch)`` with
+        ``--local-epochs E`` (the tail batch kept), else ``T`` (``processors.local_work`` says why)."""
+        if self.local_epochs > 0:
+            return self.local_epochs * math.ceil(num_samples / self.local_batch_size)
+        return self.local_iters
 
     def work(self, num_samples: int) -> int:
-        """Samples a device holding ``num_samples`` samples trains on per task (``processors.local_work``)."""
-        from processors.local_work import samples_processed
-
-        return samples_processed(num_samples, self.local_batch_size, self.local_iters, self.local_epochs)
+        """Samples a device holding ``num_samples`` samples trains on per task, counted over its steps: ``E x n``,
+        or ``T x min(batch, n)``."""
+        if self.local_epochs > 0:
+            return self.local_epochs * num_samples
+        return self.local_iters * min(self.local_batch_size, num_samples)

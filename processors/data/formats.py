@@ -17,28 +17,12 @@ import numpy as np
 import torch
 
 from processors.data.cache import cached_arrays
-from processors.data.sources import HF_PREFIX, Dataset, DatasetError, DatasetSpec
+from processors.data.dataset import Dataset
+from processors.data.spec import HF_PREFIX, DatasetError, DatasetSpec
 from processors.data.stackoverflow import check_word_count, is_stackoverflow
 from processors.data.users import UserSplit, group_by_user
 
 GROUPED_KEYS = ("x_train", "y_train", "x_test", "y_test", "names", "train_offsets", "test_offsets")
-
-
-def load_per_user(spec: DatasetSpec) -> Dataset:
-    """A per-user source's dataset: LEAF's JSON, a TFF file or a Hugging Face dataset (imported here: each
-    of those modules builds on this one)."""
-    kind = spec.kind
-    if kind == "leaf":
-        from processors.data.leaf import load_leaf
-
-        return load_leaf(spec.name, spec.data_root)
-    if kind == "tff":
-        from processors.data.tff import load_tff
-
-        return load_tff(spec.name, spec.data_root)
-    from processors.data.hf import load_hf
-
-    return load_hf(spec.name[len(HF_PREFIX) :], spec.data_root)
 
 
 def leaf_folders(name: str, data_root: str) -> tuple[str, str]:

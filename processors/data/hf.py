@@ -23,8 +23,9 @@ from urllib.parse import parse_qsl
 
 import numpy as np
 
+from processors.data.dataset import Dataset
 from processors.data.formats import cached_grouped, to_dataset
-from processors.data.sources import Dataset, DatasetError
+from processors.data.spec import DatasetError
 from processors.data.text import ALL_LETTERS, SPACE_ID, token_ids
 
 HF_FORMAT = 1  # raise whenever the parsed arrays change: older cached parses are not read

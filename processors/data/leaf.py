@@ -20,6 +20,7 @@ import json
 
 import numpy as np
 
+from processors.data.dataset import Dataset
 from processors.data.formats import (
     cached_grouped,
     group_arrays,
@@ -28,7 +29,7 @@ from processors.data.formats import (
     pixels_to_uint8,
     to_dataset,
 )
-from processors.data.sources import Dataset, DatasetError
+from processors.data.spec import DatasetError
 from processors.data.text import SPACE_ID, token_ids
 
 LEAF_FORMAT = 1  # raise whenever the parsed arrays change: older cached parses are not read

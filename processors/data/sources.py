@@ -2,7 +2,8 @@
 function; and the per-user formats (LEAF's FEMNIST and Shakespeare, TFF's HDF5 files, a Hugging Face dataset with a
 user column: ``processors.data.leaf``, ``.tff``, ``.hf``; docs/datasets.md).
 
-Every source yields the same in-memory form (``Dataset``): a train and a test split of inputs and int64 labels
+Every source yields the same in-memory form (``Dataset``, ``processors.data.dataset``): a train and a test split of
+inputs and int64 labels
 ``0 .. num_classes - 1``. Inputs are either uint8 images N x C x H x W (C = 1 or 3), kept as uint8 and standardised
 per channel on the fly (CIFAR-10's statistics for the built-in sources, the training split's own for a user's),
 float arrays N x ... used as they are, or int64 token ids N x T of a text task (labels: the next token's id; never
@@ -21,13 +22,15 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 from processors.data.cache import cached_arrays
+from processors.data.dataset import Dataset, elementwise, normalize, standardize  # noqa: F401 - long imported here
+from processors.data.hf import load_hf
+from processors.data.leaf import load_leaf
 from processors.data.spec import (  # noqa: F401 - the spec's names, long imported from here
     BUILTIN_DATASETS,
     CIFAR_MEAN,
@@ -46,77 +49,7 @@ from processors.data.spec import (  # noqa: F401 - the spec's names, long import
 )
 from processors.data.synthetic import synthetic_images
 from processors.data.text import VOCAB_SIZE, make_synthetic_text
-from processors.data.users import UserSplit
-
-
-def elementwise(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """Mark ``fn`` (a batch -> the model's input) as working on each element alone, the same way whatever batch
-    the element comes in: the vectorised engine may then apply it to a group's samples once, before cutting them
-    into batches, instead of to every batch, with the same bits (``processors.training_vectorized``)."""
-    fn.elementwise = True
-    return fn
-
-
-@dataclass(frozen=True)
-class Dataset:
-    """Attributes:
-    x_train, x_test: uint8 images N x C x H x W, float32 arrays N x ..., or int64 token ids N x T (a text task).
-    y_train, y_test: int64 labels.
-    num_classes: labels are 0 .. num_classes - 1.
-    mean, std: per-channel statistics images are standardised with (on [0, 1] pixels); None for float inputs and
-        token ids.
-    users: who holds which samples, for a per-user source (``processors.data.users``); None otherwise.
-    """
-
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    x_test: torch.Tensor
-    y_test: torch.Tensor
-    num_classes: int = NUM_CLASSES
-    mean: tuple[float, ...] | None = CIFAR_MEAN
-    std: tuple[float, ...] | None = CIFAR_STD
-    users: UserSplit | None = None
-
-    @property
-    def is_text(self) -> bool:
-        """Whether the inputs are token ids (int64 N x L): a text task, whose inputs no image step may touch."""
-        return self.x_train.dtype == torch.int64
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        """One sample's shape, as the model receives it."""
-        return tuple(self.x_train.shape[1:])
-
-    def to(self, device: torch.device) -> Dataset:
-        moved = (t.to(device) for t in (self.x_train, self.y_train, self.x_test, self.y_test))
-        return Dataset(*moved, self.num_classes, self.mean, self.std, self.users)
-
-    @elementwise
-    def prepare(self, x: torch.Tensor) -> torch.Tensor:
-        """A batch as the model receives it: images standardised per channel, float inputs and token ids (int64)
-        unchanged."""
-        if self.is_text:
-            return x
-        if self.mean is None:
-            return x.float()
-        return standardize(x, self.mean, self.std)
-
-
-@elementwise
-def standardize(x_uint8: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
-    """uint8 N x C x H x W -> float32, scaled to [0, 1] and standardised per channel."""
-    channels = len(mean)
-    m = torch.tensor(mean, device=x_uint8.device).view(1, channels, 1, 1)
-    s = torch.tensor(std, device=x_uint8.device).view(1, channels, 1, 1)
-    # in place on the one new float tensor: the same operations and bits as ``(x / 255 - m) / s``, without two
-    # more image-sized allocations (fresh pages cost more than the arithmetic)
-    return x_uint8.to(torch.float32, copy=True).div_(255.0).sub_(m).div_(s)
-
-
-@elementwise
-def normalize(x_uint8: torch.Tensor) -> torch.Tensor:
-    """uint8 N x 3 x H x W -> float32, standardised with CIFAR-10's statistics (the built-in sources)."""
-    return standardize(x_uint8, CIFAR_MEAN, CIFAR_STD)
+from processors.data.tff import load_tff
 
 
 def load_dataset(spec: DatasetSpec) -> Dataset:
@@ -169,10 +102,12 @@ def _load_source(spec: DatasetSpec) -> Dataset:
         return Dataset(x_train, y_train, x_test, y_test, VOCAB_SIZE, None, None)
     if kind == "npz":
         return load_npz(spec.name)
-    if kind in ("leaf", "tff", "hf"):  # imported here: they build on this module
-        from processors.data.formats import load_per_user
-
-        return load_per_user(spec)
+    if kind == "leaf":
+        return load_leaf(spec.name, spec.data_root)
+    if kind == "tff":
+        return load_tff(spec.name, spec.data_root)
+    if kind == "hf":
+        return load_hf(spec.name[len(HF_PREFIX) :], spec.data_root)
     if kind == "loader":
         return load_from_function(spec.name)
     return load_cifar10(spec.data_root)

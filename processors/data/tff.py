@@ -26,8 +26,9 @@ import os
 import numpy as np
 import torch
 
+from processors.data.dataset import Dataset
 from processors.data.formats import cached_grouped, group_arrays, pixels_to_uint8, tff_test_file, to_dataset
-from processors.data.sources import Dataset, DatasetError
+from processors.data.spec import DatasetError
 from processors.data.stackoverflow import (
     NUM_IDS,
     SEQUENCE_LENGTH,

@@ -237,7 +237,7 @@ def test_building_a_config_reads_no_file_and_builds_no_model_validate_refuses(op
     import torch
 
     from common.choices import ConfigError
-    from jobs.api import config_from_options
+    from jobs.options import config_from_options
 
     options = {k: v.format(missing=missing) for k, v in options.items()}
 
@@ -259,7 +259,7 @@ def test_building_a_config_reads_no_file_and_builds_no_model_validate_refuses(op
 def test_the_driver_validates_a_config_built_without_it(options, message, missing, capsys):
     """A ``JobConfig`` handed to ``jobs.api.run`` / the driver unvalidated is refused before anything starts: exit 2,
     one line."""
-    from jobs.api import config_from_options
+    from jobs.options import config_from_options
 
     cfg = config_from_options("fedavg", {k: v.format(missing=missing) for k, v in options.items()})
     assert driver.run(cfg) == 2

@@ -12,10 +12,10 @@ import pytest
 
 from common.config_flags import attribute_docs, show
 from common.delays import DELAY_PRESETS
-from jobs.api import config_from_options
 from jobs.cli import DEFAULT_METHOD, FLAGS, PRESET_FIELDS, build_parser, config_from_args
 from jobs.config import PARTS
 from jobs.methods import BUILT_IN
+from jobs.options import config_from_options
 from simulation.config import EngineConfig
 from simulation.planner import CPU_GROUP_MAX_MFLOPS
 from tests.conftest import REPO
