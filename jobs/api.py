@@ -9,8 +9,9 @@ is a thin layer over it: every flag is an option here, with underscores (``--dev
                  num_leaf_nodes=2, devices_per_leaf=50, device_selection_size=20, max_model_version=30)
     print(result.final_accuracy, result.output)
 
-* ``model``: a built-in name (``cifar10_convnet``, ``resnet18``, ``resnet18_bn``), an import path ``package.module:Class``, or the
-  class itself. Its constructor takes no required argument (an optional ``init_seed`` keyword seeds it); its
+* ``model``: ``auto`` (the default: the dataset's model, ``processors.model_names``), a built-in name
+  (``cifar10_convnet``, ``resnet18``, ``resnet18_bn``, ``femnist_cnn``, ``char_lstm``, ``word_lstm``), an import
+  path ``package.module:Class``, or the class itself. Its constructor takes no required argument (an optional ``init_seed`` keyword seeds it); its
   output for a batch is one score per class. A class defined in the script you run (``__main__``) is shipped
   with the job: guard the script's own work with ``if __name__ == "__main__":``.
 * ``data``: ``cifar10``, ``synthetic``, ``synthetic-text``, a ``.npz`` path, an import path
@@ -22,7 +23,8 @@ is a thin layer over it: every flag is an option here, with underscores (``--dev
   dict of ``DelayConfig`` fields (with an optional ``"preset"``); ``None`` (the default): the method's delay
   preset when ``presets`` apply and no delay field is given (FedBuff's and FedRevive's: ``paper``), else ``none``.
 * ``presets`` (default True): the method's concurrency / buffer / server learning rate / delay presets
-  (``jobs.methods``) fill the options not given.
+  (``jobs.methods``) and the model's local-training preset (batch size, learning rate, optimizer:
+  ``processors.model_names``) fill the options not given.
 * ``method``: a built-in method's name (``fedavg``, ``fedbuff``, ``fedrevive``), an import path
   ``package.module:Name``, or a ``jobs.methods.Method`` subclass (or an instance of one); its settings are the
   options ``<flag_prefix>_<field>`` (FedRevive's: ``fr_s_max=...``). One defined in the script you run is shipped
@@ -50,6 +52,7 @@ from jobs.methods import BUILT_IN, Method, method_of
 from jobs.run.results import read_metrics
 from processors.data.config import DataConfig
 from processors.data.sources import NPZ_KEYS, DatasetError, as_arrays, from_arrays
+from processors.model_names import AUTO, auto_model, model_preset
 from processors.training_config import TrainingConfig
 from simulation.config import EngineConfig
 
@@ -91,10 +94,25 @@ def presets_applied(method: str | Method, options: dict) -> dict:
     return applied
 
 
-def config_from_options(method: str, options: dict, presets: bool = False) -> JobConfig:
+def resolved_model(options: dict) -> str:
+    """The model the options name: ``model``, or with ``auto`` (or none given) the dataset's
+    (``processors.model_names.auto_model``)."""
+    model = options.get("model") or AUTO
+    return auto_model(options.get("dataset") or DataConfig().dataset) if model == AUTO else model
+
+
+def model_presets_applied(options: dict) -> dict:
+    """The model's local-training preset the options leave to it (``None`` means not given): its fields not
+    given."""
+    given = {k for k, v in options.items() if v is not None}
+    return {k: v for k, v in model_preset(resolved_model(options)).items() if k not in given}
+
+
+def config_from_options(method: str, options: dict, presets: bool = False, model_presets: bool = True) -> JobConfig:
     """The ``JobConfig`` of flat options (the command line's destinations; ``None`` means not given). ``presets``:
     the method's presets fill every federation option not given, and its delay preset the delay model when no
-    delay option is given (``presets_applied``). ``ConfigError`` names the fix."""
+    delay option is given (``presets_applied``). ``model_presets``: the model's preset fills the local-training
+    options not given (``model_presets_applied``). ``ConfigError`` names the fix."""
     given = {k: v for k, v in options.items() if v is not None and k not in NOT_CONFIG}
     chosen = method_of(method)
     unknown = sorted(set(given) - option_names(chosen))
@@ -105,6 +123,8 @@ def config_from_options(method: str, options: dict, presets: bool = False) -> Jo
         )
     if presets:
         given = presets_applied(chosen, given) | given
+    if model_presets:
+        given = model_presets_applied(given) | given
     federation = _part(FederationConfig, given)
     mine = chosen.option_names()
     prefix = f"{chosen.flag_prefix}_"
@@ -169,7 +189,7 @@ def data_option(data, results_dir: str) -> str:
 def make_config(
     method="fedavg",
     *,
-    model="cifar10_convnet",
+    model=AUTO,
     data="synthetic",
     delays=None,
     presets: bool = True,
@@ -180,12 +200,12 @@ def make_config(
     method = method_option(method)
     options = dict(options, model=model_option(model), delays=delays)
     if not isinstance(data, str) and not inspect.isfunction(data):
-        draft = config_from_options(method, options | {"dataset": "synthetic"}, presets)  # where its results go
+        draft = config_from_options(method, options | {"dataset": "synthetic"}, presets, presets)  # its results' folder
         options["output"] = draft.output_dir
         options["dataset"] = data_option(data, draft.output_dir)
     else:
         options["dataset"] = data_option(data, "")
-    return config_from_options(method, options, presets).validate()
+    return config_from_options(method, options, presets, model_presets=presets).validate()
 
 
 @dataclass(frozen=True)
