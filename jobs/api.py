@@ -11,8 +11,8 @@ is a thin layer over it: every flag is an option here, with underscores (``--dev
 
 * ``model``: ``auto`` (the default: the dataset's model, ``processors.model_names``), a built-in name
   (``cifar10_convnet``, ``resnet18``, ``resnet18_bn``, ``femnist_cnn``, ``char_lstm``, ``word_lstm``), an import
-  path ``package.module:Class``, or the class itself. Its constructor takes no required argument (an optional ``init_seed`` keyword seeds it); its
-  output for a batch is one score per class. A class defined in the script you run (``__main__``) is shipped
+  path ``package.module:Class``, or the class itself. Its constructor takes no required argument (an optional
+  ``init_seed`` keyword seeds it); its output for a batch is one score per class. A class defined in the script you run (``__main__``) is shipped
   with the job: guard the script's own work with ``if __name__ == "__main__":``.
 * ``data``: ``cifar10``, ``synthetic``, ``synthetic-text``, a ``.npz`` path, an import path
   ``package.module:function``, a function, or the arrays themselves (a 4-tuple ``(x_train, y_train, x_test,
