@@ -25,6 +25,10 @@ makes as many versions as it can within it. Two scales:
 Evaluation, as both references do it: every version for a synchronous method (FedAvg), every 10 versions for
 an asynchronous one (and always the last), so the time-to-accuracy columns mean the same for every method.
 
+A run that ends before the budget all the same (it stopped, or a ``--max-model-version`` given after ``--`` ended
+it) is no comparison at the budget: the table's "reached the budget" column counts the runs that did, and a line
+under it names each that did not, with why (``jobs.sweep.objective.ended_early``, the sweep's own check).
+
 ``--methods`` takes the built-in names and any user method by import path (``fedasync:FedAsync``, importable
 through ``PYTHONPATH``, as ``--method`` takes it; its folder and row are named by its class). Any other job flag
 after ``--`` is passed to every run and wins. Writes to ``--output``: ``results.md`` (mean +-
@@ -66,10 +70,12 @@ sys.path.insert(0, REPO)  # benchmarks.r2_table, jobs, when the project is not i
 
 from benchmarks.r2_table import beside_r2, trace_counts  # noqa: E402
 from common.result_files import EVENTS, METRICS  # noqa: E402
+from jobs.sweep.objective import ended_early  # noqa: E402
+from jobs.sweep.spec import LIFTED_VERSION_CAP, Objective  # noqa: E402
 
 METHODS = ("fedavg", "fedbuff", "fedrevive")
 THRESHOLDS = (0.5, 0.6, 0.7)
-MANY_VERSIONS = 1_000_000  # the time budget ends a run, not a version count
+MANY_VERSIONS = LIFTED_VERSION_CAP  # the time budget ends a run, not a version count (as in a sweep)
 
 SCALES = {
     "paper": {
@@ -116,8 +122,9 @@ def mean_std(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} +- {statistics.stdev(values):.3f}"
 
 
-def summary_row(method: str, runs: list[list[dict]]) -> dict:
-    """One table row from a method's runs (each the ``versions`` of its ``metrics.json``)."""
+def summary_row(method: str, runs: list[list[dict]], early: int = 0) -> dict:
+    """One table row from a method's runs (each the ``versions`` of its ``metrics.json``); ``early``: how many of
+    them ended before the budget (``jobs.sweep.objective.ended_early``)."""
     row = {
         "method": method,
         "seeds": len(runs),
@@ -128,6 +135,7 @@ def summary_row(method: str, runs: list[list[dict]]) -> dict:
     for t in THRESHOLDS:
         reached = [s for s in (time_to(r, t) for r in runs) if s is not None]
         row[f"time to {t}"] = f"{mean_std(reached)} ({len(reached)}/{len(runs)})"
+    row["reached the budget"] = f"{len(runs) - early}/{len(runs)}" + (" !" if early else "")
     return row
 
 
@@ -299,7 +307,7 @@ def sweep_spec(
     from jobs.methods import method_of
 
     given = words_to_flags(extra)
-    base = words_to_flags(SCALES[scale]["flags"]) | {"max-sim-time": budget, "max-model-version": MANY_VERSIONS}
+    base = words_to_flags(SCALES[scale]["flags"]) | {"max-sim-time": budget}  # the sweep lifts the version cap
     base |= ({"workspace": ws} if ws else {}) | given
     when = {}
     for m in methods:
@@ -387,10 +395,14 @@ def main(argv: list[str] | None = None) -> int:
     curves: dict[str, list[list[dict]]] = {labels[m]: [] for m in methods}
     staleness: dict[str, list[int]] = {labels[m]: [] for m in methods}
     betas: list[float] = []
+    early: dict[str, list[str]] = {labels[m]: [] for m in methods}  # runs that ended before the budget, and why
 
     def collect(method: str, out: str) -> None:
         with open(os.path.join(out, METRICS)) as f:
             metrics = json.load(f)
+        if why := ended_early(Objective("accuracy_at", budget=budget), metrics):
+            early[method].append(f"{method} seed {metrics['config']['run']['seed']}: {why}")
+            print(f"[reproduce] ! {early[method][-1]}", flush=True)
         curves[method].append([r for r in metrics.get("versions", []) if r["sim_seconds"] <= budget])
         staleness[method].extend(e["tau"] for e in read_jsonl(os.path.join(out, EVENTS)))
         betas.extend(e["beta"] for e in read_jsonl(os.path.join(out, FEDREVIVE_LOG)) if e["beta"] > 0)
@@ -447,8 +459,11 @@ def main(argv: list[str] | None = None) -> int:
                 )
     if args.dry_run:
         return 0
-    rows = [summary_row(labels[m], curves[labels[m]]) for m in methods]
+    rows = [summary_row(labels[m], curves[labels[m]], len(early[labels[m]])) for m in methods]
     table = markdown(rows)
+    short = [line for m in methods for line in early[labels[m]]]
+    if short:  # their final accuracy is no comparison at the budget
+        table += "\n! ended before the budget:\n" + "".join(f"- {line}\n" for line in short)
     if args.scale == "paper" and beside_r2(rows):  # the comparison the paper scale exists for
         table += f"\nBeside R2's table (one run, its seed 10; ours: mean +- std over seeds {args.seeds})\n\n"
         table += markdown(beside_r2(rows))

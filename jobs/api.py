@@ -9,9 +9,10 @@ is a thin layer over it: every flag is an option here, with underscores (``--dev
                  num_leaf_nodes=2, devices_per_leaf=50, device_selection_size=20, max_model_version=30)
     print(result.final_accuracy, result.output)
 
-* ``model``: a built-in name (``cifar10_convnet``, ``resnet18``, ``resnet18_bn``), an import path ``package.module:Class``, or the
-  class itself. Its constructor takes no required argument (an optional ``init_seed`` keyword seeds it); its
-  output for a batch is one score per class. A class defined in the script you run (``__main__``) is shipped
+* ``model``: ``auto`` (the default: the dataset's model, ``processors.model_names``), a built-in name
+  (``cifar10_convnet``, ``resnet18``, ``resnet18_bn``, ``femnist_cnn``, ``char_lstm``, ``word_lstm``), an import
+  path ``package.module:Class``, or the class itself. Its constructor takes no required argument (an optional
+  ``init_seed`` keyword seeds it); its output for a batch is one score per class. A class defined in the script you run (``__main__``) is shipped
   with the job: guard the script's own work with ``if __name__ == "__main__":``.
 * ``data``: ``cifar10``, ``synthetic``, ``synthetic-text``, a ``.npz`` path, an import path
   ``package.module:function``, a function, or the arrays themselves (a 4-tuple ``(x_train, y_train, x_test,
@@ -22,7 +23,8 @@ is a thin layer over it: every flag is an option here, with underscores (``--dev
   dict of ``DelayConfig`` fields (with an optional ``"preset"``); ``None`` (the default): the method's delay
   preset when ``presets`` apply and no delay field is given (FedBuff's and FedRevive's: ``paper``), else ``none``.
 * ``presets`` (default True): the method's concurrency / buffer / server learning rate / delay presets
-  (``jobs.methods``) fill the options not given.
+  (``jobs.methods``) and the model's local-training preset (batch size, learning rate, optimizer:
+  ``processors.model_names``) fill the options not given.
 * ``method``: a built-in method's name (``fedavg``, ``fedbuff``, ``fedrevive``), an import path
   ``package.module:Name``, or a ``jobs.methods.Method`` subclass (or an instance of one); its settings are the
   options ``<flag_prefix>_<field>`` (FedRevive's: ``fr_s_max=...``). One defined in the script you run is shipped
@@ -48,6 +50,7 @@ from jobs.methods import BUILT_IN, Method
 from jobs.options import config_from_options
 from jobs.run.results import read_metrics
 from processors.data.sources import NPZ_KEYS, DatasetError, as_arrays, from_arrays
+from processors.model_names import AUTO
 
 
 def method_option(method) -> str:
@@ -104,7 +107,7 @@ def data_option(data, results_dir: str) -> str:
 def make_config(
     method="fedavg",
     *,
-    model="cifar10_convnet",
+    model=AUTO,
     data="synthetic",
     delays=None,
     presets: bool = True,
@@ -115,12 +118,12 @@ def make_config(
     method = method_option(method)
     options = dict(options, model=model_option(model), delays=delays)
     if not isinstance(data, str) and not inspect.isfunction(data):
-        draft = config_from_options(method, options | {"dataset": "synthetic"}, presets)  # where its results go
+        draft = config_from_options(method, options | {"dataset": "synthetic"}, presets, presets)  # its results' folder
         options["output"] = draft.output_dir
         options["dataset"] = data_option(data, draft.output_dir)
     else:
         options["dataset"] = data_option(data, "")
-    return config_from_options(method, options, presets).validate()
+    return config_from_options(method, options, presets, model_presets=presets).validate()
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,10 @@ from common.config_flags import Extra, Flag, add_dataclass_flags, default_words,
 from common.delays import DELAY_PRESET_ORIGINS, DELAY_PRESETS, DelayConfig, DelayPreset
 from jobs.config import PARTS, FederationConfig, JobConfig
 from jobs.methods import BUILT_IN, Method, method_of
-from jobs.options import config_from_options, option_names, presets_applied
+from jobs.options import config_from_options, model_presets_applied, option_names, presets_applied
+from processors.model_names import AUTO, MODELS, auto_words
+from processors.model_names import PRESET_FIELDS as MODEL_PRESET_FIELDS
+from processors.training_config import TrainingConfig
 
 DEFAULT_METHOD = "fedrevive"  # pt_job_fedrevive.py's --method (jobs.api's default is fedavg)
 
@@ -55,7 +58,13 @@ def _delay_default(name: str) -> str:
 FLAGS: dict[str, dict[str, Flag]] = {
     "data": {},
     "federation": {"device_reuse": Flag(name="--no-device-reuse", action="store_false")},
-    "training": {"momentum": Flag(hidden=True)},  # jobs.api only
+    "training": {  # a model's preset (processors.model_names) fills these when not given, in both jobs
+        "momentum": Flag(hidden=True),  # jobs.api only
+        **{
+            name: Flag(filled=f"{default_words(TrainingConfig, name)}, or the model's preset")
+            for name in MODEL_PRESET_FIELDS
+        },
+    },
     "delays": {  # the --delays preset fills every delay field not given
         **{f.name: Flag(filled=_delay_default(f.name)) for f in dataclasses.fields(DelayConfig)},
         "capacity_file": Flag(metavar="FILE", filled=""),
@@ -184,6 +193,21 @@ def config_from_args(args: argparse.Namespace, method: str, presets: bool = Fals
     return config_from_options(method, {k: v for k, v in vars(args).items() if k in known}, presets)
 
 
+def flag_words(values: dict) -> str:
+    """Option values as the flags that give them: ``--local-batch-size 10, --local-lr 0.01``."""
+    return ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in values.items())
+
+
+def print_model_choice(args: argparse.Namespace, cfg: JobConfig) -> None:
+    """Which model ``--model auto`` picked, and the model's preset filling the local-training flags not given."""
+    if args.model in (None, AUTO):
+        print(f"[edgesim] --model {AUTO}: {auto_words(cfg.data.dataset)}")
+    applied = model_presets_applied(vars(args))
+    if applied:
+        card = MODELS[cfg.training.model]
+        print(f"[edgesim] {card.name} presets (flags not given): {flag_words(applied)} ({card.source})")
+
+
 def job_main(description: str, argv: list[str] | None, method: str | None = None, hidden: dict | None = None) -> int:
     """An entry point: parse, build (or, with ``--resume``, recover) the config, run. ``method`` None: the
     ``--method`` flag chooses, and the method's presets apply. ``hidden``: options without a flag (a benchmark's
@@ -209,8 +233,9 @@ def job_main(description: str, argv: list[str] | None, method: str | None = None
         cfg = config_from_args(argparse.Namespace(**vars(args), **(hidden or {})), chosen, presets=method is None)
         applied = presets_applied(chosen, vars(args)) if method is None and not args.resume else {}
         if applied:
-            values = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in applied.items())
-            print(f"[edgesim] {cfg.method_spec.label} presets (flags not given): {values}")
+            print(f"[edgesim] {cfg.method_spec.label} presets (flags not given): {flag_words(applied)}")
+        if not args.resume:
+            print_model_choice(args, cfg)
         # validated before it is compared with the saved run's (validated) config: validating fills in what a
         # capacity trace needs (task samples, model bytes), which the saved config holds
         cfg = cfg.validate()

@@ -257,6 +257,8 @@ class JobConfig:
 
     def __post_init__(self) -> None:
         method = method_of(self.method)
+        # --model auto: the dataset's model, so a run's config (and metrics.json) names the model it trains
+        object.__setattr__(self, "training", self.training.resolved(self.data.dataset))
         if self.method_settings is None:
             object.__setattr__(self, "method_settings", method.default_settings())
         elif method.settings is None or not isinstance(self.method_settings, method.settings):

@@ -12,6 +12,7 @@ from common.delays import DelayConfig
 from jobs.config import PARTS, FederationConfig, JobConfig, RunConfig
 from jobs.methods import BUILT_IN, Method, method_of
 from processors.data.config import DataConfig
+from processors.model_names import AUTO, auto_model, model_preset
 from processors.training_config import TrainingConfig
 from simulation.config import EngineConfig
 
@@ -41,10 +42,25 @@ def presets_applied(method: str | Method, options: dict) -> dict:
     return applied
 
 
-def config_from_options(method: str, options: dict, presets: bool = False) -> JobConfig:
+def resolved_model(options: dict) -> str:
+    """The model the options name: ``model``, or with ``auto`` (or none given) the dataset's
+    (``processors.model_names.auto_model``)."""
+    model = options.get("model") or AUTO
+    return auto_model(options.get("dataset") or DataConfig().dataset) if model == AUTO else model
+
+
+def model_presets_applied(options: dict) -> dict:
+    """The model's local-training preset the options leave to it (``None`` means not given): its fields not
+    given."""
+    given = {k for k, v in options.items() if v is not None}
+    return {k: v for k, v in model_preset(resolved_model(options)).items() if k not in given}
+
+
+def config_from_options(method: str, options: dict, presets: bool = False, model_presets: bool = True) -> JobConfig:
     """The ``JobConfig`` of flat options (the command line's destinations; ``None`` means not given). ``presets``:
     the method's presets fill every federation option not given, and its delay preset the delay model when no
-    delay option is given (``presets_applied``). ``ConfigError`` names the fix."""
+    delay option is given (``presets_applied``). ``model_presets``: the model's preset fills the local-training
+    options not given (``model_presets_applied``). ``ConfigError`` names the fix."""
     given = {k: v for k, v in options.items() if v is not None and k not in NOT_CONFIG}
     chosen = method_of(method)
     unknown = sorted(set(given) - option_names(chosen))
@@ -55,6 +71,8 @@ def config_from_options(method: str, options: dict, presets: bool = False) -> Jo
         )
     if presets:
         given = presets_applied(chosen, given) | given
+    if model_presets:
+        given = model_presets_applied(given) | given
     federation = _part(FederationConfig, given)
     mine = chosen.option_names()
     prefix = f"{chosen.flag_prefix}_"

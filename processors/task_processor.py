@@ -196,7 +196,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         self.device_offsets = device_offsets
         self._rules = RuleHost(rule, self.rule_args, self.device_state)
         self._data = DataConfig(**data)
-        self._training = TrainingConfig(**training)
+        self._training = TrainingConfig(**training).resolved(self._data.dataset)  # a job's config already is
         self._settings = get_profile(profile)
         self.tasks_done = 0
 

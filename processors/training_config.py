@@ -6,11 +6,11 @@ building and checking a configuration (the flags, ``--help``, a refused value) d
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from common.choices import ConfigError, check_choice, check_positive
-from processors.model_names import check_model_name
+from processors.model_names import AUTO, auto_model, check_model_name
 
 if TYPE_CHECKING:
     import torch
@@ -22,13 +22,17 @@ DEFAULT_LOCAL_ITERS = 25
 @dataclass(frozen=True)
 class TrainingConfig:
     """Local training of one simulated device. Defaults: the FedRevive paper's reference FedAvg client (Adam,
-    lr 3e-4, 25 iterations of batch 32).
+    lr 3e-4, 25 iterations of batch 32); a model's preset (``processors.model_names``) replaces the batch size,
+    learning rate and optimizer the user does not give.
 
     Attributes:
-        model: ``cifar10_convnet``, ``resnet18`` (the FedRevive paper's: statistic trackers, no BatchNorm),
-            ``resnet18_bn``, ``char_lstm`` (LEAF's Shakespeare next-character LSTM, for token-id data such as
-            ``--dataset synthetic-text``), ``word_lstm`` (TFF's StackOverflow next-word LSTM, for TFF's
-            ``stackoverflow_train.h5``), or an ``nn.Module`` class as ``package.module:Class`` (``processors.models``).
+        model: ``auto`` (the dataset's model: cifar10_convnet for cifar10 and synthetic, femnist_cnn for FEMNIST
+            and TFF's EMNIST, char_lstm for Shakespeare and synthetic-text, word_lstm for StackOverflow; a job's
+            config resolves it, processors.model_names), ``cifar10_convnet``, ``resnet18`` (the FedRevive paper's:
+            statistic trackers, no BatchNorm), ``resnet18_bn``, ``femnist_cnn`` (LEAF's FEMNIST CNN, 1 x 28 x 28
+            images, 62 classes), ``char_lstm`` (LEAF's Shakespeare next-character LSTM, for token-id data),
+            ``word_lstm`` (TFF's StackOverflow next-word LSTM), or an ``nn.Module`` class as
+            ``package.module:Class`` (``processors.models``).
         local_iters: optimizer steps per task (unless --local-epochs is given).
         local_epochs: passes over the device's own samples per task instead of --local-iters (0: off; the tail
             batch is kept, so a device with n samples takes ceil(n / batch) steps per epoch; processors.local_work).
@@ -42,7 +46,7 @@ class TrainingConfig:
             it on at the paper's scale).
     """
 
-    model: str = "cifar10_convnet"
+    model: str = AUTO
     local_iters: int = DEFAULT_LOCAL_ITERS
     local_epochs: int = 0
     local_batch_size: int = 32
@@ -69,13 +73,20 @@ class TrainingConfig:
             raise ConfigError(str(ex)) from ex
 
     def validate(self) -> None:
-        """Import the model it names (a user's ``package.module:Class``); ``ConfigError`` naming the fix."""
+        """Import the model it names (a user's ``package.module:Class``); ``ConfigError`` naming the fix. ``auto``
+        must have been resolved by then (``resolved``)."""
         from processors.models import model_class  # torch: only when a run is about to start
 
         try:
             model_class(self.model)
         except ValueError as ex:
             raise ConfigError(str(ex)) from ex
+
+    def resolved(self, dataset: str) -> TrainingConfig:
+        """This config with ``auto`` replaced by the model of ``dataset`` (``processors.model_names.auto_model``)."""
+        if self.model != AUTO:
+            return self
+        return replace(self, model=auto_model(dataset))
 
     def make_optimizer(self, params) -> torch.optim.Optimizer:
         import torch

@@ -134,7 +134,7 @@ def run(cfg: JobConfig, verbose: bool = False) -> int:
     run_cfg, leaves = cfg.run, cfg.federation.num_leaf_nodes
     print(
         f"[edgesim] {cfg.method} on {plan.device}, env {run_cfg.env}, simulator {cfg.engine.simulator}, "
-        f"seed {run_cfg.seed}"
+        f"seed {run_cfg.seed}, model {cfg.training.model}"
     )
     if run_cfg.dry_run:
         return dry_run(cfg, results_dir)

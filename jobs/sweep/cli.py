@@ -14,7 +14,7 @@ import optuna
 from jobs.sweep import study as studies
 from jobs.sweep.report import format_report, objective_words, write_plots
 from jobs.sweep.runner import Sweep, SweepOptions
-from jobs.sweep.spec import SpecError, load_spec, parse_spec
+from jobs.sweep.spec import SpecError, budget_note, load_spec, parse_spec
 
 
 class SweepParser(argparse.ArgumentParser):
@@ -79,7 +79,7 @@ def show(folder: str, storage: str | None) -> int:
         raise SpecError(f"no study of this spec in {studies.storage_url(folder, storage)}; give its --storage URL")
     study = optuna.load_study(study_name=name, storage=stored)
     print(format_report(study, folder, objective_words(spec)))
-    for path in write_plots(study, folder):
+    for path in write_plots(study, folder, spec):
         print(f"[sweep] plot: {path}")
     return 0
 
@@ -113,8 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as ex:
         print(f"error: {ex}", file=sys.stderr)
         return 2
+    if note := budget_note(sweep.spec):
+        print(f"[sweep] {note}")
     code = sweep.run()
     print(format_report(sweep.study, sweep.folder, objective_words(sweep.spec)))
-    for path in write_plots(sweep.study, sweep.folder):
+    for path in write_plots(sweep.study, sweep.folder, sweep.spec):
         print(f"[sweep] plot: {path}")
     return code

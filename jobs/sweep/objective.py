@@ -11,6 +11,12 @@ accuracy of the newest version made by ``k * step`` simulated seconds. Two trial
 simulated progress, whatever their wall time or the moments their versions happened to be made. A step is
 reported only once a version made after it shows it is final.
 
+A run's budget is the simulated time its objective is read at (``accuracy_at``'s budget) or, for another objective,
+its own ``--max-sim-time``. A run that ended before it (its version cap, a stop, a crash) is marked with why
+(``ended_early``): its objective holds its last version's accuracy, which is no fair comparison with runs that used
+the whole budget. The sweep lifts the default version cap of such runs (``jobs.sweep.spec.budget_flags``), so only
+a cap the spec gives, or a run that stopped, can end one early.
+
 A candidate with repeats (``repeat:`` in the spec, e.g. three seeds) is scored and pruned on the mean over its
 runs: its objective is the mean of their objectives, and step ``k`` is the mean of their values at ``k``, reported
 once every run has it final (a run that has ended holds its last value for every later step; one not started yet
@@ -85,3 +91,30 @@ def mean_score(objective: Objective, runs: list[list[dict]]) -> float | None:
     if not values or any(v is None for v in values):
         return None
     return sum(values) / len(values)
+
+
+def run_budget(objective: Objective, metrics: dict) -> float | None:
+    """The simulated seconds a run must reach (``metrics``: its ``metrics.json``): the objective's budget, else the
+    run's own ``--max-sim-time`` (None: it has none)."""
+    if objective.metric == "accuracy_at":
+        return objective.budget
+    return ((metrics.get("config") or {}).get("federation") or {}).get("max_sim_time")
+
+
+def ended_early(objective: Objective, metrics: dict) -> str | None:
+    """Why a run ended before its budget (``run_budget``), in words; None when it reached it, has no budget, or
+    has not ended. A run its ``--max-sim-time`` ended reached that time (no update arrived before it)."""
+    budget, outcome = run_budget(objective, metrics), metrics.get("outcome")
+    if budget is None or not outcome:
+        return None
+    records = _timed(metrics.get("versions", []))
+    end = outcome.get("sim_seconds", records[-1]["sim_seconds"] if records else 0.0)
+    if end >= budget - 1e-9:
+        return None
+    federation = (metrics.get("config") or {}).get("federation") or {}
+    cap = federation.get("max_sim_time")
+    if outcome.get("status") == "completed" and outcome.get("version", 0) < federation.get("max_model_version", 0):
+        if cap is not None and cap >= budget - 1e-9:
+            return None  # its budget of simulated time ended it: nothing arrived between its last update and then
+    status, reason = outcome.get("status", "ended"), outcome.get("reason", "")
+    return f"ended at {end:.4g} simulated s, before the budget {budget:g} s ({status}: {reason})"

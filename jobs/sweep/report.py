@@ -1,7 +1,9 @@
-"""What a sweep shows a person, at its end and with ``python -m jobs.sweep show DIR``: a table of every trial, the
-best configuration as the command that reproduces it, mean +- std over seeds of each cell, and the plots in the
-sweep's folder (``curves.png``: accuracy vs simulated time of every trial, pruned ones cut with an x;
-``bands.png``: mean +- std per method; Optuna's ``history.png`` and ``importances.png``).
+"""What a sweep shows a person, at its end and with ``python -m jobs.sweep show DIR``: a table of every trial (a
+trial that ended before its budget marked ``!``, with why below it), the best configuration as the command that
+reproduces it, mean +- std over seeds of each cell, and the plots in the sweep's folder (``curves.png``: accuracy
+vs simulated time of every trial, one colour per method, each named by method and trial in the legend, pruned ones
+dashed and cut with an x, and the budget as a vertical line; ``bands.png``: mean +- std per method, with the
+budget; Optuna's ``history.png`` and ``importances.png``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def trial_table(study: optuna.Study) -> str:
     for t in trials:
         a = t.user_attrs
         status = t.state.name.lower() + ("*" if a.get("requeued_from") is not None else "")
+        status += "!" if early_reasons(t) else ""
         values = [
             t.number,
             status,
@@ -47,7 +50,25 @@ def trial_table(study: optuna.Study) -> str:
         rows.append(" ".join(_cell(v, w) for v, w in zip(values, widths, strict=True)))
     if any(t.user_attrs.get("requeued_from") is not None for t in trials):
         rows.append("(* queued again after an interrupted sweep)")
+    early = [f"  trial {t.number}{_shown(t)}: {why}" for t in trials for why in early_reasons(t)]
+    if early:
+        rows += ["(! ended before its budget: its objective is its last version's, no fair comparison)", *early]
     return "\n".join(rows)
+
+
+def early_reasons(trial: optuna.trial.FrozenTrial) -> list[str]:
+    """Why the trial's runs ended before their budget (``jobs.sweep.objective.ended_early``): one per such run."""
+    runs = trial.user_attrs.get("runs") or [trial.user_attrs]
+    return [
+        "".join(f"{k}={format_value(v)}: " for k, v in r.get("repeat", {}).items()) + r["ended_early"]
+        for r in runs
+        if r.get("ended_early")
+    ]
+
+
+def _shown(trial: optuna.trial.FrozenTrial) -> str:
+    params = ", ".join(f"{k}={format_value(v)}" for k, v in trial.params.items())
+    return f" ({params})" if params else ""
 
 
 def seed_groups(study: optuna.Study) -> dict[tuple, list[float]]:
@@ -92,26 +113,41 @@ def format_report(study: optuna.Study, folder: str, objective: str) -> str:
     if best is not None:
         commands = [r.get("command") for r in trial_runs(best)]
         what = "it alone with" if len(commands) == 1 else f"its {len(commands)} runs (their mean) with"
-        parts.append(f"best: trial {best.number}, {objective} {format_value(best.value)}; reproduce {what}:")
+        early = " (! it ended before its budget, see above)" if early_reasons(best) else ""
+        parts.append(f"best: trial {best.number}, {objective} {format_value(best.value)}{early}; reproduce {what}:")
         parts += [f"  {c}" for c in commands]
     else:
         parts.append("best: no trial completed")
     return "\n".join(parts)
 
 
-def trial_curves(study: optuna.Study, folder: str) -> list[tuple[optuna.trial.FrozenTrial, list[dict]]]:
-    """Every ended trial's curves: one per process (a candidate with repeats has one per repeat)."""
+def trial_curves(study: optuna.Study, folder: str) -> list[tuple[optuna.trial.FrozenTrial, list[dict], str]]:
+    """Every ended trial's curves: one per process (a candidate with repeats has one per repeat), each with the
+    method its job ran (its ``metrics.json``'s config)."""
     out = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
         for run in trial_runs(t):
-            records = read_metrics(os.path.join(folder, run.get("folder", ""))).get("versions", [])
+            metrics = read_metrics(os.path.join(folder, run.get("folder", "")))
+            records = metrics.get("versions", [])
             if records:
-                out.append((t, [r for r in records if r.get("sim_seconds") is not None]))
+                method = str((metrics.get("config") or {}).get("method", t.params.get("method", "")))
+                out.append((t, [r for r in records if r.get("sim_seconds") is not None], method))
     return out
 
 
-def write_plots(study: optuna.Study, folder: str) -> list[str]:
-    """The sweep's plots (their paths); Optuna's need at least one completed trial."""
+def plot_budget(spec: SweepSpec | None) -> float | None:
+    """The budget the plots draw: the objective's, else the base flags' ``max-sim-time`` (None: neither)."""
+    if spec is None:
+        return None
+    if spec.objective.metric == "accuracy_at":
+        return spec.objective.budget
+    limit = spec.base.get("max-sim-time")
+    return float(limit) if isinstance(limit, (int, float)) and not isinstance(limit, bool) else None
+
+
+def write_plots(study: optuna.Study, folder: str, spec: SweepSpec | None = None) -> list[str]:
+    """The sweep's plots (their paths); Optuna's need at least one completed trial. ``spec``: the sweep's, for the
+    budget line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -119,20 +155,27 @@ def write_plots(study: optuna.Study, folder: str) -> list[str]:
 
     written = []
     curves = trial_curves(study, folder)
+    budget = plot_budget(spec)
     if curves:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for t, records in curves:
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        colours = _colours([(t.number, method) for t, _, method in curves], plt)
+        for t, records, method in curves:
             xs, ys = [r["sim_seconds"] for r in records], [r["accuracy"] for r in records]
             pruned = t.state == TrialState.PRUNED
-            ax.plot(xs, ys, linestyle="--" if pruned else "-", alpha=0.6 if pruned else 0.9, label=f"#{t.number}")
+            label = f"{method} #{t.number}" + (" pruned" if pruned else " ended early" if early_reasons(t) else "")
+            style = {"linestyle": "--" if pruned else "-", "alpha": 0.6 if pruned else 0.9}
+            ax.plot(xs, ys, color=colours[(t.number, method)], label=label, **style)
             if pruned and xs:
                 ax.plot(xs[-1], ys[-1], "kx")  # where the pruner cut it
+        if budget is not None:
+            ax.axvline(budget, color="k", linestyle=":", label=f"budget {budget:g} s")
         ax.set_xlabel("simulated seconds")
         ax.set_ylabel("accuracy")
         ax.set_title("every trial (dashed, x: pruned)")
+        ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5), ncol=1 + len(curves) // 25)
         fig.tight_layout()
         written.append(_save(fig, folder, "curves.png"))
-        written += _bands(curves, folder, plt)
+        written += _bands(curves, folder, plt, budget)
     with warnings.catch_warnings():  # Optuna's matplotlib plots are marked experimental; importances may be even
         warnings.simplefilter("ignore")
         written += _optuna_plots(study, folder)
@@ -157,15 +200,28 @@ def _optuna_plots(study: optuna.Study, folder: str) -> list[str]:
     return written
 
 
-def _bands(curves, folder: str, plt) -> list[str]:
+def _colours(trials: list[tuple[int, str]], plt) -> dict[tuple[int, str], tuple]:
+    """A colour per (trial, method): one hue per method, a shade per trial of it."""
+    hues = ("Blues", "Oranges", "Greens", "Reds", "Purples", "Greys", "YlOrBr", "BuGn")
+    methods = sorted({m for _, m in trials})
+    out = {}
+    for i, method in enumerate(methods):
+        mine = sorted({t for t, m in trials if m == method})
+        cmap = plt.get_cmap(hues[i % len(hues)])
+        for j, number in enumerate(mine):
+            out[(number, method)] = cmap(0.9 - 0.45 * j / max(1, len(mine) - 1))
+    return out
+
+
+def _bands(curves, folder: str, plt, budget: float | None) -> list[str]:
     """Mean +- std of completed trials per method, on a common grid of simulated time (each curve held flat
-    between its versions)."""
+    between its versions), and the budget."""
     import numpy as np
 
     by_method: dict[str, list[list[dict]]] = defaultdict(list)
-    for t, records in curves:
+    for t, records, method in curves:
         if t.state == TrialState.COMPLETE and records:
-            by_method[str(t.params.get("method", "all"))].append(records)
+            by_method[method].append(records)
     if not by_method:
         return []
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -176,6 +232,8 @@ def _bands(curves, folder: str, plt) -> list[str]:
         mean, std = ys.mean(axis=0), ys.std(axis=0)
         ax.plot(grid, mean, label=f"{method} ({len(runs)})")
         ax.fill_between(grid, mean - std, mean + std, alpha=0.2)
+    if budget is not None:
+        ax.axvline(budget, color="k", linestyle=":", label=f"budget {budget:g} s")
     ax.set_xlabel("simulated seconds")
     ax.set_ylabel("accuracy (newest version)")
     ax.legend()

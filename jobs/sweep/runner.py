@@ -23,7 +23,7 @@ from optuna.trial import TrialState
 from common.cores import available_cores
 from evaluation.run_recorder import record_pruned
 from jobs.sweep import study as studies
-from jobs.sweep.objective import mean_score, mean_steps, score
+from jobs.sweep.objective import ended_early, mean_score, mean_steps, score
 from jobs.sweep.report import make_bar, say
 from jobs.sweep.spec import SpecError, SweepSpec, check_flags, format_value
 from jobs.sweep.trial import TrialProcess, command, read_metrics
@@ -255,7 +255,7 @@ class Sweep:
                 return
 
     def _run_attrs(self, run: Run) -> dict:
-        """What the study keeps of one run: its folder and command, and once it ended, its figures."""
+        """What the study keeps of one run: its folder and command; once it ended, its figures and ``ended_early``."""
         attrs = {"folder": os.path.relpath(run.folder, self.folder), "command": " ".join(command(run.flags))}
         attrs |= {"repeat": run.repeat} if run.repeat else {}
         if run.code is None or run.proc is None:
@@ -269,6 +269,7 @@ class Sweep:
             # process start and exit (epoch seconds): with the records' epochs, a trial's fixed cost
             "started": round(run.proc.started, 3),
             "ended": round(run.proc.started + run.proc.wall_seconds, 3),
+            "ended_early": None if run.stopped else ended_early(self.spec.objective, read_metrics(run.folder)),
         }
 
     def _finish(self, cand: Candidate) -> None:

@@ -22,6 +22,13 @@
       step: 1.0                # simulated seconds per pruning step (default 1)
     trials: 12                 # with a search (default 10); a grid alone runs each cell once
 
+A budget holds (``budget_flags``): when the objective is read at a simulated-time budget (``accuracy_at``) or a
+trial's flags give ``max-sim-time``, the sweep lifts the version cap (``--max-model-version``, default 10) of
+every trial whose flags do not set it, so that the time budget, not a version count, ends it; with ``accuracy_at``
+and no ``max-sim-time`` it also ends each trial at the budget. A cap the spec gives is kept (a trial it ends early
+is marked in the report). A spec whose ``max-sim-time`` ends trials before the budget, or whose delays give no
+simulated time to spend (``--delays none``: every update arrives at time 0), is refused in one line.
+
 Every trial's flags are parsed by the job's own parser and built into a ``JobConfig`` by the CLI's code path
 (``jobs.cli.config_from_args``) before any trial starts, so an unknown flag or a bad value is refused here, in one
 line (``SpecError``), not in a trial.
@@ -44,6 +51,7 @@ SCRIPT = "jobs/pt_job_fedrevive.py"  # the job every trial runs: --method choose
 SEARCH_TYPES = ("float", "log-float", "int", "choice")
 METRICS = ("final_accuracy", "accuracy_at", "time_to_target")
 SWEEP_OWNED = ("output", "resume", "dry_run", "export_only", "env")  # the sweep decides these, not the spec
+LIFTED_VERSION_CAP = 1_000_000  # a trial on a time budget: the budget ends it, not a version count
 KEYS = ("base", "grid", "repeat", "when", "search", "objective", "trials")
 
 
@@ -157,7 +165,25 @@ class SweepSpec:
         for name, cases in self.when.items():
             if name in chosen:
                 extra |= cases.get(str(chosen[name]), {})
-        return dict(self.base) | extra | dict(params) | dict(repeat or {})
+        flags = dict(self.base) | extra | dict(params) | dict(repeat or {})
+        return flags | self.budget_flags(flags)
+
+    def sets(self, name: str) -> bool:
+        """Whether the spec gives the flag anywhere: base, grid, search, repeat or a ``when``."""
+        added = {k for cases in self.when.values() for flags in cases.values() for k in flags}
+        searched = {p.name for p in self.search}
+        return any(name in place for place in (self.base, self.grid, self.repeat, added, searched))
+
+    def budget_flags(self, flags: dict) -> dict:
+        """What a run's flags need so that its version cap cannot end it before its budget (the module docstring):
+        the cap lifted, and with ``accuracy_at`` and no ``max-sim-time`` the budget as its time limit; nothing when
+        it has no budget or its flags set the cap themselves."""
+        budget = self.objective.budget if self.objective.metric == "accuracy_at" else None
+        if "max-model-version" in flags or (budget is None and flags.get("max-sim-time") is None):
+            return {}
+        return {"max-model-version": LIFTED_VERSION_CAP} | (
+            {"max-sim-time": budget} if flags.get("max-sim-time") is None else {}
+        )
 
     def workspace(self) -> str:
         return os.path.expanduser(str(self.base.get("workspace", "~/.cache/edgesim-flare/workspace")))
@@ -325,10 +351,43 @@ def check_flags(spec: SweepSpec) -> None:
             flags = spec.trial_flags(cell | dict(combo), rep)
             try:
                 args = parser.parse_args(flag_args(flags))
-                config_from_args(args, args.method, presets=True)
+                check_budget(spec, config_from_args(args, args.method, presets=True))
             except (_Refusal, ConfigError) as ex:
                 shown = ", ".join(f"{k}={v}" for k, v in (cell | dict(combo) | rep).items()) or "the base flags"
                 raise SpecError(f"{ex} (with {shown})") from ex
+
+
+def budget_note(spec: SweepSpec) -> str:
+    """What the sweep does so that its trials reach their budget, for its first lines ("": they have none)."""
+    at = spec.objective.metric == "accuracy_at"
+    if not at and not spec.sets("max-sim-time"):
+        return ""
+    budget = f"{spec.objective.budget:g} simulated s" if at else "each trial's max-sim-time"
+    limit = f" --max-sim-time {spec.objective.budget:g}" if at and not spec.sets("max-sim-time") else ""
+    lift = f"--max-model-version {LIFTED_VERSION_CAP}{limit}"
+    if spec.sets("max-model-version"):
+        return (
+            f"budget {budget}: a trial whose flags set no max-model-version runs with {lift}; the spec's own "
+            "max-model-version is kept, and a trial it ends before the budget is marked !"
+        )
+    return f"budget {budget}: every trial runs with {lift}, so the budget, not a version count, ends it"
+
+
+def check_budget(spec: SweepSpec, cfg) -> None:
+    """A trial's budget must be reachable: its ``max-sim-time`` not before the objective's budget, and, its version
+    cap lifted, simulated time that moves (``cfg``: the trial's ``JobConfig``). ``ConfigError`` naming the fix."""
+    o, limit = spec.objective, cfg.federation.max_sim_time
+    if o.metric == "accuracy_at" and limit is not None and limit < o.budget:
+        raise ConfigError(
+            f"max-sim-time {limit:g} ends every trial before the objective's budget of {o.budget:g} simulated s: "
+            "raise it to the budget or more, or leave it out (each trial then ends at the budget)"
+        )
+    if cfg.federation.max_model_version >= LIFTED_VERSION_CAP and not cfg.delays.enabled:  # only time ends it
+        raise ConfigError(
+            f"--method {cfg.method} has no delays (--delays none), so every update arrives at simulated time 0 "
+            "and no budget of simulated time is ever reached: give delays (e.g. delays: paper in base) or "
+            "max-model-version"
+        )
 
 
 def format_value(value) -> str:

@@ -1,7 +1,8 @@
 """Model zoo: the networks simulated devices train, by name, or any ``nn.Module`` class by import path.
 
-A built-in name (``cifar10_convnet``, ``resnet18``, ``resnet18_bn``, ``char_lstm``, ``word_lstm``) or
-``package.module:ClassName``: a class whose constructor takes no required arguments. The initial global model depends on the run seed only: a class with an ``init_seed``
+A built-in name (``cifar10_convnet``, ``resnet18``, ``resnet18_bn``, ``femnist_cnn``, ``char_lstm``,
+``word_lstm``; what each is, its local-training preset and the model ``--model auto`` picks for a dataset:
+``processors.model_names``) or ``package.module:ClassName``: a class whose constructor takes no required arguments. The initial global model depends on the run seed only: a class with an ``init_seed``
 keyword (the built-in models) gets the seed; any other class is built with torch's generator seeded
 (``SeededModel``), so its weights are the same in every run whatever ran before in the server process.
 """
@@ -14,9 +15,10 @@ import inspect
 import torch
 import torch.nn as nn
 
-from processors.model_names import BUILT_IN_MODELS, check_model_name
+from processors.model_names import AUTO, BUILT_IN_MODELS, check_model_name
 from processors.models.char_lstm import CharLSTM
 from processors.models.cifar10_convnet import Cifar10ConvNet
+from processors.models.femnist_cnn import FemnistCNN
 from processors.models.resnet18 import CifarResNet18, TrackedResNet18
 from processors.models.word_lstm import WordLSTM
 
@@ -24,6 +26,7 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {  # keyed by processors.model_names
     "cifar10_convnet": Cifar10ConvNet,
     "resnet18": TrackedResNet18,  # the FedRevive paper's: statistic trackers, no normalisation
     "resnet18_bn": CifarResNet18,
+    "femnist_cnn": FemnistCNN,  # LEAF's FEMNIST CNN: 1 x 28 x 28 images in, 62 logits out
     "char_lstm": CharLSTM,  # LEAF's Shakespeare next-character model: token ids in, 80 logits out
     "word_lstm": WordLSTM,  # TFF's StackOverflow next-word model: 20 word ids in, 10004 logits out
 }
@@ -35,6 +38,8 @@ def model_class(name: str) -> type[nn.Module]:
     """The class a model name stands for (importing its module); ``ValueError`` naming the fix otherwise."""
     if name in MODEL_CLASSES:
         return MODEL_CLASSES[name]
+    if name == AUTO:  # a job's config resolves it (jobs.config.JobConfig): here no dataset says which model
+        raise ValueError(f"--model {AUTO} picks the model of the job's --dataset; name a model here")
     check_model_name(name)
     module_name, _, attr = name.partition(":")
     try:

@@ -6,6 +6,7 @@ import os
 import pytest
 
 from benchmarks.reproduce_fedrevive import METHODS, SCALES, job_command, method_labels, on_grid, summary_row, time_to
+from jobs.sweep.spec import LIFTED_VERSION_CAP
 from tests.conftest import REPO
 
 RUN_A = [
@@ -28,6 +29,11 @@ def test_a_summary_row_averages_over_seeds_and_counts_who_reached_each_threshold
     assert row["time to 0.5"] == "5.000 (1/2)" and row["time to 0.7"] == "- (0/2)"
 
 
+def test_a_summary_row_counts_the_runs_that_reached_the_budget_and_marks_the_others():
+    assert summary_row("fedbuff", [RUN_A, RUN_B])["reached the budget"] == "2/2"
+    assert summary_row("fedbuff", [RUN_A, RUN_B], early=1)["reached the budget"] == "1/2 !"
+
+
 def test_curves_are_read_on_a_common_grid_as_the_last_evaluation_so_far():
     assert on_grid(RUN_A, [-1.0, 0.0, 4.9, 5.0, 100.0]) == [None, 0.1, 0.1, 0.55, 0.65]
 
@@ -35,6 +41,7 @@ def test_curves_are_read_on_a_common_grid_as_the_last_evaluation_so_far():
 def test_each_run_gets_the_budget_the_seed_and_its_own_folders_and_extra_flags_win(tmp_path):
     cmd = job_command("fedbuff", 2, "cpu", 40.0, str(tmp_path / "out"), ["--local-iters", "3"])
     assert cmd[cmd.index("--max-sim-time") + 1] == "40.0" and cmd[cmd.index("--seed") + 1] == "2"
+    assert cmd[cmd.index("--max-model-version") + 1] == str(LIFTED_VERSION_CAP)  # the budget ends it, as in a sweep
     assert cmd[-2:] == ["--local-iters", "3"]  # after the scale's own --local-iters: argparse keeps the last
     assert "--synthetic-difficulty" in SCALES["cpu"]["flags"] and "resnet18" in SCALES["paper"]["flags"]
 

@@ -5,6 +5,7 @@ fakes started, alive and stopped."""
 from __future__ import annotations
 
 import math
+import os
 
 BASE = """
 base:
@@ -89,3 +90,34 @@ def refused_before_any_trial(tmp_path, capsys, text: str, *args: str) -> str:
     assert err.startswith("error: ") and len(err.splitlines()) == 1, err
     assert not (tmp_path / "sweep" / "trials").exists()
     return err
+
+
+class BudgetFake(FakeTrial):
+    """A fake that writes its ``metrics.json`` as a job on a time budget would: made every 2 simulated seconds up
+    to its ``max-sim-time``, or, when its ``max-model-version`` comes first, ended there by that cap."""
+
+    def poll(self):
+        code = super().poll()
+        if code == 0 and not os.path.exists(os.path.join(self.folder, "metrics.json")):
+            from common.jsonio import write_json_atomic
+
+            os.makedirs(self.folder, exist_ok=True)
+            records = self.records()
+            last = records[-1]
+            if int(self.flags.get("max-model-version", 10)) <= last["version"]:
+                outcome = {"status": "completed", "reason": f"version {last['version']} (--max-model-version)"}
+            else:
+                outcome = {"status": "completed", "reason": "simulated time (--max-sim-time)"}
+            outcome |= {"version": last["version"], "sim_seconds": last["sim_seconds"]}
+            federation = {"max_model_version": int(self.flags.get("max-model-version", 10))}
+            federation["max_sim_time"] = float(self.flags["max-sim-time"]) if "max-sim-time" in self.flags else None
+            config = {"method": self.flags.get("method", "fedrevive"), "federation": federation}
+            metrics = {"config": config, "versions": records, "outcome": outcome}
+            write_json_atomic(os.path.join(self.folder, "metrics.json"), metrics)
+        return code
+
+    def records(self):
+        limit = float(self.flags.get("max-sim-time", 1e9))
+        cap = int(self.flags.get("max-model-version", 10))
+        made = [v for v in range(1, cap + 1) if 2.0 * (v - 1) <= limit]
+        return [{"version": v, "accuracy": self.accuracy * v / len(made), "sim_seconds": 2.0 * (v - 1)} for v in made]

@@ -16,6 +16,7 @@ from jobs.cli import DEFAULT_METHOD, FLAGS, PRESET_FIELDS, build_parser, config_
 from jobs.config import PARTS
 from jobs.methods import BUILT_IN
 from jobs.options import config_from_options
+from processors.model_names import PRESET_FIELDS as MODEL_PRESET_FIELDS
 from simulation.config import EngineConfig
 from simulation.planner import CPU_GROUP_MAX_MFLOPS
 from tests.conftest import REPO
@@ -76,7 +77,7 @@ def default_mismatches(parser: argparse.ArgumentParser) -> list[tuple]:
     for flag, action, _cls, field in field_actions(parser):
         words = stated[flag] or ""
         if action.default is None and field.default is not None:  # filled when not given: a preset's value
-            if field.name in PRESET_FIELDS:
+            if field.name in PRESET_FIELDS or field.name in MODEL_PRESET_FIELDS:  # a method's or a model's
                 ok = words.split(",")[0] == show(field.default)
             else:  # a delay field: the --delays preset's value, the same in every preset or not
                 values = {repr(getattr(p, field.name)) for p in DELAY_PRESETS.values()}
