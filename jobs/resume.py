@@ -48,6 +48,9 @@ HARMLESS = {
     ("run", "env"),
     ("run", "startup_kit"),
     ("run", "username"),
+    ("run", "tracking"),  # where the curves go; the tracker runs a resume continues are in the checkpoint
+    ("run", "tracking_uri"),
+    ("run", "tracking_parent"),
 }
 
 
