@@ -47,6 +47,19 @@ def no_data_cache(monkeypatch):
     monkeypatch.setenv("EDGESIM_NO_DATA_CACHE", "1")
 
 
+@pytest.fixture
+def tracker_env(tmp_path, monkeypatch):
+    """Trackers that touch nothing outside ``tmp_path`` and no network: MLflow's and W&B's variables cleared (W&B
+    then runs offline, ``jobs.tracking.wandb_run``), W&B's caches, staging and settings under ``tmp_path``."""
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_MODE", "WANDB_API_KEY", "WANDB_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("WANDB_PROJECT", "WANDB_ENTITY", "WANDB_RUN_GROUP", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    for name, folder in (("WANDB_DATA_DIR", "data"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_CONFIG_DIR", "config")):
+        monkeypatch.setenv(name, str(tmp_path / "wandb-home" / folder))
+    return tmp_path
+
+
 @pytest.fixture(scope="session")
 def small_data():
     from processors.data.sources import make_synthetic

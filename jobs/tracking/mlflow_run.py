@@ -154,12 +154,15 @@ class MlflowRun:
         for chunk in _chunks(points):
             self.client.log_batch(self.run_id, metrics=chunk)
 
-    def finish(self, metrics: dict, files: list[str]) -> None:
-        """The outcome and summary as tags, ``files`` as artefacts, and the run's end status."""
+    def tag(self, tags: dict[str, str]) -> None:
         from mlflow.entities import RunTag
 
-        for chunk in _chunks(list(end_tags(metrics).items()), 100):
+        for chunk in _chunks(list(tags.items()), 100):
             self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in chunk])
+
+    def finish(self, metrics: dict, files: list[str]) -> None:
+        """The outcome and summary as tags, ``files`` as artefacts, and the run's end status."""
+        self.tag(end_tags(metrics))
         for path in files:
             self.client.log_artifact(self.run_id, path)
         self.client.set_terminated(self.run_id, status=end_status(metrics))

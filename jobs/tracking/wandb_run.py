@@ -88,6 +88,9 @@ class WandbRun:
         for version, row in rows.items():
             self.run.log({"version": version} | row)
 
+    def tag(self, tags: dict[str, str]) -> None:
+        self.run.summary.update(tags)
+
     def finish(self, metrics: dict, files: list[str]) -> None:
         import wandb
 
