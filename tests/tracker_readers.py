@@ -58,10 +58,12 @@ def _items(items) -> dict:
 
 def wandb_runs(wandb_dir: str) -> dict[str, dict]:
     """Every offline run under ``wandb_dir`` (W&B's ``wandb/`` folder), by run id: its ``folders`` (a resumed run
-    has one per attempt), ``name``, ``config``, ``history`` rows, ``summary``, ``tags``, ``artifacts`` (name ->
+    has one per attempt, in order), ``name``, ``config``, ``group``, ``history`` rows, ``summary``, ``tags``, ``artifacts`` (name ->
     files) and ``exit_codes``."""
     runs: dict[str, dict] = {}
-    for path in sorted(glob.glob(os.path.join(wandb_dir, "offline-run-*", "run-*.wandb"))):
+    # in the order they were written: attempts of a resumed run one after the other (a folder's name holds its start
+    # to the second only)
+    for path in sorted(glob.glob(os.path.join(wandb_dir, "offline-run-*", "run-*.wandb")), key=os.path.getmtime):
         run_id = os.path.basename(path)[len("run-") : -len(".wandb")]
         run = runs.setdefault(
             run_id,
@@ -71,7 +73,7 @@ def wandb_runs(wandb_dir: str) -> dict[str, dict]:
         for r in wandb_records(path):
             kind = r.WhichOneof("record_type")
             if kind == "run":
-                run["name"] = r.run.display_name
+                run["name"], run["group"] = r.run.display_name, r.run.run_group
                 run["config"] |= _items(r.run.config.update)
                 run["tags"] = list(r.run.tags)
             elif kind == "config":

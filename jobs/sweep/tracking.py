@@ -138,6 +138,15 @@ class SweepTracking:
     def describe(self) -> str:
         return self.mlflow.describe() if self.mlflow is not None else ""
 
+    def _safe(self, call, *args) -> None:
+        if self.failed:
+            return
+        try:
+            call(*args)
+        except Exception as ex:  # a tracker's error never stops the sweep
+            self.failed = True
+            print(f"[sweep] warning: tracking failed ({error_line(ex)}); the sweep goes on", file=sys.stderr)
+
 
 def tracking_lines(study, spec: SweepSpec) -> list[str]:
     """Where a sweep's runs are tracked (``python -m jobs.sweep show``): the MLflow store and parent run, the W&B
@@ -154,12 +163,3 @@ def tracking_lines(study, spec: SweepSpec) -> list[str]:
         where = os.path.join(wandb_dir(spec.workspace()), "wandb")
         lines.append(f"[sweep] W&B: the trials' runs are in the group {study.study_name} (offline files in {where})")
     return lines
-
-    def _safe(self, call, *args) -> None:
-        if self.failed:
-            return
-        try:
-            call(*args)
-        except Exception as ex:  # a tracker's error never stops the sweep
-            self.failed = True
-            print(f"[sweep] warning: tracking failed ({error_line(ex)}); the sweep goes on", file=sys.stderr)

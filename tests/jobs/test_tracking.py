@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sqlite3
 import time
 
@@ -24,25 +23,6 @@ from jobs.tracking.run_tracking import RunTracking, read_state
 from tests.tracker_readers import mlflow_artifacts, mlflow_runs, mlflow_series, wandb_runs
 
 TAUS = {2: [0, 1], 3: [1, 2], 4: [0, 3], 5: [2, 2]}  # the staleness of the two updates that made each version
-
-
-@pytest.fixture(scope="module")
-def empty_store(tmp_path_factory) -> str:
-    """An MLflow SQLite store with its tables made (MLflow's migrations take seconds), copied by each test."""
-    from mlflow.tracking import MlflowClient
-
-    path = tmp_path_factory.mktemp("mlflow") / "empty.db"
-    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
-    return str(path)
-
-
-@pytest.fixture
-def store(empty_store, tracker_env) -> str:
-    """A fresh MLflow store of the test's own (a copy of ``empty_store``): its URI."""
-    path = tracker_env / "store" / "mlflow.db"
-    path.parent.mkdir()
-    shutil.copy(empty_store, path)
-    return f"sqlite:///{path}"
 
 
 def config(folder, tracking: str, uri: str | None = None) -> JobConfig:
@@ -101,8 +81,8 @@ def wait_logged(tracking: RunTracking, version: int) -> None:
     assert all(s["logged_version"] >= version for s in tracking.state.values()), tracking.state
 
 
-def test_a_run_is_one_mlflow_run_with_its_config_curves_outcome_and_files(tracker_env, store):
-    folder, uri = tracker_env / "run", store
+def test_a_run_is_one_mlflow_run_with_its_config_curves_outcome_and_files(tracker_env, mlflow_store):
+    folder, uri = tracker_env / "run", mlflow_store
     cfg = config(folder, "tensorboard,mlflow", uri)
     tracking = started(cfg, folder)
     with tracking:  # the driver's thread follows the files as the server rewrites them
@@ -144,8 +124,8 @@ def test_a_run_is_one_mlflow_run_with_its_config_curves_outcome_and_files(tracke
     assert read_state(str(folder))["mlflow"] | {"logged_version": 4} == read_state(str(folder))["mlflow"]
 
 
-def test_a_resumed_run_continues_its_mlflow_and_wandb_runs_each_version_once(tracker_env, store):
-    folder, uri = tracker_env / "run", store
+def test_a_resumed_run_continues_its_mlflow_and_wandb_runs_each_version_once(tracker_env, mlflow_store):
+    folder, uri = tracker_env / "run", mlflow_store
     cfg = config(folder, "mlflow,wandb", uri)
     first = started(cfg, folder)
     write_results(folder, cfg, range(1, 4), outcome="interrupted")  # made versions 1-3, checkpointed at 2
@@ -176,9 +156,9 @@ def test_a_resumed_run_continues_its_mlflow_and_wandb_runs_each_version_once(tra
 
 
 def test_a_tracker_failing_mid_run_is_said_once_and_the_run_and_other_trackers_go_on(
-    tracker_env, store, monkeypatch, capsys
+    tracker_env, mlflow_store, monkeypatch, capsys
 ):
-    folder, uri = tracker_env / "run", store
+    folder, uri = tracker_env / "run", mlflow_store
     cfg = config(folder, "mlflow,wandb", uri)
     real, calls = MlflowRun.log_versions, []
 
