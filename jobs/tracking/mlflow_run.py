@@ -167,6 +167,9 @@ class MlflowRun:
             self.client.log_artifact(self.run_id, path)
         self.client.set_terminated(self.run_id, status=end_status(metrics))
 
+    def abandon(self) -> None:
+        """After a failure: nothing is held back (every call wrote at once); the run stays as the store has it."""
+
     def describe(self) -> str:
         path = sqlite_path(self.uri)
         how = f"mlflow ui --backend-store-uri {self.uri}" if path else f"open {self.uri}"

@@ -162,6 +162,11 @@ class RunTracking:
         self.log_new(final=True)
         metrics, files = read_metrics(self.results_dir), artefacts(self.results_dir)
         for tracker in self.trackers:
+            if tracker.name in self.failed:  # what it took before failing is still written (W&B's service buffers)
+                try:
+                    tracker.abandon()
+                except Exception:  # said once already
+                    pass
             self._safe(tracker, "ending its run", tracker.finish, metrics, files)
         self._save()
         return [t.describe() for t in self.trackers if t.name not in self.failed]

@@ -106,6 +106,11 @@ class WandbRun:
         completed = (metrics.get("outcome") or {}).get("status") == "completed"
         self.run.finish(exit_code=0 if completed else 1)
 
+    def abandon(self) -> None:
+        """After a failure: end the run as W&B has it (its service writes what it holds), exit code 1."""
+        if self.run is not None:
+            self.run.finish(exit_code=1)
+
     def describe(self) -> str:
         where = os.path.dirname(self.run.dir) if self.run is not None else self.folder
         how = f"upload it with: wandb sync {where}" if self.mode == "offline" else "in W&B"
