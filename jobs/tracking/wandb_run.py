@@ -65,6 +65,8 @@ class WandbRun:
             kwargs["mode"] = "offline"
         if "WANDB_PROJECT" not in os.environ:
             kwargs["project"] = PROJECT
+        if os.environ.get("WANDB_RUN_GROUP"):  # read now: W&B reads its environment once per process
+            kwargs["group"] = os.environ["WANDB_RUN_GROUP"]
         if saved and saved.get("run_id"):
             kwargs |= {"id": saved["run_id"], "resume": "allow"}
         try:
