@@ -70,10 +70,10 @@ class MlflowRun:
 
     def connect(self) -> None:
         """Open the store and the experiment (created when new); ``ConfigError`` in one line when it cannot."""
-        quiet_mlflow()
         try:
             from mlflow.tracking import MlflowClient
 
+            quiet_mlflow()  # after the import: MLflow sets its logger's level as it loads
             path = sqlite_path(self.uri)
             if path:
                 os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
