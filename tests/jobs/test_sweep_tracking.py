@@ -107,10 +107,12 @@ def test_a_sweep_is_a_parent_run_with_a_nested_run_per_trial_and_its_pruned_tria
     assert f"mlflow ui --backend-store-uri {uri}" in shown and f"group {spec.study_name}" in shown
 
 
-def test_a_sweep_whose_store_cannot_be_opened_is_refused_before_any_trial(tracker_env, capsys):
+def test_a_sweep_whose_store_cannot_be_opened_or_that_names_a_parent_is_refused_before_any_trial(tracker_env, capsys):
     text = BASE + "  tracking: mlflow\n  tracking-uri: sqlite:////proc/no-such/m.db\ngrid: {seed: [1]}\n"
     err = refused_before_any_trial(tracker_env, capsys, text)
     assert "--tracking mlflow: cannot open sqlite:////proc/no-such/m.db" in err
+    text = BASE + "  tracking: mlflow\n  tracking-parent: abc\ngrid: {seed: [1]}\n"
+    assert "tracking-parent: the sweep sets these itself" in refused_before_any_trial(tracker_env, capsys, text)
 
 
 @pytest.fixture(autouse=True)
