@@ -18,13 +18,13 @@ from __future__ import annotations
 import os
 import sys
 
+from common.result_files import METRICS
 from jobs.run.results import read_metrics
 from jobs.sweep.spec import SpecError, SweepSpec
 from jobs.tracking.choice import default_mlflow_uri, error_line, trackers_of
 from jobs.tracking.mlflow_run import MlflowRun
 from jobs.tracking.params import value_text
 from jobs.tracking.run_tracking import read_state
-from jobs.tracking.series import artefacts
 from jobs.tracking.wandb_run import WandbRun, wandb_dir
 
 PARENT_ATTR, URI_ATTR = "mlflow_parent_run_id", "mlflow_uri"
@@ -109,7 +109,7 @@ class SweepTracking:
         if tags.get("optuna.objective") is not None:
             trial.client.log_metric(trial.run_id, "objective", float(tags["optuna.objective"]))
         if state == "pruned":
-            trial.finish(metrics, [p for p in artefacts(folder) if p.endswith("metrics.json")])
+            trial.finish(metrics, [os.path.join(folder, METRICS)])  # the outcome the sweep rewrote
 
     def _mark_wandb(self, saved: dict, tags: dict, metrics: dict, folder: str) -> None:
         run = WandbRun(wandb_dir(self.spec.workspace()))
