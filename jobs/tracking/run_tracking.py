@@ -23,6 +23,7 @@ import os
 import shlex
 import sys
 import threading
+import time
 
 from common.jsonio import write_json_atomic
 from common.result_files import CHECKPOINT, METRICS, TRACKING_STATE
@@ -32,6 +33,8 @@ from jobs.tracking.mlflow_run import MlflowRun
 from jobs.tracking.params import flat_params
 from jobs.tracking.series import StalenessReader, artefacts
 from jobs.tracking.wandb_run import WandbRun, wandb_dir
+
+COST_SHARE = 20  # seconds between looks at the result files >= this x what the last look took
 
 
 def state_file(results_dir: str) -> str:
@@ -129,8 +132,12 @@ class RunTracking:
             self._thread = None
 
     def _follow(self) -> None:
-        while not self._stop.wait(self.interval):
+        # a long run's metrics.json grows: read it at most once per 20 x what a read costs (<= 5% of a core)
+        pause = self.interval
+        while not self._stop.wait(pause):
+            started = time.perf_counter()
             self.log_new()
+            pause = max(self.interval, COST_SHARE * (time.perf_counter() - started))
 
     def log_new(self, final: bool = False) -> None:
         """Log the versions and staleness rows the result files hold that each tracker does not yet have."""
