@@ -149,6 +149,8 @@ def run(cfg: JobConfig, verbose: bool = False) -> int:
             print(f"[edgesim] tracking: {line}")
     except ConfigError as ex:
         print(f"error: {ex}", file=sys.stderr)
+        with contextlib.suppress(OSError):  # a new run's folder, still empty: nothing is left behind
+            os.rmdir(results_dir)
         return 2
     sim = run_cfg.env == "sim"
     # sim: the server writes straight into the results folder; on a deployment it writes into its own job

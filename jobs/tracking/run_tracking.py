@@ -19,12 +19,14 @@ continues it from there: a resumed run is one tracker run, each version logged o
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
 import threading
 import time
 
+from common.choices import ConfigError
 from common.jsonio import write_json_atomic
 from common.result_files import CHECKPOINT, METRICS, TRACKING_STATE
 from jobs.run.results import read_metrics
@@ -43,8 +45,6 @@ def state_file(results_dir: str) -> str:
 
 def read_state(results_dir: str | None) -> dict:
     """The tracker runs an earlier attempt of the run in ``results_dir`` logged to ({} when none)."""
-    import json
-
     try:
         with open(state_file(results_dir or "")) as f:
             return json.load(f)
@@ -106,13 +106,16 @@ class RunTracking:
         name = os.path.basename(results_dir.rstrip(os.sep))
         for tracker in self.trackers:
             saved = self.saved.get(tracker.name) or {}
-            state = tracker.start(saved, name, params, tags)
+            try:
+                state = tracker.start(saved, name, params, tags)
+            except Exception as ex:
+                self._give_up(f"{tracker.name}: {error_line(ex)}")
+                if isinstance(ex, ConfigError):
+                    raise
+                raise ConfigError(f"--tracking {tracker.name}: its run could not start ({error_line(ex)})") from ex
             kept = saved if state.get("run_id") == saved.get("run_id") else {}  # a new run starts from nothing
-            state |= {
-                "logged_version": kept.get("logged_version", 0),
-                "staleness_version": kept.get("staleness_version", 0),
-            }
-            self.state[tracker.name] = state
+            versions = {k: kept.get(k, 0) for k in ("logged_version", "staleness_version")}
+            self.state[tracker.name] = state | versions
         if self.trackers:
             after = min(s["staleness_version"] for s in self.state.values())
             self._staleness = StalenessReader(results_dir, after)
@@ -177,6 +180,15 @@ class RunTracking:
             self._safe(tracker, "ending its run", tracker.finish, metrics, files)
         self._save()
         return [t.describe() for t in self.trackers if t.name not in self.failed]
+
+    def _give_up(self, why: str) -> None:
+        """A tracker could not start: the runs the others started end FAILED (the job will not run)."""
+        for tracker in self.trackers:
+            if tracker.name in self.state:
+                try:
+                    tracker.finish({"outcome": {"status": "stopped", "reason": f"a tracker did not start ({why})"}}, [])
+                except Exception:  # the job stops with the first error's line anyway
+                    pass
 
     def _safe(self, tracker, what: str, call, *args) -> bool:
         """``call(*args)``, unless the tracker failed before; a first failure is said once and the tracker left."""

@@ -221,3 +221,21 @@ def test_a_store_that_cannot_be_opened_stops_the_job_before_anything_starts(trac
     assert err.startswith("error: --tracking mlflow: cannot open sqlite:////proc/no-such/mlflow.db") and "\n" not in err
     assert not out.exists()  # refused before the results folder, and before NVFlare
     assert os.listdir(tracker_env) == ["wandb-home"] or not os.listdir(tracker_env)
+
+
+def test_a_tracker_that_cannot_start_its_run_ends_the_others_and_stops_the_job(tracker_env, mlflow_store, monkeypatch):
+    import wandb
+
+    def refuses(**kwargs):
+        raise wandb.errors.UsageError("api_key not configured (no-tty)")
+
+    monkeypatch.setattr(wandb, "init", refuses)
+    folder = tracker_env / "run"
+    cfg = config(folder, "mlflow,wandb", mlflow_store)
+    tracking = RunTracking.for_config(cfg)
+    tracking.connect()
+    folder.mkdir()
+    with pytest.raises(ConfigError, match=r"--tracking wandb: W&B did not start a run \(api_key not configured"):
+        tracking.start(str(folder), cfg.to_dict())
+    (run,) = mlflow_runs(mlflow_store)
+    assert run.info.status == "FAILED" and "a tracker did not start (wandb:" in run.data.tags["outcome.reason"]
