@@ -1,10 +1,10 @@
 """A sweep in the trackers its trials use (the spec's ``tracking`` flag): one MLflow parent run for the study, each
 trial's run nested under it and marked with its trial number and state; in W&B, the trials grouped by the study.
 
-* The parent run (MLflow) is named after the study and tagged with Optuna's study name and storage; its id is kept
-  in the study (``mlflow_parent_run_id``), so running the same command again continues it. Each trial's driver
-  gets ``--tracking-parent ID`` (not part of the trial's printed command) and creates its run under it, named
-  after the trial's folder (``0003``, ``0003-seed1``).
+* The parent run (MLflow) is named after the study and tagged with Optuna's study name and the sweep's folder; its
+  id is kept in the study (``mlflow_parent_run_id``), so running the same command again continues it. Each
+  trial's driver gets ``--tracking-parent ID`` (not part of the trial's printed command) and creates its run under
+  it, named after the trial's folder (``0003``, ``0003-seed1``).
 * W&B has no nesting: the trials' runs share the group ``WANDB_RUN_GROUP`` = the study's name (set for the trial
   processes unless the environment sets it).
 * When a trial ends the sweep tags its runs ``optuna.trial_number``, ``optuna.trial_state`` (complete, pruned,
@@ -91,6 +91,8 @@ class SweepTracking:
     def mark(self, trial_number: int, study_name: str, state: str, value: float | None, folders: list[str]) -> None:
         """Tag an ended trial's runs (one per process ``folders``) with the trial, its state and objective; a
         pruned one's outcome becomes ``pruned``."""
+        if self.mlflow is None and not self.wandb:
+            return
         tags = {"optuna.trial_number": str(trial_number), "optuna.trial_state": state, "optuna.study_name": study_name}
         if value is not None:
             tags["optuna.objective"] = str(value)
