@@ -28,6 +28,9 @@ CHECKPOINT = "checkpoint"  # a folder: scheduling.checkpoint
 # in CHECKPOINT: the lowest selection id a resume from the checkpoint trains again (scheduling.checkpoint writes it
 # after the checkpoint itself; processors.device_state reads it to know which device states a resume can need)
 SELECTION_FLOOR = "selection_floor.json"
+# in CHECKPOINT: the tracker runs (MLflow, W&B) the driver logs the run to and the last version each holds
+# (jobs.tracking.run_tracking), so --resume continues them
+TRACKING_STATE = "tracking.json"
 DEVICE_STATE = "device_state"  # a folder: per-device state of a method's training rule (processors.device_state)
 NVFLARE = "nvflare"  # a folder: NVFlare's workspace of each attempt (jobs.run.outputs), a deployment's server logs
 

@@ -3,7 +3,8 @@
 Unlike NVFlare's ``GlobalEvaluator`` it neither embeds data in the job config nor downloads: it loads the same
 ``DataConfig`` the devices use. For each evaluated version it fires ``VERSION_EVALUATED`` with a record::
 
-    {"version", "accuracy", "eval_seconds", "wall_seconds" (since the run started), "epoch" (wall clock),
+    {"version", "accuracy", "loss" (the mean cross-entropy), "eval_seconds", "wall_seconds" (since the run
+     started), "epoch" (wall clock),
      "sim_seconds" (simulated time of the version, when the global model reports one),
      "method" (the method's status, when it has one), "fleet" (devices online as it was made, of "devices", and
      the "updates" applied and "failed" so far), "skipped" (how many versions were skipped before this one, if any) and "skipped_versions" (which),
@@ -62,7 +63,7 @@ from processors.data.config import DataConfig
 from processors.data.sources import load_dataset
 from processors.device import resolve_device
 from processors.models import build_model, initial_model
-from processors.training import evaluate_accuracy
+from processors.training import evaluate
 
 
 def global_weights(fl_ctx: FLContext) -> dict:
@@ -151,7 +152,7 @@ class GlobalModelEvaluator(FLComponent):
         self._cond = threading.Condition()
         self._wall_offset = 0.0
         self._thread: threading.Thread | None = None
-        self._initial: tuple[dict, float, dict | None, float] | None = None  # weights, accuracy, spread, seconds
+        self._initial: tuple[dict, tuple, float] | None = None  # weights, scores (``_score``), seconds
         self._ahead = False  # version 1 is being (or was) scored at START_RUN: no newer version supersedes it
         self.register_event_handler(EventType.START_RUN, self._start_run)
         self.register_event_handler(AppEventType.GLOBAL_WEIGHTS_UPDATED, self._on_version)
@@ -248,30 +249,30 @@ class GlobalModelEvaluator(FLComponent):
             self._evaluating = item[0]
             return item, skipped
 
-    def _score(self, weights: dict) -> tuple[float, dict | None]:
-        """Accuracy of ``weights`` on the test split, and with per-user test data the users' spread."""
+    def _score(self, weights: dict) -> tuple[float, float, dict | None]:
+        """Accuracy and loss of ``weights`` on the test split, and with per-user test data the users' spread."""
         net = load_into(self._net, weights)
         if self._user_offsets is None:
-            return evaluate_accuracy(net, *self._test, prepare=self._prepare), None
+            return (*evaluate(net, *self._test, prepare=self._prepare), None)
         return per_user_accuracy(net, *self._test, self._user_offsets, self._prepare)
 
     def _score_initial(self, weights: dict) -> None:
         """Score the run's initial model ahead of version 1 (see the module docstring)."""
         started = time.time()
-        accuracy, spread = self._score(weights)
-        self._initial = (weights, accuracy, spread, time.time() - started)
+        scores = self._score(weights)
+        self._initial = (weights, scores, time.time() - started)
 
-    def _scored_ahead(self, version: int, weights: dict) -> tuple[float, dict | None, float] | None:
-        """Version 1's accuracy, spread and seconds, scored at START_RUN, if its weights are the initial model's."""
+    def _scored_ahead(self, version: int, weights: dict) -> tuple[tuple, float] | None:
+        """Version 1's scores and seconds, scored at START_RUN, if its weights are the initial model's."""
         if version != 1 or self._initial is None:
             return None
-        initial, accuracy, spread, seconds = self._initial
+        initial, scores, seconds = self._initial
         self._initial = None
         same = initial.keys() == weights.keys() and all(
             np.array_equal(np.asarray(weights[k]), v) and np.asarray(weights[k]).dtype == v.dtype
             for k, v in initial.items()
         )
-        return (accuracy, spread, seconds) if same else None
+        return (scores, seconds) if same else None
 
     def _run(self, initial: dict | None = None) -> None:
         limit_this_thread(eval_threads(next(self._net.parameters()).device))
@@ -282,14 +283,14 @@ class GlobalModelEvaluator(FLComponent):
             started = time.time()
             scored = self._scored_ahead(version, weights)
             if scored is None:
-                accuracy, spread = self._score(weights)
-                eval_seconds = time.time() - started
+                (accuracy, loss, spread), eval_seconds = self._score(weights), time.time() - started
             else:
-                accuracy, spread, eval_seconds = scored
+                (accuracy, loss, spread), eval_seconds = scored
             now = time.time()
             record = {
                 "version": version,
                 "accuracy": round(accuracy, 5),
+                "loss": round(loss, 5),
                 "wall_seconds": round(self._wall_offset + now - self._start, 3),
                 "eval_seconds": round(eval_seconds, 3),
                 "epoch": round(now, 3),

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -24,23 +25,26 @@ def per_user_accuracy(
     offsets: np.ndarray,
     prepare: Callable[[torch.Tensor], torch.Tensor],
     batch_size: int = 1000,
-) -> tuple[float, dict]:
-    """(global accuracy, the per-user spread) of ``model``; user ``u``'s test samples are ``offsets[u]`` up to
-    ``offsets[u + 1]`` (samples past the last offset count for the global accuracy only)."""
+) -> tuple[float, float, dict]:
+    """(global accuracy, global loss, the per-user spread) of ``model``; user ``u``'s test samples are
+    ``offsets[u]`` up to ``offsets[u + 1]`` (samples past the last offset count for the global figures only)."""
     model.eval()
     device = next(model.parameters()).device
-    hits = []
+    hits, loss = [], 0.0
     for start in range(0, len(y), batch_size):
         xb = prepare(x[start : start + batch_size].to(device))
-        hits.append((model(xb).argmax(1) == y[start : start + batch_size].to(device)).cpu())
+        yb = y[start : start + batch_size].to(device)
+        logits = model(xb)
+        hits.append((logits.argmax(1) == yb).cpu())
+        loss += F.cross_entropy(logits.float(), yb, reduction="sum").item()
     correct = torch.cat(hits).numpy() if hits else np.zeros(0, dtype=bool)
-    accuracy = int(correct.sum()) / max(len(y), 1)
+    accuracy, loss = int(correct.sum()) / max(len(y), 1), loss / max(len(y), 1)
     sizes = np.diff(offsets)
     scored = sizes > 0
     if not scored.any():
-        return accuracy, {"users": 0}
+        return accuracy, loss, {"users": 0}
     per_user = np.add.reduceat(correct[: offsets[-1]].astype(np.int64), offsets[:-1][scored]) / sizes[scored]
     spread = {"users": int(scored.sum()), "mean": float(per_user.mean())}
     for name, q in (("min", 0), ("p10", 10), ("median", 50), ("p90", 90), ("max", 100)):
         spread[name] = float(np.percentile(per_user, q))
-    return accuracy, {k: round(v, 5) if isinstance(v, float) else v for k, v in spread.items()}
+    return accuracy, loss, {k: round(v, 5) if isinstance(v, float) else v for k, v in spread.items()}

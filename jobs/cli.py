@@ -77,6 +77,9 @@ FLAGS: dict[str, dict[str, Flag]] = {
         "dry_run": Flag(action="store_true"),
         "export_only": Flag(metavar="DIR"),
         "resume": Flag(metavar="DIR"),
+        "tracking": Flag(metavar="LIST"),
+        "tracking_uri": Flag(metavar="URI"),
+        "tracking_parent": Flag(metavar="RUN_ID"),
     },
 }
 """Per part, the fields whose flag is not plainly ``--<field>`` with the field's default (``Flag``)."""

@@ -40,6 +40,7 @@ from common.choices import ConfigError, EvalBacklog, check_choice, check_positiv
 from common.delays import DelayConfig
 from jobs.admin_kit import check_user
 from jobs.methods import Method, method_of
+from jobs.tracking.choice import check_clients, check_tracking
 from processors.data.config import DataConfig
 from processors.training_config import TrainingConfig
 from simulation.config import EngineConfig
@@ -177,6 +178,12 @@ class RunConfig:
         wall time); -1: none.
     resume: continue the run whose results (``--output``) folder this is, from its last checkpoint, with its saved
         configuration (flags that would change its result are refused).
+    tracking: where the run's curves go, comma-separated: ``tensorboard`` (its ``tensorboard/`` folder), ``mlflow``
+        (one MLflow run), ``wandb`` (one W&B run, offline unless ``WANDB_MODE`` says otherwise), or ``none``
+        (docs/tracking.md).
+    tracking_uri: MLflow's tracking store, any URI MLflow takes (``sqlite:///PATH``, ``http://HOST:5000``) (default:
+        ``MLFLOW_TRACKING_URI``, else ``sqlite:///WORKSPACE/mlflow.db``).
+    tracking_parent: the id of the MLflow run this run is nested under (a sweep gives its trials its own).
     """
 
     seed: int = 0
@@ -192,9 +199,13 @@ class RunConfig:
     job_name: str = ""
     checkpoint_every: int = 0
     resume: str | None = None
+    tracking: str = "tensorboard"
+    tracking_uri: str | None = None
+    tracking_parent: str | None = None
 
     def __post_init__(self) -> None:
         check_positive({"--eval-frequency": self.eval_frequency})
+        check_tracking(self)
         if self.seed < 0:  # numpy's generators take non-negative seeds only: refused here, not in a leaf process
             raise ConfigError(f"--seed {self.seed}: use a non-negative integer")
         check_choice("--eval-backlog", self.eval_backlog, EvalBacklog)
@@ -230,6 +241,7 @@ class RunConfig:
                 check_user(self.startup_kit, self.username)
             except ValueError as ex:
                 raise ConfigError(str(ex)) from ex
+        check_clients(self.tracking)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -49,6 +49,9 @@ HARMLESS = {
     ("run", "env"),
     ("run", "startup_kit"),
     ("run", "username"),
+    ("run", "tracking"),  # where the curves go; the tracker runs a resume continues are in the checkpoint
+    ("run", "tracking_uri"),
+    ("run", "tracking_parent"),
 }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -173,7 +174,34 @@ def _correct(params: dict[str, torch.Tensor], rule: RuleRun) -> None:
             p.grad = corrected[name]
 
 
+class Scores(NamedTuple):
+    """A model's test figures: top-1 accuracy and the mean cross-entropy (the loss devices train on)."""
+
+    accuracy: float
+    loss: float
+
+
 @torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int = 1000,
+    prepare: Callable[[torch.Tensor], torch.Tensor] = normalize,
+) -> Scores:
+    """Accuracy and loss of ``model`` on stored inputs (``prepare``d on the fly, as in ``train_local``)."""
+    model.eval()
+    device = next(model.parameters()).device
+    correct, loss = 0, 0.0
+    for start in range(0, len(y), batch_size):
+        xb = prepare(x[start : start + batch_size].to(device))
+        yb = y[start : start + batch_size].to(device)
+        logits = model(xb)
+        correct += (logits.argmax(1) == yb).sum().item()
+        loss += F.cross_entropy(logits.float(), yb, reduction="sum").item()
+    return Scores(correct / max(len(y), 1), loss / max(len(y), 1))
+
+
 def evaluate_accuracy(
     model: nn.Module,
     x: torch.Tensor,
@@ -181,11 +209,5 @@ def evaluate_accuracy(
     batch_size: int = 1000,
     prepare: Callable[[torch.Tensor], torch.Tensor] = normalize,
 ) -> float:
-    """Top-1 accuracy of ``model`` on stored inputs (``prepare``d on the fly, as in ``train_local``)."""
-    model.eval()
-    device = next(model.parameters()).device
-    correct = 0
-    for start in range(0, len(y), batch_size):
-        xb = prepare(x[start : start + batch_size].to(device))
-        correct += (model(xb).argmax(1) == y[start : start + batch_size].to(device)).sum().item()
-    return correct / max(len(y), 1)
+    """Top-1 accuracy of ``model`` on stored inputs (``evaluate``'s)."""
+    return evaluate(model, x, y, batch_size, prepare).accuracy

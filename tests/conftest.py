@@ -47,6 +47,40 @@ def no_data_cache(monkeypatch):
     monkeypatch.setenv("EDGESIM_NO_DATA_CACHE", "1")
 
 
+@pytest.fixture
+def tracker_env(tmp_path, monkeypatch):
+    """Trackers that touch nothing outside ``tmp_path`` and no network: MLflow's and W&B's variables cleared (W&B
+    then runs offline, ``jobs.tracking.wandb_run``), W&B's caches, staging and settings under ``tmp_path``."""
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_MODE", "WANDB_API_KEY", "WANDB_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("WANDB_PROJECT", "WANDB_ENTITY", "WANDB_RUN_GROUP", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    for name, folder in (("WANDB_DATA_DIR", "data"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_CONFIG_DIR", "config")):
+        monkeypatch.setenv(name, str(tmp_path / "wandb-home" / folder))
+    return tmp_path
+
+
+@pytest.fixture(scope="session")
+def empty_mlflow_store(tmp_path_factory) -> str:
+    """An MLflow SQLite store with its tables made (MLflow's migrations take seconds), copied by ``mlflow_store``."""
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow") / "empty.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return str(path)
+
+
+@pytest.fixture
+def mlflow_store(empty_mlflow_store, tracker_env) -> str:
+    """The URI of a fresh MLflow SQLite store of the test's own, ``tracker_env/store/mlflow.db``."""
+    import shutil
+
+    path = tracker_env / "store" / "mlflow.db"
+    path.parent.mkdir()
+    shutil.copy(empty_mlflow_store, path)
+    return f"sqlite:///{path}"
+
+
 @pytest.fixture(scope="session")
 def small_data():
     from processors.data.sources import make_synthetic

@@ -21,6 +21,7 @@ from jobs.admin_kit import project_leaves
 from jobs.config import JobConfig
 from jobs.run.plan import plan_request
 from jobs.run.timeouts import Timeouts
+from jobs.tracking.choice import trackers_of
 from processors.data.partition import range_offsets
 from processors.task_processor import TrainingTaskProcessor
 from scheduling.exact_assessor import ExactTimeAssessor
@@ -181,9 +182,10 @@ def diagnose_context(run_info: dict, cfg: JobConfig) -> dict:
 
 
 def make_result_components(cfg: JobConfig, run_info: dict, results_dir: str) -> dict:
-    """The server's result components by id (``evaluation``): evaluator, monitor, recorder, reporters, saver."""
+    """The server's result components by id (``evaluation``): evaluator, monitor, recorder, reporters, saver
+    (TensorBoard's writer with ``--tracking tensorboard``; MLflow and W&B are the driver's: ``jobs.tracking``)."""
     f = cfg.federation
-    return {
+    components = {
         "edgesim_evaluator": GlobalModelEvaluator(
             model=cfg.training.model,
             data=cfg.data.to_dict(),
@@ -208,3 +210,6 @@ def make_result_components(cfg: JobConfig, run_info: dict, results_dir: str) -> 
         "edgesim_model_saver": GlobalModelSaver(cfg.training.model, results_dir),
         "edgesim_leaf_log": LeafLogWriter(results_dir, resume=bool(cfg.run.resume)),
     }
+    if "tensorboard" not in trackers_of(cfg.run.tracking):
+        del components["edgesim_tensorboard"]
+    return components

@@ -30,6 +30,7 @@ from jobs.run.recipe import EdgeSimRecipe
 from jobs.run.remote import ProdFollower, follow_poc
 from jobs.run.results import PlotAhead, finalize, format_summary, read_metrics, result_files_of
 from jobs.run.watchdog import Watchdog
+from jobs.tracking.run_tracking import RunTracking
 from processors.data.sources import DatasetError
 from processors.local_work import device_work
 from scheduling.checkpoint import state_path
@@ -123,6 +124,8 @@ def run(cfg: JobConfig, verbose: bool = False) -> int:
         if cfg.run.env == "prod" and not (cfg.run.dry_run or cfg.run.export_only):
             # before the --output folder exists: a server that does not answer leaves nothing behind
             check_server_answers(cfg.run.startup_kit)
+        tracking = RunTracking.for_config(cfg)
+        tracking.connect()  # here too: a tracker store that cannot be opened leaves an earlier run's folder alone
         results_dir = (
             ""
             if cfg.run.export_only
@@ -154,14 +157,26 @@ def run(cfg: JobConfig, verbose: bool = False) -> int:
         return 0
 
     print(f"[edgesim] results go to {results_dir}" + (" (resuming)" if run_cfg.resume else ""))
+    try:  # before NVFlare starts: a tracker that cannot start its run stops the job here
+        for line in tracking.start(results_dir, cfg.to_dict(), cfg.method_spec.flag_prefix):
+            print(f"[edgesim] tracking: {line}")
+    except ConfigError as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        with contextlib.suppress(OSError):  # a new run's folder, still empty: nothing is left behind
+            os.rmdir(results_dir)
+        return 2
     sim = run_cfg.env == "sim"
     # sim: the server writes straight into the results folder; on a deployment it writes into its own job
-    # workspace, and the results come home when the job ends (jobs.run.remote)
+    # workspace, and the results come home when the job ends (jobs.run.remote), tracked then by this driver
     recipe = EdgeSimRecipe(cfg, plan, results_dir=results_dir if sim else "")
     env = make_env(cfg, nvflare_workspace(results_dir) if sim else "", verbose)
-    if sim:
-        return run_sim(recipe, env, results_dir, plan)
-    return run_remote(recipe, env, cfg, results_dir)
+    try:
+        if sim:
+            return run_sim(recipe, env, results_dir, plan, tracking)
+        return run_remote(recipe, env, cfg, results_dir)
+    finally:  # once metrics.json holds the run's last word (its outcome and summary)
+        for line in tracking.finish():
+            print(f"[edgesim] tracked: {line}")
 
 
 def describe_real_devices(cfg: JobConfig) -> str:
@@ -224,8 +239,9 @@ def interrupted(results_dir: str, started: float, code: int, what: str, run_info
     return code
 
 
-def run_sim(recipe: EdgeSimRecipe, env, results_dir: str, plan: RunPlan) -> int:
-    """SimEnv: the job's processes are ours, guarded (no orphans on Ctrl-C) and watched (a dead server)."""
+def run_sim(recipe: EdgeSimRecipe, env, results_dir: str, plan: RunPlan, tracking: RunTracking) -> int:
+    """SimEnv: the job's processes are ours, guarded (no orphans on Ctrl-C) and watched (a dead server); the
+    trackers follow the results as they are written."""
     started = time.time()
     cause = ""
     interrupts = Interrupts()
@@ -236,6 +252,7 @@ def run_sim(recipe: EdgeSimRecipe, env, results_dir: str, plan: RunPlan) -> int:
             no_orphans() as interrupts,
             Watchdog(results_dir, shutdown_grace=60 + plan.timeouts.update_timeout) as dog,
             plotter,
+            tracking,
         ):
             try:
                 recipe.run(env)

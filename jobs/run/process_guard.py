@@ -40,9 +40,28 @@ def stop_processes(processes: list[psutil.Process], grace_seconds: float = 10.0)
     psutil.wait_procs(alive, timeout=grace_seconds)
 
 
-def stop_descendants(grace_seconds: float = 10.0) -> int:
-    """Terminate (then kill) every descendant of this process; returns how many there were."""
-    children = psutil.Process().children(recursive=True)
+def descendants() -> set[tuple[int, float]]:
+    """This process's descendants now, as (pid, start time): a pid alone may be reused."""
+    found = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            found.add((p.pid, p.create_time()))
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def stop_descendants(grace_seconds: float = 10.0, spare: set[tuple[int, float]] = frozenset()) -> int:
+    """Terminate (then kill) every descendant of this process but ``spare`` (``descendants()`` taken earlier) and
+    theirs; returns how many there were."""
+    children = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            line = [p, *p.parents()]
+            if not any((q.pid, q.create_time()) in spare for q in line):
+                children.append(p)
+        except psutil.NoSuchProcess:
+            pass
     stop_processes(children, grace_seconds)
     return len(children)
 
@@ -69,6 +88,9 @@ class Interrupts:
 
 @contextmanager
 def no_orphans(grace_seconds: float = 10.0) -> Iterator[Interrupts]:
+    """Stops, on the way out, every process started inside the block; those running before it (a tracker's
+    service, ``jobs.tracking``) are not the job's and are left to their owner."""
+    before = descendants()
     interrupts = Interrupts()
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = {}
@@ -80,7 +102,7 @@ def no_orphans(grace_seconds: float = 10.0) -> Iterator[Interrupts]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        stopped = stop_descendants(grace_seconds)
+        stopped = stop_descendants(grace_seconds, spare=before)
         if stopped:
             print(f"[edgesim] stopped {stopped} process(es) the job left running")
 

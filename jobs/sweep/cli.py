@@ -15,6 +15,7 @@ from jobs.sweep import study as studies
 from jobs.sweep.report import format_report, objective_words, write_plots
 from jobs.sweep.runner import Sweep, SweepOptions
 from jobs.sweep.spec import SpecError, budget_note, load_spec, parse_spec
+from jobs.sweep.tracking import tracking_lines
 
 
 class SweepParser(argparse.ArgumentParser):
@@ -81,6 +82,8 @@ def show(folder: str, storage: str | None) -> int:
     print(format_report(study, folder, objective_words(spec)))
     for path in write_plots(study, folder, spec):
         print(f"[sweep] plot: {path}")
+    for line in tracking_lines(study, spec):
+        print(line)
     return 0
 
 
@@ -117,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[sweep] {note}")
     code = sweep.run()
     print(format_report(sweep.study, sweep.folder, objective_words(sweep.spec)))
-    for path in write_plots(sweep.study, sweep.folder, sweep.spec):
+    plots = write_plots(sweep.study, sweep.folder, sweep.spec)
+    for path in plots:
         print(f"[sweep] plot: {path}")
+    sweep.tracking.finish(sweep.study, plots, interrupted=code != 0)
+    for line in tracking_lines(sweep.study, sweep.spec):
+        print(line)
     return code

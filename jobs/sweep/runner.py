@@ -26,6 +26,7 @@ from jobs.sweep import study as studies
 from jobs.sweep.objective import ended_early, mean_score, mean_steps, score
 from jobs.sweep.report import make_bar, say
 from jobs.sweep.spec import SpecError, SweepSpec, check_flags, format_value
+from jobs.sweep.tracking import SweepTracking
 from jobs.sweep.trial import TrialProcess, command, read_metrics
 
 
@@ -191,6 +192,7 @@ class Sweep:
         min_steps, max_steps = studies.pruning_steps(self.spec, self.opts.min_resource)
         pruner = studies.make_pruner(self.opts.pruner, min_steps, self.opts.patience, max_steps)
         self.study = studies.open_study(self.spec, self.storage, pruner, self.opts.seed)
+        self.tracking = SweepTracking.opened(self.spec, self.folder, self.study)  # the trials' parent run
         if self.opts.tensorboard is not None:
             from jobs.sweep.board import Board
 
@@ -235,7 +237,7 @@ class Sweep:
                 return False
             run = self._ask().runs[0]
         run.slot = slot
-        run.proc = self.launch(run.flags, run.folder, self._cores(slot))
+        run.proc = self.launch(run.flags | self.tracking.trial_flags(), run.folder, self._cores(slot))
         return True
 
     def _report(self, cand: Candidate) -> None:
@@ -313,7 +315,8 @@ class Sweep:
             say(f"[sweep] trial {trial.number} failed (exit {run.code}; its log: {log}) ({shown})")
 
     def _board(self, cand: Candidate, value: float | None, state: str) -> None:
-        """With ``--tensorboard``: the ended trial's curves and hyperparameters, one TensorBoard run per process."""
+        """The ended trial in the trackers and, with ``--tensorboard``, in TensorBoard (one run per process)."""
+        self.tracking.mark(cand.trial.number, self.study.study_name, state, value, [r.folder for r in cand.runs])
         if self.board is not None:
             for run in cand.runs:
                 if run.proc is not None:
@@ -347,10 +350,7 @@ class Sweep:
         c = studies.counts(self.study)
         best = studies.best_trial(self.study)
         shown = format_value(best.value) if best else "-"
-        return (
-            f"done {c['complete']}, pruned {c['pruned']}, failed {c['fail']}, running {len(self.candidates)}, "
-            f"best {shown}"
-        )
+        return f"done {c['complete']}, pruned {c['pruned']}, failed {c['fail']}, running {len(self.candidates)}, best {shown}"
 
     def run(self) -> int:
         print(f"[sweep] {self.spec.study_name}: {self.spec.trials} trial(s); folder {self.folder}")

@@ -50,7 +50,8 @@ from common.choices import ConfigError
 SCRIPT = "jobs/pt_job_fedrevive.py"  # the job every trial runs: --method chooses, the method's presets apply
 SEARCH_TYPES = ("float", "log-float", "int", "choice")
 METRICS = ("final_accuracy", "accuracy_at", "time_to_target")
-SWEEP_OWNED = ("output", "resume", "dry_run", "export_only", "env")  # the sweep decides these, not the spec
+# the sweep decides these, not the spec (tracking_parent: its own MLflow run, jobs.sweep.tracking)
+SWEEP_OWNED = ("output", "resume", "dry_run", "export_only", "env", "tracking_parent")
 LIFTED_VERSION_CAP = 1_000_000  # a trial on a time budget: the budget ends it, not a version count
 KEYS = ("base", "grid", "repeat", "when", "search", "objective", "trials")
 
@@ -302,7 +303,8 @@ def parse_spec(text: str, name: str) -> SweepSpec:
     owned = sorted(set(map(flag_name, SWEEP_OWNED)) & (set().union(*places) | added))
     if owned:
         raise SpecError(
-            f"{', '.join(owned)}: the sweep sets these itself (each trial's folder, SimEnv); leave them out"
+            f"{', '.join(owned)}: the sweep sets these itself (each trial's folder, SimEnv, its parent run); leave "
+            "them out"
         )
     trials = raw.get("trials", 10 if search else None)
     if search and (isinstance(trials, bool) or not isinstance(trials, int) or trials < 1):

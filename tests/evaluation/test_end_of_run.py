@@ -50,13 +50,13 @@ def run_versions(
     """Versions 1..``versions`` made faster than they are evaluated, then the outcome and END_RUN. With
     ``checkpoint_at``, the assessor's CHECKPOINT_DUE is fired after that version, and the versions ``metrics.json``
     records when it returns are kept under ``"at_checkpoint"``."""
-    real = evaluator_module.evaluate_accuracy
+    real = evaluator_module.evaluate
 
     def slow(*args, **kwargs):
         time.sleep(eval_seconds)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(evaluator_module, "evaluate_accuracy", slow)
+    monkeypatch.setattr(evaluator_module, "evaluate", slow)
     engine = EventEngine(
         {
             "evaluator": GlobalModelEvaluator(

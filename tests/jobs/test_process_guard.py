@@ -41,3 +41,18 @@ def test_exit_now_keeps_what_was_printed_and_logged_and_the_exit_code(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert (done.returncode, done.stdout, done.stderr) == (3, "to stdout", "to stderr")
     assert "logged" in log.read_text()
+
+
+def test_the_guard_stops_what_started_inside_it_and_spares_what_ran_before():
+    """A tracker's service (W&B's) starts before the job: the guard around the job leaves it to its owner."""
+    from jobs.run.process_guard import no_orphans
+
+    before = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with no_orphans(grace_seconds=5):
+            inside = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        assert inside.wait(timeout=10) is not None
+        assert before.poll() is None
+    finally:
+        before.kill()
+        before.wait()

@@ -74,3 +74,16 @@ def test_stock_simulator_uses_nvflares_own_pieces(tmp_path):
     assert client["device_runner"]["path"].endswith("StockDeviceRunner")
     assert client["task_processor"]["args"]["stock_delays"] is not None
     assert RESULT_COMPONENTS <= set(server)
+
+
+def test_only_tensorboard_tracking_puts_tensorboards_writer_in_the_server():
+    """MLflow and W&B are the driver's (``jobs.tracking``): the server's components are the same with them, and
+    without ``tensorboard`` in ``--tracking`` it has no TensorBoard writer."""
+    from jobs.run.components import make_result_components
+
+    def components(tracking: str) -> set[str]:
+        args = build_parser("test", method_choice=True).parse_args(["--method", "fedavg", "--tracking", tracking])
+        return set(make_result_components(config_from_args(args, "fedavg", presets=True), {}, ""))
+
+    assert RESULT_COMPONENTS <= components("tensorboard") == components("tensorboard,mlflow,wandb")
+    assert components("mlflow") == components("none") == components("tensorboard") - {"edgesim_tensorboard"}

@@ -218,14 +218,15 @@ def test_a_hugging_face_dataset_split_by_flower_natural_ids(tmp_path):
 
 def test_per_user_accuracy_is_the_global_one_and_each_users_own():
     from evaluation.per_user import per_user_accuracy
-    from processors.training import evaluate_accuracy
+    from processors.training import evaluate
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3))
     x, y = torch.randn(2500, 4), torch.randint(0, 3, (2500,))
     offsets = np.array([0, 700, 700, 2400])  # the second user has no test sample; 100 samples of nobody's
-    accuracy, spread = per_user_accuracy(model, x, y, offsets, lambda b: b)
-    assert accuracy == evaluate_accuracy(model, x, y, prepare=lambda b: b)
+    accuracy, loss, spread = per_user_accuracy(model, x, y, offsets, lambda b: b)
+    assert (accuracy, loss) == evaluate(model, x, y, prepare=lambda b: b)
+    assert loss == pytest.approx(torch.nn.functional.cross_entropy(model(x), y).item(), rel=1e-5)
     hits = (model(x).argmax(1) == y).numpy()
     own = [hits[:700].mean(), hits[700:2400].mean()]
     assert spread["users"] == 2 and spread["min"] == round(min(own), 5) and spread["max"] == round(max(own), 5)
