@@ -8,7 +8,7 @@ Each run is small but real (SimEnv, 2 leaves): FedAvg; FedBuff with the paper's 
 stale ones included); FedRevive with its phases from version 2 (``benchmarks.fedrevive_small``), so distillation runs. Every scheduled version is
 evaluated (``--eval-backlog wait``), so the accuracy curve does not depend on the machine's load. A digest is the
 SHA-256 of ``events.jsonl`` and of ``global_model.pt``, the list of (version, accuracy), and FedRevive's log without
-its wall-clock field (``kd_seconds``).
+its wall-clock fields (``fedrevive.config.LOG_WALL_CLOCK``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from benchmarks.fedrevive_small import FEDREVIVE_SMALL  # noqa: E402
 from benchmarks.harness import job_command  # noqa: E402
 from common.result_files import EVENTS, GLOBAL_MODEL, METRICS  # noqa: E402
 from fedrevive.config import LOG_FILE as FEDREVIVE_LOG  # noqa: E402
+from fedrevive.config import LOG_WALL_CLOCK  # noqa: E402
 
 SMALL = [
     "--seed",
@@ -76,7 +77,9 @@ def digest(out: str) -> dict:
     log = os.path.join(out, FEDREVIVE_LOG)
     if os.path.exists(log):
         with open(log) as f:
-            lines = [{k: v for k, v in json.loads(line).items() if k != "kd_seconds"} for line in f if line.strip()]
+            lines = [
+                {k: v for k, v in json.loads(line).items() if k not in LOG_WALL_CLOCK} for line in f if line.strip()
+            ]
         found["fedrevive_log"] = hashlib.sha256(json.dumps(lines, sort_keys=True).encode()).hexdigest()
     return found
 

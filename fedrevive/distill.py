@@ -164,15 +164,18 @@ class FedReviveDistiller:
         proportions = self.teachers.proportions(self.estimator)
         if synthesize:
             adversary = global_model if current_version >= self.cfg.kd_train_from_version else None
+            synthesis_started = time.perf_counter()
             result = self.synthesizer.synthesize(teachers, class_weights, proportions, adversary)
-            info.update(gen_loss=result.loss, synthesized=True)
+            info.update(gen_loss=result.loss, synthesized=True, synth_seconds=time.perf_counter() - synthesis_started)
         info.update(pool_size=len(self.synthesizer.pool), n_teachers=len(teachers))
         delta_kd = None
         if phase == "distill" and len(self.synthesizer.pool) == 0:
             info["phase"] = "empty-pool"
         elif phase == "distill":
+            distill_started = time.perf_counter()
             delta_kd, losses = self.distill(global_model, global_weights, teachers, proportions)
             info.update(beta=b, kd_loss_first=losses[0], kd_loss_last=losses[-1])
+            info["distill_seconds"] = time.perf_counter() - distill_started
         if self.synthesizer.stabilize.rejected:  # only then: a run without rejections keeps its log's bits
             info["rejected_losses"] = dict(self.synthesizer.stabilize.rejected)
         info["kd_seconds"] = time.perf_counter() - start
