@@ -20,7 +20,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from common.result_files import EVENTS, METRICS
+from common.result_files import EVENTS, LEAF_LOGS, METRICS
 from fedrevive.config import LOG_FILE as FEDREVIVE_LOG
 
 
@@ -71,7 +71,7 @@ def read_slice(method: str, out: str, started: float, ended: float, exit_code: i
     if os.path.exists(os.path.join(out, METRICS)):
         with open(os.path.join(out, METRICS)) as f:
             metrics = json.load(f)
-    reports = [line for path in sorted(glob.glob(os.path.join(out, "leaf_*.jsonl"))) for line in read_jsonl(path)]
+    reports = [line for path in sorted(glob.glob(os.path.join(out, LEAF_LOGS))) for line in read_jsonl(path)]
     events = read_jsonl(os.path.join(out, EVENTS))
     return Slice(
         method, metrics, events, reports, read_jsonl(os.path.join(out, FEDREVIVE_LOG)), started, ended, exit_code

@@ -63,6 +63,7 @@ from processors.data.config import DataConfig
 from processors.data.sources import load_dataset
 from processors.device import resolve_device
 from processors.models import build_model, initial_model
+from processors.precision import use_precision
 from processors.training import evaluate_accuracy
 
 
@@ -118,6 +119,8 @@ class GlobalModelEvaluator(FLComponent):
     eval_frequency: evaluate every N versions.
     max_model_version: the last version, always evaluated.
     backlog: ``skip`` (a newer scheduled version supersedes the waiting ones) or ``wait`` (evaluate each).
+    precision: the run's ``--precision``: its TF32 switches on CUDA (``processors.precision``); evaluation itself
+        stays float32 (no autocast), so every method's curve is scored alike.
     """
 
     def __init__(
@@ -129,8 +132,10 @@ class GlobalModelEvaluator(FLComponent):
         eval_frequency: int = 1,
         max_model_version: int = 0,
         backlog: EvalBacklog = "wait",
+        precision: str = "fp32",
     ):
         super().__init__()
+        self.precision = precision
         self.model = model
         self.data = data
         self.seed = seed
@@ -165,6 +170,7 @@ class GlobalModelEvaluator(FLComponent):
         self._start = time.time()
         self._engine = fl_ctx.get_engine()
         device = resolve_device(self.compute_device)
+        use_precision(self.precision, device)  # this process's TF32 switches (CUDA only)
         self._net = build_model(self.model).to(device)
         data = load_dataset(DataConfig(**self.data).spec(self.seed))
         self._test = (data.x_test.to(device), data.y_test.to(device))

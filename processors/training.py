@@ -25,6 +25,7 @@ from processors.device_rule import RuleRun
 from processors.local_work import epoch_schedule
 from processors.models import build_model, statistic_names
 from processors.objective import DeviceObjective
+from processors.precision import autocast, widened
 from processors.reports import last_step_losses
 from processors.training_config import TrainingConfig
 
@@ -148,7 +149,9 @@ def train_local(
             xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
         if cfg.augment:  # a tail batch (--local-epochs) takes the first of its step's draws
             xb = augmentation.crop_flip(xb, offsets[step, : len(positions)], flips[step, : len(positions)])
-        logits = model(prepare(xb))
+        with autocast(cfg.precision, device):  # bf16: the forward pass only; weights, grads, state in float32
+            logits = model(prepare(xb))
+        logits = widened(logits)  # the loss in float32 (bf16 logits); float32 and float64 as they are
         loss = F.cross_entropy(logits, yb)
         if objective is not None:
             loss = loss + objective.loss(params, received, extras or {})

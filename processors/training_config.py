@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     import torch
 
 Optimizer = Literal["adam", "sgd"]
+Precision = Literal["fp32", "tf32", "bf16"]  # processors.precision
 DEFAULT_LOCAL_ITERS = 25
 
 
@@ -39,6 +40,10 @@ class TrainingConfig:
         augment: each local batch randomly cropped (padding 4) and flipped, as the FedRevive references train
             their clients (``processors.augment``; 32 x 32 natural images only; ``reproduce_fedrevive.py`` turns
             it on at the paper's scale).
+        precision: the numerics of training and of FedRevive's server (processors.precision): fp32, full float32
+            with TF32 off; tf32, TF32 tensor cores for convolutions and matrix products on CUDA (plain PyTorch's
+            default for convolutions, as the FedRevive references run; on a CPU the same as fp32); bf16, forward
+            passes under bfloat16 autocast, with the weights and the optimiser's state in float32.
     """
 
     model: str = "cifar10_convnet"
@@ -50,6 +55,7 @@ class TrainingConfig:
     momentum: float = 0.0
     compute_device: str = "auto"
     augment: bool = False
+    precision: Precision = "fp32"
 
     def __post_init__(self) -> None:
         check_positive({"--local-iters": self.local_iters, "--local-batch-size": self.local_batch_size})
@@ -62,6 +68,7 @@ class TrainingConfig:
                 "work, epochs over each device's own data or a fixed number of steps, not both"
             )
         check_choice("--optimizer", self.optimizer, Optimizer)
+        check_choice("--precision", self.precision, Precision)
         try:
             check_model_name(self.model)
         except ValueError as ex:

@@ -5,6 +5,7 @@ import json
 import re
 import subprocess
 
+from common.result_files import LEAF_LOGS
 from tests.conftest import PYTHON, REPO
 
 
@@ -32,7 +33,7 @@ def test_the_tiny_slice_splits_each_methods_time_by_phase_and_ends_with_the_seed
     assert results["fedavg"]["seed"]["evaluations"] == results["fedavg"]["seed"]["versions"]  # every version
     # what the phases come from: the leaves' training seconds and the server's figures, in the jobs' own files
     out = tmp_path / "today" / "fedrevive" / "out"
-    lines = [json.loads(line) for path in out.glob("leaf_*.jsonl") for line in open(path)]
+    lines = [json.loads(line) for path in out.glob(LEAF_LOGS) for line in open(path)]
     assert lines and all(line["train_seconds"] > 0 for line in lines)
     records = json.loads((out / "metrics.json").read_text())["versions"]
     assert all(r["server"]["made_epoch"] > 0 for r in records)
