@@ -165,6 +165,8 @@ def train_group(
     if prepared:
         x_all = prepare(x_all)
     offsets, flips = plan.offsets, plan.flips
+    if cfg.batches_on_device and cfg.augment:  # one copy, not one a step (the index tensors move once anyway)
+        offsets, flips = offsets.to(device), flips.to(device)
     index, mask, counts = plan.index.to(data_device), plan.mask.to(device), plan.counts.to(device)
     last_steps = plan.steps - 1  # each device's own last step (where its reports are measured)
     if last_step is not None:

@@ -140,3 +140,62 @@ def test_fedrevives_server_at_bf16_repeats_bit_for_bit_and_stays_near_fp32():
     assert all(first[k].dtype == np.float32 for k in first)
     # one Adam step of the student moves a weight by about kd_lr (1e-4) x beta: bf16 stays of that order
     assert max(float(np.abs(first[k] - fp32[k]).max()) for k in first) < 1e-3
+
+
+def test_batches_copied_to_the_device_once_give_the_same_bits_in_both_engines():
+    data = make_synthetic(100, 10, seed=6)
+    torch.manual_seed(2)
+    start = {k: v.detach().clone() for k, v in build_model(MODEL).state_dict().items()}
+    devices = [(data.x_train[i * 20 : (i + 1) * 20], data.y_train[i * 20 : (i + 1) * 20]) for i in range(2)]
+    found = {}
+    for on in (False, True):
+        cfg = TrainingConfig(local_iters=3, local_batch_size=8, augment=True, batches_on_device=on)
+        gens = [torch.Generator().manual_seed(i) for i in range(2)]
+        alone = [
+            train_local(worker_model(MODEL, CPU), start, x, y, cfg, g) for (x, y), g in zip(devices, gens, strict=True)
+        ]
+        gens = [torch.Generator().manual_seed(i) for i in range(2)]
+        found[on] = (alone, train_group(MODEL, start, devices, cfg, gens, CPU))
+    assert same_bits(found[True][0], found[False][0]) and same_bits(found[True][1], found[False][1])
+
+
+def test_channels_last_equals_the_default_layout_to_rounding_and_a_later_task_gets_the_default_back():
+    data = make_synthetic(100, 10, seed=7)
+    torch.manual_seed(2)
+    start = {k: v.detach().clone() for k, v in build_model(MODEL).state_dict().items()}
+    x, y = data.x_train[:30], data.y_train[:30]
+    model = worker_model(MODEL, CPU)
+
+    def train(channels_last: bool) -> list[dict[str, np.ndarray]]:
+        cfg = TrainingConfig(local_iters=3, local_batch_size=8, channels_last=channels_last)
+        return [train_local(model, start, x, y, cfg, torch.Generator().manual_seed(1))]
+
+    default = train(False)
+    last = train(True)
+    assert model.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    assert relative(last, default) < 1e-4 and all(d[k].flags.c_contiguous for d in last for k in d)
+    assert same_bits(train(False), default)  # the worker's model is back in the default layout
+
+
+def test_the_compiled_per_device_step_gives_the_eager_steps_bits(monkeypatch):
+    # torch.compile's graph capture and autograd, with the eager backend (inductor's fused kernels would move
+    # the bits by rounding and take minutes to build on a small CPU): what compiling changes besides the kernels
+    import torch._dynamo
+
+    from processors import training
+
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: real(model, backend="aot_eager", dynamic=False))
+    monkeypatch.setattr(training._worker, "compiled", {}, raising=False)  # this test's compiled models only
+    data = make_synthetic(100, 10, seed=8)
+    torch.manual_seed(2)
+    start = {k: v.detach().clone() for k, v in build_model(MODEL).state_dict().items()}
+    x, y = data.x_train[:30], data.y_train[:30]
+    model = worker_model(MODEL, CPU)
+    found = {}
+    for mode in ("off", "reduce-overhead"):
+        cfg = TrainingConfig(local_iters=3, local_batch_size=8, augment=True, compile=mode)
+        found[mode] = [train_local(model, start, x, y, cfg, torch.Generator().manual_seed(1))]
+    torch._dynamo.reset()
+    assert same_bits(found["reduce-overhead"], found["off"])
+    assert any(np.abs(d[k]).max() > 0 for d in found["off"] for k in d)  # it trained (trackers included)
