@@ -9,9 +9,11 @@
 #
 # Issue 48's steps come first (GPU_FIX_NOTES.md, "Issue 48: what the prepared run measures"): paper-seed (the
 # paper's seed estimated from a slice of each method, today's settings and $NEW in the same run), then the
-# precision and FedRevive steps. For one 15-minute lease:
-#   ONLY="paper-seed fedrevive-variants engine-precision equivalence-precision env" OUT=/tmp/g BUDGET=540 \
+# precision and FedRevive steps. One 15-minute lease each:
+#   ONLY="paper-seed env" OUT=/tmp/g BUDGET=540 bash benchmarks/gpu_checks.sh
+#   ONLY="fedrevive-variants engine-precision engine-levers equivalence-precision env" OUT=/tmp/g BUDGET=540 \
 #     bash benchmarks/gpu_checks.sh
+#   ONLY="precision-curve pytest-cuda-precision engine-convnet env" OUT=/tmp/g BUDGET=400 bash benchmarks/gpu_checks.sh
 #
 # Where the machine lacks NVFlare (or its dependencies), put their wheels in .whl/ (README of the GPU lease): they
 # are installed into /tmp/site first.
@@ -26,7 +28,7 @@ ONLY=${ONLY:-}  # a space-separated list of step names: run only these
 WHEELS=${WHEELS:-.whl}
 # the settings paper-seed measures against today's: bf16 autocast and the teachers in one pass
 NEW=${NEW:---precision bf16 --fr-batched-teachers on}
-SEED_DEADLINE=${SEED_DEADLINE:-330}  # seconds paper-seed's slices may take, both sides together
+SEED_DEADLINE=${SEED_DEADLINE:-420}  # seconds paper-seed's slices may take, both sides together
 mkdir -p "$OUT"
 START=$(date +%s)
 SUMMARY="$OUT/summary.txt"
@@ -160,8 +162,8 @@ if [[ $QUICK == 1 ]]; then
     --variants fp32:off,fp32:on,bf16:on
 else
   # FedRevive's server per stale update: the loop against the teachers in one pass, at each precision
-  step fedrevive-variants 90 $PY benchmarks/bench_fedrevive_round.py --model resnet18 --device "$DEVICE" --repeats 2 \
-    --fr-synth-every-versions 1 --variants fp32:off,fp32:on,tf32:on,bf16:on
+  step fedrevive-variants 120 $PY benchmarks/bench_fedrevive_round.py --model resnet18 --device "$DEVICE" --repeats 2 \
+    --fr-synth-every-versions 1 --variants fp32:off,tf32:off,fp32:on,tf32:on,bf16:on
   step engine-precision 100 engine_precisions
   step engine-levers 150 engine_levers
   # how far each precision moves the diffs (grouped vs alone, CUDA vs CPU) and whether a seeded group repeats

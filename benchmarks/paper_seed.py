@@ -57,6 +57,7 @@ from benchmarks.seed_slice import (  # noqa: E402
 )
 
 METHODS = ("fedavg", "fedbuff", "fedrevive")
+RESERVE = 0.7  # of an equal share of the deadline, kept for each slice still to run
 GOAL_MINUTES = 30
 # the slice's FedRevive phases start early, so revival is measured within minutes (module docstring)
 EARLY_REVIVAL = "--fr-distill-from-version 10 --fr-kd-train-from-version 20".split()
@@ -67,7 +68,7 @@ TINY = (
 ).split()
 TINY_ASYNC = ["--eval-frequency", "2"]  # every second version (a synchronous method keeps every version)
 SLICE_VERSIONS = {
-    "paper": {"fedavg": 2, "fedbuff": 40, "fedrevive": 40},
+    "paper": {"fedavg": 2, "fedbuff": 30, "fedrevive": 30},
     "tiny": {"fedavg": 3, "fedbuff": 8, "fedrevive": 6},
 }
 BUDGET = {"paper": SCALES["paper"]["budget"], "tiny": 40.0}
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help="a CPU-sized slice of a small seed (CI)")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--versions", default="", help="versions per slice, e.g. fedavg=2,fedbuff=40,fedrevive=40")
+    p.add_argument("--versions", default="", help="versions per slice, e.g. fedavg=2,fedbuff=30,fedrevive=30")
     p.add_argument("--new", default="", metavar="FLAGS", help="also run every slice with these job flags added")
     p.add_argument("--data-root", default="", help="CIFAR-10's folder (default: generated data of its shape)")
     p.add_argument("--deadline", type=float, default=480.0, help="seconds for all slices (each stops at its share)")
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         given = dict(item.split("=") for item in args.versions.split(",") if item)
         args.versions = SLICE_VERSIONS[scale] | {m: int(v) for m, v in given.items()}
     except ValueError:
-        p.error(f"--versions {args.versions}: give method=N pairs, e.g. fedavg=2,fedbuff=40")
+        p.error(f"--versions {args.versions}: give method=N pairs, e.g. fedavg=2,fedbuff=30")
     if any(v < 2 for v in args.versions.values()):
         p.error("--versions: each slice needs at least 2 versions")
     args.output = os.path.abspath(args.output or tempfile.mkdtemp(prefix="paper_seed_"))
@@ -272,8 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     for method in methods:
         for side, flags in sides.items():
             left = started + args.deadline - time.time()
-            share = left / (jobs - sum(len(rs) for rs in results.values()))  # what is left, shared by the slices left
-            results[side].append(measure(method, scale, args, flags, side, time.time() + max(share, 30.0)))
+            remaining = jobs - sum(len(rs) for rs in results.values())
+            # this slice may run past an equal share, while each slice after it keeps RESERVE of one
+            allowed = left - RESERVE * left / remaining * (remaining - 1)
+            results[side].append(measure(method, scale, args, flags, side, time.time() + max(allowed, 30.0)))
     for side, rs in results.items():
         training = next((r["training"] for r in rs if "training" in r), None)
         if training is not None:
