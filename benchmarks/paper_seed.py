@@ -69,7 +69,7 @@ TINY = (
 TINY_ASYNC = ["--eval-frequency", "2"]  # every second version (a synchronous method keeps every version)
 SLICE_VERSIONS = {
     "paper": {"fedavg": 2, "fedbuff": 30, "fedrevive": 30},
-    "tiny": {"fedavg": 3, "fedbuff": 8, "fedrevive": 6},
+    "tiny": {"fedavg": 2, "fedbuff": 8, "fedrevive": 6},
 }
 BUDGET = {"paper": SCALES["paper"]["budget"], "tiny": 40.0}
 
@@ -124,7 +124,8 @@ def run_slice(cmd: list[str], out: str, deadline: float) -> tuple[float, float, 
 
 def engine_floor(training: dict, device: str, repeats: int = 3) -> float:
     """Samples/s of one device trained alone by the per-device engine (``train_local``), at the job's model,
-    local work and precision: the floor a job's training is compared with. Best of ``repeats`` after a warm-up."""
+    local work, precision and layout levers, uncompiled (a compile would outlast the deadline): the floor a job's
+    training is compared with. Best of ``repeats`` after a warm-up."""
     import torch
 
     from processors.data.sources import make_synthetic
@@ -133,7 +134,7 @@ def engine_floor(training: dict, device: str, repeats: int = 3) -> float:
     from processors.training import TrainingConfig, train_local, worker_model
 
     dev = resolve_device(device)
-    cfg = TrainingConfig(**(training | {"compute_device": str(dev), "local_epochs": 0}))
+    cfg = TrainingConfig(**(training | {"compute_device": str(dev), "local_epochs": 0, "compile": "off"}))
     data = make_synthetic(400, 10, seed=0).to(dev)
     x, y = data.x_train[:350], data.y_train[:350]
     torch.manual_seed(0)
