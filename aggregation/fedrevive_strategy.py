@@ -27,12 +27,20 @@ class FedReviveStrategy(BufferedMean):
     global_lr: server learning rate.
     fedrevive: ``FedReviveConfig.to_dict()``.
     image_std: the per-channel std the data is standardised with, so generated images are too (None: CIFAR-10's).
+    precision: the server's numerics, the run's ``--precision`` (``processors.precision``).
     """
 
-    def __init__(self, global_lr: float = 1.0, fedrevive: dict | None = None, image_std: list[float] | None = None):
+    def __init__(
+        self,
+        global_lr: float = 1.0,
+        fedrevive: dict | None = None,
+        image_std: list[float] | None = None,
+        precision: str = "fp32",
+    ):
         super().__init__(global_lr)
         self.fedrevive = fedrevive or {}
         self.image_std = image_std
+        self.precision = precision
         self.distiller: FedReviveDistiller | None = None
         self._log: JsonlWriter | None = None
         self._log_lines = 0
@@ -47,6 +55,7 @@ class FedReviveStrategy(BufferedMean):
             resolve_device(context.compute_device),
             context.seed,
             None if self.image_std is None else tuple(self.image_std),
+            self.precision,
         )
         self._log = JsonlWriter(os.path.join(context.results_dir, LOG_FILE))
 

@@ -18,13 +18,16 @@ stays available: the assessor sends it to leaves that lack it. Weights are float
 lists: NVFlare's debug f-strings would print them whole).
 
 Each new version fires ``GLOBAL_WEIGHTS_UPDATED`` with ``AppConstants.GLOBAL_MODEL``, ``CURRENT_ROUND`` (the
-version), ``SIM_TIME`` (the simulated time it was made at) and ``METHOD_STATUS`` (the strategy's ``status``) in
-the context, for the evaluator and recorder.
+version), ``SIM_TIME`` (the simulated time it was made at), ``METHOD_STATUS`` (the strategy's ``status``) and
+``SERVER_WORK`` (the wall seconds the strategy has taken so far, ``ServerWork``) in the context, for the evaluator
+and recorder.
 """
 
 from __future__ import annotations
 
 import os
+import time
+from dataclasses import asdict, dataclass
 
 import numpy as np
 from nvflare.apis.event_type import EventType
@@ -40,7 +43,7 @@ from aggregation.version_store import VersionStore
 from common.imports import import_object
 from common.output import output_dir
 from common.packed_weights import PackedArrays, pack
-from common.protocol import DEVICE_EXTRA_PREFIX, METHOD_STATUS, SIM_TIME, DeviceUpdate, SelectionSum
+from common.protocol import DEVICE_EXTRA_PREFIX, METHOD_STATUS, SERVER_WORK, SIM_TIME, DeviceUpdate, SelectionSum
 from processors.models import build_model, statistic_names
 
 
@@ -59,6 +62,30 @@ def make_strategy(strategy: str, strategy_args: dict | None = None) -> ServerStr
     if not isinstance(made, ServerStrategy):
         raise ValueError(f"strategy {strategy!r}: {type(made).__name__} is not an aggregation.strategy.ServerStrategy")
     return made
+
+
+@dataclass
+class ServerWork:
+    """The wall seconds the method's strategy took on the server, summed since this process started (a resumed
+    run counts again from 0): what ``benchmarks/paper_seed.py`` splits a run's time by. Timing only: it changes
+    nothing a run computes.
+
+    Attributes:
+        updates: updates handed to the strategy (``add_update``).
+        update_seconds: wall seconds in its ``add_update`` (FedRevive's synthesis and distillation included).
+        versions: versions it made (``make_version``).
+        version_seconds: wall seconds in its ``make_version`` (the aggregation).
+    """
+
+    updates: int = 0
+    update_seconds: float = 0.0
+    versions: int = 0
+    version_seconds: float = 0.0
+
+    def record(self) -> dict:
+        """These figures, and the wall clock (epoch seconds) as the version is made: a version record's
+        ``server``."""
+        return asdict(self) | {"made_epoch": round(time.time(), 6)}
 
 
 class GlobalModel(FLComponent):
@@ -99,6 +126,7 @@ class GlobalModel(FLComponent):
         self._packed: dict[int, dict] = {}
         self._spared: set[int] = set()  # versions ``forget`` was told of that the strategy still needed
         self._groups: list = []  # the selection sums already given to the strategy since the last version
+        self.work = ServerWork()
         self._set_up = False
         self.register_event_handler(EventType.START_RUN, lambda _event, fl_ctx: self._setup(fl_ctx))
         self.register_event_handler(EventType.END_RUN, self._log_retention)
@@ -168,17 +196,23 @@ class GlobalModel(FLComponent):
         reports = {} if plain else {k[n:]: v for k, v in diff.items() if k.startswith(DEVICE_EXTRA_PREFIX)}
         if reports:
             diff = {k: v for k, v in diff.items() if not k.startswith(DEVICE_EXTRA_PREFIX)}
+        started = time.perf_counter()
         self.server_strategy.add_update(
             Update(update.device, base, count, as_float32_arrays(diff), tau, sim_time, as_float32_arrays(reports)),
             self,
         )
+        self.work.updates += 1
+        self.work.update_seconds += time.perf_counter() - started
 
     def make_version(self, version: int, sim_time: float, fl_ctx: FLContext) -> None:
         """The strategy's next version becomes the current one, numbered ``version`` by the schedule, and is
         announced. Raises ``ValueError`` for a number that is not the next one (the two would be out of step)."""
         if version != self._current + 1:
             raise ValueError(f"the schedule made version {version}, but the global model holds {self._current}")
+        started = time.perf_counter()
         new = self.server_strategy.make_version(self, sim_time)
+        self.work.versions += 1
+        self.work.version_seconds += time.perf_counter() - started
         self._groups = []
         self._current = version
         self._versions.put(version, new)
@@ -258,4 +292,5 @@ class GlobalModel(FLComponent):
         fl_ctx.set_prop(AppConstants.CURRENT_ROUND, self.current_version, private=True, sticky=True)
         fl_ctx.set_prop(SIM_TIME, sim_time, private=True, sticky=True)
         fl_ctx.set_prop(METHOD_STATUS, self.status(), private=True, sticky=True)
+        fl_ctx.set_prop(SERVER_WORK, self.work.record(), private=True, sticky=True)
         self.fire_event(AppEventType.GLOBAL_WEIGHTS_UPDATED, fl_ctx)

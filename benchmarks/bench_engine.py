@@ -15,6 +15,11 @@ ratios are measured alternately in the same run.
 
     .venv/bin/python benchmarks/bench_engine.py --model resnet18 --ks 1,4 --iters 2 --batch-size 8 --samples 32
 
+``--precision fp32|tf32|bf16`` trains both engines at that precision (``processors.precision``; the floor printed
+by ``benchmarks/paper_seed.py`` too); ``--no-extras`` leaves out the tracker and augmentation ratios. The device-step
+levers, each off by default until a GPU measures it (``TrainingConfig``): ``--channels-last`` and ``--compile
+MODE`` (the per-device engine), ``--batches-on-device`` (both).
+
 ``--model char_lstm`` (LEAF's Shakespeare LSTM) trains on generated text (``processors.data.text``: windows of
 ``--window`` characters, LEAF's 80 by default) instead of images; the tracker and augmentation ratios are skipped
 (it has neither).
@@ -61,6 +66,7 @@ from processors.data.text import VOCAB_SIZE, WINDOW, make_synthetic_text  # noqa
 from processors.device import full_float32, resolve_device  # noqa: E402
 from processors.models import build_model  # noqa: E402
 from processors.models.stat_tracker import trackers  # noqa: E402
+from processors.precision import use_precision  # noqa: E402
 from processors.training import TrainingConfig, batch_schedule, train_local, worker_model  # noqa: E402
 from processors.training_vectorized import train_group  # noqa: E402
 
@@ -152,6 +158,11 @@ def main() -> None:
     parser.add_argument("--unequal", action="store_true", help="measure unequal devices instead (see above)")
     parser.add_argument("--unequal-sigma", type=float, default=1.0, help="log-normal sigma of the sample counts")
     parser.add_argument("--epochs", type=int, default=1, help="local epochs with --unequal")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"], help="both engines'")
+    parser.add_argument("--no-extras", action="store_true", help="leave out the tracker and augmentation ratios")
+    parser.add_argument("--channels-last", action="store_true", help="the per-device engine in channels-last layout")
+    parser.add_argument("--compile", default="off", choices=["off", "default", "reduce-overhead"])
+    parser.add_argument("--batches-on-device", action="store_true", help="each task's batches copied over once")
     args = parser.parse_args()
     MODEL = args.model
     if args.threads:
@@ -163,11 +174,19 @@ def main() -> None:
         return
 
     device = resolve_device(args.device)
-    full_float32()
+    use_precision(args.precision, device)  # the TF32 switches, as the task processor sets them
     ks = [int(k) for k in args.ks.split(",") if k.strip()]
     lr = {} if args.lr is None else {"local_lr": args.lr}
     cfg = TrainingConfig(
-        model=MODEL, local_iters=args.iters, local_batch_size=args.batch_size, optimizer=args.optimizer, **lr
+        model=MODEL,
+        local_iters=args.iters,
+        local_batch_size=args.batch_size,
+        optimizer=args.optimizer,
+        precision=args.precision,
+        channels_last=args.channels_last,
+        compile=args.compile,
+        batches_on_device=args.batches_on_device,
+        **lr,
     )
 
     pool = min(max(ks) * args.samples, 20000)
@@ -192,7 +211,8 @@ def main() -> None:
     print(
         f"device {name}, {torch.get_num_threads()} thread(s); {shown}; {args.optimizer} lr {cfg.local_lr} "
         f"{args.iters} iters x batch {args.batch_size}; {args.samples} samples/device; "
-        f"clock: {'CPU time' if args.cpu_time else 'wall'}"
+        f"precision {args.precision}; channels-last {args.channels_last}; compile {args.compile}; "
+        f"batches on device {args.batches_on_device}; clock: {'CPU time' if args.cpu_time else 'wall'}"
     )
     print(
         f"train FLOPs/sample (fwd+bwd) {fps / 1e6:.2f} MFLOP; FP32 peak {f'{peak / 1e12:.1f} TFLOP/s' if peak else 'n/a'}"
@@ -225,7 +245,7 @@ def main() -> None:
     for b in [int(v) for v in args.floor_batches.split(",") if v.strip()]:
         floor_cfg = TrainingConfig(**(cfg.to_dict() | {"local_batch_size": b}))
         floor_line(global_params, data_all[: max(ks)], floor_cfg, args.repeats)
-    if text:  # no statistic trackers, no image augmentation
+    if text or args.no_extras:  # no statistic trackers, no image augmentation (or not asked for)
         return
     if all("." not in name for name in trackers(worker_model(MODEL, device))):
         with_trackers, without = tracker_cost(global_params, data_all[: max(ks)], cfg, device, args.repeats)

@@ -7,6 +7,14 @@
 #   ONLY="pytest-cuda engine-convnet" OUT=/tmp/gpu bash benchmarks/gpu_checks.sh      # some steps only
 #   DEVICE=cpu QUICK=1 WHEELS=none PY=.venv/bin/python OUT=/tmp/gpu bash benchmarks/gpu_checks.sh   # a CPU dry pass
 #
+# Issue 48's steps come first (GPU_FIX_NOTES.md, "Issue 48: what the prepared run measures"): paper-seed (the
+# paper's seed estimated from a slice of each method, today's settings and $NEW in the same run), then the
+# precision and FedRevive steps. One 15-minute lease each:
+#   ONLY="paper-seed env" OUT=/tmp/g BUDGET=540 bash benchmarks/gpu_checks.sh
+#   ONLY="fedrevive-variants engine-precision engine-levers equivalence-precision env" OUT=/tmp/g BUDGET=540 \
+#     bash benchmarks/gpu_checks.sh
+#   ONLY="precision-curve pytest-cuda-precision engine-convnet env" OUT=/tmp/g BUDGET=400 bash benchmarks/gpu_checks.sh
+#
 # Where the machine lacks NVFlare (or its dependencies), put their wheels in .whl/ (README of the GPU lease): they
 # are installed into /tmp/site first.
 set -u
@@ -18,6 +26,9 @@ QUICK=${QUICK:-0}
 PY=${PY:-python3}
 ONLY=${ONLY:-}  # a space-separated list of step names: run only these
 WHEELS=${WHEELS:-.whl}
+# the settings paper-seed measures against today's: bf16 autocast and the teachers in one pass
+NEW=${NEW:---precision bf16 --fr-batched-teachers on}
+SEED_DEADLINE=${SEED_DEADLINE:-420}  # seconds paper-seed's slices may take, both sides together
 mkdir -p "$OUT"
 START=$(date +%s)
 SUMMARY="$OUT/summary.txt"
@@ -112,12 +123,56 @@ print(f"RESULT one worker vs default: {rates[0]} vs {rates[1]} devices/s, ratio 
 PY
 }
 
-export -f env_report fedbuff_job fedavg_job worker_ratio
+# the engines' samples/s at each precision (ResNet-18, the paper's local work), one device and a group of 8
+engine_precisions() {
+  for precision in fp32 tf32 bf16; do
+    echo "== precision $precision"
+    $PY benchmarks/bench_engine.py --device "$DEVICE" --model resnet18 --ks 1,8 --iters 25 --precision "$precision" \
+      --no-extras || return
+  done
+}
+
+# the device-step levers (each off by default until measured), one device of ResNet-18 at bf16: each alone, then all
+engine_levers() {
+  for levers in "" "--channels-last" "--batches-on-device" "--compile reduce-overhead" \
+    "--channels-last --batches-on-device --compile reduce-overhead"; do
+    echo "== levers: ${levers:-none}"
+    # shellcheck disable=SC2086
+    $PY benchmarks/bench_engine.py --device "$DEVICE" --model resnet18 --ks 1 --iters 25 --repeats 3 \
+      --precision bf16 --no-extras $levers || echo "== levers ${levers}: failed"
+  done
+}
+
+export -f env_report fedbuff_job fedavg_job worker_ratio engine_precisions engine_levers
 export OUT DEVICE PY
 nvidia-smi dmon -s um -o T >"$OUT/dmon.log" 2>&1 &
 DMON=$!
 
+# issue 48 first: the seed estimate, today's settings against $NEW in one run (its last line is the estimate)
+if [[ $QUICK == 1 ]]; then
+  step paper-seed 180 $PY benchmarks/paper_seed.py --device "$DEVICE" --tiny --new "$NEW" --output "$OUT/paper-seed"
+else
+  step paper-seed $((SEED_DEADLINE + 60)) $PY benchmarks/paper_seed.py --device "$DEVICE" --deadline "$SEED_DEADLINE" \
+    --new "$NEW" --output "$OUT/paper-seed"
+fi
 step env 30 env_report
+if [[ $QUICK == 1 ]]; then
+  step fedrevive-variants 120 $PY benchmarks/bench_fedrevive_round.py --device "$DEVICE" --repeats 1 \
+    --fr-gen-width 8 --fr-synth-batch-size 8 --fr-synth-per-teacher 4 --fr-kd-iters 1 --fr-synth-every-versions 1 \
+    --variants fp32:off,fp32:on,bf16:on
+else
+  # FedRevive's server per stale update: the loop against the teachers in one pass, at each precision
+  step fedrevive-variants 120 $PY benchmarks/bench_fedrevive_round.py --model resnet18 --device "$DEVICE" --repeats 2 \
+    --fr-synth-every-versions 1 --variants fp32:off,tf32:off,fp32:on,tf32:on,bf16:on
+  step engine-precision 100 engine_precisions
+  step engine-levers 150 engine_levers
+  # how far each precision moves the diffs (grouped vs alone, CUDA vs CPU) and whether a seeded group repeats
+  step equivalence-precision 90 $PY benchmarks/gpu_equivalence.py --model resnet18 --precisions fp32,tf32,bf16
+  step pytest-cuda-precision 60 $PY -m pytest -q -p no:cacheprovider tests/processors/test_cuda.py
+  # the accuracy curves of 2 seeds at each precision (the convnet, FedBuff): inside the seed spread?
+  step precision-curve 150 $PY benchmarks/precision_curve.py --device "$DEVICE" --seeds 0,1 --precisions fp32,tf32,bf16 \
+    --output "$OUT/precision-curve"
+fi
 if [[ $QUICK == 1 ]]; then
   step engine-convnet 120 $PY benchmarks/bench_engine.py --device "$DEVICE" --ks 1,4 --iters 2 --samples 64
   step fedbuff-k8 200 fedbuff_job 8 6 cifar10_convnet
@@ -153,7 +208,7 @@ fi
 kill "$DMON" 2>/dev/null
 
 echo "==== results"
-grep -h -E "^RESULT|speedup|samples/s|trackers:|augment:|vs |high vs|defaults:|^device |passed|failed|error|^FedAvg|^FedBuff|devices/s" \
+grep -h -E "^RESULT|speedup|samples/s|trackers:|augment:|vs |high vs|defaults:|^device |passed|failed|error|^FedAvg|^FedBuff|devices/s|seed estimate|per stale update|precision|within the seed" \
   "$OUT"/*.log 2>/dev/null | cut -c1-300 | tail -60
 echo "==== steps (total $(($(date +%s) - START)) s)"
 cat "$SUMMARY"

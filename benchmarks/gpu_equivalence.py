@@ -9,11 +9,15 @@ one it must equal.
   weights moved one float32 ulp, against them alone (what rounding alone does to this training).
 - ``high vs conservative``: the job's task processor with the ``high`` profile (data on the GPU, pinned copies
   on per-worker streams) against ``conservative`` (data on the host, no streams), a group and a device alone.
-- ``tf32``: the first two again with TF32 convolutions and matrix products off and on, since torch lets cuDNN
-  use TF32 for convolutions by default on Ampere and later (``torch.backends.cudnn.allow_tf32``).
+- ``precision``: every comparison at each ``--precisions`` (``processors.precision``: ``fp32``, full float32;
+  ``tf32``, TF32 convolutions and matrix products, torch's default for cuDNN's convolutions on Ampere and later;
+  ``bf16``, bfloat16 autocast), each row naming the precision it checks; ``cuda vs cpu`` compares the same
+  precision on both (bf16 autocast runs on the CPU too; TF32 is CUDA's alone, so its CPU side is float32).
+- ``repeat``: the same group trained twice on CUDA at each precision, whether it repeats bit for bit.
 
     .venv/bin/python benchmarks/gpu_equivalence.py            # needs CUDA; exits 2 without it
     .venv/bin/python benchmarks/gpu_equivalence.py --model resnet18   # the paper's ResNet-18 (no processor line)
+    .venv/bin/python benchmarks/gpu_equivalence.py --precisions fp32,tf32,bf16
 
 ``tests/processors/test_cuda.py`` bounds the same comparisons (it skips where CUDA is absent).
 """
@@ -21,6 +25,7 @@ one it must equal.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from processors.data.sources import make_synthetic  # noqa: E402
 from processors.models import build_model  # noqa: E402
+from processors.precision import use_precision  # noqa: E402
 from processors.training import TrainingConfig, train_local, worker_model  # noqa: E402
 from processors.training_vectorized import train_group  # noqa: E402
 
@@ -99,11 +105,16 @@ CONFIGS = {
     "adam": TrainingConfig(local_iters=10, local_batch_size=32, optimizer="adam", local_lr=3e-4),
     "sgd": TrainingConfig(local_iters=10, local_batch_size=32, optimizer="sgd", local_lr=0.05, momentum=0.9),
 }
+PRECISION = "fp32"  # the precision the comparisons run at (main's --precisions loop sets it)
+
+
+def config(optimizer: str) -> TrainingConfig:
+    return dataclasses.replace(CONFIGS[optimizer], precision=PRECISION)
 
 
 def cuda_vs_cpu(optimizer: str, device: torch.device, model: str = MODEL) -> tuple[float, float, float]:
     """One device alone on ``device`` against the same device alone on the CPU."""
-    cfg, start = CONFIGS[optimizer], _start(model)
+    cfg, start = config(optimizer), _start(model)
     (x, y) = _data([100])[0]
     cpu = torch.device("cpu")
     want = train_local(worker_model(model, cpu), start, x, y, cfg, _gens(1)[0])
@@ -126,7 +137,7 @@ def _alone(cfg: TrainingConfig, starts: list, data: list, device: torch.device, 
 
 def group_vs_alone(optimizer: str, device: torch.device, model: str = MODEL) -> tuple[float, float, float]:
     """A release of devices of three versions as one vectorised group on ``device``, against each alone there."""
-    cfg = CONFIGS[optimizer]
+    cfg = config(optimizer)
     of_device, data = _release(device, model)
     alone = _alone(cfg, of_device, data, device, model)
     grouped = train_group(model, of_device, data, cfg, _gens(4), device)
@@ -137,13 +148,21 @@ def nudged_vs_alone(optimizer: str, device: torch.device, model: str = MODEL) ->
     """The yardstick for ``group vs alone``: the same devices alone, from their start weights moved one float32 ulp
     up, against them alone. What rounding alone does to this training (Adam turns a gradient element whose sign
     rounding flips into a step of about lr), so a grouped error of this size is rounding, not a wrong version."""
-    cfg = CONFIGS[optimizer]
+    cfg = config(optimizer)
     of_device, data = _release(device, model)
     up = torch.tensor(float("inf"))
     nudged = [
         {k: torch.nextafter(t, up.to(t)) if t.is_floating_point() else t for k, t in p.items()} for p in of_device
     ]
     return errors(_alone(cfg, nudged, data, device, model), _alone(cfg, of_device, data, device, model))
+
+
+def repeat(optimizer: str, device: torch.device, model: str = MODEL) -> tuple[float, float, float]:
+    """The same release grouped twice on ``device``: all zeros when a seeded run repeats bit for bit there."""
+    cfg = config(optimizer)
+    of_device, data = _release(device, model)
+    first = train_group(model, of_device, data, cfg, _gens(4), device)
+    return errors(train_group(model, of_device, data, cfg, _gens(4), device), first)
 
 
 def profiles(device: str) -> tuple[float, float, float]:
@@ -155,7 +174,9 @@ def profiles(device: str) -> tuple[float, float, float]:
     weights = {k: v.numpy() for k, v in initial_model(MODEL, 0).state_dict().items()}
     got, want = [], []
     for profile, out in (("high", got), ("conservative", want)):
-        proc = make_processor(synthetic_size=1000, subset_size=60, profile=profile, compute_device=device)
+        proc = make_processor(
+            synthetic_size=1000, subset_size=60, profile=profile, compute_device=device, precision=PRECISION
+        )
         out.extend(proc.train_group(["device-1", "device-2", "device-3"], weights, version=1))
         out.append(proc.train("device-4", weights, version=1))
     return errors(got, want)
@@ -164,9 +185,12 @@ def profiles(device: str) -> tuple[float, float, float]:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
+    global PRECISION
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=MODEL, help="cifar10_convnet (default) or resnet18 (its statistic trackers too)")
-    model = p.parse_args(argv).model
+    p.add_argument("--precisions", default="fp32,tf32", help="comma-separated: fp32, tf32, bf16")
+    args = p.parse_args(argv)
+    model = args.model
     if not torch.cuda.is_available():
         print("gpu_equivalence: no CUDA device (torch.cuda.is_available() is False); run it on a GPU machine")
         return 2
@@ -176,22 +200,23 @@ def main(argv: list[str] | None = None) -> int:
         f"defaults: cudnn.allow_tf32={torch.backends.cudnn.allow_tf32} "
         f"matmul.allow_tf32={torch.backends.cuda.matmul.allow_tf32}"
     )
-    print(f"{'comparison':<34} {'tf32':>5} {'max |err|':>11} {'rel err':>11} {'max |diff|':>11}")
-    for allow in (False, True):
-        with tf32(allow):
-            for opt in ("adam", "sgd"):
-                comparisons = (
-                    ("cuda vs cpu", cuda_vs_cpu),
-                    ("group vs alone (3 versions)", group_vs_alone),
-                    ("alone +1 ulp vs alone", nudged_vs_alone),
-                )
-                for name, fn in comparisons:
-                    worst, rel, scale = fn(opt, device, model)
-                    print(f"{name + ', ' + opt:<34} {allow!s:>5} {worst:>11.3e} {rel:>11.3e} {scale:>11.3e}")
-    if model != MODEL:
-        return 0
-    worst, rel, scale = profiles("cuda")
-    print(f"{'high vs conservative (processor)':<34} {'dflt':>5} {worst:>11.3e} {rel:>11.3e} {scale:>11.3e}")
+    print(f"{'comparison':<34} {'precision':>9} {'max |err|':>11} {'rel err':>11} {'max |diff|':>11}")
+    for precision in args.precisions.split(","):
+        PRECISION = precision
+        use_precision(precision, device)  # the TF32 switches, as the task processor sets them
+        for opt in ("adam", "sgd"):
+            comparisons = (
+                ("cuda vs cpu", cuda_vs_cpu),
+                ("group vs alone (3 versions)", group_vs_alone),
+                ("alone +1 ulp vs alone", nudged_vs_alone),
+                ("repeat (same group twice)", repeat),
+            )
+            for name, fn in comparisons:
+                worst, rel, scale = fn(opt, device, model)
+                print(f"{name + ', ' + opt:<34} {precision:>9} {worst:>11.3e} {rel:>11.3e} {scale:>11.3e}")
+        if model == MODEL:
+            worst, rel, scale = profiles("cuda")
+            print(f"{'high vs conservative (processor)':<34} {precision:>9} {worst:>11.3e} {rel:>11.3e} {scale:>11.3e}")
     return 0
 
 

@@ -3,12 +3,16 @@
     python benchmarks/same_bits.py --out A.json                    # this checkout
     python benchmarks/same_bits.py --out B.json --repo OTHER_TREE  # another checkout (e.g. a git worktree)
     python benchmarks/same_bits.py --compare A.json B.json         # exit 0 when every digest is equal
+    python benchmarks/same_bits.py --out C.json --precision bf16   # the runs at another --precision
+
+Each run's digest names the precision it ran at (``--precision``, default fp32: the flag is then not passed, so
+a checkout from before the flag runs too); a precision repeats its own bits on one machine, never another's.
 
 Each run is small but real (SimEnv, 2 leaves): FedAvg; FedBuff with the paper's delays (updates of many versions,
 stale ones included); FedRevive with its phases from version 2 (``benchmarks.fedrevive_small``), so distillation runs. Every scheduled version is
 evaluated (``--eval-backlog wait``), so the accuracy curve does not depend on the machine's load. A digest is the
 SHA-256 of ``events.jsonl`` and of ``global_model.pt``, the list of (version, accuracy), and FedRevive's log without
-its wall-clock field (``kd_seconds``).
+its wall-clock fields (``fedrevive.config.LOG_WALL_CLOCK``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from benchmarks.fedrevive_small import FEDREVIVE_SMALL  # noqa: E402
 from benchmarks.harness import job_command  # noqa: E402
 from common.result_files import EVENTS, GLOBAL_MODEL, METRICS  # noqa: E402
 from fedrevive.config import LOG_FILE as FEDREVIVE_LOG  # noqa: E402
+from fedrevive.config import LOG_WALL_CLOCK  # noqa: E402
 
 SMALL = [
     "--seed",
@@ -76,22 +81,25 @@ def digest(out: str) -> dict:
     log = os.path.join(out, FEDREVIVE_LOG)
     if os.path.exists(log):
         with open(log) as f:
-            lines = [{k: v for k, v in json.loads(line).items() if k != "kd_seconds"} for line in f if line.strip()]
+            lines = [
+                {k: v for k, v in json.loads(line).items() if k not in LOG_WALL_CLOCK} for line in f if line.strip()
+            ]
         found["fedrevive_log"] = hashlib.sha256(json.dumps(lines, sort_keys=True).encode()).hexdigest()
     return found
 
 
-def run_all(repo: str, names: list[str]) -> dict:
+def run_all(repo: str, names: list[str], precision: str = "fp32") -> dict:
     digests = {}
+    extra = [] if precision == "fp32" else ["--precision", precision]
     with tempfile.TemporaryDirectory(prefix="same_bits_") as tmp:
         for name in names:
             out, ws = os.path.join(tmp, name, "out"), os.path.join(tmp, name, "ws")
             script, *flags = RUNS[name]
-            command, env = job_command(script, [*flags, "--workspace", ws], out, repo)
+            command, env = job_command(script, [*flags, *extra, "--workspace", ws], out, repo)
             proc = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
             if proc.returncode != 0:
                 sys.exit(f"{name} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-            digests[name] = digest(out)
+            digests[name] = digest(out) | {"precision": precision}
             print(f"{name}: {json.dumps(digests[name])}", flush=True)
     return digests
 
@@ -112,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repo", default=REPO, help="the checkout whose jobs run (default: this one)")
     parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)}")
     parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two digest files instead")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"], help="every run's")
     args = parser.parse_args(argv)
     if args.compare:
         with open(args.compare[0]) as fa, open(args.compare[1]) as fb:
@@ -122,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(names) - set(RUNS))
     if unknown or not args.out:
         parser.error(f"unknown run(s) {unknown}" if unknown else "--out FILE is needed (or --compare A B)")
-    digests = run_all(os.path.abspath(args.repo), names)
+    digests = run_all(os.path.abspath(args.repo), names, args.precision)
     with open(args.out, "w") as f:
         json.dump(digests, f, indent=1)
     return 0

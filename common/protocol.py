@@ -71,6 +71,9 @@ SIM_TIME = "edgesim.sim_time"
 METHOD_STATUS = "edgesim.method_status"
 # fl_ctx prop beside it: the fleet as the version was made, ``ExactSchedule.fleet()`` (devices online, updates, failed)
 FLEET = "edgesim.fleet"
+# fl_ctx prop beside it: the server's work up to this version, ``aggregation.global_model.ServerWork.record()``
+# (wall seconds in the strategy's add_update and make_version, and when the version was made), for the record
+SERVER_WORK = "edgesim.server_work"
 
 
 def short_error(text: str) -> str:

@@ -7,7 +7,8 @@ Unlike NVFlare's ``GlobalEvaluator`` it neither embeds data in the job config no
      started), "epoch" (wall clock),
      "sim_seconds" (simulated time of the version, when the global model reports one),
      "method" (the method's status, when it has one), "fleet" (devices online as it was made, of "devices", and
-     the "updates" applied and "failed" so far), "skipped" (how many versions were skipped before this one, if any) and "skipped_versions" (which),
+     the "updates" applied and "failed" so far), "server" (the strategy's wall seconds so far and when the version
+     was made, ``aggregation.global_model.ServerWork``), "skipped" (how many versions were skipped before this one, if any) and "skipped_versions" (which),
      "per_user" (with per-user test data: the users' accuracy spread, ``evaluation.per_user``)}
 
 Versions evaluated: 1, then every ``eval_frequency``-th, always ``max_model_version``, and the last version made
@@ -56,13 +57,14 @@ from nvflare.app_common.app_event_type import AppEventType
 
 from common.choices import EvalBacklog
 from common.cores import available_cores
-from common.protocol import CHECKPOINT_DUE, FLEET, METHOD_STATUS, RUN_OUTCOME, RUN_RESUMED, SIM_TIME
+from common.protocol import CHECKPOINT_DUE, FLEET, METHOD_STATUS, RUN_OUTCOME, RUN_RESUMED, SERVER_WORK, SIM_TIME
 from evaluation.events import VERSION_EVALUATED, VERSION_RECORD, VERSION_WEIGHTS
 from evaluation.per_user import per_user_accuracy
 from processors.data.config import DataConfig
 from processors.data.sources import load_dataset
 from processors.device import resolve_device
 from processors.models import build_model, initial_model
+from processors.precision import use_precision
 from processors.training import evaluate
 
 
@@ -118,6 +120,8 @@ class GlobalModelEvaluator(FLComponent):
     eval_frequency: evaluate every N versions.
     max_model_version: the last version, always evaluated.
     backlog: ``skip`` (a newer scheduled version supersedes the waiting ones) or ``wait`` (evaluate each).
+    precision: the run's ``--precision``: its TF32 switches on CUDA (``processors.precision``); evaluation itself
+        stays float32 (no autocast), so every method's curve is scored alike.
     """
 
     def __init__(
@@ -129,8 +133,10 @@ class GlobalModelEvaluator(FLComponent):
         eval_frequency: int = 1,
         max_model_version: int = 0,
         backlog: EvalBacklog = "wait",
+        precision: str = "fp32",
     ):
         super().__init__()
+        self.precision = precision
         self.model = model
         self.data = data
         self.seed = seed
@@ -143,7 +149,7 @@ class GlobalModelEvaluator(FLComponent):
         self._user_offsets = None
         self._start = 0.0
         self._engine = None
-        self._latest: tuple | None = None  # (version, weights, sim time) of the newest version
+        self._latest: tuple | None = None  # (version, weights, sim time, ...) of the newest version
         self._evaluated: set[int] = set()  # versions submitted (evaluated, waiting or skipped)
         self._waiting: list[tuple] = []  # (version, weights, sim time, method status), oldest first
         self._skipped: list[int] = []  # versions superseded since the last evaluated one
@@ -165,6 +171,7 @@ class GlobalModelEvaluator(FLComponent):
         self._start = time.time()
         self._engine = fl_ctx.get_engine()
         device = resolve_device(self.compute_device)
+        use_precision(self.precision, device)  # this process's TF32 switches (CUDA only)
         self._net = build_model(self.model).to(device)
         data = load_dataset(DataConfig(**self.data).spec(self.seed))
         self._test = (data.x_test.to(device), data.y_test.to(device))
@@ -190,6 +197,7 @@ class GlobalModelEvaluator(FLComponent):
             fl_ctx.get_prop(SIM_TIME),
             fl_ctx.get_prop(METHOD_STATUS),
             fl_ctx.get_prop(FLEET),
+            fl_ctx.get_prop(SERVER_WORK),
         )
         if is_scheduled(version, self.eval_frequency, self.max_model_version):
             self._submit(self._latest)
@@ -279,7 +287,7 @@ class GlobalModelEvaluator(FLComponent):
         if initial is not None:
             self._score_initial(initial)
         while (job := self._next()) is not None:
-            (version, weights, sim_time, status, fleet), skipped = job
+            (version, weights, sim_time, status, fleet, server), skipped = job
             started = time.time()
             scored = self._scored_ahead(version, weights)
             if scored is None:
@@ -306,6 +314,8 @@ class GlobalModelEvaluator(FLComponent):
                 record["method"] = status
             if fleet:
                 record["fleet"] = fleet
+            if server:
+                record["server"] = server
             fl_ctx = self._engine.new_context()
             fl_ctx.set_prop(VERSION_WEIGHTS, weights, private=True, sticky=False)
             self.fire_event_with_data(VERSION_EVALUATED, fl_ctx, VERSION_RECORD, record)

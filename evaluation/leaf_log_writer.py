@@ -2,7 +2,8 @@
 
 Leaves send their lines up with their reports (``common.leaf_outbox``), so the file is written where the results
 are, whether the leaves run on this machine (SimEnv) or on a deployment's. One line per device report, in the
-order the leaf made them: ``{"wall", "device", "version", "selection", "ok", "group"}`` (wall: the leaf's clock).
+order the leaf made them: ``{"wall", "device", "version", "selection", "ok", "group", "train_seconds"}`` (wall: the
+leaf's clock; group: devices trained in the same call; train_seconds: the wall seconds that call took).
 A fresh run starts the files anew; a resumed one appends to them.
 """
 

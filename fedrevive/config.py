@@ -8,8 +8,12 @@ from typing import Literal
 
 WarmupBlend = Literal["zero", "pass"]
 ClassProportions = Literal["true", "estimate"]
+BatchedTeachers = Literal["auto", "on", "off"]
 # FedRevive's own result file, per update (``aggregation.fedrevive_strategy``); ``jobs.methods.FedRevive`` declares it
 LOG_FILE = "fedrevive_log.jsonl"
+# its wall-clock fields (seconds of the whole server step, of the synthesis round, of the distillation): timing,
+# which no seeded run repeats, so a comparison of two runs' logs leaves them out (``benchmarks/same_bits.py``)
+LOG_WALL_CLOCK = ("kd_seconds", "synth_seconds", "distill_seconds")
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,10 @@ class FedReviveConfig:
         server_flip: the server's crop-and-flip of synthetic images (synthesis and distillation) also mirrors them,
             as both references do; off: crop only, for data whose classes are not mirror-symmetric (the devices'
             --augment is off there too).
+        batched_teachers: the 8 teachers' forward passes in synthesis and distillation as one batched pass
+            (torch.func.vmap over their stacked weights, fedrevive.teacher_batch) instead of one after another: on,
+            off, or auto (on CUDA only). Equal to the loop to rounding, not bit for bit, so auto keeps a CPU run's
+            bits; a model without data statistics always runs the loop.
     """
 
     s_max: float = 75.0
@@ -92,6 +100,7 @@ class FedReviveConfig:
     num_classes: int = 10
     stabilize_losses: bool = True
     server_flip: bool = True
+    batched_teachers: BatchedTeachers = "auto"
 
     def __post_init__(self) -> None:
         if self.s_max <= 0:
@@ -113,6 +122,8 @@ class FedReviveConfig:
             raise ValueError(f"--fr-warmup-blend {self.warmup_blend!r}: use zero or pass")
         if self.class_proportions not in typing.get_args(ClassProportions):
             raise ValueError(f"--fr-class-proportions {self.class_proportions!r}: use true or estimate")
+        if self.batched_teachers not in typing.get_args(BatchedTeachers):
+            raise ValueError(f"--fr-batched-teachers {self.batched_teachers!r}: use auto, on or off")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -35,8 +35,10 @@ from fedrevive.config import FedReviveConfig
 from fedrevive.staleness import beta as staleness_beta
 from fedrevive.staleness import blend_update
 from fedrevive.synthesis import Synthesizer, per_sample_kl
+from fedrevive.teacher_batch import TeacherBatch, batches_teachers
 from fedrevive.teachers import ProportionEstimator, Teacher, TeacherBuffer
 from fedrevive.weights import frozen, load_weights, parameter_delta
+from processors.precision import autocast, use_precision, widened
 
 
 def kd_step(
@@ -45,17 +47,34 @@ def kd_step(
     optimizer: torch.optim.Optimizer,
     temperature: float,
     stabilize: Callable[[torch.Tensor, str], torch.Tensor] | None = None,
+    precision: str = "fp32",
+    teacher_batch: TeacherBatch | None = None,
 ) -> float:
     """One distillation step: each teacher on its own batch, KL(teacher || student) summed over all samples and
     divided by their number; returns that loss before the step. ``stabilize`` (``LossStabilizer``) may reject the
-    loss: it becomes 0 and the step still runs, as in both references."""
+    loss: it becomes 0 and the step still runs, as in both references. ``precision``: the forward passes'
+    (``processors.precision``); ``teacher_batch``: the same teachers stacked, so that they run in one pass and
+    the student in one pass over every teacher's batch (the student is in eval mode: each sample's logits are
+    its own), equal to the loop to rounding (batches of one size)."""
     total = sum(images.shape[0] for _, images in batches)
+    device = batches[0][1].device
+    if teacher_batch is not None:
+        images = torch.stack([x for _, x in batches])  # teachers x N x C x H x W
+        with autocast(precision, device):
+            teacher_logits = widened(teacher_batch.logits_each(images))
+            student_logits = widened(student(images.flatten(0, 1))).view(teacher_logits.shape)
+        kl = [per_sample_kl(t, s, temperature).sum() for t, s in zip(teacher_logits, student_logits, strict=True)]
+    else:
+        kl = []
+        for teacher, images in batches:
+            with torch.no_grad(), autocast(precision, device):
+                teacher_logits = widened(teacher.model(images))
+            with autocast(precision, device):
+                student_logits = widened(student(images))
+            kl.append(per_sample_kl(teacher_logits, student_logits, temperature).sum())
     loss = None
-    for teacher, images in batches:
-        with torch.no_grad():
-            teacher_logits = teacher.model(images)
-        kl = per_sample_kl(teacher_logits, student(images), temperature).sum()
-        loss = kl if loss is None else loss + kl
+    for term in kl:  # summed in teacher order, as before
+        loss = term if loss is None else loss + term
     loss = loss / total
     if stabilize is not None:
         loss = stabilize(loss, "kd")
@@ -75,15 +94,20 @@ class FedReviveDistiller:
         device: torch.device,
         seed: int = 0,
         image_std: tuple[float, ...] | None = None,
+        precision: str = "fp32",
     ):
         self.cfg = cfg
         self.model_builder = model_builder
         self.device = device
+        self.precision = precision
+        use_precision(precision, device)  # this process's TF32 switches (CUDA only)
         self.rng = torch.Generator().manual_seed(seed + 1)
         self.teachers = TeacherBuffer(cfg.teacher_buffer_size, model_builder, device)
         self.estimator = ProportionEstimator(cfg.num_classes, cfg.probe_temperature)
-        self.parameter_names = frozenset(name for name, _ in model_builder().named_parameters())
-        self.synthesizer = Synthesizer(cfg, device, seed, image_std)
+        model = model_builder()
+        self.parameter_names = frozenset(name for name, _ in model.named_parameters())
+        self.batched = batches_teachers(cfg.batched_teachers, device, model)  # fedrevive.teacher_batch
+        self.synthesizer = Synthesizer(cfg, device, seed, image_std, precision)
         # One fixed probe batch: estimates of different clients are then comparable, and conv-mode teachers
         # get their feature-statistics reference from the same Gaussian noise (normalised image space).
         self.probe_noise = torch.randn(cfg.probe_samples, 3, 32, 32, generator=self.rng).to(device)
@@ -160,19 +184,23 @@ class FedReviveDistiller:
         start = time.perf_counter()
         global_model = self.frozen_model(global_weights)
         teachers = list(self.teachers)
+        batch = TeacherBatch(teachers) if self.batched else None
         class_weights = self.teachers.class_weights(self.estimator)
         proportions = self.teachers.proportions(self.estimator)
         if synthesize:
             adversary = global_model if current_version >= self.cfg.kd_train_from_version else None
-            result = self.synthesizer.synthesize(teachers, class_weights, proportions, adversary)
-            info.update(gen_loss=result.loss, synthesized=True)
+            synthesis_started = time.perf_counter()
+            result = self.synthesizer.synthesize(teachers, class_weights, proportions, adversary, batch)
+            info.update(gen_loss=result.loss, synthesized=True, synth_seconds=time.perf_counter() - synthesis_started)
         info.update(pool_size=len(self.synthesizer.pool), n_teachers=len(teachers))
         delta_kd = None
         if phase == "distill" and len(self.synthesizer.pool) == 0:
             info["phase"] = "empty-pool"
         elif phase == "distill":
-            delta_kd, losses = self.distill(global_model, global_weights, teachers, proportions)
+            distill_started = time.perf_counter()
+            delta_kd, losses = self.distill(global_model, global_weights, teachers, proportions, batch)
             info.update(beta=b, kd_loss_first=losses[0], kd_loss_last=losses[-1])
+            info["distill_seconds"] = time.perf_counter() - distill_started
         if self.synthesizer.stabilize.rejected:  # only then: a run without rejections keeps its log's bits
             info["rejected_losses"] = dict(self.synthesizer.stabilize.rejected)
         info["kd_seconds"] = time.perf_counter() - start
@@ -192,8 +220,10 @@ class FedReviveDistiller:
         global_weights: dict[str, np.ndarray],
         teachers: list[Teacher],
         proportions: torch.Tensor,
+        batch: TeacherBatch | None = None,
     ) -> tuple[dict[str, np.ndarray], list[float]]:
-        """Train a copy of the global model on pool images; return (delta_KD, per-step losses)."""
+        """Train a copy of the global model on pool images; return (delta_KD, per-step losses). ``batch``: the
+        teachers stacked, to run them in one pass."""
         student = copy.deepcopy(global_model)
         for p in student.parameters():
             p.requires_grad_(True)
@@ -208,7 +238,17 @@ class FedReviveDistiller:
                 (t, crop_and_flip(pool.sample_for(proportions[k], self.cfg.synth_per_teacher, self.rng)[0], *flips))
                 for k, t in enumerate(teachers)
             ]
-            losses.append(kd_step(student, batches, optimizer, self.cfg.kd_temperature, self.synthesizer.stabilize))
+            losses.append(
+                kd_step(
+                    student,
+                    batches,
+                    optimizer,
+                    self.cfg.kd_temperature,
+                    self.synthesizer.stabilize,
+                    self.precision,
+                    batch,
+                )
+            )
         reference = {k: v for k, v in global_weights.items() if k in dict(student.named_parameters())}
         return parameter_delta(student, reference), losses or [float("nan")]
 

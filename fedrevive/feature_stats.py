@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 
 from processors.models.stat_tracker import StatTracker
+from processors.precision import widened
 
 Stats = dict[str, tuple[torch.Tensor, torch.Tensor]]
 
@@ -36,7 +37,10 @@ def has_statistics(model: nn.Module) -> bool:
     return any(isinstance(m, STATISTIC_LAYERS) for m in model.modules())
 
 
-def _channel_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def channel_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and biased variance of an (N, C, H, W) batch, in float32 from bfloat16 activations
+    (``--precision bf16``); a float32 or float64 batch is used as it is."""
+    x = widened(x)
     mean = x.mean(dim=(0, 2, 3))
     var = x.var(dim=(0, 2, 3), unbiased=False)
     return mean, var
@@ -67,13 +71,13 @@ class FeatureStats:
 
     def _input_hook(self, name: str):
         def hook(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
-            self.stats[name] = _channel_stats(inputs[0])
+            self.stats[name] = channel_stats(inputs[0])
 
         return hook
 
     def _conv_hook(self, name: str):
         def hook(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
-            self.stats[name] = _channel_stats(output)
+            self.stats[name] = channel_stats(output)
 
         return hook
 

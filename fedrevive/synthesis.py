@@ -17,6 +17,10 @@ Generator loss, teachers weighted per sample by w_k(y) = q_k(y) / sum_t q_t(y), 
 The adversarial term (only where student and teacher agree, so it seeks the student's blind spots without pushing
 images off the teachers' classes) is on from ``kd_train_from_version``, as in NVIDIA's port. Each of the three terms
 (and the distillation loss) passes the references' loss stabilisation first (``fedrevive.stabilize``).
+
+The teachers run one after another, or in one batched pass (``fedrevive.teacher_batch``, equal to rounding); with
+``--precision bf16`` the generator's and the models' forward passes run under bfloat16 autocast and each loss is
+taken in float32 (``processors.precision``).
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ from fedrevive.config import FedReviveConfig
 from fedrevive.feature_stats import FeatureStats
 from fedrevive.generator import ConditionalGenerator
 from fedrevive.stabilize import LossStabilizer
+from fedrevive.teacher_batch import TeacherBatch
 from fedrevive.teachers import Teacher
+from processors.precision import autocast, widened
 
 
 class SyntheticPool:
@@ -116,10 +122,16 @@ class Synthesizer:
     """Persistent generator, its meta-optimizer and the pool; ``synthesize`` runs one round and fills the pool."""
 
     def __init__(
-        self, cfg: FedReviveConfig, device: torch.device, seed: int = 0, image_std: tuple[float, ...] | None = None
+        self,
+        cfg: FedReviveConfig,
+        device: torch.device,
+        seed: int = 0,
+        image_std: tuple[float, ...] | None = None,
+        precision: str = "fp32",
     ):
         self.cfg = cfg
         self.device = device
+        self.precision = precision
         with torch.random.fork_rng(devices=[]):  # seeded init without disturbing the caller's RNG
             torch.manual_seed(seed)
             self.generator = ConditionalGenerator(cfg.gen_noise_dim, cfg.num_classes, cfg.gen_width, image_std)
@@ -153,24 +165,24 @@ class Synthesizer:
         teachers: list[Teacher],
         class_weights: torch.Tensor,
         student: nn.Module | None,
+        batch: TeacherBatch | None = None,
     ) -> torch.Tensor:
-        """The loss of a (augmented) batch; ``student`` None leaves the adversarial term out."""
+        """The loss of a (augmented) batch; ``student`` None leaves the adversarial term out; ``batch``: the same
+        teachers stacked, to run them in one pass."""
         sample_weights = class_weights[:, labels]  # n_teachers x batch
         ce = images.new_zeros(())
         stat_loss = images.new_zeros(())
-        teacher_logits = []
-        for k, teacher in enumerate(teachers):
-            with FeatureStats(teacher.model, teacher.reference) as fs:
-                logits = teacher.model(images)
-            teacher_logits.append(logits)
-            ce = ce + (sample_weights[k] * F.cross_entropy(logits, labels, reduction="none")).mean()
-            stat_loss = stat_loss + sample_weights[k].mean() * fs.loss()
+        teacher_logits, features = self._teachers_on(images, teachers, batch)
+        for k in range(len(teacher_logits)):
+            ce = ce + (sample_weights[k] * F.cross_entropy(teacher_logits[k], labels, reduction="none")).mean()
+            stat_loss = stat_loss + sample_weights[k].mean() * features[k]
         # each term stabilised as the references do: a term whose weight is 0 is neither used nor tracked
         if self.cfg.bn_weight > 0:
             stat_loss = self.stabilize(stat_loss, "feature")
         loss = self.stabilize(ce, "one_hot") + self.cfg.bn_weight * stat_loss
         if student is not None and self.cfg.adv_weight > 0:
-            student_logits = student(images)
+            with autocast(self.precision, images.device):
+                student_logits = widened(student(images))
             agree_with = student_logits.argmax(dim=1)
             adversarial = images.new_zeros(())
             for k, logits in enumerate(teacher_logits):
@@ -183,11 +195,32 @@ class Synthesizer:
             loss = loss - self.cfg.adv_weight * adversarial
         return loss
 
+    def _teachers_on(
+        self, images: torch.Tensor, teachers: list[Teacher], batch: TeacherBatch | None
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Each teacher's float32 logits on ``images`` and its feature-statistics mismatch, in buffer order: one
+        teacher after another, or all in one pass (``batch``)."""
+        with autocast(self.precision, images.device):
+            if batch is not None:
+                logits, features = batch.logits_and_feature_loss(images)
+                return list(widened(logits).unbind(0)), list(features.unbind(0))
+            out: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+            for teacher in teachers:
+                with FeatureStats(teacher.model, teacher.reference) as fs:
+                    out[0].append(widened(teacher.model(images)))
+                out[1].append(fs.loss())
+            return out
+
     def synthesize(
-        self, teachers: list[Teacher], class_weights: torch.Tensor, proportions: torch.Tensor, student: nn.Module | None
+        self,
+        teachers: list[Teacher],
+        class_weights: torch.Tensor,
+        proportions: torch.Tensor,
+        student: nn.Module | None,
+        batch: TeacherBatch | None = None,
     ) -> SynthesisResult:
         """One round (module docstring). ``proportions``: n_teachers x classes; ``student``: the adversarial
-        term's student, or None."""
+        term's student, or None; ``batch``: the teachers stacked, to run them in one pass."""
         cfg = self.cfg
         n = cfg.synth_batch_size
         labels = torch.multinomial(proportions.mean(dim=0).cpu().double(), n, replacement=True, generator=self.rng)
@@ -204,9 +237,10 @@ class Synthesizer:
         )
         best: SynthesisResult | None = None
         for _ in range(max(1, cfg.gen_adapt_steps)):
-            images = fast(z, labels, embeddings, cfg.gen_class_weight)
+            with autocast(self.precision, z.device):
+                images = widened(fast(z, labels, embeddings, cfg.gen_class_weight))  # the pool keeps float32
             augmented = crop_and_flip(images, self.rng, PADDING, cfg.server_flip)
-            loss = self.generator_loss(augmented, labels, teachers, class_weights, student)
+            loss = self.generator_loss(augmented, labels, teachers, class_weights, student, batch)
             if best is None or loss.item() < best.loss:
                 best = SynthesisResult(images.detach(), labels, loss.item())
             optimizer.zero_grad(set_to_none=True)

@@ -274,6 +274,8 @@ class FedRevive(Method):
         args = super().strategy_args(cfg) | {"fedrevive": cfg.method_settings.to_dict()}
         if cfg.data.normalisation != "cifar":  # only then: a default run's job config keeps its bytes
             args["image_std"] = list(NORMALISATIONS[cfg.data.normalisation][1])
+        if cfg.training.precision != "fp32":  # likewise
+            args["precision"] = cfg.training.precision
         return args
 
     def leaf_sums(self, cfg: Any) -> bool:

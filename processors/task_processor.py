@@ -30,9 +30,10 @@ from common.seeds import stable_seed
 from processors.data.config import DataConfig
 from processors.data.device_samples import device_samples, ready_for_other_streams
 from processors.data.sources import load_dataset
-from processors.device import full_float32, resolve_device
+from processors.device import resolve_device
 from processors.device_rule import RuleHost
 from processors.objective import DeviceObjective, make_objective
+from processors.precision import use_precision
 from processors.reports import LAST_STEP, check_reports, weigh_by_samples, with_reports
 from processors.training import TrainingConfig, train_local, worker_model
 from processors.training_vectorized import train_group
@@ -71,14 +72,16 @@ def _cap_cuda_memory(device: torch.device, share: float) -> None:
 
 
 @contextlib.contextmanager
-def compute_context(device: torch.device, profile: UtilisationProfile, leaves_per_gpu: int = 1):
-    """Around one task or group: on CUDA, apply the profile (memory cap, this worker's stream, cache cleanup);
-    on the CPU, nothing."""
+def compute_context(
+    device: torch.device, profile: UtilisationProfile, leaves_per_gpu: int = 1, precision: str = "fp32"
+):
+    """Around one task or group: on CUDA, apply the profile (memory cap, this worker's stream, cache cleanup) and
+    the precision's TF32 switches (``processors.precision``); on the CPU, nothing."""
     if device.type != "cuda":
         yield
         return
     _cap_cuda_memory(device, profile.gpu_memory_share / max(1, leaves_per_gpu))
-    full_float32()
+    use_precision(precision, device)
     stream = None
     if profile.pinned_streams:
         streams = getattr(_worker, "streams", None)
@@ -287,7 +290,9 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         """Train ``device_id`` from the given global weights; return its WEIGHT_DIFF as numpy arrays
         (``selection``: its task's selection id, for the state a training rule keeps)."""
         settings = self._settings
-        with compute_context(resolve_device(self._training.compute_device), settings, self.leaves_per_gpu):
+        with compute_context(
+            resolve_device(self._training.compute_device), settings, self.leaves_per_gpu, self._training.precision
+        ):
             device, x, y, generator = self._prepare(device_id, version)
             net = worker_model(self._training.model, device)
             params = global_params_on(model_data, version, device, settings.cached_versions)
@@ -337,7 +342,9 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         k = len(device_ids)
         versions = [version] * k if isinstance(version, int) else list(version)
         models = [model_data] * k if isinstance(model_data, dict) else list(model_data)
-        with compute_context(resolve_device(self._training.compute_device), settings, self.leaves_per_gpu):
+        with compute_context(
+            resolve_device(self._training.compute_device), settings, self.leaves_per_gpu, self._training.precision
+        ):
             prepared = [self._prepare(d, v) for d, v in zip(device_ids, versions, strict=True)]
             device = prepared[0][0]
             by_version: dict[int, dict[str, torch.Tensor]] = {}  # each version converted once, one dict per version

@@ -26,6 +26,7 @@ from processors.device_rule import RuleRun
 from processors.local_work import epoch_schedule
 from processors.models import build_model, statistic_names
 from processors.objective import DeviceObjective
+from processors.precision import autocast, widened
 from processors.reports import last_step_losses
 from processors.training_config import TrainingConfig
 
@@ -142,6 +143,12 @@ def train_local(
     schedule = batch_schedule(len(y), cfg, generator)
     if cfg.augment:  # drawn after the schedule, from the same generator: as the vectorised engine draws them
         offsets, flips = augmentation.draw(len(schedule), len(schedule[0]) if schedule else 0, generator)
+    if cfg.batches_on_device and schedule and len({len(p) for p in schedule}) == 1:  # one copy, not one a step
+        schedule = list(torch.stack(schedule).to(data_device).unbind(0))
+        if cfg.augment:
+            offsets, flips = offsets.to(device), flips.to(device)
+    layout = channels_last_layout(model, cfg.channels_last)
+    forward = compiled(model, cfg.compile)
     for step, positions in enumerate(schedule):
         positions = positions.to(data_device, non_blocking=True)
         xb, yb = x.index_select(0, positions), y.index_select(0, positions)
@@ -149,7 +156,12 @@ def train_local(
             xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
         if cfg.augment:  # a tail batch (--local-epochs) takes the first of its step's draws
             xb = augmentation.crop_flip(xb, offsets[step, : len(positions)], flips[step, : len(positions)])
-        logits = model(prepare(xb))
+        inputs = prepare(xb)
+        if layout is not None and inputs.dim() == 4:
+            inputs = inputs.contiguous(memory_format=layout)
+        with autocast(cfg.precision, device):  # bf16: the forward pass only; weights, grads, state in float32
+            logits = forward(inputs)
+        logits = widened(logits)  # the loss in float32 (bf16 logits); float32 and float64 as they are
         loss = F.cross_entropy(logits, yb)
         if objective is not None:
             loss = loss + objective.loss(params, received, extras or {})
@@ -162,8 +174,32 @@ def train_local(
         optimizer.step()
     if rule is not None:
         rule.end(params, received)
-    with torch.no_grad():
-        return copy_to_host({name: t.detach() - global_params[name] for name, t in shared.items()}, pinned)
+    with torch.no_grad():  # (contiguous: a channels-last weight's diff too, so the arrays are plain C order)
+        diff = {name: (t.detach() - global_params[name]).contiguous() for name, t in shared.items()}
+        return copy_to_host(diff, pinned)
+
+
+def compiled(model: nn.Module, mode: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``model`` itself (``off``), or this worker's ``torch.compile`` of it in ``mode``, made once: it runs the
+    model's own parameters and buffers, so weights copied into the model reach it."""
+    if mode == "off":
+        return model
+    cache = getattr(_worker, "compiled", None)
+    if cache is None:
+        cache = _worker.compiled = {}
+    key = (id(model), mode)
+    if key not in cache:
+        cache[key] = torch.compile(model, mode=mode, dynamic=False)
+    return cache[key]
+
+
+def channels_last_layout(model: nn.Module, on: bool) -> torch.memory_format | None:
+    """Put ``model``'s 4-d weights in channels-last layout (``on``) or back in the default one, once per change
+    (a worker's model is reused by every task); the batches' layout to match, or None for the default."""
+    if getattr(model, "_edgesim_channels_last", False) != on:
+        model.to(memory_format=torch.channels_last if on else torch.contiguous_format)
+        model._edgesim_channels_last = on
+    return torch.channels_last if on else None
 
 
 def _correct(params: dict[str, torch.Tensor], rule: RuleRun) -> None:

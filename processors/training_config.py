@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     import torch
 
 Optimizer = Literal["adam", "sgd"]
+Precision = Literal["fp32", "tf32", "bf16"]  # processors.precision
+Compile = Literal["off", "default", "reduce-overhead"]  # torch.compile's modes (processors.training)
 DEFAULT_LOCAL_ITERS = 25
 
 
@@ -44,6 +46,20 @@ class TrainingConfig:
         augment: each local batch randomly cropped (padding 4) and flipped, as the FedRevive references train
             their clients (``processors.augment``; 32 x 32 natural images only; ``reproduce_fedrevive.py`` turns
             it on at the paper's scale).
+        precision: the numerics of training and of FedRevive's server (processors.precision): fp32, full float32
+            with TF32 off; tf32, TF32 tensor cores for convolutions and matrix products on CUDA (plain PyTorch's
+            default for convolutions, as the FedRevive references run; on a CPU the same as fp32); bf16, forward
+            passes under bfloat16 autocast, with the weights and the optimiser's state in float32.
+        batches_on_device: each task's batch positions and crop-and-flip draws go to the compute device in one copy
+            before its steps, instead of one small copy a step (no host transfer inside a task's steps; the same
+            bits). Off until a GPU measures it (GPU_FIX_NOTES.md).
+        channels_last: the per-device engine's model and batches in channels-last memory format (the layout
+            cuDNN's tensor-core convolutions prefer); equal to the default layout to rounding. The vectorised
+            engine ignores it. Off until a GPU measures it.
+        compile: the per-device engine's model under torch.compile: off; default; reduce-overhead (CUDA graphs:
+            a task's steps have one static batch shape with --local-iters). Compiled once per worker; equal to
+            the eager model to rounding (fused kernels). The vectorised engine ignores it. Off until a GPU
+            measures it.
     """
 
     model: str = AUTO
@@ -55,6 +71,10 @@ class TrainingConfig:
     momentum: float = 0.0
     compute_device: str = "auto"
     augment: bool = False
+    precision: Precision = "fp32"
+    batches_on_device: bool = False
+    channels_last: bool = False
+    compile: Compile = "off"
 
     def __post_init__(self) -> None:
         check_positive({"--local-iters": self.local_iters, "--local-batch-size": self.local_batch_size})
@@ -67,6 +87,8 @@ class TrainingConfig:
                 "work, epochs over each device's own data or a fixed number of steps, not both"
             )
         check_choice("--optimizer", self.optimizer, Optimizer)
+        check_choice("--precision", self.precision, Precision)
+        check_choice("--compile", self.compile, Compile)
         try:
             check_model_name(self.model)
         except ValueError as ex:

@@ -51,6 +51,7 @@ from processors.device_rule import RuleRun
 from processors.group_schedule import freeze, plan_group, restore
 from processors.models.stat_tracker import collecting, tracker_buffer_names, trackers, untracked_buffers
 from processors.objective import DeviceObjective
+from processors.precision import autocast, widened
 from processors.training import TrainingConfig, batch_schedule, copy_to_host, worker_model
 
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam defaults
@@ -164,15 +165,17 @@ def train_group(
     if prepared:
         x_all = prepare(x_all)
     offsets, flips = plan.offsets, plan.flips
+    if cfg.batches_on_device and cfg.augment:  # one copy, not one a step (the index tensors move once anyway)
+        offsets, flips = offsets.to(device), flips.to(device)
     index, mask, counts = plan.index.to(data_device), plan.mask.to(device), plan.counts.to(device)
     last_steps = plan.steps - 1  # each device's own last step (where its reports are measured)
     if last_step is not None:
         last_step[:] = [{} for _ in range(k)]
 
     def forward(params: Weights, x, y, m, count, received_one, extras_one) -> tuple[torch.Tensor, dict, torch.Tensor]:
-        with collecting(tracked, m) as collector:
+        with collecting(tracked, m) as collector, autocast(cfg.precision, device):
             logits = functional_call(model, params, (x,))
-        per_sample = F.cross_entropy(logits, y, reduction="none")
+        per_sample = F.cross_entropy(widened(logits), y, reduction="none")  # bf16: in float32
         loss = (per_sample * m).sum() / count
         if objective is not None:
             loss = loss + objective.loss(params, received_one, extras_one)

@@ -78,7 +78,8 @@ class FastSimulator:
     get_job_timeout: seconds to wait for the job to reach the leaf.
     delays: the run's delay model (the real-time mode's holding times).
     time_scale: 0: report at once; S > 0: hold each result for its delays x S wall seconds.
-    on_report: called with one dict per device report (wall time, device, version, selection, ok, group).
+    on_report: called with one dict per device report (wall time, device, version, selection, ok, group, the
+        group's training seconds).
     group_size: devices a worker trains together (1: one at a time).
     """
 
@@ -149,7 +150,9 @@ class FastSimulator:
             return
         try:
             with self.limit:
+                started = time.perf_counter()
                 results = self.channel.train(group)
+                seconds = time.perf_counter() - started
         except Exception as ex:
             # train them one by one instead: per-device retries, failure reports and OOM handling apply
             if is_out_of_memory(ex):
@@ -161,14 +164,17 @@ class FastSimulator:
             self._finish([pair for t in group for pair in self._run_task(t)])
             return
         for t in group:
-            t.trained_with = len(group)
+            t.trained_with, t.train_seconds = len(group), seconds
         self._finish(list(zip(group, results, strict=True)))
 
     def _run_task(self, t: DeviceTask) -> list[tuple[DeviceTask, Any]]:
         for attempt in range(1, MAX_ATTEMPTS + 1):
             try:
                 with self.limit:
-                    return [(t, self.channel.train([t])[0])]
+                    started = time.perf_counter()
+                    result = self.channel.train([t])[0]
+                    t.train_seconds = time.perf_counter() - started
+                    return [(t, result)]
             except Exception as ex:
                 t.error = short_error(f"{type(ex).__name__}: {ex}")
                 if is_out_of_memory(ex):
@@ -221,6 +227,7 @@ class FastSimulator:
                         "selection": t.selection_id,
                         "ok": result is not None and not t.failed,
                         "group": t.trained_with,
+                        "train_seconds": round(t.train_seconds, 6),
                     }
                 )
         self.channel.report(finished)

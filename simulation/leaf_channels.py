@@ -55,6 +55,7 @@ class DeviceTask:
         dispatched: wall time it was handed out (the real-time mode's start).
         handle: the channel's own handle of the device (the edge-request path's ``SimulatedDevice``).
         trained_with: devices in the call that trained it.
+        train_seconds: wall seconds that call took (the same for every device of a group; timing only).
         failed: its training failed for good.
         error: its last training error, one short line (``common.protocol.short_error``); "" when none.
         release: the server's release it came in (devices the server released together are trained together,
@@ -68,6 +69,7 @@ class DeviceTask:
     dispatched: float = field(default_factory=time.time)
     handle: Any = None
     trained_with: int = 1
+    train_seconds: float = 0.0
     failed: bool = False
     release: int | None = None
     error: str = ""

@@ -21,6 +21,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
+from processors.precision import widened
+
 _active = threading.local()
 
 
@@ -57,8 +59,9 @@ class StatTracker(nn.Module):
 
 def batch_moments(x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel mean and biased variance of ``x`` (N, C, H, W) over N, H, W; with ``mask`` (N,) of 0/1 over
-    the samples it marks only (padding samples of the vectorised engine count for nothing)."""
-    x = x.detach()
+    the samples it marks only (padding samples of the vectorised engine count for nothing). Taken in float32
+    from bfloat16 activations (``--precision bf16``); a float32 or float64 input is used as it is."""
+    x = widened(x.detach())
     if mask is None:
         return x.mean(dim=(0, 2, 3)), x.var(dim=(0, 2, 3), unbiased=False)
     weights = mask.view(-1, 1, 1, 1)

@@ -4,13 +4,15 @@ state, and refuses what is not a strategy."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from nvflare.apis.event_type import EventType
 
 from aggregation.global_model import GlobalModel
 from aggregation.strategy import ModelHistory, ServerStrategy, Update, Weights
-from common.protocol import DeviceUpdate, SelectionSum
+from common.protocol import SERVER_WORK, DeviceUpdate, SelectionSum
 from tests.fakes.engine import EventEngine
 
 
@@ -126,3 +128,34 @@ def test_the_global_model_takes_its_version_numbers_from_the_schedule_and_refuse
     assert model.current_version == 1
     model.make_version(2, 1.0, ctx)
     assert model.current_version == 2 and sorted(model.state_dict()["versions"]) == [1, 2]
+
+
+class SlowMean(StalenessWeightedMean):
+    """The same mean, each call taking a known wall time, to check what the global model counts."""
+
+    def add_update(self, update: Update, model: ModelHistory) -> None:
+        time.sleep(0.02)
+        super().add_update(update, model)
+
+    def make_version(self, model: ModelHistory, sim_time: float) -> Weights:
+        time.sleep(0.05)
+        return super().make_version(model, sim_time)
+
+
+def test_each_announced_version_carries_the_strategys_wall_seconds_so_far_and_when_it_was_made(tmp_path):
+    model = GlobalModel(f"{__name__}:SlowMean", {"lr": 0.5}, results_dir=str(tmp_path))
+    engine = EventEngine({"model": model})
+    ctx = engine.new_context()
+    engine.fire_event(EventType.START_RUN, ctx)
+    model.start({"w": np.zeros(2)}, 1, ctx)
+    first = ctx.get_prop(SERVER_WORK)
+    assert first["updates"] == first["versions"] == 0 and first["update_seconds"] == first["version_seconds"] == 0
+    before = time.time()
+    model.add_update(_update("a#0", 1, 2.0), 0, ctx)
+    model.add_update(_update("a#1", 1, 4.0), 0, ctx)
+    model.make_version(2, 1.0, ctx)
+    work = ctx.get_prop(SERVER_WORK)
+    assert work["updates"] == 2 and work["versions"] == 1
+    assert work["update_seconds"] >= 0.04 and work["version_seconds"] >= 0.05  # at least the sleeps
+    assert before <= work["made_epoch"] <= time.time()
+    np.testing.assert_array_equal(model.current_weights["w"], np.full(2, 1.5, np.float32))  # timing changes nothing

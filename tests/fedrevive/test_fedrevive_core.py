@@ -286,7 +286,7 @@ def test_the_adversary_joins_synthesis_from_kd_train_from_version(monkeypatch):
     monkeypatch.setattr(
         distiller.synthesizer,
         "synthesize",
-        lambda t, w, p, student: students.append(student) or synthesize(t, w, p, student),
+        lambda t, w, p, student, batch=None: students.append(student) or synthesize(t, w, p, student, batch),
     )
     for version in (3, 4):  # generator warm-up, then KD (kd_train_from_version = 4)
         distiller.process_update(global_weights, delta, "c0", base_version=version - 1, current_version=version)

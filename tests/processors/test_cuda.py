@@ -3,8 +3,9 @@ an asynchronous release trained as one vectorised group, and the processor's GPU
 copies on per-worker streams) against its host-data profile. Skipped where CUDA is absent (CI); run on a GPU
 machine, with the measured errors printed by ``benchmarks/gpu_equivalence.py``.
 
-The bounds are relative errors over every tensor of the diffs, with TF32 off (full float32 convolutions): a wrong
-start version, a device's data leaking into another or a diff taken on the wrong device gives errors of order 1."""
+The bounds are relative errors over every tensor of the diffs, at ``--precision fp32`` (TF32 off: full float32
+convolutions): a wrong start version, a device's data leaking into another or a diff taken on the wrong device gives
+errors of order 1. Whether a seeded group repeats bit for bit on CUDA is checked at every precision."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def test_auto_resolves_to_the_cuda_device_when_one_is_present():
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 def test_a_device_trained_on_cuda_gets_the_diff_it_gets_on_the_cpu(optimizer):
-    with eq.tf32(False):
+    with eq.tf32(False):  # --precision fp32
         worst, rel, scale = eq.cuda_vs_cpu(optimizer, CUDA)
     assert scale > 1e-3  # it trained
     assert rel < 1e-3, (worst, rel)
@@ -33,14 +34,14 @@ def test_a_device_trained_on_cuda_gets_the_diff_it_gets_on_the_cpu(optimizer):
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 def test_a_release_of_three_versions_grouped_on_cuda_equals_each_device_alone_on_cuda(optimizer):
-    with eq.tf32(False):
+    with eq.tf32(False):  # --precision fp32
         worst, rel, scale = eq.group_vs_alone(optimizer, CUDA)
     assert scale > 1e-3
     assert rel < 1e-3, (worst, rel)
 
 
 def test_the_gpu_profile_gives_the_host_data_profiles_diffs():
-    with eq.tf32(False):
+    with eq.tf32(False):  # --precision fp32
         worst, rel, scale = eq.profiles("cuda")
     assert scale > 1e-4
     assert rel < 1e-4, (worst, rel)
@@ -57,3 +58,17 @@ def test_the_processor_keeps_its_model_and_data_on_cuda():
     device, x, _, _ = proc._prepare("device-1", 1)
     assert device == CUDA and x.device.type == "cuda"
     assert torch.cuda.memory_allocated(CUDA) > before
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+def test_a_seeded_group_repeats_bit_for_bit_on_cuda_at_every_precision(precision, monkeypatch):
+    from processors.precision import use_precision
+
+    monkeypatch.setattr(eq, "PRECISION", precision)
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        use_precision(precision, CUDA)
+        worst, _, scale = eq.repeat("adam", CUDA)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+    assert scale > 1e-3 and worst == 0.0, (precision, worst)

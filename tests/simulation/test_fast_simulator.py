@@ -331,3 +331,22 @@ def test_a_release_of_several_versions_trains_together_each_device_from_its_own_
             (("site-1#9",), (4,)),
         ]
     )
+
+
+class SlowTrainer(GroupingTrainer):
+    """Each training call takes 0.05 s."""
+
+    def process_group(self, device_ids, task):
+        time.sleep(0.05)
+        return super().process_group(device_ids, task)
+
+
+def test_each_report_line_carries_the_wall_seconds_of_the_training_call_its_device_was_in():
+    leaf, lines = ScriptedLeaf(), []
+    sim = make_simulator(leaf, 1, trainer=SlowTrainer([]), on_report=lines.append, group_size=3)
+    dispatch(sim, {f"site-1#{i}": 1 for i in range(4)})  # a group of 3, then one alone
+    assert sim.drain()
+    assert sorted(line["group"] for line in lines) == [1, 3, 3, 3]
+    grouped = {line["train_seconds"] for line in lines if line["group"] == 3}
+    assert len(grouped) == 1 and 0.05 <= grouped.pop() < 1.0  # one call: one figure for its devices
+    assert all(0.05 <= line["train_seconds"] < 1.0 for line in lines)
