@@ -18,6 +18,12 @@ lists: NVFlare's debug f-strings would print them whole).
 Each new version fires ``GLOBAL_WEIGHTS_UPDATED`` with ``AppConstants.GLOBAL_MODEL``, ``CURRENT_ROUND`` (the
 version), ``SIM_TIME`` (the simulated time it was made at) and ``METHOD_STATUS`` (the strategy's ``status``) in
 the context, for the evaluator and recorder.
+
+Differential privacy (``privacy``, ``aggregation.server_privacy``) happens here, the one place every method's
+updates and versions pass: each version carries its clip norm to its devices, each applied update's unclipped bit
+is split off before the strategy sees it, and with central DP the aggregate's Gaussian noise goes to the
+strategy's ``add_noise`` just before it makes the version (``aggregation.strategy``); ``PRIVACY`` in the context
+then carries the accountant's inputs.
 """
 
 from __future__ import annotations
@@ -33,12 +39,14 @@ from nvflare.app_common.abstract.model import make_model_learnable
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 
+from aggregation.server_privacy import ServerPrivacy
 from aggregation.strategy import ServerContext, ServerStrategy, Update, Weights
 from aggregation.version_store import VersionStore
 from common.imports import import_object
 from common.output import output_dir
 from common.packed_weights import PackedArrays, pack
-from common.protocol import DEVICE_EXTRA_PREFIX, METHOD_STATUS, SIM_TIME, DeviceUpdate, SelectionSum
+from common.privacy import CLIP_NORM, UNCLIPPED
+from common.protocol import DEVICE_EXTRA_PREFIX, METHOD_STATUS, PRIVACY, SIM_TIME, DeviceUpdate, SelectionSum
 from processors.models import build_model, statistic_names
 
 
@@ -68,6 +76,8 @@ class GlobalModel(FLComponent):
     compute_device: the torch device the strategy may compute on.
     results_dir: the run's results folder ("": the server app's run folder).
     version_memory_mb: MiB of versions kept in memory; past it the oldest go to disk (``aggregation.version_store``).
+    privacy: differential privacy's ``ServerPrivacy`` arguments but the seed (``settings``, ``pool_size``,
+        ``updates_per_version``); None: off.
     """
 
     def __init__(
@@ -79,6 +89,7 @@ class GlobalModel(FLComponent):
         compute_device: str = "auto",
         results_dir: str = "",
         version_memory_mb: float = 256.0,
+        privacy: dict | None = None,
     ):
         super().__init__()
         self.strategy = strategy  # NVFlare exports a component's arguments from its attributes of the same name
@@ -89,6 +100,8 @@ class GlobalModel(FLComponent):
         self.compute_device = compute_device
         self.results_dir = results_dir
         self.version_memory_mb = version_memory_mb
+        self.privacy = privacy
+        self._privacy = ServerPrivacy(**privacy, seed=seed) if privacy else None
         self._spill_folder = ""  # under the run's folder, once known (START_RUN)
         self.statistics: frozenset[str] = frozenset(statistic_names(build_model(model))) if model else frozenset()
         self.current_version = 0
@@ -141,6 +154,8 @@ class GlobalModel(FLComponent):
         self._setup(fl_ctx)
         self.current_version = 1
         self._versions.close()
+        if self._privacy is not None:
+            self._privacy.start(1)
         self.server_strategy.start(self._versions.put(1, as_float32_arrays(initial)))
         self._keep_extras()
         self._announce(0.0, fl_ctx)
@@ -154,6 +169,10 @@ class GlobalModel(FLComponent):
             self._groups.append(update.group)
             diff, count, base = update.group.diff, update.group.count, update.group.base_version
         else:
+            diff = None  # its selection's sum went to the strategy already
+        if self._privacy is not None:
+            self._privacy.member(update.device)
+        if diff is None:
             return
         n = len(DEVICE_EXTRA_PREFIX)
         # a packed diff's layout names its arrays: one without reports needs no walk over them
@@ -161,6 +180,9 @@ class GlobalModel(FLComponent):
         reports = {} if plain else {k[n:]: v for k, v in diff.items() if k.startswith(DEVICE_EXTRA_PREFIX)}
         if reports:
             diff = {k: v for k, v in diff.items() if not k.startswith(DEVICE_EXTRA_PREFIX)}
+        if self._privacy is not None:
+            diff = self._privacy.take(as_float32_arrays(diff), reports, count, base, self.statistics)
+            reports.pop(UNCLIPPED, None)
         self.server_strategy.add_update(
             Update(update.device, base, count, as_float32_arrays(diff), tau, sim_time, as_float32_arrays(reports)),
             self,
@@ -168,8 +190,13 @@ class GlobalModel(FLComponent):
 
     def make_version(self, sim_time: float, fl_ctx: FLContext) -> None:
         """The strategy's next version becomes the current one, and is announced."""
+        if self._privacy is not None and self._privacy.cfg.central:
+            noise = self._privacy.noise(self.current_version + 1, self.current_weights, self.statistics)
+            self.server_strategy.add_noise(noise, self)
         new = self.server_strategy.make_version(self, sim_time)
         self._groups = []
+        if self._privacy is not None:
+            self._privacy.close(self.current_version + 1)
         self.current_version += 1
         self._versions.put(self.current_version, new)
         self._keep_extras()
@@ -177,6 +204,9 @@ class GlobalModel(FLComponent):
 
     def _keep_extras(self) -> None:
         extras = self.server_strategy.device_extras(self)
+        if self._privacy is not None:  # the clip norm this version's devices clip to
+            clip = np.array([self._privacy.clip_norm(self.current_version)], dtype=np.float32)
+            extras = dict(extras) | {CLIP_NORM: clip}
         if extras:
             self._extras[self.current_version] = as_float32_arrays(extras)
 
@@ -189,6 +219,8 @@ class GlobalModel(FLComponent):
         }
         if self._extras:
             state["device_extras"] = self._extras
+        if self._privacy is not None:
+            state["privacy"] = self._privacy.state_dict()
         return state | self.server_strategy.state_dict()
 
     def load_state_dict(self, state: dict, fl_ctx: FLContext | None = None) -> None:
@@ -201,6 +233,8 @@ class GlobalModel(FLComponent):
         self._extras = {int(v): w for v, w in state.get("device_extras", {}).items()}
         self._packed, self._spared = {}, set()
         self._groups = [SelectionSum.from_dict(g) for g in state["groups"]]
+        if self._privacy is not None:
+            self._privacy.load_state_dict(state["privacy"])
         self.server_strategy.load_state_dict(state)
 
     def retain(self, versions: set[int]) -> None:
@@ -248,4 +282,6 @@ class GlobalModel(FLComponent):
         fl_ctx.set_prop(AppConstants.CURRENT_ROUND, self.current_version, private=True, sticky=True)
         fl_ctx.set_prop(SIM_TIME, sim_time, private=True, sticky=True)
         fl_ctx.set_prop(METHOD_STATUS, self.status(), private=True, sticky=True)
+        if self._privacy is not None:
+            fl_ctx.set_prop(PRIVACY, self._privacy.inputs(self.current_version), private=True, sticky=True)
         self.fire_event(AppEventType.GLOBAL_WEIGHTS_UPDATED, fl_ctx)

@@ -66,6 +66,9 @@ SIM_TIME = "edgesim.sim_time"
 METHOD_STATUS = "edgesim.method_status"
 # fl_ctx prop beside it: the fleet as the version was made, ``ExactSchedule.fleet()`` (devices online, updates, failed)
 FLEET = "edgesim.fleet"
+# fl_ctx prop beside it, with differential privacy: the accountant's inputs after the version
+# (``aggregation.server_privacy.ServerPrivacy.inputs``)
+PRIVACY = "edgesim.privacy"
 
 
 def short_error(text: str) -> str:

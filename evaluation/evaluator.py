@@ -7,7 +7,8 @@ Unlike NVFlare's ``GlobalEvaluator`` it neither embeds data in the job config no
      "sim_seconds" (simulated time of the version, when the global model reports one),
      "method" (the method's status, when it has one), "fleet" (devices online as it was made, of "devices", and
      the "updates" applied and "failed" so far), "skipped" (how many versions were skipped before this one, if any) and "skipped_versions" (which),
-     "per_user" (with per-user test data: the users' accuracy spread, ``evaluation.per_user``)}
+     "per_user" (with per-user test data: the users' accuracy spread, ``evaluation.per_user``),
+     "privacy" (with differential privacy: the accountant's inputs and the epsilon spent, ``docs/privacy.md``)}
 
 Versions evaluated: 1, then every ``eval_frequency``-th, always ``max_model_version``, and the last version made
 when the run ends earlier (``RUN_OUTCOME``: a time budget, a lost leaf).
@@ -55,7 +56,8 @@ from nvflare.app_common.app_event_type import AppEventType
 
 from common.choices import EvalBacklog
 from common.cores import available_cores
-from common.protocol import CHECKPOINT_DUE, FLEET, METHOD_STATUS, RUN_OUTCOME, RUN_RESUMED, SIM_TIME
+from common.privacy_accounting import with_epsilon
+from common.protocol import CHECKPOINT_DUE, FLEET, METHOD_STATUS, PRIVACY, RUN_OUTCOME, RUN_RESUMED, SIM_TIME
 from evaluation.events import VERSION_EVALUATED, VERSION_RECORD, VERSION_WEIGHTS
 from evaluation.per_user import per_user_accuracy
 from processors.data.config import DataConfig
@@ -142,7 +144,7 @@ class GlobalModelEvaluator(FLComponent):
         self._user_offsets = None
         self._start = 0.0
         self._engine = None
-        self._latest: tuple | None = None  # (version, weights, sim time) of the newest version
+        self._latest: tuple | None = None  # (version, weights, sim time, ...) of the newest version
         self._evaluated: set[int] = set()  # versions submitted (evaluated, waiting or skipped)
         self._waiting: list[tuple] = []  # (version, weights, sim time, method status), oldest first
         self._skipped: list[int] = []  # versions superseded since the last evaluated one
@@ -189,6 +191,7 @@ class GlobalModelEvaluator(FLComponent):
             fl_ctx.get_prop(SIM_TIME),
             fl_ctx.get_prop(METHOD_STATUS),
             fl_ctx.get_prop(FLEET),
+            fl_ctx.get_prop(PRIVACY),
         )
         if is_scheduled(version, self.eval_frequency, self.max_model_version):
             self._submit(self._latest)
@@ -278,7 +281,7 @@ class GlobalModelEvaluator(FLComponent):
         if initial is not None:
             self._score_initial(initial)
         while (job := self._next()) is not None:
-            (version, weights, sim_time, status, fleet), skipped = job
+            (version, weights, sim_time, status, fleet, privacy), skipped = job
             started = time.time()
             scored = self._scored_ahead(version, weights)
             if scored is None:
@@ -305,6 +308,8 @@ class GlobalModelEvaluator(FLComponent):
                 record["method"] = status
             if fleet:
                 record["fleet"] = fleet
+            if privacy:  # the accountant's inputs and the epsilon they spend, computed here, off the server's path
+                record["privacy"] = with_epsilon(privacy)
             fl_ctx = self._engine.new_context()
             fl_ctx.set_prop(VERSION_WEIGHTS, weights, private=True, sticky=False)
             self.fire_event_with_data(VERSION_EVALUATED, fl_ctx, VERSION_RECORD, record)

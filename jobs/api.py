@@ -44,6 +44,7 @@ import numpy as np
 from common.choices import ConfigError
 from common.delays import DelayConfig
 from common.imports import import_path
+from common.privacy import PrivacyConfig
 from common.result_files import DATASET
 from jobs.config import PARTS, FederationConfig, JobConfig, RunConfig
 from jobs.methods import BUILT_IN, Method, method_of
@@ -119,6 +120,7 @@ def config_from_options(method: str, options: dict, presets: bool = False) -> Jo
             engine=EngineConfig(**_part(EngineConfig, given)),
             delays=DelayConfig.from_spec(given.get("delays"), **{k: given[k] for k in DELAY_FIELDS if k in given}),
             run=RunConfig(**_part(RunConfig, given)),
+            privacy=PrivacyConfig(**_part(PrivacyConfig, given)),
             method_settings=chosen.settings_from(settings),
         )
     except ConfigError:

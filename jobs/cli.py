@@ -33,6 +33,7 @@ GROUPS = {
     "delays": "device heterogeneity: simulated delays (a preset, any field overridden)",
     "engine": "simulation engine",
     "run": "run",
+    "privacy": "differential privacy (docs/privacy.md)",
 }
 """The flag groups of ``--help``, one per config part (``jobs.config.PARTS``), in this order."""
 
@@ -69,6 +70,7 @@ FLAGS: dict[str, dict[str, Flag]] = {
         "export_only": Flag(metavar="DIR"),
         "resume": Flag(metavar="DIR"),
     },
+    "privacy": {},
 }
 """Per part, the fields whose flag is not plainly ``--<field>`` with the field's default (``Flag``)."""
 

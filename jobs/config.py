@@ -12,6 +12,7 @@ engine                      ``simulation.config``             planner, device si
 heterogeneity (delays)      ``common.delays``                 the simulated-time schedule, device simulator
 run/output                  ``RunConfig`` (here)              driver, results
 method settings             the method's own dataclass        its server strategy (FedRevive: ``fedrevive.config``)
+differential privacy        ``common.privacy``                devices (clipping), server (noise), accountant
 ==========================  ================================  ===========================================
 
 Each part documents its fields once, in its ``Attributes:`` docstring: that text, in that order, is also the
@@ -38,8 +39,10 @@ from typing import Any, Literal
 
 from common.choices import ConfigError, EvalBacklog, check_choice, check_positive
 from common.delays import DelayConfig
+from common.privacy import PrivacyConfig
 from jobs.admin_kit import check_user
 from jobs.methods import Method, method_of
+from jobs.privacy import check_privacy, resolve_privacy
 from processors.data.config import DataConfig
 from processors.training_config import TrainingConfig
 from simulation.config import EngineConfig
@@ -253,6 +256,7 @@ class JobConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     delays: DelayConfig = field(default_factory=DelayConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     method_settings: Any = None
 
     def __post_init__(self) -> None:
@@ -276,6 +280,7 @@ class JobConfig:
                 f"{self.training.local_batch_size}; raise --subset-size or lower the batch size"
             )
         method.check(self)
+        check_privacy(self)
         if self.delays.availability != "always" and self.engine.time_scale > 0:
             raise ConfigError(
                 f"--availability {self.delays.availability} needs exact time: leave out --time-scale / --real-delays "
@@ -287,7 +292,8 @@ class JobConfig:
         """Check what needs the files and models the config names, before anything starts: the parts' own
         (``RunConfig``, ``TrainingConfig``, ``DelayConfig``: the startup kit, the model's import, the trace files),
         and whether ``--engine vectorized`` can run the model. Returns the config ready to run: with a capacity
-        trace, its task's samples and the model's bytes filled in where not given (measured speeds need them).
+        trace, its task's samples and the model's bytes filled in where not given (measured speeds need them); with
+        a differential-privacy target epsilon, its noise multiplier (``jobs.privacy.resolve_privacy``).
         ``ConfigError`` naming the fix otherwise; validating twice gives the same config."""
         try:
             return self._validated()
@@ -324,7 +330,7 @@ class JobConfig:
                 check_vectorizable(build_model(self.training.model))
             except NotVectorizable as ex:
                 raise ConfigError(str(ex)) from ex
-        return cfg
+        return resolve_privacy(cfg)
 
     def _check_real_devices(self) -> None:
         """``--devices real`` needs a deployment and the wall clock: nothing simulated may shape its time."""
@@ -367,6 +373,7 @@ class JobConfig:
     @classmethod
     def from_dict(cls, d: dict) -> JobConfig:
         """The config a ``to_dict`` wrote (e.g. the ``config`` of a run's ``metrics.json``)."""
+        d = {"privacy": {}} | d  # a run recorded before differential privacy existed ran without it
         parts = {name: PARTS[name].from_dict(d[name]) if name == "delays" else PARTS[name](**d[name]) for name in PARTS}
         settings = d.get("method_settings", d.get("fedrevive"))  # "fedrevive": written before the method API
         method = method_of(d["method"])
@@ -380,4 +387,5 @@ PARTS = {
     "engine": EngineConfig,
     "delays": DelayConfig,
     "run": RunConfig,
+    "privacy": PrivacyConfig,
 }

@@ -61,6 +61,7 @@ def _trainer(
         weighting=settings.get("weighting", "devices"),
         rule=settings.get("rule", ""),
         rule_args=settings.get("rule_args") or {},
+        privacy=settings.get("privacy"),
         device_state={  # the device's own, across its tasks and restarts: one folder per job's settings
             "dir": os.path.join(os.path.expanduser(state_dir), hashlib.sha256(settings_json.encode()).hexdigest()[:16]),
             "memory_mb": 16.0,

@@ -24,6 +24,7 @@ from nvflare.edge.web.models.job_response import JobResponse
 from nvflare.edge.web.models.task_response import TaskResponse
 
 from common.delays import DelayConfig, DeviceDelays
+from common.privacy import CLIP_NORM
 from common.profiles import DEFAULT_PROFILE, UtilisationProfile, get_profile
 from common.protocol import DEVICE_ERROR_META, DEVICE_EXTRA_PREFIX, DEVICE_ID_META, short_error
 from common.seeds import stable_seed
@@ -33,6 +34,7 @@ from processors.data.sources import load_dataset
 from processors.device import full_float32, resolve_device
 from processors.device_rule import RuleHost
 from processors.objective import DeviceObjective, make_objective
+from processors.privatize import clip_norm_for, parameter_names, privatized
 from processors.reports import LAST_STEP, check_reports, weigh_by_samples, with_reports
 from processors.training import TrainingConfig, train_local, worker_model
 from processors.training_vectorized import train_group
@@ -105,9 +107,10 @@ def received_model(task: TaskResponse) -> tuple[int, dict]:
 
 
 def device_extras(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The server's extra state for devices that came with a version's weights (``common.protocol``), by name."""
+    """The server's extra state for devices that came with a version's weights (``common.protocol``), by name,
+    for the method's hooks: the version's clip norm (differential privacy, ``processors.privatize``) is not theirs."""
     n = len(DEVICE_EXTRA_PREFIX)
-    return {k[n:]: v for k, v in params.items() if k.startswith(DEVICE_EXTRA_PREFIX)}
+    return {k[n:]: v for k, v in params.items() if k.startswith(DEVICE_EXTRA_PREFIX) and k[n:] != CLIP_NORM}
 
 
 def weight_diff_result(
@@ -155,6 +158,9 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
             ``dir`` ("": ``device_state/`` in the working folder), ``memory_mb``, ``durable``, ``fresh``.
         device_offsets: with ``--partition natural``, each leaf's first global device index, for the global
             device-to-user map (``processors.data.partition.range_offsets``); None otherwise.
+        privacy: differential privacy on the device (``common.privacy.PrivacyConfig.device_settings``): every
+            update is clipped to its version's clip norm and, with local DP, noised (``processors.privatize``);
+            None: off.
     """
 
     def __init__(
@@ -174,6 +180,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         rule_args: dict | None = None,
         device_state: dict | None = None,
         device_offsets: dict[str, int] | None = None,
+        privacy: dict | None = None,
     ):
         DeviceTaskProcessor.__init__(self)
         self.data = data
@@ -194,6 +201,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         self.rule_args = rule_args or {}
         self.device_state = device_state or {}
         self.device_offsets = device_offsets
+        self.privacy = privacy
         self._rules = RuleHost(rule, self.rule_args, self.device_state)
         self._data = DataConfig(**data)
         self._training = TrainingConfig(**training)
@@ -291,6 +299,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
             device, x, y, generator = self._prepare(device_id, version)
             net = worker_model(self._training.model, device)
             params = global_params_on(model_data, version, device, settings.cached_versions)
+            clip, norms = clip_norm_for(params, version) if self.privacy else None, []
             diff = train_local(
                 net,
                 params,
@@ -304,8 +313,18 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
                 device_extras(params),
                 last_step := self._last_step(),
                 rule := self._rules.start([device_id], [selection]),
+                clip,
+                norms,
             )
-            return self._with_reports(self._rules.finish(rule, [device_id], [selection], [diff])[0], y, last_step)
+            diff = self._rules.finish(rule, [device_id], [selection], [diff])[0]
+            if clip is not None:
+                diff = self._privatized(diff, clip, norms[0], device_id, version)
+            return self._with_reports(diff, y, last_step)
+
+    def _privatized(self, diff: dict, clip: float, norm: float, device_id: str, version: int) -> dict:
+        """A clipped diff as it leaves the device (``processors.privatize.privatized``)."""
+        names = parameter_names(self._training.model)
+        return privatized(diff, self.privacy, names, clip, norm, self.seed, device_id, version)
 
     def _last_step(self) -> dict | None:
         """Where an engine puts a device's last-step losses, when a report needs them (else it measures none)."""
@@ -344,6 +363,8 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
             for v, data in zip(versions, models, strict=True):
                 if v not in by_version:
                     by_version[v] = global_params_on(data, v, device, settings.cached_versions)
+            clips = [clip_norm_for(by_version[v], v) for v in versions] if self.privacy else None
+            norms: list[float] = []
             if len(by_version) == 1:  # one version: its weights broadcast to every device, as always
                 params = next(iter(by_version.values()))
                 extras = device_extras(params)
@@ -364,8 +385,15 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
                 extras,
                 last_steps := ([] if self._last_step() is not None else None),
                 rule := self._rules.start(device_ids, selections or [None] * k),
+                clips,
+                norms,
             )
             diffs = self._rules.finish(rule, device_ids, selections or [None] * k, diffs)
+            if clips is not None:
+                diffs = [
+                    self._privatized(d, c, n, i, v)
+                    for d, c, n, i, v in zip(diffs, clips, norms, device_ids, versions, strict=True)
+                ]
             steps = last_steps if last_steps is not None else [None] * len(diffs)
             return [
                 self._with_reports(d, y, last) for d, (_, _, y, _), last in zip(diffs, prepared, steps, strict=True)

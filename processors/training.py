@@ -25,6 +25,7 @@ from processors.device_rule import RuleRun
 from processors.local_work import epoch_schedule
 from processors.models import build_model, statistic_names
 from processors.objective import DeviceObjective
+from processors.privatize import clip_one
 from processors.reports import last_step_losses
 from processors.training_config import TrainingConfig
 
@@ -101,6 +102,8 @@ def train_local(
     extras: dict[str, torch.Tensor] | None = None,
     last_step: dict[str, torch.Tensor] | None = None,
     rule: RuleRun | None = None,
+    clip_norm: float | None = None,
+    update_norm: list[float] | None = None,
 ) -> dict[str, np.ndarray]:
     """Train ``model`` from ``global_params`` on one device's samples; return its diff (parameters and statistics).
 
@@ -113,6 +116,9 @@ def train_local(
     step's losses (``processors.reports.last_step_losses``), for the device's reports. ``rule`` (the method's
     training rule, ``processors.device_rule``) sets up from the received weights, corrects each step's gradients
     before the optimiser takes them, and keeps the device's reports and new state after the last step.
+    ``clip_norm`` (differential privacy, ``processors.privatize``): the parameters' diff is clipped to this L2
+    norm and the statistics' diffs are zeroed before they leave the compute device; ``update_norm``, when given,
+    receives the parameters' norm before clipping.
     """
     device = next(model.parameters()).device
     shared = dict(model.named_parameters()) | {name: model.get_buffer(name) for name in statistic_names(model)}
@@ -162,7 +168,12 @@ def train_local(
     if rule is not None:
         rule.end(params, received)
     with torch.no_grad():
-        return copy_to_host({name: t.detach() - global_params[name] for name, t in shared.items()}, pinned)
+        diff = {name: t.detach() - global_params[name] for name, t in shared.items()}
+        if clip_norm is not None:
+            diff, norm = clip_one(diff, [name for name, _ in model.named_parameters()], clip_norm)
+            if update_norm is not None:
+                update_norm.append(norm)
+        return copy_to_host(diff, pinned)
 
 
 def _correct(params: dict[str, torch.Tensor], rule: RuleRun) -> None:

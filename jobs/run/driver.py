@@ -184,6 +184,7 @@ def schedule_for(cfg: JobConfig) -> ExactSchedule:
         device_work(
             cfg.data.to_dict(), cfg.training.to_dict(), cfg.run.seed, device_offsets(cfg)
         ),  # None: --local-iters
+        cfg.privacy.central,  # differential privacy: each device at most once per version
     )
 
 

@@ -12,6 +12,7 @@ import torch
 from common.choices import ConfigError
 from common.profiles import get_profile
 from jobs.config import JobConfig
+from jobs.privacy import privacy_notes
 from jobs.run.timeouts import Timeouts, derive_timeouts
 from processors.data.config import lazy_refusal
 from processors.data.sources import Dataset, load_dataset
@@ -166,8 +167,9 @@ def check_model_fits_data(cfg: JobConfig, dataset: Dataset) -> None:
 
 
 def method_notes(cfg: JobConfig) -> tuple[str, ...]:
-    """What the method wants the user to know before the run (e.g. a FedRevive run too short to revive)."""
-    return cfg.method_spec.notes(cfg)
+    """What the method wants the user to know before the run (e.g. a FedRevive run too short to revive), and the
+    run's differential privacy."""
+    return cfg.method_spec.notes(cfg) + privacy_notes(cfg)
 
 
 def prepare(cfg: JobConfig) -> RunPlan:
