@@ -21,6 +21,7 @@ from common.result_files import DRY_RUN_FILES, METRICS
 from evaluation.run_recorder import record_interruption
 from jobs.admin_kit import check_leaf_count, check_server_answers
 from jobs.config import JobConfig
+from jobs.privacy import privacy_notes
 from jobs.run.components import device_offsets, leaf_names
 from jobs.run.environments import make_env
 from jobs.run.outputs import nvflare_workspace, prepare_output_dir
@@ -194,6 +195,8 @@ def dry_run(cfg: JobConfig, results_dir: str) -> int:
     started = time.time()
     summary = write_timeline(run_timeline(schedule, len(schedule.pool)), results_dir)
     print(format_timeline(summary))
+    for note in privacy_notes(cfg):  # the noise and the compositions the run would spend
+        print(f"[edgesim] {note}")
     print(f"[edgesim] computed in {time.time() - started:.1f} s; {' and '.join(DRY_RUN_FILES)} in {results_dir}")
     return 0
 
