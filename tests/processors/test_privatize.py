@@ -167,3 +167,24 @@ def test_local_dp_noise_is_seeded_the_same_in_both_engines_and_has_the_stated_de
     zero = {k: np.zeros_like(v) for k, v in clipped[0].items()}
     by_version = [local_noise(zero, parameters, 1.0, 5, devices[0], v)["fc1.weight"] for v in (2, 3)]
     assert not np.array_equal(*by_version)  # each version's task draws its own noise
+
+
+def test_a_real_device_clips_and_noises_through_the_same_task_processor_as_a_simulated_one():
+    """The leaf hands a real device the job's privacy settings (``device_settings``) with its task; the device's
+    update, through the JSON wire, is what the simulated device sends: clipped, with the same seeded noise."""
+    import json
+
+    from common.device_wire import diff_problem, from_wire, to_wire
+    from processors.device_processor import _trainer
+    from simulation.leaf_executor import device_settings
+
+    simulated = dp_processor("local", 0.5)
+    settings = json.loads(json.dumps(device_settings(simulated)))  # what travels in the task's metadata
+    assert settings["privacy"] == {"dp": "local", "noise_multiplier": 0.5}
+    weights = weights_with_clip(0.05)
+    real = _trainer(json.dumps(settings, sort_keys=True), "cpu", "")
+    sent = from_wire(json.loads(json.dumps(to_wire(real.train("site-1#2", weights, version=4)))))
+    want = simulated.train("site-1#2", weights, version=4)
+    assert diff_problem(sent, weights) == "" and sent.keys() == want.keys()
+    for name in want:
+        np.testing.assert_allclose(sent[name], want[name], rtol=0, atol=1e-6, err_msg=name)
