@@ -130,3 +130,20 @@ def test_participation_and_local_dp_plan_the_most_updates_one_device_sends(mode)
 def test_refusals_raise_config_errors_through_the_python_api_too():
     with pytest.raises(ConfigError, match="cannot hold for FedRevive"):
         make_config("fedrevive", **options(dp_noise_multiplier=1.0))
+
+
+def test_a_sweeps_table_shows_each_trials_epsilon_when_its_runs_have_one():
+    import optuna
+
+    from jobs.sweep.report import trial_table
+
+    study = optuna.create_study(direction="maximize")
+    for sigma, eps in ((0.5, 9.1), (2.0, 1.7)):
+        trial = study.ask({"dp-noise-multiplier": optuna.distributions.FloatDistribution(0.1, 4.0)})
+        trial.set_user_attr("epsilon", eps)
+        study.tell(trial, 0.2)
+    table = trial_table(study).splitlines()
+    assert "epsilon" in table[0].split() and "9.1" in table[1] and "1.7" in table[2]
+    plain = optuna.create_study()
+    plain.add_trial(optuna.trial.create_trial(value=0.1))
+    assert "epsilon" not in trial_table(plain)
