@@ -90,10 +90,14 @@ def resolve_privacy(cfg: JobConfig) -> JobConfig:
         p = cfg.privacy
     spent = epsilon(p.dp_accountant, accounted_multiplier(cfg), q, compositions, p.dp_delta)
     if spent > p.dp_target_epsilon * (1 + 1e-9):
+        fix = (
+            "a resumed run keeps its noise: resume it without a longer --max-model-version / --max-sim-time"
+            if cfg.run.resume
+            else "raise the noise, or leave one of them out"
+        )
         raise ConfigError(
             f"--dp-noise-multiplier {p.dp_noise_multiplier} spends epsilon {spent:.4g} over the planned "
-            f"{compositions} compositions, above --dp-target-epsilon {p.dp_target_epsilon}: raise the noise, or leave "
-            "one of them out"
+            f"{compositions} compositions, above --dp-target-epsilon {p.dp_target_epsilon}: {fix}"
         )
     if p.dp_adaptive_clipping:
         check_count_noise(cfg, p.dp_noise_multiplier)

@@ -139,7 +139,7 @@ def test_a_sweeps_table_shows_each_trials_epsilon_when_its_runs_have_one():
 
     study = optuna.create_study(direction="maximize")
     for sigma, eps in ((0.5, 9.1), (2.0, 1.7)):
-        trial = study.ask({"dp-noise-multiplier": optuna.distributions.FloatDistribution(0.1, 4.0)})
+        trial = study.ask({"dp-noise-multiplier": optuna.distributions.FloatDistribution(sigma, sigma)})
         trial.set_user_attr("epsilon", eps)
         study.tell(trial, 0.2)
     table = trial_table(study).splitlines()
@@ -147,3 +147,32 @@ def test_a_sweeps_table_shows_each_trials_epsilon_when_its_runs_have_one():
     plain = optuna.create_study()
     plain.add_trial(optuna.trial.create_trial(value=0.1))
     assert "epsilon" not in trial_table(plain)
+
+
+def test_a_dp_run_resumes_with_its_computed_noise_and_refuses_a_longer_budget_past_its_target(tmp_path):
+    """The saved config holds the noise its target gave; the original command with --resume finds the same, and a
+    longer run, which would spend more than the target with that noise, is refused naming why."""
+    import json
+
+    from jobs.cli import build_parser, config_from_args
+    from jobs.resume import given_flags, resumed_config
+    from processors.models import build_model
+    from scheduling import checkpoint
+
+    argv = [*SMALL, "--method", "fedavg", "--max-model-version", "5", "--dp", "central", "--dp-target-epsilon", "8"]
+    parser = build_parser("test", method_choice=True)
+    saved = config_from_args(parser.parse_args(argv), "fedavg", True).validate()
+    (tmp_path / "metrics.json").write_text(json.dumps({"config": saved.to_dict(), "versions": []}))
+    weights = {k: v.numpy() for k, v in build_model("cifar10_convnet").state_dict().items()}
+    checkpoint.write(
+        str(tmp_path), {"meta": {"version": 1}, "model_manager": {"current_version": 1, "versions": {1: weights}}}
+    )
+
+    def resume(extra):
+        args = [*argv, *extra, "--resume", str(tmp_path)]
+        flags = config_from_args(parser.parse_args(args), "fedavg", True).validate()
+        return resumed_config(str(tmp_path), flags, given_flags(parser, args)).validate()
+
+    assert resume([]).privacy == saved.privacy and saved.privacy.dp_noise_multiplier > 0
+    with pytest.raises(ConfigError, match="a resumed run keeps its noise"):
+        resume(["--max-model-version", "9"])
