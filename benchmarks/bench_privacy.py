@@ -8,13 +8,18 @@ run and ``results.md`` in ``--output``: the noise multiplier, the epsilon spent,
 0.1) and wall seconds.
 
     python benchmarks/bench_privacy.py --methods fedavg,fedbuff --epsilons 8,2 --seed 0
+    python benchmarks/bench_privacy.py --methods fedavg --epsilons 8,2 -- --synthetic-difficulty 0 --global-lr 0.3
+    python benchmarks/bench_privacy.py --methods fedbuff --epsilons 8,2 -- --synthetic-difficulty 0 --global-lr 0.01
 
 ``--overhead``: one job (``--methods``' first, ``--overhead-versions`` versions of the cpu scale) run without and
 with central DP, alternated ``--repeats`` times; the median of each side's steady-state seconds per version
 (between the first and the last evaluated version, start-up left out) and of its whole wall time, and the line
-``job dp: <X>x`` (DP's steady-state seconds per version over the plain run's). Take it on an idle machine.
+``job dp: <X>x`` (DP's steady-state seconds per version over the plain run's). Take it on an idle machine, with
+FedAvg: central DP holds each asynchronous device until its version is made (``scheduling.schedule``), so a
+FedBuff run with DP follows another schedule (other groups, other waits) and its time differs for that reason too;
+a synchronous run's schedule is the same with and without DP, so the ratio is DP's own cost.
 
-    python benchmarks/bench_privacy.py --overhead --methods fedbuff --repeats 3
+    python benchmarks/bench_privacy.py --overhead --methods fedavg --repeats 3
 
 Extra job flags after ``--`` go to every run (e.g. ``-- --dp-clip-norm 1 --num-updates-for-model 10``).
 """

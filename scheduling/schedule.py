@@ -333,22 +333,19 @@ class ExactSchedule:
 
     # -- checkpointing ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return (
-            {
-                "now": self.now,
-                "version": self.version,
-                "buffered": self.buffered,
-                "applied": self.applied,
-                "failed": self.failed,
-                "in_flight": [d.to_dict() for d in self.in_flight.values()],
-                "task_counts": dict(self.task_counts),
-                "selection_seq": self.selection_seq,
-                "selection_version": {str(k): v for k, v in self.selection_version.items()},
-                "pool": self.pool.state_dict(),
-            }
-            | (self._selection_state() if self.policy is not None else {})
-            | ({"held": list(self._held)} if self._held else {})
-        )
+        state = {
+            "now": self.now,
+            "version": self.version,
+            "buffered": self.buffered,
+            "applied": self.applied,
+            "failed": self.failed,
+            "in_flight": [d.to_dict() for d in self.in_flight.values()],
+            "task_counts": dict(self.task_counts),
+            "selection_seq": self.selection_seq,
+            "selection_version": {str(k): v for k, v in self.selection_version.items()},
+            "pool": self.pool.state_dict(),
+        } | (self._selection_state() if self.policy is not None else {})
+        return state | ({"held": list(self._held)} if self._held else {})
 
     def _selection_state(self) -> dict:
         """The selection policy's part of a checkpoint: what the run knows, its generator and its own state."""
