@@ -1,5 +1,5 @@
 """``accuracy.png``: a run's accuracy against model version, wall seconds, (when it has them) simulated seconds and
-(with differential privacy) the epsilon spent;
+(with differential privacy) the epsilon spent, with an adaptive clip norm over the versions;
 under an availability model also the devices online at each version, and the failure rate in the title; with
 per-user test data the spread of the users' accuracies (10th to 90th percentile, and the median) by version.
 
@@ -71,6 +71,11 @@ def plot_accuracy(records: list[dict], path: str, title: str) -> None:
     if private:  # differential privacy: the accuracy-privacy curve of the run
         axes[-1].plot([r["privacy"]["epsilon"] for r in private], [r["accuracy"] for r in private], marker="o")
         axes[-1].set_xlabel(f"epsilon spent (delta {private[-1]['privacy']['delta']:g})")
+        adaptive = [r for r in private if "noised_unclipped_fraction" in r["privacy"]]
+        if adaptive:  # the clip norm over the run, as adaptive clipping moved it
+            norm = axes[0].twinx()
+            norm.plot([r["version"] for r in adaptive], [r["privacy"]["clip_norm"] for r in adaptive], color="grey")
+            norm.set_ylabel("clip norm (grey)")
     for ax in axes:
         ax.set_ylabel("test accuracy")
         ax.grid(alpha=0.3)
