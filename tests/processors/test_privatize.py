@@ -19,13 +19,13 @@ from processors.training_vectorized import train_group
 
 MODEL = "cifar10_convnet"
 CPU = torch.device("cpu")
-CFG = TrainingConfig(local_iters=4, local_batch_size=16, local_lr=0.05, optimizer="sgd")
+CFG = TrainingConfig(local_iters=2, local_batch_size=8, local_lr=0.05, optimizer="sgd")
 
 
 @pytest.fixture(scope="module")
 def data():
-    ds = make_synthetic(300, 50, seed=4)
-    sizes, out, start = [30, 64, 100], [], 0
+    ds = make_synthetic(100, 20, seed=4)
+    sizes, out, start = [12, 20, 32], [], 0
     for n in sizes:
         out.append((ds.x_train[start : start + n], ds.y_train[start : start + n]))
         start += n
@@ -42,7 +42,7 @@ def generators(k: int) -> list[torch.Generator]:
     return [torch.Generator().manual_seed(20 + i) for i in range(k)]
 
 
-# PyTorch scales by clip / (norm + 1e-6), ours by clip / norm: for these updates' norms (about 0.1) a relative
+# PyTorch scales by clip / (norm + 1e-6), ours by clip / norm: for these updates' norms (of order 0.1) a relative
 # difference of about 1e-5
 RTOL = 1e-4
 
@@ -118,8 +118,10 @@ def dp_processor(mode: str, noise: float | None = None) -> TrainingTaskProcessor
 
     privacy = {"dp": mode} | ({"noise_multiplier": noise} if noise is not None else {})
     return TrainingTaskProcessor(
-        data=DataConfig(synthetic_size=2000, subset_size=64).to_dict(),
-        training=TrainingConfig(compute_device="cpu", local_iters=3, local_lr=0.05, optimizer="sgd").to_dict(),
+        data=DataConfig(synthetic_size=500, subset_size=16).to_dict(),
+        training=TrainingConfig(
+            compute_device="cpu", local_iters=1, local_batch_size=8, local_lr=0.05, optimizer="sgd"
+        ).to_dict(),
         seed=5,
         privacy=privacy,
     )
