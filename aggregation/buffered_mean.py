@@ -135,6 +135,12 @@ class BufferedMean(ServerStrategy):
         self._sum, self._count = None, 0
         return new
 
+    def add_noise(self, noise: Weights, model: ModelHistory) -> None:
+        """Central DP: the aggregate's noise joins the buffered sum of the parameters' diffs (the mean then divides
+        the noised sum by the updates' count; ``aggregation.server_privacy``)."""
+        for k, v in noise.items():
+            self._sum[k] += v
+
     def state_dict(self) -> dict:
         # a copy: the sum's buffer is reused for a later version's sum (``_spare``)
         total = None if self._sum is None else {k: v.copy() for k, v in self._sum.items()}

@@ -21,6 +21,12 @@ Each new version fires ``GLOBAL_WEIGHTS_UPDATED`` with ``AppConstants.GLOBAL_MOD
 version), ``SIM_TIME`` (the simulated time it was made at), ``METHOD_STATUS`` (the strategy's ``status``) and
 ``SERVER_WORK`` (the wall seconds the strategy has taken so far, ``ServerWork``) in the context, for the evaluator
 and recorder.
+
+Differential privacy (``privacy``, ``aggregation.server_privacy``) happens here, the one place every method's
+updates and versions pass: each version carries its clip norm to its devices, each applied update's unclipped bit
+is split off before the strategy sees it, and with central DP the aggregate's Gaussian noise goes to the
+strategy's ``add_noise`` just before it makes the version (``aggregation.strategy``); ``PRIVACY`` in the context
+then carries the accountant's inputs.
 """
 
 from __future__ import annotations
@@ -38,12 +44,22 @@ from nvflare.app_common.abstract.model import make_model_learnable
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 
+from aggregation.server_privacy import ServerPrivacy
 from aggregation.strategy import ServerContext, ServerStrategy, Update, Weights
 from aggregation.version_store import VersionStore
 from common.imports import import_object
 from common.output import output_dir
 from common.packed_weights import PackedArrays, pack
-from common.protocol import DEVICE_EXTRA_PREFIX, METHOD_STATUS, SERVER_WORK, SIM_TIME, DeviceUpdate, SelectionSum
+from common.privacy import CLIP_NORM, UNCLIPPED
+from common.protocol import (
+    DEVICE_EXTRA_PREFIX,
+    METHOD_STATUS,
+    PRIVACY,
+    SERVER_WORK,
+    SIM_TIME,
+    DeviceUpdate,
+    SelectionSum,
+)
 from processors.models import build_model, statistic_names
 
 
@@ -97,6 +113,8 @@ class GlobalModel(FLComponent):
     compute_device: the torch device the strategy may compute on.
     results_dir: the run's results folder ("": the server app's run folder).
     version_memory_mb: MiB of versions kept in memory; past it the oldest go to disk (``aggregation.version_store``).
+    privacy: differential privacy's ``ServerPrivacy`` arguments but the seed (``settings``, ``pool_size``,
+        ``updates_per_version``); None: off.
     """
 
     def __init__(
@@ -108,6 +126,7 @@ class GlobalModel(FLComponent):
         compute_device: str = "auto",
         results_dir: str = "",
         version_memory_mb: float = 256.0,
+        privacy: dict | None = None,
     ):
         super().__init__()
         self.strategy = strategy  # NVFlare exports a component's arguments from its attributes of the same name
@@ -118,6 +137,8 @@ class GlobalModel(FLComponent):
         self.compute_device = compute_device
         self.results_dir = results_dir
         self.version_memory_mb = version_memory_mb
+        self.privacy = privacy
+        self._privacy = ServerPrivacy(**privacy, seed=seed) if privacy else None
         self._spill_folder = ""  # under the run's folder, once known (START_RUN)
         self.statistics: frozenset[str] = frozenset(statistic_names(build_model(model))) if model else frozenset()
         self._current = 0  # the version the schedule last made (0 before the start)
@@ -176,6 +197,8 @@ class GlobalModel(FLComponent):
         self._setup(fl_ctx)
         self._current = version
         self._versions.close()
+        if self._privacy is not None:
+            self._privacy.start(version)
         self.server_strategy.start(self._versions.put(version, as_float32_arrays(initial)))
         self._keep_extras()
         self._announce(0.0, fl_ctx)
@@ -189,6 +212,10 @@ class GlobalModel(FLComponent):
             self._groups.append(update.group)
             diff, count, base = update.group.diff, update.group.count, update.group.base_version
         else:
+            diff = None  # its selection's sum went to the strategy already
+        if self._privacy is not None:
+            self._privacy.member(update.device)
+        if diff is None:
             return
         n = len(DEVICE_EXTRA_PREFIX)
         # a packed diff's layout names its arrays: one without reports needs no walk over them
@@ -196,6 +223,9 @@ class GlobalModel(FLComponent):
         reports = {} if plain else {k[n:]: v for k, v in diff.items() if k.startswith(DEVICE_EXTRA_PREFIX)}
         if reports:
             diff = {k: v for k, v in diff.items() if not k.startswith(DEVICE_EXTRA_PREFIX)}
+        if self._privacy is not None:
+            diff = self._privacy.take(as_float32_arrays(diff), reports, count, base, self.statistics)
+            reports.pop(UNCLIPPED, None)
         started = time.perf_counter()
         self.server_strategy.add_update(
             Update(update.device, base, count, as_float32_arrays(diff), tau, sim_time, as_float32_arrays(reports)),
@@ -210,10 +240,15 @@ class GlobalModel(FLComponent):
         if version != self._current + 1:
             raise ValueError(f"the schedule made version {version}, but the global model holds {self._current}")
         started = time.perf_counter()
+        if self._privacy is not None and self._privacy.cfg.central:
+            noise = self._privacy.noise(version, self.current_weights, self.statistics)
+            self.server_strategy.add_noise(noise, self)
         new = self.server_strategy.make_version(self, sim_time)
         self.work.versions += 1
         self.work.version_seconds += time.perf_counter() - started
         self._groups = []
+        if self._privacy is not None:
+            self._privacy.close(version)
         self._current = version
         self._versions.put(version, new)
         self._keep_extras()
@@ -221,6 +256,9 @@ class GlobalModel(FLComponent):
 
     def _keep_extras(self) -> None:
         extras = self.server_strategy.device_extras(self)
+        if self._privacy is not None:  # the clip norm this version's devices clip to
+            clip = np.array([self._privacy.clip_norm(self.current_version)], dtype=np.float32)
+            extras = dict(extras) | {CLIP_NORM: clip}
         if extras:
             self._extras[self.current_version] = as_float32_arrays(extras)
 
@@ -233,6 +271,8 @@ class GlobalModel(FLComponent):
         }
         if self._extras:
             state["device_extras"] = self._extras
+        if self._privacy is not None:
+            state["privacy"] = self._privacy.state_dict()
         return state | self.server_strategy.state_dict()
 
     def load_state_dict(self, state: dict, fl_ctx: FLContext | None = None) -> None:
@@ -245,6 +285,8 @@ class GlobalModel(FLComponent):
         self._extras = {int(v): w for v, w in state.get("device_extras", {}).items()}
         self._packed, self._spared = {}, set()
         self._groups = [SelectionSum.from_dict(g) for g in state["groups"]]
+        if self._privacy is not None:
+            self._privacy.load_state_dict(state["privacy"])
         self.server_strategy.load_state_dict(state)
 
     def retain(self, versions: set[int]) -> None:
@@ -293,4 +335,6 @@ class GlobalModel(FLComponent):
         fl_ctx.set_prop(SIM_TIME, sim_time, private=True, sticky=True)
         fl_ctx.set_prop(METHOD_STATUS, self.status(), private=True, sticky=True)
         fl_ctx.set_prop(SERVER_WORK, self.work.record(), private=True, sticky=True)
+        if self._privacy is not None:
+            fl_ctx.set_prop(PRIVACY, self._privacy.inputs(self.current_version), private=True, sticky=True)
         self.fire_event(AppEventType.GLOBAL_WEIGHTS_UPDATED, fl_ctx)

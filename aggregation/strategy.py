@@ -15,7 +15,13 @@ each new one (``aggregation.global_model.GlobalModel``). What it asks of a metho
 6. ``state_dict()`` / ``load_state_dict(state)`` for checkpoints: a resumed run must continue bit for bit;
 7. ``status(model)``: a few words for the progress line ("" for nothing);
 8. ``device_extras(model)``, optional: float32 arrays sent to the devices with each new version, for the method's
-   device hook (``processors.objective.DeviceObjective``), e.g. a control variate.
+   device hook (``processors.objective.DeviceObjective``), e.g. a control variate;
+9. ``add_noise(noise, model)``, with central differential privacy only (``docs/privacy.md``): just before
+   ``make_version``, the Gaussian noise of the aggregate (one array per parameter), to add to the sum of the
+   updates taken since the last version, so that the version is a function of that noised sum alone. A strategy
+   offers central DP when it defines ``add_noise`` in the class that defines its ``add_update`` and
+   ``make_version``, or in a subclass of it (``offers_central_dp``): a subclass that changes how updates are
+   combined must say how its noise goes in, or the run is refused.
 
 Weights are ``dict[str, np.ndarray]`` of float32 (parameters and the model's data statistics, named in
 ``context.statistics``); a strategy never changes the arrays it is given (``model`` hands out the versions
@@ -132,3 +138,19 @@ class ServerStrategy(ABC):
     def status(self, model: ModelHistory) -> str:
         """A few words on where the method stands at ``model.current_version``, for the progress line ("": nothing to say)."""
         return ""
+
+    def add_noise(self, noise: Weights, model: ModelHistory) -> None:
+        """Central DP: add ``noise`` (float32, one array per parameter, not the statistics) to the sum of the
+        updates taken since the last version; ``make_version`` follows (see the module docstring)."""
+        raise NotImplementedError(f"{type(self).__name__} does not take central differential privacy's noise")
+
+
+def offers_central_dp(cls: type) -> bool:
+    """Whether strategy class ``cls`` takes central DP's noise into the aggregate its versions are made of: it
+    defines ``add_noise`` where it defines ``add_update`` and ``make_version``, or below (see the module docstring)."""
+
+    def owner(name: str) -> type:
+        return next(k for k in cls.__mro__ if name in vars(k))
+
+    noise = owner("add_noise")
+    return noise is not ServerStrategy and all(issubclass(noise, owner(n)) for n in ("add_update", "make_version"))

@@ -10,8 +10,9 @@ the maximum |difference| of their diffs is printed as a sanity check.
 The line ``speedup: <X>x`` is vectorised over per-device for the largest K; ``trackers: <X>x`` is the vectorised
 engine's time with the model's statistic trackers over its time with them replaced by identities (what recording
 the devices' data statistics costs; models whose trackers are top-level modules only); the last line,
-``augment: <X>x``, is its time with local augmentation (``--augment``: crop and flip) over its time without. Both
-ratios are measured alternately in the same run.
+``augment: <X>x``, is its time with local augmentation (``--augment``: crop and flip) over its time without;
+``dp: <X>x`` and ``local dp: <X>x`` its time with DP's clipping (``processors.privatize``), and with local noise
+too. All ratios are measured alternately in the same run.
 
     .venv/bin/python benchmarks/bench_engine.py --model resnet18 --ks 1,4 --iters 2 --batch-size 8 --samples 32
 
@@ -46,11 +47,16 @@ batch size, ``floor batch <b>: ... grouped <X>x the floor``. Issue 34's work (25
 
     .venv/bin/python benchmarks/bench_engine.py --device cpu --threads 1 --ks 1,25 --iters 5 --samples 50 \
         --optimizer sgd --lr 0.1 --batch-size 10 --floor-batches 10,32 --repeats 7 --cpu-time
+
+Over 400 lines: the engine's every side cost (trackers, augmentation, differential privacy, unequal devices, the
+serial floor) is measured by this one command, alternating with the plain engine in the same run, so each ratio
+the docs and the GPU lease quote comes from one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -67,6 +73,7 @@ from processors.device import full_float32, resolve_device  # noqa: E402
 from processors.models import build_model  # noqa: E402
 from processors.models.stat_tracker import trackers  # noqa: E402
 from processors.precision import use_precision  # noqa: E402
+from processors.privatize import local_noise  # noqa: E402
 from processors.training import TrainingConfig, batch_schedule, train_local, worker_model  # noqa: E402
 from processors.training_vectorized import train_group  # noqa: E402
 
@@ -254,6 +261,26 @@ def main() -> None:
     augmented, plain = augment_cost(global_params, data_all[: max(ks)], cfg, device, args.repeats)
     print(f"vectorised K={max(ks)}: {augmented:.3f} s with crop-and-flip augmentation, {plain:.3f} s without")
     print(f"augment: {augmented / plain:.3f}x")
+    central, local, plain = dp_cost(global_params, data_all[: max(ks)], cfg, device, args.repeats)
+    print(f"vectorised K={max(ks)}: {plain:.3f} s, {central:.3f} s clipped (DP), {local:.3f} s clipped and noised")
+    print(f"dp: {central / plain:.3f}x\nlocal dp: {local / plain:.3f}x")
+
+
+def dp_cost(global_params, data, cfg, device, repeats: int) -> tuple[float, float, float]:
+    """Best-of times of the vectorised engine with DP clipping, with clipping and local noise, and without."""
+    names = [n for n, _ in worker_model(MODEL, device).named_parameters()]
+
+    def clipped(params, d, c, dev, noised=False):
+        gens = [torch.Generator().manual_seed(i) for i in range(len(d))]
+        diffs = train_group(MODEL, params, d, c, gens, dev, prepare=PREPARE, clip_norms=[1.0] * len(d))
+        return [local_noise(x, names, 1.0, 0, f"d{i}", 2) for i, x in enumerate(diffs)] if noised else diffs
+
+    runs = {"central": clipped, "local": functools.partial(clipped, noised=True), "plain": run_vectorized}
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(max(repeats, 3)):
+        for name, fn in runs.items():
+            times[name].append(timed(fn, device, global_params, data, cfg)[0])
+    return min(times["central"]), min(times["local"]), min(times["plain"])
 
 
 def run_floor(global_params, data, cfg, device, prepared=None):

@@ -180,7 +180,7 @@ if [[ $QUICK == 1 ]]; then
   step fedavg-k8-w1 200 fedavg_job 8 3 --num-workers 1
 else
   step pytest-cuda 60 $PY -m pytest -q -p no:cacheprovider tests/processors/test_cuda.py
-  step engine-convnet 75 $PY benchmarks/bench_engine.py --device "$DEVICE" --ks 1,8,32,100 --iters 25
+  step engine-convnet 100 $PY benchmarks/bench_engine.py --device "$DEVICE" --ks 1,8,32,100 --iters 25
   step fedbuff-k1000 100 fedbuff_job 1000 1000 cifar10_convnet
   step fedavg-k1000 60 fedavg_job 1000 6
   step fedbuff-k10000 110 fedbuff_job 10000 1000 cifar10_convnet
@@ -208,7 +208,7 @@ fi
 kill "$DMON" 2>/dev/null
 
 echo "==== results"
-grep -h -E "^RESULT|speedup|samples/s|trackers:|augment:|vs |high vs|defaults:|^device |passed|failed|error|^FedAvg|^FedBuff|devices/s|seed estimate|per stale update|precision|within the seed" \
+grep -h -E "^RESULT|speedup|samples/s|trackers:|augment:|dp:|vs |high vs|defaults:|^device |passed|failed|error|^FedAvg|^FedBuff|devices/s|seed estimate|per stale update|precision|within the seed" \
   "$OUT"/*.log 2>/dev/null | cut -c1-300 | tail -60
 echo "==== steps (total $(($(date +%s) - START)) s)"
 cat "$SUMMARY"

@@ -4,7 +4,7 @@ for each method and extrapolates the whole seed from the jobs' own counts.
 Each method's slice is its real job (``jobs/pt_job_fedrevive.py`` with the paper scale's flags), stopped after its
 first versions (``--versions``). The whole seed's counts (updates, versions, evaluations, FedRevive's synthesis
 rounds and distillations within the 200 time units) come from the same job's event trace over the whole budget,
-computed in-process as ``--dry-run`` computes it (``jobs.run.driver.schedule_for``). From each slice's steady
+computed in-process as ``--dry-run`` computes it (``jobs.run.schedule_plan.schedule_for``). From each slice's steady
 stretch (``benchmarks.seed_slice``) it prints:
 
 * the wall seconds of each phase (device training, the server's intake and aggregation, FedRevive's synthesis and
@@ -91,7 +91,7 @@ def slice_command(seed_cmd: list[str], method: str, scale: str, versions: int) -
 
 def whole_seed(cmd: list[str], budget: float) -> dict:
     """The seed's counts from its own event trace (``--dry-run``'s schedule, computed here)."""
-    from jobs.run.driver import schedule_for
+    from jobs.run.schedule_plan import schedule_for
     from scheduling.timeline import run_timeline
 
     cfg = resolved_config(cmd)

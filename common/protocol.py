@@ -74,6 +74,9 @@ FLEET = "edgesim.fleet"
 # fl_ctx prop beside it: the server's work up to this version, ``aggregation.global_model.ServerWork.record()``
 # (wall seconds in the strategy's add_update and make_version, and when the version was made), for the record
 SERVER_WORK = "edgesim.server_work"
+# fl_ctx prop beside it, with differential privacy: the accountant's inputs after the version
+# (``aggregation.server_privacy.ServerPrivacy.inputs``)
+PRIVACY = "edgesim.privacy"
 
 
 def short_error(text: str) -> str:

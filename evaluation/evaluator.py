@@ -9,7 +9,8 @@ Unlike NVFlare's ``GlobalEvaluator`` it neither embeds data in the job config no
      "method" (the method's status, when it has one), "fleet" (devices online as it was made, of "devices", and
      the "updates" applied and "failed" so far), "server" (the strategy's wall seconds so far and when the version
      was made, ``aggregation.global_model.ServerWork``), "skipped" (how many versions were skipped before this one, if any) and "skipped_versions" (which),
-     "per_user" (with per-user test data: the users' accuracy spread, ``evaluation.per_user``)}
+     "per_user" (with per-user test data: the users' accuracy spread, ``evaluation.per_user``),
+     "privacy" (with differential privacy: the accountant's inputs and the epsilon spent, ``docs/privacy.md``)}
 
 Versions evaluated: 1, then every ``eval_frequency``-th, always ``max_model_version``, and the last version made
 when the run ends earlier (``RUN_OUTCOME``: a time budget, a lost leaf).
@@ -57,7 +58,17 @@ from nvflare.app_common.app_event_type import AppEventType
 
 from common.choices import EvalBacklog
 from common.cores import available_cores
-from common.protocol import CHECKPOINT_DUE, FLEET, METHOD_STATUS, RUN_OUTCOME, RUN_RESUMED, SERVER_WORK, SIM_TIME
+from common.privacy_accounting import with_epsilon
+from common.protocol import (
+    CHECKPOINT_DUE,
+    FLEET,
+    METHOD_STATUS,
+    PRIVACY,
+    RUN_OUTCOME,
+    RUN_RESUMED,
+    SERVER_WORK,
+    SIM_TIME,
+)
 from evaluation.events import VERSION_EVALUATED, VERSION_RECORD, VERSION_WEIGHTS
 from evaluation.per_user import per_user_accuracy
 from processors.data.config import DataConfig
@@ -198,6 +209,7 @@ class GlobalModelEvaluator(FLComponent):
             fl_ctx.get_prop(METHOD_STATUS),
             fl_ctx.get_prop(FLEET),
             fl_ctx.get_prop(SERVER_WORK),
+            fl_ctx.get_prop(PRIVACY),
         )
         if is_scheduled(version, self.eval_frequency, self.max_model_version):
             self._submit(self._latest)
@@ -287,7 +299,7 @@ class GlobalModelEvaluator(FLComponent):
         if initial is not None:
             self._score_initial(initial)
         while (job := self._next()) is not None:
-            (version, weights, sim_time, status, fleet, server), skipped = job
+            (version, weights, sim_time, status, fleet, server, privacy), skipped = job
             started = time.time()
             scored = self._scored_ahead(version, weights)
             if scored is None:
@@ -316,6 +328,8 @@ class GlobalModelEvaluator(FLComponent):
                 record["fleet"] = fleet
             if server:
                 record["server"] = server
+            if privacy:  # the accountant's inputs and the epsilon they spend, computed here, off the server's path
+                record["privacy"] = with_epsilon(privacy)
             fl_ctx = self._engine.new_context()
             fl_ctx.set_prop(VERSION_WEIGHTS, weights, private=True, sticky=False)
             self.fire_event_with_data(VERSION_EVALUATED, fl_ctx, VERSION_RECORD, record)

@@ -1,4 +1,5 @@
-"""``accuracy.png``: a run's accuracy against model version, wall seconds and (when it has them) simulated seconds;
+"""``accuracy.png``: a run's accuracy against model version, wall seconds, (when it has them) simulated seconds and
+(with differential privacy) the epsilon spent, with an adaptive clip norm over the versions;
 under an availability model also the devices online at each version, and the failure rate in the title; with
 per-user test data the spread of the users' accuracies (10th to 90th percentile, and the median) by version.
 
@@ -40,7 +41,9 @@ def plot_accuracy(records: list[dict], path: str, title: str) -> None:
     plt = _pyplot()
 
     has_sim = any(r.get("sim_seconds") for r in records)
-    fig, axes = plt.subplots(1, 3 if has_sim else 2, figsize=(15 if has_sim else 10, 4))
+    private = [r for r in records if (r.get("privacy") or {}).get("epsilon") is not None]
+    panels = 2 + has_sim + bool(private)
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4))
     versions = [r["version"] for r in records]
     acc = [r["accuracy"] for r in records]
     axes[0].plot(versions, acc, marker="o")
@@ -65,6 +68,14 @@ def plot_accuracy(records: list[dict], path: str, title: str) -> None:
     if has_sim:
         axes[2].plot([r.get("sim_seconds", 0) for r in records], acc, marker="o")
         axes[2].set_xlabel("simulated seconds")
+    if private:  # differential privacy: the accuracy-privacy curve of the run
+        axes[-1].plot([r["privacy"]["epsilon"] for r in private], [r["accuracy"] for r in private], marker="o")
+        axes[-1].set_xlabel(f"epsilon spent (delta {private[-1]['privacy']['delta']:g})")
+        adaptive = [r for r in private if "noised_unclipped_fraction" in r["privacy"]]
+        if adaptive:  # the clip norm over the run, as adaptive clipping moved it
+            norm = axes[0].twinx()
+            norm.plot([r["version"] for r in adaptive], [r["privacy"]["clip_norm"] for r in adaptive], color="grey")
+            norm.set_ylabel("clip norm (grey)")
     for ax in axes:
         ax.set_ylabel("test accuracy")
         ax.grid(alpha=0.3)

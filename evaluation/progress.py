@@ -2,7 +2,8 @@
 
 A line looks like ``[edgesim] version 3/10 | accuracy 0.4120 | 19.5 s since start | 5.1 s/version |
 19.6 devices/s | CPU 100% | RAM 7.1/23.5 GB`` (GPU % and VRAM added when there is a GPU; ``mean group 1.2 devices
-(low)`` when the leaves' vectorised engine trains its devices in far smaller groups than planned). At the end of the run
+(low)`` when the leaves' vectorised engine trains its devices in far smaller groups than planned; with differential
+privacy ``epsilon 1.234 at delta 1e-05 | 40% clipped``, and the clip norm when it adapts). At the end of the run
 the system summary and any low-GPU-use warning follow.
 """
 
@@ -72,6 +73,8 @@ def progress_line(record: dict, stretch: dict | None = None, max_model_version: 
         line += f" | {record['devices_per_second']:.1f} devices/s"
     if record.get("groups_low"):  # devices train nearly alone: the vectorised engine does not pay
         line += f" | mean group {record['mean_group_size']:g} devices (low)"
+    if record.get("privacy"):
+        line += privacy_words(record["privacy"])
     if record.get("method"):
         line += f" | {record['method']}"
     if record.get("skipped"):
@@ -82,6 +85,17 @@ def progress_line(record: dict, stretch: dict | None = None, max_model_version: 
         )
     status = format_status(stretch)
     return f"{line} | {status}" if status else line
+
+
+def privacy_words(privacy: dict) -> str:
+    """The privacy spent so far, the share of the version's updates that were clipped, and an adaptive clip norm."""
+    eps = privacy.get("epsilon")
+    words = f" | epsilon {eps:.3f} at delta {privacy['delta']:g}" if eps is not None else " | epsilon inf"
+    if privacy.get("clipped_fraction") is not None:
+        words += f" | {100 * privacy['clipped_fraction']:.0f}% clipped"
+    if privacy.get("noised_unclipped_fraction") is not None:  # adaptive clipping: the norm moves
+        words += f" | clip norm {privacy['clip_norm']:.4g}"
+    return words
 
 
 BAR_COLUMNS, BAR_ROWS = 100, 24  # a terminal that reports no size (a pseudo-terminal of 0 x 0, ``script``)
@@ -116,6 +130,8 @@ def make_progress_bar(total: int) -> Any:
 def bar_postfix(record: dict, stretch: dict | None) -> str:
     """The bar's short status: accuracy, speed and the machine's load."""
     parts = [f"acc {record['accuracy']:.3f}"]
+    if (record.get("privacy") or {}).get("epsilon") is not None:
+        parts.append(f"eps {record['privacy']['epsilon']:.2f}")
     if record.get("devices_per_second") is not None:
         parts.append(f"{record['devices_per_second']:.1f} dev/s")
     status = format_status(stretch)

@@ -16,7 +16,9 @@ A record (see ``version_record``)::
      "seconds_per_version", "devices_per_second", "system": {GPU %, VRAM, CPU %, RAM of the stretch}}
 
 ``fleet`` (exact-time runs): devices online as the version was made, of all ``devices``, and the ``updates``
-applied and ``failed`` so far; the summary's ``failure_rate`` is failed over applied.
+applied and ``failed`` so far; the summary's ``failure_rate`` is failed over applied. ``privacy`` (differential
+privacy): the accountant's inputs and the ``epsilon`` spent after the version (``docs/privacy.md``); the summary
+repeats the last ``epsilon`` and ``delta``.
 
 ``groups`` (from the leaves' report lines, ``evaluation.leaf_log_writer``): the devices trained, and the mean size
 of the groups they were trained in (devices per training call), over the run and after the first selection (an
@@ -124,6 +126,9 @@ def run_summary(records: list[dict], updates_per_version: int, last_version: int
     rate = failure_rate(records)
     if rate is not None:
         summary["failure_rate"] = rate
+    privacy = records[-1].get("privacy") if records else None
+    if privacy:  # differential privacy: what the run spent, at its last recorded version
+        summary["epsilon"], summary["delta"] = privacy["epsilon"], privacy["delta"]
     return summary
 
 

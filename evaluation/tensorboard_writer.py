@@ -57,6 +57,10 @@ class TensorBoardWriter(FLComponent):
         for tag, value in values.items():
             if value is not None:
                 self._writer.add_scalar(f"system/{tag}", float(value), version)
+        privacy = record.get("privacy") or {}  # differential privacy: epsilon spent, clipping
+        for tag in ("epsilon", "clip_norm", "clipped_fraction"):
+            if privacy.get(tag) is not None:
+                self._writer.add_scalar(f"privacy/{tag}", float(privacy[tag]), version)
         stretch = fl_ctx.get_prop(SYSTEM_SAMPLES)
         if stretch is not None and stretch.samples:
             write_tensorboard(

@@ -48,6 +48,7 @@ from common.result_files import DATASET
 from jobs.config import JobConfig
 from jobs.methods import BUILT_IN, Method
 from jobs.options import config_from_options
+from jobs.run.privacy_plan import resolve_privacy
 from jobs.run.results import read_metrics
 from processors.data.sources import NPZ_KEYS, DatasetError, as_arrays, from_arrays
 from processors.model_names import AUTO
@@ -123,7 +124,8 @@ def make_config(
         options["dataset"] = data_option(data, draft.output_dir)
     else:
         options["dataset"] = data_option(data, "")
-    return config_from_options(method, options, presets, model_presets=presets).validate()
+    # with a differential-privacy target epsilon: its noise multiplier over the planned run, as the driver does
+    return resolve_privacy(config_from_options(method, options, presets, model_presets=presets).validate())
 
 
 @dataclass(frozen=True)

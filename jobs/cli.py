@@ -23,6 +23,7 @@ from common.delays import DELAY_PRESET_ORIGINS, DELAY_PRESETS, DelayConfig, Dela
 from jobs.config import PARTS, FederationConfig, JobConfig
 from jobs.methods import BUILT_IN, Method, method_of
 from jobs.options import config_from_options, model_presets_applied, option_names, presets_applied
+from jobs.run.privacy_plan import resolve_privacy
 from processors.model_names import AUTO, MODELS, auto_words
 from processors.model_names import PRESET_FIELDS as MODEL_PRESET_FIELDS
 from processors.training_config import TrainingConfig
@@ -36,6 +37,7 @@ GROUPS = {
     "delays": "device heterogeneity: simulated delays (a preset, any field overridden)",
     "engine": "simulation engine",
     "run": "run",
+    "privacy": "differential privacy (docs/privacy.md)",
 }
 """The flag groups of ``--help``, one per config part (``jobs.config.PARTS``), in this order."""
 
@@ -81,6 +83,7 @@ FLAGS: dict[str, dict[str, Flag]] = {
         "tracking_uri": Flag(metavar="URI"),
         "tracking_parent": Flag(metavar="RUN_ID"),
     },
+    "privacy": {},
 }
 """Per part, the fields whose flag is not plainly ``--<field>`` with the field's default (``Flag``)."""
 
@@ -239,9 +242,9 @@ def job_main(description: str, argv: list[str] | None, method: str | None = None
             print(f"[edgesim] {cfg.method_spec.label} presets (flags not given): {flag_words(applied)}")
         if not args.resume:
             print_model_choice(args, cfg)
-        # validated before it is compared with the saved run's (validated) config: validating fills in what a
-        # capacity trace needs (task samples, model bytes), which the saved config holds
-        cfg = cfg.validate()
+        # validated (and its privacy planned) before it is compared with the saved run's config: that fills in what
+        # a capacity trace needs (task samples, model bytes) and a target epsilon's noise, which the saved one holds
+        cfg = resolve_privacy(cfg.validate())
         if args.resume:
             cfg = resumed_config(os.path.abspath(os.path.expanduser(args.resume)), cfg, given_flags(parser, argv))
             cfg = cfg.validate()

@@ -10,8 +10,9 @@ federation                  ``FederationConfig`` (here)       server components 
 local training              ``processors.training_config``    task processor, planner, evaluator
 engine                      ``simulation.config``             planner, device simulator
 heterogeneity (delays)      ``common.delays``                 the simulated-time schedule, device simulator
-run/output                  ``RunConfig`` (here)              driver, results
+run/output                  ``jobs.run_config``               driver, results
 method settings             the method's own dataclass        its server strategy (FedRevive: ``fedrevive.config``)
+differential privacy        ``common.privacy``                devices (clipping), server (noise), accountant
 ==========================  ================================  ===========================================
 
 Each part documents its fields once, in its ``Attributes:`` docstring: that text, in that order, is also the
@@ -36,16 +37,16 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from common.choices import ConfigError, EvalBacklog, check_choice, check_positive
+from common.choices import ConfigError, check_choice, check_positive
 from common.delays import DelayConfig
-from jobs.admin_kit import check_user
+from common.privacy import PrivacyConfig
 from jobs.methods import Method, method_of
-from jobs.tracking.choice import check_clients, check_tracking
+from jobs.privacy import check_privacy
+from jobs.run_config import RunConfig
 from processors.data.config import DataConfig
 from processors.training_config import TrainingConfig
 from simulation.config import EngineConfig
 
-EnvName = Literal["sim", "poc", "prod"]
 LeafLossPolicy = Literal["stop", "continue"]
 
 
@@ -155,99 +156,6 @@ class FederationConfig:
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """Attributes:
-    eval_frequency: evaluate every N global model versions (and always the last).
-    eval_backlog: when evaluation falls behind the versions made: ``wait`` evaluates every scheduled
-        version, so a seed's curve never depends on the machine's load; ``skip`` (opt-in, speed over a complete
-        curve) evaluates the newest scheduled version and skips the older ones still waiting (never the last).
-    seed: fixes the initial model, data, partition, device delays, local sampling and device selection (>= 0).
-    env: ``sim`` (NVFlare's SimEnv), ``poc`` (PocEnv) or ``prod`` (ProdEnv on a provisioned hierarchy).
-    startup_kit: the admin's startup kit folder (``--env prod``).
-    username: the admin user name (``--env prod``).
-    workspace: the default results root.
-    output: the results folder, two runs never sharing one; NVFlare's own workspace and logs go into its
-        ``nvflare/`` subfolder (default: a new ``WORKSPACE/results/JOB_NAME-DATE-TIME-PID``).
-    export_only: write the NVFlare job to this folder and exit (run it with ``nvflare simulator DIR/JOB -n L -t
-        L``).
-    dry_run: compute the run's event trace only, in seconds (no training, no NVFlare; ``scheduling.timeline``):
-        ``events.jsonl`` (the one a real run writes) and ``timeline.json`` (versions per time unit, staleness,
-        failure rate, fleet use) in the results folder, then exit.
-    job_name: NVFlare job name (default: ``edgesim_<method>``).
-    checkpoint_every: versions between checkpoints of the server's state; 0: automatic (at most 5% of the run's
-        wall time); -1: none.
-    resume: continue the run whose results (``--output``) folder this is, from its last checkpoint, with its saved
-        configuration (flags that would change its result are refused).
-    tracking: where the run's curves go, comma-separated: ``tensorboard`` (its ``tensorboard/`` folder), ``mlflow``
-        (one MLflow run), ``wandb`` (one W&B run, offline unless ``WANDB_MODE`` says otherwise), or ``none``
-        (docs/tracking.md).
-    tracking_uri: MLflow's tracking store, any URI MLflow takes (``sqlite:///PATH``, ``http://HOST:5000``) (default:
-        ``MLFLOW_TRACKING_URI``, else ``sqlite:///WORKSPACE/mlflow.db``).
-    tracking_parent: the id of the MLflow run this run is nested under (a sweep gives its trials its own).
-    """
-
-    seed: int = 0
-    eval_frequency: int = 1
-    eval_backlog: EvalBacklog = "wait"
-    env: EnvName = "sim"
-    startup_kit: str | None = None
-    username: str | None = None
-    workspace: str = "~/.cache/edgesim-flare/workspace"
-    output: str | None = None
-    export_only: str | None = None
-    dry_run: bool = False
-    job_name: str = ""
-    checkpoint_every: int = 0
-    resume: str | None = None
-    tracking: str = "tensorboard"
-    tracking_uri: str | None = None
-    tracking_parent: str | None = None
-
-    def __post_init__(self) -> None:
-        check_positive({"--eval-frequency": self.eval_frequency})
-        check_tracking(self)
-        if self.seed < 0:  # numpy's generators take non-negative seeds only: refused here, not in a leaf process
-            raise ConfigError(f"--seed {self.seed}: use a non-negative integer")
-        check_choice("--eval-backlog", self.eval_backlog, EvalBacklog)
-        if self.dry_run and (self.resume or self.export_only):
-            raise ConfigError("--dry-run computes a new run's trace: leave out --resume and --export-only")
-        if self.checkpoint_every < -1:
-            raise ConfigError(f"--checkpoint-every {self.checkpoint_every}: versions, 0 (automatic) or -1 (never)")
-        check_choice("--env", self.env, EnvName)
-        if self.env == "prod" and not (self.startup_kit and self.username):
-            raise ConfigError("--env prod needs --startup-kit DIR (the admin's startup kit) and --username NAME")
-        if self.resume and self.env != "sim":
-            raise ConfigError(
-                f"--resume with --env {self.env}: resuming continues SimEnv runs only (a deployment's "
-                "server keeps its checkpoint in its own job workspace); run it again, or leave out --env"
-            )
-
-    def validate(self) -> None:
-        """The startup kit must be a folder (``prod``), an admin kit whose user is ``--username``; in SimEnv the
-        ``--output`` folder (NVFlare's workspace goes inside it) must hold no whitespace."""
-        if self.env == "sim" and not self.export_only and self.output and any(c.isspace() for c in self.output):
-            # NVFlare's simulator builds its commands as strings and splits them on spaces: it exits 2 with
-            # "unrecognized arguments" after our processes started
-            raise ConfigError(
-                f"--output {self.output!r} holds whitespace, which NVFlare's simulator cannot take (it splits its "
-                "commands on spaces); choose a folder without spaces"
-            )
-        if self.env == "prod" and not os.path.isdir(os.path.expanduser(self.startup_kit)):
-            raise ConfigError(f"--startup-kit {self.startup_kit}: no such directory")
-        if self.env == "prod":
-            # the kit names its user: a wrong --username or a folder that is no admin kit is refused here, in one
-            # line, not after NVFlare's login fails (a traceback, and an --output folder made for nothing)
-            try:
-                check_user(self.startup_kit, self.username)
-            except ValueError as ex:
-                raise ConfigError(str(ex)) from ex
-        check_clients(self.tracking)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
 class JobConfig:
     """One run: the method and one part per concern (see the module docstring).
 
@@ -265,6 +173,7 @@ class JobConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     delays: DelayConfig = field(default_factory=DelayConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     method_settings: Any = None
 
     def __post_init__(self) -> None:
@@ -290,6 +199,7 @@ class JobConfig:
                 f"{self.training.local_batch_size}; raise --subset-size or lower the batch size"
             )
         method.check(self)
+        check_privacy(self)
         if self.delays.availability != "always" and self.engine.time_scale > 0:
             raise ConfigError(
                 f"--availability {self.delays.availability} needs exact time: leave out --time-scale / --real-delays "
@@ -301,7 +211,9 @@ class JobConfig:
         """Check what needs the files and models the config names, before anything starts: the parts' own
         (``RunConfig``, ``TrainingConfig``, ``DelayConfig``: the startup kit, the model's import, the trace files),
         and whether ``--engine vectorized`` can run the model. Returns the config ready to run: with a capacity
-        trace, its task's samples and the model's bytes filled in where not given (measured speeds need them).
+        trace, its task's samples and the model's bytes filled in where not given (measured speeds need them). A
+        differential-privacy target epsilon gets its noise multiplier when the run is planned
+        (``jobs.run.privacy_plan.resolve_privacy``).
         ``ConfigError`` naming the fix otherwise; validating twice gives the same config."""
         try:
             return self._validated()
@@ -381,6 +293,7 @@ class JobConfig:
     @classmethod
     def from_dict(cls, d: dict) -> JobConfig:
         """The config a ``to_dict`` wrote (e.g. the ``config`` of a run's ``metrics.json``)."""
+        d = {"privacy": {}} | d  # a run recorded before differential privacy existed ran without it
         parts = {name: PARTS[name].from_dict(d[name]) if name == "delays" else PARTS[name](**d[name]) for name in PARTS}
         settings = d.get("method_settings", d.get("fedrevive"))  # "fedrevive": written before the method API
         method = method_of(d["method"])
@@ -394,4 +307,5 @@ PARTS = {
     "engine": EngineConfig,
     "delays": DelayConfig,
     "run": RunConfig,
+    "privacy": PrivacyConfig,
 }

@@ -19,7 +19,8 @@ A method subclasses ``Method`` and says, in class attributes and a few overridab
   ``delays``, a delay preset (``common.delays``; used when no delay flag is given);
 * whether it is synchronous, and its leaf aggregation (``leaf_sums``);
 * how its mean weights the devices (``weighting``): uniformly, or by the samples each holds;
-* its checks of a whole configuration, and notes for the user before a run starts;
+* its checks of a whole configuration (``check_privacy``: whether it can offer differential privacy's guarantee),
+  and notes for the user before a run starts;
 * the files its strategy writes besides every run's (``result_files``: FedRevive's ``fedrevive_log.jsonl``).
 
 FedAvg, FedBuff and FedRevive are the built-in ones (``BUILT_IN``, chosen by name). A user's method is chosen by
@@ -154,10 +155,34 @@ class Method:
             raise ConfigError(
                 f"--method {self.label} has its own selection policy, which our server runs: use --simulator fast"
             )
+        if cfg.privacy.on:
+            self.check_privacy(cfg)
         if cfg.engine.simulator == "stock" and not self.stock_baseline:
             raise ConfigError(
                 f"--simulator stock is NVFlare's own path, a baseline for synchronous FedAvg; --method {self.label} "
                 "needs our server (each device's update, applied on exact simulated time): use --simulator fast"
+            )
+
+    def check_privacy(self, cfg: Any) -> None:
+        """Refuse differential privacy this method cannot offer, naming why (``docs/privacy.md``): what its devices
+        report besides their clipped diffs would leave them unclipped and un-noised; with central DP its strategy
+        must take the noise into the aggregate its versions are made of (``ServerStrategy.add_noise``)."""
+        from aggregation.strategy import offers_central_dp
+
+        reports = sorted(set(self.reports(cfg)) | set(self.rule_reports()))
+        if reports:
+            why = " (it weights by samples)" if self.weighting == "samples" else ""
+            raise ConfigError(
+                f"--dp {cfg.privacy.dp}: --method {self.label}'s devices report {', '.join(reports)}{why} beside their "
+                "updates, outside the privacy mechanism; differential privacy needs a method whose devices send their "
+                "clipped update only"
+            )
+        strategy = import_object(self.strategy, "strategy") if isinstance(self.strategy, str) else self.strategy
+        if cfg.privacy.central and not offers_central_dp(strategy):
+            raise ConfigError(
+                f"--dp central: --method {self.label}'s strategy {strategy.__name__} does not say how central DP's "
+                "noise enters its versions: define add_noise (aggregation.strategy) where it combines updates, or use "
+                "--dp local"
             )
 
     def check_data(self, cfg: Any, dataset: Any) -> None:
@@ -269,6 +294,21 @@ class FedRevive(Method):
         super().check(cfg)
         if self.weighting != "devices":  # its staleness blend treats each update as one device's
             raise ConfigError(f"{self.label}: FedRevive weights each update as one device; leave weighting devices")
+
+    def check_privacy(self, cfg: Any) -> None:
+        if cfg.privacy.central:
+            raise ConfigError(
+                "--dp central cannot hold for FedRevive: its server distils from each client's model (base version "
+                "plus its update) as a teacher before any noise is added, and a teacher serves several later "
+                "versions; use --dp local (devices noise their own updates, so distilling is post-processing) or "
+                "--method fedbuff"
+            )
+        if cfg.method_settings.class_proportions == "true":
+            raise ConfigError(
+                "--dp local with FedRevive: --fr-class-proportions true sends each device's label histogram "
+                "un-noised; give --fr-class-proportions estimate (probed from the noised updates)"
+            )
+        super().check_privacy(cfg)
 
     def strategy_args(self, cfg: Any) -> dict:
         args = super().strategy_args(cfg) | {"fedrevive": cfg.method_settings.to_dict()}

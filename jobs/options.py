@@ -9,8 +9,10 @@ import dataclasses
 
 from common.choices import ConfigError
 from common.delays import DelayConfig
-from jobs.config import PARTS, FederationConfig, JobConfig, RunConfig
+from common.privacy import PrivacyConfig
+from jobs.config import PARTS, FederationConfig, JobConfig
 from jobs.methods import BUILT_IN, Method, method_of
+from jobs.run_config import RunConfig
 from processors.data.config import DataConfig
 from processors.model_names import AUTO, auto_model, model_preset
 from processors.training_config import TrainingConfig
@@ -87,6 +89,7 @@ def config_from_options(method: str, options: dict, presets: bool = False, model
             engine=EngineConfig(**_part(EngineConfig, given)),
             delays=DelayConfig.from_spec(given.get("delays"), **{k: given[k] for k in DELAY_FIELDS if k in given}),
             run=RunConfig(**_part(RunConfig, given)),
+            privacy=PrivacyConfig(**_part(PrivacyConfig, given)),
             method_settings=chosen.settings_from(settings),
         )
     except ConfigError:

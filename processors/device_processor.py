@@ -34,7 +34,8 @@ from nvflare.edge.web.models.task_response import TaskResponse
 
 from common.device_wire import DEVICE_SETTINGS_META, to_wire
 from common.protocol import DEVICE_ID_META
-from processors.task_processor import TrainingTaskProcessor, received_model
+from processors.task_processor import TrainingTaskProcessor
+from processors.task_wire import received_model
 
 STATE_DIR = "~/.cache/edgesim-flare/device_state"  # where a device keeps a training rule's state by default
 
@@ -61,6 +62,7 @@ def _trainer(
         weighting=settings.get("weighting", "devices"),
         rule=settings.get("rule", ""),
         rule_args=settings.get("rule_args") or {},
+        privacy=settings.get("privacy"),
         device_state={  # the device's own, across its tasks and restarts: one folder per job's settings
             "dir": os.path.join(os.path.expanduser(state_dir), hashlib.sha256(settings_json.encode()).hexdigest()[:16]),
             "memory_mb": 16.0,

@@ -17,15 +17,13 @@ import time
 
 import numpy as np
 import torch
-from nvflare.apis.dxo import DXO, DataKind, from_dict
-from nvflare.edge.constants import MsgKey
 from nvflare.edge.simulation.device_task_processor import DeviceTaskProcessor
 from nvflare.edge.web.models.job_response import JobResponse
 from nvflare.edge.web.models.task_response import TaskResponse
 
 from common.delays import DelayConfig, DeviceDelays
 from common.profiles import DEFAULT_PROFILE, UtilisationProfile, get_profile
-from common.protocol import DEVICE_ERROR_META, DEVICE_EXTRA_PREFIX, DEVICE_ID_META, short_error
+from common.protocol import DEVICE_EXTRA_PREFIX, short_error
 from common.seeds import stable_seed
 from processors.data.config import DataConfig
 from processors.data.device_samples import device_samples, ready_for_other_streams
@@ -34,7 +32,9 @@ from processors.device import resolve_device
 from processors.device_rule import RuleHost
 from processors.objective import DeviceObjective, make_objective
 from processors.precision import use_precision
+from processors.privatize import clip_norm_for, parameter_names, privatized
 from processors.reports import LAST_STEP, check_reports, weigh_by_samples, with_reports
+from processors.task_wire import device_extras, received_model, weight_diff_result
 from processors.training import TrainingConfig, train_local, worker_model
 from processors.training_vectorized import train_group
 
@@ -99,34 +99,6 @@ def compute_context(
         torch.cuda.empty_cache()
 
 
-def received_model(task: TaskResponse) -> tuple[int, dict]:
-    """(model version, weights) of a task: the WEIGHTS DXO NVFlare's leaf executor hands a device."""
-    model = from_dict(task.task_data)
-    if not isinstance(model, DXO) or model.data_kind != DataKind.WEIGHTS or not isinstance(model.data, dict):
-        raise ValueError("expected a task holding a WEIGHTS DXO with a dict of weights")
-    return int(model.get_meta_prop(MsgKey.MODEL_VERSION, 0) or 0), model.data
-
-
-def device_extras(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The server's extra state for devices that came with a version's weights (``common.protocol``), by name."""
-    n = len(DEVICE_EXTRA_PREFIX)
-    return {k[n:]: v for k, v in params.items() if k.startswith(DEVICE_EXTRA_PREFIX)}
-
-
-def weight_diff_result(
-    device_id: str, diff: dict[str, np.ndarray], count: int = 1, stock_lists: bool = False, error: str = ""
-) -> dict:
-    """A device's result: its WEIGHT_DIFF DXO (as a dict), with its id in the metadata (and a failed device's
-    ``error``). ``stock_lists``: weights as Python lists, the format of NVFlare's example (the stock baseline)."""
-    if stock_lists:
-        diff = {k: v.tolist() for k, v in diff.items()}
-    result = DXO(data_kind=DataKind.WEIGHT_DIFF, data={"dict": diff, "count": count})
-    result.set_meta_prop(DEVICE_ID_META, device_id)
-    if error:
-        result.set_meta_prop(DEVICE_ERROR_META, error)
-    return result.to_dict()
-
-
 class TrainingTaskProcessor(DeviceTaskProcessor):
     """Local training of simulated devices, for every method (FedAvg, FedBuff and FedRevive differ only on the
     server): receive the global weights of a version, train on the compute device, return a WEIGHT_DIFF.
@@ -158,6 +130,9 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
             ``dir`` ("": ``device_state/`` in the working folder), ``memory_mb``, ``durable``, ``fresh``.
         device_offsets: with ``--partition natural``, each leaf's first global device index, for the global
             device-to-user map (``processors.data.partition.range_offsets``); None otherwise.
+        privacy: differential privacy on the device (``common.privacy.PrivacyConfig.device_settings``): every
+            update is clipped to its version's clip norm and, with local DP, noised (``processors.privatize``);
+            None: off.
     """
 
     def __init__(
@@ -177,6 +152,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         rule_args: dict | None = None,
         device_state: dict | None = None,
         device_offsets: dict[str, int] | None = None,
+        privacy: dict | None = None,
     ):
         DeviceTaskProcessor.__init__(self)
         self.data = data
@@ -197,6 +173,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         self.rule_args = rule_args or {}
         self.device_state = device_state or {}
         self.device_offsets = device_offsets
+        self.privacy = privacy
         self._rules = RuleHost(rule, self.rule_args, self.device_state)
         self._data = DataConfig(**data)
         self._training = TrainingConfig(**training).resolved(self._data.dataset)  # a job's config already is
@@ -296,6 +273,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
             device, x, y, generator = self._prepare(device_id, version)
             net = worker_model(self._training.model, device)
             params = global_params_on(model_data, version, device, settings.cached_versions)
+            clip, norms = clip_norm_for(params, version) if self.privacy else None, []
             diff = train_local(
                 net,
                 params,
@@ -309,8 +287,18 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
                 device_extras(params),
                 last_step := self._last_step(),
                 rule := self._rules.start([device_id], [selection]),
+                clip,
+                norms,
             )
-            return self._with_reports(self._rules.finish(rule, [device_id], [selection], [diff])[0], y, last_step)
+            diff = self._rules.finish(rule, [device_id], [selection], [diff])[0]
+            if clip is not None:
+                diff = self._privatized(diff, clip, norms[0], device_id, version)
+            return self._with_reports(diff, y, last_step)
+
+    def _privatized(self, diff: dict, clip: float, norm: float, device_id: str, version: int) -> dict:
+        """A clipped diff as it leaves the device (``processors.privatize.privatized``)."""
+        names = parameter_names(self._training.model)
+        return privatized(diff, self.privacy, names, clip, norm, self.seed, device_id, version)
 
     def _last_step(self) -> dict | None:
         """Where an engine puts a device's last-step losses, when a report needs them (else it measures none)."""
@@ -351,6 +339,8 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
             for v, data in zip(versions, models, strict=True):
                 if v not in by_version:
                     by_version[v] = global_params_on(data, v, device, settings.cached_versions)
+            clips = [clip_norm_for(by_version[v], v) for v in versions] if self.privacy else None
+            norms: list[float] = []
             if len(by_version) == 1:  # one version: its weights broadcast to every device, as always
                 params = next(iter(by_version.values()))
                 extras = device_extras(params)
@@ -371,8 +361,15 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
                 extras,
                 last_steps := ([] if self._last_step() is not None else None),
                 rule := self._rules.start(device_ids, selections or [None] * k),
+                clips,
+                norms,
             )
             diffs = self._rules.finish(rule, device_ids, selections or [None] * k, diffs)
+            if clips is not None:
+                diffs = [
+                    self._privatized(d, c, n, i, v)
+                    for d, c, n, i, v in zip(diffs, clips, norms, device_ids, versions, strict=True)
+                ]
             steps = last_steps if last_steps is not None else [None] * len(diffs)
             return [
                 self._with_reports(d, y, last) for d, (_, _, y, _), last in zip(diffs, prepared, steps, strict=True)

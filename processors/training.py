@@ -27,6 +27,7 @@ from processors.local_work import epoch_schedule
 from processors.models import build_model, statistic_names
 from processors.objective import DeviceObjective
 from processors.precision import autocast, widened
+from processors.privatize import clip_one
 from processors.reports import last_step_losses
 from processors.training_config import TrainingConfig
 
@@ -103,6 +104,8 @@ def train_local(
     extras: dict[str, torch.Tensor] | None = None,
     last_step: dict[str, torch.Tensor] | None = None,
     rule: RuleRun | None = None,
+    clip_norm: float | None = None,
+    update_norm: list[float] | None = None,
 ) -> dict[str, np.ndarray]:
     """Train ``model`` from ``global_params`` on one device's samples; return its diff (parameters and statistics).
 
@@ -115,6 +118,9 @@ def train_local(
     step's losses (``processors.reports.last_step_losses``), for the device's reports. ``rule`` (the method's
     training rule, ``processors.device_rule``) sets up from the received weights, corrects each step's gradients
     before the optimiser takes them, and keeps the device's reports and new state after the last step.
+    ``clip_norm`` (differential privacy, ``processors.privatize``): the parameters' diff is clipped to this L2
+    norm and the statistics' diffs are zeroed before they leave the compute device; ``update_norm``, when given,
+    receives the parameters' norm before clipping.
     """
     device = next(model.parameters()).device
     shared = dict(model.named_parameters()) | {name: model.get_buffer(name) for name in statistic_names(model)}
@@ -176,6 +182,10 @@ def train_local(
         rule.end(params, received)
     with torch.no_grad():  # (contiguous: a channels-last weight's diff too, so the arrays are plain C order)
         diff = {name: (t.detach() - global_params[name]).contiguous() for name, t in shared.items()}
+        if clip_norm is not None:
+            diff, norm = clip_one(diff, [name for name, _ in model.named_parameters()], clip_norm)
+            if update_norm is not None:
+                update_norm.append(norm)
         return copy_to_host(diff, pinned)
 
 

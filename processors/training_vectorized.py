@@ -52,6 +52,7 @@ from processors.group_schedule import freeze, plan_group, restore
 from processors.models.stat_tracker import collecting, tracker_buffer_names, trackers, untracked_buffers
 from processors.objective import DeviceObjective
 from processors.precision import autocast, widened
+from processors.privatize import clip_group
 from processors.training import TrainingConfig, batch_schedule, copy_to_host, worker_model
 
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam defaults
@@ -107,6 +108,8 @@ def train_group(
     extras: Weights | Sequence[Weights] | None = None,
     last_step: list[dict[str, torch.Tensor]] | None = None,
     rule: RuleRun | None = None,
+    clip_norms: Sequence[float] | None = None,
+    update_norms: list[float] | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """Train K devices from ``global_params``, all at once; return each device's diff (trained - received) as
     float32 numpy arrays, the same keys, shapes and values as ``train_local`` would return.
@@ -121,7 +124,10 @@ def train_group(
     ``objective`` and ``extras``: the method's device hook, as in ``train_local`` (its ``loss`` runs under ``vmap``
     on each device's parameters); ``last_step``, when given, gets one dict per device with its last step's losses,
     as ``train_local`` measures them (``processors.reports``); ``rule``: the method's training rule, as in
-    ``train_local`` (its hooks run under ``vmap`` on the devices' stacked tensors, ``processors.device_rule``).
+    ``train_local`` (its hooks run under ``vmap`` on the devices' stacked tensors, ``processors.device_rule``);
+    ``clip_norms``: each device's L2 clip norm (differential privacy: its parameters' diff is clipped under
+    ``vmap``, its statistics' diffs zeroed, ``processors.privatize.clip_group``), and ``update_norms``, when given,
+    receives each device's norm before clipping.
     """
     if len(device_data) != len(generators):
         raise ValueError(f"{len(device_data)} devices but {len(generators)} generators")
@@ -283,6 +289,10 @@ def train_group(
     with torch.no_grad():
         stacked = {name: p - r for name, p, r in zip(names, params, start_params, strict=True)}
         stacked |= {name: s - start_stats[name] for name, s in stats.items()}
+        if clip_norms is not None:
+            stacked, norms = clip_group(stacked, names, clip_norms)
+            if update_norms is not None:
+                update_norms[:] = norms
         diffs = copy_to_host(stacked, pinned)
     return [{name: d[i].copy() for name, d in diffs.items()} for i in range(k)]
 

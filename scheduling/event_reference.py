@@ -28,9 +28,11 @@ def make_schedule(
     max_sim_time: float | None = None,
     policy: SelectionPolicy | None = None,
     work: Callable[[str], float] | None = None,
+    one_update_per_version: bool = False,
 ) -> ExactSchedule:
     """A schedule over ``leaves`` (leaf name -> devices, registered as ranges ``<leaf>#0..``), not yet started;
-    ``work``: the samples each device trains on per task, when its time scales with them (``common.delays``)."""
+    ``work``: the samples each device trains on per task, when its time scales with them (``common.delays``);
+    ``one_update_per_version``: as ``ExactSchedule``'s (differential privacy)."""
     pool = DevicePool(seed)
     for leaf, count in leaves.items():
         pool.register_range(leaf, count, leaf)
@@ -44,6 +46,7 @@ def make_schedule(
         max_model_version,
         max_sim_time,
         policy,
+        one_update_per_version,
     )
 
 

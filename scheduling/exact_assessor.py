@@ -129,6 +129,8 @@ class ExactTimeAssessor(Assessor):
     work: ``{"data": DataConfig.to_dict(), "training": TrainingConfig.to_dict()}`` when each device's training
         time scales with its own work (``--local-epochs``; ``processors.local_work.device_work``); None: it does not.
         With ``--partition natural`` also ``"offsets"``: the global device layout the users are mapped by.
+    one_update_per_version: each device contributes to a version at most once (differential privacy,
+        ``scheduling.schedule``).
     """
 
     def __init__(
@@ -156,6 +158,7 @@ class ExactTimeAssessor(Assessor):
         selection: str = "",
         selection_args: dict | None = None,
         work: dict | None = None,
+        one_update_per_version: bool = False,
         max_consecutive_failures: int = 0,
     ):
         super().__init__()
@@ -163,6 +166,7 @@ class ExactTimeAssessor(Assessor):
         self.selection = selection
         self.selection_args = selection_args or {}
         self.work = work
+        self.one_update_per_version = one_update_per_version
         self.real_devices = real_devices
         self.device_timeout = device_timeout
         install_nvflare_fixes()  # one thread for finished streams, no payload rendering (nvflare_private)
@@ -239,6 +243,7 @@ class ExactTimeAssessor(Assessor):
             self.max_model_version,
             self.max_sim_time,
             make_policy(self.selection, self.selection_args),
+            self.one_update_per_version,
         )
         self._out = output_dir(self.results_dir, fl_ctx)
         self._events = JsonlWriter(os.path.join(self._out, EVENTS))

@@ -13,7 +13,9 @@ time inside NVFlare"):
   are selected at that arrival's time (uniformly among idle devices, ``scheduling.device_pool``, or by the
   method's selection policy, ``scheduling.selection``, which sees what was applied up to and including this
   arrival) and train the version current at that time: after the arrival's own version, if it made one.
-* A device is idle again once its update has arrived (never again with ``device_reuse`` off).
+* A device is idle again once its update has arrived (never again with ``device_reuse`` off); with
+  ``one_update_per_version`` (differential privacy: each device contributes to a version at most once), once the
+  version its counted update goes into is made.
 * A failed device (its update counts nothing) frees its slot at its arrival but does not count towards ``B``.
   A synchronous run (``B`` = min hole = ``selection_size``: FedAvg) makes its version once every device of the
   round has landed, from the updates that counted (all ``B`` of them when none failed), as FedAvg averages the
@@ -97,6 +99,8 @@ class ExactSchedule:
     max_model_version: no update is applied once this version exists.
     max_sim_time: no update arriving later than this is applied (None: no limit).
     policy: the method's selection policy (``scheduling.selection``); None: uniform among idle devices.
+    one_update_per_version: a device whose counted update waits for its version is not selected again before that
+        version is made (differential privacy's bound on one device's share of an aggregate).
     """
 
     def __init__(
@@ -110,8 +114,11 @@ class ExactSchedule:
         max_model_version: int | None = None,
         max_sim_time: float | None = None,
         policy: SelectionPolicy | None = None,
+        one_update_per_version: bool = False,
     ):
         self.policy = policy
+        self.one_update_per_version = one_update_per_version
+        self._held: list[str] = []  # devices whose counted update waits for its version (one_update_per_version)
         self.knowledge = DeviceKnowledge()  # fed only when a policy reads it
         # the policy's own generator: the pool's is left to uniform sampling, whose draws stay today's
         self.policy_rng = (
@@ -217,7 +224,14 @@ class ExactSchedule:
         target = self.version if made else self.version + 1
         if self.policy is not None and counted:
             self.knowledge.applied(device, reports, self.now - dispatch.selected_at, self.version)
-        self.pool.release(device, retire=not self.device_reuse)
+        if self.one_update_per_version and counted and not made:
+            self._held.append(device)  # busy until its version is made
+        else:
+            self.pool.release(device, retire=not self.device_reuse)
+        if made and self._held:
+            for held in self._held:
+                self.pool.release(held, retire=not self.device_reuse)
+            self._held = []
         selected: list[Dispatch] = []
         holes = self.selection_size - len(self.in_flight)
         last = self.max_model_version is not None and self.version >= self.max_model_version
@@ -319,7 +333,7 @@ class ExactSchedule:
 
     # -- checkpointing ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {
+        state = {
             "now": self.now,
             "version": self.version,
             "buffered": self.buffered,
@@ -331,6 +345,7 @@ class ExactSchedule:
             "selection_version": {str(k): v for k, v in self.selection_version.items()},
             "pool": self.pool.state_dict(),
         } | (self._selection_state() if self.policy is not None else {})
+        return state | ({"held": list(self._held)} if self._held else {})
 
     def _selection_state(self) -> dict:
         """The selection policy's part of a checkpoint: what the run knows, its generator and its own state."""
@@ -356,6 +371,7 @@ class ExactSchedule:
         self.selection_version = {int(k): v for k, v in state["selection_version"].items()}
         self._finished_sids = set(self.selection_version) - set(self._sid_counts)
         self.pool.load_state_dict(state["pool"])
+        self._held = list(state.get("held", []))
         if self.policy is not None and "selection" in state:
             self.knowledge.load_state_dict(state["selection"]["knowledge"])
             self.policy_rng.bit_generator.state = state["selection"]["rng"]

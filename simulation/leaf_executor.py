@@ -79,6 +79,8 @@ def device_settings(processor) -> dict:
         settings["weighting"] = weighting
     if getattr(processor, "rule", ""):  # a method's training rule: the device keeps its state itself
         settings |= {"rule": processor.rule, "rule_args": processor.rule_args}
+    if getattr(processor, "privacy", None):  # differential privacy: the device clips (and noises) its update
+        settings["privacy"] = processor.privacy
     return settings
 
 

@@ -82,9 +82,25 @@ def _runs_at_import(body: list[ast.stmt]):
                 yield from _runs_at_import(handler.body)
 
 
+def _imports_anywhere(node: ast.AST):
+    """Every import statement under ``node``, function bodies included, but not ``if TYPE_CHECKING:`` blocks (an
+    annotation's name, never imported when the code runs)."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.Import, ast.ImportFrom)):
+            yield child
+        elif isinstance(child, ast.If) and ast.unparse(child.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            for other in child.orelse:
+                if isinstance(other, (ast.Import, ast.ImportFrom)):
+                    yield other
+                else:
+                    yield from _imports_anywhere(other)
+        else:
+            yield from _imports_anywhere(child)
+
+
 def import_graph(anywhere: bool = False) -> dict[str, set[str]]:
-    """Module -> the project modules it imports at import time (``anywhere``: in any statement, function bodies and
-    ``TYPE_CHECKING`` blocks included; ``from a import b`` counts ``a.b`` when that is a module, else ``a``)."""
+    """Module -> the project modules it imports at import time (``anywhere``: in any statement, function bodies
+    included, ``TYPE_CHECKING`` blocks not; ``from a import b`` counts ``a.b`` when that is a module, else ``a``)."""
     paths = {}
     for package in LEVEL:
         for root, _, files in os.walk(os.path.join(REPO, package)):
@@ -95,11 +111,7 @@ def import_graph(anywhere: bool = False) -> dict[str, set[str]]:
     for module, path in paths.items():
         found = set()
         tree = ast.parse(open(path).read(), path)
-        statements = (
-            (n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)))
-            if anywhere
-            else _runs_at_import(tree.body)
-        )
+        statements = _imports_anywhere(tree) if anywhere else _runs_at_import(tree.body)
         for node in statements:
             if isinstance(node, ast.Import):
                 found.update(alias.name for alias in node.names)

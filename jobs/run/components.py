@@ -55,6 +55,7 @@ def make_task_processor(
         weighting=cfg.method_spec.weighting,
         **rule_settings(cfg),
         **({"device_offsets": offsets} if (offsets := device_offsets(cfg)) else {}),  # else: the config's bytes
+        **({"privacy": cfg.privacy.device_settings()} if cfg.privacy.on else {}),  # likewise
     )
 
 
@@ -130,7 +131,18 @@ def make_global_model(cfg: JobConfig, results_dir: str):
         compute_device=cfg.training.compute_device,
         results_dir=results_dir,
         version_memory_mb=cfg.engine.version_memory_mb,
+        **({"privacy": server_privacy(cfg)} if cfg.privacy.on else {}),  # else: the config's bytes
     )
+
+
+def server_privacy(cfg: JobConfig) -> dict:
+    """The server's differential privacy (``aggregation.server_privacy.ServerPrivacy``'s arguments but the seed)."""
+    f = cfg.federation
+    return {
+        "settings": cfg.privacy.to_dict(),
+        "pool_size": f.num_leaf_nodes * f.devices_per_leaf,
+        "updates_per_version": f.num_updates_for_model,
+    }
 
 
 def make_assessor(
@@ -166,6 +178,7 @@ def make_assessor(
         selection_args=cfg.method_spec.selection_args(cfg),
         # each device's time scales with its own samples (--local-epochs); None keeps today's schedule
         work=schedule_work(cfg) if cfg.training.local_epochs and not real else None,
+        **({"one_update_per_version": True} if cfg.privacy.central else {}),  # else: the config's bytes
     )
 
 

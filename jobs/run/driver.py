@@ -9,6 +9,7 @@ Ctrl-C / SIGTERM.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import signal
@@ -21,22 +22,19 @@ from common.result_files import DRY_RUN_FILES, METRICS
 from evaluation.run_recorder import record_interruption
 from jobs.admin_kit import check_leaf_count, check_server_answers
 from jobs.config import JobConfig
-from jobs.run.components import device_offsets, leaf_names
 from jobs.run.environments import make_env
 from jobs.run.outputs import nvflare_workspace, prepare_output_dir
 from jobs.run.plan import RunPlan, prepare
+from jobs.run.privacy_plan import privacy_notes, resolve_privacy
 from jobs.run.process_guard import Interrupts, no_orphans
 from jobs.run.recipe import EdgeSimRecipe
 from jobs.run.remote import ProdFollower, follow_poc
 from jobs.run.results import PlotAhead, finalize, format_summary, read_metrics, result_files_of
+from jobs.run.schedule_plan import schedule_for
 from jobs.run.watchdog import Watchdog
 from jobs.tracking.run_tracking import RunTracking
 from processors.data.sources import DatasetError
-from processors.local_work import device_work
 from scheduling.checkpoint import state_path
-from scheduling.event_reference import make_schedule
-from scheduling.schedule import ExactSchedule
-from scheduling.selection import make_policy
 from scheduling.timeline import format_timeline, run_timeline, write_timeline
 from simulation.config import device_timeout_words
 from simulation.nvflare_guard import nvflare_problem
@@ -115,10 +113,11 @@ def run(cfg: JobConfig, verbose: bool = False) -> int:
     """Run (or export) the job a config describes; returns a process exit code (2: refused before anything
     started, ``JobConfig.validate``'s message printed)."""
     try:
-        cfg = cfg.validate()
+        cfg = resolve_privacy(cfg.validate())  # with a target epsilon: its noise, over the planned run
         if not cfg.run.dry_run:  # a dry run starts no NVFlare
             check_nvflare()
         plan: RunPlan = prepare(cfg)
+        plan = dataclasses.replace(plan, notes=plan.notes + privacy_notes(cfg))  # and the run's privacy
         if cfg.run.env == "prod":
             check_leaf_count(cfg.run.startup_kit, cfg.federation.num_leaf_nodes)
         if cfg.run.env == "prod" and not (cfg.run.dry_run or cfg.run.export_only):
@@ -192,35 +191,14 @@ def describe_real_devices(cfg: JobConfig) -> str:
     )
 
 
-def schedule_for(cfg: JobConfig) -> ExactSchedule:
-    """The run's schedule alone, not started: what ``--dry-run`` runs, and the reference a real run's
-    ``events.jsonl`` must equal (``scheduling.event_reference``). Its leaves are named as the run's will be:
-    SimEnv's ``site-1, site-2, ..``, or with ``--env prod`` the deployment's (``C11, C12, ..``, from its kit)."""
-    f = cfg.federation
-    leaves = dict.fromkeys(leaf_names(cfg), f.devices_per_leaf)
-    return make_schedule(
-        cfg.delays,
-        cfg.run.seed,
-        leaves,
-        f.device_selection_size,
-        f.num_updates_for_model,
-        f.min_hole_to_fill,
-        f.device_reuse,
-        f.max_model_version,
-        f.max_sim_time,
-        make_policy(cfg.method_spec.selection_path, cfg.method_spec.selection_args(cfg)),
-        device_work(
-            cfg.data.to_dict(), cfg.training.to_dict(), cfg.run.seed, device_offsets(cfg)
-        ),  # None: --local-iters
-    )
-
-
 def dry_run(cfg: JobConfig, results_dir: str) -> int:
     """The run's event trace without training or NVFlare (``scheduling.timeline``), with the run's leaf names."""
     schedule = schedule_for(cfg)
     started = time.time()
     summary = write_timeline(run_timeline(schedule, len(schedule.pool)), results_dir)
     print(format_timeline(summary))
+    for note in privacy_notes(cfg):  # the noise and the compositions the run would spend
+        print(f"[edgesim] {note}")
     print(f"[edgesim] computed in {time.time() - started:.1f} s; {' and '.join(DRY_RUN_FILES)} in {results_dir}")
     return 0
 

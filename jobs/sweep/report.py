@@ -31,8 +31,9 @@ def _cell(value, width: int) -> str:
 def trial_table(study: optuna.Study) -> str:
     trials = study.get_trials(deepcopy=False)
     names = sorted({k for t in trials for k in t.params})
-    head = ["#", "status", *names, "objective", "versions", "sim s", "wall s"]
-    widths = [4, 10, *(max(9, len(n)) for n in names), 9, 8, 8, 7]
+    private = any(t.user_attrs.get("epsilon") is not None for t in trials)  # differential privacy: its column
+    head = ["#", "status", *names, "objective", "versions", "sim s", *(["epsilon"] if private else []), "wall s"]
+    widths = [4, 10, *(max(9, len(n)) for n in names), 9, 8, 8, *([8] if private else []), 7]
     rows = [" ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
     for t in trials:
         a = t.user_attrs
@@ -45,6 +46,7 @@ def trial_table(study: optuna.Study) -> str:
             t.value,
             a.get("versions"),
             a.get("sim_seconds"),
+            *([a.get("epsilon")] if private else []),
             a.get("wall_seconds"),
         ]
         rows.append(" ".join(_cell(v, w) for v, w in zip(values, widths, strict=True)))

@@ -266,10 +266,10 @@ class Sweep:
         return attrs | {
             "versions": last.get("version"),
             "sim_seconds": last.get("sim_seconds"),
+            "epsilon": (last.get("privacy") or {}).get("epsilon"),  # differential privacy's, spent by the end
             "wall_seconds": round(run.proc.wall_seconds, 1),
             "exit_code": run.code,
-            # process start and exit (epoch seconds): with the records' epochs, a trial's fixed cost
-            "started": round(run.proc.started, 3),
+            "started": round(run.proc.started, 3),  # epoch seconds: with the records' epochs, a trial's fixed cost
             "ended": round(run.proc.started + run.proc.wall_seconds, 3),
             "ended_early": None if run.stopped else ended_early(self.spec.objective, read_metrics(run.folder)),
         }
@@ -285,7 +285,7 @@ class Sweep:
             trial.set_user_attr(key, value)
         if self.spec.repeat:  # the table's figures: the mean over the runs, the slowest run's wall time
             ended = [self._run_attrs(r) for r in started]
-            for key in ("versions", "sim_seconds"):
+            for key in ("versions", "sim_seconds", "epsilon"):
                 known = [a[key] for a in ended if a.get(key) is not None]
                 trial.set_user_attr(key, round(sum(known) / len(known), 3) if known else None)
             trial.set_user_attr("wall_seconds", max(a["wall_seconds"] for a in ended))

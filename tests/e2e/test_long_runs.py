@@ -19,7 +19,7 @@ import torch
 from benchmarks.fedrevive_small import FEDREVIVE_SMALL
 from common.delays import DELAY_PRESETS
 from jobs.config import JobConfig
-from jobs.run.driver import schedule_for
+from jobs.run.schedule_plan import schedule_for
 from scheduling.event_reference import reference_trace
 from tests.conftest import DIURNAL, PYTHON, REPO, SMALL_JOB, checkpoint_version, kill_tree, wait_for
 

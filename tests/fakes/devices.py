@@ -12,7 +12,7 @@ import time
 from nvflare.edge.web.models.task_response import TaskResponse
 
 from processors.device_processor import RealDeviceProcessor
-from processors.task_processor import received_model
+from processors.task_wire import received_model
 
 
 class FlakyDeviceProcessor(RealDeviceProcessor):

@@ -132,7 +132,7 @@ def test_an_unwritable_output_folder_is_refused(tmp_path, capsys):
 
 def test_resuming_on_a_deployment_is_refused_naming_the_flag(tmp_path):
     from common.choices import ConfigError
-    from jobs.config import RunConfig
+    from jobs.run_config import RunConfig
 
     with pytest.raises(ConfigError, match="--resume with --env prod: resuming continues SimEnv runs only"):
         RunConfig(env="prod", startup_kit=str(tmp_path), username="admin@nvidia.com", resume=str(tmp_path))

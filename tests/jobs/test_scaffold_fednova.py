@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from aggregation.global_model import make_strategy
 from aggregation.strategy import ServerContext, Update
 from common.protocol import DEVICE_EXTRA_PREFIX, reports_of
-from jobs.config import FederationConfig, JobConfig, RunConfig
+from jobs.config import FederationConfig, JobConfig
 from jobs.methods import method_of
+from jobs.run_config import RunConfig
 from processors import task_processor
 from processors.data.config import DataConfig
 from processors.data.sources import load_dataset

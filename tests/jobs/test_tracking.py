@@ -16,7 +16,8 @@ import torch
 
 from common.choices import ConfigError
 from common.jsonio import write_json_atomic
-from jobs.config import JobConfig, RunConfig
+from jobs.config import JobConfig
+from jobs.run_config import RunConfig
 from jobs.tracking import choice
 from jobs.tracking.mlflow_run import MlflowRun
 from jobs.tracking.run_tracking import RunTracking, read_state

@@ -72,3 +72,39 @@ def test_a_seeded_group_repeats_bit_for_bit_on_cuda_at_every_precision(precision
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
     assert scale > 1e-3 and worst == 0.0, (precision, worst)
+
+
+def test_both_engines_clip_on_cuda_as_a_plain_pytorch_clip_of_the_same_diff():
+    """Differential privacy's clipping on the GPU (``processors.privatize``): per device, under ``vmap`` in the
+    vectorised engine, as ``torch.nn.utils.clip_grad_norm_`` clips the same diff."""
+    from processors.data.sources import make_synthetic
+    from processors.device import full_float32
+    from processors.models import build_model
+    from processors.training import TrainingConfig, train_local, worker_model
+    from processors.training_vectorized import train_group
+
+    full_float32()  # TF32 off, as the engines run on CUDA
+    ds = make_synthetic(300, 50, seed=4).to(CUDA)
+    data = [(ds.x_train[i * 60 : (i + 1) * 60], ds.y_train[i * 60 : (i + 1) * 60]) for i in range(3)]
+    torch.manual_seed(3)
+    start = {k: v.to(CUDA) for k, v in build_model("cifar10_convnet").state_dict().items()}
+    cfg = TrainingConfig(local_iters=4, local_batch_size=16, local_lr=0.05, optimizer="sgd")
+    names = [n for n, _ in worker_model("cifar10_convnet", CUDA).named_parameters()]
+
+    def gens():
+        return [torch.Generator().manual_seed(20 + i) for i in range(3)]
+
+    model = worker_model("cifar10_convnet", CUDA)
+    plain = [train_local(model, start, x, y, cfg, g) for (x, y), g in zip(data, gens(), strict=True)]
+    clip = 0.5 * min(float(sum((d[n] ** 2).sum() for n in names)) ** 0.5 for d in plain)  # every one clipped
+    alone = [train_local(model, start, x, y, cfg, g, clip_norm=clip) for (x, y), g in zip(data, gens(), strict=True)]
+    grouped = train_group("cifar10_convnet", start, data, cfg, gens(), CUDA, clip_norms=[clip] * 3)
+    plain_grouped = train_group("cifar10_convnet", start, data, cfg, gens(), CUDA)
+    for engine, raw_diffs in ((alone, plain), (grouped, plain_grouped)):
+        for got, raw in zip(engine, raw_diffs, strict=True):
+            grads = [torch.nn.Parameter(torch.zeros(raw[n].shape, device=CUDA)) for n in names]
+            for p, n in zip(grads, names, strict=True):
+                p.grad = torch.as_tensor(raw[n], device=CUDA).clone()
+            torch.nn.utils.clip_grad_norm_(grads, clip)
+            for p, n in zip(grads, names, strict=True):
+                torch.testing.assert_close(torch.as_tensor(got[n]), p.grad.cpu(), rtol=1e-4, atol=1e-9)

@@ -12,7 +12,7 @@ from common.protocol import DEVICE_EXTRA_PREFIX
 from processors.data.sources import make_synthetic
 from processors.models import build_model
 from processors.objective import DeviceObjective, make_objective
-from processors.task_processor import device_extras
+from processors.task_wire import device_extras
 from processors.training import TrainingConfig, train_local, worker_model
 from processors.training_vectorized import train_group
 

@@ -21,7 +21,7 @@ from common.protocol import DATA_SIZE, DEVICE_EXTRA_PREFIX, SAMPLES, STEPS, Devi
 from common.seeds import stable_seed
 from jobs.api import make_config
 from jobs.methods import FedAvg, FedRevive
-from jobs.run.driver import schedule_for
+from jobs.run.schedule_plan import schedule_for
 from processors.data import partition
 from processors.local_work import device_work
 from scheduling.event_reference import make_schedule, reference_trace

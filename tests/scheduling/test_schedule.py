@@ -169,3 +169,31 @@ def test_a_checkpointed_schedule_continues_exactly_like_the_original():
     while not resumed.done:
         tail.append(resumed.apply(resumed.next_due().device)[0].trace_record())
     assert head + tail == full
+
+
+def test_with_one_update_per_version_no_device_goes_into_a_version_twice_and_a_checkpoint_keeps_the_hold():
+    """Differential privacy's bound on a device's share of an aggregate: without the hold a fast device goes into
+    the same version of 8 updates up to three times on a pool of 10 (the paper's delays)."""
+
+    def schedule(hold: bool):
+        return make_schedule(
+            DELAY_PRESETS["paper"], 0, {"a": 5, "b": 5}, 8, 8, 1, max_model_version=60, one_update_per_version=hold
+        )
+
+    def most_per_version(trace):
+        return max(collections.Counter((r["device"], r["version"]) for r in trace if not r.get("failed")).values())
+
+    assert most_per_version(reference_trace(schedule(False))) > 1
+    held = reference_trace(schedule(True))
+    assert most_per_version(held) == 1 and max(r["version"] for r in held) == 60
+    first = schedule(True)  # a checkpoint with devices held resumes into the same trace
+    first.start()
+    trace = []
+    while len(trace) < 13:
+        trace.append(first.apply(first.next_due().device)[0].trace_record())
+    assert first.state_dict()["held"]
+    again = schedule(True)
+    again.load_state_dict(first.state_dict())
+    while not again.done:
+        trace.append(again.apply(again.next_due().device)[0].trace_record())
+    assert trace == held

@@ -173,7 +173,7 @@ def test_oort_explores_new_devices_by_its_exploration_share_and_its_state_round_
 
 def test_dry_run_refuses_a_policy_that_reads_training_reports_and_runs_one_that_does_not():
     from jobs.api import make_config
-    from jobs.run.driver import schedule_for
+    from jobs.run.schedule_plan import schedule_for
 
     with pytest.raises(ConfigError, match="--dry-run trains nothing"):
         make_config(method="power_of_choice:PowerOfChoice", dry_run=True).validate()

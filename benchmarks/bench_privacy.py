@@ -1,0 +1,125 @@
+"""Differential privacy at the cpu scale: accuracy at a few epsilon values, and what DP costs a job's wall time.
+
+Accuracy (the default): FedAvg and FedBuff on ``reproduce_fedrevive.py``'s cpu scale (the hard generated data,
+cifar10_convnet, 2 x 100 devices, K = 20, 25 local Adam steps, the paper's delays, 40 simulated time units), each
+without DP and with central DP at each target epsilon of ``--epsilons`` (delta ``--delta``), the noise multiplier
+computed for the planned run (``--dp-target-epsilon`` with ``--max-sim-time``: the dry-run planner). One line per
+run and ``results.md`` in ``--output``: the noise multiplier, the epsilon spent, final and best accuracy (chance:
+0.1) and wall seconds.
+
+    python benchmarks/bench_privacy.py --methods fedavg,fedbuff --epsilons 8,2 --seed 0
+    python benchmarks/bench_privacy.py --methods fedavg --epsilons 8,2 -- --synthetic-difficulty 0 --global-lr 0.3
+    python benchmarks/bench_privacy.py --methods fedbuff --epsilons 8,2 -- --synthetic-difficulty 0 --global-lr 0.01
+
+``--overhead``: one job (``--methods``' first, ``--overhead-versions`` versions of the cpu scale) run without and
+with central DP, alternated ``--repeats`` times; the median of each side's steady-state seconds per version
+(between the first and the last evaluated version, start-up left out) and of its whole wall time, and the line
+``job dp: <X>x`` (DP's steady-state seconds per version over the plain run's). Take it on an idle machine, with
+FedAvg: central DP holds each asynchronous device until its version is made (``scheduling.schedule``), so a
+FedBuff run with DP follows another schedule (other groups, other waits) and its time differs for that reason too;
+a synchronous run's schedule is the same with and without DP, so the ratio is DP's own cost.
+
+    python benchmarks/bench_privacy.py --overhead --methods fedavg --repeats 3
+
+Extra job flags after ``--`` go to every run (e.g. ``-- --dp-clip-norm 1 --num-updates-for-model 10``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.harness import run_job  # noqa: E402
+from benchmarks.reproduce_fedrevive import SCALES  # noqa: E402
+
+CPU = SCALES["cpu"]
+CLIP_NORM = "2"  # about the median L2 norm of a device's update at this scale (25 Adam steps at 1e-3: 2.1 to 2.3)
+
+
+def flags(method: str, epsilon: float | None, delta: float, seed: int, extra: list[str]) -> list[str]:
+    dp = [] if epsilon is None else ["--dp", "central", "--dp-target-epsilon", str(epsilon), "--dp-delta", str(delta)]
+    dp += ["--dp-clip-norm", CLIP_NORM] if dp else []
+    return ["--method", method, *CPU["flags"], "--seed", str(seed), *dp, *extra]
+
+
+def accuracy(args, extra: list[str]) -> None:
+    rows = []
+    for method in args.methods.split(","):
+        for epsilon in [None, *[float(e) for e in args.epsilons.split(",") if e.strip()]]:
+            name = f"{method}-{'none' if epsilon is None else f'eps{epsilon:g}'}"
+            budget = ["--max-sim-time", str(CPU["budget"]), "--max-model-version", "100000"]  # the time budget ends it
+            run = flags(method, epsilon, args.delta, args.seed, [*budget, *extra])
+            result = run_job("jobs/pt_job_fedrevive.py", run, os.path.join(args.output, name))
+            records = result.versions
+            privacy = records[-1].get("privacy") or {}
+            row = {
+                "method": method,
+                "target epsilon": "no DP" if epsilon is None else f"{epsilon:g}",
+                "noise multiplier": privacy.get("noise_multiplier", "-"),
+                "epsilon spent": privacy.get("epsilon", "-"),
+                "versions": records[-1]["version"],
+                "final accuracy": records[-1]["accuracy"],
+                "best accuracy": max(r["accuracy"] for r in records),
+                "wall s": round(result.ended - result.started, 1),
+            }
+            rows.append(row)
+            print(" | ".join(f"{k} {v}" for k, v in row.items()), flush=True)
+    head = list(rows[0])
+    table = "\n".join(
+        ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+        + ["| " + " | ".join(str(r[k]) for k in head) + " |" for r in rows]
+    )
+    with open(os.path.join(args.output, "results.md"), "w") as f:
+        f.write(
+            f"cpu scale, {CPU['budget']:g} time units, seed {args.seed}, delta {args.delta:g}, chance 0.1\n\n{table}\n"
+        )
+    print(table)
+
+
+def overhead(args, extra: list[str]) -> None:
+    method = args.methods.split(",")[0]
+    more = ["--max-model-version", str(args.overhead_versions), "--eval-frequency", "1", *extra]
+    sides = {"plain": flags(method, None, args.delta, args.seed, more)}
+    sides["dp"] = [*sides["plain"], "--dp", "central", "--dp-noise-multiplier", "1.0", "--dp-clip-norm", CLIP_NORM]
+    per_version: dict[str, list[float]] = {k: [] for k in sides}
+    wall: dict[str, list[float]] = {k: [] for k in sides}
+    for i in range(args.repeats):
+        for side, run in sides.items():
+            result = run_job("jobs/pt_job_fedrevive.py", run, os.path.join(args.output, f"{side}-{i}"))
+            steady = result.steady_state()
+            per_version[side].append(steady["wall_seconds"] / (steady["to_version"] - steady["from_version"]))
+            wall[side].append(result.ended - result.started)
+            print(f"{side} run {i}: {per_version[side][-1]:.3f} s/version, {wall[side][-1]:.1f} s in all", flush=True)
+    med = {side: (statistics.median(per_version[side]), statistics.median(wall[side])) for side in sides}
+    for side, (v, w) in med.items():
+        print(f"{method} {side}: median {v:.3f} s/version (steady state), {w:.1f} s wall in all")
+    print(f"job dp wall: {med['dp'][1] / med['plain'][1]:.3f}x")
+    print(f"job dp: {med['dp'][0] / med['plain'][0]:.3f}x")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--methods", default="fedavg,fedbuff")
+    p.add_argument("--epsilons", default="8,2", help="target epsilons (besides a run without DP)")
+    p.add_argument("--delta", type=float, default=1e-5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output", default=None, help="where the runs go (default: a new temporary folder)")
+    p.add_argument("--overhead", action="store_true", help="measure DP's cost in one job instead (see above)")
+    p.add_argument("--overhead-versions", type=int, default=12)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args(argv)
+    args.output = args.output or tempfile.mkdtemp(prefix="bench_privacy_")
+    print(f"[bench_privacy] runs in {args.output}")
+    (overhead if args.overhead else accuracy)(args, extra)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
