@@ -342,6 +342,9 @@ class ExactTimeAssessor(Assessor):
     def _restore(self, state: dict, fl_ctx: FLContext) -> None:
         meta = state["meta"]
         self.schedule.load_state_dict(state["schedule"])
+        # a run that ended at its last version, resumed with a larger one: the devices its last arrival left
+        # unselected are selected now, as that arrival would have without the cap
+        self._note_news([d.device for d in self.schedule.refill()])
         self.global_model.load_state_dict(state[GLOBAL_MODEL_ALIAS], fl_ctx)
         applier = self._make_applier(fl_ctx)
         checkpoint.restore_received(applier, state)

@@ -240,6 +240,16 @@ class ExactSchedule:
         arrival = Arrival(device, dispatch.base_version, dispatch.arrival, tau, target, made, counted)
         return arrival, selected
 
+    def refill(self) -> list[Dispatch]:
+        """Select the devices the last arrival left unselected because the last version then existed: a run
+        resumed with a larger ``max_model_version`` goes on exactly as one that was never capped (the same state,
+        the same generator, the same moment). Nothing when no such hole is open (a checkpoint mid-run)."""
+        holes = self.selection_size - len(self.in_flight)
+        last = self.max_model_version is not None and self.version >= self.max_model_version
+        if not self.version or last or holes < self.min_hole_to_fill:
+            return []
+        return self._select_until_one_is_online(holes)
+
     def _select_until_one_is_online(self, count: int) -> list[Dispatch]:
         """Select ``count`` online devices now; if none is in flight afterwards because no idle device is online,
         time moves on to the first moment one comes online and they are selected then (nothing else can happen

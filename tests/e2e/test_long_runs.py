@@ -277,3 +277,26 @@ def test_a_lost_leaf_ends_in_its_policys_outcome(tmp_path, policy):
         lost_at = max(e["base_version"] for e in lost)
         later = [e for e in events if e["base_version"] > lost_at]
         assert later and not any(e["device"].startswith("site-2#") for e in later)  # never selected again
+
+
+def test_a_finished_run_resumed_with_a_larger_last_version_goes_on_as_if_it_had_never_stopped(tmp_path):
+    """``--resume`` with a larger ``--max-model-version`` extends a run that completed (docs/long-runs.md): its
+    last arrival had selected nobody (the last version existed); resumed, those devices are selected at once, and
+    the whole trace is the one a run to the larger version follows."""
+    flags = [*METHOD_FLAGS["fedbuff"][:2], "--global-lr", "0.5", "--checkpoint-every", "1"]
+    code, out = finish(start(tmp_path, "run", *flags, "--max-model-version", "4"))
+    assert code == 0, out[-3000:]
+    assert checkpoint_version(tmp_path / "run") == 4
+    resumed = subprocess.run(
+        [PYTHON, "jobs/pt_job_fedrevive.py", *SMALL, *flags, "--max-model-version", "9"]
+        + ["--output", str(tmp_path / "run"), "--resume", str(tmp_path / "run")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    trace_text, accuracies, metrics = results(tmp_path / "run")
+    assert metrics["outcome"]["status"] == "completed" and accuracies[-1][0] == 9
+    trace = [json.loads(line) for line in trace_text.splitlines()]
+    assert trace == reference_trace(schedule_for(JobConfig.from_dict(metrics["config"])))

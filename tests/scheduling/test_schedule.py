@@ -171,6 +171,33 @@ def test_a_checkpointed_schedule_continues_exactly_like_the_original():
     assert head + tail == full
 
 
+@pytest.mark.parametrize("b, hole", [(2, 1), (10, 10)])  # FedBuff, and a synchronous round (FedAvg)
+def test_a_run_that_ended_at_its_last_version_resumed_with_a_larger_one_goes_on_as_if_never_capped(b, hole):
+    """--resume with a larger --max-model-version: the devices the last arrival left unselected (the last version
+    existed) are selected at once, from the same state, so the trace equals the uncapped run's."""
+
+    def fresh(last: int):
+        leaves = {"site-1": 15, "site-2": 15}
+        return make_schedule(DELAY_PRESETS["paper"], 3, leaves, 10, b, hole, max_model_version=last)
+
+    full = reference_trace(fresh(9))
+    capped = fresh(4)
+    head = reference_trace(capped)
+    assert capped.version == 4 and capped.refill() == []  # capped: nothing to select
+    extended = fresh(9)
+    extended.load_state_dict(capped.state_dict())
+    assert len(extended.refill()) >= hole and extended.refill() == []  # once
+    tail = []
+    while not extended.done:
+        tail.append(extended.apply(extended.next_due().device)[0].trace_record())
+    assert head + tail == full
+    mid = fresh(9)  # a checkpoint mid-run has no hole open: nothing is selected
+    mid.start()
+    for _ in range(5):
+        mid.apply(mid.next_due().device)
+    assert mid.refill() == []
+
+
 def test_with_one_update_per_version_no_device_goes_into_a_version_twice_and_a_checkpoint_keeps_the_hold():
     """Differential privacy's bound on a device's share of an aggregate: without the hold a fast device goes into
     the same version of 8 updates up to three times on a pool of 10 (the paper's delays)."""
