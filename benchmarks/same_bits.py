@@ -3,12 +3,17 @@
     python benchmarks/same_bits.py --out A.json                    # this checkout
     python benchmarks/same_bits.py --out B.json --repo OTHER_TREE  # another checkout (e.g. a git worktree)
     python benchmarks/same_bits.py --compare A.json B.json         # exit 0 when every digest is equal
+    python benchmarks/same_bits.py --out S.json --bulk shm         # every run with its bulk arrays in shared memory
+    python benchmarks/same_bits.py --out W.json --bulk wire        # ... or on NVFlare's wire: S and W must be equal
 
 Each run is small but real (SimEnv, 2 leaves): FedAvg; FedBuff with the paper's delays (updates of many versions,
 stale ones included); FedRevive with its phases from version 2 (``benchmarks.fedrevive_small``), so distillation runs. Every scheduled version is
 evaluated (``--eval-backlog wait``), so the accuracy curve does not depend on the machine's load. A digest is the
 SHA-256 of ``events.jsonl`` and of ``global_model.pt``, the list of (version, accuracy), and FedRevive's log without
 its wall-clock field (``kd_seconds``).
+
+``--bulk MODE`` adds ``--bulk MODE`` to every run (how diffs and versions travel, ``docs/deployment.md``): the
+digests of ``shm`` and ``wire`` runs must be equal, and equal to those of a checkout that has no such flag.
 """
 
 from __future__ import annotations
@@ -81,12 +86,13 @@ def digest(out: str) -> dict:
     return found
 
 
-def run_all(repo: str, names: list[str]) -> dict:
+def run_all(repo: str, names: list[str], bulk: str = "") -> dict:
     digests = {}
     with tempfile.TemporaryDirectory(prefix="same_bits_") as tmp:
         for name in names:
             out, ws = os.path.join(tmp, name, "out"), os.path.join(tmp, name, "ws")
             script, *flags = RUNS[name]
+            flags += ["--bulk", bulk] if bulk else []
             command, env = job_command(script, [*flags, "--workspace", ws], out, repo)
             proc = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
             if proc.returncode != 0:
@@ -112,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repo", default=REPO, help="the checkout whose jobs run (default: this one)")
     parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)}")
     parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two digest files instead")
+    parser.add_argument(
+        "--bulk", choices=["auto", "shm", "wire"], default="", help="add --bulk MODE to every run (default: none)"
+    )
     args = parser.parse_args(argv)
     if args.compare:
         with open(args.compare[0]) as fa, open(args.compare[1]) as fb:
@@ -122,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(names) - set(RUNS))
     if unknown or not args.out:
         parser.error(f"unknown run(s) {unknown}" if unknown else "--out FILE is needed (or --compare A B)")
-    digests = run_all(os.path.abspath(args.repo), names)
+    digests = run_all(os.path.abspath(args.repo), names, args.bulk)
     with open(args.out, "w") as f:
         json.dump(digests, f, indent=1)
     return 0

@@ -22,6 +22,8 @@ simulated time needs more, added as extra keys of the same messages, which NVFla
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from common.packed_weights import packed_or_none, unpacked
 
 # result metadata naming the device, so leaves and the server can tell per-device updates apart
@@ -35,6 +37,9 @@ LEAF_PLANS = "edgesim_leaf_plans"  # {leaf: its own worker plan (dict)}, sent on
 LEAF_REPORTS = "edgesim_leaf_reports"  # {leaf: [one dict per device report, in the leaf's order]}
 LOCAL_REPORT = "edgesim_local_report"  # header: a leaf executor's report to its own updater
 HELD_VERSIONS = "edgesim_held_versions"  # up: the model versions the child holds (the parent sends the others)
+# both ways, beside the rest: the bulk link's word (``simulation.bulk_link``, ``scheduling.bulk_links``): up, a
+# child's offer of its ring, or whether it maps its parent's; down, the parent's answer (its own ring, or why not)
+BULK = "edgesim_bulk"
 WAKE_TOPIC = "edgesim.wake"  # down, an aux message of its own: news for some children, or an awaited device
 AWAITED = "edgesim_awaited"  # down (reply or wake): the devices whose update the server is waiting for now
 NEWS_FOR = "edgesim_news_for"  # down (wake): the children with newly selected devices (they sync at once)
@@ -114,12 +119,13 @@ class DeviceUpdate:
         self.group = group
         self.error = error
 
-    def to_dict(self) -> dict:
+    def to_dict(self, pack: Callable[[dict | None], dict | None] = packed_or_none) -> dict:
+        """As it travels; ``pack``: how its diff does (packed for the wire, or a handle of shared memory)."""
         d = {
             "device": self.device,
             "selection_id": self.selection_id,
             "base_version": self.base_version,
-            "diff": packed_or_none(self.diff),
+            "diff": pack(self.diff),
             "count": self.count,
         }
         if self.error:  # only a failed device's: an update that counted carries no extra key
@@ -189,12 +195,13 @@ class SelectionSum:
             for d, c in self.devices.items()
         ]
 
-    def to_dict(self) -> dict:
+    def to_dict(self, pack: Callable[[dict | None], dict | None] = packed_or_none) -> dict:
+        """As it travels (``pack``: as ``DeviceUpdate.to_dict``'s)."""
         d = {
             "selection_id": self.selection_id,
             "base_version": self.base_version,
             "devices": self.devices,
-            "diff": packed_or_none(self.diff),
+            "diff": pack(self.diff),
             "count": self.count,
         }
         if self.errors:
@@ -227,5 +234,6 @@ RUN_RESUMED = "edgesim.run_resumed"
 CHECKPOINT_DUE = "edgesim.checkpoint_due"
 
 # fired by the server's assessor when a report carries leaf information (``LEAF_PLANS`` / ``LEAF_REPORTS``);
-# fl_ctx[LEAF_INFO] is {"plans": {leaf: plan}, "reports": {leaf: [report line, ...]}}
+# fl_ctx[LEAF_INFO] is {"plans": {leaf: plan}, "reports": {leaf: [report line, ...]}, "bulk": {child: its bulk
+# link, "shm" or "wire: why"}} (each part only when it changed)
 LEAF_INFO = "edgesim.leaf_info"

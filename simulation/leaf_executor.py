@@ -58,6 +58,7 @@ from common.protocol import (
     DeviceUpdate,
     short_error,
 )
+from simulation.bulk_link import LeafBulk
 from simulation.leaf_gateway import FIND_GATEWAY, GATEWAY_PROP, DeviceResult, GatewayTask, LeafWork
 from simulation.nvflare_private import EventDrivenSync, NoPayloadRendering, install_nvflare_fixes
 from simulation.versioned_updater import DEFER_SYNC, VersionedState, VersionedUpdater
@@ -100,13 +101,17 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
     sum_selections: a synchronous run: the leaf sends one sum per selection (``VersionedUpdater``).
     real_devices: "" for simulated devices; with real ones, the id of the job's task processor (its settings go
         to each device with its task) and tasks and results travel JSON-safe.
+    bulk: ``--bulk``: how diffs and versions travel to and from the parent (``simulation.bulk_link``).
     """
 
-    def __init__(self, update_timeout: float = 10.0, sum_selections: bool = False, real_devices: str = ""):
+    def __init__(
+        self, update_timeout: float = 10.0, sum_selections: bool = False, real_devices: str = "", bulk: str = "auto"
+    ):
         super().__init__(aggr_factory_id="", max_model_versions=None, update_timeout=update_timeout)
         install_nvflare_fixes()  # one thread for finished streams, no payload rendering (nvflare_private)
         self.sum_selections = sum_selections
         self.real_devices = real_devices
+        self.bulk = bulk
         self._device_settings: dict | None = None  # with real devices: what each task tells its device
         self.updater: VersionedUpdater | None = None
         self.sync_cond = threading.Condition()
@@ -120,7 +125,8 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
         self.register_event_handler(FIND_GATEWAY, self._offer_gateway)
 
     def get_updater(self, fl_ctx: FLContext) -> VersionedUpdater:
-        self.updater = VersionedUpdater(self.sum_selections, on_work=self.sync_now)
+        bulk = LeafBulk(self.bulk, log=self.logger.info)
+        self.updater = VersionedUpdater(self.sum_selections, on_work=self.sync_now, bulk=bulk)
         return self.updater
 
     # -- syncing at once ----------------------------------------------------------------------------------------

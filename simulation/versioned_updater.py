@@ -43,9 +43,10 @@ from nvflare.edge.updater import Updater
 
 from common.leaf_outbox import OUTBOX_PROP
 from common.packed_maps import pack_map, unpacked_map
-from common.packed_weights import pack, packed_bytes, unpack
+from common.packed_weights import pack, packed_bytes, packed_or_none, unpack
 from common.protocol import (
     AWAITED,
+    BULK,
     DEVICE_RANGES,
     DEVICE_UPDATES,
     HELD_VERSIONS,
@@ -60,6 +61,9 @@ from common.protocol import (
     DeviceUpdate,
     SelectionSum,
 )
+from common.shared_ring import is_handle
+from simulation.bulk_link import LeafBulk
+from simulation.sync_times import SyncTimes
 
 
 def weights_dxo(version: int, weights: dict) -> DXO:
@@ -79,11 +83,11 @@ def _device_of(u: DeviceUpdate | dict) -> str:
 
 
 def _diff_bytes(u: DeviceUpdate | dict) -> int:
-    """The size of an update's diff (a child's entry: its blob as it came)."""
+    """The size of an update's diff on the wire (a child's entry: its blob as it came; a handle: none)."""
     if isinstance(u, DeviceUpdate):
         return sum(getattr(a, "nbytes", 0) for a in (u.diff or {}).values())
     diff = u.get("diff")
-    return len(packed_bytes(diff)) if diff else 0
+    return len(packed_bytes(diff)) if diff and not is_handle(diff) else 0
 
 
 DEFER_SYNC = "edgesim_defer_sync"  # header of a local report whose sender asks for the sync itself
@@ -112,12 +116,15 @@ class VersionedUpdater(Updater):
     sum_selections: a synchronous run: send one sum per selection (see the module docstring).
     """
 
-    def __init__(self, sum_selections: bool = False, on_work: Callable[[], None] | None = None):
+    def __init__(
+        self, sum_selections: bool = False, on_work: Callable[[], None] | None = None, bulk: LeafBulk | None = None
+    ):
         super().__init__()
         self.sum_selections = sum_selections
+        self.bulk = bulk  # the node's bulk link to its parent (``simulation.bulk_link``); None: the wire, unsaid
         self.on_work = on_work  # called when something waits to go up (the node then syncs at once)
         self._buckets: dict[int, list[DeviceUpdate]] = {}  # selection id -> its reported device updates
-        self._sums: list[dict] = []  # complete selection sums to send up
+        self._sums: list[SelectionSum | dict] = []  # complete selection sums to send up (a child's: as it sent them)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # the state changed (selection or models): stamp + 1
         self.stamp = 0
@@ -135,6 +142,7 @@ class VersionedUpdater(Updater):
         self._below_seen: dict[str, tuple[float, float]] = {}  # leaf below a child -> (its age, when we heard)
         self._leaf_plans: dict[str, dict] = {}  # to send up: leaf -> its plan
         self._leaf_reports: dict[str, list] = {}  # to send up: leaf -> its report lines
+        self.syncs = SyncTimes()  # each sync's round trip, summed up in the log at the task's end
 
     # -- state --------------------------------------------------------------------------------------------------
     def start_task(self, task_data: Shareable, fl_ctx: FLContext):
@@ -159,19 +167,36 @@ class VersionedUpdater(Updater):
             reported = {u.device for u in self._buckets[sid]}
             expected = {d for d, s in selection.items() if s == sid}
             if reported >= expected:
-                self._sums.append(SelectionSum.of(self._buckets.pop(sid)).to_dict())
+                self._sums.append(SelectionSum.of(self._buckets.pop(sid)))
 
-    def _next_batch(self) -> tuple[list, list]:
-        """(the pending updates to send now, the rest): in arrival order (with real devices the server applies
-        them in that order), up to ``MAX_SYNC_BYTES`` of diffs, at least one update."""
-        total = 0
-        for i, u in enumerate(self._pending):
-            total += _diff_bytes(u)
-            if total > MAX_SYNC_BYTES and i:
-                return self._pending[:i], self._pending[i:]
-        return self._pending, []
+    def _next_batch(self) -> list[dict]:
+        """The pending updates to send now, as they travel, in arrival order (with real devices the server applies
+        them in that order): at least one; up to ``MAX_SYNC_BYTES`` of diffs on the wire, and as many as the bulk
+        link's ring holds through shared memory. The rest stay pending, for the next sync."""
+        bulk = self.bulk
+        sent: list[dict] = []
+        total = shared = 0
+        for u in self._pending:
+            own = isinstance(u, DeviceUpdate)
+            room = own and bulk is not None and bulk.has_room()
+            if own and shared and not room:
+                break  # the ring is full of this report's diffs: the rest go in the next report, at once
+            size = 0 if room else _diff_bytes(u)
+            if total + size > MAX_SYNC_BYTES and sent:
+                break
+            entry = u.to_dict(bulk.pack_diff if room else packed_or_none) if own else u
+            shared += is_handle(entry.get("diff"))
+            total += size
+            sent.append(entry)
+        self._pending = self._pending[len(sent) :]
+        return sent
+
+    def _sums_to_send(self) -> list[dict]:
+        pack = self.bulk.pack_diff if self.bulk is not None else packed_or_none
+        return [s.to_dict(pack) if isinstance(s, SelectionSum) else s for s in self._sums]
 
     def prepare_update_for_parent(self, fl_ctx: FLContext) -> Shareable | None:
+        self.syncs.sent()
         try:
             return self._prepare_update(fl_ctx)
         finally:
@@ -186,15 +211,18 @@ class VersionedUpdater(Updater):
                 state.model_version, state.device_selection_version, None, self._devices_unsent or None
             ).to_shareable()
             self._devices_unsent = {}
-            report[HELD_VERSIONS] = sorted(self._models)
+            held = set(self._models)
+            report[HELD_VERSIONS] = self.bulk.held(held) if self.bulk is not None else sorted(held)
+            word = self.bulk.report_word() if self.bulk is not None else None
+            if word:
+                report[BULK] = word
             if self._ranges_unsent:
                 report[DEVICE_RANGES] = dict(self._ranges_unsent)
                 self._ranges_sent, self._ranges_unsent = self._ranges_unsent, {}
-            if self._pending:  # this leaf's own updates are packed here, once
-                sent, self._pending = self._next_batch()
-                report[DEVICE_UPDATES] = [u.to_dict() if isinstance(u, DeviceUpdate) else u for u in sent]
+            if self._pending:  # this leaf's own updates are packed here, once (or written into shared memory)
+                report[DEVICE_UPDATES] = self._next_batch()
             if self._sums:
-                report[SELECTION_SUMS], self._sums = self._sums, []
+                report[SELECTION_SUMS], self._sums = self._sums_to_send(), []
             outbox = fl_ctx.get_prop(OUTBOX_PROP) if fl_ctx is not None else None
             if outbox is not None:  # a leaf
                 plans, lines = outbox.take()
@@ -214,11 +242,18 @@ class VersionedUpdater(Updater):
     def process_parent_update_reply(self, reply: Shareable, fl_ctx: FLContext) -> bool:
         """Take the parent's word: the current version, this node's selection and the versions it trains, the
         models it lacked. True if the selection or the models changed (children and devices may have work)."""
+        self.syncs.replied()
         r = StateUpdateReply.from_shareable(reply)
         with self._lock:
             self._ranges_sent = {}  # the parent has them
+            if self.bulk is not None:  # the last report's diffs are the parent's now
+                self.bulk.on_reply(reply.get(BULK))
             state = copy.copy(self.current_state)
-            models = {v: weights_dxo(v, unpack(p)) for v, p in (reply.get(MODELS) or {}).items()}
+            models = {}
+            for v, p in (reply.get(MODELS) or {}).items():
+                weights = self.bulk.weights(v, p) if self.bulk is not None else unpack(p)
+                if weights is not None:  # else the link is on the wire now: the parent sends it again
+                    models[v] = weights_dxo(v, weights)
             self._models.update(models)
             if r.model is not None:  # a parent that sends the current model itself (as NVFlare's do)
                 self._models[r.model_version] = r.model
@@ -257,7 +292,7 @@ class VersionedUpdater(Updater):
         with self._lock:
             self._complete_sums()
             pending = {_device_of(u) for u in self._pending}
-            summed = {d for s in self._sums for d in s["devices"]}
+            summed = {d for s in self._sums for d in (s.devices if isinstance(s, SelectionSum) else s["devices"])}
             return bool(devices & (pending | summed))
 
     def has_sums(self) -> bool:
@@ -353,5 +388,7 @@ class VersionedUpdater(Updater):
 
     def end_task(self, fl_ctx: FLContext) -> None:
         super().end_task(fl_ctx)
+        if self.syncs.count:  # benchmarks/bench_protocol.py reads this line
+            self.log_info(fl_ctx, self.syncs.summary())
         with self._lock:
             self._models, self._pending, self._buckets, self._sums = {}, [], {}, []

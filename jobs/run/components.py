@@ -129,6 +129,7 @@ def make_model_manager(cfg: JobConfig, results_dir: str):
         compute_device=cfg.training.compute_device,
         results_dir=results_dir,
         version_memory_mb=cfg.engine.version_memory_mb,
+        bulk=cfg.engine.bulk,
     )
 
 
@@ -165,6 +166,7 @@ def make_assessor(
         selection_args=cfg.method_spec.selection_args(cfg),
         # each device's time scales with its own samples (--local-epochs); None keeps today's schedule
         work=schedule_work(cfg) if cfg.training.local_epochs and not real else None,
+        bulk=cfg.engine.bulk,
     )
 
 

@@ -1,0 +1,132 @@
+"""The server's bulk links to its children: which child's diffs and versions move through shared memory
+(``common.shared_ring``), which through NVFlare's wire, and why.
+
+A child's first report offers its ring (``simulation.bulk_link``). The server maps it and checks its nonce (the
+proof that they share this machine and user); if that works, and the run does not say ``--bulk wire``, the reply
+carries the locator of the ring the server keeps its versions in (``aggregation.version_store``); the child maps
+that one in turn and says whether it could. From then on, for that child:
+
+* a diff it sends as a handle is copied out of its ring as the report is read (``resolve``): the server's copy is
+  its own, whatever the child does with its slot after the reply (it frees it then);
+* each version it needs is sent as a handle of the server's slot or spill file (``model``), leased to the child
+  until a report says it holds that version no more (``GlobalModel.held_by``, from ``HELD_VERSIONS``).
+
+Every other child (it offered nothing: NVFlare's own executor, a relay's children, a site with
+``EDGESIM_BULK=wire``; its ring could not be mapped; it could not map the server's) uses the wire as before. Each
+child's choice is logged once and recorded (``choices``, in ``metrics.json``'s ``bulk``). With ``--bulk shm`` a
+child that cannot share memory stops the run (``required_failure``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from common.packed_weights import LAYOUT, PACKED
+from common.shared_ring import BulkUnavailable, PeerRing, StaleHandle, attach, is_handle
+
+
+class BulkError(Exception):
+    """A handle a child sent cannot be read: its update is lost, and the run cannot go on exactly."""
+
+
+class BulkLinks:
+    """Args:
+    mode: the run's ``--bulk``: ``auto``, ``shm`` or ``wire``.
+    log: logs one line (a child's choice).
+    """
+
+    def __init__(self, mode: str = "auto", log: Callable[[str], None] = print):
+        self.mode = mode
+        self.log = log
+        self._peers: dict[str, PeerRing] = {}  # child -> its ring, mapped here
+        self._ready: set[str] = set()  # children that map the server's ring: versions go as handles
+        self.choices: dict[str, str] = {}  # child -> "shm", or "wire: why"
+        self.required_failure = ""  # with --bulk shm, why a child cannot share memory ("": none)
+        self._lock = threading.Lock()
+
+    def on_report(self, child: str, word: dict | None, model) -> dict | None:
+        """Take a child's word on its link (``BULK``, None for none); the word of the reply (None: nothing to say).
+        ``model``: the run's global model (its ``bulk_locator``, ``bulk_error``)."""
+        if not word:
+            if child not in self.choices:
+                self._choose(child, "wire: it offers no shared memory (NVFlare's own executor, or a relay's child)")
+            return None
+        if "offer" in word:
+            why = self._refusal(child, word["offer"], model)
+            if why:
+                self._choose(child, f"wire: {why}")
+                return {"refused": why}
+            return {"ring": model.bulk_locator()}
+        if word.get("ready"):
+            with self._lock:
+                self._ready.add(child)
+            self._choose(child, "shm")
+        else:  # the child's reason, unless the server gave its own (it refused the offer)
+            self._drop(child)
+            if self.choices.get(child, "shm") == "shm":
+                self._choose(child, f"wire: {word.get('reason') or 'the child could not map the server ring'}")
+        return None
+
+    def _refusal(self, child: str, locator: dict, model) -> str:
+        """Why the server will not share memory with ``child`` ("": it will, its ring mapped here)."""
+        if self.mode == "wire":
+            return "--bulk wire"
+        if model.bulk_locator() is None:
+            return model.bulk_error or "the server keeps no shared memory"
+        try:
+            peer = attach(locator)
+        except BulkUnavailable as ex:
+            return f"its ring cannot be mapped by the server: {ex}"
+        with self._lock:
+            self._peers[child] = peer
+        return ""
+
+    def _choose(self, child: str, choice: str) -> None:
+        with self._lock:
+            changed = self.choices.get(child) != choice
+            self.choices[child] = choice
+        if changed:
+            word = "shared memory (diffs up, versions down)" if choice == "shm" else f"NVFlare's {choice}"
+            self.log(f"bulk arrays of {child}: {word}")
+        if choice != "shm" and self.mode == "shm" and not self.required_failure:
+            self.required_failure = f"--bulk shm, but {child} cannot share memory with the server ({choice[6:]})"
+
+    def _drop(self, child: str) -> None:
+        with self._lock:
+            self._ready.discard(child)
+
+    def ready(self, child: str) -> bool:
+        return child in self._ready
+
+    def resolve(self, child: str, entry: dict) -> dict:
+        """A device update or selection sum as it came, its diff copied out of the child's ring when it came as a
+        handle (``BulkError`` when it cannot be read)."""
+        diff = entry.get("diff")
+        if not is_handle(diff):
+            return entry
+        peer = self._peers.get(child)
+        if peer is None:
+            raise BulkError(f"{child} sent a diff as a handle of shared memory the server never mapped")
+        try:
+            data = peer.copy(diff)
+        except (StaleHandle, OSError, ValueError) as ex:
+            raise BulkError(f"{child}'s diff could not be read from its shared memory: {ex}") from ex
+        return entry | {"diff": {PACKED: 1, LAYOUT: diff["layout"], "data": data}}
+
+    def model(self, child: str, version: int, model, packed: Callable[[int], dict]) -> dict:
+        """A version as ``child`` is sent it: a handle when it maps the server's ring and the version is kept
+        there, else ``packed(version)``."""
+        if child in self._ready:
+            found = model.model_handle(version, child)
+            if found is not None:
+                return found
+        return packed(version)
+
+    def forget(self, child: str) -> None:
+        """A lost child: its ring is unmapped here."""
+        with self._lock:
+            self._ready.discard(child)
+            peer = self._peers.pop(child, None)
+        if peer is not None:
+            peer.close()
