@@ -29,7 +29,7 @@ import numpy as np
 from nvflare.fuel.utils.fobs.datum import Datum
 
 from common.packed_weights import LAYOUT, PACKED, PackedArrays, blob_bytes, pack, pack_into, packed_bytes, views
-from common.shared_ring import SharedRing, Slot, file_handle
+from common.shared_ring import SharedRing, Slot, file_handle, map_readonly
 
 Weights = dict[str, np.ndarray]
 MIN_SLOTS = 2  # the newest version, and the next one being made, whatever the cap
@@ -208,7 +208,7 @@ class VersionStore:
         return packed_bytes(packed), views(packed), packed[LAYOUT], None
 
     def get(self, version: int) -> Weights:
-        """A version's arrays (read back from disk if it was spilled: a copy of its own)."""
+        """A version's arrays (a spilled one mapped read-only from its file: only the pages read are read)."""
         with self._lock:
             kept = self._memory.get(version)
             if kept is not None:
@@ -279,9 +279,10 @@ class VersionStore:
             self._folder = folder or tempfile.mkdtemp(prefix="spilled-versions-")
         return os.path.join(self._folder, f"{version}.bin")
 
-    def _read(self, version: int) -> bytearray:
-        with open(self._path(version), "rb") as f:
-            return bytearray(f.read())
+    def _read(self, version: int) -> memoryview:
+        """A spilled version's blob, mapped read-only from its file (a strategy reads a base version's data
+        statistics only, a few pages of it; the mapping outlives the file's removal)."""
+        return map_readonly(self._path(version), self._disk[version])
 
     def _packed_dict(self, version: int, blob) -> dict:
         return {PACKED: 1, LAYOUT: self._layout[version], "data": Datum.blob_datum(blob)}

@@ -22,10 +22,11 @@ the slot, its generation, the length, the blob's layout). Who uses a ring, and w
   None and ``refusal`` says why), rather than failing later with SIGBUS on a page it touched.
 * **Generations.** A peer checks a slot's generation against the handle's before it maps or copies the slot, and
   again after a copy: a slot its owner reused is never read as the one a handle named (``StaleHandle``).
-* **Nothing read after reuse.** Each acquisition (owner) and each view (peer) maps the slot anew, so a weak
-  reference to that mapping tells whether anything in the process (an array made from it, a view of one) still
-  reads it: the owner hands a released slot out again only once its own views are gone, and a peer reports the
-  blobs it still views (the link tells the owner, which keeps them).
+* **Nothing read after reuse.** The owner maps each slot once and hands out views of that mapping; every array
+  made from one holds a reference to the mapping, so a released slot is handed out again only once nothing in the
+  owner's process views it (its reference count is the ring's own again). A peer maps each blob it views anew,
+  and a weak reference to that mapping tells it whether anything there still reads the blob (the link then
+  reports the version held, and the owner keeps it).
 * **Backends.** ``locator()`` is a dict with a ``kind``; ``attach`` maps a locator of a known kind. A CUDA IPC
   backend (a device buffer per slot, its IPC handle in the locator) would be another kind behind the same
   ``acquire``/``release``/``handle`` on its owner and ``view``/``copy`` on its peer.
@@ -38,6 +39,7 @@ import mmap
 import os
 import secrets
 import struct
+import sys
 import threading
 import weakref
 from dataclasses import dataclass
@@ -51,6 +53,7 @@ HEADER_BYTES = PAGE  # the ring's header: MAGIC, the nonce, the stride
 SLOT_HEADER = 64  # before a slot's data: its generation and length (the data stays 64-byte aligned)
 _RING = struct.Struct("<16s32sQ")  # magic, nonce (hex text), stride
 _SLOT = struct.Struct("<QQ")  # generation, length
+_RING_REFERENCES = 2  # sys.getrefcount of a slot's mapping that nothing views: the ring's list, and the call's own
 _POPULATE = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # a slot read or written whole: its pages at once
 
 
@@ -82,7 +85,7 @@ def _round_up(n: int, unit: int) -> int:
 @dataclass(frozen=True)
 class Slot:
     """A slot acquired for one blob: write the blob into ``data`` (``length`` bytes, writable), send ``handle``.
-    ``data`` is a mapping of the slot's own: the slot is not handed out again while a view of it is alive here."""
+    The slot is not handed out again while ``data``, or a view of it, is alive here."""
 
     index: int
     generation: int
@@ -90,16 +93,12 @@ class Slot:
     data: memoryview
 
 
-def _alive(ref) -> bool:
-    return ref is not None and ref() is not None
-
-
 class SharedRing:
     """The owner's side of a ring (see the module docstring).
 
-    A slot released (``release``) is handed out again only once nothing in this process still views it: every
-    acquisition maps the slot anew, and the ring keeps a weak reference to that mapping (a numpy array made from
-    ``Slot.data``, or any view of one, keeps it alive).
+    A slot released (``release``) is handed out again only once nothing in this process still views it: each slot
+    is mapped once, and every view of it (``Slot.data``, a numpy array made from it, a view of one) holds a
+    reference to that mapping.
 
     Args:
         label: a few words for ``/proc/<pid>/fd``'s listing (``memfd:edgesim-<label>``).
@@ -119,7 +118,7 @@ class SharedRing:
         self._fd = os.memfd_create(f"edgesim-{label}", os.MFD_CLOEXEC)
         self._lock = threading.Lock()
         self._generations: list[int] = []  # per slot grown so far
-        self._mapped: list = []  # per slot: a weak reference to its last acquisition's mapping (None: never)
+        self._maps: list[mmap.mmap] = []  # per slot grown so far: its one mapping here
         self._free: list[int] = []  # a heap: the lowest free slot first
         self._released: list[int] = []  # released, but still viewed here when last looked at
         self._grow_error = ""  # why the ring cannot grow past its slots ("": it may)
@@ -131,7 +130,7 @@ class SharedRing:
             os.close(self._fd)
             raise
         self._header[: _RING.size] = _RING.pack(MAGIC, self.nonce.encode(), 0)
-        self._closer = weakref.finalize(self, _close_all, self._fd, self._header)
+        self._closer = weakref.finalize(self, _close_all, self._fd, self._header, self._maps)
 
     def locator(self) -> dict:
         """What a peer needs to map this ring (``attach``), as plain values for a message."""
@@ -183,9 +182,8 @@ class SharedRing:
                     return self._refuse(self._grow_error)
             self._generations[index] += 1
             generation = self._generations[index]
-            mapped = mmap.mmap(self._fd, self.stride, offset=HEADER_BYTES + index * self.stride, flags=_POPULATE)
+            mapped = self._maps[index]
             mapped[: _SLOT.size] = _SLOT.pack(generation, nbytes)
-            self._mapped[index] = weakref.ref(mapped)
             self.refusal = ""
             return Slot(index, generation, nbytes, memoryview(mapped)[SLOT_HEADER : SLOT_HEADER + nbytes])
 
@@ -193,17 +191,24 @@ class SharedRing:
         self.refusal = why
         return None
 
+    def _viewed(self, index: int) -> bool:
+        """Whether anything here still views slot ``index``: references to its mapping beyond the ring's own."""
+        return sys.getrefcount(self._maps[index]) > _RING_REFERENCES
+
     def _sweep(self) -> None:
         """Released slots that nothing here views any more become free (under the lock)."""
         if self._released:
-            still = [i for i in self._released if _alive(self._mapped[i])]
+            still = []
             for index in self._released:
-                if not _alive(self._mapped[index]):
+                if self._viewed(index):
+                    still.append(index)
+                else:
                     heapq.heappush(self._free, index)
             self._released = still
 
     def _grow(self) -> int | None:
-        """One more slot, its pages reserved; None when the memory cannot grow (``_grow_error`` says why)."""
+        """One more slot, its pages reserved and mapped; None when the memory cannot grow (``_grow_error`` says
+        why)."""
         index = len(self._generations)
         offset = HEADER_BYTES + index * self.stride
         try:
@@ -217,8 +222,8 @@ class SharedRing:
                 f"shared memory cannot grow past {offset / 2**20:.1f} MB ({index} slots): {ex.strerror or ex}"
             )
             return None
+        self._maps.append(mmap.mmap(self._fd, self.stride, offset=offset, flags=_POPULATE))
         self._generations.append(0)
-        self._mapped.append(None)
         return index
 
     def release(self, index: int, generation: int) -> None:
@@ -231,21 +236,15 @@ class SharedRing:
 
     def handle(self, slot: Slot, layout: str) -> dict:
         """The slot as a message carries it, for a blob of ``layout`` (``common.packed_weights.layout_text``)."""
-        return {
-            HANDLE: KIND,
-            "slot": slot.index,
-            "generation": slot.generation,
-            "length": slot.length,
-            "layout": layout,
-        }
+        return {HANDLE: KIND, "slot": slot.index, "generation": slot.generation, "length": slot.length, "layout": layout}
 
     def close(self) -> None:
         """Close the ring's file (mappings still viewed stay valid until they go; the memory goes with the last)."""
         self._closer()
 
 
-def _close_all(fd: int, *maps: mmap.mmap) -> None:
-    for m in maps:
+def _close_all(fd: int, header: mmap.mmap, maps: list[mmap.mmap]) -> None:
+    for m in [header, *maps]:
         try:
             m.close()
         except BufferError:  # still viewed: unmapped when the views go
@@ -289,7 +288,7 @@ class PeerRing:
             raise
         self._lock = threading.Lock()
         self._copy_maps: dict[int, mmap.mmap] = {}  # slot -> a mapping kept for copies (never handed out)
-        self._closer = weakref.finalize(self, _close_all, self._fd, self._header)
+        self._closer = weakref.finalize(self, _close_all, self._fd, self._header, [])
 
     def _map(self, index: int, flags: int) -> mmap.mmap:
         stride = _RING.unpack_from(self._header)[2]
@@ -314,23 +313,31 @@ class PeerRing:
         self._check(mapped, handle)
         return memoryview(mapped)[SLOT_HEADER : SLOT_HEADER + int(handle["length"])]
 
-    def copy(self, handle: dict) -> bytearray:
-        """The slot's blob, copied into this process's memory; the generation is checked before and after, so the
-        copy is the blob the handle named, whatever its owner does with the slot afterwards."""
+    def copy(self, handle: dict, into=None):
+        """The slot's blob, copied into this process's memory (a new ``bytearray``, or ``into``, a writable buffer of
+        its length); the generation is checked before and after, so the copy is the blob the handle named, whatever
+        its owner does with the slot afterwards."""
         index = int(handle["slot"])
         with self._lock:
             mapped = self._copy_maps.get(index)
             if mapped is None:
                 mapped = self._copy_maps[index] = self._map(index, _POPULATE)
         self._check(mapped, handle)
-        data = bytearray(memoryview(mapped)[SLOT_HEADER : SLOT_HEADER + int(handle["length"])])
+        blob = memoryview(mapped)[SLOT_HEADER : SLOT_HEADER + int(handle["length"])]
+        if into is None:
+            data = bytearray(blob)
+        else:
+            data = into
+            memoryview(into)[:] = blob
+        del blob
         self._check(mapped, handle)
         return data
 
     def close(self) -> None:
         with self._lock:
             maps, self._copy_maps = list(self._copy_maps.values()), {}
-        _close_all(-1, *maps)
+        for m in maps:
+            m.close()
         self._closer()
 
 
@@ -350,10 +357,22 @@ def map_file(handle: dict) -> memoryview:
         st = os.fstat(fd)
         if st.st_uid != os.geteuid() or st.st_mode & 0o077 or st.st_size < int(handle["length"]):
             raise BulkUnavailable(f"{handle['path']} is not this user's alone, or is short")
-        mapped = mmap.mmap(fd, int(handle["length"]), prot=mmap.PROT_READ)
+        return _mapped(fd, int(handle["length"]))
     finally:
         os.close(fd)  # the mapping keeps the file's pages
-    return memoryview(mapped)
+
+
+def map_readonly(path: str, length: int) -> memoryview:
+    """The first ``length`` bytes of a file of this process's own, mapped read-only."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return _mapped(fd, length)
+    finally:
+        os.close(fd)
+
+
+def _mapped(fd: int, length: int) -> memoryview:
+    return memoryview(mmap.mmap(fd, length, prot=mmap.PROT_READ)) if length else memoryview(b"")
 
 
 def attach(locator: dict) -> PeerRing:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-SYNC_SUMMARY = "syncs with the parent: {count}, round trip p50 {p50:.2f} ms, p99 {p99:.2f} ms"
+SYNC_SUMMARY = "syncs with the parent: {count}, round trip p50 {p50} ms, p99 {p99} ms"
 
 
 class SyncTimes:
@@ -31,7 +31,7 @@ class SyncTimes:
         """``SYNC_SUMMARY`` of the round trips so far."""
         ordered = sorted(self.round_trips)
 
-        def at(q: float) -> float:
-            return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+        def at(q: float) -> str:
+            return f"{1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0:.2f}"
 
         return SYNC_SUMMARY.format(count=len(ordered), p50=at(0.5), p99=at(0.99))
