@@ -69,7 +69,7 @@ class GlobalModel(FLComponent):
     results_dir: the run's results folder ("": the server app's run folder).
     version_memory_mb: MiB of versions kept in memory; past it the oldest go to disk (``aggregation.version_store``).
     bulk: ``auto`` or ``shm``: the versions in memory are kept in shared memory, for the leaves that map them
-        (``scheduling.bulk_links``); ``wire``: in this process's memory only.
+        (``simulation.bulk_parent``); ``wire``: in this process's memory only.
     """
 
     def __init__(

@@ -8,7 +8,7 @@ newest go to files in ``folder`` (the run's own; removed at the end), and come b
 strategy asks for one: memory stays bounded whatever K, at the price of reading back a version a device released
 late trains. The bits are the same either way.
 
-With ``shared`` (leaves that share this machine map versions instead of receiving them, ``scheduling.bulk_links``)
+With ``shared`` (leaves that share this machine map versions instead of receiving them, ``simulation.bulk_parent``)
 the versions in memory live in the slots of one ring of shared memory (``common.shared_ring``) of at most
 ``memory_bytes``: a strategy writes the next version straight into a slot (``fresh``), and a leaf is sent a
 handle of it (``handle``), or of the file a spilled version is in, which it maps read-only. A version a leaf was

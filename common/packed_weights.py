@@ -99,6 +99,17 @@ def pack_into(weights: dict[str, np.ndarray], allocate) -> tuple[str, object] | 
     return layout, buffer
 
 
+def pack_blob_into(packed: dict, allocate) -> tuple[str, object] | None:
+    """A packed dict's blob copied as it is into a buffer ``allocate(nbytes)`` gives: (its layout, that buffer);
+    None when ``allocate`` gives None."""
+    blob = packed_bytes(packed)
+    buffer = allocate(len(blob))
+    if buffer is None:
+        return None
+    memoryview(buffer)[:] = blob
+    return packed[LAYOUT], buffer
+
+
 def _arrays_and_plan(weights: dict[str, np.ndarray]) -> tuple[list[np.ndarray], str, _Plan]:
     arrays = [np.asarray(v) for v in weights.values()]
     layout = layout_text(tuple(weights), tuple(a.dtype.str for a in arrays), tuple(a.shape for a in arrays))

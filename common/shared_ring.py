@@ -4,7 +4,7 @@ it and read by another process of the same machine and user.
 NVFlare stays the control plane: every message still travels on its wire. Only the bulk arrays (a device's diff
 up, a model version down) may move through a ring, and the message then carries a handle in their place (``handle``:
 the slot, its generation, the length, the blob's layout). Who uses a ring, and when, is the bulk link's business
-(``simulation.bulk_link`` on a leaf, ``scheduling.bulk_links`` on the server).
+(``simulation.bulk_link`` on a leaf or relay, ``simulation.bulk_parent`` on the server or a relay).
 
 * **Anonymous, owner-only memory.** A ring is one ``memfd_create`` file, mode 0600, never named in ``/dev/shm``: it
   goes when the last process holding it ends, however it ends (``kill -9`` included), so a killed run leaves
@@ -236,7 +236,13 @@ class SharedRing:
 
     def handle(self, slot: Slot, layout: str) -> dict:
         """The slot as a message carries it, for a blob of ``layout`` (``common.packed_weights.layout_text``)."""
-        return {HANDLE: KIND, "slot": slot.index, "generation": slot.generation, "length": slot.length, "layout": layout}
+        return {
+            HANDLE: KIND,
+            "slot": slot.index,
+            "generation": slot.generation,
+            "length": slot.length,
+            "layout": layout,
+        }
 
     def close(self) -> None:
         """Close the ring's file (mappings still viewed stay valid until they go; the memory goes with the last)."""

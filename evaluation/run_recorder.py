@@ -24,7 +24,7 @@ asynchronous run's first selection is one large release; what follows shows whet
 together). With the vectorised engine each record also gets ``mean_group_size`` since the record before, and
 ``groups_low`` when that is far below what the leaves planned (the progress line then says so).
 
-``bulk`` (from the assessor, ``scheduling.bulk_links``): for each of the server's children, how its diffs and
+``bulk`` (from the assessor, ``simulation.bulk_parent``): for each of the server's children, how its diffs and
 versions travel: ``shm`` (shared memory) or ``wire: <why>`` (NVFlare's wire).
 """
 

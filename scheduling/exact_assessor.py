@@ -60,6 +60,7 @@ from common.output import output_dir
 from common.process_settings import settle_process
 from common.protocol import (
     BULK,
+    BULK_BELOW,
     CHECKPOINT_DUE,
     DEVICE_UPDATES,
     HELD_VERSIONS,
@@ -78,13 +79,13 @@ from common.result_files import EVENTS
 from processors.local_work import device_work
 from scheduling import checkpoint
 from scheduling.applier import UpdateApplier
-from scheduling.bulk_links import BulkError, BulkLinks
 from scheduling.child_reply import register_devices, reply_to
 from scheduling.device_pool import DevicePool
 from scheduling.leaf_watch import LeafWatch
 from scheduling.schedule import ExactSchedule
 from scheduling.selection import make_policy
 from scheduling.waker import Waker
+from simulation.bulk_parent import BulkError, BulkLinks
 from simulation.config import device_timeout_words
 from simulation.nvflare_private import install_nvflare_fixes, quick_engine_checks
 
@@ -131,7 +132,7 @@ class ExactTimeAssessor(Assessor):
         time scales with its own work (``--local-epochs``; ``processors.local_work.device_work``); None: it does not.
         With ``--partition natural`` also ``"offsets"``: the global device layout the users are mapped by.
     bulk: ``--bulk``: ``auto`` (a child that shares this machine and user sends its diffs and gets its versions
-        through shared memory, ``scheduling.bulk_links``), ``shm`` (the same, and a child that cannot stops the
+        through shared memory, ``simulation.bulk_parent``), ``shm`` (the same, and a child that cannot stops the
         run) or ``wire`` (NVFlare's wire for all).
     """
 
@@ -472,6 +473,7 @@ class ExactTimeAssessor(Assessor):
         bulk_word, chosen = None, dict(self.links.choices)
         if self.model_manager is not None:
             bulk_word = self.links.on_report(child, update.get(BULK), self.model_manager)
+            self.links.note_below(update.get(BULK_BELOW))
         with self._lock:  # each child's reports arrive on a thread of their own: the counts are kept under it
             self.reports += 1
             if self.schedule is None:

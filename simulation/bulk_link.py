@@ -26,7 +26,18 @@ import os
 import weakref
 from collections.abc import Callable
 
-from common.packed_weights import LAYOUT, PACKED, pack_into, packed_or_none, unpack, views
+from common.packed_weights import (
+    LAYOUT,
+    PACKED,
+    is_packed,
+    pack_blob_into,
+    pack_into,
+    packed_bytes,
+    packed_or_none,
+    unpack,
+    views,
+)
+from common.protocol import DeviceUpdate
 from common.shared_ring import (
     FILE_KIND,
     HANDLE,
@@ -43,6 +54,14 @@ from common.shared_ring import (
 SITE_OVERRIDE = "EDGESIM_BULK"  # a site's environment may force its links onto the wire: EDGESIM_BULK=wire
 RING_BYTES = 64 * 2**20  # a node's ring for its diffs: the most bytes of diffs one report carries this way
 MIN_SLOTS = 2  # ... and at least this many diffs, however large
+
+
+def wire_bytes(u: DeviceUpdate | dict) -> int:
+    """The size of an update's diff on the wire (a child's entry: its blob as it came; a handle: none)."""
+    if isinstance(u, DeviceUpdate):
+        return sum(getattr(a, "nbytes", 0) for a in (u.diff or {}).values())
+    diff = u.get("diff")
+    return len(packed_bytes(diff)) if diff and not is_handle(diff) else 0
 
 
 def site_mode(mode: str) -> tuple[str, str]:
@@ -66,12 +85,13 @@ class LeafBulk:
         self.mode, self.reason = site_mode(mode)
         self.log = log
         self.ring_bytes = ring_bytes
-        self.state = "wire" if self.mode == "wire" else "new"  # new -> offered -> up, or wire
+        self.state = "wire" if self.mode == "wire" else "new"  # new -> offered (-> again -> offered) -> up, or wire
         self._word: dict | None = None  # what the next report tells the parent (once)
         if self.state == "wire":
             self._word = {"ready": False, "reason": self.reason or "--bulk wire"}
         self._ring: SharedRing | None = None
         self._parent: PeerRing | None = None
+        self.parent_locator: dict | None = None  # the ring the versions come from (a relay passes it on)
         self._sent: list[Slot] = []  # the slots of the last report's diffs: free once its reply has come
         self._viewed: dict[int, weakref.ref] = {}  # version -> its mapping here (alive: still viewed)
         self._said: set[str] = set()
@@ -91,29 +111,53 @@ class LeafBulk:
             else:
                 self.state = "offered"
                 return {"offer": self._ring.locator()}
+        if self.state == "again":
+            self.state = "offered"
+            return {"offer": self._ring.locator()}
         word, self._word = self._word, None
         return word
 
     def pack_diff(self, diff: dict | None) -> dict | None:
         """A diff as the report carries it: a handle of the slot it was written into, once; else packed for the
-        wire (None stays None)."""
+        wire (None stays None). A diff that came packed (a relay's child's, copied out of its ring or off the wire)
+        is written into the slot as the blob it is."""
         if diff is None or not self.up:
             return packed_or_none(diff)
         slots: list[Slot] = []
 
         def allocate(nbytes: int):
             slot = self._ring.acquire(nbytes)
-            if slot is None:
-                return None
-            slots.append(slot)
-            return slot.data
+            if slot is not None:
+                slots.append(slot)
+            return slot.data if slot is not None else None
 
-        written = pack_into(diff, allocate)
+        written = pack_blob_into(diff, allocate) if is_packed(diff) else pack_into(diff, allocate)
         if written is None:
             self.say_once("diff", f"bulk arrays: a diff went over NVFlare's wire: {self._ring.refusal}")
             return packed_or_none(diff)
         self._sent.append(slots[0])
         return self._ring.handle(slots[0], written[0])
+
+    def next_batch(self, pending: list, max_bytes: int) -> list[dict]:
+        """The pending updates (``DeviceUpdate`` objects, or a relay's children's entries) to send now, as they
+        travel, in arrival order: at least one; up to ``max_bytes`` of diffs on the wire, and as many as the ring
+        holds through shared memory (the rest wait for the next report, sent at once)."""
+        sent: list[dict] = []
+        total = shared = 0
+        for u in pending:
+            room = self.has_room()
+            if shared and not room:
+                break  # the ring is full of this report's diffs
+            size = 0 if room else wire_bytes(u)
+            if total + size > max_bytes and sent:
+                break
+            entry = u.to_dict(self.pack_diff if room else packed_or_none) if isinstance(u, DeviceUpdate) else u
+            if room and not isinstance(u, DeviceUpdate) and is_packed(entry.get("diff")):
+                entry = entry | {"diff": self.pack_diff(entry["diff"])}
+            shared += is_handle(entry.get("diff"))
+            total += size
+            sent.append(entry)
+        return sent
 
     def has_room(self) -> bool:
         """Whether one more diff of the report being made finds a slot (else it waits for the next report, sent
@@ -136,11 +180,14 @@ class LeafBulk:
             return
         if not word:
             self._to_wire("the parent does not share memory (it did not answer the offer)")
+        elif word.get("later"):  # a relay settling its own link: offer again with the next report
+            self.state = "again"
         elif "refused" in word:
             self._to_wire(f"the parent refused: {word['refused']}")
         else:
             try:
                 self._parent = attach(word["ring"])
+                self.parent_locator = word["ring"]
             except BulkUnavailable as ex:
                 self._to_wire(f"the parent's ring cannot be mapped here: {ex}")
             else:

@@ -43,7 +43,7 @@ from nvflare.edge.updater import Updater
 
 from common.leaf_outbox import OUTBOX_PROP
 from common.packed_maps import pack_map, unpacked_map
-from common.packed_weights import pack, packed_bytes, packed_or_none, unpack
+from common.packed_weights import pack, packed_or_none, unpack
 from common.protocol import (
     AWAITED,
     BULK,
@@ -61,8 +61,8 @@ from common.protocol import (
     DeviceUpdate,
     SelectionSum,
 )
-from common.shared_ring import is_handle
-from simulation.bulk_link import LeafBulk
+from simulation.bulk_link import LeafBulk, wire_bytes
+from simulation.bulk_relay import RelayBulk
 from simulation.sync_times import SyncTimes
 
 
@@ -80,14 +80,6 @@ MAX_SYNC_BYTES = 16 * 1024 * 1024
 
 def _device_of(u: DeviceUpdate | dict) -> str:
     return u.device if isinstance(u, DeviceUpdate) else u["device"]
-
-
-def _diff_bytes(u: DeviceUpdate | dict) -> int:
-    """The size of an update's diff on the wire (a child's entry: its blob as it came; a handle: none)."""
-    if isinstance(u, DeviceUpdate):
-        return sum(getattr(a, "nbytes", 0) for a in (u.diff or {}).values())
-    diff = u.get("diff")
-    return len(packed_bytes(diff)) if diff and not is_handle(diff) else 0
 
 
 DEFER_SYNC = "edgesim_defer_sync"  # header of a local report whose sender asks for the sync itself
@@ -122,6 +114,7 @@ class VersionedUpdater(Updater):
         super().__init__()
         self.sum_selections = sum_selections
         self.bulk = bulk  # the node's bulk link to its parent (``simulation.bulk_link``); None: the wire, unsaid
+        self.relay: RelayBulk | None = None  # as a relay, its links to its children (``simulation.bulk_relay``)
         self.on_work = on_work  # called when something waits to go up (the node then syncs at once)
         self._buckets: dict[int, list[DeviceUpdate]] = {}  # selection id -> its reported device updates
         self._sums: list[SelectionSum | dict] = []  # complete selection sums to send up (a child's: as it sent them)
@@ -170,24 +163,16 @@ class VersionedUpdater(Updater):
                 self._sums.append(SelectionSum.of(self._buckets.pop(sid)))
 
     def _next_batch(self) -> list[dict]:
-        """The pending updates to send now, as they travel, in arrival order (with real devices the server applies
-        them in that order): at least one; up to ``MAX_SYNC_BYTES`` of diffs on the wire, and as many as the bulk
-        link's ring holds through shared memory. The rest stay pending, for the next sync."""
-        bulk = self.bulk
-        sent: list[dict] = []
-        total = shared = 0
-        for u in self._pending:
-            own = isinstance(u, DeviceUpdate)
-            room = own and bulk is not None and bulk.has_room()
-            if own and shared and not room:
-                break  # the ring is full of this report's diffs: the rest go in the next report, at once
-            size = 0 if room else _diff_bytes(u)
-            if total + size > MAX_SYNC_BYTES and sent:
-                break
-            entry = u.to_dict(bulk.pack_diff if room else packed_or_none) if own else u
-            shared += is_handle(entry.get("diff"))
-            total += size
-            sent.append(entry)
+        """The pending updates to send now, as they travel (``LeafBulk.next_batch``); the rest stay pending."""
+        if self.bulk is not None:
+            sent = self.bulk.next_batch(self._pending, MAX_SYNC_BYTES)
+        else:
+            sent, total = [], 0
+            for u in self._pending:
+                total += wire_bytes(u)
+                if total > MAX_SYNC_BYTES and sent:
+                    break
+                sent.append(u.to_dict() if isinstance(u, DeviceUpdate) else u)
         self._pending = self._pending[len(sent) :]
         return sent
 
@@ -212,6 +197,8 @@ class VersionedUpdater(Updater):
             ).to_shareable()
             self._devices_unsent = {}
             held = set(self._models)
+            if self.relay is not None:  # the versions its children hold too, and their links' choices
+                held = self.relay.add_to_report(report, held)
             report[HELD_VERSIONS] = self.bulk.held(held) if self.bulk is not None else sorted(held)
             word = self.bulk.report_word() if self.bulk is not None else None
             if word:
@@ -251,6 +238,8 @@ class VersionedUpdater(Updater):
             state = copy.copy(self.current_state)
             models = {}
             for v, p in (reply.get(MODELS) or {}).items():
+                if self.relay is not None:  # its handle goes on to the children that map the same memory
+                    self.relay.keep(v, p)
                 weights = self.bulk.weights(v, p) if self.bulk is not None else unpack(p)
                 if weights is not None:  # else the link is on the wire now: the parent sends it again
                     models[v] = weights_dxo(v, weights)
@@ -332,8 +321,15 @@ class VersionedUpdater(Updater):
     # -- from children (a relay), or from this leaf's executor --------------------------------------------------
     def process_child_update(self, update: Shareable, fl_ctx: FLContext) -> tuple[bool, Shareable | None]:
         report = StateUpdateReport.from_shareable(update)
+        local = bool(update.get_header(LOCAL_REPORT))
+        peer = fl_ctx.get_peer_context() if fl_ctx is not None and not local else None
+        child = peer.get_identity_name() if peer is not None else ""
+        word = None
+        if child and self.bulk is not None:  # a relay: its child's diffs copied out of its ring, its word taken
+            if self.relay is None:
+                self.relay = RelayBulk(self.bulk, self.bulk.mode)
+            word = self.relay.on_child_report(child, update)
         with self._lock:
-            local = bool(update.get_header(LOCAL_REPORT))
             if self.sum_selections and local:
                 for entry in update.get(DEVICE_UPDATES) or ():
                     u = entry if isinstance(entry, DeviceUpdate) else DeviceUpdate.from_dict(entry)
@@ -355,7 +351,6 @@ class VersionedUpdater(Updater):
         with self._lock:
             if local:
                 return True, None
-            peer = fl_ctx.get_peer_context() if fl_ctx is not None else None
             if peer is not None:
                 now = time.time()
                 below = update.get(LEAVES_SEEN) or {}
@@ -363,14 +358,17 @@ class VersionedUpdater(Updater):
                     self._children_seen[peer.get_identity_name()] = now
                 for leaf, age in below.items():
                     self._below_seen[leaf] = (float(age), now)
-            return True, self._reply_to_child(report, set(update.get(HELD_VERSIONS) or ()))
+            reply = self._reply_to_child(report, set(update.get(HELD_VERSIONS) or ()), child)
+            if word and reply is not None:
+                reply[BULK] = word
+            return True, reply
 
     def _merge_leaf_info(self, plans: dict, lines: dict) -> None:
         self._leaf_plans.update(plans)
         for leaf, entries in lines.items():
             self._leaf_reports.setdefault(leaf, []).extend(entries)
 
-    def _reply_to_child(self, report: StateUpdateReport, held: set[int]) -> Shareable | None:
+    def _reply_to_child(self, report: StateUpdateReport, held: set[int], child: str = "") -> Shareable | None:
         state = self.current_state
         if state is None or not state.model_version:
             return StateUpdateReply(0, None, 0, None).to_shareable()
@@ -380,7 +378,12 @@ class VersionedUpdater(Updater):
             reply[PropKey.DEVICE_SELECTION] = pack_map(state.device_selection)  # even when empty
         needed = set(self._selection_versions.values()) - held
         if needed:
-            reply[MODELS] = {v: pack(self._models[v].data) for v in sorted(needed) if v in self._models}
+            relay, models = self.relay, self._models
+            reply[MODELS] = {
+                v: relay.child_model(child, v, models) if relay is not None else pack(models[v].data)
+                for v in sorted(needed)
+                if v in models
+            }
         reply[SELECTION_VERSIONS] = pack_map(self._selection_versions)
         if self._selection_releases:
             reply[SELECTION_RELEASES] = pack_map(self._selection_releases)

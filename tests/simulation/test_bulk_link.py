@@ -13,8 +13,8 @@ from nvflare.edge.mud import BaseState, StateUpdateReply
 from aggregation.version_store import VersionStore
 from common.protocol import BULK, DEVICE_UPDATES, DeviceUpdate
 from common.shared_ring import HANDLE, is_handle
-from scheduling.bulk_links import BulkError, BulkLinks
 from simulation.bulk_link import SITE_OVERRIDE, LeafBulk
+from simulation.bulk_parent import BulkError, BulkLinks
 from simulation.versioned_updater import VersionedUpdater
 
 

@@ -1,20 +1,23 @@
-"""The server's bulk links to its children: which child's diffs and versions move through shared memory
-(``common.shared_ring``), which through NVFlare's wire, and why.
+"""A parent's bulk links to its children (the server's, ``scheduling.exact_assessor``, or a relay's,
+``simulation.bulk_relay``): which child's diffs and versions move through shared memory (``common.shared_ring``),
+which through NVFlare's wire, and why.
 
-A child's first report offers its ring (``simulation.bulk_link``). The server maps it and checks its nonce (the
+A child's first report offers its ring (``simulation.bulk_link``). The parent maps it and checks its nonce (the
 proof that they share this machine and user); if that works, and the run does not say ``--bulk wire``, the reply
-carries the locator of the ring the server keeps its versions in (``aggregation.version_store``); the child maps
-that one in turn and says whether it could. From then on, for that child:
+carries the locator of the ring the versions are kept in (the server's, ``aggregation.version_store``); the child
+maps that one in turn and says whether it could. A relay whose own link to its parent is not settled yet answers
+``later`` (the child offers again with its next report). From then on, for that child:
 
-* a diff it sends as a handle is copied out of its ring as the report is read (``resolve``): the server's copy is
+* a diff it sends as a handle is copied out of its ring as the report is read (``resolve``): the parent's copy is
   its own, whatever the child does with its slot after the reply (it frees it then);
 * each version it needs is sent as a handle of the server's slot or spill file (``model``), leased to the child
-  until a report says it holds that version no more (``GlobalModel.held_by``, from ``HELD_VERSIONS``).
+  until a report says it holds that version no more (``GlobalModel.held_by``, from ``HELD_VERSIONS``; a relay
+  reports the versions its children view as its own).
 
-Every other child (it offered nothing: NVFlare's own executor, a relay's children, a site with
-``EDGESIM_BULK=wire``; its ring could not be mapped; it could not map the server's) uses the wire as before. Each
-child's choice is logged once and recorded (``choices``, in ``metrics.json``'s ``bulk``). With ``--bulk shm`` a
-child that cannot share memory stops the run (``required_failure``).
+Every other child (it offered nothing: NVFlare's own executor; a site with ``EDGESIM_BULK=wire``; its ring could
+not be mapped; it could not map the versions' ring) uses the wire as before. Each child's choice is logged once and
+recorded (``choices``; the server's go into ``metrics.json``'s ``bulk``, a relay's up to it with its reports).
+With ``--bulk shm`` a child that cannot share memory stops the run (``required_failure``).
 """
 
 from __future__ import annotations
@@ -87,9 +90,11 @@ class BulkLinks:
         ``model``: the run's global model (its ``bulk_locator``, ``bulk_error``)."""
         if not word:
             if child not in self.choices:
-                self._choose(child, "wire: it offers no shared memory (NVFlare's own executor, or a relay's child)")
+                self._choose(child, "wire: it offers no shared memory (NVFlare's own executor)")
             return None
         if "offer" in word:
+            if model.bulk_locator() is None and getattr(model, "bulk_pending", False):
+                return {"later": True}  # a relay still settling its own link: the child offers again
             why = self._refusal(child, word["offer"], model)
             if why:
                 self._choose(child, f"wire: {why}")
@@ -132,6 +137,11 @@ class BulkLinks:
     def _drop(self, child: str) -> None:
         with self._lock:
             self._ready.discard(child)
+
+    def note_below(self, choices: dict | None) -> None:
+        """A relay's word on the links of the leaves below it: recorded (and logged) as theirs."""
+        for leaf, choice in (choices or {}).items():
+            self._choose(leaf, choice)
 
     def ready(self, child: str) -> bool:
         return child in self._ready
