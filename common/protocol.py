@@ -18,6 +18,10 @@ simulated time needs more, added as extra keys of the same messages, which NVFla
   the server waits for an update that has not come, it wakes the children that have news (newly selected devices)
   and the one holding the awaited device with a ``WAKE_TOPIC`` aux message (``NEWS_FOR``, ``AWAITED``): a child
   with news syncs at once; a leaf sends an awaited device's result the moment it has it, and others' in batches.
+
+When a leaf and its parent share a machine and a user, the diffs and models inside these messages travel beside
+them through shared memory (``BULK``: the handshake; a handle in place of each packed blob, ``common.shared_ring``;
+``simulation.bulk_link``): the messages are the same otherwise.
 """
 
 from __future__ import annotations

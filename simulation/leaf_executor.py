@@ -19,6 +19,8 @@ with ``VersionedUpdater`` as its updater, and these changes:
   registers the leaf's devices, takes every newly selected device's task and hands back a group's results in one
   call each, in the same process, instead of one edge request per device. Real devices still use the edge
   requests above;
+* its diffs go up and its versions come down through shared memory when the server shares its machine and user
+  (``bulk``, ``simulation.bulk_link``), NVFlare's messages around them unchanged;
 * with real devices (``real_devices``: the job's task processor, whose settings describe the training), tasks and
   results cross NVFlare's routing proxy as JSON (``common.device_wire``): a version's weights become lists once,
   with the training settings in the task's metadata, and a device's diff becomes float32 arrays as it arrives; a

@@ -18,7 +18,9 @@ each device's update on its own (``scheduling.exact_assessor``), so ``VersionedU
   one sum per selection instead, once all its devices of that selection have reported, added in device-id order
   (``SELECTION_SUMS``): the same bits every run, and one model-sized message instead of one per device;
 * sends each diff packed (``common.packed_weights``: its blob a datum beside the message body), at most
-  ``MAX_SYNC_BYTES`` of them per sync, the rest in the next sync at once;
+  ``MAX_SYNC_BYTES`` of them per sync, the rest in the next sync at once; or, through its bulk link
+  (``simulation.bulk_link``, when the parent shares its machine), written once into its ring of shared memory, as
+  many per sync as the ring holds (``simulation.bulk_relay`` as a relay);
 * registers its devices once, as ranges (``DEVICE_RANGES``), instead of re-sending every device on every sync;
 * sends up what the leaf's device runner put in its outbox (``common.leaf_outbox``: the leaf's plan, its
   per-device report lines), and as a relay forwards its children's.

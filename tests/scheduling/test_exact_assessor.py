@@ -143,12 +143,18 @@ class ScriptedLeaf:
 
 
 def run_scripted(
-    tmp_path, kw: dict, sums: bool = False, seed: int = 0, delays=DELAY_PRESETS["paper"], bulk: str | None = None
+    tmp_path,
+    kw: dict,
+    sums: bool = False,
+    seed: int = 0,
+    delays=DELAY_PRESETS["paper"],
+    bulk: str | None = None,
+    version_mb: float = 256.0,
 ) -> tuple:
     """A run of the assessor with two scripted leaves reporting at random (``seed``); the manager, the leaves.
     ``bulk``: the run's ``--bulk``, on the server and the leaves (None: the server's default, leaves that say
-    nothing of shared memory)."""
-    manager = GlobalModel(MEAN, strategy_args={"global_lr": 0.5}, bulk=bulk or "auto")
+    nothing of shared memory); ``version_mb``: its ``--version-memory-mb``."""
+    manager = GlobalModel(MEAN, strategy_args={"global_lr": 0.5}, bulk=bulk or "auto", version_memory_mb=version_mb)
     assessor = ExactTimeAssessor(
         "persistor",
         "model_manager",
@@ -176,19 +182,20 @@ def run_scripted(
 
 
 @pytest.mark.parametrize(
-    "b, hole, sums, bulk",
-    [(2, 1, False, None), (1, 1, False, None), (8, 8, False, None), (8, 8, True, None)]
-    + [(2, 1, False, "auto"), (8, 8, True, "auto"), (2, 1, False, "wire")],
+    "b, hole, sums, bulk, version_mb",
+    [(2, 1, False, None, 256), (1, 1, False, None, 256), (8, 8, False, None, 256), (8, 8, True, None, 256)]
+    + [(2, 1, False, "auto", 256), (2, 1, False, "auto", 0.01), (8, 8, True, "auto", 256), (2, 1, False, "wire", 256)],
 )
-def test_reports_in_any_order_give_the_reference_trace_and_model(tmp_path, b, hole, sums, bulk):
-    """Also with the leaves' bulk links (``auto``: diffs and versions through shared memory; ``wire``): the same
-    trace and the same bits."""
+def test_reports_in_any_order_give_the_reference_trace_and_model(tmp_path, b, hole, sums, bulk, version_mb):
+    """Also with the leaves' bulk links (``auto``: diffs and versions through shared memory, with a ring of two
+    slots at 0.01 MB, the other versions in files; ``wire``): the same trace and the same bits."""
     kw = dict(selection_size=8, updates_per_version=b, min_hole_to_fill=hole, max_model_version=25)
-    manager, leaves, engine = run_scripted(tmp_path, kw, sums, bulk=bulk)
+    manager, leaves, engine = run_scripted(tmp_path, kw, sums, bulk=bulk, version_mb=version_mb)
     assessor = engine.get_component("wf_assessor")
     if bulk == "auto":  # shared memory carried diffs and versions, both ways
         assert assessor.links.choices == {"site-1": "shm", "site-2": "shm"}
         assert all(leaf.handles > 10 for leaf in leaves)
+        assert (manager.peak_kept[2] > 0) == (version_mb < 1)  # versions in files past a full ring
     elif bulk == "wire":
         assert set(assessor.links.choices.values()) == {"wire: --bulk wire"}
         assert not any(leaf.handles for leaf in leaves)
