@@ -314,8 +314,9 @@ def measure(args, work: str) -> dict[str, dict[str, dict]]:
     runs = select_runs(args)
     found: dict[str, dict[str, list[dict]]] = {}
     with contextlib.ExitStack() as stack:
+        trees = sides(args, stack, work)
         for repeat in range(getattr(args, "repeat", 1)):
-            for label, (tree, extra) in sides(args, stack, work).items():
+            for label, (tree, extra) in trees.items():
                 for name, (script, flags) in runs.items():
                     if not os.path.exists(os.path.join(tree, script)):
                         sys.exit(f"{label} has no {script}: choose a later --baseline-rev")
