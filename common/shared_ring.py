@@ -115,6 +115,8 @@ class SharedRing:
         self.stride = 0  # set by the first blob
         self.max_slots = 0
         self.refusal = ""  # why the last acquire found no slot ("": it found one)
+        if not hasattr(os, "memfd_create"):  # not Linux: the link says so and uses NVFlare's wire
+            raise OSError(0, "no memfd_create on this system")
         self._fd = os.memfd_create(f"edgesim-{label}", os.MFD_CLOEXEC)
         self._lock = threading.Lock()
         self._generations: list[int] = []  # per slot grown so far

@@ -162,7 +162,7 @@ def test_a_run_killed_and_resumed_ends_exactly_like_an_uninterrupted_run(tmp_pat
     assert "resuming" in resumed.stdout
     # nothing of the killed run is left: no process holds its memory, and none was ever named in /dev/shm
     assert not shared_memory_of(job) and not [name for name in os.listdir("/dev/shm") if "edgesim" in name]
-    assert json.loads((tmp_path / "killed" / "metrics.json").read_text())["bulk"] == {"site-1": "shm", "site-2": "shm"}
+    assert json.loads((tmp_path / "whole" / "metrics.json").read_text())["bulk"] == {"site-1": "shm", "site-2": "shm"}
     events, accuracy, whole = results(tmp_path / "whole")
     events_again, accuracy_again, again = results(tmp_path / "killed")
     assert events_again == events
