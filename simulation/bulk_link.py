@@ -3,19 +3,20 @@ memory when the parent shares this machine and user (``common.shared_ring``); NV
 
 Detected, not configured (``--bulk auto``): with its first report the node offers its ring (``BULK``: its
 locator, with the ring's nonce). A parent that maps it and reads the same nonce answers with its own ring's
-locator; the node maps that one and checks its nonce too, and says so in its next report (``ready``). From then on:
+locator (a relay client still settling its own link answers ``later``: the node offers again); the node maps that one
+and checks its nonce too, and says so in its next report (``ready``). From then on:
 
 * **up**: each diff is written once, into a slot of the node's ring, as the report is made (``pack_diff``); the
   report carries the slot's handle. The parent copies it on receipt, so the slots of a report are free again once
   its reply has come (``on_reply``). A report takes as many diffs as the ring has slots; the rest go in the next
   report, at once (``VersionedUpdater``). A diff that finds no slot because the ring cannot grow (a memory limit)
   goes on the wire, and the link says so once;
-* **down**: a version the parent sends as a handle is mapped read-only where the parent keeps it (a slot of its
-  ring, or the file it spilled it to): no copy (``weights``). The node reports every version it still views,
+* **down**: a version the parent sends as a handle is mapped read-only where the server keeps it (a slot of its
+  ring, or a file of its run folder): no copy (``weights``). The node reports every version it still views,
   besides those it holds (``held``): the parent never reuses their memory before.
 
-Whatever fails (the parent does not answer the offer: NVFlare's own, or a relay; a ring that cannot be mapped; a
-handle that cannot be read) puts the link on the wire for the rest of the run, said once, and tells the parent
+Whatever fails (the parent does not answer the offer: NVFlare's own; a ring that cannot be mapped; a handle that
+cannot be read) puts the link on the wire for the rest of the run, said once, and tells the parent
 (``ready`` False, with the reason). ``--bulk wire``, or ``EDGESIM_BULK=wire`` in a site's environment, never offers.
 The bits are the same either way: the same blobs, byte for byte.
 """
