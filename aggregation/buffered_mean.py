@@ -117,7 +117,8 @@ class BufferedMean(ServerStrategy):
         current = model.current_weights
         total = flat_of(self._sum, current) if self._sum is not None else None
         if total is not None and self._count > 0:  # into the new version's own blob: no copy of it to keep it
-            new = fresh_like(current)
+            fresh = getattr(model, "fresh_version", None)  # where the version will be kept (shared memory)
+            new = fresh() if fresh is not None else fresh_like(current)
             np.multiply(total, np.float32(self.global_lr / self._count), out=new.flat)
             np.add(current.flat, new.flat, out=new.flat)  # current + scaled sum, as below (a + b == b + a)
             for s in self._stat_slices(current):

@@ -115,6 +115,8 @@ class GlobalModel(FLComponent):
     version_memory_mb: MiB of versions kept in memory; past it the oldest go to disk (``aggregation.version_store``).
     privacy: differential privacy's ``ServerPrivacy`` arguments but the seed (``settings``, ``pool_size``,
         ``updates_per_version``); None: off.
+    bulk: ``auto`` or ``shm``: the versions in memory are kept in shared memory, for the leaves that map them
+        (``simulation.bulk_parent``); ``wire``: in this process's memory only.
     """
 
     def __init__(
@@ -127,6 +129,7 @@ class GlobalModel(FLComponent):
         results_dir: str = "",
         version_memory_mb: float = 256.0,
         privacy: dict | None = None,
+        bulk: str = "auto",
     ):
         super().__init__()
         self.strategy = strategy  # NVFlare exports a component's arguments from its attributes of the same name
@@ -139,10 +142,11 @@ class GlobalModel(FLComponent):
         self.version_memory_mb = version_memory_mb
         self.privacy = privacy
         self._privacy = ServerPrivacy(**privacy, seed=seed) if privacy else None
+        self.bulk = bulk
         self._spill_folder = ""  # under the run's folder, once known (START_RUN)
         self.statistics: frozenset[str] = frozenset(statistic_names(build_model(model))) if model else frozenset()
         self._current = 0  # the version the schedule last made (0 before the start)
-        self._versions = VersionStore(version_memory_mb * 2**20, lambda: self._spill_folder)
+        self._versions = VersionStore(version_memory_mb * 2**20, lambda: self._spill_folder, shared=bulk != "wire")
         self._extras: dict[int, Weights] = {}  # the strategy's device_extras of each version that has any
         self._packed: dict[int, dict] = {}
         self._spared: set[int] = set()  # versions ``forget`` was told of that the strategy still needed
@@ -180,6 +184,34 @@ class GlobalModel(FLComponent):
 
     def weights_of(self, version: int) -> Weights:
         return self._versions.get(version)
+
+    def fresh_version(self) -> Weights:
+        """New arrays of the current version's layout, where the next version will be kept (a slot of shared
+        memory when leaves map versions): a strategy that writes its next version into them and returns them
+        spares a copy of it (``BufferedMean``)."""
+        return self._versions.fresh(self.current_weights.layout)
+
+    def bulk_locator(self) -> dict | None:
+        """The shared memory the versions are kept in, as a leaf maps it (``common.shared_ring``); None: none."""
+        ring = self._versions.ring()
+        return ring.locator() if ring is not None else None
+
+    @property
+    def bulk_error(self) -> str:
+        """Why versions are not kept in shared memory although the run asks for it ("": they are, or it does not)."""
+        return self._versions.ring_error
+
+    def model_handle(self, version: int, child: str) -> dict | None:
+        """A version as a child that maps the server's shared memory is sent it: a handle (``common.shared_ring``),
+        the version leased to the child until it holds it no more (``held_by``); None: it travels packed (a version
+        with the strategy's extras, or one kept outside the shared memory)."""
+        if version in self._extras:
+            return None
+        return self._versions.handle(version, child)
+
+    def held_by(self, child: str, versions: set[int]) -> None:
+        """``child`` holds, or still views, ``versions`` and no other: the rest may be spilled or reused."""
+        self._versions.held(child, versions)
 
     def model_packed(self, version: int) -> dict:
         """A version's weights as they travel to the leaves (``common.packed_weights``; packed once per version),

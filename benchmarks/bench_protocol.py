@@ -24,6 +24,16 @@ worktree, its own code on ``PYTHONPATH``), then on this one, and prints the rati
 against a GPU floor (``--gpu-samples-per-second``; default an estimate). Each run prints the server's peak of versions
 kept for pending devices.
 
+``--model resnet18``: the same jobs with the paper's ResNet-18 (its shapes: 11M parameters, 44.7 MB per diff and
+per version), at its own scale unless given (2 leaves x 50 devices, K = 20, 100 FedBuff versions): with
+``--null-training`` only (training it on the CPU would measure the CPU, not the protocol).
+
+``--bulk shm,wire``: each job once per mode (``--bulk``: diffs and versions through shared memory, or NVFlare's
+wire), with the ratios between them; a ``--baseline-rev`` runs without the flag (as its own default). Each run
+also prints the server process's cores used (its CPU seconds over the wall seconds) and the leaves' sync round
+trips (p50, p99: from each leaf's log, ``simulation.sync_times``). ``--repeat N`` runs every side N times,
+alternating, and prints the medians.
+
 ``--cpu-scale``: FedBuff at ``reproduce_fedrevive.py --scale cpu``'s training (25 Adam steps of batch 32 per
 device), updates per second against its training floor.
 
@@ -42,6 +52,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,6 +61,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.harness import REPO, run_job  # noqa: E402
 from common.result_files import LEAF_LOGS  # noqa: E402
+from simulation.sync_times import SYNC_SUMMARY  # noqa: E402
 
 NEAR_ZERO_TRAINING = ["--local-iters", "1", "--local-batch-size", "8", "--subset-size", "32"]
 
@@ -114,17 +126,44 @@ FEDBUFF = ["--method", "fedbuff", "--num-updates-for-model", "2", "--min-hole-to
 
 
 NULL_JOB = "benchmarks/null_training.py"  # the same jobs, each device's training a fixed diff (NullTrainer)
+CONVNET = "cifar10_convnet"
+
+
+MODEL_SCALES = {  # a model's own setting where the convnet's (2 x 1,000 devices, K = 2,000) would not fit in memory
+    # scoring a version on the server's CPU takes seconds: 50 test images (a fifth of the synthetic set), and only
+    # versions 1, the middle one and the last scored (the steady state is the second half)
+    "resnet18": {
+        "devices_per_leaf": 50,
+        "selection": 20,
+        "fedbuff_versions": 100,
+        "synthetic_size": 250,
+        "evaluations": 2,
+    },
+}
+
+
+def scaled(args) -> argparse.Namespace:
+    """``args`` with the model's own scale filled in where a flag left it open (``MODEL_SCALES``)."""
+    model = getattr(args, "model", CONVNET)
+    scale = {"devices_per_leaf": 1000, "selection": None, "fedbuff_versions": 1500, "synthetic_size": 4000}
+    scale |= {"evaluations": 10}  # FedBuff's versions scored, besides version 1
+    scale |= MODEL_SCALES.get(model, {})
+    filled = {k: v if getattr(args, k, None) is None else getattr(args, k) for k, v in scale.items()}
+    return argparse.Namespace(**(vars(args) | filled | {"model": model}))
 
 
 def protocol_runs(args) -> dict[str, tuple[str, list[str]]]:
     """The runs of one measurement: name -> (job script, flags); with ``--null-training`` the same jobs through
     ``benchmarks/null_training.py`` (its first argument names the job script it stands for)."""
+    args = scaled(args)
     selection = args.selection or args.leaves * args.devices_per_leaf
     fedavg = job_flags(args, args.devices_per_leaf, selection)
+    if args.model != CONVNET:  # the convnet's runs keep their command lines (a baseline commit runs them too)
+        fedavg += ["--model", args.model]
     if args.null_training:  # a leaf's first report carries all its diffs at once (about 240 MB): on a loaded
         fedavg += ["--update-timeout", "120"]  # machine the derived 10 s can pass; a timeout changes nothing else
     buff = [*fedavg, *FEDBUFF, "--max-model-version", str(args.fedbuff_versions)]  # the later flag wins
-    buff += ["--eval-frequency", str(max(1, args.fedbuff_versions // 10))]
+    buff += ["--eval-frequency", str(max(1, args.fedbuff_versions // args.evaluations))]
     avg_job, buff_job = ("jobs/pt_job_fedavg.py", []), ("jobs/pt_job_fedrevive.py", [])
     if args.null_training:
         avg_job, buff_job = (NULL_JOB, ["fedavg"]), (NULL_JOB, ["fedrevive"])
@@ -151,8 +190,9 @@ def mean_group(groups: collections.Counter) -> float:
 
 
 def describe(result, out: str) -> dict:
-    """Devices per second, CPU per device by role, and how busy the CPU was, over the steady state (the second
-    evaluated version to the last), and the sizes of the groups its devices were trained in."""
+    """Devices per second, CPU per device by role, how busy the CPU was and the server's cores, over the steady
+    state (the second evaluated version to the last); the sizes of the groups its devices were trained in; the
+    leaves' sync round trips (``syncs``)."""
     steady = result.steady_state()
     devices, wall, cpu = steady["devices"], steady["wall_seconds"], steady["cpu"]
     return {
@@ -160,7 +200,32 @@ def describe(result, out: str) -> dict:
         "seconds_per_version": wall / (steady["to_version"] - steady["from_version"]),
         "cpu_ms": {role: 1000 * seconds / devices for role, seconds in cpu.items()},
         "cpu_busy": sum(cpu.values()) / (wall * (os.cpu_count() or 1)),
+        "server_cores": cpu["server"] / wall,
         "groups": group_sizes(out),
+        "syncs": sync_round_trips(out),
+    }
+
+
+SYNCS = re.compile(re.escape(SYNC_SUMMARY).replace(r"\{", "{").replace(r"\}", "}").format(
+    count=r"(?P<count>\d+)", p50=r"(?P<p50>[\d.]+)", p99=r"(?P<p99>[\d.]+)"
+))  # fmt: skip
+
+
+def sync_round_trips(out: str) -> dict | None:
+    """The leaves' syncs with the server, from their logs' last word (``simulation.sync_times``): how many, the
+    median of their p50 round trips and the largest p99, in ms; None when no leaf said."""
+    found = []
+    for path in glob.glob(os.path.join(out, "nvflare", "**", "site-*", "log.txt"), recursive=True):
+        with open(path, errors="replace") as f:
+            lines = [m for line in f if (m := SYNCS.search(line))]
+        if lines:
+            found.append(lines[-1])
+    if not found:
+        return None
+    return {
+        "count": sum(int(m["count"]) for m in found),
+        "p50": statistics.median(float(m["p50"]) for m in found),
+        "p99": max(float(m["p99"]) for m in found),
     }
 
 
@@ -195,13 +260,12 @@ class Floors:
         return priced / total
 
 
-ROW = "{:<22} {:<14} {:>10} {:>9} {:>8} {:>10} {:>9} {:>12} {:>8} {:>14} {:>12}"
-NULL_ROW = "{:<22} {:<14} {:>10} {:>9} {:>10} {:>9} {:>12} {:>14} {:>12} {:>12}"
 # The GPU floor without a GPU: bench_engine's goal for the vectorised engine on an H100 (GPU_FIX_NOTES.md), not a
 # measurement. With a GPU, measure it (bench_engine.py --device cuda) and pass --gpu-samples-per-second.
 GPU_SAMPLES_PER_SECOND = 1e6
 PAPER_SAMPLES_PER_DEVICE = 25 * 32  # the paper's device: 25 steps of batch 32
 RETENTION = re.compile(r"versions kept: peak (\d+) \((\d+\.\d+) MB(?:.*?(\d+\.\d+) MB spilled)?")
+OURS = "this commit"  # the label of this checkout's runs (with --bulk: "this commit, --bulk MODE")
 
 
 def last_in_server_log(out: str, pattern: re.Pattern) -> re.Match | None:
@@ -229,143 +293,75 @@ def select_runs(args) -> dict[str, tuple[str, list[str]]]:
     return runs
 
 
-def measure(args, work: str) -> dict[str, dict[str, dict]]:
-    """Each run on the baseline commit (if any), then on this one: label -> run name -> ``describe``, with the
-    server's versions kept (``retention``) and the run's output folder (``out``)."""
-    runs = select_runs(args)
-    measured: dict[str, dict[str, dict]] = {}
-    with contextlib.ExitStack() as stack:
-        trees = {"this commit": REPO}
-        if args.baseline_rev:
-            trees = {args.baseline_rev: stack.enter_context(worktree(args.baseline_rev, work))} | trees
-        for label, tree in trees.items():
-            for name, (script, flags) in runs.items():
-                if not os.path.exists(os.path.join(tree, script)):
-                    sys.exit(f"{label} has no {script}: choose a later --baseline-rev")
-                print(f"running {name} on {label} ...", flush=True)
-                slug = "".join(c if c.isalnum() else "-" for c in f"{label}-{name}")
-                flags = [*flags, "--workspace", os.path.join(work, f"ws-{slug}")]
-                out = os.path.join(work, slug)
-                result = run_job(script, flags, out, repo=tree)
-                measured.setdefault(label, {})[name] = describe(result, out) | {"retention": retention(out), "out": out}
-    return measured
-
-
-def print_tail(args, measured: dict[str, dict[str, dict]]) -> None:
-    """Group sizes, versions kept, the ratios to the baseline commit and between the FedBuff runs."""
-    ours = measured["this commit"]
-    for label, results in measured.items():
-        for name, r in results.items():
-            line = f"{name} ({label}): mean group size {mean_group(r['groups']):.1f} devices per training call"
-            if r["retention"]:
-                n, memory, disk = r["retention"]
-                line += f"; versions kept for pending devices: peak {n} ({memory:.1f} MB in memory, {disk:.1f} on disk)"
-            print(line)
+def sides(args, stack: contextlib.ExitStack, work: str) -> dict[str, tuple[str, list[str]]]:
+    """label -> (the checkout it runs, the flags it adds): the baseline commit (if any), then this one once per
+    ``--bulk`` mode (or once, with the job's default)."""
+    found = {}
     if args.baseline_rev:
-        for name in ours:
-            base = measured[args.baseline_rev][name]
-            ratio = ours[name]["devices_per_second"] / base["devices_per_second"]
-            server = ours[name]["cpu_ms"]["server"] / base["cpu_ms"]["server"]
-            print(f"{name}: {ratio:.2f}x {args.baseline_rev}'s devices/s, {server:.2f}x its server CPU per device")
-    paper, none = ours.get("FedBuff, paper delays"), ours.get("FedBuff, no delays")
-    if paper and none:
-        print(f"FedBuff no delays / paper delays: {none['devices_per_second'] / paper['devices_per_second']:.2f}x")
+        found[args.baseline_rev] = (stack.enter_context(worktree(args.baseline_rev, work)), [])
+    modes = [m for m in getattr(args, "bulk", "").split(",") if m]
+    for mode in modes or [""]:
+        found[f"{OURS}, --bulk {mode}" if mode else OURS] = (REPO, ["--bulk", mode] if mode else [])
+    return found
+
+
+def measure(args, work: str) -> dict[str, dict[str, dict]]:
+    """Each run on every side (``sides``), ``--repeat`` times, the sides alternating: label -> run name -> the
+    medians of ``describe`` (``protocol_report.median_run``), with the server's versions kept (``retention``) and
+    the run's output folder (``out``)."""
+    from benchmarks.protocol_report import median_run
+
+    runs = select_runs(args)
+    found: dict[str, dict[str, list[dict]]] = {}
+    with contextlib.ExitStack() as stack:
+        trees = sides(args, stack, work)
+        for repeat in range(getattr(args, "repeat", 1)):
+            for label, (tree, extra) in trees.items():
+                for name, (script, flags) in runs.items():
+                    if not os.path.exists(os.path.join(tree, script)):
+                        sys.exit(f"{label} has no {script}: choose a later --baseline-rev")
+                    print(f"running {name} on {label} ...", flush=True)
+                    slug = "".join(c if c.isalnum() else "-" for c in f"{label}-{name}-{repeat}")
+                    flags = [*flags, *extra, "--workspace", os.path.join(work, f"ws-{slug}")]
+                    out = os.path.join(work, slug)
+                    result = run_job(script, flags, out, repo=tree)
+                    run = describe(result, out) | {"retention": retention(out), "out": out}
+                    found.setdefault(label, {}).setdefault(name, []).append(run)
+    return {label: {name: median_run(rs) for name, rs in by.items()} for label, by in found.items()}
 
 
 def throughput(args, work: str) -> None:
+    from benchmarks.protocol_report import print_null, print_table, print_tail
+
+    args = scaled(args)
+    if args.model != CONVNET and not args.null_training:
+        sys.exit(f"--model {args.model}: with --null-training only (its training on the CPU is not the protocol)")
     measured = measure(args, work)
     if args.null_training:
         print_null(args, measured)
-        print_tail(args, measured)
-        return
-    ours = measured["this commit"]
-    floors = Floors(args)
-    cores = os.cpu_count() or 1
-    best = ours.get("FedAvg", next(iter(ours.values())))["groups"].most_common(1)[0][0]
-    print(
-        f"\n{args.leaves} leaves x {args.devices_per_leaf} devices on {cores} cores, near-zero training "
-        f"({' '.join(NEAR_ZERO_TRAINING)}); K = {args.selection or 'every device'}, FedBuff B = 2"
-    )
-    print(
-        "compute floor: the job's processor alone, CPU ms per device by group size: "
-        + ", ".join(f"{g}: {floors.at(g):.2f}" for g in sorted({1, best}))
-    )
-    print("each run's floor prices its devices at the group sizes they were trained in (leaf report lines)")
-    head = ("run", "commit", "devices/s", "x FedAvg", "x floor", "s/version", "CPU busy", "leaf ms/dev", "- floor")
-    print(ROW.format(*head, "server ms/dev", "/s all busy"))
-    for label, results in measured.items():
-        base = results.get("FedAvg", {}).get("devices_per_second")
-        for name, r in results.items():
-            rate, floor = r["devices_per_second"], floors.of_run(r["groups"])
-            print(
-                ROW.format(
-                    name,
-                    label,
-                    f"{rate:.1f}",
-                    f"{rate / base:.2f}x" if base else "-",
-                    f"{rate * floor / 1000 / cores:.2f}x",
-                    f"{r['seconds_per_version']:.3f}",
-                    f"{r['cpu_busy']:.0%}",
-                    f"{r['cpu_ms']['leaves']:.2f}",
-                    f"{r['cpu_ms']['leaves'] - floor:.2f}",
-                    f"{r['cpu_ms']['server']:.2f}",
-                    at_full_cpu(r),
-                )
-            )
+    else:
+        print_table(args, measured, Floors(args))
     print_tail(args, measured)
-
-
-def print_null(args, measured: dict[str, dict[str, dict]]) -> None:
-    """The protocol's ceiling: every device's training a fixed diff returned at once, against the GPU floor (the
-    devices per second a GPU trains at the paper's 25 x 32 samples per device)."""
-    cores = os.cpu_count() or 1
-    gpu = args.gpu_samples_per_second
-    gpu_devices = gpu / PAPER_SAMPLES_PER_DEVICE
-    source = "an ESTIMATE: bench_engine's goal for the vectorised engine on an H100 (GPU_FIX_NOTES.md), not measured"
-    source = "given (--gpu-samples-per-second)" if gpu != GPU_SAMPLES_PER_SECOND else source
-    print(
-        f"\n{args.leaves} leaves x {args.devices_per_leaf} devices on {cores} cores, NULL training (each device "
-        f"returns a fixed diff at once); K = {args.selection or 'every device'}, FedBuff B = 2"
-    )
-    print(
-        f"GPU floor: {gpu:,.0f} samples/s ({source}); at the paper's {PAPER_SAMPLES_PER_DEVICE} samples per device "
-        f"{gpu_devices:,.0f} devices/s. 'x GPU floor' > 1: the protocol outpaces that GPU"
-    )
-    head = ("run", "commit", "devices/s", "x FedAvg", "s/version", "CPU busy", "leaf ms/dev", "server ms/dev")
-    print(NULL_ROW.format(*head, "x GPU floor", "/s all busy"))
-    for label, results in measured.items():
-        base = results.get("FedAvg", {}).get("devices_per_second")
-        for name, r in results.items():
-            rate = r["devices_per_second"]
-            print(
-                NULL_ROW.format(
-                    name,
-                    label,
-                    f"{rate:.1f}",
-                    f"{rate / base:.2f}x" if base else "-",
-                    f"{r['seconds_per_version']:.4f}",
-                    f"{r['cpu_busy']:.0%}",
-                    f"{r['cpu_ms']['leaves']:.3f}",
-                    f"{r['cpu_ms']['server']:.3f}",
-                    f"{rate / gpu_devices:.2f}x",
-                    at_full_cpu(r),
-                )
-            )
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--leaves", type=int, default=2)
-    p.add_argument("--devices-per-leaf", type=int, default=1000)
-    p.add_argument("--selection", type=int, default=None, help="default: every device (throughput) or 200 (--pool)")
+    p.add_argument("--devices-per-leaf", type=int, default=None, help="default: 1000, or the model's own (50)")
+    p.add_argument(
+        "--selection", type=int, default=None, help="default: every device, the model's own (20) or 200 (--pool)"
+    )
     p.add_argument("--versions", type=int, default=5, help="FedAvg versions")
-    p.add_argument("--fedbuff-versions", type=int, default=1500)
+    p.add_argument("--fedbuff-versions", type=int, default=None, help="default: 1500, or the model's own (100)")
+    p.add_argument("--model", default=CONVNET, help="cifar10_convnet, or resnet18 (with --null-training)")
+    p.add_argument("--bulk", default="", help="comma-separated --bulk modes to run each job with: shm,wire")
+    p.add_argument("--repeat", type=int, default=1, help="runs of every side, alternating (medians printed)")
     p.add_argument("--cpu-scale", action="store_true", help="FedBuff at reproduce_fedrevive's cpu scale vs its floor")
     p.add_argument("--cpu-scale-versions", type=int, default=150)
     p.add_argument(
         "--only", default="", help="comma-separated runs: fedavg, fedbuff-paper, fedbuff-none (fedbuff: both)"
     )
-    p.add_argument("--synthetic-size", type=int, default=4000)
+    p.add_argument("--synthetic-size", type=int, default=None, help="default: 4000, or the model's own (250)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--pool", default="", help="comma-separated devices per leaf, e.g. 100,10000,100000,1000000")
     p.add_argument("--baseline-rev", default="", help="an earlier commit to run the same job on first (ratio)")
@@ -378,7 +374,7 @@ def main() -> None:
         default=GPU_SAMPLES_PER_SECOND,
         help="the GPU floor for --null-training (default: bench_engine's H100 goal, an estimate)",
     )
-    args = p.parse_args()
+    args = scaled(p.parse_args())
     work = tempfile.mkdtemp(prefix="bench_protocol_")
     if args.cpu_scale:
         from benchmarks.protocol_modes import cpu_scale

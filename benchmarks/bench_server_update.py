@@ -11,12 +11,16 @@ store, the trace line, retention, the publish), and after each sync of ``--sync`
 the whole server; this isolates the part this project writes, with the CPU time of its one thread.
 
 ``--baseline-rev REV`` runs the same measurement on an earlier commit (a temporary git worktree, its code first
-on the path), alternating sides ``--repeat`` times, and prints the medians and their ratio.
+on the path), alternating sides ``--repeat`` times, and prints the medians and their ratio. ``--bulk wire`` keeps
+this commit's versions as a run on NVFlare's wire does (in the process's own memory), ``auto`` (the default, as a
+job's) as one whose leaves map them does (``aggregation.shared_versions``); a commit without the option keeps its
+own way.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -47,7 +51,7 @@ CONVNET = {  # cifar10_convnet's state_dict: names and shapes (data statistics: 
 }
 
 
-def measure(updates: int, sync: int, seed: int) -> dict:
+def measure(updates: int, sync: int, seed: int, bulk: str = "auto") -> dict:
     """CPU seconds of this thread per update over ``updates`` updates after a warm-up of 300."""
     import numpy as np
     from nvflare.apis.event_type import EventType
@@ -72,6 +76,7 @@ def measure(updates: int, sync: int, seed: int) -> dict:
         model="cifar10_convnet",
         seed=seed,
         compute_device="cpu",
+        **({"bulk": bulk} if "bulk" in inspect.signature(GlobalModel).parameters else {}),
     )
     engine = EventEngine({"model": model})
     ctx = engine.new_context()
@@ -117,7 +122,7 @@ def measure(updates: int, sync: int, seed: int) -> dict:
 def run_side(tree: str, args) -> dict:
     env = dict(os.environ, BENCH_SERVER_TREE=tree, PYTHONPATH=tree)
     command = [sys.executable, os.path.abspath(__file__), "--inner", "--updates", str(args.updates)]
-    command += ["--sync", str(args.sync), "--seed", str(args.seed)]
+    command += ["--sync", str(args.sync), "--seed", str(args.seed), "--bulk", args.bulk]
     out = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         sys.exit(f"the measurement in {tree} failed:\n{out.stderr[-3000:]}")
@@ -131,10 +136,11 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--baseline-rev", default="")
+    p.add_argument("--bulk", default="auto", choices=["auto", "shm", "wire"], help="how this commit keeps versions")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.inner:
-        print(json.dumps(measure(args.updates, args.sync, args.seed)))
+        print(json.dumps(measure(args.updates, args.sync, args.seed, args.bulk)))
         return
     sides = {"this commit": REPO}
     work = tempfile.mkdtemp(prefix="bench_server_update_")
@@ -150,7 +156,10 @@ def main() -> None:
     finally:
         if args.baseline_rev:
             subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", path], capture_output=True)
-    print(f"the server's own code per FedBuff update (no transport), {args.updates} updates, load {os.getloadavg()}")
+    print(
+        f"the server's own code per FedBuff update (no transport), {args.updates} updates, --bulk {args.bulk}, "
+        f"load {os.getloadavg()}"
+    )
     for label, values in found.items():
         print(f"{label:<14} {statistics.median(values):.4f} ms (runs: {', '.join(f'{v:.4f}' for v in values)})")
     if args.baseline_rev:

@@ -4,6 +4,7 @@
     python benchmarks/bench_transport_floor.py                 # the floor, at the traffic given by the flags
     python benchmarks/bench_transport_floor.py --beside-job    # the null FedBuff job first, then the floor at its
                                                                # traffic, side by side
+    python benchmarks/bench_transport_floor.py --bulk shm,wire --model resnet18   # both ways, side by side
 
 What a null-training FedBuff update moves is the method's: one diff from a leaf up to the server, and some new
 versions from the server down (each version goes to the leaves whose devices start from it). Here a real NVFlare
@@ -20,15 +21,25 @@ whole.
 devices, K = 2,000, B = 2) and reads its traffic from the server's ``protocol:`` log line (updates applied per report
 from a child, models sent per update applied), then measures the floor at that traffic.
 
+``--bulk shm`` moves the same bytes as a job with shared memory does (``docs/deployment.md``): each leaf offers
+its ring in its first sync and maps the server's (``simulation.bulk_link``, ``simulation.bulk_parent``, the job's
+own code), writes each diff into a slot of its ring and sends the handle; the server copies each diff out as it
+reads the sync, and answers with handles of the versions it keeps in its ring (``aggregation.version_store``),
+which the leaf maps. ``--bulk shm,wire`` measures both, one after the other, with their ratios.
+
 It prints, over a ``--seconds`` window after a warm-up, the updates moved per second, the server's and the leaves'
-CPU per update (``psutil``: user and system, all threads, of each process), and what issue 33's goals allow: the
-server's CPU per update at most 0.5 ms, and 1,500 updates per second, which on this machine's cores means at most
-``cores x 1000 / 1500`` ms of the leaves' and the server's CPU together per update.
+CPU per update (``psutil``: user and system, all threads, of each process), the cores the server's process used,
+the leaves' sync round trips (p50 and p99, each from the request sent to its reply taken), and what issue 33's
+goals allow: the server's CPU per update at most 0.5 ms, and 1,500 updates per second, which on this machine's
+cores means at most ``cores x 1000 / 1500`` ms of the leaves' and the server's CPU together per update.
+``--model resnet18`` moves the paper's ResNet-18 (44.7 MB per diff and per version) at its job's traffic (2 diffs
+per sync, 0.76 versions per update).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -79,31 +90,49 @@ def make_cell(fqcn: str, url: str):
 
 
 def run_leaf(url: str, index: int, args) -> None:
-    """One leaf: sync after sync, checking the first reply's versions, until the server stops answering."""
+    """One leaf: sync after sync, checking the first reply's versions, until the server stops answering; prints its
+    sync round trips (JSON) when it ends."""
     from nvflare.apis.shareable import Shareable
     from nvflare.fuel.f3.cellnet.defs import ReturnCode
     from nvflare.fuel.f3.message import Message
 
-    from common.packed_weights import packed_bytes
+    from common.packed_weights import packed_bytes, unpack
     from common.process_settings import settle_process
+    from simulation.bulk_link import LeafBulk
+    from simulation.sync_times import SyncTimes
 
     cell = make_cell(f"leaf-{index}", url)
     cell.start()
     diffs = model_blobs(args.model, args.diffs_per_sync, seed=index + 1)
+    bulk = LeafBulk(args.bulk, log=lambda line: print(f"leaf {index}: {line}", file=sys.stderr))
+    if args.bulk == "shm":  # the diffs as a trainer gives them: arrays, written into the ring's slots once
+        diffs = [unpack(d) for d in diffs]
     settle_process()  # as a job's leaf does once its simulator is built
-    checked = False
+    checked, syncs = False, SyncTimes()
     try:
         while True:
             request = Shareable()
-            request["updates"] = diffs
+            word = bulk.report_word() if args.bulk == "shm" else None
+            if word:
+                request["bulk"] = word
+            request["updates"] = [bulk.pack_diff(d) for d in diffs] if args.bulk == "shm" else diffs
+            syncs.sent()
             reply = cell.send_request(
-                channel=CHANNEL, topic=TOPIC, target="server", request=Message(payload=request), timeout=60
+                channel=CHANNEL,
+                topic=TOPIC,
+                target="server",
+                request=Message(payload=request),
+                timeout=60,
             )
+            syncs.replied()
             if reply.get_header(MessageHeaderKey.RETURN_CODE, ReturnCode.OK) != ReturnCode.OK:
                 break  # the server has stopped: the run is over
-            if not checked:  # the versions arrive whole: as many as asked for, each the size a version is
-                versions = reply.payload["versions"]
-                sizes = {len(packed_bytes(version)) for version in versions}
+            if args.bulk == "shm":
+                bulk.on_reply(reply.payload.get("bulk"))
+            versions = reply.payload["versions"]
+            mapped = [bulk.weights(v, value) for v, value in enumerate(versions)] if bulk.up else versions
+            if not checked and (not word or bulk.up):  # the versions arrive whole: as many as asked, each whole
+                sizes = {sum(a.nbytes for a in m.values()) if bulk.up else len(packed_bytes(m)) for m in mapped}
                 if len(versions) != versions_per_sync(args) or sizes != {args.blob_bytes}:
                     raise SystemExit(f"leaf {index}: the reply held {len(versions)} versions of sizes {sizes}")
                 checked = True
@@ -111,22 +140,41 @@ def run_leaf(url: str, index: int, args) -> None:
                 break
     finally:
         cell.stop()
+    print(json.dumps({"round_trips": syncs.round_trips}), flush=True)
 
 
 class Server:
-    """The server's cell: answers each sync with the versions, and counts the diffs it received whole."""
+    """The server's cell: answers each sync with the versions, and counts the diffs it received whole. With
+    ``--bulk shm`` the versions are kept in its ring and sent as handles, and the diffs are copied out of the
+    leaves' rings, by the job's own code."""
 
     def __init__(self, args):
-        from common.packed_weights import packed_bytes
+        from aggregation.version_store import VersionStore
+        from common.packed_weights import packed_bytes, unpack
+        from simulation.bulk_parent import BulkLinks
 
         self.args = args
         self.versions = model_blobs(args.model, versions_per_sync(args), seed=0)
         self.blob_bytes = len(packed_bytes(self.versions[0]))
+        self.store = VersionStore(2 * self.blob_bytes * len(self.versions) + 2**20, shared=args.bulk == "shm")
+        for v, packed in enumerate(self.versions):
+            self.store.put(v, unpack(packed))
+        self.links = BulkLinks(args.bulk, log=lambda line: None)
         self.received = 0
         self.synced: set[str] = set()  # the leaves heard from
         self.done = False
         self.error = ""
         self.lock = threading.Lock()
+
+    # what the links ask of the server's global model (``aggregation.global_model.GlobalModel``)
+    bulk_error = ""
+
+    def bulk_locator(self) -> dict | None:
+        ring = self.store.ring()
+        return ring.locator() if ring is not None else None
+
+    def model_handle(self, version: int, child: str) -> dict | None:
+        return self.store.handle(version, child)
 
     def on_sync(self, request):
         from nvflare.apis.shareable import Shareable
@@ -134,17 +182,22 @@ class Server:
 
         from common.packed_weights import packed_bytes
 
-        updates = request.payload["updates"]
+        leaf = request.get_header(MessageHeaderKey.ORIGIN)
+        word = self.links.on_report(leaf, request.payload.get("bulk"), self) if self.args.bulk == "shm" else None
+        updates = [self.links.resolve(leaf, {"diff": u})["diff"] for u in request.payload["updates"]]
         with self.lock:
-            if len(self.synced) < self.args.leaves:  # a first sync: check what came
+            if leaf not in self.synced and (self.args.bulk != "shm" or self.links.ready(leaf)):  # check what came
                 sizes = {len(packed_bytes(update)) for update in updates}
                 if len(updates) != self.args.diffs_per_sync or sizes != {self.blob_bytes}:
                     self.error = f"a sync held {len(updates)} diffs of sizes {sizes}"
-                self.synced.add(request.get_header(MessageHeaderKey.ORIGIN))
+                self.synced.add(leaf)
             self.received += len(updates)
+        self.store.held(leaf, set())  # a leaf drops the versions it mapped before its next sync
         reply = Shareable()
-        reply["versions"] = self.versions
+        reply["versions"] = [self.links.model(leaf, v, self, self.store.packed) for v in range(len(self.versions))]
         reply["done"] = self.done
+        if word:
+            reply["bulk"] = word
         return Message(payload=reply)
 
 
@@ -163,11 +216,12 @@ def run_server(args) -> dict:
     cell.register_request_cb(channel=CHANNEL, topic=TOPIC, cb=server.on_sync)
     cell.start()
     leaf_argv = [
-        *("--leaf", url, "--blob-bytes", str(server.blob_bytes), "--model", args.model),
+        *("--leaf", url, "--blob-bytes", str(server.blob_bytes), "--model", args.model, "--bulk", args.bulk),
         *("--diffs-per-sync", str(args.diffs_per_sync), "--versions-per-update", repr(args.versions_per_update)),
     ]
     leaves = [
-        subprocess.Popen([sys.executable, __file__, *leaf_argv, "--leaf-index", str(i)]) for i in range(args.leaves)
+        subprocess.Popen([sys.executable, __file__, *leaf_argv, "--leaf-index", str(i)], stdout=subprocess.PIPE)
+        for i in range(args.leaves)
     ]
     processes = [psutil.Process()] + [psutil.Process(leaf.pid) for leaf in leaves]
 
@@ -185,8 +239,7 @@ def run_server(args) -> dict:
         time.sleep(args.seconds)
         cpu1, received1, t1 = cpu(), server.received, time.monotonic()
         server.done = True
-        for leaf in leaves:
-            leaf.wait(timeout=60)
+        outputs = [leaf.communicate(timeout=60)[0] for leaf in leaves]
     finally:
         for leaf in leaves:
             if leaf.poll() is None:
@@ -197,13 +250,18 @@ def run_server(args) -> dict:
     if failed or not updates:
         raise SystemExit(f"bench_transport_floor: {', '.join(failed) or 'no update in the window'} (see above)")
     used = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
+    round_trips = sorted(t for out in outputs for t in json.loads(out.strip().splitlines()[-1])["round_trips"])
     return {
         "updates": updates,
         "updates_per_s": updates / (t1 - t0),
         "server_ms": 1000 * used[0] / updates,
         "leaves_ms": 1000 * sum(used[1:]) / updates,
+        "server_cores": used[0] / (t1 - t0),
+        "sync_p50_ms": 1000 * round_trips[len(round_trips) // 2],
+        "sync_p99_ms": 1000 * round_trips[min(len(round_trips) - 1, int(0.99 * len(round_trips)))],
         "versions_per_sync": len(server.versions),
         "blob_bytes": server.blob_bytes,
+        "bulk": server.links.choices,
     }
 
 
@@ -218,15 +276,17 @@ def protocol_line() -> re.Pattern:
 
 def job_beside(args) -> dict:
     """``bench_protocol.py --null-training``'s FedBuff run (paper delays), measured as that benchmark measures it,
-    and its traffic from its server's log."""
+    with the first ``--bulk`` mode, and its traffic from its server's log."""
     from benchmarks import bench_protocol
 
     job = argparse.Namespace(
-        leaves=args.leaves, devices_per_leaf=1000, selection=None, versions=5, fedbuff_versions=args.job_versions,
-        synthetic_size=4000, seed=1, null_training=True, only="fedbuff-paper", baseline_rev="",
+        leaves=args.leaves, devices_per_leaf=None, selection=None, versions=5, fedbuff_versions=args.job_versions,
+        synthetic_size=4000, seed=1, null_training=True, only="fedbuff-paper", baseline_rev="", model=args.model,
+        bulk=args.modes[0], repeat=1,
     )  # fmt: skip
     work = tempfile.mkdtemp(prefix="bench_transport_floor_")
-    run = bench_protocol.measure(job, work)["this commit"]["FedBuff, paper delays"]
+    measured = bench_protocol.measure(job, work)
+    run = next(iter(measured.values()))["FedBuff, paper delays"]
     traffic = bench_protocol.last_in_server_log(run["out"], protocol_line())
     if traffic is None:
         raise SystemExit(f"bench_transport_floor: no 'protocol:' line in the job's server log under {run['out']}")
@@ -234,67 +294,45 @@ def job_beside(args) -> dict:
     return run | {"diffs_per_sync": max(1, round(applied / reports)), "versions_per_update": models / applied}
 
 
+TRAFFIC = {  # a model's traffic in the null FedBuff job (diffs per sync, versions per update): its default here
+    "cifar10_convnet": (46, 0.78),  # 2 x 1,000 devices, K = 2,000
+    "resnet18": (2, 0.76),  # 2 x 50 devices, K = 20: two diffs per sync (a leaf's ring), 152 versions per 200 updates
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--leaves", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=8.0, help="the measured window")
     parser.add_argument("--warmup", type=float, default=3.0)
-    parser.add_argument(
-        "--diffs-per-sync", type=int, default=46, help="diffs per leaf request (the null FedBuff job's mean)"
-    )
-    parser.add_argument(
-        "--versions-per-update", type=float, default=0.78, help="versions sent down per diff (the job's)"
-    )
-    parser.add_argument("--model", default="cifar10_convnet")
+    parser.add_argument("--diffs-per-sync", type=int, default=None, help="diffs per leaf request (default: the job's)")
+    parser.add_argument("--versions-per-update", type=float, default=None, help="versions per diff (the job's)")
+    parser.add_argument("--model", default="cifar10_convnet", choices=sorted(TRAFFIC))
+    parser.add_argument("--bulk", default="wire", help="wire, shm, or both (shm,wire): how diffs and versions move")
     parser.add_argument("--beside-job", action="store_true", help="run the null FedBuff job first, at its traffic")
     parser.add_argument("--job-versions", type=int, default=3000, help="the job's versions (--beside-job)")
     parser.add_argument("--leaf", help=argparse.SUPPRESS)  # a leaf's process: the server's URL
     parser.add_argument("--leaf-index", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--blob-bytes", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)  # one mode's server: JSON out
     args = parser.parse_args()
+    diffs, versions = TRAFFIC[args.model]
+    args.diffs_per_sync = diffs if args.diffs_per_sync is None else args.diffs_per_sync
+    args.versions_per_update = versions if args.versions_per_update is None else args.versions_per_update
     if args.leaf:
         run_leaf(args.leaf, args.leaf_index, args)
         return
+    if args.measure:  # NVFlare keeps a process's cells by name: each mode's server runs in a process of its own
+        print(json.dumps(run_server(args)))
+        return
+    args.modes = [m for m in args.bulk.split(",") if m]
     if args.leaves < 1 or args.seconds <= 0 or args.diffs_per_sync < 1 or args.versions_per_update < 0:
         parser.exit(2, "bench_transport_floor: --leaves, --seconds and --diffs-per-sync must be positive\n")
-    from benchmarks.bench_protocol import all_busy_rate
+    if not args.modes or set(args.modes) - {"shm", "wire"}:
+        parser.exit(2, f"bench_transport_floor: --bulk {args.bulk}: give wire, shm, or shm,wire\n")
+    from benchmarks.transport_report import report
 
-    cores = os.cpu_count() or 1
-    job = job_beside(args) if args.beside_job else None
-    if job:
-        args.diffs_per_sync, args.versions_per_update = job["diffs_per_sync"], job["versions_per_update"]
-        print(
-            f"the job's traffic: {args.diffs_per_sync} diffs per report, {args.versions_per_update:.2f} versions per update"
-        )
-    floor = run_server(args)
-    print(
-        f"NVFlare's transport alone: {args.leaves} leaves, {args.diffs_per_sync} diffs up and "
-        f"{floor['versions_per_sync']} versions down per sync, each {floor['blob_bytes'] / 1000:.0f} kB "
-        f"({args.model}), {floor['updates']} updates in {args.seconds:g} s, {cores} cores"
-    )
-    columns = {"transport alone": floor}
-    if job:
-        ms = job["cpu_ms"]
-        columns = {"the job": {"updates_per_s": job["devices_per_second"], "server_ms": ms["server"],
-                               "leaves_ms": ms["leaves"]}} | columns  # fmt: skip
-        columns["job - transport"] = {k: columns["the job"][k] - floor[k] for k in ("server_ms", "leaves_ms")}
-    print(f"{'':26}" + "".join(f"{name:>17}" for name in columns) + f"{'goal':>17}")
-
-    def row(label: str, value, goal: str = "") -> None:
-        print(f"{label:26}" + "".join(f"{value(c):>17}" for c in columns.values()) + f"{goal:>17}")
-
-    def total(c: dict) -> float:
-        return c["server_ms"] + c["leaves_ms"]
-
-    row("updates/s", lambda c: f"{c['updates_per_s']:.1f}" if "updates_per_s" in c else "", f"{RATE_GOAL:.0f}")
-    row("server CPU ms per update", lambda c: f"{c['server_ms']:.3f}", f"{SERVER_GOAL_MS:.3f}")
-    row("leaves CPU ms per update", lambda c: f"{c['leaves_ms']:.3f}")
-    row("all CPU ms per update", lambda c: f"{total(c):.3f}", f"{cores * 1000 / RATE_GOAL:.3f}")
-
-    def all_busy(c: dict) -> str:  # a measured column's ceiling with every core busy (bench_protocol's)
-        return f"{all_busy_rate(c['leaves_ms'], c['server_ms']):.0f}" if "updates_per_s" in c else ""
-
-    row("/s all busy", all_busy, f"{RATE_GOAL:.0f}")
+    report(args, job_beside(args) if args.beside_job else None)
 
 
 if __name__ == "__main__":

@@ -143,7 +143,20 @@ engine_levers() {
   done
 }
 
-export -f env_report fedbuff_job fedavg_job worker_ratio engine_precisions engine_levers
+
+# devices/s of two runs' metrics.json side by side, and their ratio: bulk arrays through shared memory (the default,
+# --bulk auto) against NVFlare's wire (issue 47), with the choice each run recorded.
+bulk_ratio() {
+  $PY - "$OUT/$1/metrics.json" "$OUT/$2/metrics.json" <<'PY'
+import json, sys
+runs = [json.load(open(p)) for p in sys.argv[1:]]
+rates = [m["summary"].get("devices_per_second") for m in runs]
+print(f"RESULT shared memory vs wire: {rates[0]} vs {rates[1]} devices/s, ratio {rates[0] / rates[1]:.2f}x; "
+      f"bulk {runs[0].get('bulk')} vs {runs[1].get('bulk')}")
+PY
+}
+
+export -f env_report fedbuff_job fedavg_job worker_ratio engine_precisions engine_levers bulk_ratio
 export OUT DEVICE PY
 nvidia-smi dmon -s um -o T >"$OUT/dmon.log" 2>&1 &
 DMON=$!
@@ -204,6 +217,12 @@ else
   step fedbuff-resnet18-k100 90 fedbuff_job 100 40 resnet18
   step fedbuff-resnet18-k100-w1 90 fedbuff_job 100 40 resnet18 --num-workers 1
   step ratio-resnet18 15 worker_ratio fedbuff-resnet18-k100--num-workers1 fedbuff-resnet18-k100
+  # issue 47: does the paper's ResNet-18 wait on the wire on a GPU? Its protocol ceiling on this machine's cores
+  # (null training, shared memory and wire), and the real job on the GPU both ways (the default shares memory)
+  step null-resnet18-bulk 150 $PY benchmarks/bench_protocol.py --null-training --model resnet18 \
+    --only fedbuff-paper --bulk shm,wire
+  step fedbuff-resnet18-k100-wire 90 fedbuff_job 100 40 resnet18 --bulk wire
+  step bulk-resnet18 15 bulk_ratio fedbuff-resnet18-k100 fedbuff-resnet18-k100--bulkwire
 fi
 kill "$DMON" 2>/dev/null
 

@@ -119,7 +119,9 @@ def run_job(
                     with p.oneshot():
                         rss += p.memory_info().rss
                         times = p.cpu_times()
-                        cpu_by_pid[p.pid] = (role_of(p, root), times.user + times.system)
+                        # a process's role as first seen: an exiting leaf's command line can no longer be read
+                        role = cpu_by_pid[p.pid][0] if p.pid in cpu_by_pid else role_of(p, root)
+                        cpu_by_pid[p.pid] = (role, times.user + times.system)
                 except psutil.Error:
                     pass
             peak = max(peak, rss)

@@ -47,7 +47,9 @@ class NullTrainer(TrainingTaskProcessor):
             self._diff = diff
         return dict(self._diff)
 
-    def train(self, device_id: str, model_data: dict, version: int) -> dict[str, np.ndarray]:
+    def train(
+        self, device_id: str, model_data: dict, version: int, selection: int | None = None
+    ) -> dict[str, np.ndarray]:
         return self._fixed_diff(model_data)
 
     def train_group(

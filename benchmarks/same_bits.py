@@ -7,12 +7,17 @@
 
 Each run's digest names the precision it ran at (``--precision``, default fp32: the flag is then not passed, so
 a checkout from before the flag runs too); a precision repeats its own bits on one machine, never another's.
+    python benchmarks/same_bits.py --out S.json --bulk shm         # every run with its bulk arrays in shared memory
+    python benchmarks/same_bits.py --out W.json --bulk wire        # ... or on NVFlare's wire: S and W must be equal
 
 Each run is small but real (SimEnv, 2 leaves): FedAvg; FedBuff with the paper's delays (updates of many versions,
 stale ones included); FedRevive with its phases from version 2 (``benchmarks.fedrevive_small``), so distillation runs. Every scheduled version is
 evaluated (``--eval-backlog wait``), so the accuracy curve does not depend on the machine's load. A digest is the
 SHA-256 of ``events.jsonl`` and of ``global_model.pt``, the list of (version, accuracy), and FedRevive's log without
 its wall-clock fields (``fedrevive.config.LOG_WALL_CLOCK``).
+
+``--bulk MODE`` adds ``--bulk MODE`` to every run (how diffs and versions travel, ``docs/deployment.md``): the
+digests of ``shm`` and ``wire`` runs must be equal, and equal to those of a checkout that has no such flag.
 """
 
 from __future__ import annotations
@@ -88,13 +93,14 @@ def digest(out: str) -> dict:
     return found
 
 
-def run_all(repo: str, names: list[str], precision: str = "fp32") -> dict:
+def run_all(repo: str, names: list[str], precision: str = "fp32", bulk: str = "") -> dict:
     digests = {}
     extra = [] if precision == "fp32" else ["--precision", precision]
     with tempfile.TemporaryDirectory(prefix="same_bits_") as tmp:
         for name in names:
             out, ws = os.path.join(tmp, name, "out"), os.path.join(tmp, name, "ws")
             script, *flags = RUNS[name]
+            flags += ["--bulk", bulk] if bulk else []
             command, env = job_command(script, [*flags, *extra, "--workspace", ws], out, repo)
             proc = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
             if proc.returncode != 0:
@@ -121,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)}")
     parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two digest files instead")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"], help="every run's")
+    parser.add_argument(
+        "--bulk", choices=["auto", "shm", "wire"], default="", help="add --bulk MODE to every run (default: none)"
+    )
     args = parser.parse_args(argv)
     if args.compare:
         with open(args.compare[0]) as fa, open(args.compare[1]) as fb:
@@ -131,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(names) - set(RUNS))
     if unknown or not args.out:
         parser.error(f"unknown run(s) {unknown}" if unknown else "--out FILE is needed (or --compare A B)")
-    digests = run_all(os.path.abspath(args.repo), names, args.precision)
+    digests = run_all(os.path.abspath(args.repo), names, args.precision, args.bulk)
     with open(args.out, "w") as f:
         json.dump(digests, f, indent=1)
     return 0

@@ -82,18 +82,55 @@ def slices_of(weights: PackedArrays, names) -> list[slice]:
 
 def pack(weights: dict[str, np.ndarray]) -> dict:
     """``{name: array}`` as one blob (see the module docstring)."""
+    arrays, layout, plan = _arrays_and_plan(weights)
+    buffer = bytearray(plan.nbytes)
+    _fill(buffer, arrays, plan)
+    return {PACKED: 1, LAYOUT: layout, "data": Datum.blob_datum(buffer)}
+
+
+def pack_into(weights: dict[str, np.ndarray], allocate) -> tuple[str, object] | None:
+    """``pack``'s blob written into a buffer ``allocate(nbytes)`` gives (a slot of shared memory,
+    ``common.shared_ring``): (its layout, that buffer); None, with nothing written, when ``allocate`` gives None."""
+    arrays, layout, plan = _arrays_and_plan(weights)
+    buffer = allocate(plan.nbytes)
+    if buffer is None:
+        return None
+    _fill(buffer, arrays, plan)
+    return layout, buffer
+
+
+def pack_blob_into(packed: dict, allocate) -> tuple[str, object] | None:
+    """A packed dict's blob copied as it is into a buffer ``allocate(nbytes)`` gives: (its layout, that buffer);
+    None when ``allocate`` gives None."""
+    blob = packed_bytes(packed)
+    buffer = allocate(len(blob))
+    if buffer is None:
+        return None
+    memoryview(buffer)[:] = blob
+    return packed[LAYOUT], buffer
+
+
+def _arrays_and_plan(weights: dict[str, np.ndarray]) -> tuple[list[np.ndarray], str, _Plan]:
     arrays = [np.asarray(v) for v in weights.values()]
     layout = layout_text(tuple(weights), tuple(a.dtype.str for a in arrays), tuple(a.shape for a in arrays))
-    plan = _plan({LAYOUT: layout})
-    buffer = bytearray(plan.nbytes)
-    if arrays:  # each array copied once, in C order whatever its layout (as tobytes() would)
-        raw = np.frombuffer(buffer, dtype=np.uint8)
-        if plan.float32:
-            np.concatenate([a.reshape(-1) for a in arrays], out=raw.view(np.float32))
-        else:
-            for a, (_, dt, shape, start, stop) in zip(arrays, plan.entries, strict=True):
-                raw[start:stop].view(dt).reshape(shape)[...] = a
-    return {PACKED: 1, LAYOUT: layout, "data": Datum.blob_datum(buffer)}
+    return arrays, layout, _plan({LAYOUT: layout})
+
+
+def _fill(buffer, arrays: list[np.ndarray], plan: _Plan) -> None:
+    """Each array copied once into ``buffer``, in C order whatever its layout (as tobytes() would)."""
+    if not arrays:
+        return
+    raw = np.frombuffer(buffer, dtype=np.uint8, count=plan.nbytes)
+    if plan.float32:
+        np.concatenate([a.reshape(-1) for a in arrays], out=raw.view(np.float32))
+    else:
+        for a, (_, dt, shape, start, stop) in zip(arrays, plan.entries, strict=True):
+            raw[start:stop].view(dt).reshape(shape)[...] = a
+
+
+def blob_bytes(layout: str) -> int:
+    """The size of the blob of a layout (``layout_text``)."""
+    return _plan({LAYOUT: layout}).nbytes
 
 
 class _Plan:

@@ -18,9 +18,15 @@ simulated time needs more, added as extra keys of the same messages, which NVFla
   the server waits for an update that has not come, it wakes the children that have news (newly selected devices)
   and the one holding the awaited device with a ``WAKE_TOPIC`` aux message (``NEWS_FOR``, ``AWAITED``): a child
   with news syncs at once; a leaf sends an awaited device's result the moment it has it, and others' in batches.
+
+When a leaf and its parent share a machine and a user, the diffs and models inside these messages travel beside
+them through shared memory (``BULK``: the handshake; a handle in place of each packed blob, ``common.shared_ring``;
+``simulation.bulk_link``): the messages are the same otherwise.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from common.packed_weights import packed_or_none, unpacked
 
@@ -35,6 +41,10 @@ LEAF_PLANS = "edgesim_leaf_plans"  # {leaf: its own worker plan (dict)}, sent on
 LEAF_REPORTS = "edgesim_leaf_reports"  # {leaf: [one dict per device report, in the leaf's order]}
 LOCAL_REPORT = "edgesim_local_report"  # header: a leaf executor's report to its own updater
 HELD_VERSIONS = "edgesim_held_versions"  # up: the model versions the child holds (the parent sends the others)
+# both ways, beside the rest: the bulk link's word (``simulation.bulk_link``, ``simulation.bulk_parent``): up, a
+# child's offer of its ring, or whether it maps its parent's; down, the parent's answer (its own ring, or why not)
+BULK = "edgesim_bulk"
+BULK_BELOW = "edgesim_bulk_below"  # up, from a relay: {leaf below it: how its bulk arrays travel}, when it changed
 WAKE_TOPIC = "edgesim.wake"  # down, an aux message of its own: news for some children, or an awaited device
 AWAITED = "edgesim_awaited"  # down (reply or wake): the devices whose update the server is waiting for now
 NEWS_FOR = "edgesim_news_for"  # down (wake): the children with newly selected devices (they sync at once)
@@ -125,12 +135,13 @@ class DeviceUpdate:
         self.group = group
         self.error = error
 
-    def to_dict(self) -> dict:
+    def to_dict(self, pack: Callable[[dict | None], dict | None] = packed_or_none) -> dict:
+        """As it travels; ``pack``: how its diff does (packed for the wire, or a handle of shared memory)."""
         d = {
             "device": self.device,
             "selection_id": self.selection_id,
             "base_version": self.base_version,
-            "diff": packed_or_none(self.diff),
+            "diff": pack(self.diff),
             "count": self.count,
         }
         if self.error:  # only a failed device's: an update that counted carries no extra key
@@ -200,12 +211,13 @@ class SelectionSum:
             for d, c in self.devices.items()
         ]
 
-    def to_dict(self) -> dict:
+    def to_dict(self, pack: Callable[[dict | None], dict | None] = packed_or_none) -> dict:
+        """As it travels (``pack``: as ``DeviceUpdate.to_dict``'s)."""
         d = {
             "selection_id": self.selection_id,
             "base_version": self.base_version,
             "devices": self.devices,
-            "diff": packed_or_none(self.diff),
+            "diff": pack(self.diff),
             "count": self.count,
         }
         if self.errors:
@@ -238,5 +250,6 @@ RUN_RESUMED = "edgesim.run_resumed"
 CHECKPOINT_DUE = "edgesim.checkpoint_due"
 
 # fired by the server's assessor when a report carries leaf information (``LEAF_PLANS`` / ``LEAF_REPORTS``);
-# fl_ctx[LEAF_INFO] is {"plans": {leaf: plan}, "reports": {leaf: [report line, ...]}}
+# fl_ctx[LEAF_INFO] is {"plans": {leaf: plan}, "reports": {leaf: [report line, ...]}, "bulk": {child: its bulk
+# link, "shm" or "wire: why"}} (each part only when it changed)
 LEAF_INFO = "edgesim.leaf_info"

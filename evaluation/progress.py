@@ -4,7 +4,8 @@ A line looks like ``[edgesim] version 3/10 | accuracy 0.4120 | 19.5 s since star
 19.6 devices/s | CPU 100% | RAM 7.1/23.5 GB`` (GPU % and VRAM added when there is a GPU; ``mean group 1.2 devices
 (low)`` when the leaves' vectorised engine trains its devices in far smaller groups than planned; with differential
 privacy ``epsilon 1.234 at delta 1e-05 | 40% clipped``, and the clip norm when it adapts). At the end of the run
-the system summary and any low-GPU-use warning follow.
+the system summary and any low-GPU-use warning follow. At the start, each leaf's bulk link is said once (its diffs
+and versions through shared memory, or on NVFlare's wire and why: ``simulation.bulk_parent``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from nvflare.apis.fl_component import FLComponent
 from nvflare.apis.fl_context import FLContext
 from tqdm import tqdm
 
+from common.protocol import LEAF_INFO
 from evaluation.events import SYSTEM_SAMPLES, SYSTEM_SUMMARY, SYSTEM_SUMMARY_READY, VERSION_RECORD, VERSION_RECORDED
 from evaluation.utilisation import format_status
 
@@ -151,6 +153,22 @@ class ProgressReporter(FLComponent):
         self.register_event_handler(VERSION_RECORDED, self._report_version)
         self.register_event_handler(SYSTEM_SUMMARY_READY, self._report_system)
         self.register_event_handler(EventType.END_RUN, self._close)
+        self.register_event_handler(LEAF_INFO, self._report_bulk)
+        self._bulk: dict[str, str] = {}
+
+    def _report_bulk(self, _event: str, fl_ctx: FLContext) -> None:
+        """Each leaf's bulk link, when it is settled or changes (``metrics.json`` records it too)."""
+        for leaf, choice in sorted((fl_ctx.get_prop(LEAF_INFO).get("bulk") or {}).items()):
+            if self._bulk.get(leaf) != choice:
+                self._bulk[leaf] = choice
+                how = "through shared memory" if choice == "shm" else f"on NVFlare's {choice.replace(': ', ' (', 1)})"
+                self.say(f"[edgesim] {leaf}: diffs and versions {how}")
+
+    def say(self, line: str) -> None:
+        """A line in the server's log, and printed unless the console already shows that log (each line once)."""
+        self.logger.info(line)
+        if not console_shows_info(self.logger):
+            emit(line)
 
     def _start(self, _event: str, fl_ctx: FLContext) -> None:
         self._bar = make_progress_bar(self.max_model_version - 1)
@@ -161,9 +179,7 @@ class ProgressReporter(FLComponent):
         line = progress_line(record, stretch, self.max_model_version)
         # in the server's log (how a deployment's driver follows progress); printed as well unless the console
         # already shows that log line (nvflare simulator), so each line appears once
-        self.logger.info(line)
-        if not console_shows_info(self.logger):
-            emit(line)
+        self.say(line)
         if self._bar is not None:
             self._bar.set_postfix_str(bar_postfix(record, stretch), refresh=False)
             self._bar.update(max(0, record["version"] - 1 - self._bar.n))

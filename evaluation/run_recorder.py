@@ -25,6 +25,9 @@ of the groups they were trained in (devices per training call), over the run and
 asynchronous run's first selection is one large release; what follows shows whether its devices keep training
 together). With the vectorised engine each record also gets ``mean_group_size`` since the record before, and
 ``groups_low`` when that is far below what the leaves planned (the progress line then says so).
+
+``bulk`` (from the assessor, ``simulation.bulk_parent``): for each of the server's children, how its diffs and
+versions travel: ``shm`` (shared memory) or ``wire: <why>`` (NVFlare's wire).
 """
 
 from __future__ import annotations
@@ -208,6 +211,7 @@ class RunRecorder(FLComponent):
         self._summary: dict | None = None
         self._outcome: dict | None = None
         self._leaf_plans: dict[str, dict] = {}
+        self._bulk: dict[str, str] = {}  # child -> how its bulk arrays travel ("shm", or "wire: why")
         self._groups = {"run": GroupSizes(), "after_first": GroupSizes(), "stretch": GroupSizes()}
         self._lock = threading.Lock()
         self.register_event_handler(EventType.START_RUN, self._start)
@@ -268,6 +272,9 @@ class RunRecorder(FLComponent):
                         self._groups["after_first"].add(group)
             if plans:
                 self._leaf_plans.update(plans)
+            if info.get("bulk"):
+                self._bulk.update(info["bulk"])
+            if plans or info.get("bulk"):
                 self._write()
 
     def _group_fields(self) -> dict:
@@ -304,6 +311,8 @@ class RunRecorder(FLComponent):
         payload["versions"] = self._records
         if self._leaf_plans:
             payload["leaf_plans"] = dict(sorted(self._leaf_plans.items()))
+        if self._bulk:
+            payload["bulk"] = dict(sorted(self._bulk.items()))
         if self._groups["run"].devices:
             payload["groups"] = {
                 "devices": self._groups["run"].devices,

@@ -39,6 +39,7 @@ HARMLESS = {
     ("engine", "profile"),
     ("engine", "device_state_memory_mb"),
     ("engine", "version_memory_mb"),
+    ("engine", "bulk"),
     ("run", "eval_frequency"),
     ("run", "eval_backlog"),
     ("run", "workspace"),

@@ -53,12 +53,22 @@ def global_params_on(
     with _lock:
         cached = _global_params.get(key)
         if cached is None:
-            cached = {k: torch.as_tensor(np.asarray(v, dtype=np.float32)).to(device) for k, v in model_data.items()}
+            cached = {k: _tensor_on(v, device) for k, v in model_data.items()}
             ready_for_other_streams(device)
             for old in [k for k in _global_params if k[0] <= version - max(1, keep_versions)]:
                 del _global_params[old]
             _global_params[key] = cached
     return cached
+
+
+def _tensor_on(value, device: torch.device) -> torch.Tensor:
+    """A float32 tensor on ``device`` of a received array: on the CPU a view of it when it is writable (the leaf's
+    own copy), a copy when it is read-only (a version mapped from the server's shared memory, which the server
+    reuses once the leaf no longer reports it held: ``simulation.bulk_link``)."""
+    array = np.asarray(value, dtype=np.float32)
+    if not array.flags.writeable:
+        return torch.tensor(array, device=device)
+    return torch.as_tensor(array).to(device)
 
 
 def _cap_cuda_memory(device: torch.device, share: float) -> None:

@@ -6,6 +6,8 @@ and every model version its devices train that it does not hold yet. The selecti
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from nvflare.apis.shareable import Shareable
 from nvflare.edge.mud import PropKey, StateUpdateReply, StateUpdateReport
 
@@ -26,9 +28,17 @@ def register_devices(pool: DevicePool, update: Shareable, report: StateUpdateRep
             pool.register(device_id, device.client_name)
 
 
-def reply_to(applier: UpdateApplier, leaves: set[str], report: StateUpdateReport, held: set[int]) -> Shareable:
+def reply_to(
+    applier: UpdateApplier,
+    leaves: set[str],
+    report: StateUpdateReport,
+    held: set[int],
+    model: Callable[[int], dict] | None = None,
+) -> Shareable:
     """What a child whose subtree holds ``leaves`` needs, from the applier's view (``held``: the versions it said
-    it holds). The newest model itself travels only when a device of the child trains it."""
+    it holds). The newest model itself travels only when a device of the child trains it; ``model`` gives a
+    version as this child is sent it (packed, or a handle of shared memory: ``simulation.bulk_parent``; default
+    packed). A version the run forgot since the view was taken (its last device's update has come) is left out."""
     view = applier.child_view(leaves)
     if not view.version:
         return StateUpdateReply(0, None, 0, None).to_shareable()
@@ -39,7 +49,14 @@ def reply_to(applier: UpdateApplier, leaves: set[str], report: StateUpdateReport
         reply[PropKey.DEVICE_SELECTION] = pack_map(mine)  # even when empty: the child's devices are all done
     needed = set(versions.values()) - held
     if needed:
-        reply[MODELS] = {v: applier.model(v) for v in sorted(needed)}
+        model = model or applier.model
+        models = {}
+        for v in sorted(needed):
+            try:
+                models[v] = model(v)
+            except KeyError:  # forgotten since the view: no device of the child trains it any more
+                continue
+        reply[MODELS] = models
     reply[AWAITED] = list(view.awaited)
     reply[SELECTION_VERSIONS] = pack_map(versions)
     reply[SELECTION_RELEASES] = pack_map(view.selection_releases)

@@ -59,6 +59,8 @@ from common.jsonio import JsonlWriter
 from common.output import output_dir
 from common.process_settings import settle_process
 from common.protocol import (
+    BULK,
+    BULK_BELOW,
     CHECKPOINT_DUE,
     DEVICE_UPDATES,
     GLOBAL_MODEL_ALIAS,
@@ -84,6 +86,7 @@ from scheduling.leaf_watch import LeafWatch
 from scheduling.schedule import ExactSchedule
 from scheduling.selection import make_policy
 from scheduling.waker import Waker
+from simulation.bulk_parent import BulkError, BulkLinks
 from simulation.config import device_timeout_words
 from simulation.nvflare_private import install_nvflare_fixes, quick_engine_checks
 
@@ -131,6 +134,9 @@ class ExactTimeAssessor(Assessor):
         With ``--partition natural`` also ``"offsets"``: the global device layout the users are mapped by.
     one_update_per_version: each device contributes to a version at most once (differential privacy,
         ``scheduling.schedule``).
+    bulk: ``--bulk``: ``auto`` (a child that shares this machine and user sends its diffs and gets its versions
+        through shared memory, ``simulation.bulk_parent``), ``shm`` (the same, and a child that cannot stops the
+        run) or ``wire`` (NVFlare's wire for all).
     """
 
     def __init__(
@@ -160,8 +166,12 @@ class ExactTimeAssessor(Assessor):
         work: dict | None = None,
         one_update_per_version: bool = False,
         max_consecutive_failures: int = 0,
+        bulk: str = "auto",
     ):
         super().__init__()
+        self.bulk = bulk
+        self.links = BulkLinks(bulk, self.logger.info)
+        self._bulk_error = ""  # a diff that could not be read from a child's shared memory: the run stops
         self.max_consecutive_failures = max_consecutive_failures
         self.selection = selection
         self.selection_args = selection_args or {}
@@ -405,7 +415,10 @@ class ExactTimeAssessor(Assessor):
                 self._check_leaves(fl_ctx)
                 if self.outcome is not None:
                     return Assessment.WORKFLOW_DONE
-                if self.applier.error:
+                bulk = self._bulk_error or self.links.required_failure
+                if bulk:
+                    self._finish("stopped", bulk, fl_ctx)
+                elif self.applier.error:
                     self._finish("stopped", self.applier.error, fl_ctx)
                 elif self.applier.finished:
                     if s.version >= self.max_model_version:
@@ -454,6 +467,8 @@ class ExactTimeAssessor(Assessor):
         )
         for leaf in lost:
             self.applier.forget_leaf(leaf)
+            self.links.forget(leaf)
+            self.global_model.held_by(leaf, set())  # its leases of versions end with it
             for device in self.schedule.pool.remove_leaf(leaf):
                 if device in self.applier.received:  # it reported before the leaf went silent
                     continue
@@ -464,6 +479,10 @@ class ExactTimeAssessor(Assessor):
     def process_child_update(self, update: Shareable, fl_ctx: FLContext) -> tuple[bool, Shareable | None]:
         child = fl_ctx.get_peer_context().get_identity_name()
         received = False
+        bulk_word, chosen = None, dict(self.links.choices)
+        if self.global_model is not None:
+            bulk_word = self.links.on_report(child, update.get(BULK), self.global_model)
+            self.links.note_below(update.get(BULK_BELOW))
         with self._lock:  # each child's reports arrive on a thread of their own: the counts are kept under it
             self.reports += 1
             if self.schedule is None:
@@ -478,26 +497,49 @@ class ExactTimeAssessor(Assessor):
                 with self.applier.lock:
                     register_devices(self.schedule.pool, update, report, self.leaves.lost)
             if self.applier is not None:
-                updates = [DeviceUpdate.from_dict(e) for e in update.get(DEVICE_UPDATES) or ()]
-                for entry in update.get(SELECTION_SUMS) or ():
-                    updates += SelectionSum.from_dict(entry).device_updates()
+                updates = self._updates_of(child, update, fl_ctx)
                 for u in updates:
                     refused = self.applier.receive(u)
                     if refused:
                         self.log_warning(fl_ctx, f"dropped an update: {refused}")
                 received = bool(updates)
         plans, lines = update.get(LEAF_PLANS), update.get(LEAF_REPORTS)
-        if plans or lines:  # recorded by the result components (evaluation)
-            self.fire_event_with_data(LEAF_INFO, fl_ctx, LEAF_INFO, {"plans": plans or {}, "reports": lines or {}})
+        bulk = self.links.choices if self.links.choices != chosen else {}
+        if plans or lines or bulk:  # recorded by the result components (evaluation)
+            info = {"plans": plans or {}, "reports": lines or {}, "bulk": dict(bulk)}
+            self.fire_event_with_data(LEAF_INFO, fl_ctx, LEAF_INFO, info)
         if received:  # answer with what they caused (new selections), unless applying them takes long
             self.applier.wait_settled(SETTLE_SECONDS)
         with self._news_lock:
             self._news.discard(child)  # this reply is built from the view as of now: it carries the news
         if self.applier is None:
-            return True, StateUpdateReply(0, None, 0, None).to_shareable()
-        # real devices: every leaf may be asked by any device (the proxy's hash decides), so each hears everything
-        leaves = self.schedule.pool.leaves if self.real_devices else self.leaves.leaves_of(child)
-        reply = reply_to(self.applier, leaves, report, set(update.get(HELD_VERSIONS) or ()))
-        with self._lock:
-            self.models_sent += len(reply.get(MODELS) or ())
+            reply = StateUpdateReply(0, None, 0, None).to_shareable()
+        else:
+            held = set(update.get(HELD_VERSIONS) or ())
+            if self.links.ready(child):  # the versions it no longer views may be spilled, or their memory reused
+                self.global_model.held_by(child, held)
+            # real devices: every leaf may be asked by any device (the proxy's hash decides), so each hears everything
+            leaves = self.schedule.pool.leaves if self.real_devices else self.leaves.leaves_of(child)
+            applier = self.applier
+            reply = reply_to(
+                applier, leaves, report, held, lambda v: self.links.model(child, v, self.global_model, applier.model)
+            )
+            with self._lock:
+                self.models_sent += len(reply.get(MODELS) or ())
+        if bulk_word:
+            reply[BULK] = bulk_word
         return True, reply
+
+    def _updates_of(self, child: str, update: Shareable, fl_ctx: FLContext) -> list[DeviceUpdate]:
+        """The device updates a report brings (a synchronous leaf's sums as one per device), their diffs copied out
+        of the child's shared memory when they came as handles; a diff that cannot be read stops the run."""
+        updates: list[DeviceUpdate] = []
+        try:
+            for entry in update.get(DEVICE_UPDATES) or ():
+                updates.append(DeviceUpdate.from_dict(self.links.resolve(child, entry)))
+            for entry in update.get(SELECTION_SUMS) or ():
+                updates += SelectionSum.from_dict(self.links.resolve(child, entry)).device_updates()
+        except BulkError as ex:
+            self._bulk_error = str(ex)
+            self.log_error(fl_ctx, self._bulk_error)
+        return updates

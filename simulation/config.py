@@ -11,6 +11,7 @@ from common.profiles import DEFAULT_PROFILE, ProfileName
 SimulatorName = Literal["fast", "stock"]
 EngineName = Literal["auto", "vectorized", "per-device"]
 DevicesName = Literal["simulated", "real"]
+BulkName = Literal["auto", "shm", "wire"]
 # a real device's timeout before any task is measured (--device-timeout 0: derived)
 FIRST_DEVICE_TIMEOUT = 120.0
 
@@ -65,6 +66,11 @@ class EngineConfig:
         asynchronous run keeps every version one of them trains: about a thousand at K = 2,000 with the paper's
         delays); past it the oldest go to disk in the server's run folder and are read back when a device needs
         one (``aggregation.version_store``; the results are the same).
+    bulk: how the bulk arrays (device diffs up, model versions down) travel between the server and each leaf:
+        ``auto``: through shared memory when the leaf proves at its start that it shares the server's machine and
+        user, else NVFlare's wire (each leaf's choice is printed, and recorded in ``metrics.json``'s ``bulk``);
+        ``shm``: the same, and a leaf that cannot stops the run; ``wire``: NVFlare's wire only. Messages stay
+        NVFlare's either way, and the results are the same (``docs/deployment.md``, "Shared memory").
     """
 
     simulator: SimulatorName = "fast"
@@ -81,6 +87,7 @@ class EngineConfig:
     trainer: str = ""
     device_state_memory_mb: float = 256.0
     version_memory_mb: float = 256.0
+    bulk: BulkName = "auto"
 
     def __post_init__(self) -> None:
         check_choice("--devices", self.devices, DevicesName)
@@ -92,6 +99,11 @@ class EngineConfig:
             raise ConfigError("--devices real needs --simulator fast (our server applies what real devices send)")
         check_choice("--simulator", self.simulator, SimulatorName)
         check_choice("--engine", self.engine, EngineName)
+        check_choice("--bulk", self.bulk, BulkName)
+        if self.simulator == "stock" and self.bulk == "shm":
+            raise ConfigError(
+                "--bulk shm needs --simulator fast (NVFlare's stock components send everything on its wire)"
+            )
         check_choice("--profile", self.profile, ProfileName)
         if self.num_workers is not None:
             check_positive({"--num-workers": self.num_workers})

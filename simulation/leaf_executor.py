@@ -19,6 +19,8 @@ with ``VersionedUpdater`` as its updater, and these changes:
   registers the leaf's devices, takes every newly selected device's task and hands back a group's results in one
   call each, in the same process, instead of one edge request per device. Real devices still use the edge
   requests above;
+* its diffs go up and its versions come down through shared memory when the server shares its machine and user
+  (``bulk``, ``simulation.bulk_link``), NVFlare's messages around them unchanged;
 * with real devices (``real_devices``: the job's task processor, whose settings describe the training), tasks and
   results cross NVFlare's routing proxy as JSON (``common.device_wire``): a version's weights become lists once,
   with the training settings in the task's metadata, and a device's diff becomes float32 arrays as it arrives; a
@@ -58,6 +60,7 @@ from common.protocol import (
     DeviceUpdate,
     short_error,
 )
+from simulation.bulk_link import LeafBulk
 from simulation.leaf_gateway import FIND_GATEWAY, GATEWAY_PROP, DeviceResult, GatewayTask, LeafWork
 from simulation.nvflare_private import EventDrivenSync, NoPayloadRendering, install_nvflare_fixes
 from simulation.versioned_updater import DEFER_SYNC, VersionedState, VersionedUpdater
@@ -102,13 +105,17 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
     sum_selections: a synchronous run: the leaf sends one sum per selection (``VersionedUpdater``).
     real_devices: "" for simulated devices; with real ones, the id of the job's task processor (its settings go
         to each device with its task) and tasks and results travel JSON-safe.
+    bulk: ``--bulk``: how diffs and versions travel to and from the parent (``simulation.bulk_link``).
     """
 
-    def __init__(self, update_timeout: float = 10.0, sum_selections: bool = False, real_devices: str = ""):
+    def __init__(
+        self, update_timeout: float = 10.0, sum_selections: bool = False, real_devices: str = "", bulk: str = "auto"
+    ):
         super().__init__(aggr_factory_id="", max_model_versions=None, update_timeout=update_timeout)
         install_nvflare_fixes()  # one thread for finished streams, no payload rendering (nvflare_private)
         self.sum_selections = sum_selections
         self.real_devices = real_devices
+        self.bulk = bulk
         self._device_settings: dict | None = None  # with real devices: what each task tells its device
         self.updater: VersionedUpdater | None = None
         self.sync_cond = threading.Condition()
@@ -122,7 +129,8 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
         self.register_event_handler(FIND_GATEWAY, self._offer_gateway)
 
     def get_updater(self, fl_ctx: FLContext) -> VersionedUpdater:
-        self.updater = VersionedUpdater(self.sum_selections, on_work=self.sync_now)
+        bulk = LeafBulk(self.bulk, log=self.logger.info)
+        self.updater = VersionedUpdater(self.sum_selections, on_work=self.sync_now, bulk=bulk)
         return self.updater
 
     # -- syncing at once ----------------------------------------------------------------------------------------

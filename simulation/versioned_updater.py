@@ -18,7 +18,9 @@ each device's update on its own (``scheduling.exact_assessor``), so ``VersionedU
   one sum per selection instead, once all its devices of that selection have reported, added in device-id order
   (``SELECTION_SUMS``): the same bits every run, and one model-sized message instead of one per device;
 * sends each diff packed (``common.packed_weights``: its blob a datum beside the message body), at most
-  ``MAX_SYNC_BYTES`` of them per sync, the rest in the next sync at once;
+  ``MAX_SYNC_BYTES`` of them per sync, the rest in the next sync at once; or, through its bulk link
+  (``simulation.bulk_link``, when the parent shares its machine), written once into its ring of shared memory, as
+  many per sync as the ring holds (``simulation.bulk_relay`` as a relay);
 * registers its devices once, as ranges (``DEVICE_RANGES``), instead of re-sending every device on every sync;
 * sends up what the leaf's device runner put in its outbox (``common.leaf_outbox``: the leaf's plan, its
   per-device report lines), and as a relay forwards its children's.
@@ -43,9 +45,10 @@ from nvflare.edge.updater import Updater
 
 from common.leaf_outbox import OUTBOX_PROP
 from common.packed_maps import pack_map, unpacked_map
-from common.packed_weights import pack, packed_bytes, unpack
+from common.packed_weights import pack, packed_or_none, unpack
 from common.protocol import (
     AWAITED,
+    BULK,
     DEVICE_RANGES,
     DEVICE_UPDATES,
     HELD_VERSIONS,
@@ -60,6 +63,9 @@ from common.protocol import (
     DeviceUpdate,
     SelectionSum,
 )
+from simulation.bulk_link import LeafBulk, wire_bytes
+from simulation.bulk_relay import RelayBulk
+from simulation.sync_times import SyncTimes
 
 
 def weights_dxo(version: int, weights: dict) -> DXO:
@@ -76,14 +82,6 @@ MAX_SYNC_BYTES = 16 * 1024 * 1024
 
 def _device_of(u: DeviceUpdate | dict) -> str:
     return u.device if isinstance(u, DeviceUpdate) else u["device"]
-
-
-def _diff_bytes(u: DeviceUpdate | dict) -> int:
-    """The size of an update's diff (a child's entry: its blob as it came)."""
-    if isinstance(u, DeviceUpdate):
-        return sum(getattr(a, "nbytes", 0) for a in (u.diff or {}).values())
-    diff = u.get("diff")
-    return len(packed_bytes(diff)) if diff else 0
 
 
 DEFER_SYNC = "edgesim_defer_sync"  # header of a local report whose sender asks for the sync itself
@@ -112,12 +110,16 @@ class VersionedUpdater(Updater):
     sum_selections: a synchronous run: send one sum per selection (see the module docstring).
     """
 
-    def __init__(self, sum_selections: bool = False, on_work: Callable[[], None] | None = None):
+    def __init__(
+        self, sum_selections: bool = False, on_work: Callable[[], None] | None = None, bulk: LeafBulk | None = None
+    ):
         super().__init__()
         self.sum_selections = sum_selections
+        self.bulk = bulk  # the node's bulk link to its parent (``simulation.bulk_link``); None: the wire, unsaid
+        self.relay: RelayBulk | None = None  # as a relay, its links to its children (``simulation.bulk_relay``)
         self.on_work = on_work  # called when something waits to go up (the node then syncs at once)
         self._buckets: dict[int, list[DeviceUpdate]] = {}  # selection id -> its reported device updates
-        self._sums: list[dict] = []  # complete selection sums to send up
+        self._sums: list[SelectionSum | dict] = []  # complete selection sums to send up (a child's: as it sent them)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # the state changed (selection or models): stamp + 1
         self.stamp = 0
@@ -135,6 +137,7 @@ class VersionedUpdater(Updater):
         self._below_seen: dict[str, tuple[float, float]] = {}  # leaf below a child -> (its age, when we heard)
         self._leaf_plans: dict[str, dict] = {}  # to send up: leaf -> its plan
         self._leaf_reports: dict[str, list] = {}  # to send up: leaf -> its report lines
+        self.syncs = SyncTimes()  # each sync's round trip, summed up in the log at the task's end
 
     # -- state --------------------------------------------------------------------------------------------------
     def start_task(self, task_data: Shareable, fl_ctx: FLContext):
@@ -159,19 +162,28 @@ class VersionedUpdater(Updater):
             reported = {u.device for u in self._buckets[sid]}
             expected = {d for d, s in selection.items() if s == sid}
             if reported >= expected:
-                self._sums.append(SelectionSum.of(self._buckets.pop(sid)).to_dict())
+                self._sums.append(SelectionSum.of(self._buckets.pop(sid)))
 
-    def _next_batch(self) -> tuple[list, list]:
-        """(the pending updates to send now, the rest): in arrival order (with real devices the server applies
-        them in that order), up to ``MAX_SYNC_BYTES`` of diffs, at least one update."""
-        total = 0
-        for i, u in enumerate(self._pending):
-            total += _diff_bytes(u)
-            if total > MAX_SYNC_BYTES and i:
-                return self._pending[:i], self._pending[i:]
-        return self._pending, []
+    def _next_batch(self) -> list[dict]:
+        """The pending updates to send now, as they travel (``LeafBulk.next_batch``); the rest stay pending."""
+        if self.bulk is not None:
+            sent = self.bulk.next_batch(self._pending, MAX_SYNC_BYTES)
+        else:
+            sent, total = [], 0
+            for u in self._pending:
+                total += wire_bytes(u)
+                if total > MAX_SYNC_BYTES and sent:
+                    break
+                sent.append(u.to_dict() if isinstance(u, DeviceUpdate) else u)
+        self._pending = self._pending[len(sent) :]
+        return sent
+
+    def _sums_to_send(self) -> list[dict]:
+        pack = self.bulk.pack_diff if self.bulk is not None else packed_or_none
+        return [s.to_dict(pack) if isinstance(s, SelectionSum) else s for s in self._sums]
 
     def prepare_update_for_parent(self, fl_ctx: FLContext) -> Shareable | None:
+        self.syncs.sent()
         try:
             return self._prepare_update(fl_ctx)
         finally:
@@ -186,15 +198,20 @@ class VersionedUpdater(Updater):
                 state.model_version, state.device_selection_version, None, self._devices_unsent or None
             ).to_shareable()
             self._devices_unsent = {}
-            report[HELD_VERSIONS] = sorted(self._models)
+            held = set(self._models)
+            if self.relay is not None:  # the versions its children hold too, and their links' choices
+                held = self.relay.add_to_report(report, held)
+            report[HELD_VERSIONS] = self.bulk.held(held) if self.bulk is not None else sorted(held)
+            word = self.bulk.report_word() if self.bulk is not None else None
+            if word:
+                report[BULK] = word
             if self._ranges_unsent:
                 report[DEVICE_RANGES] = dict(self._ranges_unsent)
                 self._ranges_sent, self._ranges_unsent = self._ranges_unsent, {}
-            if self._pending:  # this leaf's own updates are packed here, once
-                sent, self._pending = self._next_batch()
-                report[DEVICE_UPDATES] = [u.to_dict() if isinstance(u, DeviceUpdate) else u for u in sent]
+            if self._pending:  # this leaf's own updates are packed here, once (or written into shared memory)
+                report[DEVICE_UPDATES] = self._next_batch()
             if self._sums:
-                report[SELECTION_SUMS], self._sums = self._sums, []
+                report[SELECTION_SUMS], self._sums = self._sums_to_send(), []
             outbox = fl_ctx.get_prop(OUTBOX_PROP) if fl_ctx is not None else None
             if outbox is not None:  # a leaf
                 plans, lines = outbox.take()
@@ -214,11 +231,20 @@ class VersionedUpdater(Updater):
     def process_parent_update_reply(self, reply: Shareable, fl_ctx: FLContext) -> bool:
         """Take the parent's word: the current version, this node's selection and the versions it trains, the
         models it lacked. True if the selection or the models changed (children and devices may have work)."""
+        self.syncs.replied()
         r = StateUpdateReply.from_shareable(reply)
         with self._lock:
             self._ranges_sent = {}  # the parent has them
+            if self.bulk is not None:  # the last report's diffs are the parent's now
+                self.bulk.on_reply(reply.get(BULK))
             state = copy.copy(self.current_state)
-            models = {v: weights_dxo(v, unpack(p)) for v, p in (reply.get(MODELS) or {}).items()}
+            models = {}
+            for v, p in (reply.get(MODELS) or {}).items():
+                if self.relay is not None:  # its handle goes on to the children that map the same memory
+                    self.relay.keep(v, p)
+                weights = self.bulk.weights(v, p) if self.bulk is not None else unpack(p)
+                if weights is not None:  # else the link is on the wire now: the parent sends it again
+                    models[v] = weights_dxo(v, weights)
             self._models.update(models)
             if r.model is not None:  # a parent that sends the current model itself (as NVFlare's do)
                 self._models[r.model_version] = r.model
@@ -257,7 +283,7 @@ class VersionedUpdater(Updater):
         with self._lock:
             self._complete_sums()
             pending = {_device_of(u) for u in self._pending}
-            summed = {d for s in self._sums for d in s["devices"]}
+            summed = {d for s in self._sums for d in (s.devices if isinstance(s, SelectionSum) else s["devices"])}
             return bool(devices & (pending | summed))
 
     def has_sums(self) -> bool:
@@ -297,8 +323,15 @@ class VersionedUpdater(Updater):
     # -- from children (a relay), or from this leaf's executor --------------------------------------------------
     def process_child_update(self, update: Shareable, fl_ctx: FLContext) -> tuple[bool, Shareable | None]:
         report = StateUpdateReport.from_shareable(update)
+        local = bool(update.get_header(LOCAL_REPORT))
+        peer = fl_ctx.get_peer_context() if fl_ctx is not None and not local else None
+        child = peer.get_identity_name() if peer is not None else ""
+        word = None
+        if child and self.bulk is not None:  # a relay: its child's diffs copied out of its ring, its word taken
+            if self.relay is None:
+                self.relay = RelayBulk(self.bulk, self.bulk.mode)
+            word = self.relay.on_child_report(child, update)
         with self._lock:
-            local = bool(update.get_header(LOCAL_REPORT))
             if self.sum_selections and local:
                 for entry in update.get(DEVICE_UPDATES) or ():
                     u = entry if isinstance(entry, DeviceUpdate) else DeviceUpdate.from_dict(entry)
@@ -320,7 +353,6 @@ class VersionedUpdater(Updater):
         with self._lock:
             if local:
                 return True, None
-            peer = fl_ctx.get_peer_context() if fl_ctx is not None else None
             if peer is not None:
                 now = time.time()
                 below = update.get(LEAVES_SEEN) or {}
@@ -328,14 +360,17 @@ class VersionedUpdater(Updater):
                     self._children_seen[peer.get_identity_name()] = now
                 for leaf, age in below.items():
                     self._below_seen[leaf] = (float(age), now)
-            return True, self._reply_to_child(report, set(update.get(HELD_VERSIONS) or ()))
+            reply = self._reply_to_child(report, set(update.get(HELD_VERSIONS) or ()), child)
+            if word and reply is not None:
+                reply[BULK] = word
+            return True, reply
 
     def _merge_leaf_info(self, plans: dict, lines: dict) -> None:
         self._leaf_plans.update(plans)
         for leaf, entries in lines.items():
             self._leaf_reports.setdefault(leaf, []).extend(entries)
 
-    def _reply_to_child(self, report: StateUpdateReport, held: set[int]) -> Shareable | None:
+    def _reply_to_child(self, report: StateUpdateReport, held: set[int], child: str = "") -> Shareable | None:
         state = self.current_state
         if state is None or not state.model_version:
             return StateUpdateReply(0, None, 0, None).to_shareable()
@@ -345,7 +380,12 @@ class VersionedUpdater(Updater):
             reply[PropKey.DEVICE_SELECTION] = pack_map(state.device_selection)  # even when empty
         needed = set(self._selection_versions.values()) - held
         if needed:
-            reply[MODELS] = {v: pack(self._models[v].data) for v in sorted(needed) if v in self._models}
+            relay, models = self.relay, self._models
+            reply[MODELS] = {
+                v: relay.child_model(child, v, models) if relay is not None else pack(models[v].data)
+                for v in sorted(needed)
+                if v in models
+            }
         reply[SELECTION_VERSIONS] = pack_map(self._selection_versions)
         if self._selection_releases:
             reply[SELECTION_RELEASES] = pack_map(self._selection_releases)
@@ -353,5 +393,7 @@ class VersionedUpdater(Updater):
 
     def end_task(self, fl_ctx: FLContext) -> None:
         super().end_task(fl_ctx)
+        if self.syncs.count:  # benchmarks/bench_protocol.py reads this line
+            self.log_info(fl_ctx, self.syncs.summary())
         with self._lock:
             self._models, self._pending, self._buckets, self._sums = {}, [], {}, []

@@ -132,6 +132,7 @@ def make_global_model(cfg: JobConfig, results_dir: str):
         results_dir=results_dir,
         version_memory_mb=cfg.engine.version_memory_mb,
         **({"privacy": server_privacy(cfg)} if cfg.privacy.on else {}),  # else: the config's bytes
+        bulk=cfg.engine.bulk,
     )
 
 
@@ -179,6 +180,7 @@ def make_assessor(
         # each device's time scales with its own samples (--local-epochs); None keeps today's schedule
         work=schedule_work(cfg) if cfg.training.local_epochs and not real else None,
         **({"one_update_per_version": True} if cfg.privacy.central else {}),  # else: the config's bytes
+        bulk=cfg.engine.bulk,
     )
 
 

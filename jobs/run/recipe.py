@@ -169,9 +169,13 @@ class EdgeSimRecipe(Recipe):
             factory_id = job.to_clients(ModelUpdateDXOAggrFactory(), id="aggr_factory")
             executor = EdgeModelExecutor(factory_id, STOCK_MODEL_VERSIONS, self.plan.timeouts.update_timeout)
         elif real:  # each device's update goes up on its own: its selection's devices may report at any leaf
-            executor = EdgeSimExecutor(self.plan.timeouts.update_timeout, False, real_devices=PROCESSOR_ID)
+            executor = EdgeSimExecutor(
+                self.plan.timeouts.update_timeout, False, real_devices=PROCESSOR_ID, bulk=cfg.engine.bulk
+            )
         else:
-            executor = EdgeSimExecutor(self.plan.timeouts.update_timeout, cfg.method_spec.leaf_sums(cfg))
+            executor = EdgeSimExecutor(
+                self.plan.timeouts.update_timeout, cfg.method_spec.leaf_sums(cfg), bulk=cfg.engine.bulk
+            )
         job.to_clients(executor, id="executor", tasks=[TASK_NAME])
         # with real devices the processor only describes their training (what the leaf tells each device)
         processor_id = job.to_clients(make_task_processor(cfg, self.plan.workers), id=PROCESSOR_ID)

@@ -22,19 +22,28 @@ def test_the_job_s_traffic_is_read_from_the_line_its_server_logs():
 
 @pytest.mark.slow
 def test_the_floor_moves_whole_diffs_and_versions_between_real_cells_and_prints_its_cpu(tmp_path):
-    """Two leaf processes sync with the server's cell for a short window; the bench checks the first sync and
-    reply arrive whole (or exits non-zero) and prints each process's CPU per update."""
-    argv = [sys.executable, BENCH, "--seconds", "1", "--warmup", "0.5", "--diffs-per-sync", "4"]
+    """Two leaf processes sync with the server's cell for a short window, through shared memory and then on the
+    wire; the bench checks the first sync and reply arrive whole (or exits non-zero) and prints each process's CPU
+    per update, the server's cores, the sync round trips, and the ratios."""
+    argv = [sys.executable, BENCH, "--seconds", "1", "--warmup", "0.5", "--diffs-per-sync", "4", "--bulk", "shm,wire"]
     done = subprocess.run([*argv, "--versions-per-update", "0.5"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "2 leaves, 4 diffs up and 2 versions down per sync" in done.stdout
+    assert "--bulk shm: 2 leaves, 4 diffs up and 2 versions down per sync" in done.stdout
+    assert "(leaf-0: shm, leaf-1: shm)" in done.stdout  # the leaves proved they share memory with the server
+    assert "--bulk wire: 2 leaves, 4 diffs up and 2 versions down per sync" in done.stdout
+    names = ("updates/s", "server CPU ms per update", "leaves CPU ms per update", "server cores used")
     rows = {}
     for line in done.stdout.splitlines():
-        m = re.match(r"(updates/s|server CPU ms per update|leaves CPU ms per update)\s+([\d.]+)", line)
+        m = re.match(
+            r"(" + "|".join(map(re.escape, names)) + r"|sync round trip p\d\d ms)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x",
+            line,
+        )
         if m:
-            rows[m[1]] = float(m[2])
-    assert set(rows) == {"updates/s", "server CPU ms per update", "leaves CPU ms per update"}
-    assert all(value > 0 for value in rows.values())
+            rows[m[1]] = tuple(float(v) for v in m.groups()[1:])
+    assert set(rows) == {*names, "sync round trip p50 ms", "sync round trip p99 ms"}
+    assert all(
+        shm > 0 and wire > 0 and abs(ratio - shm / wire) < 0.02 + 0.05 * ratio for shm, wire, ratio in rows.values()
+    )
 
 
 def test_a_bad_window_exits_2_with_one_line_before_any_process_starts():

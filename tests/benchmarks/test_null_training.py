@@ -28,6 +28,16 @@ def test_the_job_builds_the_trainer_it_names_and_ours_by_default():
     assert null.train("site-1#3", weights, 3).keys() == diffs[0].keys()
 
 
+def test_the_null_trainer_trains_one_device_as_the_per_device_engine_calls_it():
+    """A group of one goes to ``train`` with its selection id (``TrainingTaskProcessor.train_devices``): the null
+    trainer takes it, so ``null_training.py`` runs without ``--engine vectorized``."""
+    options = dict(num_leaf_nodes=1, devices_per_leaf=4, device_selection_size=2, synthetic_size=200)
+    null = make_task_processor(make_config("fedavg", trainer=NULL_TRAINER, **options), None)
+    weights = {k: v.numpy() for k, v in build_model("cifar10_convnet").state_dict().items()}
+    (diff,) = null.train_devices(["site-1#0"], [weights], [1], [7])
+    assert diff.keys() == weights.keys() and all(diff[k].shape == weights[k].shape for k in weights)
+
+
 @pytest.mark.parametrize(
     "trainer, message",
     [("no_such_module:Thing", "cannot import"), ("processors.models:build_model", "subclass of"), ("x", "import path")],

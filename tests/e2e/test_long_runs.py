@@ -1,12 +1,14 @@
 """Long runs survive: a run killed with SIGKILL and resumed ends exactly where an uninterrupted run ends (on a
 diurnal fleet, a FedScale availability trace, or measured speeds: the uninterrupted run
 equals the reference schedule too); two runs at once both finish; a dead server or a lost leaf is noticed, the run
-ends non-zero with the reason, and nothing is left running."""
+ends non-zero with the reason, and nothing is left running. The killed runs move their diffs and versions through
+shared memory (``--bulk auto``): a leaf and then the server killed leave nothing of it behind."""
 
 from __future__ import annotations
 
 import collections
 import json
+import os
 import pickle
 import subprocess
 import time
@@ -51,6 +53,28 @@ def finish(proc: subprocess.Popen, timeout: float = 400) -> tuple[int, str]:
         if proc.poll() is None:
             kill_tree(proc.pid)
     return proc.returncode, out
+
+
+def shared_memory_of(pids: list[int]) -> set[str]:
+    """The rings of shared memory (``common.shared_ring``) these processes hold open or mapped."""
+    found = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                found |= {line.split()[-2] for line in f if "memfd:edgesim-" in line}
+        except OSError:  # it ended
+            pass
+    return found
+
+
+def kill_a_leaf_then_the_server(proc: subprocess.Popen) -> list[psutil.Process]:
+    """SIGKILL one leaf, then the server, then whatever is left of the job (a crash of each, in turn)."""
+    workers = processes_of(proc, "simulator_worker")
+    (server,) = {w.parent() for w in workers}
+    for victim in (workers[0], server):
+        victim.kill()
+        victim.wait(timeout=30)
+    return kill_tree(proc.pid)
 
 
 def results(out) -> tuple[str, list, dict]:
@@ -112,7 +136,10 @@ def test_a_run_killed_and_resumed_ends_exactly_like_an_uninterrupted_run(tmp_pat
     killed = start(tmp_path, "killed", *flags)
     middle = 4 if method == "fedavg" else 10
     wait_for(lambda: checkpoint_version(tmp_path / "killed") >= middle, killed, 300, f"checkpoint at {middle}")
-    kill_tree(killed.pid)
+    job = [p.pid for p in psutil.Process(killed.pid).children(recursive=True)]
+    assert shared_memory_of(job) >= {"/memfd:edgesim-versions", "/memfd:edgesim-diffs"}  # the run shares memory
+    gone = kill_a_leaf_then_the_server(killed)
+    assert not [p for p in gone if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     code, out = finish(whole)
     assert code == 0, out[-3000:]
     resumed = subprocess.run(  # the original command with --resume appended
@@ -133,6 +160,9 @@ def test_a_run_killed_and_resumed_ends_exactly_like_an_uninterrupted_run(tmp_pat
     )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "resuming" in resumed.stdout
+    # nothing of the killed run is left: no process holds its memory, and none was ever named in /dev/shm
+    assert not shared_memory_of(job) and not [name for name in os.listdir("/dev/shm") if "edgesim" in name]
+    assert json.loads((tmp_path / "whole" / "metrics.json").read_text())["bulk"] == {"site-1": "shm", "site-2": "shm"}
     events, accuracy, whole = results(tmp_path / "whole")
     events_again, accuracy_again, again = results(tmp_path / "killed")
     assert events_again == events

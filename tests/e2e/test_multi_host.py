@@ -3,7 +3,10 @@ who submits), each with its own address on a bridge inside a namespace of its ow
 namespaces the test creates, and all of them are removed afterwards. The kits come from ``python -m jobs.deploy
 provision --host NAME=ADDRESS ...``, each site is started inside its host with ``start-site``, the admin waits for
 the leaves and submits a FedBuff job from its own host, and ``shutdown`` stops every site through the admin API.
-The job's ``events.jsonl`` equals the exact reference schedule, as on one machine."""
+The job's ``events.jsonl`` equals the exact reference schedule, as on one machine. The namespaces share one
+kernel, so C11 finds it can share memory with the server (``--bulk auto``: its diffs and versions go through shared
+memory, its messages still through the relay's cells), while C12 is started with ``EDGESIM_BULK=wire`` and keeps
+NVFlare's wire: the schedule is the same either way."""
 
 from __future__ import annotations
 
@@ -130,8 +133,9 @@ def test_a_fedbuff_job_across_hosts_applies_the_exact_reference_schedule_and_shu
     prod = folder / "edgesim" / "prod_00"
     kit = str(prod / "admin@nvidia.com")
     try:
-        for site in ("server", "R1", "C11", "C12"):  # each on its own host
-            started = in_host(site, PYTHON, "-m", "jobs.deploy", "start-site", str(prod / site), timeout=60)
+        for site in ("server", "R1", "C11", "C12"):  # each on its own host; C12 keeps NVFlare's wire for bulk arrays
+            env = ["env", "EDGESIM_BULK=wire"] if site == "C12" else []
+            started = in_host(site, *env, PYTHON, "-m", "jobs.deploy", "start-site", str(prod / site), timeout=60)
             assert started.returncode == 0, started.stdout + started.stderr
         waited = in_host("admin", PYTHON, "-m", "jobs.deploy", "wait", "--startup-kit", kit, "--leaves", "C11,C12")
         assert waited.returncode == 0, waited.stdout + waited.stderr + (prod / "R1" / "console.log").read_text()[-2000:]
@@ -157,6 +161,10 @@ def test_a_fedbuff_job_across_hosts_applies_the_exact_reference_schedule_and_shu
             max_model_version=6,
         )
         assert trace == reference_trace(schedule)
+        assert json.loads((out / "metrics.json").read_text())["bulk"] == {
+            "C11": "shm",
+            "C12": "wire: EDGESIM_BULK=wire in this site's environment",
+        }
         # a prod --dry-run names the project's leaves: its trace is the prod run's
         dry = in_host(
             "admin",

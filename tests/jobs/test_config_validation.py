@@ -38,6 +38,7 @@ def no_nvflare(monkeypatch):
         (["--time-scale", "-0.5"], "--time-scale -0.5: must be >= 0"),
         (["--simulator", "stock", "--time-scale", "1"], "--time-scale needs --simulator fast"),
         (["--simulator", "stock", "--engine", "vectorized"], "--engine vectorized needs --simulator fast"),
+        (["--simulator", "stock", "--bulk", "shm"], "--bulk shm needs --simulator fast"),
         (["--model", "resnet18_bn", "--engine", "vectorized"], "use --engine per-device"),
         (["--group-size", "0"], "--group-size 0"),
         (["--update-interval", "0"], "--update-interval 0"),

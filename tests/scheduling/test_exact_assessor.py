@@ -22,6 +22,7 @@ from aggregation.global_model import GlobalModel
 from common.delays import DELAY_PRESETS
 from common.packed_maps import unpacked_map
 from common.protocol import (
+    BULK,
     DEVICE_RANGES,
     DEVICE_UPDATES,
     HELD_VERSIONS,
@@ -34,8 +35,10 @@ from common.protocol import (
     DeviceUpdate,
     SelectionSum,
 )
+from common.shared_ring import is_handle
 from scheduling.event_reference import make_schedule, reference_trace
 from scheduling.exact_assessor import ExactTimeAssessor
+from simulation.bulk_link import LeafBulk
 from tests.fakes.engine import EventEngine, child_reports
 
 LEAVES = {"site-1": 12, "site-2": 12}
@@ -58,10 +61,14 @@ def device_diff(device: str, version: int) -> np.ndarray:
 
 
 class ScriptedLeaf:
-    """Holds what the server told it; trains (instantly) any subset of its selected devices and reports them."""
+    """Holds what the server told it; trains (instantly) any subset of its selected devices and reports them.
+    ``bulk``: its diffs up and versions down go through its bulk link (``simulation.bulk_link``) as a leaf's do;
+    None: plain dicts, no word on shared memory."""
 
-    def __init__(self, name: str, sums: bool = False):
+    def __init__(self, name: str, sums: bool = False, bulk: str | None = None):
         self.name, self.version, self.selection_version, self.sums = name, 0, 0, sums
+        self.bulk = LeafBulk(bulk, log=lambda _: None) if bulk else None
+        self.handles = 0  # diffs sent and versions received as handles of shared memory
         self.selection: dict[str, int] = {}
         self.versions: dict[int, int] = {}
         self.models: set[int] = set()
@@ -76,6 +83,9 @@ class ScriptedLeaf:
         batch = todo[: rng.randint(0, len(todo))]  # some, in any order; the rest later
         shareable = StateUpdateReport(self.version, self.selection_version, None, None).to_shareable()
         shareable[HELD_VERSIONS] = sorted(self.models)  # the server sends only the versions it lacks
+        word = self.bulk.report_word() if self.bulk is not None else None
+        if word:
+            shareable[BULK] = word
         if first:
             shareable[DEVICE_RANGES] = {self.name: [LEAVES[self.name], self.name]}
         updates = []
@@ -98,14 +108,27 @@ class ScriptedLeaf:
             for sid in sorted({u["selection_id"] for u in self.held}):
                 mine = [u for u in self.held if u["selection_id"] == sid]
                 if {u["device"] for u in mine} >= {d for d, s in self.selection.items() if s == sid}:
-                    sums.append(SelectionSum.of([DeviceUpdate.from_dict(u) for u in mine]).to_dict())
+                    summed = SelectionSum.of([DeviceUpdate.from_dict(u) for u in mine])
+                    sums.append(summed.to_dict(self.bulk.pack_diff) if self.bulk is not None else summed.to_dict())
                     self.held = [u for u in self.held if u["selection_id"] != sid]
             shareable[SELECTION_SUMS] = sums
         else:
             shareable[DEVICE_UPDATES] = updates
+        if self.bulk is not None:
+            for entry in shareable.get(DEVICE_UPDATES) or ():
+                entry["diff"] = self.bulk.pack_diff(entry["diff"])
+            self.handles += sum(is_handle(e["diff"]) for e in (shareable.get(DEVICE_UPDATES) or ()))
+            self.handles += sum(is_handle(e["diff"]) for e in (shareable.get(SELECTION_SUMS) or ()))
         reply = child_reports(assessor, engine, self.name, shareable)
+        if self.bulk is not None:
+            self.bulk.on_reply(reply.get(BULK))
         version = reply.get_header(PropKey.MODEL_VERSION)
         if version:
+            for v, value in (reply.get(MODELS) or {}).items():
+                if self.bulk is not None:  # the bits the server keeps, wherever they came from
+                    weights = self.bulk.weights(v, value)
+                    assert weights["w"].tobytes() == assessor.global_model.weights_of(v)["w"].tobytes()
+                    self.handles += is_handle(value)
             self.models.update(reply.get(MODELS) or {})  # what it holds: only what was sent
             self.sent_models += len(reply.get(MODELS) or {})
             self.version = version
@@ -119,9 +142,19 @@ class ScriptedLeaf:
             assert self.releases.setdefault((device, sid), releases[sid]) == releases[sid], "a release never changes"
 
 
-def run_scripted(tmp_path, kw: dict, sums: bool = False, seed: int = 0, delays=DELAY_PRESETS["paper"]) -> tuple:
-    """A run of the assessor with two scripted leaves reporting at random (``seed``); the manager, the leaves."""
-    manager = GlobalModel(MEAN, strategy_args={"global_lr": 0.5})
+def run_scripted(
+    tmp_path,
+    kw: dict,
+    sums: bool = False,
+    seed: int = 0,
+    delays=DELAY_PRESETS["paper"],
+    bulk: str | None = None,
+    version_mb: float = 256.0,
+) -> tuple:
+    """A run of the assessor with two scripted leaves reporting at random (``seed``); the manager, the leaves.
+    ``bulk``: the run's ``--bulk``, on the server and the leaves (None: the server's default, leaves that say
+    nothing of shared memory); ``version_mb``: its ``--version-memory-mb``."""
+    manager = GlobalModel(MEAN, strategy_args={"global_lr": 0.5}, bulk=bulk or "auto", version_memory_mb=version_mb)
     assessor = ExactTimeAssessor(
         "persistor",
         "global_model",
@@ -129,12 +162,13 @@ def run_scripted(tmp_path, kw: dict, sums: bool = False, seed: int = 0, delays=D
         delays=delays.to_dict(),
         seed=4,
         results_dir=str(tmp_path),
+        bulk=bulk or "auto",
         **kw,
     )
     engine = EventEngine({"persistor": ZeroPersistor(), "global_model": manager, "wf_assessor": assessor})
     engine.fire_event(EventType.START_RUN, engine.new_context())
     rng = random.Random(seed)
-    leaves = [ScriptedLeaf("site-1", sums), ScriptedLeaf("site-2", sums)]
+    leaves = [ScriptedLeaf("site-1", sums, bulk), ScriptedLeaf("site-2", sums, bulk)]
     leaves[0].report(assessor, engine, rng, first=True)
     assert manager.current_version == 0, "no selection before every leaf registered its devices"
     leaves[1].report(assessor, engine, rng, first=True)
@@ -147,10 +181,24 @@ def run_scripted(tmp_path, kw: dict, sums: bool = False, seed: int = 0, delays=D
     return manager, leaves, engine
 
 
-@pytest.mark.parametrize("b, hole, sums", [(2, 1, False), (1, 1, False), (8, 8, False), (8, 8, True)])
-def test_reports_in_any_order_give_the_reference_trace_and_model(tmp_path, b, hole, sums):
+@pytest.mark.parametrize(
+    "b, hole, sums, bulk, version_mb",
+    [(2, 1, False, None, 256), (1, 1, False, None, 256), (8, 8, False, None, 256), (8, 8, True, None, 256)]
+    + [(2, 1, False, "auto", 256), (2, 1, False, "auto", 0.01), (8, 8, True, "auto", 256), (2, 1, False, "wire", 256)],
+)
+def test_reports_in_any_order_give_the_reference_trace_and_model(tmp_path, b, hole, sums, bulk, version_mb):
+    """Also with the leaves' bulk links (``auto``: diffs and versions through shared memory, with a ring of two
+    slots at 0.01 MB, the other versions in files; ``wire``): the same trace and the same bits."""
     kw = dict(selection_size=8, updates_per_version=b, min_hole_to_fill=hole, max_model_version=25)
-    manager, leaves, engine = run_scripted(tmp_path, kw, sums)
+    manager, leaves, engine = run_scripted(tmp_path, kw, sums, bulk=bulk, version_mb=version_mb)
+    assessor = engine.get_component("wf_assessor")
+    if bulk == "auto":  # shared memory carried diffs and versions, both ways
+        assert assessor.links.choices == {"site-1": "shm", "site-2": "shm"}
+        assert all(leaf.handles > 10 for leaf in leaves)
+        assert (manager.peak_kept[2] > 0) == (version_mb < 1)  # versions in files past a full ring
+    elif bulk == "wire":
+        assert set(assessor.links.choices.values()) == {"wire: --bulk wire"}
+        assert not any(leaf.handles for leaf in leaves)
     expected = reference_trace(make_schedule(DELAY_PRESETS["paper"], 4, LEAVES, **kw))
     trace = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert trace == expected
