@@ -12,7 +12,8 @@ engine's time with the model's statistic trackers over its time with them replac
 the devices' data statistics costs; models whose trackers are top-level modules only); the last line,
 ``augment: <X>x``, is its time with local augmentation (``--augment``: crop and flip) over its time without;
 ``dp: <X>x`` and ``local dp: <X>x`` its time with DP's clipping (``processors.privatize``), and with local noise
-too. All ratios are measured alternately in the same run.
+too (the median of each round's ratio, the sides' order rotating), after a line giving DP's own operations alone.
+All ratios are measured alternately in the same run.
 
     .venv/bin/python benchmarks/bench_engine.py --model resnet18 --ks 1,4 --iters 2 --batch-size 8 --samples 32
 
@@ -57,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -73,7 +75,7 @@ from processors.device import full_float32, resolve_device  # noqa: E402
 from processors.models import build_model  # noqa: E402
 from processors.models.stat_tracker import trackers  # noqa: E402
 from processors.precision import use_precision  # noqa: E402
-from processors.privatize import local_noise  # noqa: E402
+from processors.privatize import clip_group, local_noise  # noqa: E402
 from processors.training import TrainingConfig, batch_schedule, train_local, worker_model  # noqa: E402
 from processors.training_vectorized import train_group  # noqa: E402
 
@@ -261,13 +263,26 @@ def main() -> None:
     augmented, plain = augment_cost(global_params, data_all[: max(ks)], cfg, device, args.repeats)
     print(f"vectorised K={max(ks)}: {augmented:.3f} s with crop-and-flip augmentation, {plain:.3f} s without")
     print(f"augment: {augmented / plain:.3f}x")
-    central, local, plain = dp_cost(global_params, data_all[: max(ks)], cfg, device, args.repeats)
-    print(f"vectorised K={max(ks)}: {plain:.3f} s, {central:.3f} s clipped (DP), {local:.3f} s clipped and noised")
-    print(f"dp: {central / plain:.3f}x\nlocal dp: {local / plain:.3f}x")
+    cost = dp_cost(global_params, data_all[: max(ks)], cfg, device, args.repeats)
+    print(
+        f"vectorised K={max(ks)}: {cost['plain']:.3f} s, {cost['central']:.3f} s clipped (DP), "
+        f"{cost['local']:.3f} s clipped and noised (best of each)"
+    )
+    print(
+        f"DP's own work for these {max(ks)} devices: clipping {1e3 * cost['clip_ops']:.1f} ms, local noise "
+        f"{1e3 * cost['noise_ops']:.1f} ms, against {cost['plain']:.3f} s of training "
+        f"({(cost['clip_ops'] + cost['noise_ops']) / cost['plain']:.2%})"
+    )
+    print(f"dp: {cost['central_ratio']:.3f}x\nlocal dp: {cost['local_ratio']:.3f}x")
 
 
-def dp_cost(global_params, data, cfg, device, repeats: int) -> tuple[float, float, float]:
-    """Best-of times of the vectorised engine with DP clipping, with clipping and local noise, and without."""
+def dp_cost(global_params, data, cfg, device, repeats: int) -> dict[str, float]:
+    """The vectorised engine with DP's clipping, with clipping and local noise, and without: each side's best
+    time, and each DP side's median ratio over the plain run of the same round (``central_ratio``,
+    ``local_ratio``). The sides' order rotates every round, so that a machine whose speed drifts within a round
+    (this project's shared VMs) does not favour the side that runs first. ``clip_ops`` and ``noise_ops``: the
+    best time of DP's own operations alone on the same devices' diffs (``processors.privatize``), which bound what
+    DP can cost whatever the noise."""
     names = [n for n, _ in worker_model(MODEL, device).named_parameters()]
 
     def clipped(params, d, c, dev, noised=False):
@@ -276,11 +291,32 @@ def dp_cost(global_params, data, cfg, device, repeats: int) -> tuple[float, floa
         return [local_noise(x, names, 1.0, 0, f"d{i}", 2) for i, x in enumerate(diffs)] if noised else diffs
 
     runs = {"central": clipped, "local": functools.partial(clipped, noised=True), "plain": run_vectorized}
+    order = list(runs)
     times: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(max(repeats, 3)):
-        for name, fn in runs.items():
-            times[name].append(timed(fn, device, global_params, data, cfg)[0])
-    return min(times["central"]), min(times["local"]), min(times["plain"])
+    diffs = None
+    for r in range(max(repeats, 3)):
+        for name in order[r % len(order) :] + order[: r % len(order)]:
+            seconds, out = timed(runs[name], device, global_params, data, cfg)
+            times[name].append(seconds)
+            diffs = out if name == "plain" else diffs
+    stacked = {n: torch.stack([torch.as_tensor(d[n]) for d in diffs]).to(device) for n in diffs[0]}
+    norms = [1.0] * len(diffs)
+    clip_ops = min(timed(lambda dev: clip_group(stacked, names, norms), device)[0] for _ in range(5))
+    noise_ops = min(
+        timed(lambda dev: [local_noise(x, names, 1.0, 0, f"d{i}", 2) for i, x in enumerate(diffs)], device)[0]
+        for _ in range(5)
+    )
+
+    def ratio(side: str) -> float:
+        return statistics.median(a / b for a, b in zip(times[side], times["plain"], strict=True))
+
+    best = {side: min(t) for side, t in times.items()}
+    return best | {
+        "central_ratio": ratio("central"),
+        "local_ratio": ratio("local"),
+        "clip_ops": clip_ops,
+        "noise_ops": noise_ops,
+    }
 
 
 def run_floor(global_params, data, cfg, device, prepared=None):
