@@ -102,15 +102,20 @@ def test_a_revived_update_with_batched_teachers_is_the_loops_to_rounding_and_aut
         delta = {n: np.full_like(v, 1e-3) for n, v in global_weights.items()}
         out, info = distiller.process_update(global_weights, delta, "client-0", base_version=3, current_version=5)
         assert info["phase"] == "distill" and info["beta"] > 0
-        return out, distiller
+        return out, distiller, info["beta"] * c.kd_lr
 
     loop, auto = revive("off"), revive("auto")
     batched = revive("on")
     assert not auto[1].batched and batched[1].batched  # auto: the loop on the CPU
+    step = loop[2]  # one Adam step of the student, as it reaches the revived update (beta x kd_lr)
     for name, value in loop[0].items():
         np.testing.assert_array_equal(auto[0][name], value)  # auto on the CPU: the same bits
-        # an element whose gradient rounding flips moves by about one Adam step (kd_lr 1e-4); far below it: rounding
-        np.testing.assert_allclose(batched[0][name], value, rtol=1e-4, atol=1e-6)
+        # the teachers' summation order changes a gradient's last bits, and Adam divides by the gradient's running
+        # norm, so an element whose gradient is near zero can move by a small part of one step (on some CPUs a few
+        # elements in 10,000 by 2.5% of a step); a wrong teacher or weighting moves most elements by whole steps
+        np.testing.assert_allclose(batched[0][name], value, rtol=0, atol=0.1 * step)
+        close = np.isclose(batched[0][name], value, rtol=1e-4, atol=1e-6)
+        assert close.mean() >= 0.999, f"{name}: {close.size - close.sum()} of {close.size} elements beyond rounding"
 
 
 def test_which_models_run_batched():
