@@ -14,10 +14,13 @@ run and ``results.md`` in ``--output``: the noise multiplier, the epsilon spent,
 ``--overhead``: one job (``--methods``' first, ``--overhead-versions`` versions of the cpu scale) run without and
 with central DP, alternated ``--repeats`` times; the median of each side's steady-state seconds per version
 (between the first and the last evaluated version, start-up left out) and of its whole wall time, and the line
-``job dp: <X>x`` (DP's steady-state seconds per version over the plain run's). Take it on an idle machine, with
+``job dp: <X>x`` (DP's steady-state seconds per version over the plain run's), after a line timing the training
+of the cpu scale's devices from the last DP run's final weights against the last plain run's, without DP (what the
+weights DP's noise leads to cost training, apart from DP's own work). Take it on an idle machine, with
 FedAvg: central DP holds each asynchronous device until its version is made (``scheduling.schedule``), so a
 FedBuff run with DP follows another schedule (other groups, other waits) and its time differs for that reason too;
-a synchronous run's schedule is the same with and without DP, so the ratio is DP's own cost.
+a synchronous run's schedule is the same with and without DP, so the ratio is what DP costs the run: its own work,
+and training from the weights its noise leads to (the line before separates them).
 
     python benchmarks/bench_privacy.py --overhead --methods fedavg --repeats 3
 
@@ -31,6 +34,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.harness import run_job  # noqa: E402
@@ -94,11 +98,58 @@ def overhead(args, extra: list[str]) -> None:
             per_version[side].append(steady["wall_seconds"] / (steady["to_version"] - steady["from_version"]))
             wall[side].append(result.ended - result.started)
             print(f"{side} run {i}: {per_version[side][-1]:.3f} s/version, {wall[side][-1]:.1f} s in all", flush=True)
+    last = [os.path.join(args.output, f"{side}-{args.repeats - 1}") for side in ("plain", "dp")]
+    print(
+        "training from the dp run's final weights / from the plain run's (the same devices and code, no DP; "
+        f"median of 10 alternating pairs): {weights_cost(*last):.3f}x"
+    )
     med = {side: (statistics.median(per_version[side]), statistics.median(wall[side])) for side in sides}
     for side, (v, w) in med.items():
         print(f"{method} {side}: median {v:.3f} s/version (steady state), {w:.1f} s wall in all")
     print(f"job dp wall: {med['dp'][1] / med['plain'][1]:.3f}x")
     print(f"job dp: {med['dp'][0] / med['plain'][0]:.3f}x")
+
+
+def weights_cost(plain_run: str, dp_run: str, pairs: int = 10) -> float:
+    """Training the cpu scale's devices from the DP run's final global model over training them from the plain
+    run's: the same devices, batches and code, without DP, in alternating pairs (the median ratio). It tells how
+    much of ``job dp`` is DP's own work and how much the speed of training from the weights DP's noise leads to."""
+    import torch
+
+    from common.result_files import GLOBAL_MODEL
+    from processors.data.sources import make_synthetic, normalize
+    from processors.training import TrainingConfig
+    from processors.training_vectorized import train_group
+
+    flag = dict(zip(CPU["flags"][::2], CPU["flags"][1::2], strict=True))
+    model = flag["--model"]
+    cfg = TrainingConfig(
+        model=model,
+        local_iters=int(flag["--local-iters"]),
+        local_batch_size=int(flag["--local-batch-size"]),
+        local_lr=float(flag["--local-lr"]),
+    )
+    devices, samples = int(flag["--device-selection-size"]), int(flag["--subset-size"])
+    ds = make_synthetic(devices * samples, 100, seed=0)
+    picker = torch.Generator().manual_seed(1)
+    data = []
+    for _ in range(devices):
+        idx = torch.randperm(len(ds.y_train), generator=picker)[:samples]
+        data.append((ds.x_train.index_select(0, idx), ds.y_train.index_select(0, idx)))
+    cpu = torch.device("cpu")
+    weights = [
+        torch.load(os.path.join(run, GLOBAL_MODEL), map_location=cpu, weights_only=True) for run in (plain_run, dp_run)
+    ]
+
+    def seconds(params: dict) -> float:
+        gens = [torch.Generator().manual_seed(i) for i in range(devices)]
+        start = time.perf_counter()
+        train_group(model, params, data, cfg, gens, cpu, prepare=normalize)
+        return time.perf_counter() - start
+
+    for params in weights:  # warm-up
+        seconds(params)
+    return statistics.median(seconds(weights[1]) / seconds(weights[0]) for _ in range(pairs))
 
 
 def main(argv: list[str] | None = None) -> int:
