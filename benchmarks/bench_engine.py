@@ -116,6 +116,17 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def device_data(ds, devices: int, samples: int, seed: int, device: torch.device) -> list[tuple]:
+    """Each device's (inputs, labels): ``samples`` drawn without replacement from ``ds``'s training set, the
+    draws seeded by ``seed``; the one way every engine benchmark gives its devices data."""
+    picker = torch.Generator().manual_seed(seed)
+    data = []
+    for _ in range(devices):
+        idx = torch.randperm(len(ds.y_train), generator=picker)[:samples].to(device)
+        data.append((ds.x_train.index_select(0, idx), ds.y_train.index_select(0, idx)))
+    return data
+
+
 PREPARE = normalize  # the stored batch -> the model's input (token ids pass unchanged)
 
 
@@ -205,11 +216,7 @@ def main() -> None:
         PREPARE = ds.prepare
     else:
         ds = make_synthetic(max(pool, 100), 100, seed=0).to(device)
-    picker = torch.Generator().manual_seed(1234)
-    data_all = []
-    for _ in range(max(ks)):
-        idx = torch.randperm(len(ds.y_train), generator=picker)[: args.samples].to(device)
-        data_all.append((ds.x_train.index_select(0, idx), ds.y_train.index_select(0, idx)))
+    data_all = device_data(ds, max(ks), args.samples, seed=1234, device=device)
     torch.manual_seed(0)
     global_params = {n: p.detach().to(device) for n, p in build_model(MODEL).state_dict().items()}
 

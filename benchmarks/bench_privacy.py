@@ -16,11 +16,15 @@ with central DP, alternated ``--repeats`` times; the median of each side's stead
 (between the first and the last evaluated version, start-up left out) and of its whole wall time, and the line
 ``job dp: <X>x`` (DP's steady-state seconds per version over the plain run's), after a line timing the training
 of the cpu scale's devices from the last DP run's final weights against the last plain run's, without DP (what the
-weights DP's noise leads to cost training, apart from DP's own work). Take it on an idle machine, with
-FedAvg: central DP holds each asynchronous device until its version is made (``scheduling.schedule``), so a
-FedBuff run with DP follows another schedule (other groups, other waits) and its time differs for that reason too;
-a synchronous run's schedule is the same with and without DP, so the ratio is what DP costs the run: its own work,
-and training from the weights its noise leads to (the line before separates them).
+weights DP's noise leads to cost training, apart from DP's own work), and a line timing the same at one thread
+with denormal floats kept and flushed to zero (whether that cost is denormal arithmetic; a DP run flushes them by
+default, ``--flush-denormal auto``); ``--kept`` adds a third side, DP with ``--flush-denormal off``, and the line
+``job dp kept: <X>x``. Take it on an idle
+machine, with FedAvg: central DP holds each asynchronous device until its version is made
+(``scheduling.schedule``), so a FedBuff run with DP follows another schedule (other groups, other waits) and its
+time differs for that reason too; a synchronous run's schedule is the same with and without DP, so the ratio is
+what DP costs the run: its own work, and training from the weights its noise leads to (the lines before separate
+them).
 
     python benchmarks/bench_privacy.py --overhead --methods fedavg --repeats 3
 
@@ -89,11 +93,14 @@ def overhead(args, extra: list[str]) -> None:
     more = ["--max-model-version", str(args.overhead_versions), "--eval-frequency", "1", *extra]
     sides = {"plain": flags(method, None, args.delta, args.seed, more)}
     sides["dp"] = [*sides["plain"], "--dp", "central", "--dp-noise-multiplier", "1.0", "--dp-clip-norm", CLIP_NORM]
+    if args.kept:
+        sides["dp-kept"] = [*sides["dp"], "--flush-denormal", "off"]
     per_version: dict[str, list[float]] = {k: [] for k in sides}
     wall: dict[str, list[float]] = {k: [] for k in sides}
     for i in range(args.repeats):
-        for side, run in sides.items():
-            result = run_job("jobs/pt_job_fedrevive.py", run, os.path.join(args.output, f"{side}-{i}"))
+        names = list(sides)
+        for side in names[i % len(names) :] + names[: i % len(names)]:  # rotate which runs first
+            result = run_job("jobs/pt_job_fedrevive.py", sides[side], os.path.join(args.output, f"{side}-{i}"))
             steady = result.steady_state()
             per_version[side].append(steady["wall_seconds"] / (steady["to_version"] - steady["from_version"]))
             wall[side].append(result.ended - result.started)
@@ -103,10 +110,13 @@ def overhead(args, extra: list[str]) -> None:
         "training from the dp run's final weights / from the plain run's (the same devices and code, no DP; "
         f"median of 10 alternating pairs): {weights_cost(*last):.3f}x"
     )
+    print(denormal_cost(*last))
     med = {side: (statistics.median(per_version[side]), statistics.median(wall[side])) for side in sides}
     for side, (v, w) in med.items():
         print(f"{method} {side}: median {v:.3f} s/version (steady state), {w:.1f} s wall in all")
     print(f"job dp wall: {med['dp'][1] / med['plain'][1]:.3f}x")
+    if "dp-kept" in med:
+        print(f"job dp kept: {med['dp-kept'][0] / med['plain'][0]:.3f}x (denormals kept: --flush-denormal off)")
     print(f"job dp: {med['dp'][0] / med['plain'][0]:.3f}x")
 
 
@@ -116,6 +126,7 @@ def weights_cost(plain_run: str, dp_run: str, pairs: int = 10) -> float:
     much of ``job dp`` is DP's own work and how much the speed of training from the weights DP's noise leads to."""
     import torch
 
+    from benchmarks.bench_engine import device_data
     from common.result_files import GLOBAL_MODEL
     from processors.data.sources import make_synthetic, normalize
     from processors.training import TrainingConfig
@@ -130,13 +141,8 @@ def weights_cost(plain_run: str, dp_run: str, pairs: int = 10) -> float:
         local_lr=float(flag["--local-lr"]),
     )
     devices, samples = int(flag["--device-selection-size"]), int(flag["--subset-size"])
-    ds = make_synthetic(devices * samples, 100, seed=0)
-    picker = torch.Generator().manual_seed(1)
-    data = []
-    for _ in range(devices):
-        idx = torch.randperm(len(ds.y_train), generator=picker)[:samples]
-        data.append((ds.x_train.index_select(0, idx), ds.y_train.index_select(0, idx)))
     cpu = torch.device("cpu")
+    data = device_data(make_synthetic(devices * samples, 100, seed=0), devices, samples, seed=1, device=cpu)
     weights = [
         torch.load(os.path.join(run, GLOBAL_MODEL), map_location=cpu, weights_only=True) for run in (plain_run, dp_run)
     ]
@@ -149,7 +155,31 @@ def weights_cost(plain_run: str, dp_run: str, pairs: int = 10) -> float:
 
     for params in weights:  # warm-up
         seconds(params)
-    return statistics.median(seconds(weights[1]) / seconds(weights[0]) for _ in range(pairs))
+    ratios = []
+    for i in range(pairs):  # the sides' order alternates, so neither always runs on a warmer cache
+        first, second = (0, 1) if i % 2 == 0 else (1, 0)
+        took = {first: seconds(weights[first]), second: seconds(weights[second])}
+        ratios.append(took[1] / took[0])
+    return statistics.median(ratios)
+
+
+def denormal_cost(plain_run: str, dp_run: str) -> str:
+    """``weights_cost`` at one thread with denormal floats kept and flushed to zero (``torch.set_flush_denormal``,
+    which sets the calling thread only: at one thread it holds wherever the training runs). Where flushing brings
+    the ratio to 1, the DP weights' extra time is denormal arithmetic (activations and gradients under about
+    1.2e-38, which the CPU computes slowly), not DP's work."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        kept = weights_cost(plain_run, dp_run)
+        torch.set_flush_denormal(True)
+        flushed = weights_cost(plain_run, dp_run)
+    finally:
+        torch.set_flush_denormal(False)
+        torch.set_num_threads(threads)
+    return f"the same at one thread: denormals kept {kept:.3f}x, flushed to zero {flushed:.3f}x"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overhead", action="store_true", help="measure DP's cost in one job instead (see above)")
     p.add_argument("--overhead-versions", type=int, default=12)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--kept", action="store_true", help="--overhead: also DP with --flush-denormal off (a third side)")
     args = p.parse_args(argv)
     args.output = args.output or tempfile.mkdtemp(prefix="bench_privacy_")
     print(f"[bench_privacy] runs in {args.output}")

@@ -44,6 +44,22 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
     return contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def flushed_denormals(on: bool):
+    """Around a task's training: with ``on``, this thread takes and makes float32 denormals as zero
+    (``TrainingConfig.flush_denormal``), and keeps them again after; without, nothing (the same bits). The setting
+    is the calling thread's (the CPU's control register), so it holds for torch's work on this thread: all of it
+    when torch runs one intra-op thread."""
+    if not on:
+        yield
+        return
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+
+
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 

@@ -31,7 +31,7 @@ from processors.data.sources import load_dataset
 from processors.device import resolve_device
 from processors.device_rule import RuleHost
 from processors.objective import DeviceObjective, make_objective
-from processors.precision import use_precision
+from processors.precision import flushed_denormals, use_precision
 from processors.privatize import clip_norm_for, parameter_names, privatized
 from processors.reports import LAST_STEP, check_reports, weigh_by_samples, with_reports
 from processors.task_wire import device_extras, received_model, weight_diff_result
@@ -83,12 +83,18 @@ def _cap_cuda_memory(device: torch.device, share: float) -> None:
 
 @contextlib.contextmanager
 def compute_context(
-    device: torch.device, profile: UtilisationProfile, leaves_per_gpu: int = 1, precision: str = "fp32"
+    device: torch.device,
+    profile: UtilisationProfile,
+    leaves_per_gpu: int = 1,
+    precision: str = "fp32",
+    flush_denormal: bool = False,
 ):
     """Around one task or group: on CUDA, apply the profile (memory cap, this worker's stream, cache cleanup) and
-    the precision's TF32 switches (``processors.precision``); on the CPU, nothing."""
+    the precision's TF32 switches (``processors.precision``); on the CPU, only ``flush_denormal``
+    (``processors.precision.flushed_denormals``)."""
     if device.type != "cuda":
-        yield
+        with flushed_denormals(flush_denormal):
+            yield
         return
     _cap_cuda_memory(device, profile.gpu_memory_share / max(1, leaves_per_gpu))
     use_precision(precision, device)
@@ -278,7 +284,11 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         (``selection``: its task's selection id, for the state a training rule keeps)."""
         settings = self._settings
         with compute_context(
-            resolve_device(self._training.compute_device), settings, self.leaves_per_gpu, self._training.precision
+            resolve_device(self._training.compute_device),
+            settings,
+            self.leaves_per_gpu,
+            self._training.precision,
+            self._training.flushes_denormals(self.privacy is not None),
         ):
             device, x, y, generator = self._prepare(device_id, version)
             net = worker_model(self._training.model, device)
@@ -341,7 +351,11 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         versions = [version] * k if isinstance(version, int) else list(version)
         models = [model_data] * k if isinstance(model_data, dict) else list(model_data)
         with compute_context(
-            resolve_device(self._training.compute_device), settings, self.leaves_per_gpu, self._training.precision
+            resolve_device(self._training.compute_device),
+            settings,
+            self.leaves_per_gpu,
+            self._training.precision,
+            self._training.flushes_denormals(self.privacy is not None),
         ):
             prepared = [self._prepare(d, v) for d, v in zip(device_ids, versions, strict=True)]
             device = prepared[0][0]

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 Optimizer = Literal["adam", "sgd"]
 Precision = Literal["fp32", "tf32", "bf16"]  # processors.precision
 Compile = Literal["off", "default", "reduce-overhead"]  # torch.compile's modes (processors.training)
+FlushDenormal = Literal["auto", "on", "off"]  # processors.precision.flushed_denormals
 DEFAULT_LOCAL_ITERS = 25
 
 
@@ -60,6 +61,12 @@ class TrainingConfig:
             a task's steps have one static batch shape with --local-iters). Compiled once per worker; equal to
             the eager model to rounding (fused kernels). The vectorised engine ignores it. Off until a GPU
             measures it.
+        flush_denormal: whether, on the CPU, float32 values below the normal range (about 1.2e-38) are taken and
+            made as zero while a task trains (``torch.set_flush_denormal``, the training thread's own setting; it
+            covers the whole step when a worker trains on one thread, the CPU plan's default with as many workers
+            as cores): auto, on for a run with --dp (its noisy weights drive activations and gradients there,
+            which the CPU otherwise computes at its slow denormal speed), off otherwise; on; off. It changes a
+            run's bits only where such a value reaches a result. CUDA's kernels ignore it.
     """
 
     model: str = AUTO
@@ -75,6 +82,7 @@ class TrainingConfig:
     batches_on_device: bool = False
     channels_last: bool = False
     compile: Compile = "off"
+    flush_denormal: FlushDenormal = "auto"
 
     def __post_init__(self) -> None:
         check_positive({"--local-iters": self.local_iters, "--local-batch-size": self.local_batch_size})
@@ -89,6 +97,7 @@ class TrainingConfig:
         check_choice("--optimizer", self.optimizer, Optimizer)
         check_choice("--precision", self.precision, Precision)
         check_choice("--compile", self.compile, Compile)
+        check_choice("--flush-denormal", self.flush_denormal, FlushDenormal)
         try:
             check_model_name(self.model)
         except ValueError as ex:
@@ -116,6 +125,10 @@ class TrainingConfig:
         if self.optimizer == "adam":
             return torch.optim.Adam(params, lr=self.local_lr)
         return torch.optim.SGD(params, lr=self.local_lr, momentum=self.momentum)
+
+    def flushes_denormals(self, private: bool) -> bool:
+        """Whether a task flushes denormals (``flush_denormal``; ``private``: the run has DP on)."""
+        return self.flush_denormal == "on" or (self.flush_denormal == "auto" and private)
 
     def to_dict(self) -> dict:
         return asdict(self)
