@@ -255,6 +255,14 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         }
         return weight_diff_result(device_id, zeros, count=0, error=short_error(error or "training failed"))
 
+    def _compute_context(self) -> contextlib.AbstractContextManager:
+        """``compute_context`` for this processor's device, profile, precision and denormal setting."""
+        t = self._training
+        flush = t.flushes_denormals(self.privacy is not None)
+        return compute_context(
+            resolve_device(t.compute_device), self._settings, self.leaves_per_gpu, t.precision, flush
+        )
+
     def _prepare(
         self, device_id: str, version: int
     ) -> tuple[torch.device, torch.Tensor, torch.Tensor, torch.Generator]:
@@ -283,13 +291,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         """Train ``device_id`` from the given global weights; return its WEIGHT_DIFF as numpy arrays
         (``selection``: its task's selection id, for the state a training rule keeps)."""
         settings = self._settings
-        with compute_context(
-            resolve_device(self._training.compute_device),
-            settings,
-            self.leaves_per_gpu,
-            self._training.precision,
-            self._training.flushes_denormals(self.privacy is not None),
-        ):
+        with self._compute_context():
             device, x, y, generator = self._prepare(device_id, version)
             net = worker_model(self._training.model, device)
             params = global_params_on(model_data, version, device, settings.cached_versions)
@@ -350,13 +352,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         k = len(device_ids)
         versions = [version] * k if isinstance(version, int) else list(version)
         models = [model_data] * k if isinstance(model_data, dict) else list(model_data)
-        with compute_context(
-            resolve_device(self._training.compute_device),
-            settings,
-            self.leaves_per_gpu,
-            self._training.precision,
-            self._training.flushes_denormals(self.privacy is not None),
-        ):
+        with self._compute_context():
             prepared = [self._prepare(d, v) for d, v in zip(device_ids, versions, strict=True)]
             device = prepared[0][0]
             by_version: dict[int, dict[str, torch.Tensor]] = {}  # each version converted once, one dict per version
