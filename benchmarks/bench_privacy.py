@@ -39,10 +39,12 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.harness import run_job  # noqa: E402
-from benchmarks.reproduce_fedrevive import SCALES  # noqa: E402
+from benchmarks.reproduce_fedrevive import SCALES, resolved_config  # noqa: E402
+from processors.training_config import TrainingConfig  # noqa: E402
 
 CPU = SCALES["cpu"]
 CLIP_NORM = "2"  # about the median L2 norm of a device's update at this scale (25 Adam steps at 1e-3: 2.1 to 2.3)
@@ -105,12 +107,12 @@ def overhead(args, extra: list[str]) -> None:
             per_version[side].append(steady["wall_seconds"] / (steady["to_version"] - steady["from_version"]))
             wall[side].append(result.ended - result.started)
             print(f"{side} run {i}: {per_version[side][-1]:.3f} s/version, {wall[side][-1]:.1f} s in all", flush=True)
-    last = [os.path.join(args.output, f"{side}-{args.repeats - 1}") for side in ("plain", "dp")]
+    trial = WeightsTrial.of(*(os.path.join(args.output, f"{side}-{args.repeats - 1}") for side in ("plain", "dp")))
     print(
         "training from the dp run's final weights / from the plain run's (the same devices and code, no DP; "
-        f"median of 10 alternating pairs): {weights_cost(*last):.3f}x"
+        f"median of 10 alternating pairs): {weights_cost(trial):.3f}x"
     )
-    print(denormal_cost(*last))
+    print(denormal_cost(trial))
     med = {side: (statistics.median(per_version[side]), statistics.median(wall[side])) for side in sides}
     for side, (v, w) in med.items():
         print(f"{method} {side}: median {v:.3f} s/version (steady state), {w:.1f} s wall in all")
@@ -120,50 +122,60 @@ def overhead(args, extra: list[str]) -> None:
     print(f"job dp: {med['dp'][0] / med['plain'][0]:.3f}x")
 
 
-def weights_cost(plain_run: str, dp_run: str, pairs: int = 10) -> float:
+@dataclass
+class WeightsTrial:
+    """The cpu scale's devices, their training settings, and the two runs' final global models (plain, DP): what
+    ``weights_cost`` trains, built once for all its timings."""
+
+    training: TrainingConfig
+    data: list[tuple]
+    weights: list[dict]
+
+    @classmethod
+    def of(cls, plain_run: str, dp_run: str) -> WeightsTrial:
+        import torch
+
+        from benchmarks.bench_engine import device_data
+        from common.result_files import GLOBAL_MODEL
+        from processors.data.sources import make_synthetic
+
+        cfg = resolved_config(["python", "job", *flags("fedavg", None, 1e-5, 0, [])])
+        devices, samples = cfg.federation.device_selection_size, cfg.data.subset_size
+        cpu = torch.device("cpu")
+        data = device_data(make_synthetic(devices * samples, 100, seed=0), devices, samples, seed=1, device=cpu)
+        runs = (plain_run, dp_run)
+        weights = [torch.load(os.path.join(r, GLOBAL_MODEL), map_location=cpu, weights_only=True) for r in runs]
+        return cls(cfg.training, data, weights)
+
+
+def weights_cost(trial: WeightsTrial, pairs: int = 10) -> float:
     """Training the cpu scale's devices from the DP run's final global model over training them from the plain
     run's: the same devices, batches and code, without DP, in alternating pairs (the median ratio). It tells how
     much of ``job dp`` is DP's own work and how much the speed of training from the weights DP's noise leads to."""
     import torch
 
-    from benchmarks.bench_engine import device_data
-    from common.result_files import GLOBAL_MODEL
-    from processors.data.sources import make_synthetic, normalize
-    from processors.training import TrainingConfig
+    from processors.data.sources import normalize
     from processors.training_vectorized import train_group
 
-    flag = dict(zip(CPU["flags"][::2], CPU["flags"][1::2], strict=True))
-    model = flag["--model"]
-    cfg = TrainingConfig(
-        model=model,
-        local_iters=int(flag["--local-iters"]),
-        local_batch_size=int(flag["--local-batch-size"]),
-        local_lr=float(flag["--local-lr"]),
-    )
-    devices, samples = int(flag["--device-selection-size"]), int(flag["--subset-size"])
     cpu = torch.device("cpu")
-    data = device_data(make_synthetic(devices * samples, 100, seed=0), devices, samples, seed=1, device=cpu)
-    weights = [
-        torch.load(os.path.join(run, GLOBAL_MODEL), map_location=cpu, weights_only=True) for run in (plain_run, dp_run)
-    ]
 
     def seconds(params: dict) -> float:
-        gens = [torch.Generator().manual_seed(i) for i in range(devices)]
+        gens = [torch.Generator().manual_seed(i) for i in range(len(trial.data))]
         start = time.perf_counter()
-        train_group(model, params, data, cfg, gens, cpu, prepare=normalize)
+        train_group(trial.training.model, params, trial.data, trial.training, gens, cpu, prepare=normalize)
         return time.perf_counter() - start
 
-    for params in weights:  # warm-up
+    for params in trial.weights:  # warm-up
         seconds(params)
     ratios = []
     for i in range(pairs):  # the sides' order alternates, so neither always runs on a warmer cache
         first, second = (0, 1) if i % 2 == 0 else (1, 0)
-        took = {first: seconds(weights[first]), second: seconds(weights[second])}
+        took = {first: seconds(trial.weights[first]), second: seconds(trial.weights[second])}
         ratios.append(took[1] / took[0])
     return statistics.median(ratios)
 
 
-def denormal_cost(plain_run: str, dp_run: str) -> str:
+def denormal_cost(trial: WeightsTrial) -> str:
     """``weights_cost`` at one thread with denormal floats kept and flushed to zero (``torch.set_flush_denormal``,
     which sets the calling thread only: at one thread it holds wherever the training runs). Where flushing brings
     the ratio to 1, the DP weights' extra time is denormal arithmetic (activations and gradients under about
@@ -173,9 +185,9 @@ def denormal_cost(plain_run: str, dp_run: str) -> str:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        kept = weights_cost(plain_run, dp_run)
+        kept = weights_cost(trial)
         torch.set_flush_denormal(True)
-        flushed = weights_cost(plain_run, dp_run)
+        flushed = weights_cost(trial)
     finally:
         torch.set_flush_denormal(False)
         torch.set_num_threads(threads)
