@@ -32,7 +32,8 @@ from NVFlare upstream, so that it can be deleted: ``docs/nvflare-upstream.md``.
    ``repr``, a large share of the server's CPU in a FedBuff run (py-spy).
    ``ConsumableBufferList`` gets a ``__repr__`` that names its size instead.
 
-``install_nvflare_fixes`` applies 4 and 5 once per process, and 7, 8 and 10 to 13 in NVFlare's simulator processes;
+``install_nvflare_fixes`` applies 4 and 5 once per process, and 7, 8, 10 to 13 and 17 in NVFlare's simulator
+processes;
 our server and leaf components call it.
 6. **Syncs when there is news, not on a timer.** ``HierarchicalUpdateGatherer._do_task`` is the loop in which a
    leaf (or relay) reports to its parent and takes its reply, then sleeps ``update_interval`` plus up to 0.5 s of
@@ -132,6 +133,17 @@ our server and leaf components call it.
 16. **NVFlare's job processes, by their command line.** A leaf on a deployment counts this job's client processes
    on its machine (``simulation.leaf_plan``): NVFlare starts each as ``python -m`` ``NVFLARE_CLIENT_JOB_MODULE``
    with ``-n JOB_ID`` (a deployed site) or ``NVFLARE_SIMULATOR_WORKER_MODULE`` with ``-o`` its workspace (SimEnv).
+17. **Only the transport driver a simulator run uses.** The first connector or listener a process makes
+   (``Communicator.add_connector``, ``start_listener``) calls ``load_comm_drivers``, which imports every module of
+   NVFlare's ``drivers`` package to find the drivers in them: the gRPC drivers (gRPC, protobuf) and the aiohttp
+   ones, about a second of CPU per process on 2 cores (``docs/performance-history.md``), in the simulator's
+   server process and in each leaf's worker, all on a run's start. The simulator's URLs are all ``tcp://``.
+   ``load_drivers_on_demand`` makes ``load_comm_drivers`` register NVFlare's ``TcpDriver`` alone, and gives the
+   process's ``driver_mgr`` a ``find_driver_class`` that, for a scheme no registered driver serves, first loads
+   every driver as NVFlare does (its ``load_comm_drivers``, after removing the TCP driver it registered so that
+   NVFlare's own search registers it again, not twice) and looks again. Only in the simulator's processes
+   (``install_nvflare_fixes``, from ``simulation.early_start``, before their first cell); a deployed site loads
+   every driver, as NVFlare does.
 
 Over 400 lines: every private NVFlare name the project uses lives in this one file (the project's rule), each fix
 with its reason.
@@ -196,6 +208,10 @@ NVFLARE_RELIED_ON = {  # bodies whose behaviour a fix depends on (the fix's numb
     "nvflare.private.fed.server.fed_server.FederatedServer.start_run": "7768d4955024a4c5",  # 9
     "nvflare.fuel.f3.cellnet.cell.Adapter.call": "3209a3399e733866",  # 5
     "nvflare.fuel.utils.fobs.decomposers.via_downloader.ViaDownloaderDecomposer.decompose": "c5511a3d5c57e0ec",  # 14
+    "nvflare.fuel.f3.communicator.load_comm_drivers": "b8a9557c78c24eed",  # 17
+    "nvflare.fuel.f3.communicator.Communicator.add_connector": "fdae41af3af15e6b",  # 17
+    "nvflare.fuel.f3.communicator.Communicator.start_listener": "61f6d7bb757aa688",  # 17
+    "nvflare.fuel.f3.drivers.driver_manager.DriverManager.search_folder": "d39768130c7b6013",  # 17
 }
 NVFLARE_CLIENT_JOB_MODULE = "nvflare.private.fed.app.client.worker_process"  # fix 16: one per client per job
 NVFLARE_SIMULATOR_WORKER_MODULE = _WORKER  # fix 16: one per SimEnv leaf
@@ -228,6 +244,7 @@ NVFLARE_PRIVATE_PATCHES = {
 NVFLARE_PRIVATE_MODULE_FUNCTIONS = {  # a private module's function, replaced in that module only
     "nvflare.private.fed.app.simulator.simulator_runner.get_open_ports": ("number",),
     "nvflare.private.fed.app.deployer.simulator_deployer.get_open_ports": ("number",),
+    "nvflare.fuel.f3.communicator.load_comm_drivers": (),
 }
 SIMULATOR_POLLS = {  # fix 10: module -> the functions whose sleeps are capped there
     "nvflare.private.fed.app.simulator.simulator_runner": (
@@ -443,6 +460,7 @@ def install_nvflare_fixes() -> None:
         short_workflow_grace()
         leaves_start_with_server_app()
         quick_listener_stops()
+        load_drivers_on_demand()
 
 
 def warn_untested_nvflare() -> None:
@@ -524,6 +542,40 @@ def quick_listener_stops() -> None:
         self.server.serve_forever(poll_interval=SIMULATOR_POLL)
 
     tcp_driver.TcpDriver.listen = listen
+
+
+def load_drivers_on_demand() -> None:
+    """NVFlare's transport registers its TCP driver alone, and every other driver only when a connector asks for a
+    scheme the TCP driver does not serve (fix 17); idempotent. Only in NVFlare's simulator processes
+    (``install_nvflare_fixes``): a deployed site loads every driver at its first connector, as NVFlare does."""
+    from nvflare.fuel.f3 import communicator
+    from nvflare.fuel.f3.drivers.tcp_driver import TcpDriver
+
+    key = "nvflare.fuel.f3.communicator.load_comm_drivers"
+    if key in ORIGINALS:
+        return
+    load_every_driver = ORIGINALS[key] = communicator.load_comm_drivers
+    manager = communicator.driver_mgr
+    find = manager.find_driver_class  # NVFlare's, bound to this process's manager
+    ours = [scheme.lower() for scheme in TcpDriver.supported_transports()]
+
+    def load_tcp_driver() -> None:
+        if find(ours[0]) is None:
+            manager.register(TcpDriver)
+
+    def find_driver_class(scheme_or_url: str):
+        found = find(scheme_or_url)
+        if found is None and "every driver loaded" not in ORIGINALS:
+            ORIGINALS["every driver loaded"] = load_every_driver
+            for scheme in ours:  # NVFlare's search registers it again (a second registration logs an error)
+                if manager.drivers.get(scheme) is TcpDriver:
+                    del manager.drivers[scheme]
+            load_every_driver()
+            found = find(scheme_or_url)
+        return found
+
+    communicator.load_comm_drivers = load_tcp_driver
+    manager.find_driver_class = find_driver_class
 
 
 class _CappedSleeps:

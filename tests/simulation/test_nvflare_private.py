@@ -35,6 +35,7 @@ from simulation.nvflare_private import (
     QuietEdgeModelExecutor,
     client_app_config,
     install_nvflare_fixes,
+    load_drivers_on_demand,
     quick_engine_checks,
     quick_simulator_polls,
     recipe_job,
@@ -61,6 +62,7 @@ def test_the_private_names_we_touch_are_nvflares_real_ones():
     from nvflare.edge.controllers.sage import ScatterAndGatherForEdge
     from nvflare.edge.executors.ete import EdgeTaskExecutor
     from nvflare.edge.executors.hug import HierarchicalUpdateGatherer
+    from nvflare.fuel.f3 import communicator
     from nvflare.fuel.f3.drivers.tcp_driver import TcpDriver
     from nvflare.fuel.f3.mpm import MainProcessMonitor
     from nvflare.fuel.f3.streaming.byte_receiver import RxTask
@@ -86,6 +88,7 @@ def test_the_private_names_we_touch_are_nvflares_real_ones():
     assert NVFLARE_PRIVATE_MODULE_FUNCTIONS == {
         _real(simulator_runner, "get_open_ports"): ("number",),
         _real(simulator_deployer, "get_open_ports"): ("number",),
+        _real(communicator, "load_comm_drivers"): (),
     }
     hug = ("_pending_task", "_task_done", "_process_error", "_parent_name", "_num_children", "_updater")
     hug += ("_make_update_report", "_pending_clients_status")
@@ -269,6 +272,49 @@ def test_a_received_payload_renders_as_its_size_not_its_bytes():
     install_nvflare_fixes()
     payload = ConsumableBufferList([bytes(1 << 20), bytes(1 << 19)])
     assert repr(payload) == f"{payload!s}" == "<payload of 2 chunk(s), 1572864 bytes>"
+
+
+def test_a_simulator_cell_talks_over_the_tcp_driver_alone_and_another_scheme_loads_every_driver(monkeypatch, caplog):
+    """Fix 17, with real cells on a fresh driver manager: a listener and a connector, and a request answered over
+    them, register NVFlare's TCP driver and nothing else; a scheme it does not serve then loads every driver as
+    NVFlare does (the TCP driver once: NVFlare logs an error for a second registration)."""
+    from nvflare.fuel.f3 import communicator
+    from nvflare.fuel.f3.cellnet.cell import Cell
+    from nvflare.fuel.f3.drivers.aio_http_driver import AioHttpDriver
+    from nvflare.fuel.f3.drivers.driver_manager import DriverManager
+    from nvflare.fuel.f3.drivers.tcp_driver import TcpDriver
+    from nvflare.fuel.f3.message import Message
+
+    from common.ports import listen_ports
+
+    key = "nvflare.fuel.f3.communicator.load_comm_drivers"
+    monkeypatch.setattr(communicator, "driver_mgr", DriverManager())
+    monkeypatch.setattr(communicator, "load_comm_drivers", ORIGINALS.get(key, communicator.load_comm_drivers))
+    monkeypatch.delitem(ORIGINALS, key, raising=False)
+    monkeypatch.delitem(ORIGINALS, "every driver loaded", raising=False)
+    load_drivers_on_demand()
+    load_drivers_on_demand()  # idempotent
+    assert ORIGINALS[key].__module__ == "nvflare.fuel.f3.communicator"
+    url = f"tcp://127.0.0.1:{listen_ports(1)[0]}"
+    server = Cell(fqcn="server", root_url=url, secure=False, credentials={}, create_internal_listener=False)
+    leaf = Cell(fqcn="leaf", root_url=url, secure=False, credentials={}, create_internal_listener=False)
+    server.register_request_cb(channel="probe", topic="ping", cb=lambda request: Message(payload=b"pong"))
+    server.start()
+    leaf.start()
+    try:
+        reply = leaf.send_request(
+            channel="probe", topic="ping", target="server", request=Message(payload=b""), timeout=10
+        )
+        assert reply.payload == b"pong"
+    finally:
+        leaf.stop()
+        server.stop()
+    manager = communicator.driver_mgr
+    assert manager.drivers == {"tcp": TcpDriver, "stcp": TcpDriver}
+    with caplog.at_level("ERROR"):
+        assert manager.find_driver_class("http://127.0.0.1:1") is AioHttpDriver
+    assert manager.drivers["tcp"] is TcpDriver and len(manager.drivers) > 2
+    assert not [r for r in caplog.records if "already registered" in r.getMessage()]
 
 
 def test_the_event_driven_sync_waits_for_a_request_batches_within_its_window_and_keeps_a_heartbeat():
