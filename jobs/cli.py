@@ -218,10 +218,6 @@ def job_main(description: str, argv: list[str] | None, method: str | None = None
     """An entry point: parse, build (or, with ``--resume``, recover) the config, run. ``method`` None: the
     ``--method`` flag chooses, and the method's presets apply. ``hidden``: options without a flag (a benchmark's
     ``trainer``)."""
-    from jobs.resume import given_flags, resumed_config
-    from jobs.run.driver import run
-
-    startup_gc.resume()  # the driver's modules are loaded (a job script paused it: common.startup_gc)
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(description, method_choice=method is None)
     if method is None:  # a user's method (--method package.module:Name) brings its own settings' flags
@@ -246,8 +242,14 @@ def job_main(description: str, argv: list[str] | None, method: str | None = None
         # a capacity trace needs (task samples, model bytes) and a target epsilon's noise, which the saved one holds
         cfg = resolve_privacy(cfg.validate())
         if args.resume:
+            from jobs.resume import given_flags, resumed_config  # imports torch (the saved model's shapes)
+
             cfg = resumed_config(os.path.abspath(os.path.expanduser(args.resume)), cfg, given_flags(parser, argv))
             cfg = cfg.validate()
     except ConfigError as ex:
         parser.error(str(ex))
+    # torch and NVFlare's job API come with the driver: --help and a refused flag answer before importing them
+    from jobs.run.driver import run
+
+    startup_gc.resume()  # the driver's modules are loaded (a job script paused it: common.startup_gc)
     return run(cfg, verbose=args.verbose)

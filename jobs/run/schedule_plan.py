@@ -4,8 +4,6 @@ compositions from, and the reference a real run's ``events.jsonl`` must equal (`
 from __future__ import annotations
 
 from jobs.config import JobConfig
-from jobs.run.components import device_offsets, leaf_names
-from processors.local_work import device_work
 from scheduling.event_reference import make_schedule
 from scheduling.schedule import ExactSchedule
 from scheduling.selection import make_policy
@@ -15,6 +13,11 @@ def schedule_for(cfg: JobConfig) -> ExactSchedule:
     """The run's schedule alone, not started: what ``--dry-run`` runs, and the reference a real run's
     ``events.jsonl`` must equal (``scheduling.event_reference``). Its leaves are named as the run's will be:
     SimEnv's ``site-1, site-2, ..``, or with ``--env prod`` the deployment's (``C11, C12, ..``, from its kit)."""
+    # imported here, not with this module: both import torch, which jobs.cli (it imports this module) needs only
+    # once a flag's value is accepted; --help and a refused flag answer without it
+    from jobs.run.components import device_offsets, leaf_names
+    from processors.local_work import device_work
+
     f = cfg.federation
     leaves = dict.fromkeys(leaf_names(cfg), f.devices_per_leaf)
     return make_schedule(

@@ -305,3 +305,28 @@ def test_a_configuration_is_built_and_refused_without_importing_torch():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False, cwd=root, env=env
     )
     assert done.returncode == 0, f"torch imported with the config: {done.stdout}{done.stderr}"
+
+
+@pytest.mark.parametrize("flags, code", [(["--help"], 0), (["--local-lr", "-1"], 2), (["--method", "nope"], 2)])
+def test_the_job_script_answers_help_and_refuses_a_flag_before_importing_torch_or_the_driver(flags, code):
+    """The job script itself, in a fresh interpreter: ``--help`` and a refused flag exit (0 and 2) before torch and
+    the driver (NVFlare's job API, our components) load, so the answer comes without their seconds of imports."""
+    import subprocess
+    import sys
+
+    script = (
+        "import runpy, sys\n"
+        "sys.argv = ['jobs/pt_job_fedrevive.py', *sys.argv[1:]]\n"
+        "try:\n"
+        "    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+        "except SystemExit as ex:\n"
+        "    print('exit', ex.code, sorted(m for m in ('torch', 'jobs.run.driver') if m in sys.modules))\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    done = subprocess.run(
+        [sys.executable, "-c", script, *flags], capture_output=True, text=True, timeout=60, cwd=root, env=env
+    )
+    assert done.stdout.splitlines()[-1:] == [f"exit {code} []"], done.stdout[-2000:] + done.stderr[-2000:]
+    if code == 2:
+        assert "error: " in done.stderr and len(done.stderr.strip().splitlines()) <= 3  # argparse's usage + one line
