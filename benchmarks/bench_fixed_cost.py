@@ -32,6 +32,9 @@ still running holds END_RUN's handlers, not NVFlare's END_RUN itself):
 and "workflow done -> END_RUN", NVFlare's wait between the two (under load the last version's evaluation can end
 after either).
 
+"refused flag" is the same command with ``--local-lr -1`` added, from its start to its exit (2): how long a user
+waits for the one line that names the fix.
+
 ``--baseline-rev REV`` runs the same job first on an earlier commit (a temporary git worktree, its own code first
 on ``PYTHONPATH``), then on this one, ``--repeat N`` times each, alternating, and prints each figure's median and
 the ratios. Every run writes into a fresh folder under ``--work`` (default: a temporary one)."""
@@ -49,7 +52,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_protocol import worktree  # noqa: E402
-from benchmarks.harness import REPO, ROLES, run_job  # noqa: E402
+from benchmarks.harness import REPO, ROLES, job_command, run_job  # noqa: E402
 
 SCRIPT = "jobs/pt_job_fedavg.py"
 FLAGS = "--max-model-version 3 --devices-per-leaf 10 --device-selection-size 10 --subset-size 50 --seed 7"
@@ -68,7 +71,9 @@ FIGURES = (
     "last version to exit",
     "whole process",
     "CPU to first version",
+    "refused flag",
 )
+REFUSED = ["--local-lr", "-1"]  # a value the job refuses before any process starts (exit 2)
 END_PHASES = (
     ("workflow done", ("ScatterAndGatherForEdge", "is done: assessment", "first")),
     ("END_RUN", ("ServerRunner", "END_RUN fired", "first")),
@@ -99,9 +104,24 @@ def find(lines: list[tuple[float, str, str]], logger: str, text: str, which: str
     return stamps[0] if which == "first" else stamps[-1]
 
 
+def refusal_seconds(script: str, flags: list[str], out: str, repo: str) -> float:
+    """Seconds from starting the job from ``repo`` with ``REFUSED`` added to its exit (2, with one line naming the
+    fix): what a user waits for that line."""
+    import subprocess
+    import time
+
+    argv, env = job_command(script, [*flags, *REFUSED], out, repo)
+    started = time.time()
+    done = subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    seconds = time.time() - started
+    if done.returncode != 2:
+        sys.exit(f"{' '.join(REFUSED)} was not refused (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr}")
+    return seconds
+
+
 def measure(script: str, flags: list[str], out: str, repo: str) -> dict:
     """One run of the job from ``repo``: the fixed-cost figures, the CPU seconds to the first version and the
-    phases, in seconds."""
+    phases, in seconds; then the same command with a refused flag (``refusal_seconds``)."""
     result = run_job(script, flags, out, sample_s=0.05, repo=repo)
     started, ended, versions = result.started, result.ended, result.versions
     first, last = versions[0]["epoch"], versions[-1]["epoch"]
@@ -126,6 +146,7 @@ def measure(script: str, flags: list[str], out: str, repo: str) -> dict:
         "last version to exit": ended - last,
         "whole process": ended - started,
         "CPU to first version": sum(cpu.values()) if cpu else None,
+        "refused flag": refusal_seconds(script, flags, out + "-refused", repo),
         "cpu": {f"CPU {role}": cpu.get(role) for role in ROLES},
         "phases": phases,
     }

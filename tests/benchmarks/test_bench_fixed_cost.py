@@ -41,3 +41,19 @@ def test_the_benchmarks_start_a_job_from_another_checkout_the_same_way(monkeypat
     from benchmarks import same_bits
 
     assert same_bits.job_command is harness.job_command
+
+
+def test_the_refused_flag_is_timed_to_the_jobs_exit_and_a_flag_that_was_not_refused_fails_the_bench(
+    tmp_path, monkeypatch
+):
+    """``refusal_seconds`` runs the real job script with ``REFUSED`` added: it exits 2 and writes nothing; a flag
+    the job takes instead (here ``--help``, exit 0) stops the bench naming the exit."""
+    import pytest
+
+    from tests.conftest import REPO
+
+    seconds = bench_fixed_cost.refusal_seconds("jobs/pt_job_fedavg.py", [], str(tmp_path / "out"), REPO)
+    assert 0 < seconds < 60 and not (tmp_path / "out").exists()
+    monkeypatch.setattr(bench_fixed_cost, "REFUSED", ["--help"])
+    with pytest.raises(SystemExit, match="--help was not refused .exit 0."):
+        bench_fixed_cost.refusal_seconds("jobs/pt_job_fedavg.py", [], str(tmp_path / "out"), REPO)
