@@ -274,16 +274,19 @@ def test_a_received_payload_renders_as_its_size_not_its_bytes():
     assert repr(payload) == f"{payload!s}" == "<payload of 2 chunk(s), 1572864 bytes>"
 
 
-def test_a_simulator_cell_talks_over_the_tcp_driver_alone_and_another_scheme_loads_every_driver(monkeypatch, caplog):
-    """Fix 17, with real cells on a fresh driver manager: a listener and a connector, and a request answered over
-    them, register NVFlare's TCP driver and nothing else; a scheme it does not serve then loads every driver as
-    NVFlare does (the TCP driver once: NVFlare logs an error for a second registration)."""
+def test_a_simulator_connection_uses_the_tcp_driver_alone_and_another_scheme_loads_every_driver(monkeypatch, caplog):
+    """Fix 17, on a fresh driver manager: a real listener and a connector to it (NVFlare's ``Communicator``, the
+    two calls that load drivers), connected, register NVFlare's TCP driver and nothing else; a scheme it does not
+    serve then loads every driver as NVFlare does (the TCP driver once: NVFlare logs an error for a second
+    registration)."""
     from nvflare.fuel.f3 import communicator
-    from nvflare.fuel.f3.cellnet.cell import Cell
+    from nvflare.fuel.f3.communicator import Communicator
     from nvflare.fuel.f3.drivers.aio_http_driver import AioHttpDriver
     from nvflare.fuel.f3.drivers.driver_manager import DriverManager
+    from nvflare.fuel.f3.drivers.driver_params import DriverParams
     from nvflare.fuel.f3.drivers.tcp_driver import TcpDriver
-    from nvflare.fuel.f3.message import Message
+    from nvflare.fuel.f3.endpoint import Endpoint
+    from nvflare.fuel.f3.sfm.conn_manager import Mode
 
     from common.ports import listen_ports
 
@@ -295,20 +298,21 @@ def test_a_simulator_cell_talks_over_the_tcp_driver_alone_and_another_scheme_loa
     load_drivers_on_demand()
     load_drivers_on_demand()  # idempotent
     assert ORIGINALS[key].__module__ == "nvflare.fuel.f3.communicator"
-    url = f"tcp://127.0.0.1:{listen_ports(1)[0]}"
-    server = Cell(fqcn="server", root_url=url, secure=False, credentials={}, create_internal_listener=False)
-    leaf = Cell(fqcn="leaf", root_url=url, secure=False, credentials={}, create_internal_listener=False)
-    server.register_request_cb(channel="probe", topic="ping", cb=lambda request: Message(payload=b"pong"))
-    server.start()
-    leaf.start()
+    names = [f"fix17-{role}-{time.time_ns()}" for role in ("server", "leaf")]
+    passive, active = Communicator(Endpoint(names[0])), Communicator(Endpoint(names[1]))
+    resources = {DriverParams.HOST.value: "127.0.0.1", DriverParams.PORTS.value: str(listen_ports(1)[0])}
+    _, url, _ = passive.start_listener("tcp", resources)
+    active.add_connector(url, Mode.ACTIVE)
+    passive.start()
+    active.start()
     try:
-        reply = leaf.send_request(
-            channel="probe", topic="ping", target="server", request=Message(payload=b""), timeout=10
-        )
-        assert reply.payload == b"pong"
+        deadline = time.time() + 10
+        while passive.find_endpoint(names[1]) is None and time.time() < deadline:
+            time.sleep(0.02)
+        assert passive.find_endpoint(names[1]) is not None, "the connector never reached the listener"
     finally:
-        leaf.stop()
-        server.stop()
+        active.stop()
+        passive.stop()
     manager = communicator.driver_mgr
     assert manager.drivers == {"tcp": TcpDriver, "stcp": TcpDriver}
     with caplog.at_level("ERROR"):
