@@ -136,8 +136,8 @@ our server and leaf components call it.
 17. **Only the transport driver a simulator run uses.** The first connector or listener a process makes
    (``Communicator.add_connector``, ``start_listener``) calls ``load_comm_drivers``, which imports every module of
    NVFlare's ``drivers`` package to find the drivers in them: the gRPC drivers (gRPC, protobuf) and the aiohttp
-   ones, about a second of CPU per process on 2 cores (``docs/performance-history.md``), in the simulator's
-   server process and in each leaf's worker, all on a run's start. The simulator's URLs are all ``tcp://``.
+   ones, in the simulator's server process and in each leaf's worker, all on a run's start (what it cost:
+   ``docs/performance-history.md``, "Start-up, 2026-12-01, later"). The simulator's URLs are all ``tcp://``.
    ``load_drivers_on_demand`` makes ``load_comm_drivers`` register NVFlare's ``TcpDriver`` alone, and gives the
    process's ``driver_mgr`` a ``find_driver_class`` that, for a scheme no registered driver serves, first loads
    every driver as NVFlare does (its ``load_comm_drivers``, after removing the TCP driver it registered so that
