@@ -1,11 +1,23 @@
 """Bad configurations are refused before any NVFlare process starts, with a message that names the fix."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 
 from jobs.pt_job_fedavg import main
 from jobs.run import driver
+
+
+def fresh_python(code: str, *args: str) -> subprocess.CompletedProcess:
+    """``python -c code args`` in a fresh interpreter at the checkout's root, the checkout first on ``PYTHONPATH``
+    (this process has torch loaded already)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60, check=False, cwd=root, env=env
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -279,8 +291,6 @@ def test_the_command_line_refuses_a_missing_trace_before_start(missing, capsys):
 def test_a_configuration_is_built_and_refused_without_importing_torch():
     """``jobs.config`` (and every part's class) imports no torch: a refused value exits before torch loads, and
     the driver loads it only when a run is about to start. In a fresh interpreter: this one has torch already."""
-    import subprocess
-    import sys
 
     code = (
         "import sys\n"
@@ -299,11 +309,7 @@ def test_a_configuration_is_built_and_refused_without_importing_torch():
         "print(loaded[:3])\n"
         "raise SystemExit(1 if loaded else 0)\n"
     )
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False, cwd=root, env=env
-    )
+    done = fresh_python(code)
     assert done.returncode == 0, f"torch imported with the config: {done.stdout}{done.stderr}"
 
 
@@ -311,8 +317,6 @@ def test_a_configuration_is_built_and_refused_without_importing_torch():
 def test_the_job_script_answers_help_and_refuses_a_flag_before_importing_torch_or_the_driver(flags, code):
     """The job script itself, in a fresh interpreter: ``--help`` and a refused flag exit (0 and 2) before torch and
     the driver (NVFlare's job API, our components) load, so the answer comes without their seconds of imports."""
-    import subprocess
-    import sys
 
     script = (
         "import runpy, sys\n"
@@ -322,11 +326,7 @@ def test_the_job_script_answers_help_and_refuses_a_flag_before_importing_torch_o
         "except SystemExit as ex:\n"
         "    print('exit', ex.code, sorted(m for m in ('torch', 'jobs.run.driver') if m in sys.modules))\n"
     )
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-    done = subprocess.run(
-        [sys.executable, "-c", script, *flags], capture_output=True, text=True, timeout=60, cwd=root, env=env
-    )
+    done = fresh_python(script, *flags)
     assert done.stdout.splitlines()[-1:] == [f"exit {code} []"], done.stdout[-2000:] + done.stderr[-2000:]
     if code == 2:
         assert "error: " in done.stderr and len(done.stderr.strip().splitlines()) <= 3  # argparse's usage + one line
