@@ -271,6 +271,8 @@ class GlobalModel(FLComponent):
         announced. Raises ``ValueError`` for a number that is not the next one (the two would be out of step)."""
         if version != self._current + 1:
             raise ValueError(f"the schedule made version {version}, but the global model holds {self._current}")
+        if self._privacy is not None:  # BudgetSpent: the version is not made, nothing of it released
+            self._privacy.check_budget(version)
         started = time.perf_counter()
         if self._privacy is not None and self._privacy.cfg.central:
             noise = self._privacy.noise(version, self.current_weights, self.statistics)

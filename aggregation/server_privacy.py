@@ -1,29 +1,29 @@
-"""The server's part of differential privacy: noise on every aggregate, the clip norm of every version, and the
-counts the accountant needs (``docs/privacy.md``).
+"""The server's part of differential privacy: noise on every aggregate, the clip norm of every version, the counts
+the accountant needs, and the budget (``docs/privacy.md``).
 
 ``aggregation.global_model.GlobalModel`` drives it, for every method: the clip norm of each version travels with
 its weights (``common.privacy.CLIP_NORM``); each applied update passes ``take`` (its unclipped bit is split off,
 and an update longer than its version's clip norm, from a device that did not clip, is clipped here too) and
-``member``; before the strategy makes a version, ``noise`` is handed to the strategy's ``add_noise`` (central DP);
-after it, ``close`` counts the composition and, with adaptive clipping, moves the clip norm.
+``member``; before the strategy makes a version, ``check_budget`` refuses a version that would spend more than
+``--dp-target-epsilon`` and ``noise`` is handed to the strategy's ``add_noise`` (central DP); after it, ``close``
+counts the composition and, with adaptive clipping, moves the clip norm.
 
 Central DP (``--dp central``): the aggregate of a version is the sum of its B clipped updates (a synchronous run:
-its round's); its sensitivity is the largest clip norm among them (a stale update was clipped to its own
-version's norm), and the noise's standard deviation is the update noise multiplier times that norm, drawn from a
-generator seeded by the run's seed and the version it makes (``common.seeds.stable_seed``): a seeded run repeats
-its noise bit for bit and a resumed one continues it. Each device contributes to a version at most once (the
-schedule holds a device until the version its update went into is made: ``scheduling.schedule``). Compositions:
-with ``poisson`` sampling every version made, at probability B / devices in the pool; with ``participation`` the
-most versions any one device contributed to, unsampled.
+its round's); a stale update was clipped to its own version's norm, so the aggregate's bound is the largest clip
+norm among them, and the noise's standard deviation is the update noise multiplier times that bound, from
+``common.dp_noise`` (secure, or seeded by the run's noise key and the version). Each device contributes to a
+version at most once (``scheduling.schedule``). The accountant composes, without amplification, as many Gaussians
+as the versions the busiest device went into, of multiplier sigma over the relation's sensitivity (2 C for
+replace-one, C for zero-out).
 
 Adaptive clipping (Andrew et al. 2021): the count of unclipped updates of an aggregate gets Gaussian noise of
-standard deviation ``--dp-count-noise`` x B (seeded likewise), and the next version's clip norm is ``C exp(-lr
+standard deviation ``--dp-count-noise`` x B (same source), and the next version's clip norm is ``C exp(-lr
 (noised fraction unclipped - target quantile))``; the updates' noise multiplier is raised so that the pair costs
-one Gaussian of the accounted multiplier (``common.privacy_accounting.update_noise_multiplier``).
+one Gaussian of the accounted multiplier (``common.privacy_accounting.update_noise_multiplier``). Only the noised
+fraction is published; the exact count never leaves this object.
 
 Local DP (``--dp local``): devices noise their own updates; the server adds nothing, and counts the updates each
-device sent (each a Gaussian of multiplier sigma / 2 over the sensitivity 2 C of one device's clipped update):
-the compositions are the most any one device sent, unsampled.
+device sent: the compositions are the most any one device sent.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ import math
 import numpy as np
 
 from aggregation.strategy import Weights
-from common.privacy import MECHANISM, UNCLIPPED, PrivacyConfig
-from common.privacy_accounting import update_noise_multiplier
-from common.seeds import stable_seed
+from common.dp_noise import GaussianNoise
+from common.privacy import MECHANISM, UNCLIPPED, BudgetSpent, PrivacyConfig
+from common.privacy_accounting import Epsilons, update_noise_multiplier
 
 OVER_CLIP = 1 + 1e-5  # an update longer than its clip norm by more than float32 rounding was not clipped
 
@@ -43,8 +43,8 @@ OVER_CLIP = 1 + 1e-5  # an update longer than its clip norm by more than float32
 class ServerPrivacy:
     """Args:
     settings: ``common.privacy.PrivacyConfig.to_dict()``, its noise multiplier resolved.
-    seed: the run's seed.
-    pool_size: devices in the pool (Poisson sampling's ``q = B / pool_size``).
+    seed: the run's seed (not a source of noise: ``common.dp_noise``).
+    pool_size: devices in the pool.
     updates_per_version: B, the updates in an aggregate (a synchronous run: its selection).
     """
 
@@ -55,13 +55,14 @@ class ServerPrivacy:
         self.seed = seed
         self.pool_size = pool_size
         self.updates_per_version = updates_per_version
+        self.source = GaussianNoise(self.cfg.dp_noise, self.cfg.dp_noise_key)
+        self.epsilons = Epsilons(self.cfg.dp_accountant, self.cfg.accounted_multiplier(), 1.0, self.cfg.dp_delta)
         adaptive = self.cfg.dp_adaptive_clipping
         self.count_stddev = self.cfg.dp_count_noise * updates_per_version if adaptive else 0.0
         z = self.cfg.dp_noise_multiplier
         self.update_multiplier = update_noise_multiplier(z, self.count_stddev) if adaptive else z
         self.clip_norms: dict[int, float] = {}  # version -> the clip norm its devices clip to
         self.counts: dict[str, int] = {}  # device -> versions it went into (central) or updates it sent (local)
-        self.poisson_compositions = 0  # versions made (central, poisson)
         self.server_clipped = 0  # updates the server had to clip (a device that did not)
         self._open = self._fresh()
         self._last: dict = {}  # the figures of the aggregate that made the current version
@@ -105,16 +106,35 @@ class ServerPrivacy:
         scale = np.float32(min(1.0, bound / norm)) if norm > 0 else np.float32(1)
         return {k: np.zeros_like(v) if k in statistics else v * scale for k, v in diff.items()}
 
+    def busiest_after(self) -> int:
+        """The busiest device's compositions once the open aggregate is made into a version."""
+        if self.cfg.local:
+            return max(self.counts.values(), default=0)
+        members = set(self._open["members"])
+        busiest = max((self.counts.get(d, 0) + 1 for d in members), default=0)
+        return max(busiest, max(self.counts.values(), default=0))
+
+    def check_budget(self, version: int) -> None:
+        """``BudgetSpent`` when making ``version`` from the open aggregate would spend more than
+        ``--dp-target-epsilon`` (nothing is released: the run stops with the versions made so far)."""
+        target = self.cfg.dp_target_epsilon
+        if target is None:
+            return
+        spent = self.epsilons(self.busiest_after())
+        if spent > target * (1 + 1e-9):
+            raise BudgetSpent(
+                f"version {version} would spend epsilon {spent:.4g} at delta {self.cfg.dp_delta:g}, above "
+                f"--dp-target-epsilon {target:g} (its busiest device's {self.busiest_after()}th version): not made; "
+                "the run stops with the versions made so far"
+            )
+
     def noise(self, version: int, like: Weights, statistics: frozenset) -> Weights:
         """The Gaussian noise of the aggregate that makes ``version``: one float32 array per parameter of
         ``like`` (not its statistics), standard deviation update noise multiplier x the aggregate's bound."""
-        rng = np.random.default_rng(stable_seed("dp-noise", self.seed, version))
-        stddev = np.float32(self.update_multiplier * self._open["bound"])
-        return {
-            k: rng.standard_normal(np.shape(v), dtype=np.float32) * stddev
-            for k, v in like.items()
-            if k not in statistics
-        }
+        names = [k for k in like if k not in statistics]
+        stddev = self.update_multiplier * self._open["bound"]
+        drawn = self.source.arrays([np.shape(like[k]) for k in names], stddev, "server", version)
+        return dict(zip(names, drawn, strict=True))
 
     def close(self, version: int) -> None:
         """``version`` was made from the open aggregate: count it, and set its clip norm (adaptive: moved)."""
@@ -124,14 +144,12 @@ class ServerPrivacy:
             self.clip_norms[version] = previous
             self._last = {}
             return
-        self.poisson_compositions += 1
         for device in set(agg["members"]):
             self.counts[device] = self.counts.get(device, 0) + 1
         updates = max(agg["updates"], 1)
-        self._last = {"clipped_fraction": round(1 - agg["unclipped"] / updates, 6)}
+        self._last = {}
         if self.cfg.dp_adaptive_clipping:
-            rng = np.random.default_rng(stable_seed("dp-count-noise", self.seed, version))
-            noised = (agg["unclipped"] + rng.normal(0.0, self.count_stddev)) / updates
+            noised = (agg["unclipped"] + self.source.scalar(self.count_stddev, "count", version)) / updates
             step = -self.cfg.dp_clip_learning_rate * (noised - self.cfg.dp_target_quantile)
             self.clip_norms[version] = previous * math.exp(step)
             self._last["noised_unclipped_fraction"] = round(noised, 6)
@@ -140,50 +158,42 @@ class ServerPrivacy:
 
     @property
     def compositions(self) -> int:
-        """What the accountant composes (see the module docstring)."""
-        if self.cfg.central and self.cfg.dp_sampling == "poisson":
-            return self.poisson_compositions
+        """What the accountant composes: the most versions one device went into (central) or updates it sent
+        (local), unamplified."""
         return max(self.counts.values(), default=0)
 
     def inputs(self, version: int) -> dict:
         """The accountant's inputs after ``version`` (``epsilon`` is the evaluator's, from these), and what the
-        run shows beside them: the clip norm ``version``'s devices clip to, the fraction of the aggregate that made
-        it that was clipped."""
+        run shows beside them: the relation and its sensitivity, the noise's source, the busiest device's count,
+        the clip norm ``version``'s devices clip to and, with adaptive clipping, the noised fraction unclipped.
+        Nothing un-noised: the exact count of clipped updates and of updates the server clipped stay here."""
         c = self.cfg
-        central = c.central
         out = {
             "dp": c.dp,
             "mechanism": MECHANISM,
             "accountant": c.dp_accountant,
-            # the accountant's multiplier: central, the whole query's; local, a device's noise over its update's
-            # sensitivity (2 C: any clipped update against any other)
-            "noise_multiplier": c.dp_noise_multiplier if central else c.dp_noise_multiplier / 2,
-            "sampling_probability": self.sampling_probability,
+            # the noise's standard deviation over the sensitivity of one device's update (the relation's)
+            "noise_multiplier": c.accounted_multiplier(),
+            "sampling_probability": 1.0,
             "compositions": self.compositions,
+            "busiest_device_participations": self.compositions,
             "delta": c.dp_delta,
+            "neighbouring": c.dp_neighbouring,
+            "sensitivity_clip_norms": c.sensitivity,
+            "noise": c.dp_noise,
             "clip_norm": round(self.clip_norms[version], 9),
         }
-        if central:
-            out["sampling"] = c.dp_sampling
+        if c.central:
             out |= self._last
             if c.dp_adaptive_clipping:
                 out["update_noise_multiplier"] = round(self.update_multiplier, 9)
                 out["count_noise_stddev"] = self.count_stddev
-            if self.server_clipped:
-                out["server_clipped"] = self.server_clipped
         return out
-
-    @property
-    def sampling_probability(self) -> float:
-        if self.cfg.central and self.cfg.dp_sampling == "poisson":
-            return min(1.0, self.updates_per_version / self.pool_size)
-        return 1.0
 
     def state_dict(self) -> dict:
         return {
             "clip_norms": dict(self.clip_norms),
             "counts": dict(self.counts),
-            "poisson_compositions": self.poisson_compositions,
             "server_clipped": self.server_clipped,
             "open": {k: list(v) if k == "members" else v for k, v in self._open.items()},
             "last": dict(self._last),
@@ -192,7 +202,6 @@ class ServerPrivacy:
     def load_state_dict(self, state: dict) -> None:
         self.clip_norms = {int(v): c for v, c in state["clip_norms"].items()}
         self.counts = dict(state["counts"])
-        self.poisson_compositions = state["poisson_compositions"]
         self.server_clipped = state["server_clipped"]
         self._open = dict(state["open"], members=list(state["open"]["members"]))
         self._last = dict(state["last"])

@@ -145,12 +145,21 @@ class ServerStrategy(ABC):
         raise NotImplementedError(f"{type(self).__name__} does not take central differential privacy's noise")
 
 
+AGGREGATE_METHODS = ("add_update", "make_version", "device_extras", "buffer", "weight_of")
+"""What a version (and what devices are sent with it) is made of: under central DP each must be defined where
+``add_noise`` is, or above it (``BufferedMean``'s ``buffer`` and ``weight_of`` shape its sum; ``device_extras``
+goes to every device beside the version)."""
+
+
 def offers_central_dp(cls: type) -> bool:
-    """Whether strategy class ``cls`` takes central DP's noise into the aggregate its versions are made of: it
-    defines ``add_noise`` where it defines ``add_update`` and ``make_version``, or below (see the module docstring)."""
+    """Whether strategy class ``cls`` takes central DP's noise into everything its versions and their extras are
+    made of: it defines ``add_noise`` where it defines each of ``AGGREGATE_METHODS`` it has, or below (see the
+    module docstring). A subclass that changes any of them without its own ``add_noise`` is refused: its weights or
+    extras could bypass the noised sum."""
 
     def owner(name: str) -> type:
         return next(k for k in cls.__mro__ if name in vars(k))
 
     noise = owner("add_noise")
-    return noise is not ServerStrategy and all(issubclass(noise, owner(n)) for n in ("add_update", "make_version"))
+    present = [n for n in AGGREGATE_METHODS if hasattr(cls, n)]
+    return noise is not ServerStrategy and all(issubclass(noise, owner(n)) for n in present)

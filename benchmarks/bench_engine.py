@@ -69,6 +69,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from common.dp_noise import GaussianNoise  # noqa: E402
 from processors.data.sources import Dataset, make_synthetic, normalize  # noqa: E402
 from processors.data.text import VOCAB_SIZE, WINDOW, make_synthetic_text  # noqa: E402
 from processors.device import full_float32, resolve_device  # noqa: E402
@@ -76,6 +77,8 @@ from processors.models import build_model  # noqa: E402
 from processors.models.stat_tracker import trackers  # noqa: E402
 from processors.precision import use_precision  # noqa: E402
 from processors.privatize import clip_group, local_noise  # noqa: E402
+
+SECURE_NOISE = GaussianNoise("secure")  # the default source of a DP run
 from processors.training import TrainingConfig, batch_schedule, train_local, worker_model  # noqa: E402
 from processors.training_vectorized import train_group  # noqa: E402
 
@@ -295,7 +298,7 @@ def dp_cost(global_params, data, cfg, device, repeats: int) -> dict[str, float]:
     def clipped(params, d, c, dev, noised=False):
         gens = [torch.Generator().manual_seed(i) for i in range(len(d))]
         diffs = train_group(MODEL, params, d, c, gens, dev, prepare=PREPARE, clip_norms=[1.0] * len(d))
-        return [local_noise(x, names, 1.0, 0, f"d{i}", 2) for i, x in enumerate(diffs)] if noised else diffs
+        return [local_noise(x, names, 1.0, SECURE_NOISE, f"d{i}", 2) for i, x in enumerate(diffs)] if noised else diffs
 
     runs = {"central": clipped, "local": functools.partial(clipped, noised=True), "plain": run_vectorized}
     order = list(runs)
@@ -310,7 +313,9 @@ def dp_cost(global_params, data, cfg, device, repeats: int) -> dict[str, float]:
     norms = [1.0] * len(diffs)
     clip_ops = min(timed(lambda dev: clip_group(stacked, names, norms), device)[0] for _ in range(5))
     noise_ops = min(
-        timed(lambda dev: [local_noise(x, names, 1.0, 0, f"d{i}", 2) for i, x in enumerate(diffs)], device)[0]
+        timed(lambda dev: [local_noise(x, names, 1.0, SECURE_NOISE, f"d{i}", 2) for i, x in enumerate(diffs)], device)[
+            0
+        ]
         for _ in range(5)
     )
 

@@ -22,7 +22,10 @@ from common.choices import ConfigError, check_choice
 
 PrivacyMode = Literal["off", "central", "local"]
 Accountant = Literal["rdp", "pld"]
-Sampling = Literal["poisson", "participation"]
+Sampling = Literal["participation", "poisson"]
+NoiseSource = Literal["secure", "seeded"]
+Neighbouring = Literal["replace-one", "zero-out"]
+SENSITIVITY = {"replace-one": 2.0, "zero-out": 1.0}  # a device's change to an aggregate, in clip norms
 
 # down, with each version (``DEVICE_EXTRA_PREFIX`` + this): the L2 norm its devices clip their update to
 CLIP_NORM = "dp_clip_norm"
@@ -30,6 +33,11 @@ CLIP_NORM = "dp_clip_norm"
 # server sums them for the fraction clipped and, with adaptive clipping, adds noise to the sum (Andrew et al.)
 UNCLIPPED = "dp_unclipped"
 MECHANISM = "gaussian"
+
+
+class BudgetSpent(RuntimeError):
+    """The next version would spend more than ``--dp-target-epsilon``: it is not made, and the run stops
+    (``aggregation.server_privacy.ServerPrivacy.check_budget``; the applier ends the run with this reason)."""
 
 
 @dataclass(frozen=True)
@@ -48,10 +56,17 @@ class PrivacyConfig:
     dp_delta: the delta of the (epsilon, delta) guarantee; at most 1 / (devices in the pool) is customary.
     dp_accountant: ``rdp`` (Renyi DP, milliseconds per version) or ``pld`` (privacy loss distributions, tighter,
         about a second per recorded version), both Google's ``dp-accounting``.
-    dp_sampling: how central DP counts a device's participation: ``poisson``, amplification by sampling with
-        probability B / devices per version, every version a composition (the usual approximation of a cohort,
-        as pfl-research and TFF); ``participation``, no amplification, as many compositions as the versions the
-        device contributed to most (exact for a seeded, public schedule).
+    dp_noise: where the noise comes from: ``secure``, the OS's entropy through a cryptographically secure
+        generator, never recorded (runs differ, a resumed run goes on with fresh entropy); ``seeded``, from the
+        run's configuration and seed, so a run repeats bit for bit: simulation only, it protects nothing from
+        anyone who knows the command (``common.dp_noise``; refused with real devices and --env poc/prod).
+    dp_neighbouring: the neighbouring relation of the guarantee: ``replace-one``, one device's data replaced by
+        any other (its clipped update moves by up to 2 C: the aggregate's size is fixed, a device's slot never
+        empties); ``zero-out``, one device's update replaced by zeros (sensitivity C; Kairouz et al. 2021).
+    dp_sampling: how the accountant counts a device's participation: ``participation``, no amplification, as
+        many Gaussian compositions as the versions the busiest device went into (exact: counted from the
+        schedule that ran, planned by the dry-run planner); ``poisson``, amplification by sampling, refused: no
+        selection here samples devices independently from secret randomness.
     dp_adaptive_clipping: adapt the clip norm towards the ``--dp-target-quantile`` of the updates' norms from a
         noised count of unclipped updates (Andrew et al. 2021, central DP only).
     dp_target_quantile: the fraction of updates adaptive clipping leaves unclipped.
@@ -60,6 +75,10 @@ class PrivacyConfig:
     dp_count_noise: the standard deviation of the noise on the count of unclipped updates, as a fraction of the
         updates in an aggregate (Andrew et al.'s m / 20: 0.05); adaptive clipping needs it above noise multiplier
         / (2 B).
+    dp_noise_key: derived, no flag: the digest of the run's configuration that seeded noise is drawn from
+        (``jobs.run.privacy_plan.noise_key``; None with secure noise).
+    dp_planned_compositions: derived, no flag: with a target epsilon, the busiest device's participations in the
+        planned run (the dry-run planner's trace) that the noise was computed for.
     """
 
     dp: PrivacyMode = "off"
@@ -68,16 +87,22 @@ class PrivacyConfig:
     dp_target_epsilon: float | None = None
     dp_delta: float = 1e-5
     dp_accountant: Accountant = "rdp"
-    dp_sampling: Sampling = "poisson"
+    dp_noise: NoiseSource = "secure"
+    dp_neighbouring: Neighbouring = "replace-one"
+    dp_sampling: Sampling = "participation"
     dp_adaptive_clipping: bool = False
     dp_target_quantile: float = 0.5
     dp_clip_learning_rate: float = 0.2
     dp_count_noise: float = 0.05
+    dp_noise_key: str | None = None
+    dp_planned_compositions: int | None = None
 
     def __post_init__(self) -> None:
         check_choice("--dp", self.dp, PrivacyMode)
         check_choice("--dp-accountant", self.dp_accountant, Accountant)
         check_choice("--dp-sampling", self.dp_sampling, Sampling)
+        check_choice("--dp-noise", self.dp_noise, NoiseSource)
+        check_choice("--dp-neighbouring", self.dp_neighbouring, Neighbouring)
         if self.dp == "off":
             given = [
                 flag
@@ -104,6 +129,13 @@ class PrivacyConfig:
             raise ConfigError(f"--dp-noise-multiplier {self.dp_noise_multiplier}: must be > 0 (no noise, no privacy)")
         if self.dp_target_epsilon is not None and not self.dp_target_epsilon > 0:
             raise ConfigError(f"--dp-target-epsilon {self.dp_target_epsilon}: must be > 0")
+        if self.dp_sampling == "poisson":
+            raise ConfigError(
+                "--dp-sampling poisson claims amplification by sampling, but no selection here samples devices "
+                "independently from secret randomness (it follows the run's public seed and schedule, and FedBuff "
+                "picks among idle devices, so fast devices join more versions): leave it out (participation, the "
+                "busiest device's versions, unamplified)"
+            )
         if self.dp_adaptive_clipping and self.dp == "local":
             raise ConfigError(
                 "--dp-adaptive-clipping adapts the clip norm from a count of unclipped updates the server noises; "
@@ -128,14 +160,28 @@ class PrivacyConfig:
     def local(self) -> bool:
         return self.dp == "local"
 
+    @property
+    def sensitivity(self) -> float:
+        """One device's largest change to an aggregate, in clip norms (``SENSITIVITY``, by the relation)."""
+        return SENSITIVITY[self.dp_neighbouring]
+
+    def accounted_multiplier(self, noise_multiplier: float | None = None) -> float:
+        """The accountant's noise multiplier: the noise's standard deviation over the sensitivity, i.e. sigma
+        (over C) divided by ``sensitivity`` (``noise_multiplier``: sigma, default this run's)."""
+        z = self.dp_noise_multiplier if noise_multiplier is None else noise_multiplier
+        return z / self.sensitivity
+
     def device_settings(self) -> dict | None:
-        """What a device needs (``processors.privatize``): the mode and, with local DP, its noise multiplier;
-        ``None`` without DP (the task processor's config keeps its bytes). The clip norm comes with each version."""
+        """What a device needs (``processors.privatize``): the mode and, with local DP, its noise multiplier and
+        source (seeded: with its key); ``None`` without DP (the task processor's config keeps its bytes). The clip
+        norm comes with each version."""
         if not self.on:
             return None
         out = {"dp": self.dp}
         if self.local:
-            out["noise_multiplier"] = self.dp_noise_multiplier
+            out |= {"noise_multiplier": self.dp_noise_multiplier, "noise": self.dp_noise}
+            if self.dp_noise == "seeded":
+                out["noise_key"] = self.dp_noise_key
         return out
 
     def to_dict(self) -> dict:

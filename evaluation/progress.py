@@ -90,13 +90,13 @@ def progress_line(record: dict, stretch: dict | None = None, max_model_version: 
 
 
 def privacy_words(privacy: dict) -> str:
-    """The privacy spent so far, the share of the version's updates that were clipped, and an adaptive clip norm."""
+    """The privacy spent so far, and with adaptive clipping the clip norm and the noised share of the version's
+    updates that were clipped (the exact share is never shown: it is not noised)."""
     eps = privacy.get("epsilon")
     words = f" | epsilon {eps:.3f} at delta {privacy['delta']:g}" if eps is not None else " | epsilon inf"
-    if privacy.get("clipped_fraction") is not None:
-        words += f" | {100 * privacy['clipped_fraction']:.0f}% clipped"
-    if privacy.get("noised_unclipped_fraction") is not None:  # adaptive clipping: the norm moves
-        words += f" | clip norm {privacy['clip_norm']:.4g}"
+    unclipped = privacy.get("noised_unclipped_fraction")
+    if unclipped is not None:  # adaptive clipping: the norm moves
+        words += f" | ~{100 * (1 - unclipped):.0f}% clipped (noised) | clip norm {privacy['clip_norm']:.4g}"
     return words
 
 

@@ -58,7 +58,7 @@ class TensorBoardWriter(FLComponent):
             if value is not None:
                 self._writer.add_scalar(f"system/{tag}", float(value), version)
         privacy = record.get("privacy") or {}  # differential privacy: epsilon spent, clipping
-        for tag in ("epsilon", "clip_norm", "clipped_fraction"):
+        for tag in ("epsilon", "clip_norm", "noised_unclipped_fraction"):
             if privacy.get(tag) is not None:
                 self._writer.add_scalar(f"privacy/{tag}", float(privacy[tag]), version)
         stretch = fl_ctx.get_prop(SYSTEM_SAMPLES)

@@ -83,7 +83,10 @@ FLAGS: dict[str, dict[str, Flag]] = {
         "tracking_uri": Flag(metavar="URI"),
         "tracking_parent": Flag(metavar="RUN_ID"),
     },
-    "privacy": {},
+    "privacy": {  # derived when the run is planned (jobs.run.privacy_plan)
+        "dp_noise_key": Flag(hidden=True),
+        "dp_planned_compositions": Flag(hidden=True),
+    },
 }
 """Per part, the fields whose flag is not plainly ``--<field>`` with the field's default (``Flag``)."""
 

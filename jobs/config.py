@@ -300,6 +300,38 @@ class JobConfig:
         return cls(method=d["method"], **parts, method_settings=method.settings_from_record(settings or {}))
 
 
+# the fields a resumed run may change (``jobs.resume``): how it runs, how long, where it writes; nothing of its
+# result before its end. Seeded DP noise is keyed by every other field (``jobs.run.privacy_plan.noise_key``).
+HARMLESS = {
+    ("federation", "max_model_version"),
+    ("federation", "max_sim_time"),
+    ("federation", "device_wait_timeout"),
+    ("federation", "leaf_timeout"),
+    ("federation", "on_leaf_loss"),
+    ("federation", "max_consecutive_failures"),
+    ("engine", "num_workers"),
+    ("engine", "update_interval"),
+    ("engine", "update_timeout"),
+    ("engine", "job_timeout"),
+    ("engine", "profile"),
+    ("engine", "device_state_memory_mb"),
+    ("engine", "version_memory_mb"),
+    ("engine", "bulk"),
+    ("run", "eval_frequency"),
+    ("run", "eval_backlog"),
+    ("run", "workspace"),
+    ("run", "checkpoint_every"),
+    ("run", "output"),
+    ("run", "resume"),
+    ("run", "export_only"),
+    ("run", "env"),
+    ("run", "startup_kit"),
+    ("run", "username"),
+    ("run", "tracking"),  # where the curves go; the tracker runs a resume continues are in the checkpoint
+    ("run", "tracking_uri"),
+    ("run", "tracking_parent"),
+}
+
 PARTS = {
     "data": DataConfig,
     "federation": FederationConfig,

@@ -23,25 +23,16 @@ def check_privacy(cfg: JobConfig) -> None:
         return
     if cfg.engine.simulator == "stock":
         raise ConfigError(f"--dp {p.dp}: NVFlare's stock path clips and noises nothing: use --simulator fast")
-    if p.central and p.dp_sampling == "poisson":
-        if cfg.engine.devices == "real":
-            raise ConfigError(
-                "--dp-sampling poisson needs the pool's size, which real devices do not tell: give --dp-sampling "
-                "participation (each device's own count of versions)"
-            )
-        if cfg.delays.availability != "always":
-            raise ConfigError(
-                f"--dp-sampling poisson samples every device with probability B / devices, which --availability "
-                f"{cfg.delays.availability} breaks (offline devices cannot be selected): give --dp-sampling "
-                "participation"
-            )
-    if (
-        p.dp_target_epsilon is not None
-        and cfg.engine.devices == "real"
-        and not (p.central and p.dp_sampling == "poisson")
-    ):
+    outside = "--devices real" if cfg.engine.devices == "real" else f"--env {cfg.run.env}"
+    if p.dp_noise == "seeded" and (cfg.engine.devices == "real" or cfg.run.env != "sim"):
         raise ConfigError(
-            "--dp-target-epsilon with real devices: their participation cannot be planned; give --dp-noise-multiplier"
+            f"--dp-noise seeded with {outside}: seeded noise is a function of the command, so anyone who knows it "
+            "can subtract the noise; leave --dp-noise out (secure, the OS's entropy)"
+        )
+    if p.dp_target_epsilon is not None and p.dp_noise_multiplier is None and cfg.engine.devices == "real":
+        raise ConfigError(
+            "--dp-target-epsilon alone with real devices: their participation cannot be planned, so no noise can be "
+            "computed for it; give --dp-noise-multiplier too (the target then stops the run before it is exceeded)"
         )
     if p.dp_adaptive_clipping and p.dp_noise_multiplier is not None:
         check_count_noise(cfg, p.dp_noise_multiplier)

@@ -17,43 +17,13 @@ import os
 from common.choices import ConfigError
 from common.protocol import GLOBAL_MODEL_ALIAS
 from common.result_files import METRICS
-from jobs.config import PARTS, JobConfig
+from jobs.config import HARMLESS, PARTS, JobConfig
 from jobs.methods import BUILT_IN
 from processors.models import build_model
 from scheduling import checkpoint
 from scheduling.checkpoint import state_path
 
 NOT_CONFIG = {"verbose"}  # command-line destinations that change nothing of the run
-
-HARMLESS = {
-    ("federation", "max_model_version"),
-    ("federation", "max_sim_time"),
-    ("federation", "device_wait_timeout"),
-    ("federation", "leaf_timeout"),
-    ("federation", "on_leaf_loss"),
-    ("federation", "max_consecutive_failures"),
-    ("engine", "num_workers"),
-    ("engine", "update_interval"),
-    ("engine", "update_timeout"),
-    ("engine", "job_timeout"),
-    ("engine", "profile"),
-    ("engine", "device_state_memory_mb"),
-    ("engine", "version_memory_mb"),
-    ("engine", "bulk"),
-    ("run", "eval_frequency"),
-    ("run", "eval_backlog"),
-    ("run", "workspace"),
-    ("run", "checkpoint_every"),
-    ("run", "output"),
-    ("run", "resume"),
-    ("run", "export_only"),
-    ("run", "env"),
-    ("run", "startup_kit"),
-    ("run", "username"),
-    ("run", "tracking"),  # where the curves go; the tracker runs a resume continues are in the checkpoint
-    ("run", "tracking_uri"),
-    ("run", "tracking_parent"),
-}
 
 
 def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:

@@ -62,7 +62,7 @@ def _trainer(
         weighting=settings.get("weighting", "devices"),
         rule=settings.get("rule", ""),
         rule_args=settings.get("rule_args") or {},
-        privacy=settings.get("privacy"),
+        privacy=own_noise(settings.get("privacy")),
         device_state={  # the device's own, across its tasks and restarts: one folder per job's settings
             "dir": os.path.join(os.path.expanduser(state_dir), hashlib.sha256(settings_json.encode()).hexdigest()[:16]),
             "memory_mb": 16.0,
@@ -70,6 +70,15 @@ def _trainer(
             "fresh": False,
         },
     )
+
+
+def own_noise(privacy: dict | None) -> dict | None:
+    """A task's privacy settings as this device follows them: local DP's noise always from the device's own
+    entropy (``secure``), whatever the task says: a seed or key the task carried is known to the server, the party
+    local DP protects against (``docs/privacy.md``)."""
+    if not privacy or privacy.get("dp") != "local":
+        return privacy
+    return {k: v for k, v in privacy.items() if k != "noise_key"} | {"noise": "secure"}
 
 
 def task_settings(task: TaskResponse) -> dict:

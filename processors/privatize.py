@@ -9,10 +9,10 @@ device unclipped and un-noised, so under DP the statistics stay the initial mode
 depend on them, BatchNorm's, are refused; ``docs/privacy.md``).
 
 Central DP (``--dp central``): the device also reports whether its update was within the clip norm
-(``common.privacy.UNCLIPPED``), for the fraction clipped and adaptive clipping. Local DP (``--dp local``): the
-device adds Gaussian noise of standard deviation noise multiplier x clip norm to every clipped parameter, drawn
-from a generator seeded by the run's seed, the device and the version it trained (``common.seeds.stable_seed``),
-so either engine, and a resumed run, adds the same noise; it reports nothing else.
+(``common.privacy.UNCLIPPED``), for adaptive clipping's noised count. Local DP (``--dp local``): the device adds
+Gaussian noise of standard deviation noise multiplier x clip norm to every clipped parameter (``noise_for``:
+secure, from this process's own entropy; or, in simulation, seeded by the run's noise key, the device and the
+version it trained, so either engine and a resumed run add the same noise); it reports nothing else.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from torch.func import vmap
 
+from common.dp_noise import GaussianNoise
 from common.privacy import CLIP_NORM, UNCLIPPED
 from common.protocol import DEVICE_EXTRA_PREFIX
-from common.seeds import stable_seed
 from processors.models import build_model
 
 Tensors = dict[str, torch.Tensor]
@@ -74,17 +74,28 @@ def parameter_names(model: str) -> tuple[str, ...]:
     return tuple(name for name, _ in build_model(model).named_parameters())
 
 
+def noise_for(settings: dict | None) -> GaussianNoise | None:
+    """Local DP's noise source from the device's settings (``common.privacy.PrivacyConfig.device_settings``);
+    None without local DP."""
+    if not settings or settings["dp"] != "local":
+        return None
+    return GaussianNoise(settings.get("noise", "secure"), settings.get("noise_key"))
+
+
 def local_noise(
-    diff: dict[str, np.ndarray], parameters: Sequence[str], stddev: float, seed: int, device_id: str, version: int
+    diff: dict[str, np.ndarray],
+    parameters: Sequence[str],
+    stddev: float,
+    noise: GaussianNoise,
+    device_id: str,
+    version: int,
 ) -> dict[str, np.ndarray]:
     """``diff`` with Gaussian noise of standard deviation ``stddev`` added to each of its ``parameters`` (float32,
-    one generator per device and version, drawn in the parameters' order)."""
-    rng = np.random.default_rng(stable_seed("dp-local-noise", seed, device_id, version))
-    scale = np.float32(stddev)
+    drawn in the parameters' order; seeded: one draw per device and version)."""
+    drawn = noise.arrays([np.shape(diff[n]) for n in parameters], stddev, "local", device_id, version)
     out = dict(diff)
-    for name in parameters:
-        noise = rng.standard_normal(np.shape(diff[name]), dtype=np.float32)
-        out[name] = diff[name] + noise * scale
+    for name, values in zip(parameters, drawn, strict=True):
+        out[name] = diff[name] + values
     return out
 
 
@@ -94,12 +105,12 @@ def privatized(
     parameters: Sequence[str],
     clip_norm: float,
     norm: float,
-    seed: int,
+    noise: GaussianNoise | None,
     device_id: str,
     version: int,
 ) -> dict[str, np.ndarray]:
-    """A clipped diff as it leaves the device: with local DP noised, with central DP with its ``UNCLIPPED`` bit
-    (``settings``: ``common.privacy.PrivacyConfig.device_settings``)."""
+    """A clipped diff as it leaves the device: with local DP noised (from ``noise``, ``noise_for``), with central
+    DP with its ``UNCLIPPED`` bit (``settings``: ``common.privacy.PrivacyConfig.device_settings``)."""
     if settings["dp"] == "local":
-        return local_noise(diff, parameters, settings["noise_multiplier"] * clip_norm, seed, device_id, version)
+        return local_noise(diff, parameters, settings["noise_multiplier"] * clip_norm, noise, device_id, version)
     return dict(diff) | {DEVICE_EXTRA_PREFIX + UNCLIPPED: np.asarray(np.float32(norm <= clip_norm))}

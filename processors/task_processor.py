@@ -32,7 +32,7 @@ from processors.device import resolve_device
 from processors.device_rule import RuleHost
 from processors.objective import DeviceObjective, make_objective
 from processors.precision import flushed_denormals, use_precision
-from processors.privatize import clip_norm_for, parameter_names, privatized
+from processors.privatize import clip_norm_for, noise_for, parameter_names, privatized
 from processors.reports import LAST_STEP, check_reports, weigh_by_samples, with_reports
 from processors.task_wire import device_extras, received_model, weight_diff_result
 from processors.training import TrainingConfig, train_local, worker_model
@@ -190,6 +190,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         self.device_state = device_state or {}
         self.device_offsets = device_offsets
         self.privacy = privacy
+        self._noise = noise_for(privacy)  # local DP's source: secure (this process's entropy) or seeded
         self._rules = RuleHost(rule, self.rule_args, self.device_state)
         self._data = DataConfig(**data)
         self._training = TrainingConfig(**training).resolved(self._data.dataset)  # a job's config already is
@@ -320,7 +321,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
     def _privatized(self, diff: dict, clip: float, norm: float, device_id: str, version: int) -> dict:
         """A clipped diff as it leaves the device (``processors.privatize.privatized``)."""
         names = parameter_names(self._training.model)
-        return privatized(diff, self.privacy, names, clip, norm, self.seed, device_id, version)
+        return privatized(diff, self.privacy, names, clip, norm, self._noise, device_id, version)
 
     def _last_step(self) -> dict | None:
         """Where an engine puts a device's last-step losses, when a report needs them (else it measures none)."""

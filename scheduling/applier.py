@@ -3,13 +3,12 @@
 The assessor hands it every per-device update a leaf reports (``receive``) and answers the leaf at once; this
 thread applies them: strictly in simulated arrival order (exact time: the earliest due update only once it has
 arrived, every later one waits), or as received, on the wall clock (real devices, and the simulated real-time
-mode: time = wall seconds since the start / ``time_scale``). So a slow step (FedRevive's distillation, seconds
-per update on a CPU) never holds a leaf's report past its timeout.
+mode: time = wall seconds since the start / ``time_scale``), so a slow step never holds a leaf's report long.
 
 On the wall clock a selected device that has not reported within the device timeout counts as failed at that
-moment (its slot is refilled; a late report is refused), so a device that vanishes never stalls the run. The
-timeout is fixed, or derived: ``FIRST_DEVICE_TIMEOUT`` until a task is measured, then 3x the slowest task seen.
-A run whose devices keep failing with errors stops instead of reselecting forever (``scheduling.failure_streak``).
+moment (its slot is refilled; a late report is refused), so a device that vanishes never stalls the run; the
+timeout is fixed, or ``FIRST_DEVICE_TIMEOUT`` until a task is measured, then 3x the slowest task seen. A run whose
+devices keep failing stops (``scheduling.failure_streak``), and so does one whose DP budget is spent.
 
 What a child is told (``child_view``: the current version, its leaves' part of the selection, the model version
 and the release of each of its selection ids) is kept per leaf as updates are applied and received, so answering
@@ -23,8 +22,7 @@ its own model version (``simulation.fast_simulator``), so an asynchronous run, w
 update, still trains its devices in large groups, and the groups (hence every diff's bits) do not depend on when
 a leaf happens to sync. A synchronous round is one release, as it was one selection. A checkpoint waits until
 every released device has reported (``wait_released``), so a resumed run holds back, and releases, exactly the
-devices the uninterrupted run does. On the wall clock (real devices, the real-time mode) every selection is
-released at once.
+devices the uninterrupted run does. On the wall clock every selection is released at once.
 """
 
 from __future__ import annotations
@@ -36,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from common.jsonio import JsonlWriter
+from common.privacy import BudgetSpent
 from common.protocol import FLEET, DeviceUpdate, reports_of
 from scheduling.failure_streak import FailureStreak
 from scheduling.schedule import Dispatch, ExactSchedule
@@ -361,8 +360,9 @@ class UpdateApplier:
                 return
             try:
                 self.apply(*item, fl_ctx)
-            except Exception as ex:  # a bug or a broken update: stop the run rather than train on wrong state
-                self.error = f"applying the update of device {item[0].device} failed: {type(ex).__name__}: {ex}"
+            except Exception as ex:  # a bug or a broken update (or DP's budget spent): stop the run, state kept
+                failed = f"applying the update of device {item[0].device} failed: {type(ex).__name__}: {ex}"
+                self.error = str(ex) if isinstance(ex, BudgetSpent) else failed
                 self.log_error(self.error)
                 return
             with self._cond:

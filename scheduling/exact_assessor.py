@@ -389,10 +389,13 @@ class ExactTimeAssessor(Assessor):
     # -- when is it over ----------------------------------------------------------------------------------------
     def _finish(self, status: str, reason: str, fl_ctx: FLContext) -> None:
         s = self.schedule
+        version = s.version if s else 0
+        if self.global_model is not None:  # a version the schedule counted but the model never made (DP's budget)
+            version = min(version, self.global_model.current_version)
         self.outcome = {
             "status": status,
             "reason": reason,
-            "version": s.version if s else 0,
+            "version": version,
             "sim_seconds": round(s.now, 9) if s else 0.0,
         }
         log = self.log_info if status == "completed" else self.log_error

@@ -1,4 +1,4 @@
-"""What a DP run shows: the progress line's epsilon, fraction clipped and adaptive clip norm, the summary's last
+"""What a DP run shows: the progress line's epsilon, noised fraction clipped and adaptive clip norm, the summary's last
 epsilon, and the plot's accuracy-against-epsilon panel."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from evaluation.run_recorder import run_summary
 
 
 def records() -> list[dict]:
-    base = {"mechanism": "gaussian", "accountant": "rdp", "noise_multiplier": 1.1, "sampling_probability": 0.1}
+    base = {"mechanism": "gaussian", "accountant": "rdp", "noise_multiplier": 1.1, "sampling_probability": 1.0}
     base |= {"delta": 1e-5, "clip_norm": 0.84}
     return [
         {
@@ -24,15 +24,14 @@ def records() -> list[dict]:
             "accuracy": 0.3,
             "wall_seconds": 2.0,
             "sim_seconds": 1.0,
-            "privacy": base
-            | {"compositions": 1, "epsilon": 1.2345, "clipped_fraction": 0.4, "noised_unclipped_fraction": 0.55},
+            "privacy": base | {"compositions": 1, "epsilon": 1.2345, "noised_unclipped_fraction": 0.55},
         },
     ]
 
 
-def test_the_progress_line_shows_epsilon_the_fraction_clipped_and_an_adaptive_clip_norm():
+def test_the_progress_line_shows_epsilon_the_noised_fraction_clipped_and_an_adaptive_clip_norm():
     line = progress_line(records()[1])
-    assert "| epsilon 1.234 at delta 1e-05 | 40% clipped | clip norm 0.84" in line
+    assert "| epsilon 1.234 at delta 1e-05 | ~45% clipped (noised) | clip norm 0.84" in line
     assert "clipped" not in progress_line(records()[0]) and "epsilon 0.000" in progress_line(records()[0])
 
 

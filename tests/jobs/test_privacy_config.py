@@ -57,7 +57,11 @@ def no_nvflare(monkeypatch):
         ([*CENTRAL, "--method", "power_of_choice:PowerOfChoice"], "devices report loss beside their updates"),
         ([*CENTRAL, "--method", f"{__name__}:WeightedFedAvg"], "report data_size (it weights by samples)"),
         ([*CENTRAL, "--method", "fedasync:FedAsync"], "does not say how central DP's noise enters its versions"),
-        ([*CENTRAL, "--method", "fedbuff", "--availability", "diurnal"], "give --dp-sampling participation"),
+        ([*CENTRAL, "--method", "fedavg", "--dp-sampling", "poisson"], "claims amplification by sampling, but no"),
+        (
+            [*CENTRAL, "--method", "fedavg", "--dp-noise", "seeded", "--env", "poc"],
+            "--dp-noise seeded with --env poc: seeded noise",
+        ),
         ([*CENTRAL, "--dp-local-x", "1"], "unrecognized arguments"),
         (
             ["--dp", "local", "--dp-noise-multiplier", "1", "--dp-adaptive-clipping"],
@@ -87,7 +91,8 @@ def test_what_cannot_offer_the_guarantee_is_refused_in_one_line_before_anything_
 
 def test_a_user_method_without_add_noise_may_run_local_dp():
     cfg = make_config("fedasync:FedAsync", **options(dp="local", dp_noise_multiplier=1.0))
-    assert cfg.privacy.local and cfg.privacy.device_settings() == {"dp": "local", "noise_multiplier": 1.0}
+    assert cfg.privacy.local
+    assert cfg.privacy.device_settings() == {"dp": "local", "noise_multiplier": 1.0, "noise": "secure"}
 
 
 def library_epsilon(z: float, q: float, t: int, delta: float) -> float:
@@ -100,10 +105,21 @@ def options(**kw) -> dict:
     return dict(num_leaf_nodes=2, devices_per_leaf=10, device_selection_size=8, dp="central") | kw
 
 
-def test_a_target_epsilon_becomes_the_smallest_noise_for_the_versions_the_run_makes():
+def busiest(cfg) -> int:
+    """The most versions one device goes into, from the planner's reference trace."""
+    trace = [r for r in reference_trace(schedule_for(cfg)) if not r.get("failed")]
+    last = max(r["version"] for r in trace)
+    return max(Counter(d for d, v in {(r["device"], r["version"]) for r in trace} if v < last).values())
+
+
+def test_a_target_epsilon_becomes_the_smallest_noise_for_the_busiest_devices_rounds_unamplified():
     cfg = make_config("fedavg", **options(dp_target_epsilon=8.0, max_model_version=21))
-    z, q = cfg.privacy.dp_noise_multiplier, 8 / 20
-    assert library_epsilon(z, q, 20, 1e-5) <= 8.0 < library_epsilon(z - 1e-3, q, 20, 1e-5)
+    z, t = cfg.privacy.dp_noise_multiplier, cfg.privacy.dp_planned_compositions
+    assert 1 < t <= 20 and t in (busiest(cfg), busiest(cfg) + 1)
+    # replace-one: the accountant's multiplier is sigma / 2; no sampling amplification (q = 1)
+    assert library_epsilon(z / 2, 1.0, t, 1e-5) <= 8.0 < library_epsilon(z / 2 - 1e-3, 1.0, t, 1e-5)
+    zero_out = make_config("fedavg", **options(dp_target_epsilon=8.0, max_model_version=21, dp_neighbouring="zero-out"))
+    assert zero_out.privacy.dp_noise_multiplier == pytest.approx(z / 2, abs=1e-5)
     assert resolve_privacy(cfg.validate()) == cfg  # planning again keeps it (a resumed run compares them)
 
 
@@ -111,13 +127,13 @@ def test_with_a_time_budget_the_dry_run_planner_gives_the_compositions():
     cfg = make_config("fedbuff", **options(dp_target_epsilon=8.0, max_model_version=500, max_sim_time=3.0))
     trace = reference_trace(schedule_for(cfg))
     made = max(r["version"] for r in trace if not r.get("failed")) - 1  # the last update's version may be unmade
-    assert planned_compositions(cfg) in (made, made - 1) and 0 < planned_compositions(cfg) < 499
-    assert library_epsilon(cfg.privacy.dp_noise_multiplier, 2 / 20, planned_compositions(cfg), 1e-5) <= 8.0
+    assert 0 < planned_compositions(cfg) < made < 499  # the busiest device's versions, not every version made
+    assert library_epsilon(cfg.privacy.dp_noise_multiplier / 2, 1.0, planned_compositions(cfg), 1e-5) <= 8.0
 
 
 @pytest.mark.parametrize("mode", ["participation", "local"])
 def test_participation_and_local_dp_plan_the_most_updates_one_device_sends(mode):
-    kw = {"dp_sampling": "participation"} if mode == "participation" else {"dp": "local"}
+    kw = {} if mode == "participation" else {"dp": "local"}
     cfg = make_config("fedbuff", **options(dp_target_epsilon=8.0, max_model_version=40) | kw)
     trace = reference_trace(schedule_for(cfg))
     counted = [r for r in trace if not r.get("failed")]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from common.dp_noise import GaussianNoise
 from common.privacy import CLIP_NORM, UNCLIPPED
 from common.protocol import DEVICE_EXTRA_PREFIX
 from processors.data.sources import make_synthetic
@@ -114,10 +115,15 @@ def test_clip_update_leaves_a_short_update_alone_and_scales_a_long_one_to_the_no
     assert torch.allclose(long["a"], torch.tensor([0.6, 0.8]))
 
 
-def dp_processor(mode: str, noise: float | None = None) -> TrainingTaskProcessor:
+KEY = "a-runs-noise-key"
+
+
+def dp_processor(mode: str, noise: float | None = None, source: str = "seeded") -> TrainingTaskProcessor:
     from processors.data.config import DataConfig
 
-    privacy = {"dp": mode} | ({"noise_multiplier": noise} if noise is not None else {})
+    privacy = {"dp": mode}
+    if noise is not None:
+        privacy |= {"noise_multiplier": noise, "noise": source} | ({"noise_key": KEY} if source == "seeded" else {})
     return TrainingTaskProcessor(
         data=DataConfig(synthetic_size=500, subset_size=16).to_dict(),
         training=TrainingConfig(
@@ -163,31 +169,49 @@ def test_local_dp_noise_is_seeded_the_same_in_both_engines_and_has_the_stated_de
         for k in parameters:
             np.testing.assert_allclose(again[k], noised[k], rtol=0, atol=1e-5, err_msg=k)
         zero = {k: np.zeros_like(v) for k, v in base.items()}
-        first = local_noise(zero, parameters, sigma * clip, 5, device, 2)
+        seeded = GaussianNoise("seeded", KEY)
+        first = local_noise(zero, parameters, sigma * clip, seeded, device, 2)
         assert all(
-            np.array_equal(first[k], local_noise(zero, parameters, sigma * clip, 5, device, 2)[k]) for k in parameters
+            np.array_equal(first[k], local_noise(zero, parameters, sigma * clip, seeded, device, 2)[k])
+            for k in parameters
         )
     zero = {k: np.zeros_like(v) for k, v in clipped[0].items()}
-    by_version = [local_noise(zero, parameters, 1.0, 5, devices[0], v)["fc1.weight"] for v in (2, 3)]
+    seeded = GaussianNoise("seeded", KEY)
+    by_version = [local_noise(zero, parameters, 1.0, seeded, devices[0], v)["fc1.weight"] for v in (2, 3)]
     assert not np.array_equal(*by_version)  # each version's task draws its own noise
 
 
-def test_a_real_device_clips_and_noises_through_the_same_task_processor_as_a_simulated_one():
-    """The leaf hands a real device the job's privacy settings (``device_settings``) with its task; the device's
-    update, through the JSON wire, is what the simulated device sends: clipped, with the same seeded noise."""
+def test_a_real_devices_local_noise_is_its_own_entropy_never_a_function_of_what_its_task_carries():
+    """The leaf hands a real device the job's privacy settings (``device_settings``) with its task. Even when the
+    task says ``seeded`` and carries a key (a server that wants to subtract the noise later), the device draws its
+    noise from its own entropy: the same task twice gives two different noises, neither the simulator's seeded one,
+    each of the stated deviation, and the update is still clipped to the version's norm."""
     import json
 
     from common.device_wire import diff_problem, from_wire, to_wire
     from processors.device_processor import _trainer
     from simulation.leaf_executor import device_settings
 
-    simulated = dp_processor("local", 0.5)
+    sigma, clip = 0.5, 0.05
+    simulated = dp_processor("local", sigma)  # seeded, with the run's key: what an adversarial task would carry
     settings = json.loads(json.dumps(device_settings(simulated)))  # what travels in the task's metadata
-    assert settings["privacy"] == {"dp": "local", "noise_multiplier": 0.5}
-    weights = weights_with_clip(0.05)
-    real = _trainer(json.dumps(settings, sort_keys=True), "cpu", "")
-    sent = from_wire(json.loads(json.dumps(to_wire(real.train("site-1#2", weights, version=4)))))
-    want = simulated.train("site-1#2", weights, version=4)
-    assert diff_problem(sent, weights) == "" and sent.keys() == want.keys()
-    for name in want:
-        np.testing.assert_allclose(sent[name], want[name], rtol=0, atol=1e-6, err_msg=name)
+    assert settings["privacy"] == {"dp": "local", "noise_multiplier": sigma, "noise": "seeded", "noise_key": KEY}
+    weights = weights_with_clip(clip)
+    central = dp_processor("central")
+    base = central.train("site-1#2", weights, version=4)  # the clipped update alone
+    parameters = [n for n, _ in worker_model(MODEL, CPU).named_parameters()]
+    sent = []
+    for state_dir in ("a", "b"):  # two processes' worth of trainers (the cache is per settings)
+        _trainer.cache_clear()
+        real = _trainer(json.dumps(settings, sort_keys=True), "cpu", "", state_dir)
+        sent.append(from_wire(json.loads(json.dumps(to_wire(real.train("site-1#2", weights, version=4))))))
+    seeded = simulated.train("site-1#2", weights, version=4)
+    for got in sent:
+        assert diff_problem(got, weights) == "" and got.keys() == seeded.keys()
+        noise = np.concatenate([(got[k] - base[k]).ravel() for k in parameters])
+        assert abs(noise.std() / (sigma * clip) - 1) < 0.05
+    apart = np.concatenate([(sent[0][k] - sent[1][k]).ravel() for k in parameters])
+    assert apart.std() > sigma * clip  # two independent draws: sqrt(2) sigma C apart, not equal
+    for got in sent:
+        gap = np.concatenate([(got[k] - seeded[k]).ravel() for k in parameters])
+        assert gap.std() > sigma * clip  # nothing of the key the task carried: not the simulator's seeded noise
