@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from common.finite import nonfinite_entry
 from common.protocol import DEVICE_EXTRA_PREFIX
 
 # task metadata: what a device needs to train this job as the simulation would (data, model, optimiser, seed, the
@@ -46,7 +47,5 @@ def diff_problem(diff: dict[str, np.ndarray], weights: dict) -> str:
     for k, v in entries.items():
         if v.shape != np.shape(model[k]):
             return f"entry {k!r} has shape {v.shape}, the model's {np.shape(model[k])}"
-    for k, v in diff.items():
-        if not np.isfinite(v).all():
-            return f"entry {k!r} is not finite"
-    return ""
+    name = nonfinite_entry(diff)
+    return f"entry {name!r} is not finite" if name else ""

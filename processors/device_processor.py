@@ -33,7 +33,8 @@ from nvflare.edge.web.models.job_response import JobResponse
 from nvflare.edge.web.models.task_response import TaskResponse
 
 from common.device_wire import DEVICE_SETTINGS_META, to_wire
-from common.protocol import DEVICE_ID_META
+from common.finite import nonfinite_reason, zeroed
+from common.protocol import DEVICE_ERROR_META, DEVICE_ID_META, short_error
 from processors.task_processor import TrainingTaskProcessor
 from processors.task_wire import received_model
 
@@ -133,6 +134,11 @@ class RealDeviceProcessor(DeviceTaskProcessor):
         version, weights = received_model(task)
         device_id = self.device.device_id
         diff = trainer.train(device_id, weights, version)
-        result = DXO(data_kind=DataKind.WEIGHT_DIFF, data={"dict": to_wire(diff), "count": 1})
+        # NaN or inf never leaves the device: it reports itself failed, with the reason (``common.finite``)
+        problem = nonfinite_reason(diff, "refused on the device")
+        result = DXO(data_kind=DataKind.WEIGHT_DIFF, data={"dict": to_wire(zeroed(diff) if problem else diff)})
+        result.data["count"] = 0 if problem else 1
         result.set_meta_prop(DEVICE_ID_META, device_id)
+        if problem:
+            result.set_meta_prop(DEVICE_ERROR_META, short_error(problem))
         return result.to_dict()

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch.func import vmap
 
+from common.finite import nonfinite_entry
 from common.imports import import_object
 from common.protocol import DEVICE_EXTRA_PREFIX
 from processors.device_state import DeviceStateStore
@@ -188,13 +189,15 @@ class RuleHost:
     def finish(
         self, run: RuleRun | None, device_ids: list[str], selections: list[int | None], diffs: list[dict]
     ) -> list[dict]:
-        """The diffs with the rule's reports (under ``DEVICE_EXTRA_PREFIX``); each device's new state kept."""
+        """The diffs with the rule's reports (under ``DEVICE_EXTRA_PREFIX``); each device's new state kept, unless
+        it or the diff holds NaN or inf: that device is counted failed at its leaf (``common.finite``), and its
+        next task starts from the state it had, not a poisoned one."""
         if run is None:
             return diffs
         store = self.store()
         for d, s, diff, reports, state in zip(device_ids, selections, diffs, run.reports, run.new_states, strict=True):
             diff.update({DEVICE_EXTRA_PREFIX + n: np.asarray(a, dtype=np.float32) for n, a in reports.items()})
-            if store is not None:
+            if store is not None and not nonfinite_entry(diff) and not nonfinite_entry(state):
                 store.put(d, s, state)
         return diffs
 

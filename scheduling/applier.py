@@ -38,6 +38,7 @@ from common.privacy import BudgetSpent
 from common.protocol import FLEET, DeviceUpdate, reports_of
 from scheduling.failure_streak import FailureStreak
 from scheduling.schedule import Dispatch, ExactSchedule
+from scheduling.update_check import FiniteUpdates
 from simulation.config import FIRST_DEVICE_TIMEOUT
 
 
@@ -118,12 +119,12 @@ class UpdateApplier:
         self.releases = 0  # releases so far
         self._leaf_counters: dict[str, int] = {}  # leaf -> how often its part changed
         self._version = 0  # the published current version
+        self._finite = FiniteUpdates(log_error)  # the server's own refusal of NaN and inf
         self._applying = False  # an update was taken for applying and its publish has not come yet
         self._started_at = time.time()
         # one lock, two conditions: ``_cond`` wakes the applier's thread (arrivals), ``_idle`` the replies waiting for
         # it to settle, once it has nothing left to apply (a burst of hundreds of updates wakes such a reply once)
-        lock = threading.RLock()
-        self._cond = threading.Condition(lock)
+        self._cond = threading.Condition(lock := threading.RLock())
         self._idle = threading.Condition(lock)
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -136,10 +137,8 @@ class UpdateApplier:
             if flight is None or flight.selection_id != update.selection_id:
                 return f"device {update.device} is not in flight for selection {update.selection_id}"
             if update.base_version != flight.base_version:
-                return (
-                    f"device {update.device} trained version {update.base_version} but was selected for "
-                    f"{flight.base_version}"
-                )
+                was = f"trained version {update.base_version} but was selected for {flight.base_version}"
+                return f"device {update.device} {was}"
             self.received[update.device] = update
             self._held.pop(update.device, None)  # a lost leaf's device, failed before it was released
             self._unlist(update.device)
@@ -374,6 +373,7 @@ class UpdateApplier:
 
     def apply(self, update: DeviceUpdate, now: float | None, fl_ctx) -> None:
         s, model = self.schedule, self.global_model
+        update = self._finite.checked(update)
         counted = update.count > 0
         with self._cond:
             if now is not None and counted:  # the wall clock: how long a device took (the derived timeout)
@@ -389,7 +389,7 @@ class UpdateApplier:
             model.add_update(update, arrival.tau, fl_ctx, sim_time=arrival.arrival)
         if arrival.made_version:
             model.make_version(s.version, s.now, fl_ctx)
-        record = arrival.trace_record()
+        record = arrival.trace_record() | ({"error": update.error} if update.error else {})  # why it failed
         if now is not None:
             record["arrival"] = round(now, 9)
         self.events.write(record, flush=False)  # flushed when the applier waits, and before a checkpoint

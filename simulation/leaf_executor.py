@@ -26,7 +26,9 @@ with ``VersionedUpdater`` as its updater, and these changes:
   with the training settings in the task's metadata, and a device's diff becomes float32 arrays as it arrives; a
   device whose task failed (a result with an error status), or whose diff does not fit the model it trained
   (entries, shapes, non-finite values), is reported failed at once, so its slot is refilled and the model is
-  never touched by it.
+  never touched by it;
+* a simulated device whose diff holds NaN or inf is counted failed the same way, before any sum
+  (``common.finite``).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from nvflare.edge.web.models.task_request import TaskRequest
 from nvflare.edge.web.models.task_response import TaskResponse
 
 from common.device_wire import DEVICE_SETTINGS_META, diff_problem, from_wire, to_wire
+from common.finite import nonfinite_reason, zeroed
 from common.protocol import (
     AWAITED,
     DEVICE_ERROR_META,
@@ -208,9 +211,7 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
         report.set_header(LOCAL_REPORT, True)
         report.set_header(DEFER_SYNC, True)  # asked for below
         # a local report never leaves this process: the updates go in as objects, packed once when sent up
-        report[DEVICE_UPDATES] = [
-            DeviceUpdate(r.device, r.selection_id, r.version, r.diff, r.count, error=r.error) for r in results
-        ]
+        report[DEVICE_UPDATES] = [self._checked(r) for r in results]
         with self._engine.new_context() as fl_ctx:
             self.accept_update("", report, fl_ctx)  # the current task's
         # a sync is a message each way, dearer than a device at near-zero training: results the server waits for
@@ -224,6 +225,16 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
             self.sync_now()
         else:
             self.sync_soon(BATCH_WINDOW)
+
+    def _checked(self, r: DeviceResult) -> DeviceUpdate:
+        """A simulated device's result as an update, or counted failed when its diff holds NaN or inf
+        (``common.finite``): refused here, before it is summed with others, whatever the engine or method."""
+        if r.count > 0:
+            problem = nonfinite_reason(r.diff, "refused at its leaf")
+            if problem:
+                self.logger.warning(f"device {r.device} (version {r.version}) is counted failed: {problem}")
+                return DeviceUpdate(r.device, r.selection_id, r.version, zeroed(r.diff), 0, error=short_error(problem))
+        return DeviceUpdate(r.device, r.selection_id, r.version, r.diff, r.count, error=r.error)
 
     # -- devices ------------------------------------------------------------------------------------------------
     def _known(self, device_id: str) -> bool:
@@ -322,6 +333,9 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
             if problem:
                 self.log_warning(fl_ctx, f"device {device}'s result is refused and counted failed: {problem}")
                 diff, count, error = None, 0, short_error(f"its result was refused: {problem}")
+        elif count > 0 and (problem := nonfinite_reason(diff, "refused at its leaf")):  # a simulated device's
+            self.log_warning(fl_ctx, f"device {device} is counted failed: {problem}")
+            diff, count, error = zeroed(diff), 0, short_error(problem)
         update = DeviceUpdate(device, sid, version, diff, count, error=error)
         return self._send_up([update], result_report.task_id, fl_ctx)
 

@@ -177,7 +177,7 @@ def prepare(cfg: JobConfig) -> RunPlan:
     whose device runner takes its worker count from the job)."""
     check_pool_memory(cfg)
     deployed = cfg.run.env == "prod"
-    partition = None
+    partition, notes = None, method_notes(cfg)
     if deployed:
         chosen = cfg.training.compute_device
         # "fedavg on the leaves' auto" read as a device named auto: each leaf resolves auto on its own hardware
@@ -188,6 +188,9 @@ def prepare(cfg: JobConfig) -> RunPlan:
         dataset = load_dataset(cfg.spec)  # missing / malformed data fails here, with the fix in the message
         check_model_fits_data(cfg, dataset)
         input_shape = dataset.input_shape
+        if any(dataset.dropped):  # --dataset-nonfinite drop: every process leaves out the same rows
+            train, test = dataset.dropped
+            notes += (f"--dataset-nonfinite drop: {train} training and {test} test rows holding NaN or inf left out",)
         if dataset.users is not None and dataset.users.lazy is not None and cfg.data.partition != "natural":
             raise ConfigError(lazy_refusal(cfg.data.dataset, cfg.data.partition))
         if cfg.data.partition == "natural" and dataset.users is not None:  # who holds what, in metrics.json
@@ -205,4 +208,4 @@ def prepare(cfg: JobConfig) -> RunPlan:
     }
     if partition is not None:
         run_info["partition"] = partition
-    return RunPlan(workers, timeouts, run_info, device, method_notes(cfg))
+    return RunPlan(workers, timeouts, run_info, device, notes)

@@ -15,6 +15,7 @@ PER_USER_KINDS = ("leaf", "tff", "hf")  # the sources that know their users (--p
 Partition = Literal["device", "references", "natural", "iid", "dirichlet"]  # processors.data.partition.PARTITIONS
 Normalisation = Literal["cifar", "references"]  # processors.data.sources.NORMALISATIONS
 TrainSplit = Literal["all", "references"]  # processors.data.sources.TRAIN_SPLITS
+NonFinite = Literal["refuse", "drop"]  # processors.data.spec.NONFINITE_POLICIES
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class DataConfig:
         references' (0.2023, 0.1994, 0.2010)).
     train_split: all training images, or references: the seeded 37,500 of CIFAR-10's 50,000 the FedRevive
         references train on (3/4 of any other dataset's).
+    dataset_nonfinite: rows whose inputs hold NaN or inf: refuse the run before it starts (naming how many and
+        where), or drop them and say how many (``processors.data.finite_rows``).
     """
 
     dataset: str = "synthetic"
@@ -51,6 +54,7 @@ class DataConfig:
     partition: Partition = "device"
     normalisation: Normalisation = "cifar"
     train_split: TrainSplit = "all"
+    dataset_nonfinite: NonFinite = "refuse"
 
     def __post_init__(self) -> None:
         check_positive({"--subset-size": self.subset_size, "--synthetic-size": self.synthetic_size})
@@ -94,6 +98,7 @@ class DataConfig:
             self.synthetic_difficulty,
             self.normalisation,
             self.train_split,
+            self.dataset_nonfinite,
         )
 
     def to_dict(self) -> dict:

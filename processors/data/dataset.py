@@ -31,6 +31,7 @@ class Dataset:
     mean, std: per-channel statistics images are standardised with (on [0, 1] pixels); None for float inputs and
         token ids.
     users: who holds which samples, for a per-user source (``processors.data.users``); None otherwise.
+    dropped: training and test rows left out for holding NaN or inf (``processors.data.finite_rows``).
     """
 
     x_train: torch.Tensor
@@ -41,6 +42,7 @@ class Dataset:
     mean: tuple[float, ...] | None = CIFAR_MEAN
     std: tuple[float, ...] | None = CIFAR_STD
     users: UserSplit | None = None
+    dropped: tuple[int, int] = (0, 0)
 
     @property
     def is_text(self) -> bool:
@@ -54,7 +56,7 @@ class Dataset:
 
     def to(self, device: torch.device) -> Dataset:
         moved = (t.to(device) for t in (self.x_train, self.y_train, self.x_test, self.y_test))
-        return Dataset(*moved, self.num_classes, self.mean, self.std, self.users)
+        return Dataset(*moved, self.num_classes, self.mean, self.std, self.users, self.dropped)
 
     @elementwise
     def prepare(self, x: torch.Tensor) -> torch.Tensor:

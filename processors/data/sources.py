@@ -29,6 +29,7 @@ import torch
 
 from processors.data.cache import cached_arrays
 from processors.data.dataset import Dataset, elementwise, normalize, standardize  # noqa: F401 - long imported here
+from processors.data.finite_rows import finite_rows
 from processors.data.hf import load_hf
 from processors.data.leaf import load_leaf
 from processors.data.spec import (  # noqa: F401 - the spec's names, long imported from here
@@ -69,7 +70,7 @@ def references_split(data: Dataset) -> Dataset:
 
 @functools.lru_cache(maxsize=4)
 def _load_cached(spec: DatasetSpec) -> Dataset:
-    data = _load_source(spec)
+    data = finite_rows(_load_source(spec), spec.nonfinite, f"--dataset {spec.name}")
     if spec.normalisation != "cifar":
         if spec.normalisation not in NORMALISATIONS:
             raise DatasetError(f"--normalisation {spec.normalisation!r}: use {' or '.join(NORMALISATIONS)}")

@@ -26,6 +26,9 @@ REFERENCES_SPLIT_SEED = 42
 REFERENCES_TRAIN_FRACTION = 0.75
 
 
+NONFINITE_POLICIES = ("refuse", "drop")  # rows holding NaN or inf (processors.data.finite_rows)
+
+
 class DatasetError(ValueError):
     """A dataset that is missing or malformed; the message names the fix."""
 
@@ -42,6 +45,7 @@ class DatasetSpec:
     synthetic_difficulty: float = 0.0  # 0: the easy classes of make_synthetic; 1: the calibrated hard ones
     normalisation: str = "cifar"  # the built-in sources' statistics: a key of NORMALISATIONS
     train_split: str = "all"  # "references": the training images the references' devices draw from
+    nonfinite: str = "refuse"  # rows holding NaN or inf: refuse the run, or drop them (NONFINITE_POLICIES)
 
     @property
     def kind(self) -> str:
