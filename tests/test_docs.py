@@ -216,7 +216,7 @@ DOC_PATH = re.compile(r"(?<![\w./-])((?:" + "|".join(sorted(TOP_LEVEL)) + r")/[\
 
 
 def stale_docstring_paths(root: str = REPO) -> list[str]:
-    """Repository paths (``benchmarks/bench_engine.py``, ``docs/engines.md``) named in any docstring of the
+    """Repository paths (``benchmarks/perf/bench_engine.py``, ``docs/engines.md``) named in any docstring of the
     project's packages, benchmarks and examples that do not exist."""
     import ast
 

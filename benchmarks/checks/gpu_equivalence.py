@@ -15,9 +15,9 @@ one it must equal.
   precision on both (bf16 autocast runs on the CPU too; TF32 is CUDA's alone, so its CPU side is float32).
 - ``repeat``: the same group trained twice on CUDA at each precision, whether it repeats bit for bit.
 
-    .venv/bin/python benchmarks/gpu_equivalence.py            # needs CUDA; exits 2 without it
-    .venv/bin/python benchmarks/gpu_equivalence.py --model resnet18   # the paper's ResNet-18 (no processor line)
-    .venv/bin/python benchmarks/gpu_equivalence.py --precisions fp32,tf32,bf16
+    .venv/bin/python benchmarks/checks/gpu_equivalence.py            # needs CUDA; exits 2 without it
+    .venv/bin/python benchmarks/checks/gpu_equivalence.py --model resnet18   # the paper's ResNet-18 (no processor line)
+    .venv/bin/python benchmarks/checks/gpu_equivalence.py --precisions fp32,tf32,bf16
 
 ``tests/processors/test_cuda.py`` bounds the same comparisons (it skips where CUDA is absent).
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from processors.data.sources import make_synthetic  # noqa: E402
 from processors.models import build_model  # noqa: E402

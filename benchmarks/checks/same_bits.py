@@ -1,17 +1,17 @@
 """Same bits: the digests of seeded FedAvg, FedBuff and FedRevive runs, to compare two commits after a refactor.
 
-    python benchmarks/same_bits.py --out A.json                    # this checkout
-    python benchmarks/same_bits.py --out B.json --repo OTHER_TREE  # another checkout (e.g. a git worktree)
-    python benchmarks/same_bits.py --compare A.json B.json         # exit 0 when every digest is equal
-    python benchmarks/same_bits.py --out C.json --precision bf16   # the runs at another --precision
+    python benchmarks/checks/same_bits.py --out A.json                    # this checkout
+    python benchmarks/checks/same_bits.py --out B.json --repo OTHER_TREE  # another checkout (e.g. a git worktree)
+    python benchmarks/checks/same_bits.py --compare A.json B.json         # exit 0 when every digest is equal
+    python benchmarks/checks/same_bits.py --out C.json --precision bf16   # the runs at another --precision
 
 Each run's digest names the precision it ran at (``--precision``, default fp32: the flag is then not passed, so
 a checkout from before the flag runs too); a precision repeats its own bits on one machine, never another's.
-    python benchmarks/same_bits.py --out S.json --bulk shm         # every run with its bulk arrays in shared memory
-    python benchmarks/same_bits.py --out W.json --bulk wire        # ... or on NVFlare's wire: S and W must be equal
+    python benchmarks/checks/same_bits.py --out S.json --bulk shm         # every run with its bulk arrays in shared memory
+    python benchmarks/checks/same_bits.py --out W.json --bulk wire        # ... or on NVFlare's wire: S and W must be equal
 
 Each run is small but real (SimEnv, 2 leaves): FedAvg; FedBuff with the paper's delays (updates of many versions,
-stale ones included); FedRevive with its phases from version 2 (``benchmarks.fedrevive_small``), so distillation runs. Every scheduled version is
+stale ones included); FedRevive with its phases from version 2 (``benchmarks.lib.fedrevive_small``), so distillation runs. Every scheduled version is
 evaluated (``--eval-backlog wait``), so the accuracy curve does not depend on the machine's load. A digest is the
 SHA-256 of ``events.jsonl`` and of ``global_model.pt``, the list of (version, accuracy), and FedRevive's log without
 its wall-clock fields (``fedrevive.config.LOG_WALL_CLOCK``).
@@ -30,10 +30,10 @@ import subprocess
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
-from benchmarks.fedrevive_small import FEDREVIVE_SMALL  # noqa: E402
-from benchmarks.harness import job_command  # noqa: E402
+from benchmarks.lib.fedrevive_small import FEDREVIVE_SMALL  # noqa: E402
+from benchmarks.lib.harness import job_command  # noqa: E402
 from common.result_files import EVENTS, GLOBAL_MODEL, METRICS  # noqa: E402
 from fedrevive.config import LOG_FILE as FEDREVIVE_LOG  # noqa: E402
 from fedrevive.config import LOG_WALL_CLOCK  # noqa: E402

@@ -4,7 +4,7 @@ here; a benchmark never imports tests).
 Both phases start early, distillation at version 2 and the distilled model's KD training at version 3, so a run
 of a few versions goes through the generator's warm-up and revives stale updates; synthesis and distillation are
 cut down (2 teachers of 2 images each per round, one KD iteration, a generator 8 channels wide, a pool of 32
-images) so that a CPU runs a version in about a second. ``benchmarks/same_bits.py`` digests such a run; the e2e
+images) so that a CPU runs a version in about a second. ``benchmarks/checks/same_bits.py`` digests such a run; the e2e
 tests (``tests/e2e``) run FedRevive with it.
 """
 

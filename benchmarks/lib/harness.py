@@ -10,8 +10,10 @@ versions (steady state, without start-up) and divide it by the devices trained i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -22,7 +24,7 @@ import psutil
 
 from common.result_files import METRICS
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLES = ("driver", "server", "leaves")
 
 
@@ -151,3 +153,15 @@ def run_job(
     with open(metrics_path) as f:
         metrics = json.load(f)
     return JobResult(metrics, output, time.time() - started, peak, cpu_at_version, started, ended)
+
+
+@contextlib.contextmanager
+def worktree(rev: str, work: str):
+    """A temporary checkout of ``rev`` (its own code first on ``PYTHONPATH``), removed afterwards."""
+    path = os.path.join(work, f"rev-{rev}")
+    subprocess.run(["git", "-C", REPO, "worktree", "add", "--detach", path, rev], check=True, capture_output=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", path], capture_output=True)
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,8 +1,8 @@
 """A job whose devices return a fixed diff at once, everything else real (NVFlare's processes and wire, the
 schedule, the applier, the strategy): the protocol's ceiling, for ``bench_protocol.py --null-training``.
 
-    python benchmarks/null_training.py fedavg    FLAGS   # as jobs/pt_job_fedavg.py FLAGS
-    python benchmarks/null_training.py fedrevive FLAGS   # as jobs/pt_job_fedrevive.py FLAGS (--method fedbuff ...)
+    python benchmarks/lib/null_training.py fedavg    FLAGS   # as jobs/pt_job_fedavg.py FLAGS
+    python benchmarks/lib/null_training.py fedrevive FLAGS   # as jobs/pt_job_fedrevive.py FLAGS (--method fedbuff ...)
 
 The trainer is plugged in through the engine's ``trainer`` option (no flag; ``simulation.config.EngineConfig``):
 ``NullTrainer`` is the job's own ``TrainingTaskProcessor`` (its plan, its data, its model's shapes) with the
@@ -17,11 +17,11 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from common.protocol import DEVICE_EXTRA_PREFIX  # noqa: E402
 from processors.task_processor import TrainingTaskProcessor  # noqa: E402
 
-NULL_TRAINER = "benchmarks.null_training:NullTrainer"
+NULL_TRAINER = "benchmarks.lib.null_training:NullTrainer"
 JOBS = {"fedavg": "fedavg", "fedrevive": None}  # the job script it stands for -> job_main's method
 
 

@@ -12,9 +12,9 @@ Sides:
 
 - ``ours``: ``jobs/pt_job_fedavg.py`` in SimEnv (2 leaves x 500 devices), a subprocess;
 - ``pfl``: pfl 0.6 in its best local setting, one process per core (``torchrun --nproc_per_node=2``), running
-  ``benchmarks/peers_pfl.py``;
+  ``benchmarks/peers/peers_pfl.py``;
 - ``flower``: Flower 1.42's Simulation Runtime (Ray, one CPU per client, a client per core at once), running
-  ``benchmarks/peers_flower.py``: its ``FedAvg`` strategy, one SuperNode per user; by default only where ``flwr``
+  ``benchmarks/peers/peers_flower.py``: its ``FedAvg`` strategy, one SuperNode per user; by default only where ``flwr``
   imports;
 - ``floor``: plain PyTorch, no FL framework: 2 processes each train half of a round's users one after another.
 
@@ -27,8 +27,8 @@ The peers are an optional extra (``pip install -e '.[peers]'``); the project nev
 extra this prints one line and exits with 2. ``--ours-python`` names the interpreter for our job (one with NVFlare)
 when the peers live in another environment.
 
-    python benchmarks/bench_peers.py --rounds 10
-    /path/to/peers-venv/bin/python benchmarks/bench_peers.py --ours-python .venv/bin/python --rounds 10
+    python benchmarks/peers/bench_peers.py --rounds 10
+    /path/to/peers-venv/bin/python benchmarks/peers/bench_peers.py --ours-python .venv/bin/python --rounds 10
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SIDES = ("ours", "pfl", "flower", "floor")
 LEAVES = 2
 PEERS = {"pfl": "pfl", "flower": "flwr"}  # side -> the module of the extra it needs
@@ -217,7 +217,7 @@ def run_pfl(w: dict) -> dict:
     out = tempfile.mktemp(suffix=".json", prefix="pfl-")
     started = time.time()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={LEAVES}"]
-    cmd += [str(REPO / "benchmarks" / "peers_pfl.py"), json.dumps(w), out]
+    cmd += [str(REPO / "benchmarks" / "peers" / "peers_pfl.py"), json.dumps(w), out]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=_env(), timeout=TIMEOUT)
     ended = time.time()
     if done.returncode != 0:
@@ -232,7 +232,7 @@ def run_flower(w: dict) -> dict:
     out = tempfile.mktemp(suffix=".json", prefix="flower-")
     env = _env() | {"BENCH_PEERS_WORK": json.dumps(w), "BENCH_PEERS_OUT": out}
     started = time.time()
-    cmd = [sys.executable, str(REPO / "benchmarks" / "peers_flower.py")]
+    cmd = [sys.executable, str(REPO / "benchmarks" / "peers" / "peers_flower.py")]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=TIMEOUT)
     ended = time.time()
     if done.returncode != 0 or not os.path.exists(out):

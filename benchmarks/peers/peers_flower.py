@@ -11,7 +11,7 @@ calls its evaluation (before round 1), a round's end each later call; the accura
 last round; ``unchanged_rounds`` counts the rounds whose global model equals the one before (every client of that
 round failed: Flower logs the error and goes on), which ``bench_peers.py`` refuses to report as a result.
 
-The apps are run from this module imported by name (``benchmarks.peers_flower``), never from ``__main__``: Ray's
+The apps are run from this module imported by name (``benchmarks.peers.peers_flower``), never from ``__main__``: Ray's
 workers unpickle the client's functions by their module, and every client run from ``__main__`` failed with
 "Can't get attribute 'actor_work' on <module '__main__'>" while the server went on with the initial model.
 """
@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -35,7 +35,7 @@ from flwr.serverapp import Grid, ServerApp  # noqa: E402
 from flwr.serverapp.strategy import FedAvg  # noqa: E402
 from flwr.simulation import run_simulation  # noqa: E402
 
-from benchmarks.bench_peers import initial_net, load_work, test_accuracy, user_names  # noqa: E402
+from benchmarks.peers.bench_peers import initial_net, load_work, test_accuracy, user_names  # noqa: E402
 
 WORK = json.loads(os.environ.get("BENCH_PEERS_WORK", "{}"))  # the work, for the Ray actors too
 
@@ -109,7 +109,7 @@ def main(grid: Grid, context: Context) -> None:
 
 
 if __name__ == "__main__":
-    from benchmarks import peers_flower as apps  # by module name, so Ray's workers can unpickle the client
+    from benchmarks.peers import peers_flower as apps  # by module name, so Ray's workers can unpickle the client
 
     cores = os.cpu_count() or 1
     run_simulation(

@@ -6,7 +6,7 @@ each device's own seeded hour; a device whose session ends before its update arr
 One table: final and best accuracy, versions made, mean staleness of the updates that went into a model, the
 failure rate, and the mean number of devices online as versions were made.
 
-    python benchmarks/bench_availability.py --online 1,0.5,0.25 --period 10 --seeds 0
+    python benchmarks/perf/bench_availability.py --online 1,0.5,0.25 --period 10 --seeds 0
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.harness import run_job  # noqa: E402
-from benchmarks.reproduce_fedrevive import SCALES  # noqa: E402
+from benchmarks.lib.harness import run_job  # noqa: E402
+from benchmarks.lib.scales import SCALES  # noqa: E402
 from common.result_files import EVENTS, METRICS  # noqa: E402
 
 

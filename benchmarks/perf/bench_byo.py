@@ -14,7 +14,7 @@ model version"), from the first new version to the last, so start-up is left out
 processor's training of one device, timed in this process on one torch thread, times a round's devices, divided by
 the machine's cores (every core training its own device): what no simulator can beat with this processor.
 
-    python benchmarks/bench_byo.py [--versions 4] [--loader-workers 0]
+    python benchmarks/perf/bench_byo.py [--versions 4] [--loader-workers 0]
 
 The last line is ``speedup: <X>x``.
 """
@@ -32,7 +32,7 @@ import time
 from datetime import datetime
 from types import SimpleNamespace
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(REPO, "examples")
 sys.path.insert(0, EXAMPLES)
 VERSION_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*generated new model version (\d+) with (\d+)")

@@ -8,8 +8,8 @@ seconds per version of both and their ratio, and the last checkpoint's size on d
 between checkpoints, so its cost is the write time over that interval: at most 5% by construction; the table
 says what it is for each method.
 
-    python benchmarks/bench_checkpoint.py                      # convnet, the three methods
-    python benchmarks/bench_checkpoint.py --model resnet18 --methods fedavg
+    python benchmarks/perf/bench_checkpoint.py                      # convnet, the three methods
+    python benchmarks/perf/bench_checkpoint.py --model resnet18 --methods fedavg
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import os
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.harness import run_job  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from benchmarks.lib.harness import run_job  # noqa: E402
 from common.result_files import CHECKPOINT  # noqa: E402
 from scheduling.checkpoint import AUTO_COST_SHARE, AUTO_MIN_SECONDS  # noqa: E402
 

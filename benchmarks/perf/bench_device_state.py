@@ -10,8 +10,8 @@ with checkpoints (``durable``: every state also written when made). A device tha
 Part 2, training: one group of ``--group`` devices trained by the vectorised engine with SCAFFOLD's rule against
 the same group without it (FedAvg), ``--reps`` times each, interleaved: the ratio is the rule's cost per device.
 
-    python benchmarks/bench_device_state.py                    # 10^4 devices, budget 256 MiB
-    python benchmarks/bench_device_state.py --devices 1000 --memory-mb 64
+    python benchmarks/perf/bench_device_state.py                    # 10^4 devices, budget 256 MiB
+    python benchmarks/perf/bench_device_state.py --devices 1000 --memory-mb 64
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ import numpy as np
 import psutil
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "examples"))
 from scaffold import C, ScaffoldRule  # noqa: E402
 
 from processors.data.sources import make_synthetic  # noqa: E402

@@ -5,7 +5,7 @@ images. The per-device engine is a loop of ``train_local`` reusing one model; th
 ``train_group`` call for all K devices. Both get identically seeded generators, so they train the same batches;
 the maximum |difference| of their diffs is printed as a sanity check.
 
-    .venv/bin/python benchmarks/bench_engine.py --device auto --ks 1,8,32,100 --iters 25
+    .venv/bin/python benchmarks/perf/bench_engine.py --device auto --ks 1,8,32,100 --iters 25
 
 The line ``speedup: <X>x`` is vectorised over per-device for the largest K; ``trackers: <X>x`` is the vectorised
 engine's time with the model's statistic trackers over its time with them replaced by identities (what recording
@@ -15,10 +15,10 @@ the devices' data statistics costs; models whose trackers are top-level modules 
 too (the median of each round's ratio, the sides' order rotating), after a line giving DP's own operations alone.
 All ratios are measured alternately in the same run.
 
-    .venv/bin/python benchmarks/bench_engine.py --model resnet18 --ks 1,4 --iters 2 --batch-size 8 --samples 32
+    .venv/bin/python benchmarks/perf/bench_engine.py --model resnet18 --ks 1,4 --iters 2 --batch-size 8 --samples 32
 
 ``--precision fp32|tf32|bf16`` trains both engines at that precision (``processors.precision``; the floor printed
-by ``benchmarks/paper_seed.py`` too); ``--no-extras`` leaves out the tracker and augmentation ratios. The device-step
+by ``benchmarks/repro/paper_seed.py`` too); ``--no-extras`` leaves out the tracker and augmentation ratios. The device-step
 levers, each off by default until a GPU measures it (``TrainingConfig``): ``--channels-last`` and ``--compile
 MODE`` (the per-device engine), ``--batches-on-device`` (both).
 
@@ -26,7 +26,7 @@ MODE`` (the per-device engine), ``--batches-on-device`` (both).
 ``--window`` characters, LEAF's 80 by default) instead of images; the tracker and augmentation ratios are skipped
 (it has neither).
 
-    .venv/bin/python benchmarks/bench_engine.py --device cpu --model char_lstm --ks 1,4 --iters 3 --batch-size 10
+    .venv/bin/python benchmarks/perf/bench_engine.py --device cpu --model char_lstm --ks 1,4 --iters 3 --batch-size 10
 
 ``--unequal``: what unequal devices cost the vectorised engine. K devices (the largest of ``--ks``) hold sample
 counts drawn from a long-tailed (log-normal, sigma ``--unequal-sigma``) distribution of mean ``--samples`` and train
@@ -37,16 +37,16 @@ devices holding the mean count (the same work), then ``unequal: <X>x``, the equa
 one's (what unequal sizes cost), and the share of the unequal group's lanes (steps x K x batch) that hold a real
 sample. Alternated, best of ``--repeats`` (at least 3).
 
-    .venv/bin/python benchmarks/bench_engine.py --unequal --ks 32 --samples 120 --epochs 1
+    .venv/bin/python benchmarks/perf/bench_engine.py --unequal --ks 32 --samples 120 --epochs 1
 
-``--floor-batches 10,32``: the vectorised engine against the serial floor of ``benchmarks/bench_peers.py`` (plain
+``--floor-batches 10,32``: the vectorised engine against the serial floor of ``benchmarks/peers/bench_peers.py`` (plain
 PyTorch, no framework: each device's data standardised once beforehand, then per device ``load_state_dict``, a
 fresh optimiser and its steps one after another), the largest K devices trained on the same batches
 (``batch_schedule``) at each of these batch sizes, alternated, best of ``--repeats`` (at least 3). One line per
 batch size, ``floor batch <b>: ... grouped <X>x the floor``. Issue 34's work (25 devices a process, one thread,
 5 SGD steps at lr 0.1, 50 samples):
 
-    .venv/bin/python benchmarks/bench_engine.py --device cpu --threads 1 --ks 1,25 --iters 5 --samples 50 \
+    .venv/bin/python benchmarks/perf/bench_engine.py --device cpu --threads 1 --ks 1,25 --iters 5 --samples 50 \
         --optimizer sgd --lr 0.1 --batch-size 10 --floor-batches 10,32 --repeats 7 --cpu-time
 
 Over 400 lines: the engine's every side cost (trackers, augmentation, differential privacy, unequal devices, the
@@ -67,7 +67,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common.dp_noise import GaussianNoise  # noqa: E402
 from processors.data.sources import Dataset, make_synthetic, normalize  # noqa: E402

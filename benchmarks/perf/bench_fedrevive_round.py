@@ -7,14 +7,14 @@ each, and what an update costs on average when rounds run every ``synth_every_ve
 twice in one run, first with the round shape and schedule this project used before (generator width 64, 256
 images, a round on every update; today's code), then with the given configuration, and prints the ratio.
 
-    python benchmarks/bench_fedrevive_round.py [--model cifar10_convnet] [--fr-gen-width 128] ...
+    python benchmarks/perf/bench_fedrevive_round.py [--model cifar10_convnet] [--fr-gen-width 128] ...
 
 ``--variants fp32:off,fp32:on,bf16:on`` times the given configuration at each ``precision:batched-teachers`` pair
 instead (``--precision``, ``--fr-batched-teachers``), alternating, and prints each one's seconds per stale update
 and its ratio to the first, after the largest relative difference of the batched teachers' generator loss and input
 gradient from the loop's on this device (what batching does to the numbers):
 
-    python benchmarks/bench_fedrevive_round.py --model resnet18 --device cuda --repeats 2 \
+    python benchmarks/perf/bench_fedrevive_round.py --model resnet18 --device cuda --repeats 2 \
         --fr-synth-every-versions 1 --variants fp32:off,fp32:on,tf32:on,bf16:on
 """
 
@@ -27,7 +27,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

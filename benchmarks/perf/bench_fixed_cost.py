@@ -2,7 +2,7 @@
 and the whole process, with where the time goes, from one run of this script.
 
 The job (default: ``pt_job_fedavg.py --max-model-version 3 --devices-per-leaf 10 --device-selection-size 10
---subset-size 50 --seed 7``, almost no training) is run by ``benchmarks.harness.run_job``; the clock starts just
+--subset-size 50 --seed 7``, almost no training) is run by ``benchmarks.lib.harness.run_job``; the clock starts just
 before the process is started and stops when it has exited. The versions' times are the server's own
 (``metrics.json``'s ``epoch`` of each evaluated version). The CPU seconds are the harness's samples of every
 process of the job (every 50 ms, by role: the driver, the simulator's server processes, the leaves' workers) when
@@ -50,9 +50,8 @@ import statistics
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.bench_protocol import worktree  # noqa: E402
-from benchmarks.harness import REPO, ROLES, job_command, run_job  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from benchmarks.lib.harness import REPO, ROLES, job_command, run_job, worktree  # noqa: E402
 
 SCRIPT = "jobs/pt_job_fedavg.py"
 FLAGS = "--max-model-version 3 --devices-per-leaf 10 --device-selection-size 10 --subset-size 50 --seed 7"

@@ -1,8 +1,8 @@
 """What a local provisioned hierarchy costs: time to stand it up, its processes and memory idle and during a small
 FedAvg job through ``--env prod``, and that job's time from submission to results in ``--output``.
 
-    python benchmarks/bench_hierarchy.py                  # 2 relays, 4 leaves, a 6-version job
-    python benchmarks/bench_hierarchy.py --leaves 8 --versions 10
+    python benchmarks/perf/bench_hierarchy.py                  # 2 relays, 4 leaves, a 6-version job
+    python benchmarks/perf/bench_hierarchy.py --leaves 8 --versions 10
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.harness import REPO  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from benchmarks.lib.harness import REPO  # noqa: E402
 from jobs.deploy import local  # noqa: E402
 
 

@@ -7,9 +7,9 @@ computed for the planned run (``--dp-target-epsilon`` with ``--max-sim-time``: t
 run and ``results.md`` in ``--output``: the noise multiplier, the epsilon spent, final and best accuracy (chance:
 0.1) and wall seconds.
 
-    python benchmarks/bench_privacy.py --methods fedavg,fedbuff --epsilons 8,2 --seed 0
-    python benchmarks/bench_privacy.py --methods fedavg --epsilons 8,2 -- --synthetic-difficulty 0 --global-lr 0.3
-    python benchmarks/bench_privacy.py --methods fedbuff --epsilons 8,2 -- --synthetic-difficulty 0 --global-lr 0.01
+    python benchmarks/perf/bench_privacy.py --methods fedavg,fedbuff --epsilons 8,2 --seed 0
+    python benchmarks/perf/bench_privacy.py --methods fedavg --epsilons 8,2 -- --synthetic-difficulty 0 --global-lr 0.3
+    python benchmarks/perf/bench_privacy.py --methods fedbuff --epsilons 8,2 -- --synthetic-difficulty 0 --global-lr 0.01
 
 ``--overhead``: one job (``--methods``' first, ``--overhead-versions`` versions of the cpu scale) run without and
 with central DP, alternated ``--repeats`` times; the median of each side's steady-state seconds per version
@@ -26,7 +26,7 @@ time differs for that reason too; a synchronous run's schedule is the same with 
 what DP costs the run: its own work, and training from the weights its noise leads to (the lines before separate
 them).
 
-    python benchmarks/bench_privacy.py --overhead --methods fedavg --repeats 3
+    python benchmarks/perf/bench_privacy.py --overhead --methods fedavg --repeats 3
 
 Extra job flags after ``--`` go to every run (e.g. ``-- --dp-clip-norm 1 --num-updates-for-model 10``).
 """
@@ -41,9 +41,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.harness import run_job  # noqa: E402
-from benchmarks.reproduce_fedrevive import SCALES, resolved_config  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from benchmarks.lib.harness import run_job  # noqa: E402
+from benchmarks.lib.scales import SCALES, resolved_config  # noqa: E402
 from processors.training_config import TrainingConfig  # noqa: E402
 
 CPU = SCALES["cpu"]
@@ -135,7 +135,7 @@ class WeightsTrial:
     def of(cls, plain_run: str, dp_run: str) -> WeightsTrial:
         import torch
 
-        from benchmarks.bench_engine import device_data
+        from benchmarks.perf.bench_engine import device_data
         from common.result_files import GLOBAL_MODEL
         from processors.data.sources import make_synthetic
 

@@ -4,8 +4,8 @@ routing proxy), trained once by the leaves' simulated devices and once by NVFlar
 wall time per version, devices per second, time from submission to results, and the processes and memory of the
 hierarchy plus the device client at their peak.
 
-    python benchmarks/bench_real_devices.py                       # 8 devices, 10 versions; 1 and 4 HTTP clients
-    python benchmarks/bench_real_devices.py --devices 16 --versions 20
+    python benchmarks/perf/bench_real_devices.py                       # 8 devices, 10 versions; 1 and 4 HTTP clients
+    python benchmarks/perf/bench_real_devices.py --devices 16 --versions 20
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.bench_hierarchy import resident  # noqa: E402
-from benchmarks.harness import REPO  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from benchmarks.lib.harness import REPO  # noqa: E402
+from benchmarks.perf.bench_hierarchy import resident  # noqa: E402
 from common.result_files import METRICS  # noqa: E402
 from jobs.deploy import local, sessions  # noqa: E402
 from jobs.deploy.device_proxy import device_client_config  # noqa: E402

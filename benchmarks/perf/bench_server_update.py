@@ -1,6 +1,6 @@
 """The server's CPU per asynchronous update without NVFlare's transport: what this project's code costs per update.
 
-    python benchmarks/bench_server_update.py --baseline-rev main --repeat 3
+    python benchmarks/perf/bench_server_update.py --baseline-rev main --repeat 3
 
 One process runs the server's own pieces as a FedBuff run at ``bench_protocol.py --null-training``'s setting
 (2 leaves x 1,000 devices, K = 2,000, B = 2, server lr 0.05, ``--delays paper``, the convnet's layout): each
@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # the code measured: this checkout, or the baseline's tree (the parent passes it)
 sys.path.insert(0, os.environ.get("BENCH_SERVER_TREE") or REPO)
 

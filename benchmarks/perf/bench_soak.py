@@ -8,8 +8,8 @@ process, the growth from the end of the warm-up (the first ``--warmup`` share of
 trend over the post-warm-up samples (least-squares slope, as a share of the warm-up value per 1,000 versions).
 The goal: under 10% growth and no trend.
 
-    python benchmarks/bench_soak.py                    # 2,000 versions, 2 leaves x 100 devices, 20 at once
-    python benchmarks/bench_soak.py --versions 200      # a quick look
+    python benchmarks/perf/bench_soak.py                    # 2,000 versions, 2 leaves x 100 devices, 20 at once
+    python benchmarks/perf/bench_soak.py --versions 200      # a quick look
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import time
 import numpy as np
 import psutil
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.harness import REPO  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from benchmarks.lib.harness import REPO  # noqa: E402
 from common.result_files import METRICS  # noqa: E402
 
 FIELDS = ("rss_mb", "threads", "fds", "files")

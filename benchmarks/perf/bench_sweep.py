@@ -8,8 +8,8 @@ or ``--spec``), samples the whole machine's CPU busy once a second, then reads t
 one local deployment, ``python -m jobs.deploy up``, started here once: its start-up is printed apart, a cost paid
 once per deployment, not per trial).
 
-    python benchmarks/bench_sweep.py [--trials 6] [--parallel 2] [--ways simenv,deployment] [--spec SPEC]
-    python benchmarks/bench_sweep.py --read SWEEP_DIR
+    python benchmarks/perf/bench_sweep.py [--trials 6] [--parallel 2] [--ways simenv,deployment] [--spec SPEC]
+    python benchmarks/perf/bench_sweep.py --read SWEEP_DIR
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import optuna  # noqa: E402
 import psutil  # noqa: E402
@@ -33,7 +33,7 @@ from optuna.trial import TrialState  # noqa: E402
 from common.result_files import METRICS  # noqa: E402
 from jobs.sweep.study import trial_runs  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPEC = """
 base: {{method: fedavg, num-leaf-nodes: 2, devices-per-leaf: 4, device-selection-size: 8, synthetic-size: 3000,
         subset-size: 300, synthetic-difficulty: 1, max-model-version: 6, delays: paper, seed: 3, workspace: {ws}}}

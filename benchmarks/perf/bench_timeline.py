@@ -4,7 +4,7 @@ fleets of 10^4, 10^5 and 10^6 devices over two leaves, with every device always 
 (``--availability diurnal``: one session a day of ``--online`` x ``--period`` time units; selection then draws
 only online devices, and devices drop out). The goal: 10^6 devices and 10^5 versions in under a minute on 2 cores.
 
-    python benchmarks/bench_timeline.py --versions 100000 --selection 1000
+    python benchmarks/perf/bench_timeline.py --versions 100000 --selection 1000
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dataclasses import replace  # noqa: E402
 

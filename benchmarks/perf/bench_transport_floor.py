@@ -1,10 +1,10 @@
 """The CPU that NVFlare's wire alone costs per asynchronous update, with nothing of ours around it: the floor under
 ``bench_protocol.py --null-training``'s FedBuff figures, and under issue 33's goals for them.
 
-    python benchmarks/bench_transport_floor.py                 # the floor, at the traffic given by the flags
-    python benchmarks/bench_transport_floor.py --beside-job    # the null FedBuff job first, then the floor at its
+    python benchmarks/perf/bench_transport_floor.py                 # the floor, at the traffic given by the flags
+    python benchmarks/perf/bench_transport_floor.py --beside-job    # the null FedBuff job first, then the floor at its
                                                                # traffic, side by side
-    python benchmarks/bench_transport_floor.py --bulk shm,wire --model resnet18   # both ways, side by side
+    python benchmarks/perf/bench_transport_floor.py --bulk shm,wire --model resnet18   # both ways, side by side
 
 What a null-training FedBuff update moves is the method's: one diff from a leaf up to the server, and some new
 versions from the server down (each version goes to the leaves whose devices start from it). Here a real NVFlare
@@ -51,12 +51,12 @@ import time
 import numpy as np
 from nvflare.fuel.f3.cellnet.defs import MessageHeaderKey
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from benchmarks.perf.protocol_runs import last_in_server_log, measure  # noqa: E402
+from benchmarks.perf.transport_report import print_report  # noqa: E402
 
 CHANNEL = "aux_communication"  # NVFlare's aux channel: the one a leaf's sync travels on (streamed)
 TOPIC = "edgesim_bench_sync"
-SERVER_GOAL_MS = 0.5
-RATE_GOAL = 1500.0
 
 
 def versions_per_sync(args) -> int:
@@ -277,21 +277,41 @@ def protocol_line() -> re.Pattern:
 def job_beside(args) -> dict:
     """``bench_protocol.py --null-training``'s FedBuff run (paper delays), measured as that benchmark measures it,
     with the first ``--bulk`` mode, and its traffic from its server's log."""
-    from benchmarks import bench_protocol
-
     job = argparse.Namespace(
         leaves=args.leaves, devices_per_leaf=None, selection=None, versions=5, fedbuff_versions=args.job_versions,
         synthetic_size=4000, seed=1, null_training=True, only="fedbuff-paper", baseline_rev="", model=args.model,
         bulk=args.modes[0], repeat=1,
     )  # fmt: skip
     work = tempfile.mkdtemp(prefix="bench_transport_floor_")
-    measured = bench_protocol.measure(job, work)
+    measured = measure(job, work)
     run = next(iter(measured.values()))["FedBuff, paper delays"]
-    traffic = bench_protocol.last_in_server_log(run["out"], protocol_line())
+    traffic = last_in_server_log(run["out"], protocol_line())
     if traffic is None:
         raise SystemExit(f"bench_transport_floor: no 'protocol:' line in the job's server log under {run['out']}")
     reports, applied, models = (int(traffic[key]) for key in ("reports", "applied", "models"))
     return run | {"diffs_per_sync": max(1, round(applied / reports)), "versions_per_update": models / applied}
+
+
+def measured_floor(args, mode: str) -> dict:
+    """``run_server``'s figures for ``--bulk mode``: in this process for one mode, else in a process of its own (the
+    server's; NVFlare keeps a process's cells by name)."""
+    if len(args.modes) == 1:
+        args.bulk = mode
+        return run_server(args)
+    argv = [sys.executable, __file__, "--measure", "--bulk", mode, "--model", args.model, "--leaves", str(args.leaves)]
+    argv += [
+        "--seconds",
+        repr(args.seconds),
+        "--warmup",
+        repr(args.warmup),
+        "--diffs-per-sync",
+        str(args.diffs_per_sync),
+    ]
+    argv += ["--versions-per-update", repr(args.versions_per_update)]
+    done = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=False)
+    if done.returncode:
+        raise SystemExit(f"bench_transport_floor: the --bulk {mode} measurement failed (exit {done.returncode})")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 TRAFFIC = {  # a model's traffic in the null FedBuff job (diffs per sync, versions per update): its default here
@@ -330,9 +350,10 @@ def main() -> None:
         parser.exit(2, "bench_transport_floor: --leaves, --seconds and --diffs-per-sync must be positive\n")
     if not args.modes or set(args.modes) - {"shm", "wire"}:
         parser.exit(2, f"bench_transport_floor: --bulk {args.bulk}: give wire, shm, or shm,wire\n")
-    from benchmarks.transport_report import report
-
-    report(args, job_beside(args) if args.beside_job else None)
+    job = job_beside(args) if args.beside_job else None
+    if job:  # the floor at the job's traffic
+        args.diffs_per_sync, args.versions_per_update = job["diffs_per_sync"], job["versions_per_update"]
+    print_report(args, {mode: measured_floor(args, mode) for mode in args.modes}, job)
 
 
 if __name__ == "__main__":

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import os
 
-from benchmarks.bench_protocol import describe, job_flags, training_floor_ms
-from benchmarks.harness import run_job
+from benchmarks.lib.harness import run_job
+from benchmarks.lib.scales import SCALES
+from benchmarks.perf.protocol_runs import describe, job_flags, training_floor_ms
 
 
 def cpu_scale(args, work: str) -> None:
     """FedBuff at the reproduction harness's cpu scale (``reproduce_fedrevive.py --scale cpu``: 25 Adam steps of
     batch 32 per device): updates per second against the training floor of its devices' groups."""
-    from benchmarks.reproduce_fedrevive import SCALES
-
     flags = [
         *SCALES["cpu"]["flags"],
         "--method",

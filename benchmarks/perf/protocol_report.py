@@ -4,9 +4,8 @@ the medians of repeated runs, and the ratios between sides."""
 from __future__ import annotations
 
 import os
-import statistics
 
-from benchmarks.bench_protocol import (
+from benchmarks.perf.protocol_runs import (
     GPU_SAMPLES_PER_SECOND,
     NEAR_ZERO_TRAINING,
     OURS,
@@ -17,23 +16,6 @@ from benchmarks.bench_protocol import (
 
 ROW = "{:<22} {:<26} {:>10} {:>9} {:>8} {:>10} {:>9} {:>12} {:>8} {:>14} {:>8} {:>12}"
 NULL_ROW = "{:<22} {:<26} {:>10} {:>9} {:>10} {:>9} {:>12} {:>14} {:>8} {:>12} {:>12} {:>12}"
-NUMBERS = ("devices_per_second", "seconds_per_version", "cpu_busy", "server_cores")
-
-
-def median_run(runs: list[dict]) -> dict:
-    """One run's figures from several runs of it: the median of each number (each CPU figure on its own), the
-    first run's groups, versions kept and output folder."""
-    first = dict(runs[0])
-    if len(runs) == 1:
-        return first
-    for key in NUMBERS:
-        first[key] = statistics.median(r[key] for r in runs)
-    first["cpu_ms"] = {role: statistics.median(r["cpu_ms"][role] for r in runs) for role in runs[0]["cpu_ms"]}
-    syncs = [r["syncs"] for r in runs if r.get("syncs")]
-    if syncs:
-        first["syncs"] = {k: statistics.median(s[k] for s in syncs) for k in syncs[0]}
-    first["runs"] = len(runs)
-    return first
 
 
 def sync_columns(r: dict) -> tuple[str, str]:

@@ -1,52 +1,28 @@
-"""``bench_transport_floor.py``'s table: the floor measured with each ``--bulk`` mode (each in a process of its own
-when there are two), beside the job's figures (``--beside-job``), with the ratio of the two modes."""
+"""``bench_transport_floor.py``'s table: the floor it measured with each ``--bulk`` mode, beside the job's figures
+(``--beside-job``), with the ratio of the two modes and issue 33's goals. It takes the figures; it measures
+nothing."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
-from benchmarks.bench_protocol import all_busy_rate
-from benchmarks.bench_transport_floor import RATE_GOAL, SERVER_GOAL_MS, run_server
+from benchmarks.perf.protocol_runs import all_busy_rate
 
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_transport_floor.py")
+SERVER_GOAL_MS = 0.5  # issue 33's goals: the server's CPU per update, and updates per second
+RATE_GOAL = 1500.0
 
 
-def measured_floor(args, mode: str) -> dict:
-    """``run_server``'s figures for ``--bulk mode``: in this process for one mode, else in a process of its own (the
-    server's; NVFlare keeps a process's cells by name)."""
-    if len(args.modes) == 1:
-        args.bulk = mode
-        return run_server(args)
-    argv = [sys.executable, SCRIPT, "--measure", "--bulk", mode, "--model", args.model, "--leaves", str(args.leaves)]
-    argv += [
-        "--seconds",
-        repr(args.seconds),
-        "--warmup",
-        repr(args.warmup),
-        "--diffs-per-sync",
-        str(args.diffs_per_sync),
-    ]
-    argv += ["--versions-per-update", repr(args.versions_per_update)]
-    done = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=False)
-    if done.returncode:
-        raise SystemExit(f"bench_transport_floor: the --bulk {mode} measurement failed (exit {done.returncode})")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def report(args, job: dict | None) -> None:
-    """Measure the floor with each ``--bulk`` mode and print the table (beside the job's figures, if any)."""
+def print_report(args, floors: dict[str, dict], job: dict | None) -> None:
+    """Print the floor measured with each ``--bulk`` mode (``floors``: mode -> ``run_server``'s figures) and the
+    table, beside the job's figures (``job``: ``job_beside``'s, if any)."""
     cores = os.cpu_count() or 1
     if job:
-        args.diffs_per_sync, args.versions_per_update = job["diffs_per_sync"], job["versions_per_update"]
         print(
             f"the job's traffic: {args.diffs_per_sync} diffs per report, {args.versions_per_update:.2f} versions per update"
         )
     columns = {}
     for mode in args.modes:
-        columns[f"transport, {mode}"] = floor = measured_floor(args, mode)
+        columns[f"transport, {mode}"] = floor = floors[mode]
         choices = ", ".join(f"{leaf}: {choice}" for leaf, choice in sorted(floor["bulk"].items()))
         print(
             f"NVFlare's transport alone, --bulk {mode}: {args.leaves} leaves, {args.diffs_per_sync} diffs up and "

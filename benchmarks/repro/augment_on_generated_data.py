@@ -5,7 +5,7 @@ The generated classes are smooth colour patterns that are not mirror-symmetric: 
 its class, so augmentation made for natural images (CIFAR-10, where a mirrored cat is a cat) only slows learning
 here. This is why ``reproduce_fedrevive.py``'s cpu scale trains without it and its paper scale with it.
 
-    python benchmarks/augment_on_generated_data.py --steps 400
+    python benchmarks/repro/augment_on_generated_data.py --steps 400
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from processors.data.sources import make_synthetic  # noqa: E402
 from processors.models import build_model  # noqa: E402

@@ -4,7 +4,7 @@ Data that every method learns to 1.0 cannot rank FL methods. ``--synthetic-diffi
 script so that centralised ``cifar10_convnet`` training ends where that model ends on CIFAR-10 (about 0.70-0.80):
 all the training images, Adam (lr 1e-3), batch 64, the epochs given, evaluated on the test split after each epoch.
 
-    python benchmarks/calibrate_synthetic.py --difficulty 0 1 --epochs 10
+    python benchmarks/repro/calibrate_synthetic.py --difficulty 0 1 --epochs 10
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

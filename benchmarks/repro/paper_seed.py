@@ -5,7 +5,7 @@ Each method's slice is its real job (``jobs/pt_job_fedrevive.py`` with the paper
 first versions (``--versions``). The whole seed's counts (updates, versions, evaluations, FedRevive's synthesis
 rounds and distillations within the 200 time units) come from the same job's event trace over the whole budget,
 computed in-process as ``--dry-run`` computes it (``jobs.run.schedule_plan.schedule_for``). From each slice's steady
-stretch (``benchmarks.seed_slice``) it prints:
+stretch (``benchmarks.repro.seed_slice``) it prints:
 
 * the wall seconds of each phase (device training, the server's intake and aggregation, FedRevive's synthesis and
   distillation, evaluation, and the server's waiting: the wire, or training still under way), per unit and over
@@ -25,8 +25,8 @@ generated CIFAR-shaped data (the same shapes and work; a GPU lease has no CIFAR-
 settings' estimate. ``--tiny`` is a CPU-sized slice of a small seed (the convnet on generated data, FedRevive's
 small settings), for CI: it checks the instrument, not the paper. Any other job flag goes after ``--``.
 
-    python benchmarks/paper_seed.py --device cuda [--new "--precision bf16"] [--output DIR]
-    python benchmarks/paper_seed.py --device cpu --tiny
+    python benchmarks/repro/paper_seed.py --device cuda [--new "--precision bf16"] [--output DIR]
+    python benchmarks/repro/paper_seed.py --device cpu --tiny
 """
 
 from __future__ import annotations
@@ -41,12 +41,13 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from benchmarks.fedrevive_small import FEDREVIVE_SMALL  # noqa: E402
-from benchmarks.reproduce_fedrevive import SCALES, job_command, resolved_config  # noqa: E402
-from benchmarks.seed_slice import (  # noqa: E402
+from benchmarks.lib.fedrevive_small import FEDREVIVE_SMALL  # noqa: E402
+from benchmarks.lib.scales import SCALES, resolved_config  # noqa: E402
+from benchmarks.repro.reproduce_fedrevive import job_command  # noqa: E402
+from benchmarks.repro.seed_slice import (  # noqa: E402
     PHASES,
     estimate,
     phases,

@@ -9,8 +9,8 @@ seeds, and the largest same-seed gap (a seed at both precisions: the same data, 
 line, per precision: ``PREC within the seed spread: yes|no``, yes when its mean stays inside float32's range at
 every evaluated version after the first.
 
-    python benchmarks/precision_curve.py --seeds 0,1,2 --precisions fp32,bf16            # the CPU, about 3 minutes
-    python benchmarks/precision_curve.py --device cuda --precisions fp32,tf32,bf16 -- --model resnet18
+    python benchmarks/repro/precision_curve.py --seeds 0,1,2 --precisions fp32,bf16            # the CPU, about 3 minutes
+    python benchmarks/repro/precision_curve.py --device cuda --precisions fp32,tf32,bf16 -- --model resnet18
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
 from common.result_files import METRICS  # noqa: E402

@@ -48,7 +48,7 @@ prints the table of a sweep run from it.
 with ``--trace`` computes each run's event trace (the job's own ``--dry-run``) and counts the versions and stale
 updates within the budget, the inputs of a GPU-hour estimate (``GPU_FIX_NOTES.md``).
 
-    python benchmarks/reproduce_fedrevive.py --scale cpu --seeds 0,1,2 [--sweep]
+    python benchmarks/repro/reproduce_fedrevive.py --scale cpu --seeds 0,1,2 [--sweep]
 
 Over 400 lines: one script for one table, its grid run one job at a time or as a sweep, and the table and plots
 both give; split, the grid's flags and their spec would live apart.
@@ -65,10 +65,11 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)  # benchmarks.r2_table, jobs, when the project is not installed
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)  # benchmarks.repro.r2_table, jobs, when the project is not installed
 
-from benchmarks.r2_table import beside_r2, trace_counts  # noqa: E402
+from benchmarks.lib.scales import SCALES, resolved_config  # noqa: E402
+from benchmarks.repro.r2_table import beside_r2, trace_counts  # noqa: E402
 from common.result_files import EVENTS, METRICS  # noqa: E402
 from jobs.sweep.objective import ended_early  # noqa: E402
 from jobs.sweep.spec import LIFTED_VERSION_CAP, Objective  # noqa: E402
@@ -76,36 +77,6 @@ from jobs.sweep.spec import LIFTED_VERSION_CAP, Objective  # noqa: E402
 METHODS = ("fedavg", "fedbuff", "fedrevive")
 THRESHOLDS = (0.5, 0.6, 0.7)
 MANY_VERSIONS = LIFTED_VERSION_CAP  # the time budget ends a run, not a version count (as in a sweep)
-
-SCALES = {
-    "paper": {
-        "budget": 200.0,
-        "flags": (
-            "--dataset cifar10 --model resnet18 --num-leaf-nodes 4 --devices-per-leaf 250 --device-selection-size 100 "
-            "--subset-size 350 --dirichlet-alpha 0.5 --local-iters 25 --local-batch-size 32 --local-lr 3e-4 "
-            "--optimizer adam --delays paper --augment --eval-frequency 10 --eval-backlog wait "
-            "--partition references --normalisation references --train-split references"
-        ).split(),
-        # R2's continuous mode, the one its table was made in: every eligible stale update, true proportions
-        "method_flags": {"fedrevive": ["--fr-synth-every-versions", "1", "--fr-class-proportions", "true"]},
-        "variants": {
-            # R2's paper-aligned mode: generation every 10 versions, proportions probed on the server
-            "paper-aligned": {
-                "fedrevive": "--fr-synth-every-versions 10 --fr-class-proportions estimate --fr-probe-samples 64".split()
-            },
-        },
-    },
-    "cpu": {
-        "budget": 40.0,
-        "flags": (
-            "--dataset synthetic --synthetic-difficulty 1 --synthetic-size 20000 --model cifar10_convnet "
-            "--num-leaf-nodes 2 --devices-per-leaf 100 --device-selection-size 20 --subset-size 100 --dirichlet-alpha "
-            "0.5 --local-iters 25 --local-batch-size 32 --local-lr 1e-3 --delays paper --eval-frequency 10 "
-            "--eval-backlog wait"
-        ).split(),
-        "method_flags": {"fedrevive": ["--fr-s-max", "15"]},
-    },
-}
 
 
 # -- pure parts (unit-tested) ---------------------------------------------------------------------------------
@@ -137,15 +108,6 @@ def summary_row(method: str, runs: list[list[dict]], early: int = 0) -> dict:
         row[f"time to {t}"] = f"{mean_std(reached)} ({len(reached)}/{len(runs)})"
     row["reached the budget"] = f"{len(runs) - early}/{len(runs)}" + (" !" if early else "")
     return row
-
-
-def resolved_config(cmd: list[str]):
-    """The ``JobConfig`` a job command resolves to (its flags through the job's own parser), without running it."""
-    sys.path.insert(0, REPO)
-    from jobs.cli import build_parser, config_from_args
-
-    args = build_parser("reproduce_fedrevive", method_choice=True).parse_args(cmd[2:])
-    return config_from_args(args, args.method, presets=True)
 
 
 def markdown(rows: list[dict]) -> str:

@@ -1,4 +1,4 @@
-"""What a slice of a seed's run says about the whole seed: the pure part of ``benchmarks/paper_seed.py``.
+"""What a slice of a seed's run says about the whole seed: the pure part of ``benchmarks/repro/paper_seed.py``.
 
 A slice is a real job stopped after its first versions. Its results folder holds everything needed, all of it
 written by the job itself: ``metrics.json`` (each evaluated version's record, with ``server``: the wall seconds the

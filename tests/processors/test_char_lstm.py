@@ -86,7 +86,7 @@ def test_both_engines_train_a_text_group_to_each_devices_own_diff():
 
 def test_auto_trains_the_lstm_one_device_at_a_time_on_the_cpu_and_grouped_on_a_gpu():
     """FlopCounterMode misses torch's fused LSTM kernel; the planner counts it (381 MFLOP per 80-character sample),
-    so on the CPU ``auto`` trains it as benchmarks/bench_engine.py --model char_lstm measured faster."""
+    so on the CPU ``auto`` trains it as benchmarks/perf/bench_engine.py --model char_lstm measured faster."""
     from simulation.planner import CPU_GROUP_MAX_MFLOPS, WorkerPlan, plan_engine, training_mflops
 
     mflops = training_mflops(build_model("char_lstm"), (80,))
