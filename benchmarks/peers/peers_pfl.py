@@ -15,12 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from bench_peers import initial_net, load_work, test_accuracy, user_names  # noqa: E402
 from pfl.aggregate.simulate import SimulatedBackend  # noqa: E402
 from pfl.algorithm import FederatedAveraging, NNAlgorithmParams  # noqa: E402
 from pfl.callback.base import TrainingProcessCallback  # noqa: E402
@@ -30,6 +28,8 @@ from pfl.data.sampling import get_user_sampler  # noqa: E402
 from pfl.hyperparam import NNEvalHyperParams, NNTrainHyperParams  # noqa: E402
 from pfl.metrics import Metrics, Weighted  # noqa: E402
 from pfl.model.pytorch import PyTorchModel  # noqa: E402
+
+from benchmarks.peers.bench_peers import initial_net, load_work, test_accuracy, user_names  # noqa: E402
 
 
 class PflNet(torch.nn.Module):
