@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from processors.data.sources import DatasetSpec, from_arrays, load_dataset
-from processors.data.text import ALL_LETTERS, VOCAB_SIZE, frequency_baseline, make_synthetic_text, windows
+from processors.data.text import ALL_LETTERS, VOCAB_SIZE, make_synthetic_text, windows
 from processors.models import build_model, initial_model
 from processors.models.char_lstm import CharLSTM
 from processors.training import TrainingConfig, evaluate_accuracy, train_local
 from tests.conftest import assert_both_engines_agree
+from tests.text_baseline import frequency_baseline
 
 SHORT = 8  # characters per sample in these tests
 
