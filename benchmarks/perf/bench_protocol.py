@@ -40,6 +40,9 @@ device), updates per second against its training floor.
 ``--pool 100,10000,100000,1000000``: FedAvg at a fixed selection (``--selection``, default 200) with each pool
 size per leaf; prints seconds per version and peak memory per pool, each as a ratio to the smallest pool, and the
 memory each idle device adds.
+
+This script holds the flags; the jobs, the measurement and what is read from a run are ``protocol_runs``, the
+tables ``protocol_report`` (figures in, lines out) and the two other modes ``protocol_modes``.
 """
 
 from __future__ import annotations
