@@ -313,7 +313,7 @@ def plan_engine(
     if requested == "auto" and not on_gpu and heavy:
         reason = (
             f"auto on the CPU: {mflops_per_sample:.0f} MFLOP per training sample (> {CPU_GROUP_MAX_MFLOPS:.0f}); "
-            "there a group's batched convolutions are slower than one device at a time (measured: benchmarks/"
+            "there a group's batched convolutions are slower than one device at a time (measured: benchmarks/perf/"
             "bench_engine.py --model resnet18, PERFORMANCE_OPTIMIZATION.md)"
         )
         return replace(plan, engine="per-device", group_size=1, engine_reason=reason)
