@@ -83,7 +83,7 @@ def make_strategy(strategy: str, strategy_args: dict | None = None) -> ServerStr
 @dataclass
 class ServerWork:
     """The wall seconds the method's strategy took on the server, summed since this process started (a resumed
-    run counts again from 0): what ``benchmarks/paper_seed.py`` splits a run's time by. Timing only: it changes
+    run counts again from 0): what ``benchmarks/repro/paper_seed.py`` splits a run's time by. Timing only: it changes
     nothing a run computes.
 
     Attributes:

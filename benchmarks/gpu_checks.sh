@@ -127,7 +127,7 @@ PY
 engine_precisions() {
   for precision in fp32 tf32 bf16; do
     echo "== precision $precision"
-    $PY benchmarks/bench_engine.py --device "$DEVICE" --model resnet18 --ks 1,8 --iters 25 --precision "$precision" \
+    $PY benchmarks/perf/bench_engine.py --device "$DEVICE" --model resnet18 --ks 1,8 --iters 25 --precision "$precision" \
       --no-extras || return
   done
 }
@@ -138,7 +138,7 @@ engine_levers() {
     "--channels-last --batches-on-device --compile reduce-overhead"; do
     echo "== levers: ${levers:-none}"
     # shellcheck disable=SC2086
-    $PY benchmarks/bench_engine.py --device "$DEVICE" --model resnet18 --ks 1 --iters 25 --repeats 3 \
+    $PY benchmarks/perf/bench_engine.py --device "$DEVICE" --model resnet18 --ks 1 --iters 25 --repeats 3 \
       --precision bf16 --no-extras $levers || echo "== levers ${levers}: failed"
   done
 }
@@ -163,54 +163,54 @@ DMON=$!
 
 # issue 48 first: the seed estimate, today's settings against $NEW in one run (its last line is the estimate)
 if [[ $QUICK == 1 ]]; then
-  step paper-seed 180 $PY benchmarks/paper_seed.py --device "$DEVICE" --tiny --new "$NEW" --output "$OUT/paper-seed"
+  step paper-seed 180 $PY benchmarks/repro/paper_seed.py --device "$DEVICE" --tiny --new "$NEW" --output "$OUT/paper-seed"
 else
-  step paper-seed $((SEED_DEADLINE + 60)) $PY benchmarks/paper_seed.py --device "$DEVICE" --deadline "$SEED_DEADLINE" \
+  step paper-seed $((SEED_DEADLINE + 60)) $PY benchmarks/repro/paper_seed.py --device "$DEVICE" --deadline "$SEED_DEADLINE" \
     --new "$NEW" --output "$OUT/paper-seed"
 fi
 step env 30 env_report
 if [[ $QUICK == 1 ]]; then
-  step fedrevive-variants 120 $PY benchmarks/bench_fedrevive_round.py --device "$DEVICE" --repeats 1 \
+  step fedrevive-variants 120 $PY benchmarks/perf/bench_fedrevive_round.py --device "$DEVICE" --repeats 1 \
     --fr-gen-width 8 --fr-synth-batch-size 8 --fr-synth-per-teacher 4 --fr-kd-iters 1 --fr-synth-every-versions 1 \
     --variants fp32:off,fp32:on,bf16:on
 else
   # FedRevive's server per stale update: the loop against the teachers in one pass, at each precision
-  step fedrevive-variants 120 $PY benchmarks/bench_fedrevive_round.py --model resnet18 --device "$DEVICE" --repeats 2 \
+  step fedrevive-variants 120 $PY benchmarks/perf/bench_fedrevive_round.py --model resnet18 --device "$DEVICE" --repeats 2 \
     --fr-synth-every-versions 1 --variants fp32:off,tf32:off,fp32:on,tf32:on,bf16:on
   step engine-precision 100 engine_precisions
   step engine-levers 150 engine_levers
   # how far each precision moves the diffs (grouped vs alone, CUDA vs CPU) and whether a seeded group repeats
-  step equivalence-precision 90 $PY benchmarks/gpu_equivalence.py --model resnet18 --precisions fp32,tf32,bf16
+  step equivalence-precision 90 $PY benchmarks/checks/gpu_equivalence.py --model resnet18 --precisions fp32,tf32,bf16
   step pytest-cuda-precision 60 $PY -m pytest -q -p no:cacheprovider tests/processors/test_cuda.py
   # the accuracy curves of 2 seeds at each precision (the convnet, FedBuff): inside the seed spread?
-  step precision-curve 150 $PY benchmarks/precision_curve.py --device "$DEVICE" --seeds 0,1 --precisions fp32,tf32,bf16 \
+  step precision-curve 150 $PY benchmarks/repro/precision_curve.py --device "$DEVICE" --seeds 0,1 --precisions fp32,tf32,bf16 \
     --output "$OUT/precision-curve"
 fi
 if [[ $QUICK == 1 ]]; then
-  step engine-convnet 120 $PY benchmarks/bench_engine.py --device "$DEVICE" --ks 1,4 --iters 2 --samples 64
+  step engine-convnet 120 $PY benchmarks/perf/bench_engine.py --device "$DEVICE" --ks 1,4 --iters 2 --samples 64
   step fedbuff-k8 200 fedbuff_job 8 6 cifar10_convnet
   step fedavg-k8 200 fedavg_job 8 3
   step fedavg-k8-w1 200 fedavg_job 8 3 --num-workers 1
 else
   step pytest-cuda 60 $PY -m pytest -q -p no:cacheprovider tests/processors/test_cuda.py
-  step engine-convnet 100 $PY benchmarks/bench_engine.py --device "$DEVICE" --ks 1,8,32,100 --iters 25
+  step engine-convnet 100 $PY benchmarks/perf/bench_engine.py --device "$DEVICE" --ks 1,8,32,100 --iters 25
   step fedbuff-k1000 100 fedbuff_job 1000 1000 cifar10_convnet
   step fedavg-k1000 60 fedavg_job 1000 6
   step fedbuff-k10000 110 fedbuff_job 10000 1000 cifar10_convnet
-  step engine-resnet18 75 $PY benchmarks/bench_engine.py --device "$DEVICE" --model resnet18 --ks 1,8,32 --iters 25
-  step equivalence 60 $PY benchmarks/gpu_equivalence.py
-  step fedrevive-round 60 $PY benchmarks/bench_fedrevive_round.py --model resnet18 --device "$DEVICE" --repeats 2 \
+  step engine-resnet18 75 $PY benchmarks/perf/bench_engine.py --device "$DEVICE" --model resnet18 --ks 1,8,32 --iters 25
+  step equivalence 60 $PY benchmarks/checks/gpu_equivalence.py
+  step fedrevive-round 60 $PY benchmarks/perf/bench_fedrevive_round.py --model resnet18 --device "$DEVICE" --repeats 2 \
     --fr-synth-every-versions 1 --no-previous
   step fedbuff-k100 60 fedbuff_job 100 1000 cifar10_convnet
   # left by the first GPU run: ResNet-18's grouped-vs-alone agreement, and whether fewer workers with larger groups
   # beat the planner's cores-sized plan on a GPU leaf (8 workers of 63 devices at K = 1,000)
-  step equivalence-resnet18 90 $PY benchmarks/gpu_equivalence.py --model resnet18
+  step equivalence-resnet18 90 $PY benchmarks/checks/gpu_equivalence.py --model resnet18
   step fedavg-k1000-w1 60 fedavg_job 1000 6 --num-workers 1
   step fedavg-k1000-w2 60 fedavg_job 1000 6 --num-workers 2
   # the protocol's ceiling on this machine's own cores (null training: no GPU work), against the H200's measured
   # engine floor (197,092 samples/s, bench_engine K = 100 in GPU_FIX_NOTES.md)
   step fedbuff-k1000-w1 100 fedbuff_job 1000 1000 cifar10_convnet --num-workers 1
-  step protocol-null 120 $PY benchmarks/bench_protocol.py --null-training --only fedavg,fedbuff-paper \
+  step protocol-null 120 $PY benchmarks/perf/bench_protocol.py --null-training --only fedavg,fedbuff-paper \
     --gpu-samples-per-second 197092
   # the paper's ResNet-18: does one worker per GPU (the light models' plan) pay for it too, or do the cores' workers
   # (its default plan) keep the GPU busier?
@@ -219,7 +219,7 @@ else
   step ratio-resnet18 15 worker_ratio fedbuff-resnet18-k100--num-workers1 fedbuff-resnet18-k100
   # issue 47: does the paper's ResNet-18 wait on the wire on a GPU? Its protocol ceiling on this machine's cores
   # (null training, shared memory and wire), and the real job on the GPU both ways (the default shares memory)
-  step null-resnet18-bulk 150 $PY benchmarks/bench_protocol.py --null-training --model resnet18 \
+  step null-resnet18-bulk 150 $PY benchmarks/perf/bench_protocol.py --null-training --model resnet18 \
     --only fedbuff-paper --bulk shm,wire
   step fedbuff-resnet18-k100-wire 90 fedbuff_job 100 40 resnet18 --bulk wire
   step bulk-resnet18 15 bulk_ratio fedbuff-resnet18-k100 fedbuff-resnet18-k100--bulkwire

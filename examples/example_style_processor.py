@@ -1,6 +1,6 @@
 """A task processor written the way NVFlare's edge examples write theirs, knowing nothing of this project.
 
-It stands for a user's own ``DeviceTaskProcessor`` in ``drop_in_recipe.py`` (and so in ``benchmarks/bench_byo.py``
+It stands for a user's own ``DeviceTaskProcessor`` in ``drop_in_recipe.py`` (and so in ``benchmarks/perf/bench_byo.py``
 and the drop-in test): each task loads the dataset from disk, takes the device's subset, builds a ``DataLoader``,
 trains its own small ConvNet (the classic CIFAR-10 tutorial network, as NVFlare's example) from the global weights
 with Adam, and returns the weight difference as Python lists in a ``WEIGHT_DIFF`` DXO, as NVFlare's stock

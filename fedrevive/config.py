@@ -12,7 +12,7 @@ BatchedTeachers = Literal["auto", "on", "off"]
 # FedRevive's own result file, per update (``aggregation.fedrevive_strategy``); ``jobs.methods.FedRevive`` declares it
 LOG_FILE = "fedrevive_log.jsonl"
 # its wall-clock fields (seconds of the whole server step, of the synthesis round, of the distillation): timing,
-# which no seeded run repeats, so a comparison of two runs' logs leaves them out (``benchmarks/same_bits.py``)
+# which no seeded run repeats, so a comparison of two runs' logs leaves them out (``benchmarks/checks/same_bits.py``)
 LOG_WALL_CLOCK = ("kd_seconds", "synth_seconds", "distill_seconds")
 
 

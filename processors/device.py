@@ -34,7 +34,7 @@ def resolve_device(name: str | None = "auto") -> torch.device:
 def full_float32() -> None:
     """Train in full float32 on CUDA: no TF32 in cuDNN's convolutions or cuBLAS's matrix products. torch lets cuDNN
     use TF32 by default on Ampere and later, and with it a grouped device no longer equals the same device trained
-    alone (``benchmarks/gpu_equivalence.py``; the figures: GPU_FIX_NOTES.md), so the engines would disagree and a
+    alone (``benchmarks/checks/gpu_equivalence.py``; the figures: GPU_FIX_NOTES.md), so the engines would disagree and a
     seed's curve would depend on the grouping."""
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -12,7 +12,7 @@
 
 Each is deterministic on a given machine where float32 is (a seeded run repeats bit for bit); each changes the
 bits against the others. Which one a GPU should default to is decided by measurement (GPU_FIX_NOTES.md,
-``benchmarks/paper_seed.py --new "--precision bf16"``); until then every default is ``fp32``, so a run's bits on
+``benchmarks/repro/paper_seed.py --new "--precision bf16"``); until then every default is ``fp32``, so a run's bits on
 the CPU are what they were.
 """
 

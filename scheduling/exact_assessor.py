@@ -95,7 +95,7 @@ from simulation.nvflare_private import install_nvflare_fixes, quick_engine_check
 SETTLE_SECONDS = 0.05
 
 
-# the server's last word on its traffic (a log line): benchmarks/bench_transport_floor.py reads it
+# the server's last word on its traffic (a log line): benchmarks/perf/bench_transport_floor.py reads it
 PROTOCOL_SUMMARY = (
     "protocol: {reports} reports from children, {wakes} wake messages, {applied} updates applied, {models} models sent"
 )

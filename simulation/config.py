@@ -52,7 +52,7 @@ class EngineConfig:
         task seen, at least that; printed at the start).
     trainer: the leaves' task processor by import path ``package.module:Class``, a subclass of
         ``processors.task_processor.TrainingTaskProcessor`` taking its arguments; "": that class itself. No flag:
-        an option of ``jobs.api`` for benchmarks (``benchmarks/null_training.py``: the protocol's ceiling).
+        an option of ``jobs.api`` for benchmarks (``benchmarks/lib/null_training.py``: the protocol's ceiling).
     job_timeout: seconds a leaf's device simulator waits for the job to reach it (only that: not a limit on the
         job).
     update_interval: a leaf's heartbeat: the longest a leaf waits between syncs with its parent (it syncs at once

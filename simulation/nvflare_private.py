@@ -24,7 +24,7 @@ from NVFlare upstream, so that it can be deleted: ``docs/nvflare-upstream.md``.
 4. **One thread for finished streams.** NVFlare streams every aux message (each leaf sync and its reply), and each
    received stream's ``RxTask._schedule_remove_task`` starts a ``threading.Timer`` thread that sleeps 65 s before
    removing the finished stream. A process receiving a few syncs a second thus holds hundreds of idle threads
-   (``benchmarks/bench_soak.py``), and a faster protocol would hold thousands. ``share_stream_cleanup_thread`` gives every finished stream's removal, with the
+   (``benchmarks/perf/bench_soak.py``), and a faster protocol would hold thousands. ``share_stream_cleanup_thread`` gives every finished stream's removal, with the
    same delay, to one scheduler thread per process.
 5. **No payload rendering in the cell.** ``nvflare.fuel.f3.cellnet.cell.Adapter.call`` evaluates
    ``f"... incoming data={result}"`` for every streamed message, debug logging off or not, where ``result`` is the

@@ -296,7 +296,7 @@ def plan_engine(
     share; and a group never exceeds the devices a worker gets per round (``ceil(devices per leaf / workers)``).
     The profile (default: the plan's) scales that group by its ``group_fraction``; ``--group-size`` overrides both.
     On the CPU, ``auto`` trains a model of more than ``CPU_GROUP_MAX_MFLOPS`` per sample (``mflops_per_sample``,
-    ``training_mflops``) one device at a time: there batched convolutions do not pay (``benchmarks/bench_engine.py``).
+    ``training_mflops``) one device at a time: there batched convolutions do not pay (``benchmarks/perf/bench_engine.py``).
     """
     prof = get_profile(profile or plan.profile)
     if requested not in ("auto", "vectorized", "per-device"):
@@ -313,7 +313,7 @@ def plan_engine(
     if requested == "auto" and not on_gpu and heavy:
         reason = (
             f"auto on the CPU: {mflops_per_sample:.0f} MFLOP per training sample (> {CPU_GROUP_MAX_MFLOPS:.0f}); "
-            "there a group's batched convolutions are slower than one device at a time (measured: benchmarks/"
+            "there a group's batched convolutions are slower than one device at a time (measured: benchmarks/perf/"
             "bench_engine.py --model resnet18, PERFORMANCE_OPTIMIZATION.md)"
         )
         return replace(plan, engine="per-device", group_size=1, engine_reason=reason)
@@ -334,7 +334,7 @@ def plan_engine(
     why = "--group-size" if group_size else min(limits, key=lambda k: limits[k])
     if not group_size and prof.group_fraction != 1:
         why += f" x {prof.group_fraction} (profile {prof.name})"
-    # auto: batching pays on CPU as well as on GPU (benchmarks/bench_engine.py prints the ratio per K)
+    # auto: batching pays on CPU as well as on GPU (benchmarks/perf/bench_engine.py prints the ratio per K)
     source = "--engine vectorized" if requested == "vectorized" else "auto: the model has no BatchNorm"
     detail = ", ".join(f"{k}={v}" for k, v in limits.items())
     return replace(

@@ -1,5 +1,5 @@
 """The round trips of a leaf's (or relay's) syncs with its parent: each from the report made to its reply taken,
-summed up in one log line at the task's end (``SYNC_SUMMARY``; ``benchmarks/bench_protocol.py`` reads it)."""
+summed up in one log line at the task's end (``SYNC_SUMMARY``; ``benchmarks/perf/bench_protocol.py`` reads it)."""
 
 from __future__ import annotations
 

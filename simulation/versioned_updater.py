@@ -393,7 +393,7 @@ class VersionedUpdater(Updater):
 
     def end_task(self, fl_ctx: FLContext) -> None:
         super().end_task(fl_ctx)
-        if self.syncs.count:  # benchmarks/bench_protocol.py reads this line
+        if self.syncs.count:  # benchmarks/perf/bench_protocol.py reads this line
             self.log_info(fl_ctx, self.syncs.summary())
         with self._lock:
             self._models, self._pending, self._buckets, self._sums = {}, [], {}, []

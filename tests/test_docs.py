@@ -1,6 +1,6 @@
 """The user docs name only what exists: every repository path, every ``python ...`` entry point and every relative
-link in ``README.md``, ``ARCHITECTURE.md``, ``GPU_FIX_NOTES.md``, ``PERFORMANCE_OPTIMIZATION.md`` and ``docs/``
-must resolve, so a renamed file or a retired script fails CI instead of misleading a reader. The README stays a
+link in ``README.md``, ``ARCHITECTURE.md``, ``CONTRIBUTING.md``, ``GPU_FIX_NOTES.md``, ``PERFORMANCE_OPTIMIZATION.md``
+and ``docs/`` must resolve, and so must every benchmark they or ``benchmarks/gpu_checks.sh`` name, in code or prose, so a renamed file or a retired script fails CI instead of misleading a reader. The README stays a
 short guide (the depth goes in ``docs/``)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import REPO
 
-DOCS = ["README.md", "ARCHITECTURE.md", "GPU_FIX_NOTES.md", "PERFORMANCE_OPTIMIZATION.md"] + sorted(
+DOCS = ["README.md", "ARCHITECTURE.md", "CONTRIBUTING.md", "GPU_FIX_NOTES.md", "PERFORMANCE_OPTIMIZATION.md"] + sorted(
     os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "docs", "**", "*.md"), recursive=True)
 )
 TOP_LEVEL = {e for e in os.listdir(REPO) if not e.startswith(".")}
@@ -109,13 +109,56 @@ def test_the_checker_catches_a_stale_path_entry_point_and_link(tmp_path, monkeyp
     assert any("docs/missing.md" in p for p in problems)
 
 
+BENCH_PATH = re.compile(r"(?<![\w./-])benchmarks/[\w./-]*\w\.(?:py|sh)\b")
+BENCH_MODULE = re.compile(r"-m\s+(benchmarks(?:\.\w+)+)")
+# (doc, path) of a benchmark a doc names that is not in this repository on purpose, and why
+ELSEWHERE = {
+    ("docs/performance-history.md", "benchmarks/bench_send_path.py"): "the unmerged copy-once branch's, run there",
+}
+
+
+def missing_benchmarks(doc: str, root: str = REPO) -> list[str]:
+    """Benchmark scripts (``benchmarks/.../x.py`` or ``.sh``) and modules (``python -m benchmarks.x.y``) that
+    ``doc`` names anywhere, prose included, that do not exist, unless ``ELSEWHERE`` says why."""
+    text = open(os.path.join(root, doc)).read()
+    named = set(BENCH_PATH.findall(text))
+    named |= {m.replace(".", "/") + ".py" for m in BENCH_MODULE.findall(text)}
+    return sorted(
+        f"{doc}: {path} does not exist"
+        for path in named
+        if (doc, path) not in ELSEWHERE
+        and not os.path.isfile(os.path.join(root, path))
+        and not os.path.isfile(os.path.join(root, path[: -len(".py")], "__init__.py"))  # python -m a package
+    )
+
+
+@pytest.mark.parametrize("doc", [*DOCS, "benchmarks/gpu_checks.sh"])
+def test_every_benchmark_the_docs_and_the_gpu_checks_name_exists(doc):
+    """A GPU lease is short: a step of ``gpu_checks.sh`` that names a moved script would spend it failing."""
+    assert missing_benchmarks(doc) == []
+
+
+def test_the_benchmark_check_catches_a_moved_script_and_module_and_keeps_an_exemption(tmp_path, monkeypatch):
+    (tmp_path / "benchmarks" / "perf").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "perf" / "bench_engine.py").write_text("")
+    (tmp_path / "notes.md").write_text(
+        "Run python benchmarks/bench_engine.py (moved), then `python -m benchmarks.perf.bench_engine`, "
+        "python -m benchmarks.bench_protocol, tests/benchmarks/test_seed_slice.py and benchmarks/gone.sh.\n"
+    )
+    monkeypatch.setitem(ELSEWHERE, ("notes.md", "benchmarks/gone.sh"), "a test's exemption")
+    assert missing_benchmarks("notes.md", str(tmp_path)) == [
+        "notes.md: benchmarks/bench_engine.py does not exist",
+        "notes.md: benchmarks/bench_protocol.py does not exist",
+    ]
+
+
 def test_the_readme_is_a_short_guide():
     lines = open(os.path.join(REPO, "README.md")).read().splitlines()
     assert len(lines) <= 250, len(lines)
 
 
 PACKAGES = ("common", "processors", "simulation", "fedrevive", "aggregation", "evaluation", "scheduling", "jobs")
-DOTTED = re.compile(r"``((?:" + "|".join(PACKAGES) + r")(?:\.\w+)+)")
+DOTTED = re.compile(r"``((?:" + "|".join((*PACKAGES, "benchmarks")) + r")(?:\.\w+)+)")
 
 
 def _module_file(parts: list[str], root: str) -> str | None:
@@ -148,7 +191,7 @@ def stale_docstring_names(root: str = REPO) -> list[str]:
     import ast
 
     problems = []
-    for package in PACKAGES:
+    for package in (*PACKAGES, "benchmarks", "examples"):
         for folder, dirs, files in os.walk(os.path.join(root, package)):
             dirs[:] = [d for d in dirs if d != "__pycache__"]
             for name in sorted(f for f in files if f.endswith(".py")):
@@ -216,7 +259,7 @@ DOC_PATH = re.compile(r"(?<![\w./-])((?:" + "|".join(sorted(TOP_LEVEL)) + r")/[\
 
 
 def stale_docstring_paths(root: str = REPO) -> list[str]:
-    """Repository paths (``benchmarks/bench_engine.py``, ``docs/engines.md``) named in any docstring of the
+    """Repository paths (``benchmarks/perf/bench_engine.py``, ``docs/engines.md``) named in any docstring of the
     project's packages, benchmarks and examples that do not exist."""
     import ast
 

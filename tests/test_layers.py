@@ -1,5 +1,10 @@
 """Layers only point down: a module never imports a project package from a layer above its own, nor a package
-beside it in the same layer (see ARCHITECTURE.md). Checked on every import statement, at any depth in a file."""
+beside it in the same layer (see ARCHITECTURE.md). Checked on every import statement, at any depth in a file.
+
+``benchmarks/`` and ``examples/`` sit above every layer: they may import any project package, and no project
+package imports them (the tests may). Inside ``benchmarks/`` the shared library (``lib``) imports no bench, and a
+purpose (``perf``, ``repro``, ``peers``, ``checks``) imports only itself and ``lib``. No import circle anywhere,
+benchmarks and examples included, imports inside functions included."""
 
 from __future__ import annotations
 
@@ -18,10 +23,13 @@ LAYERS = [
     ("jobs",),
 ]
 LEVEL = {package: i for i, layer in enumerate(LAYERS) for package in layer}
+ABOVE = ("benchmarks", "examples")  # above every layer: they import the project, the project never imports them
+SHARED = "benchmarks.lib"  # what every purpose of benchmarks/ may import besides itself
+MAX_TOP_BENCHMARKS = 12  # modules directly in benchmarks/ (the rest sit in a sub-package by purpose)
 
 
 def project_imports(path: str) -> set[str]:
-    """Top-level project packages a file imports."""
+    """Top-level project packages a file imports (``benchmarks`` and ``examples`` included)."""
     tree = ast.parse(open(path).read(), path)
     names = set()
     for node in ast.walk(tree):
@@ -29,7 +37,7 @@ def project_imports(path: str) -> set[str]:
             names.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module.split(".")[0])
-    return names & set(LEVEL)
+    return names & (set(LEVEL) | set(ABOVE))
 
 
 def upward_imports() -> list[str]:
@@ -41,7 +49,9 @@ def upward_imports() -> list[str]:
                     continue
                 path = os.path.join(root, name)
                 for imported in project_imports(path):
-                    if imported != package and LEVEL[imported] >= level:
+                    if imported in ABOVE:
+                        found.append(f"{os.path.relpath(path, REPO)} imports {imported} (above every layer)")
+                    elif imported != package and LEVEL[imported] >= level:
                         found.append(
                             f"{os.path.relpath(path, REPO)} imports {imported} (layer {LEVEL[imported]} >= {level})"
                         )
@@ -54,13 +64,13 @@ def test_no_module_imports_from_its_own_layer_or_above():
 
 def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from jobs.config import JobConfig\n")
-    assert project_imports(str(bad)) == {"jobs"}
+    bad.write_text("def f():\n    from jobs.config import JobConfig\n    from benchmarks.lib import harness\n")
+    assert project_imports(str(bad)) == {"jobs", "benchmarks"}
 
 
-def module_name(path: str) -> str:
+def module_name(path: str, root: str = REPO) -> str:
     """``jobs/run/driver.py`` -> ``jobs.run.driver``; a package's ``__init__.py`` -> the package."""
-    parts = os.path.relpath(path, REPO)[: -len(".py")].split(os.sep)
+    parts = os.path.relpath(path, root)[: -len(".py")].split(os.sep)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -98,15 +108,23 @@ def _imports_anywhere(node: ast.AST):
             yield from _imports_anywhere(child)
 
 
-def import_graph(anywhere: bool = False) -> dict[str, set[str]]:
+def import_graph(anywhere: bool = False, root: str = REPO) -> dict[str, set[str]]:
     """Module -> the project modules it imports at import time (``anywhere``: in any statement, function bodies
-    included, ``TYPE_CHECKING`` blocks not; ``from a import b`` counts ``a.b`` when that is a module, else ``a``)."""
+    included, ``TYPE_CHECKING`` blocks not; ``from a import b`` counts ``a.b`` when that is a module, else ``a``).
+    The project's packages, ``benchmarks`` and ``examples``; an example imported by its bare name (``examples/`` on
+    ``sys.path``, as the examples and the benches that run them put it) counts as ``examples.<name>``."""
     paths = {}
-    for package in LEVEL:
-        for root, _, files in os.walk(os.path.join(REPO, package)):
+    for package in (*LEVEL, *ABOVE):
+        for folder, dirs, files in os.walk(os.path.join(root, package)):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
             paths.update(
-                {module_name(os.path.join(root, f)): os.path.join(root, f) for f in files if f.endswith(".py")}
+                {
+                    module_name(os.path.join(folder, f), root): os.path.join(folder, f)
+                    for f in files
+                    if f.endswith(".py")
+                }
             )
+    bare = {m.split(".", 1)[1]: m for m in paths if m.startswith("examples.") and m.count(".") == 1}
     graph: dict[str, set[str]] = {}
     for module, path in paths.items():
         found = set()
@@ -119,6 +137,8 @@ def import_graph(anywhere: bool = False) -> dict[str, set[str]]:
                 for alias in node.names:
                     sub = f"{node.module}.{alias.name}"
                     found.add(sub if sub in paths else node.module)
+        if module.split(".")[0] in ABOVE:
+            found = {bare.get(m, m) for m in found}
         graph[module] = {m for m in found if m in paths and m != module}
     return graph
 
@@ -165,6 +185,69 @@ def test_no_import_cycle_between_modules():
 def test_no_import_cycle_even_through_imports_inside_functions():
     """A lazy import hides a cycle from the import-time check, not from a reader who follows it: none is left."""
     assert import_cycles(import_graph(anywhere=True)) == []
+
+
+def benchmark_purpose(module: str) -> str:
+    """``benchmarks.perf.bench_engine`` -> ``benchmarks.perf``; a module directly in ``benchmarks`` -> itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def crossed_purposes(graph: dict[str, set[str]]) -> list[str]:
+    """Imports inside ``benchmarks`` that cross its purposes: ``lib`` importing any bench, or a purpose importing
+    another purpose than itself and ``lib``."""
+    found = []
+    for module, imported in sorted(graph.items()):
+        if not module.startswith("benchmarks."):
+            continue
+        own = benchmark_purpose(module)
+        for other in sorted(m for m in imported if m.startswith("benchmarks.")):
+            allowed = {own} if own == SHARED else {own, SHARED}
+            if benchmark_purpose(other) not in allowed and other != "benchmarks":
+                found.append(f"{module} imports {other}")
+    return found
+
+
+def test_benchmarks_import_only_their_own_purpose_and_the_shared_library():
+    assert crossed_purposes(import_graph(anywhere=True)) == []
+
+
+def test_the_purpose_check_sees_a_bench_importing_another_purpose():
+    graph = {
+        "benchmarks.perf.a": {"benchmarks.lib.harness", "benchmarks.perf.b", "jobs.api", "examples.scaffold"},
+        "benchmarks.perf.b": {"benchmarks.repro.c"},
+        "benchmarks.lib.harness": {"benchmarks.perf.a"},
+    }
+    assert crossed_purposes(graph) == [
+        "benchmarks.lib.harness imports benchmarks.perf.a",
+        "benchmarks.perf.b imports benchmarks.repro.c",
+    ]
+
+
+def test_the_graph_has_benchmarks_and_examples_and_sees_their_cycles_inside_functions(tmp_path):
+    """A cycle between two benches through an import inside a function, and between two examples through their
+    bare names, are found; the same imports are no cycle at import time."""
+    for folder in ("benchmarks", "benchmarks/perf", "examples", "jobs"):
+        (tmp_path / folder).mkdir()
+        if folder.startswith("benchmarks"):
+            (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "benchmarks" / "perf" / "bench.py").write_text("def main():\n    from benchmarks.perf import report\n")
+    (tmp_path / "benchmarks" / "perf" / "report.py").write_text("from benchmarks.perf.bench import GOAL\n")
+    (tmp_path / "examples" / "one.py").write_text("import jobs.api\n\ndef f():\n    from two import g\n")
+    (tmp_path / "examples" / "two.py").write_text("from one import f\n")
+    (tmp_path / "jobs" / "api.py").write_text("")
+    anywhere = import_graph(anywhere=True, root=str(tmp_path))
+    assert anywhere["examples.one"] == {"examples.two", "jobs.api"}
+    assert import_cycles(anywhere) == [
+        ["benchmarks.perf.bench", "benchmarks.perf.report"],
+        ["examples.one", "examples.two"],
+    ]
+    assert import_cycles(import_graph(root=str(tmp_path))) == []
+
+
+def test_benchmarks_keep_at_most_a_few_modules_at_their_top():
+    """The benches sit in a sub-package by purpose (``perf``, ``repro``, ``peers``, ``checks``, ``lib``)."""
+    top = [f for f in os.listdir(os.path.join(REPO, "benchmarks")) if f.endswith(".py") and f != "__init__.py"]
+    assert len(top) <= MAX_TOP_BENCHMARKS, sorted(top)
 
 
 def test_the_cycle_check_sees_a_cycle_and_ignores_type_checking_imports(tmp_path):

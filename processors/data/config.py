@@ -30,7 +30,7 @@ class DataConfig:
     data_root: where torchvision's CIFAR-10 lives (downloaded there when the network allows), and LEAF's folders.
     synthetic_size: training images of the synthetic dataset (its test split is a fifth of it).
     synthetic_difficulty: 0 (easy: every method reaches ~1.0) .. 1 (hard: centralised ``cifar10_convnet`` ends in
-        CIFAR-10's range, ``benchmarks/calibrate_synthetic.py``), for the synthetic dataset.
+        CIFAR-10's range, ``benchmarks/repro/calibrate_synthetic.py``), for the synthetic dataset.
     subset_size: training samples each device holds.
     dirichlet_alpha: label skew of each device's samples (Dirichlet concentration); <= 0 means IID.
     partition: how devices get samples: device or dirichlet (a Dirichlet multinomial per device, drawn alone),

@@ -23,7 +23,7 @@ def synthetic_images(
     pattern shared by all`` with ``s = HARD_SHARED x difficulty``, and the pixel noise grows by ``HARD_NOISE x
     difficulty``. At 0 every method reaches ~1.0 (the default, and the bits of every earlier run); 1 is calibrated
     so that centralised training of ``cifar10_convnet`` ends in CIFAR-10's range for that model
-    (``benchmarks/calibrate_synthetic.py``). Returns ``x_train, y_train, x_test, y_test``; the checks of the sizes
+    (``benchmarks/repro/calibrate_synthetic.py``). Returns ``x_train, y_train, x_test, y_test``; the checks of the sizes
     are ``processors.data.sources.make_synthetic``'s."""
     rng = np.random.default_rng(seed)
     coarse = rng.normal(size=(num_classes, 3, 4, 4))

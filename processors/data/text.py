@@ -92,9 +92,3 @@ def make_synthetic_text(
         x, y = windows(token_ids(generate_text(n + window, seed, stream)), window)
         splits += [torch.from_numpy(x), torch.from_numpy(y)]
     return tuple(splits)
-
-
-def frequency_baseline(y_train: torch.Tensor, y_test: torch.Tensor) -> float:
-    """Test accuracy of always predicting the training labels' most frequent character."""
-    most = int(torch.bincount(y_train).argmax())
-    return float((y_test == most).float().mean())

@@ -106,11 +106,6 @@ def group_by_user(
     return train_order, test_order, split
 
 
-def offsets_from_sizes(sizes: list[int]) -> np.ndarray:
-    """Offsets of users whose samples are already contiguous, in order."""
-    return np.concatenate([[0], np.cumsum(np.asarray(sizes, dtype=np.int64))]).astype(np.int64)
-
-
 def gini(values: np.ndarray) -> float:
     """The Gini coefficient of non-negative values: 0 when all are equal, towards 1 when one holds everything."""
     x = np.sort(np.asarray(values, dtype=np.float64))

@@ -1,7 +1,7 @@
-"""benchmarks/bench_fixed_cost.py reads the phases of a run from NVFlare's logs (every site's, in time order). The
+"""benchmarks/perf/bench_fixed_cost.py reads the phases of a run from NVFlare's logs (every site's, in time order). The
 benchmark itself runs jobs, so it is run by hand, not here."""
 
-from benchmarks import bench_fixed_cost
+from benchmarks.perf import bench_fixed_cost
 
 
 def test_the_phases_markers_are_read_from_every_log_in_time_order(tmp_path):
@@ -31,14 +31,14 @@ def test_the_benchmarks_start_a_job_from_another_checkout_the_same_way(monkeypat
     import os
     import sys
 
-    from benchmarks import harness
+    from benchmarks.lib import harness
 
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     argv, env = harness.job_command("jobs/pt_job_fedavg.py", ["--seed", "7"], "/out", repo="/other/checkout")
     assert argv == [sys.executable, "/other/checkout/jobs/pt_job_fedavg.py", "--seed", "7", "--output", "/out"]
     assert env["PYTHONPATH"].split(os.pathsep) == ["/other/checkout", "/elsewhere"]
     assert bench_fixed_cost.run_job is harness.run_job
-    from benchmarks import same_bits
+    from benchmarks.checks import same_bits
 
     assert same_bits.job_command is harness.job_command
 

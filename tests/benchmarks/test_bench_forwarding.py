@@ -1,11 +1,11 @@
-"""benchmarks/bench_forwarding.py: what forwarding each device's update costs against summing on the leaves."""
+"""benchmarks/perf/bench_forwarding.py: what forwarding each device's update costs against summing on the leaves."""
 
 
 def test_forwarding_bytes_grow_with_updates_and_summing_does_not():
     from nvflare.app_common.decomposers import numpy_decomposers
     from nvflare.edge.aggregators.model_update_dxo import ModelUpdateDXOAggregator
 
-    from benchmarks import bench_forwarding as bf
+    from benchmarks.perf import bench_forwarding as bf
 
     numpy_decomposers.register()
     template = {"w": (64, 32), "b": (32,)}

@@ -1,11 +1,11 @@
-"""benchmarks/bench_peers.py parses its flags, without the peers extra refuses in one line with exit 2, and refuses
+"""benchmarks/peers/bench_peers.py parses its flags, without the peers extra refuses in one line with exit 2, and refuses
 to report a Flower run whose clients failed. It never runs a side here: the benchmark itself is run by hand or in CI only where the extra is installed."""
 
 import importlib.util
 
 import pytest
 
-from benchmarks import bench_peers
+from benchmarks.peers import bench_peers
 
 
 def test_its_flags_describe_the_issue_s_work_with_few_rounds_by_default():

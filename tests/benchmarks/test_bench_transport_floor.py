@@ -1,4 +1,4 @@
-"""benchmarks/bench_transport_floor.py: NVFlare's wire alone, between real cells in real processes, and the job's
+"""benchmarks/perf/bench_transport_floor.py: NVFlare's wire alone, between real cells in real processes, and the job's
 traffic read from the server's own log line."""
 
 import os
@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from benchmarks.bench_transport_floor import protocol_line
+from benchmarks.perf.bench_transport_floor import protocol_line
 from scheduling.exact_assessor import PROTOCOL_SUMMARY
 
-BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "bench_transport_floor.py")
+BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "perf", "bench_transport_floor.py")
 
 
 def test_the_job_s_traffic_is_read_from_the_line_its_server_logs():
@@ -58,7 +58,7 @@ def test_a_bad_window_exits_2_with_one_line_before_any_process_starts():
 def test_a_reply_that_lost_a_version_fails_the_bench_naming_it_and_leaves_no_process(monkeypatch, capfd):
     import psutil
 
-    from benchmarks import bench_transport_floor
+    from benchmarks.perf import bench_transport_floor
 
     answer = bench_transport_floor.Server.on_sync
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from benchmarks.null_training import NULL_TRAINER, NullTrainer
+from benchmarks.lib.null_training import NULL_TRAINER, NullTrainer
 from common.choices import ConfigError
 from common.protocol import DEVICE_EXTRA_PREFIX
 from jobs.api import make_config

@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from benchmarks.reproduce_fedrevive import METHODS, SCALES, job_command, method_labels, on_grid, summary_row, time_to
+from benchmarks.lib.scales import SCALES, resolved_config
+from benchmarks.repro.reproduce_fedrevive import METHODS, job_command, method_labels, on_grid, summary_row, time_to
 from jobs.sweep.spec import LIFTED_VERSION_CAP
 from tests.conftest import REPO
 
@@ -121,8 +122,6 @@ R2_PAPER_TABLE = [
 
 
 def paper_config(method: str = "fedrevive", variant: str = ""):
-    from benchmarks.reproduce_fedrevive import resolved_config
-
     return resolved_config(job_command(method, 10, "paper", 200.0, "/tmp/out", [], variant))
 
 
@@ -167,13 +166,11 @@ def test_the_cpu_scale_keeps_its_settings():
 
 
 def resolved_config_cpu():
-    from benchmarks.reproduce_fedrevive import resolved_config
-
     return resolved_config(job_command("fedrevive", 0, "cpu", 40.0, "/tmp/out", []))
 
 
 def test_the_paper_results_sit_beside_r2s_numbers():
-    from benchmarks.reproduce_fedrevive import beside_r2
+    from benchmarks.repro.reproduce_fedrevive import beside_r2
 
     rows = beside_r2([summary_row("fedrevive", [RUN_A, RUN_B]), summary_row("fedasync", [RUN_A])])
     assert [r["method"] for r in rows] == ["fedrevive"]
@@ -181,7 +178,7 @@ def test_the_paper_results_sit_beside_r2s_numbers():
 
 
 def test_trace_counts_count_fedrevives_server_work_within_the_budget(tmp_path):
-    from benchmarks.reproduce_fedrevive import trace_counts
+    from benchmarks.repro.reproduce_fedrevive import trace_counts
 
     events = [
         {"version": 49, "arrival": 1.0, "tau": 3},  # before synthesis
@@ -200,7 +197,7 @@ def test_trace_counts_count_fedrevives_server_work_within_the_budget(tmp_path):
 def test_the_grid_as_a_sweep_spec_runs_the_same_jobs(scale, variant):
     """``--sweep``: every (method, seed) trial of the spec resolves to the config of the job ``job_command`` runs
     (extra flags winning in both), so the sweep's table is the same table."""
-    from benchmarks.reproduce_fedrevive import resolved_config, sweep_spec
+    from benchmarks.repro.reproduce_fedrevive import sweep_spec
     from jobs.sweep.spec import check_flags, flag_args, parse_spec
 
     extra = ["--local-iters", "3"]

@@ -1,11 +1,11 @@
-"""The paper-seed instrument's arithmetic (``benchmarks.seed_slice``): the whole seed's counts from its trace, the
+"""The paper-seed instrument's arithmetic (``benchmarks.repro.seed_slice``): the whole seed's counts from its trace, the
 slice's steady window, its phases and the extrapolated seed, on a slice written by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.seed_slice import Slice, estimate, phases, seed_counts, seed_phase_seconds, window
+from benchmarks.repro.seed_slice import Slice, estimate, phases, seed_counts, seed_phase_seconds, window
 
 
 def test_the_seeds_counts_follow_the_methods_evaluation_and_fedrevives_rules():

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from benchmarks.fedrevive_small import FEDREVIVE_SMALL
+from benchmarks.lib.fedrevive_small import FEDREVIVE_SMALL
 from common.delays import DELAY_PRESETS
 from scheduling.event_reference import make_schedule, reference_trace
 from tests.conftest import PYTHON, REPO, SMALL_JOB

@@ -3,7 +3,7 @@
 import json
 import subprocess
 
-from benchmarks.fedrevive_small import FEDREVIVE_SMALL
+from benchmarks.lib.fedrevive_small import FEDREVIVE_SMALL
 from tests.conftest import PYTHON, REPO, job_args
 
 

@@ -19,7 +19,7 @@ import subprocess
 import psutil
 import pytest
 
-from benchmarks.fedrevive_small import FEDREVIVE_SMALL
+from benchmarks.lib.fedrevive_small import FEDREVIVE_SMALL
 from common.delays import DELAY_PRESETS
 from jobs.deploy import exposure
 from jobs.deploy.device_proxy import device_client_config

@@ -54,7 +54,7 @@ def test_interrupting_a_running_job_leaves_no_process_and_keeps_results(tmp_path
     assert f"interrupted ({name})" in out
 
 
-# the job's command line with the engine's ``trainer`` option (it has no flag), as benchmarks/null_training.py runs it
+# the job's command line with the engine's ``trainer`` option (it has no flag), as benchmarks/lib/null_training.py runs it
 JOB_WITH_TRAINER = (
     "import sys; from jobs.cli import job_main; from jobs.run.process_guard import exit_now; "
     "exit_now(job_main('', sys.argv[2:], method=None, hidden={'trainer': sys.argv[1]}))"

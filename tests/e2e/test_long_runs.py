@@ -18,7 +18,7 @@ import psutil
 import pytest
 import torch
 
-from benchmarks.fedrevive_small import FEDREVIVE_SMALL
+from benchmarks.lib.fedrevive_small import FEDREVIVE_SMALL
 from common.delays import DELAY_PRESETS
 from jobs.config import JobConfig
 from jobs.run.schedule_plan import schedule_for

@@ -1,4 +1,4 @@
-"""The paper-seed instrument's CPU slice (``benchmarks/paper_seed.py --device cpu --tiny``): three real jobs, their
+"""The paper-seed instrument's CPU slice (``benchmarks/repro/paper_seed.py --device cpu --tiny``): three real jobs, their
 phases taken from what the jobs record, and the estimate as its last line."""
 
 import json
@@ -11,7 +11,7 @@ from tests.conftest import PYTHON, REPO
 
 def test_the_tiny_slice_splits_each_methods_time_by_phase_and_ends_with_the_seed_estimate(tmp_path):
     proc = subprocess.run(
-        [PYTHON, "benchmarks/paper_seed.py", "--device", "cpu", "--tiny", "--output", str(tmp_path)],
+        [PYTHON, "benchmarks/repro/paper_seed.py", "--device", "cpu", "--tiny", "--output", str(tmp_path)],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -22,9 +22,9 @@ import textwrap
 
 import pytest
 
-from processors.data.text import frequency_baseline
 from tests.conftest import PYTHON, REPO
 from tests.fakes.user_formats import load_user_dataset, write_leaf_femnist, write_leaf_shakespeare, write_tff_emnist
+from tests.text_baseline import frequency_baseline
 
 MODEL = """
 from torch import nn

@@ -73,7 +73,7 @@ def test_the_models_preset_fills_only_the_local_training_flags_not_given():
 
 def test_the_default_run_keeps_todays_config():
     """Synthetic images: the convnet with the FedRevive references' client (no preset), in both jobs and in the API,
-    so the default run keeps its bits (benchmarks/same_bits.py)."""
+    so the default run keeps its bits (benchmarks/checks/same_bits.py)."""
     today = TrainingConfig(model="cifar10_convnet")
     assert today.local_batch_size == 32 and today.local_lr == 3e-4 and today.optimizer == "adam"
     assert model_preset("cifar10_convnet") == {} and model_preset("resnet18") == {}

@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from processors.data.sources import DatasetSpec, from_arrays, load_dataset
-from processors.data.text import ALL_LETTERS, VOCAB_SIZE, frequency_baseline, make_synthetic_text, windows
+from processors.data.text import ALL_LETTERS, VOCAB_SIZE, make_synthetic_text, windows
 from processors.models import build_model, initial_model
 from processors.models.char_lstm import CharLSTM
 from processors.training import TrainingConfig, evaluate_accuracy, train_local
 from tests.conftest import assert_both_engines_agree
+from tests.text_baseline import frequency_baseline
 
 SHORT = 8  # characters per sample in these tests
 
@@ -86,7 +87,7 @@ def test_both_engines_train_a_text_group_to_each_devices_own_diff():
 
 def test_auto_trains_the_lstm_one_device_at_a_time_on_the_cpu_and_grouped_on_a_gpu():
     """FlopCounterMode misses torch's fused LSTM kernel; the planner counts it (381 MFLOP per 80-character sample),
-    so on the CPU ``auto`` trains it as benchmarks/bench_engine.py --model char_lstm measured faster."""
+    so on the CPU ``auto`` trains it as benchmarks/perf/bench_engine.py --model char_lstm measured faster."""
     from simulation.planner import CPU_GROUP_MAX_MFLOPS, WorkerPlan, plan_engine, training_mflops
 
     mflops = training_mflops(build_model("char_lstm"), (80,))

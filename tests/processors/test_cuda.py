@@ -1,7 +1,7 @@
 """Training on a CUDA device gives the numbers the CPU paths give, up to float32 summation order: a device alone,
 an asynchronous release trained as one vectorised group, and the processor's GPU profile (data resident, pinned
 copies on per-worker streams) against its host-data profile. Skipped where CUDA is absent (CI); run on a GPU
-machine, with the measured errors printed by ``benchmarks/gpu_equivalence.py``.
+machine, with the measured errors printed by ``benchmarks/checks/gpu_equivalence.py``.
 
 The bounds are relative errors over every tensor of the diffs, at ``--precision fp32`` (TF32 off: full float32
 convolutions): a wrong start version, a device's data leaking into another or a diff taken on the wrong device gives
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks import gpu_equivalence as eq
+from benchmarks.checks import gpu_equivalence as eq
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda:0")
