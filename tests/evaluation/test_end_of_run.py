@@ -1,6 +1,6 @@
 """The end of a run is safe: a slow evaluator skips superseded versions but always evaluates, records and saves the
 last one; an interrupted run records itself; the end-of-run lines agree with ``metrics.json`` and name only files
-that exist; the driver's watchdog waits while the server is still recording its last versions.
+that exist (the driver's watchdog: ``tests/jobs/test_watchdog.py``).
 
 Fast and NVFlare-job free: the result components run on a stand-in engine, evaluation is made slow with a fake
 that sleeps.
@@ -9,9 +9,6 @@ that sleeps.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
 import time
 
 import numpy as np
@@ -29,7 +26,6 @@ from evaluation.progress import ProgressReporter, progress_line, version_ranges
 from evaluation.run_recorder import RunRecorder, record_interruption, versions_made
 from jobs.run.results import finalize, format_summary
 from processors.models import build_model
-from tests.conftest import REPO
 from tests.fakes.engine import EventEngine
 
 DATA = {"dataset": "synthetic", "synthetic_size": 200}
@@ -173,39 +169,6 @@ def test_the_progress_line_shows_the_methods_status_and_skipped_versions():
     assert "FedRevive revival, 4 update(s) revived" in line
     assert "4 older version(s) not evaluated (3-6)" in line and "--eval-backlog skip" in line
     assert version_ranges([9, 3, 4, 5, 7]) == "3-5, 7, 9"
-
-
-WATCHDOG = textwrap.dedent(
-    """
-    import subprocess, sys, time
-    sys.path.insert(0, {repo!r})
-    from jobs.run.watchdog import Watchdog
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    with Watchdog({out!r}, shutdown_grace=1.0, interval=0.1) as dog:
-        while child.poll() is None and time.time() < {deadline}:
-            time.sleep(0.05)
-    print("stopped" if child.poll() is not None else "running", dog.reason, flush=True)
-    child.kill()
-    """
-)
-
-
-def test_the_watchdog_waits_while_the_run_still_records_and_stops_a_silent_one(tmp_path):
-    metrics = tmp_path / "metrics.json"
-    records = [{"version": 1, "accuracy": 0.1, "wall_seconds": 1.0, "eval_seconds": 0.2}]
-    metrics.write_text(json.dumps({"versions": records, "outcome": {"status": "completed", "version": 3}}))
-    script = WATCHDOG.format(repo=REPO, out=str(tmp_path), deadline=time.time() + 30)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    # still recording its last versions, one every 0.9 s, for 3 s: longer than the 1 s grace (+ 2 x 0.2 s eval)
-    for version in (2, 3, 4):
-        time.sleep(0.9)
-        assert proc.poll() is None, "the watchdog stopped a job that was still recording"
-        records.append({"version": version, "accuracy": 0.1, "wall_seconds": 1.0, "eval_seconds": 0.2})
-        metrics.write_text(json.dumps({"versions": records, "outcome": {"status": "completed", "version": 3}}))
-    started = time.time()
-    out, _ = proc.communicate(timeout=30)
-    assert out.startswith("stopped"), out
-    assert "within" in out and time.time() - started < 10
 
 
 def test_the_driver_draws_the_plot_once_the_summary_is_recorded_and_only_then(tmp_path):
