@@ -197,3 +197,51 @@ def test_the_driver_draws_the_plot_once_the_summary_is_recorded_and_only_then(tm
         assert plotter.finish() is None and not plot.exists()
     finalize(str(tmp_path), 1.0, drawn=None)
     assert plot.exists()
+
+
+def test_the_last_version_is_saved_at_the_outcome_before_it_is_evaluated_and_evaluation_beats(tmp_path, monkeypatch):
+    """An evaluation that never ends (a server killed in it) still leaves the run's last version on disk, recorded
+    as ``saved_version``; while it scores, the evaluator beats (``working.json``) for the driver's watchdog."""
+    import threading
+
+    from common.heartbeat import read_heartbeat
+
+    release, beats = threading.Event(), []
+    real = evaluator_module.evaluate
+
+    def held(*args, **kwargs):  # version 1 scores at once; later ones wait until released
+        beats.append(read_heartbeat(str(tmp_path)))
+        if len(beats) > 1:
+            release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(evaluator_module, "evaluate", held)
+    evaluator = GlobalModelEvaluator("cifar10_convnet", DATA, compute_device="cpu", max_model_version=3)
+    evaluator.results_dir = str(tmp_path)
+    engine = EventEngine(
+        {
+            "evaluator": evaluator,
+            "recorder": RunRecorder(str(tmp_path), RUN_INFO, updates_per_version=2),
+            "saver": GlobalModelSaver("cifar10_convnet", str(tmp_path)),
+        }
+    )
+    ctx = engine.new_context()
+    engine.fire_event(EventType.START_RUN, ctx)
+    for version in (1, 2, 3):
+        ctx.set_prop(AppConstants.CURRENT_ROUND, version, private=True, sticky=False)
+        ctx.set_prop(AppConstants.GLOBAL_MODEL, {"weights": weights_of(version)[0]}, private=True, sticky=False)
+        engine.fire_event(AppEventType.GLOBAL_WEIGHTS_UPDATED, ctx)
+    ctx.set_prop(RUN_OUTCOME, {"status": "completed", "reason": "v3", "version": 3}, private=True, sticky=False)
+    engine.fire_event(RUN_OUTCOME, ctx)
+    _, bias = weights_of(3)
+    assert float(torch.load(tmp_path / "global_model.pt")[bias][0]) == 3.0  # on disk, not evaluated yet
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["saved_version"] == 3 and 3 not in [r["version"] for r in metrics["versions"]]
+    release.set()
+    engine.fire_event(EventType.END_RUN, ctx)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert [r["version"] for r in metrics["versions"]] == [1, 2, 3]
+    assert float(torch.load(tmp_path / "global_model.pt")[bias][0]) == 3.0  # versions 1, 2 recorded later: kept
+    assert metrics["saved_version"] == 3 and metrics["summary"]["versions_unevaluated"] == []
+    assert all(b is not None and b["what"] == "evaluating" and not b["done"] for b in beats), beats
+    assert [b["version"] for b in beats] == [1, 1, 2, 3]  # the initial model scored ahead, then version 1's own
