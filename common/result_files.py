@@ -33,6 +33,9 @@ SELECTION_FLOOR = "selection_floor.json"
 TRACKING_STATE = "tracking.json"
 DEVICE_STATE = "device_state"  # a folder: per-device state of a method's training rule (processors.device_state)
 NVFLARE = "nvflare"  # a folder: NVFlare's workspace of each attempt (jobs.run.outputs), a deployment's server logs
+# the server's sign of life while it works after the outcome (common.heartbeat); read by the driver's watchdog and
+# removed by the driver once the job has ended, so it is no result of the run
+HEARTBEAT = "working.json"
 
 # --dry-run writes the trace and its figures only
 TIMELINE = "timeline.json"  # scheduling.timeline

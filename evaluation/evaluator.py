@@ -39,6 +39,11 @@ several times the CPU of one with one thread, and takes more wall time (PERFORMA
 figures behind rules in the code"). Only this thread's OpenMP count is set (``limit_this_thread``):
 ``torch.set_num_threads`` would also set the count every thread starting torch work later takes, FedRevive's
 distillation on the applier thread among them, and change its bits.
+
+While it scores a version the evaluation thread beats (``common.heartbeat``: ``working.json`` in the results
+folder), so the driver's watchdog, which stops a job that makes no progress after its outcome, knows a slow
+evaluation from a hang. When the run's outcome is decided, its last version is handed to the model saver
+(``VERSION_MADE_LAST``) before it is evaluated: ``global_model.pt`` holds it even if its evaluation never ends.
 """
 
 from __future__ import annotations
@@ -52,12 +57,14 @@ import numpy as np
 import torch
 from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_component import FLComponent
+from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 
 from common.choices import EvalBacklog
 from common.cores import available_cores
+from common.heartbeat import Heartbeat
 from common.privacy_accounting import with_epsilon
 from common.protocol import (
     CHECKPOINT_DUE,
@@ -69,8 +76,9 @@ from common.protocol import (
     SERVER_WORK,
     SIM_TIME,
 )
-from evaluation.events import VERSION_EVALUATED, VERSION_RECORD, VERSION_WEIGHTS
+from evaluation.events import VERSION_EVALUATED, VERSION_MADE_LAST, VERSION_RECORD, VERSION_WEIGHTS
 from evaluation.per_user import per_user_accuracy
+from evaluation.schedule import is_scheduled
 from processors.data.config import DataConfig
 from processors.data.sources import load_dataset
 from processors.device import resolve_device
@@ -118,8 +126,29 @@ def limit_this_thread(threads: int) -> None:
         ctypes.CDLL(path).omp_set_num_threads(threads)  # the library torch loaded: OpenMP's per-thread setting
 
 
-def is_scheduled(version: int, eval_frequency: int, max_model_version: int) -> bool:
-    return (version - 1) % eval_frequency == 0 or (max_model_version and version >= max_model_version)
+class Scorer:
+    """A model and the test split of a run's data, on the run's device: what scores a version's weights (the
+    evaluator's, and ``python -m jobs.finish``'s for a version saved but not evaluated during the run).
+
+    Args: as ``GlobalModelEvaluator``'s ``model``, ``data``, ``seed``, ``compute_device`` and ``precision``.
+    """
+
+    def __init__(self, model: str, data: dict, seed: int = 0, compute_device: str = "auto", precision: str = "fp32"):
+        device = resolve_device(compute_device)
+        use_precision(precision, device)  # this process's TF32 switches (CUDA only)
+        self.net = build_model(model).to(device)
+        loaded = load_dataset(DataConfig(**data).spec(seed))
+        self._test = (loaded.x_test.to(device), loaded.y_test.to(device))
+        self._prepare = loaded.prepare
+        users = loaded.users  # per-user test data (LEAF's evaluation): the spread over the users too
+        self._user_offsets = users.test_offsets if users is not None else None
+
+    def score(self, weights: dict) -> tuple[float, float, dict | None]:
+        """Accuracy and loss of ``weights`` on the test split, and with per-user test data the users' spread."""
+        net = load_into(self.net, weights)
+        if self._user_offsets is None:
+            return (*evaluate(net, *self._test, prepare=self._prepare), None)
+        return per_user_accuracy(net, *self._test, self._user_offsets, self._prepare)
 
 
 class GlobalModelEvaluator(FLComponent):
@@ -133,6 +162,7 @@ class GlobalModelEvaluator(FLComponent):
     backlog: ``skip`` (a newer scheduled version supersedes the waiting ones) or ``wait`` (evaluate each).
     precision: the run's ``--precision``: its TF32 switches on CUDA (``processors.precision``); evaluation itself
         stays float32 (no autocast), so every method's curve is scored alike.
+    results_dir: the run's results folder, where the evaluation thread beats ("": the server app's run folder).
     """
 
     def __init__(
@@ -145,9 +175,12 @@ class GlobalModelEvaluator(FLComponent):
         max_model_version: int = 0,
         backlog: EvalBacklog = "wait",
         precision: str = "fp32",
+        results_dir: str = "",
     ):
         super().__init__()
         self.precision = precision
+        self.results_dir = results_dir
+        self._out = ""
         self.model = model
         self.data = data
         self.seed = seed
@@ -155,9 +188,7 @@ class GlobalModelEvaluator(FLComponent):
         self.eval_frequency = eval_frequency
         self.max_model_version = max_model_version
         self.backlog = backlog
-        self._net = None
-        self._test = None
-        self._user_offsets = None
+        self._scorer: Scorer | None = None
         self._start = 0.0
         self._engine = None
         self._latest: tuple | None = None  # (version, weights, sim time, ...) of the newest version
@@ -181,14 +212,9 @@ class GlobalModelEvaluator(FLComponent):
     def _start_run(self, _event: str, fl_ctx: FLContext) -> None:
         self._start = time.time()
         self._engine = fl_ctx.get_engine()
-        device = resolve_device(self.compute_device)
-        use_precision(self.precision, device)  # this process's TF32 switches (CUDA only)
-        self._net = build_model(self.model).to(device)
-        data = load_dataset(DataConfig(**self.data).spec(self.seed))
-        self._test = (data.x_test.to(device), data.y_test.to(device))
-        self._prepare = data.prepare
-        users = data.users  # per-user test data (LEAF's evaluation): the spread over the users too
-        self._user_offsets = users.test_offsets if users is not None else None
+        # where it beats: the results folder, else the app's (common.output); none on a stand-in engine without one
+        self._out = self.results_dir or fl_ctx.get_prop(FLContextKey.APP_ROOT) or ""
+        self._scorer = Scorer(self.model, self.data, self.seed, self.compute_device, self.precision)
         # a resumed run recorded version 1 already (RUN_RESUMED comes from the assessor's START_RUN, before ours)
         initial = None
         self._ahead = 1 not in self._evaluated
@@ -234,7 +260,10 @@ class GlobalModelEvaluator(FLComponent):
         return [item[0] for item in self._waiting] + ([self._evaluating] if self._evaluating is not None else [])
 
     def _on_outcome(self, _event: str, fl_ctx: FLContext) -> None:
-        if self._latest is not None:  # the run ended: its last version is always scored
+        if self._latest is not None:  # the run ended: its last version is saved now, and always scored
+            version, weights = self._latest[:2]
+            fl_ctx.set_prop(VERSION_WEIGHTS, weights, private=True, sticky=False)
+            self.fire_event_with_data(VERSION_MADE_LAST, fl_ctx, VERSION_RECORD, {"version": version})
             self._submit(self._latest)
 
     def _submit(self, item: tuple) -> None:
@@ -271,15 +300,13 @@ class GlobalModelEvaluator(FLComponent):
 
     def _score(self, weights: dict) -> tuple[float, float, dict | None]:
         """Accuracy and loss of ``weights`` on the test split, and with per-user test data the users' spread."""
-        net = load_into(self._net, weights)
-        if self._user_offsets is None:
-            return (*evaluate(net, *self._test, prepare=self._prepare), None)
-        return per_user_accuracy(net, *self._test, self._user_offsets, self._prepare)
+        return self._scorer.score(weights)
 
     def _score_initial(self, weights: dict) -> None:
         """Score the run's initial model ahead of version 1 (see the module docstring)."""
         started = time.time()
-        scores = self._score(weights)
+        with Heartbeat(self._out, "evaluating", 1):
+            scores = self._score(weights)
         self._initial = (weights, scores, time.time() - started)
 
     def _scored_ahead(self, version: int, weights: dict) -> tuple[tuple, float] | None:
@@ -295,7 +322,7 @@ class GlobalModelEvaluator(FLComponent):
         return (scores, seconds) if same else None
 
     def _run(self, initial: dict | None = None) -> None:
-        limit_this_thread(eval_threads(next(self._net.parameters()).device))
+        limit_this_thread(eval_threads(next(self._scorer.net.parameters()).device))
         if initial is not None:
             self._score_initial(initial)
         while (job := self._next()) is not None:
@@ -303,7 +330,9 @@ class GlobalModelEvaluator(FLComponent):
             started = time.time()
             scored = self._scored_ahead(version, weights)
             if scored is None:
-                (accuracy, loss, spread), eval_seconds = self._score(weights), time.time() - started
+                with Heartbeat(self._out, "evaluating", version):
+                    scores = self._score(weights)
+                (accuracy, loss, spread), eval_seconds = scores, time.time() - started
             else:
                 (accuracy, loss, spread), eval_seconds = scored
             now = time.time()

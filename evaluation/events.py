@@ -6,11 +6,17 @@ from typing import NamedTuple
 VERSION_EVALUATED = "edgesim.version_evaluated"
 # fired by RunRecorder once the record is complete and written; fl_ctx[VERSION_RECORD], fl_ctx[SYSTEM_SAMPLES]
 VERSION_RECORDED = "edgesim.version_recorded"
+# fired by GlobalModelEvaluator when the run's outcome is decided, before the last version is evaluated:
+# fl_ctx[VERSION_RECORD] is {"version"} and fl_ctx[VERSION_WEIGHTS] its weights (GlobalModelSaver saves them)
+VERSION_MADE_LAST = "edgesim.version_made_last"
+# fired by GlobalModelSaver after writing global_model.pt; fl_ctx[SAVED_VERSION] is the version it holds
+MODEL_SAVED = "edgesim.model_saved"
 # fired by SystemMonitorComponent at the end of the run; fl_ctx[SYSTEM_SUMMARY] is the summary with its warnings
 SYSTEM_SUMMARY_READY = "edgesim.system_summary_ready"
 
 VERSION_RECORD = "edgesim.version_record"
-VERSION_WEIGHTS = "edgesim.version_weights"  # with VERSION_EVALUATED / VERSION_RECORDED: the version's weights
+VERSION_WEIGHTS = "edgesim.version_weights"  # with VERSION_EVALUATED / VERSION_RECORDED / VERSION_MADE_LAST
+SAVED_VERSION = "edgesim.saved_version"
 SYSTEM_SAMPLES = "edgesim.system_samples"
 SYSTEM_SUMMARY = "edgesim.system_summary"
 

@@ -1,4 +1,13 @@
-"""Saves each recorded global model as ``global_model.pt`` (a state dict: ``Model().load_state_dict(torch.load(p))``)."""
+"""Saves the run's newest global model as ``global_model.pt`` (a state dict:
+``Model().load_state_dict(torch.load(p))``).
+
+It saves each recorded version, and the run's last version as soon as the outcome is decided
+(``VERSION_MADE_LAST``, before that version is evaluated): a run whose last evaluation never ends (a killed server)
+still has its last version on disk, and ``python -m jobs.finish`` can evaluate it afterwards. It never replaces a
+newer version with an older one, nor saves one twice (with ``--eval-backlog wait`` older versions are recorded after the outcome). After
+each write it fires ``MODEL_SAVED`` with the version the file holds, which ``metrics.json`` records
+(``saved_version``).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +20,14 @@ from nvflare.apis.fl_context import FLContext
 from common.output import output_dir
 from common.result_files import GLOBAL_MODEL
 from evaluation.evaluator import load_into
-from evaluation.events import VERSION_RECORDED, VERSION_WEIGHTS
+from evaluation.events import (
+    MODEL_SAVED,
+    SAVED_VERSION,
+    VERSION_MADE_LAST,
+    VERSION_RECORD,
+    VERSION_RECORDED,
+    VERSION_WEIGHTS,
+)
 from processors.models import build_model
 
 
@@ -26,12 +42,19 @@ class GlobalModelSaver(FLComponent):
         self.model = model
         self.results_dir = results_dir
         self._net = None
+        self._saved = 0  # the version global_model.pt holds (0: none yet)
         self.register_event_handler(VERSION_RECORDED, self._save)
+        self.register_event_handler(VERSION_MADE_LAST, self._save)
 
     def _save(self, _event: str, fl_ctx: FLContext) -> None:
+        version = int((fl_ctx.get_prop(VERSION_RECORD) or {}).get("version") or 0)
+        if version <= self._saved:  # saved already, or an older version recorded after the last one was saved
+            return
         if self._net is None:
             self._net = build_model(self.model)
         state = load_into(self._net, fl_ctx.get_prop(VERSION_WEIGHTS)).state_dict()
         path = os.path.join(output_dir(self.results_dir, fl_ctx), GLOBAL_MODEL)
         torch.save({k: v.cpu() for k, v in state.items()}, f"{path}.tmp")
         os.replace(f"{path}.tmp", path)
+        self._saved = version
+        self.fire_event_with_data(MODEL_SAVED, fl_ctx, SAVED_VERSION, version)

@@ -28,6 +28,13 @@ together). With the vectorised engine each record also gets ``mean_group_size`` 
 
 ``bulk`` (from the assessor, ``simulation.bulk_parent``): for each of the server's children, how its diffs and
 versions travel: ``shm`` (shared memory) or ``wire: <why>`` (NVFlare's wire).
+
+``saved_version`` (from the model saver's MODEL_SAVED): the version ``global_model.pt`` holds; the run's last one
+from its outcome on, evaluated or not. The summary's ``versions_unevaluated`` lists the versions scheduled for
+evaluation (1, every ``--eval-frequency``-th, the last one made) that have no record and were not skipped on
+purpose (``--eval-backlog skip``): empty for a run that ended normally. A run whose server died while it evaluated
+gets its summary from the driver (``record_summary``), and ``python -m jobs.finish`` evaluates the saved version
+afterwards (``record_finished``).
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ from common.output import output_dir
 from common.protocol import LEAF_INFO, RUN_OUTCOME, RUN_RESUMED
 from common.result_files import ACCURACY_PLOT, EVENTS, METRICS
 from evaluation.events import (
+    MODEL_SAVED,
+    SAVED_VERSION,
     SYSTEM_SAMPLES,
     SYSTEM_SUMMARY,
     SYSTEM_SUMMARY_READY,
@@ -55,6 +64,7 @@ from evaluation.events import (
 )
 from evaluation.fleet import failure_rate
 from evaluation.plots import plot_accuracy, warm_up
+from evaluation.schedule import schedule_of, unevaluated_versions
 from evaluation.utilisation import aggregate, system_fields
 
 LOW_GROUP_SIZE = 8  # a stretch whose groups average fewer devices (and under half the plan's) is flagged
@@ -106,22 +116,27 @@ def versions_made(results_dir: str, updates_per_version: int) -> int | None:
     return 1 + sum(1 for r in records if not r.get("failed")) // updates_per_version
 
 
-def run_summary(records: list[dict], updates_per_version: int, last_version: int | None = None) -> dict:
+def run_summary(
+    records: list[dict], updates_per_version: int, last_version: int | None = None, config: dict | None = None
+) -> dict:
     """Versions trained (up to ``last_version``, the last one the run made, when known; else the last evaluated),
-    versions evaluated, final and best accuracy, seconds per version and devices per second over the run."""
+    versions evaluated and not (``versions_unevaluated``, by the schedule in the run's ``config``), final and best
+    accuracy, seconds per version and devices per second over the run."""
     last_evaluated = max((r["version"] for r in records), default=None)
     last = max(v for v in (last_version, last_evaluated, 1) if v is not None)
     summary = {
         "versions_trained": last - 1,
         "last_version": last,
         "versions_evaluated": len(records),
+        "versions_unevaluated": unevaluated_versions(records, last, *schedule_of(config or {})),
         "last_evaluated_version": last_evaluated,
         "final_accuracy": records[-1]["accuracy"] if records else None,
         "best_accuracy": max((r["accuracy"] for r in records), default=None),
     }
-    if len(records) >= 2 and last_evaluated and last_evaluated > 1:
-        span = records[-1]["wall_seconds"] - records[0]["wall_seconds"]
-        steps = records[-1]["version"] - records[0]["version"]
+    timed = [r for r in records if not r.get("finished")]  # one evaluated after the run has no wall time of its own
+    if len(timed) >= 2 and timed[-1]["version"] > 1:
+        span = timed[-1]["wall_seconds"] - timed[0]["wall_seconds"]
+        steps = timed[-1]["version"] - timed[0]["version"]
         summary["seconds_per_version"] = round(span / steps, 3)
         summary["devices_per_second"] = round(updates_per_version * steps / span, 3) if span > 0 else None
     if records and records[-1].get("sim_seconds") is not None:
@@ -149,7 +164,7 @@ def record_interruption(results_dir: str, run_info: dict, signal_name: str) -> d
     records = metrics.get("versions", [])
     updates = ((metrics.get("config") or {}).get("federation") or {}).get("num_updates_for_model", 0)
     made = versions_made(results_dir, updates)
-    summary = run_summary(records, updates, made)
+    summary = run_summary(records, updates, made, metrics.get("config"))
     if metrics.get("outcome") is None:
         metrics["outcome"] = {
             "status": "interrupted",
@@ -158,6 +173,44 @@ def record_interruption(results_dir: str, run_info: dict, signal_name: str) -> d
             "version": summary["last_version"],
         }
     metrics["summary"] = summary
+    write_json_atomic(path, metrics)
+    return metrics
+
+
+def summary_of(results_dir: str, metrics: dict) -> dict:
+    """The run summary of what ``metrics`` records: up to the outcome's version, else the last one ``events.jsonl``
+    says was made."""
+    records, config = metrics.get("versions", []), metrics.get("config") or {}
+    updates = (config.get("federation") or {}).get("num_updates_for_model", 0)
+    made = (metrics.get("outcome") or {}).get("version") or versions_made(results_dir, updates)
+    return run_summary(records, updates, made, config)
+
+
+def record_summary(results_dir: str) -> dict:
+    """A run whose server ended before it recorded its summary (killed while it evaluated): add the ``summary``
+    (with ``versions_unevaluated``) to its ``metrics.json``. The driver calls it once every process of the job has
+    stopped, so nothing else writes the file any more. Returns the metrics written ({} when there is no file)."""
+    path = os.path.join(results_dir, METRICS)
+    try:
+        with open(path) as f:
+            metrics = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    metrics["summary"] = summary_of(results_dir, metrics)
+    write_json_atomic(path, metrics)
+    return metrics
+
+
+def record_finished(results_dir: str, record: dict) -> dict:
+    """``python -m jobs.finish``: add the ``record`` of a version evaluated after the run (``"finished": true``)
+    among the records, in version order, and recompute the summary (``versions_unevaluated`` shrinks). Run after
+    the job has ended: nothing else writes the file any more. Returns the metrics written."""
+    path = os.path.join(results_dir, METRICS)
+    with open(path) as f:
+        metrics = json.load(f)
+    records = [r for r in metrics.get("versions", []) if r["version"] != record["version"]] + [record]
+    metrics["versions"] = sorted(records, key=lambda r: r["version"])
+    metrics["summary"] = summary_of(results_dir, metrics)
     write_json_atomic(path, metrics)
     return metrics
 
@@ -210,6 +263,7 @@ class RunRecorder(FLComponent):
         self._system: dict | None = None
         self._summary: dict | None = None
         self._outcome: dict | None = None
+        self._saved_version: int | None = None
         self._leaf_plans: dict[str, dict] = {}
         self._bulk: dict[str, str] = {}  # child -> how its bulk arrays travel ("shm", or "wire: why")
         self._groups = {"run": GroupSizes(), "after_first": GroupSizes(), "stretch": GroupSizes()}
@@ -220,6 +274,7 @@ class RunRecorder(FLComponent):
         self.register_event_handler(RUN_OUTCOME, self._record_outcome)
         self.register_event_handler(RUN_RESUMED, self._resume)
         self.register_event_handler(LEAF_INFO, self._record_leaf_info)
+        self.register_event_handler(MODEL_SAVED, self._record_saved)
         self.register_event_handler(EventType.END_RUN, self._end)
 
     @property
@@ -289,6 +344,11 @@ class RunRecorder(FLComponent):
             fields["groups_low"] = True
         return fields
 
+    def _record_saved(self, _event: str, fl_ctx: FLContext) -> None:
+        with self._lock:
+            self._saved_version = fl_ctx.get_prop(SAVED_VERSION)
+            self._write()
+
     def _record_outcome(self, _event: str, fl_ctx: FLContext) -> None:
         with self._lock:
             first = self._outcome is None
@@ -300,7 +360,7 @@ class RunRecorder(FLComponent):
     def _end(self, _event: str, fl_ctx: FLContext) -> None:
         with self._lock:
             made = self._outcome.get("version") if self._outcome else None
-            self._summary = run_summary(self._records, self.updates_per_version, made)
+            self._summary = run_summary(self._records, self.updates_per_version, made, self.run_info.get("config"))
             self._write()
             if self._records and self.plot:  # here too, so a job run by ``nvflare simulator`` has it
                 title = (self.run_info.get("config") or {}).get("run", {}).get("job_name", "")
@@ -319,6 +379,8 @@ class RunRecorder(FLComponent):
                 "mean_group_size": self._groups["run"].mean,
                 "mean_group_size_after_first_selection": self._groups["after_first"].mean,
             }
+        if self._saved_version is not None:
+            payload["saved_version"] = self._saved_version
         if self._system is not None:
             payload["system"] = self._system
         if self._summary is not None:

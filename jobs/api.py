@@ -131,7 +131,8 @@ def make_config(
 @dataclass(frozen=True)
 class RunResult:
     """Attributes:
-    exit_code: 0 completed, 1 ended early (``outcome`` says why), 2 refused before start, 130/143 interrupted.
+    exit_code: 0 completed, 1 ended early (``outcome`` says why), 2 refused before start, 3 completed but its last
+        version unevaluated or nothing saved (``python -m jobs.finish``), 130/143 interrupted.
     output: the results folder.
     metrics: ``metrics.json`` (empty when the run wrote none).
     """

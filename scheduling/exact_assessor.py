@@ -55,6 +55,7 @@ from nvflare.edge.mud import BaseState, StateUpdateReply, StateUpdateReport
 
 from common import startup_gc
 from common.delays import DelayConfig, DeviceDelays
+from common.heartbeat import Heartbeat
 from common.jsonio import JsonlWriter
 from common.output import output_dir
 from common.process_settings import settle_process
@@ -379,7 +380,8 @@ class ExactTimeAssessor(Assessor):
         self.fire_event_with_data(CHECKPOINT_DUE, fl_ctx, CHECKPOINT_DUE, version)
         try:
             self._events.flush()  # the trace up to the checkpoint is on disk: a resume truncates it there
-            seconds = checkpoint.write(self._out, self._state())
+            with Heartbeat(self._out, "checkpoint", version):  # a large model's takes seconds: not a hang
+                seconds = checkpoint.write(self._out, self._state())
         except OSError as ex:
             self.log_error(fl_ctx, f"checkpoint at version {version} not written ({ex}); the previous one is kept")
             return

@@ -144,6 +144,17 @@ our server and leaf components call it.
    NVFlare's own search registers it again, not twice) and looks again. Only in the simulator's processes
    (``install_nvflare_fixes``, from ``simulation.early_start``, before their first cell); a deployed site loads
    every driver, as NVFlare does.
+18. **The early syncs of fix 12, off the console.** A leaf's runner syncs with the server's runner before it
+   starts (``ClientRunner.init_run``: the ``__sync_runner__`` aux message, retried every 0.5 s, capped by fix 10,
+   until answered OK). With fix 12 the leaves start while the server app is being built, so their first syncs reach
+   the server before its ``ServerRunner`` has registered the topic (``_register_aux_message_handler``, in its
+   constructor); NVFlare's ``AuxRunner._process_request`` then replies ``TOPIC_UNKNOWN``, which the leaf retries,
+   and logs an ERROR ("received unknown aux message topic ``__sync_runner__``"), about three per run, on the
+   console of every SimEnv run. Nothing failed: the leaf's next try is answered. Registering the topic earlier
+   would need a patch inside NVFlare's server start (the aux runner refuses a second handler for a topic) for no
+   gain, so ``EarlySyncNotice``, a logging filter on the console handler of the run's log config
+   (``jobs.run.environments.quiet_log_config``), drops exactly that line from the console; NVFlare's log files
+   keep it. Any other unknown topic still shows.
 
 Over 400 lines: every private NVFlare name the project uses lives in this one file (the project's rule), each fix
 with its reason.
@@ -151,6 +162,7 @@ with its reason.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -212,6 +224,8 @@ NVFLARE_RELIED_ON = {  # bodies whose behaviour a fix depends on (the fix's numb
     "nvflare.fuel.f3.communicator.Communicator.add_connector": "fdae41af3af15e6b",  # 17
     "nvflare.fuel.f3.communicator.Communicator.start_listener": "61f6d7bb757aa688",  # 17
     "nvflare.fuel.f3.drivers.driver_manager.DriverManager.search_folder": "d39768130c7b6013",  # 17
+    "nvflare.private.aux_runner.AuxRunner._process_request": "88113aac2d20a961",  # 18
+    "nvflare.private.fed.server.server_runner.ServerRunner._register_aux_message_handler": "c1aa0cab2f5328f5",  # 18
 }
 NVFLARE_CLIENT_JOB_MODULE = "nvflare.private.fed.app.client.worker_process"  # fix 16: one per client per job
 NVFLARE_SIMULATOR_WORKER_MODULE = _WORKER  # fix 16: one per SimEnv leaf
@@ -477,6 +491,17 @@ def warn_untested_nvflare() -> None:
             version,
             TESTED_NVFLARE,
         )
+
+
+EARLY_SYNC_LINE = "received unknown aux message topic __sync_runner__"  # fix 18: NVFlare's words
+
+
+class EarlySyncNotice(logging.Filter):
+    """Drops NVFlare's ERROR line on a leaf's sync that reached the server before its runner was built (fix 18)
+    from the handler it filters (the console); every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return EARLY_SYNC_LINE not in record.getMessage()
 
 
 class _EarlyLeaves:

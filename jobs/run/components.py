@@ -210,6 +210,7 @@ def make_result_components(cfg: JobConfig, run_info: dict, results_dir: str) -> 
             max_model_version=f.max_model_version,
             backlog=cfg.run.eval_backlog,
             precision=cfg.training.precision,
+            results_dir=results_dir,
         ),
         MONITOR_ID: SystemMonitorComponent(diagnose_context(run_info, cfg)),
         # a SimEnv run's driver draws the plot while NVFlare shuts down (jobs.run.results.PlotAhead); an exported

@@ -1,9 +1,11 @@
 """Runs one job: plan (and check) -> results folder -> recipe -> environment -> guarded run -> outcome.
 
-The exit code says how it ended: 0 when the run completed (its last version, or its simulated-time budget), 1 when
-it stopped early (a lost leaf, a dead server, devices that never registered, an error: the message says which, and
-how to resume when a checkpoint exists), 2 for a configuration refused before anything started, 130 / 143 for
-Ctrl-C / SIGTERM.
+The exit code says how it ended: 0 when the run completed (its last version, or its simulated-time budget) with
+that version evaluated and saved, 1 when it stopped early (a lost leaf, a dead server, devices that never
+registered, an error: the message says which, and how to resume when a checkpoint exists), 2 for a configuration
+refused before anything started, 3 (``INCOMPLETE``) when it completed but its last version was not evaluated (the
+server died or was stopped while it evaluated) or nothing was saved: the last line says what is missing and how to
+finish it (``python -m jobs.finish``), 130 / 143 for Ctrl-C / SIGTERM.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import sys
 import time
 
 from common.choices import ConfigError
+from common.heartbeat import clear_heartbeat
 from common.profiles import get_profile
-from common.result_files import DRY_RUN_FILES, METRICS
-from evaluation.run_recorder import record_interruption
+from common.result_files import DRY_RUN_FILES, GLOBAL_MODEL, METRICS
+from evaluation.run_recorder import record_interruption, record_summary
 from jobs.admin_kit import check_leaf_count, check_server_answers
 from jobs.config import JobConfig
 from jobs.run.environments import make_env
@@ -38,6 +41,38 @@ from scheduling.checkpoint import state_path
 from scheduling.timeline import format_timeline, run_timeline, write_timeline
 from simulation.config import device_timeout_words
 from simulation.nvflare_guard import nvflare_problem
+
+INCOMPLETE = 3  # the run completed, but its last version was not evaluated or nothing was saved
+# a test-only hook (tests/e2e/test_slow_evaluation.py): the watchdog's grace in seconds instead of the derived one, so
+# that a test's evaluation can outlast it within seconds; no flag, since a run's own grace never needs setting
+GRACE_ENV = "EDGESIM_TEST_WATCHDOG_GRACE"
+
+
+def watchdog_grace(update_timeout: float) -> float:
+    """Seconds without progress after the outcome before the watchdog stops a job: 60 s plus a leaf's update
+    timeout (a report under way), or ``GRACE_ENV``'s value."""
+    return float(os.environ.get(GRACE_ENV) or 60 + update_timeout)
+
+
+def missing_results(results_dir: str, metrics: dict) -> str:
+    """What a run that made versions lacks at its end ("": nothing): its last version unevaluated, or no
+    ``global_model.pt``; with the command that finishes it when its last version is saved."""
+    summary, outcome = metrics.get("summary") or {}, metrics.get("outcome") or {}
+    last = outcome.get("version") or summary.get("last_version")
+    if not last:
+        return ""
+    if not os.path.exists(os.path.join(results_dir, GLOBAL_MODEL)):
+        return f"nothing was saved (no {GLOBAL_MODEL}): the run's version {last} is lost"
+    if last not in summary.get("versions_unevaluated", ()):
+        return ""
+    others = [v for v in summary["versions_unevaluated"] if v != last]
+    also = f" (nor were versions {', '.join(map(str, others))}, whose weights were not kept)" if others else ""
+    if metrics.get("saved_version") == last:
+        return (
+            f"version {last} was made and saved ({GLOBAL_MODEL}) but not evaluated{also}; evaluate it with: "
+            f"python -m jobs.finish {results_dir}"
+        )
+    return f"version {last} was made but neither evaluated nor saved{also}"
 
 
 def simulator_failure(ex: Exception) -> str:
@@ -71,29 +106,31 @@ def report_end(
 ) -> int:
     """Print the summary (naming which of the run's result ``files`` exist) and how the run ended; the exit code.
     ``stock_max_version``: the run's server is NVFlare's (no outcome of its own), whose last version this is.
-    ``drawn``: the versions in the plot the driver drew (``PlotAhead``), if it did."""
-    summary = None
+    ``drawn``: the versions in the plot the driver drew (``PlotAhead``), if it did. Called once every process of
+    the job has ended: a server that ended before its summary (killed while it evaluated) gets it written here."""
+    metrics = read_metrics(results_dir)
+    if metrics and "summary" not in metrics:  # versions_unevaluated, in metrics.json too
+        record_summary(results_dir)
     if os.path.exists(os.path.join(results_dir, METRICS)):
         summary = finalize(results_dir, time.time() - started, drawn)
         print(format_summary(summary, results_dir, files))
     metrics = read_metrics(results_dir)
     outcome = metrics.get("outcome")
-    last_evaluated = (summary or {}).get("last_evaluated_version")
-    if outcome and outcome.get("version") and (last_evaluated or 0) < outcome["version"]:
-        print(
-            f"[edgesim] warning: the run made version {outcome['version']}, but its last evaluated version is "
-            f"{last_evaluated}: {cause or 'the job ended before its evaluation'}",
-            file=sys.stderr,
-        )
     if outcome is None and stock_max_version is not None:
         outcome = stock_outcome(metrics, stock_max_version)
+    missing = missing_results(results_dir, metrics) if outcome is not None else ""
     if outcome is not None:  # the server decided how the run ended; a hang after that is only worth a warning
         if cause:
             print(f"[edgesim] warning: {cause}", file=sys.stderr)
         if outcome["status"] == "completed":
+            if missing:
+                print(f"[edgesim] the run is incomplete: {missing}", file=sys.stderr)
+                return INCOMPLETE
             return 0
     reason = outcome["reason"] if outcome else (cause or "the job ended before the server decided an outcome")
     print(f"[edgesim] the run stopped early: {reason}", file=sys.stderr)
+    if missing:
+        print(f"[edgesim] its results are incomplete: {missing}", file=sys.stderr)
     if os.path.exists(state_path(results_dir)):
         print(f"[edgesim] continue it from its last checkpoint with: --resume {results_dir}", file=sys.stderr)
     return 1
@@ -228,7 +265,7 @@ def run_sim(recipe: EdgeSimRecipe, env, results_dir: str, plan: RunPlan, trackin
     try:
         with (
             no_orphans() as interrupts,
-            Watchdog(results_dir, shutdown_grace=60 + plan.timeouts.update_timeout) as dog,
+            Watchdog(results_dir, shutdown_grace=watchdog_grace(plan.timeouts.update_timeout)) as dog,
             plotter,
             tracking,
         ):
@@ -240,6 +277,8 @@ def run_sim(recipe: EdgeSimRecipe, env, results_dir: str, plan: RunPlan, trackin
     except BaseException:
         if interrupts.signum is None:
             raise
+    finally:
+        clear_heartbeat(results_dir)  # every process of the job has ended
     if interrupts.signum is not None:
         # NVFlare may turn the KeyboardInterrupt into its own error, so the signal, not the exception, decides
         what = "every process of the job was stopped"

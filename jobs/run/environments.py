@@ -19,12 +19,14 @@ from jobs.config import JobConfig
 
 QUIET_FILE_HANDLERS = ("logFileHandler", "errorFileHandler")  # log.txt (everything) and error_log.txt
 EARLY_START = "simulation.early_start.start_early"  # a filter factory: what a simulator process starts at once
+EARLY_SYNC_NOTICE = "simulation.nvflare_private.EarlySyncNotice"  # fix 18: a leaf's early sync, off the console
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def quiet_log_config(folder: str, early_start: bool = True) -> str:
     """NVFlare's default logging config with the console at WARNING and two log files; returns its path.
-    ``early_start``: name ``EARLY_START`` in it (not for ``--simulator stock``, NVFlare's own path unchanged)."""
+    ``early_start``: name ``EARLY_START`` in it, and filter fix 18's line from the console (not for ``--simulator
+    stock``, NVFlare's own path unchanged)."""
     with open(os.path.join(os.path.dirname(nvflare.__file__), "fuel", "utils", "log_config.json")) as f:
         config = json.load(f)
     config["handlers"] = {k: v for k, v in config["handlers"].items() if k in ("consoleHandler", *QUIET_FILE_HANDLERS)}
@@ -32,6 +34,10 @@ def quiet_log_config(folder: str, early_start: bool = True) -> str:
     config["loggers"]["root"]["handlers"] = ["consoleHandler", *QUIET_FILE_HANDLERS]
     if early_start:  # dictConfig builds every filter it declares, attached or not
         config.setdefault("filters", {})["edgesimEarlyStart"] = {"()": EARLY_START}
+        # fix 12 (early leaves) makes NVFlare log an ERROR per early sync: kept in the files, not on the console
+        config["filters"]["edgesimEarlySync"] = {"()": EARLY_SYNC_NOTICE}
+        console = config["handlers"]["consoleHandler"]
+        console["filters"] = [*console.get("filters", []), "edgesimEarlySync"]
     path = os.path.join(folder, "log_config.json")
     with open(path, "w") as f:
         json.dump(config, f, indent=1)

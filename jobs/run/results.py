@@ -15,7 +15,7 @@ import threading
 
 from common.result_files import ACCURACY_PLOT, METRICS, present, run_files
 from evaluation.plots import plot_accuracy, warm_up
-from evaluation.run_recorder import run_summary, versions_made
+from evaluation.run_recorder import summary_of
 from evaluation.utilisation import format_summary as format_system_summary
 from jobs.methods import Method
 
@@ -45,10 +45,7 @@ def finalize(results_dir: str, total_seconds: float, drawn: int | None = None) -
         metrics = json.load(f)
     records = metrics.get("versions", [])
     config = metrics.get("config") or {}
-    summary = metrics.get("summary")
-    if summary is None:
-        updates = (config.get("federation") or {}).get("num_updates_for_model", 0)
-        summary = run_summary(records, updates, versions_made(results_dir, updates))
+    summary = metrics.get("summary") or summary_of(results_dir, metrics)
     summary = {"total_seconds": round(total_seconds, 2)} | summary
     plot = os.path.join(results_dir, ACCURACY_PLOT)
     stale = not os.path.exists(plot) or os.path.getmtime(plot) < os.path.getmtime(metrics_path)

@@ -1,4 +1,4 @@
-"""Watches a SimEnv run from the driver: notices a dead server, and a job that will not end after its outcome.
+"""Watches a SimEnv run from the driver: notices a dead server, and a job that makes no progress after its outcome.
 
 NVFlare's simulator runs the server in one process and each leaf in a ``simulator_worker`` process below it. If
 the server process dies (a crash, an out-of-memory kill, ``kill -9``) nothing else notices: the leaves and the
@@ -7,10 +7,14 @@ may still wait at shutdown for a leaf that is gone. The watchdog samples the pro
 seconds and, in either case, stops every process of the job (the driver's ``recipe.run`` then returns), recording
 what happened in ``reason``.
 
-After the outcome the server still evaluates and records the run's last version, which for a large model on a
-CPU takes minutes. So the grace period counts from the outcome or from the last change of ``metrics.json``,
-whichever is later, and grows by twice the longest evaluation recorded so far: a job is stopped only when it has
-recorded nothing for longer than an evaluation could take.
+Progress, not silence, decides. After the outcome the server still evaluates and records the run's last versions,
+which for a large model on a busy CPU takes minutes per version, with nothing recorded meanwhile; so the server
+beats while it works (``common.heartbeat``: ``working.json``). The grace counts from the outcome, from the last
+change of ``metrics.json`` or from the last beat, whichever is latest: a job is stopped only when it has neither
+recorded nor beaten for ``shutdown_grace`` seconds. A server that dies is noticed at the next look, before or
+after the outcome (after it, unless it had already recorded the run's summary: its normal end).
+
+``check`` is one look, given the time and whether the server lives, so its rules are tested without waiting.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import time
 
 import psutil
 
+from common.heartbeat import read_heartbeat
 from common.result_files import METRICS
 from jobs.run.process_guard import stop_processes
 from jobs.run.results import read_metrics
@@ -28,8 +33,9 @@ from jobs.run.results import read_metrics
 
 class Watchdog:
     """Args:
-    results_dir: the run's results folder (its ``metrics.json`` says when the server decided the outcome).
-    shutdown_grace: seconds the job may take to end after its outcome.
+    results_dir: the run's results folder (its ``metrics.json`` says when the server decided the outcome and
+        finished; its ``working.json`` that the server is at work).
+    shutdown_grace: seconds without progress (no record, no beat) the job may take after its outcome.
     interval: seconds between checks.
     """
 
@@ -39,10 +45,11 @@ class Watchdog:
         self.interval = interval
         self.reason = ""  # set when the watchdog stopped the job
         self._server: psutil.Process | None = None
-        self._outcome_at: float | None = None  # when the outcome was seen, or metrics.json last changed after it
+        self._progress_at: float | None = None  # the outcome's first sight, or the last progress after it
         self._mtime = 0.0  # of metrics.json at the last look
+        self._beat: dict | None = None  # the last beat seen
         self._decided = False  # metrics.json has the outcome
-        self._longest_eval = 0.0
+        self._finished = False  # metrics.json has the run's summary (the server's END_RUN)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
 
@@ -54,26 +61,44 @@ class Watchdog:
         self._stop.set()
         self._thread.join(5)
 
+    @property
+    def grace(self) -> float:
+        """Seconds the job may make no progress after its outcome before it is stopped."""
+        return self.shutdown_grace
+
     def _look(self) -> bool:
-        """Read ``metrics.json`` if it changed since the last look (whether the outcome is decided, the longest
-        evaluation); True if it changed."""
+        """Read ``metrics.json`` if it changed since the last look (outcome, summary) and the heartbeat; True if
+        either changed."""
+        beat = read_heartbeat(self.results_dir)
+        beaten = beat is not None and beat != self._beat
+        self._beat = beat if beat is not None else self._beat
         try:
             mtime = os.path.getmtime(os.path.join(self.results_dir, METRICS))
         except OSError:
-            return False
+            return beaten
         if mtime == self._mtime:
-            return False
+            return beaten
         self._mtime = mtime
         metrics = read_metrics(self.results_dir)
         self._decided = self._decided or "outcome" in metrics
-        evals = [r.get("eval_seconds") or 0.0 for r in metrics.get("versions", [])]
-        self._longest_eval = max([self._longest_eval, *evals])
+        self._finished = self._finished or "summary" in metrics
         return True
 
-    @property
-    def grace(self) -> float:
-        """Seconds the job may record nothing after its outcome before it is stopped."""
-        return self.shutdown_grace + 2 * self._longest_eval
+    def check(self, now: float, server_alive: bool | None) -> str:
+        """One look at the run: why to stop the job now ("": go on). ``server_alive``: None while the server
+        process is not known yet. Called with the server's state sampled first, so an outcome or summary the
+        server wrote just before it ended is seen by this look."""
+        progressed = self._look()
+        if self._decided and (self._progress_at is None or progressed):
+            self._progress_at = now  # decided, or still recording or working on its last versions: not hanging
+        if server_alive is False and not self._finished:
+            if self._decided:
+                return "the NVFlare server process died after the run's outcome, before it finished its results"
+            return "the NVFlare server process died"
+        if self._progress_at is not None and now - self._progress_at > self.grace:
+            what = f" (last at work: {self._beat['what']} version {self._beat['version']})" if self._beat else ""
+            return f"NVFlare's job made no progress for {self.grace:.0f} s after its last record or beat{what}"
+        return ""
 
     def _run(self) -> None:
         me = psutil.Process()
@@ -90,18 +115,10 @@ class Watchdog:
                             break
                     except psutil.Error:
                         pass
-            changed = self._look()
-            if self._decided and (self._outcome_at is None or changed):
-                self._outcome_at = time.time()  # decided, or still recording its last versions: not hanging
-            if self._server is not None and self._outcome_at is None and not _alive(self._server):
-                if self._look() and self._decided:  # it wrote the outcome just before ending: a normal end
-                    self._outcome_at = time.time()
-                else:
-                    self.reason = f"the NVFlare server process (pid {self._server.pid}) died"
-                    stop_processes(tree, grace_seconds=5)
-                    return
-            if self._outcome_at is not None and time.time() - self._outcome_at > self.grace:
-                self.reason = f"NVFlare did not end the job within {self.grace:.0f} s of its last record"
+            alive = None if self._server is None else _alive(self._server)
+            reason = self.check(time.time(), alive)
+            if reason:
+                self.reason = reason if alive is not False else f"{reason} (pid {self._server.pid})"
                 stop_processes(tree, grace_seconds=5)
                 return
 

@@ -1,6 +1,6 @@
 """The end of a run is safe: a slow evaluator skips superseded versions but always evaluates, records and saves the
 last one; an interrupted run records itself; the end-of-run lines agree with ``metrics.json`` and name only files
-that exist; the driver's watchdog waits while the server is still recording its last versions.
+that exist (the driver's watchdog: ``tests/jobs/test_watchdog.py``).
 
 Fast and NVFlare-job free: the result components run on a stand-in engine, evaluation is made slow with a fake
 that sleeps.
@@ -9,9 +9,6 @@ that sleeps.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
 import time
 
 import numpy as np
@@ -29,7 +26,6 @@ from evaluation.progress import ProgressReporter, progress_line, version_ranges
 from evaluation.run_recorder import RunRecorder, record_interruption, versions_made
 from jobs.run.results import finalize, format_summary
 from processors.models import build_model
-from tests.conftest import REPO
 from tests.fakes.engine import EventEngine
 
 DATA = {"dataset": "synthetic", "synthetic_size": 200}
@@ -175,39 +171,6 @@ def test_the_progress_line_shows_the_methods_status_and_skipped_versions():
     assert version_ranges([9, 3, 4, 5, 7]) == "3-5, 7, 9"
 
 
-WATCHDOG = textwrap.dedent(
-    """
-    import subprocess, sys, time
-    sys.path.insert(0, {repo!r})
-    from jobs.run.watchdog import Watchdog
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    with Watchdog({out!r}, shutdown_grace=1.0, interval=0.1) as dog:
-        while child.poll() is None and time.time() < {deadline}:
-            time.sleep(0.05)
-    print("stopped" if child.poll() is not None else "running", dog.reason, flush=True)
-    child.kill()
-    """
-)
-
-
-def test_the_watchdog_waits_while_the_run_still_records_and_stops_a_silent_one(tmp_path):
-    metrics = tmp_path / "metrics.json"
-    records = [{"version": 1, "accuracy": 0.1, "wall_seconds": 1.0, "eval_seconds": 0.2}]
-    metrics.write_text(json.dumps({"versions": records, "outcome": {"status": "completed", "version": 3}}))
-    script = WATCHDOG.format(repo=REPO, out=str(tmp_path), deadline=time.time() + 30)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    # still recording its last versions, one every 0.9 s, for 3 s: longer than the 1 s grace (+ 2 x 0.2 s eval)
-    for version in (2, 3, 4):
-        time.sleep(0.9)
-        assert proc.poll() is None, "the watchdog stopped a job that was still recording"
-        records.append({"version": version, "accuracy": 0.1, "wall_seconds": 1.0, "eval_seconds": 0.2})
-        metrics.write_text(json.dumps({"versions": records, "outcome": {"status": "completed", "version": 3}}))
-    started = time.time()
-    out, _ = proc.communicate(timeout=30)
-    assert out.startswith("stopped"), out
-    assert "within" in out and time.time() - started < 10
-
-
 def test_the_driver_draws_the_plot_once_the_summary_is_recorded_and_only_then(tmp_path):
     """``PlotAhead``: nothing drawn while the run has no summary; drawn (every version) once the server recorded it,
     and ``finalize`` then keeps that plot; stopped before any summary, it draws nothing and ``finalize`` draws."""
@@ -234,3 +197,51 @@ def test_the_driver_draws_the_plot_once_the_summary_is_recorded_and_only_then(tm
         assert plotter.finish() is None and not plot.exists()
     finalize(str(tmp_path), 1.0, drawn=None)
     assert plot.exists()
+
+
+def test_the_last_version_is_saved_at_the_outcome_before_it_is_evaluated_and_evaluation_beats(tmp_path, monkeypatch):
+    """An evaluation that never ends (a server killed in it) still leaves the run's last version on disk, recorded
+    as ``saved_version``; while it scores, the evaluator beats (``working.json``) for the driver's watchdog."""
+    import threading
+
+    from common.heartbeat import read_heartbeat
+
+    release, beats = threading.Event(), []
+    real = evaluator_module.evaluate
+
+    def held(*args, **kwargs):  # version 1 scores at once; later ones wait until released
+        beats.append(read_heartbeat(str(tmp_path)))
+        if len(beats) > 1:
+            release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(evaluator_module, "evaluate", held)
+    evaluator = GlobalModelEvaluator("cifar10_convnet", DATA, compute_device="cpu", max_model_version=3)
+    evaluator.results_dir = str(tmp_path)
+    engine = EventEngine(
+        {
+            "evaluator": evaluator,
+            "recorder": RunRecorder(str(tmp_path), RUN_INFO, updates_per_version=2),
+            "saver": GlobalModelSaver("cifar10_convnet", str(tmp_path)),
+        }
+    )
+    ctx = engine.new_context()
+    engine.fire_event(EventType.START_RUN, ctx)
+    for version in (1, 2, 3):
+        ctx.set_prop(AppConstants.CURRENT_ROUND, version, private=True, sticky=False)
+        ctx.set_prop(AppConstants.GLOBAL_MODEL, {"weights": weights_of(version)[0]}, private=True, sticky=False)
+        engine.fire_event(AppEventType.GLOBAL_WEIGHTS_UPDATED, ctx)
+    ctx.set_prop(RUN_OUTCOME, {"status": "completed", "reason": "v3", "version": 3}, private=True, sticky=False)
+    engine.fire_event(RUN_OUTCOME, ctx)
+    _, bias = weights_of(3)
+    assert float(torch.load(tmp_path / "global_model.pt")[bias][0]) == 3.0  # on disk, not evaluated yet
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["saved_version"] == 3 and 3 not in [r["version"] for r in metrics["versions"]]
+    release.set()
+    engine.fire_event(EventType.END_RUN, ctx)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert [r["version"] for r in metrics["versions"]] == [1, 2, 3]
+    assert float(torch.load(tmp_path / "global_model.pt")[bias][0]) == 3.0  # versions 1, 2 recorded later: kept
+    assert metrics["saved_version"] == 3 and metrics["summary"]["versions_unevaluated"] == []
+    assert all(b is not None and b["what"] == "evaluating" and not b["done"] for b in beats), beats
+    assert [b["version"] for b in beats] == [1, 1, 2, 3]  # the initial model scored ahead, then version 1's own
