@@ -187,3 +187,29 @@ def test_a_resumed_run_continues_error_feedback_bit_for_bit(tmp_path):
 def test_no_compression_leaves_the_diffs_as_they_are():
     d = diffs(1)
     assert CompressionHost(None, seed=0).apply(d, ["a", "b"], [1, 1], [1, 1]) is d
+
+
+def test_both_engines_send_what_the_compressor_decodes(tmp_path):
+    """The task processor compresses after either engine: each device's model entries keep ceil(F x n) values,
+    and the per-device engine's update equals the group's up to the engines' float order."""
+    from processors.data.config import DataConfig
+    from processors.models import initial_model
+    from processors.task_processor import TrainingTaskProcessor
+    from processors.training_config import TrainingConfig
+
+    settings = CompressionConfig(compress="topk:0.02").device_settings()
+    proc = TrainingTaskProcessor(
+        data=DataConfig(synthetic_size=500, subset_size=16).to_dict(),
+        training=TrainingConfig(compute_device="cpu", local_iters=2, local_batch_size=8, optimizer="sgd").to_dict(),
+        seed=5,
+        compression=settings | {"state": {"dir": str(tmp_path / "ef"), "memory_mb": 1}},
+    )
+    weights = {k: v.numpy() for k, v in initial_model("cifar10_convnet", 0).state_dict().items()}
+    values, _ = update_values("cifar10_convnet")
+    devices = ["site-1#0", "site-1#1", "site-2#4"]
+    grouped = proc.train_devices(devices, [weights] * 3, [1] * 3, [1] * 3)
+    alone = proc.train_devices(devices[:1], [weights], [1], [1])[0]  # selection 1 again: the same residual in
+    for diff in [*grouped, alone]:
+        assert sum(np.count_nonzero(v) for v in diff.values()) == math.ceil(0.02 * values)
+    for name in alone:
+        np.testing.assert_allclose(alone[name], grouped[0][name], rtol=0, atol=1e-5, err_msg=name)
