@@ -80,6 +80,14 @@ class DelayConfig:
             x batch size), or with --local-epochs the reference task a drawn training time is for (the jobs set
             epochs x --subset-size; a device's time scales with its own samples, common.delays).
         model_bytes: bytes of the model sent each way (with ``capacity_file``; the jobs set the model's size).
+        upload_bytes: an update's encoded bytes (``common.compression``: the jobs set it from the model's shapes and
+            ``--compress`` when compression or a bandwidth is on; 0: none, ``model_bytes`` with a capacity trace).
+            Each line of ``events.jsonl`` then records it.
+        download_bytes: a version's bytes (set with ``upload_bytes``; 0: ``model_bytes`` with a capacity trace).
+        uplink_bandwidth: every device's uplink in kbit/s (``--uplink-kbps``, set by the jobs): an upload takes ``upload_bytes x
+            8 / (kbit/s x 1000)`` instead of the drawn upload time; 0: the drawn one.
+        downlink_bandwidth: every device's downlink in kbit/s (``--downlink-kbps``): a download takes ``download_bytes x 8 /
+            (kbit/s x 1000)`` instead of ``download_delay``; 0: ``download_delay``.
     """
 
     speed_means: tuple[float, ...] = ()
@@ -93,6 +101,10 @@ class DelayConfig:
     capacity_cost: float = 1.0
     task_samples: int = 0
     model_bytes: int = 0
+    upload_bytes: int = 0
+    download_bytes: int = 0
+    uplink_bandwidth: float = 0.0
+    downlink_bandwidth: float = 0.0
     availability: str = "always"
     availability_period: float = 24.0
     availability_online: float = 0.5
@@ -118,6 +130,8 @@ class DelayConfig:
         if self.availability not in NAMED_AVAILABILITY:
             object.__setattr__(self, "availability", os.path.abspath(os.path.expanduser(self.availability)))
         check_named_availability(self.availability, self.availability_period, self.availability_online)
+        if self.uplink_bandwidth < 0 or self.downlink_bandwidth < 0 or self.upload_bytes < 0 or self.download_bytes < 0:
+            raise ConfigError("bandwidths and byte counts must be >= 0")
         if not self.capacity_cost > 0:
             raise ConfigError(f"--capacity-cost {self.capacity_cost}: must be > 0 (1: the trace's own speeds)")
         if self.capacity_file:
@@ -125,6 +139,10 @@ class DelayConfig:
                 raise ConfigError(
                     "--capacity-file gives every device's training, download and upload times: leave out --delays "
                     "and the speed / upload / download flags"
+                )
+            if self.uplink_bandwidth or self.downlink_bandwidth:
+                raise ConfigError(
+                    "--capacity-file gives every device's bandwidth: leave out --uplink-kbps and --downlink-kbps"
                 )
             object.__setattr__(self, "capacity_file", os.path.abspath(os.path.expanduser(self.capacity_file)))
 
@@ -159,10 +177,21 @@ class DelayConfig:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.speed_means) or self.download_delay > 0 or any(self.upload_delays) or bool(self.capacity_file)
+        return (
+            bool(self.speed_means)
+            or self.download_delay > 0
+            or any(self.upload_delays)
+            or bool(self.capacity_file)
+            or self.uplink_bandwidth > 0
+            or self.downlink_bandwidth > 0
+        )
 
     def to_dict(self) -> dict:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        """The fields as plain values; the transfer fields (``TRANSFER_FIELDS``) only when set, so a run without
+        compression or bandwidths records (and keys its seeded noise with) the config it always did."""
+        return {
+            k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items() if k not in TRANSFER_FIELDS or v
+        }
 
     @classmethod
     def from_dict(cls, d: dict | None) -> DelayConfig:
@@ -189,6 +218,8 @@ class DelayConfig:
             overrides = overrides | {"speed_stds": ()}
         return cls.preset(spec or DEFAULT_DELAY_PRESET, **overrides)
 
+
+TRANSFER_FIELDS = ("upload_bytes", "download_bytes", "uplink_bandwidth", "downlink_bandwidth")
 
 DELAY_PRESETS: dict[str, DelayConfig] = {
     "none": DelayConfig(),
@@ -242,6 +273,10 @@ class DeviceDelays:
 
     def __init__(self, config: DelayConfig, seed: int, work: Callable[[str], float] | None = None):
         config.validate()  # its trace files, before any duration is drawn from them
+        if (config.uplink_bandwidth and not config.upload_bytes) or (
+            config.downlink_bandwidth and not config.download_bytes
+        ):
+            raise ConfigError("a bandwidth (--uplink-kbps, --downlink-kbps) needs the bytes it carries: upload_bytes")
         if work is not None and not config.capacity_file and config.speed_means and not config.task_samples > 0:
             raise ConfigError("scaling training times by each device's work needs task_samples, the reference task")
         self.config = config
@@ -281,9 +316,10 @@ class DeviceDelays:
             return TaskDurations(0.0, 0.0, 0.0)
         if c.capacity_file:
             ms_per_sample, kbit_per_s = device_capacity(c.capacity_file, self.seed, device_id)
-            transfer = c.model_bytes * 8 / (kbit_per_s * 1000)
+            download = transfer_seconds(c.download_bytes or c.model_bytes, kbit_per_s)
+            upload = transfer_seconds(c.upload_bytes or c.model_bytes, kbit_per_s)
             samples = c.task_samples if self.work is None else self.work(device_id)
-            return TaskDurations(transfer, samples * ms_per_sample * c.capacity_cost / 1000, transfer)
+            return TaskDurations(download, samples * ms_per_sample * c.capacity_cost / 1000, upload)
         k, upload_mean = self.device_traits(device_id)
         rng = np.random.default_rng(stable_seed("delay-task", self.seed, device_id, task_number))
         train = 0.0
@@ -295,6 +331,16 @@ class DeviceDelays:
             if self.work is not None:  # drawn for the reference task; this device's own work
                 train *= self.work(device_id) / c.task_samples
         upload = upload_mean
-        if c.upload_jitter:
+        if c.uplink_bandwidth:  # the update's encoded bytes over the uplink (common.compression)
+            upload = transfer_seconds(c.upload_bytes, c.uplink_bandwidth)
+        elif c.upload_jitter:
             upload = float(rng.uniform(max(0.0, upload_mean - c.upload_jitter), upload_mean + c.upload_jitter))
-        return TaskDurations(c.download_delay, train, upload)
+        download = (
+            transfer_seconds(c.download_bytes, c.downlink_bandwidth) if c.downlink_bandwidth else c.download_delay
+        )
+        return TaskDurations(download, train, upload)
+
+
+def transfer_seconds(nbytes: int, kbit_per_s: float) -> float:
+    """Simulated seconds to move ``nbytes`` over a link of ``kbit_per_s``: bytes x 8 / (kbit/s x 1000)."""
+    return nbytes * 8 / (kbit_per_s * 1000)

@@ -32,6 +32,7 @@ SELECTION_FLOOR = "selection_floor.json"
 # (jobs.tracking.run_tracking), so --resume continues them
 TRACKING_STATE = "tracking.json"
 DEVICE_STATE = "device_state"  # a folder: per-device state of a method's training rule (processors.device_state)
+ERROR_FEEDBACK = "error_feedback"  # a folder: each device's error-feedback residual (processors.compress)
 NVFLARE = "nvflare"  # a folder: NVFlare's workspace of each attempt (jobs.run.outputs), a deployment's server logs
 # the server's sign of life while it works after the outcome (common.heartbeat); read by the driver's watchdog and
 # removed by the driver once the job has ended, so it is no result of the run

@@ -16,7 +16,9 @@ A record (see ``version_record``)::
      "seconds_per_version", "devices_per_second", "system": {GPU %, VRAM, CPU %, RAM of the stretch}}
 
 ``fleet`` (exact-time runs): devices online as the version was made, of all ``devices``, and the ``updates``
-applied and ``failed`` so far; the summary's ``failure_rate`` is failed over applied. ``privacy`` (differential
+applied and ``failed`` so far; the summary's ``failure_rate`` is failed over applied. With compression or a
+bandwidth (``common.compression``) it also holds ``bytes_up`` and ``bytes_down``, the bytes moved so far
+(``scheduling.schedule.ExactSchedule.traffic``), and the summary repeats the last ones. ``privacy`` (differential
 privacy): the accountant's inputs and the ``epsilon`` spent after the version (``docs/privacy.md``); the summary
 repeats the last ``epsilon`` and ``delta``.
 
@@ -144,6 +146,9 @@ def run_summary(
     rate = failure_rate(records)
     if rate is not None:
         summary["failure_rate"] = rate
+    fleet = next((r["fleet"] for r in reversed(records) if r.get("fleet")), None) or {}
+    if "bytes_up" in fleet:  # compression or a bandwidth: the bytes moved by the last recorded version
+        summary["bytes_up"], summary["bytes_down"] = fleet["bytes_up"], fleet["bytes_down"]
     privacy = records[-1].get("privacy") if records else None
     if privacy:  # differential privacy: what the run spent, at its last recorded version
         summary["epsilon"], summary["delta"] = privacy["epsilon"], privacy["delta"]

@@ -19,7 +19,7 @@ import typing
 from common import startup_gc
 from common.choices import ConfigError, literal_choices
 from common.config_flags import Extra, Flag, add_dataclass_flags, default_words, show
-from common.delays import DELAY_PRESET_ORIGINS, DELAY_PRESETS, DelayConfig, DelayPreset
+from common.delays import DELAY_PRESET_ORIGINS, DELAY_PRESETS, TRANSFER_FIELDS, DelayConfig, DelayPreset
 from jobs.config import PARTS, FederationConfig, JobConfig
 from jobs.methods import BUILT_IN, Method, method_of
 from jobs.options import config_from_options, model_presets_applied, option_names, presets_applied
@@ -38,6 +38,7 @@ GROUPS = {
     "engine": "simulation engine",
     "run": "run",
     "privacy": "differential privacy (docs/privacy.md)",
+    "compression": "communication: compressed updates and bandwidths (docs/communication.md)",
 }
 """The flag groups of ``--help``, one per config part (``jobs.config.PARTS``), in this order."""
 
@@ -73,6 +74,8 @@ FLAGS: dict[str, dict[str, Flag]] = {
         "availability": Flag(metavar="MODEL", filled=_delay_default("availability")),
         "task_samples": Flag(hidden=True),  # set by the job from the training part
         "model_bytes": Flag(hidden=True),  # set by the job from the model
+        # set by the job from the model, --compress and --uplink-kbps / --downlink-kbps (jobs.compression)
+        **{name: Flag(hidden=True) for name in TRANSFER_FIELDS},
     },
     "engine": {"trainer": Flag(hidden=True)},  # jobs.api and benchmarks only
     "run": {
@@ -87,6 +90,7 @@ FLAGS: dict[str, dict[str, Flag]] = {
         "dp_noise_key": Flag(hidden=True),
         "dp_planned_compositions": Flag(hidden=True),
     },
+    "compression": {"compress": Flag(metavar="NAME[:SETTING]")},
 }
 """Per part, the fields whose flag is not plainly ``--<field>`` with the field's default (``Flag``)."""
 

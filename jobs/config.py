@@ -13,6 +13,7 @@ heterogeneity (delays)      ``common.delays``                 the simulated-time
 run/output                  ``jobs.run_config``               driver, results
 method settings             the method's own dataclass        its server strategy (FedRevive: ``fedrevive.config``)
 differential privacy        ``common.privacy``                devices (clipping), server (noise), accountant
+communication               ``common.compression``            devices (compressor), the schedule (bytes)
 ==========================  ================================  ===========================================
 
 Each part documents its fields once, in its ``Attributes:`` docstring: that text, in that order, is also the
@@ -38,8 +39,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from common.choices import ConfigError, check_choice, check_positive
+from common.compression import CompressionConfig
 from common.delays import DelayConfig
 from common.privacy import PrivacyConfig
+from jobs.compression import check_compression, transfer_delays
 from jobs.methods import Method, method_of
 from jobs.privacy import check_privacy
 from jobs.run_config import RunConfig
@@ -174,6 +177,7 @@ class JobConfig:
     delays: DelayConfig = field(default_factory=DelayConfig)
     run: RunConfig = field(default_factory=RunConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
     method_settings: Any = None
 
     def __post_init__(self) -> None:
@@ -200,6 +204,7 @@ class JobConfig:
             )
         method.check(self)
         check_privacy(self)
+        check_compression(self)
         if self.delays.availability != "always" and self.engine.time_scale > 0:
             raise ConfigError(
                 f"--availability {self.delays.availability} needs exact time: leave out --time-scale / --real-delays "
@@ -245,6 +250,7 @@ class JobConfig:
                 model_bytes=cfg.delays.model_bytes or size,
             )
             cfg = replace(cfg, delays=derived)
+        cfg = transfer_delays(cfg)  # compression or a bandwidth: the bytes each transfer carries, for the schedule
         if self.engine.engine == "vectorized":
             try:
                 check_vectorizable(build_model(self.training.model))
@@ -293,7 +299,7 @@ class JobConfig:
     @classmethod
     def from_dict(cls, d: dict) -> JobConfig:
         """The config a ``to_dict`` wrote (e.g. the ``config`` of a run's ``metrics.json``)."""
-        d = {"privacy": {}} | d  # a run recorded before differential privacy existed ran without it
+        d = {"privacy": {}, "compression": {}} | d  # a run recorded before either existed ran without it
         parts = {name: PARTS[name].from_dict(d[name]) if name == "delays" else PARTS[name](**d[name]) for name in PARTS}
         settings = d.get("method_settings", d.get("fedrevive"))  # "fedrevive": written before the method API
         method = method_of(d["method"])
@@ -340,4 +346,5 @@ PARTS = {
     "delays": DelayConfig,
     "run": RunConfig,
     "privacy": PrivacyConfig,
+    "compression": CompressionConfig,
 }

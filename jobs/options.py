@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from common.choices import ConfigError
+from common.compression import CompressionConfig
 from common.delays import DelayConfig
 from common.privacy import PrivacyConfig
 from jobs.config import PARTS, FederationConfig, JobConfig
@@ -90,6 +91,7 @@ def config_from_options(method: str, options: dict, presets: bool = False, model
             delays=DelayConfig.from_spec(given.get("delays"), **{k: given[k] for k in DELAY_FIELDS if k in given}),
             run=RunConfig(**_part(RunConfig, given)),
             privacy=PrivacyConfig(**_part(PrivacyConfig, given)),
+            compression=CompressionConfig(**_part(CompressionConfig, given)),
             method_settings=chosen.settings_from(settings),
         )
     except ConfigError:

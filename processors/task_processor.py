@@ -22,9 +22,11 @@ from nvflare.edge.web.models.job_response import JobResponse
 from nvflare.edge.web.models.task_response import TaskResponse
 
 from common.delays import DelayConfig, DeviceDelays
+from common.finite import zeroed
 from common.profiles import DEFAULT_PROFILE, UtilisationProfile, get_profile
 from common.protocol import DEVICE_EXTRA_PREFIX, short_error
 from common.seeds import stable_seed
+from processors.compress import CompressionHost
 from processors.data.config import DataConfig
 from processors.data.device_samples import device_samples, ready_for_other_streams
 from processors.data.sources import load_dataset
@@ -149,6 +151,8 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         privacy: differential privacy on the device (``common.privacy.PrivacyConfig.device_settings``): every
             update is clipped to its version's clip norm and, with local DP, noised (``processors.privatize``);
             None: off.
+        compression: each device's upload compressor, after clipping and local noise (``processors.compress``:
+            ``compress``, ``error_feedback`` and the residuals' store, ``state``); None: off.
     """
 
     def __init__(
@@ -169,6 +173,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         device_state: dict | None = None,
         device_offsets: dict[str, int] | None = None,
         privacy: dict | None = None,
+        compression: dict | None = None,
     ):
         DeviceTaskProcessor.__init__(self)
         self.data = data
@@ -192,6 +197,8 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         self.privacy = privacy
         self._noise = noise_for(privacy)  # local DP's source: secure (this process's entropy) or seeded
         self._rules = RuleHost(rule, self.rule_args, self.device_state)
+        self.compression = compression
+        self._compression = CompressionHost(compression, seed)
         self._data = DataConfig(**data)
         self._training = TrainingConfig(**training).resolved(self._data.dataset)  # a job's config already is
         self._settings = get_profile(profile)
@@ -214,11 +221,8 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         version, weights = received_model(task)
         diff = self.train(device_id, weights, version)
         if self.stock_delays is not None:  # the stock baseline: heterogeneity by real sleeping, like NVFlare's example
-            time.sleep(
-                DeviceDelays(DelayConfig.from_dict(self.stock_delays), self.seed)
-                .durations(device_id, self.tasks_done)
-                .total
-            )
+            delays = DeviceDelays(DelayConfig.from_dict(self.stock_delays), self.seed)
+            time.sleep(delays.durations(device_id, self.tasks_done).total)
         self.tasks_done += 1
         return weight_diff_result(device_id, diff, stock_lists=self.stock_delays is not None)
 
@@ -249,11 +253,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         the other updates is unchanged (the mean divides the summed diffs by the summed counts), and stops a run
         whose devices keep failing, naming the last error (``scheduling.failure_streak``)."""
         _, weights = received_model(task)
-        zeros = {
-            k: np.zeros(np.shape(v), dtype=np.float32)
-            for k, v in weights.items()
-            if not k.startswith(DEVICE_EXTRA_PREFIX)
-        }
+        zeros = zeroed({k: v for k, v in weights.items() if not k.startswith(DEVICE_EXTRA_PREFIX)})
         return weight_diff_result(device_id, zeros, count=0, error=short_error(error or "training failed"))
 
     def _compute_context(self) -> contextlib.AbstractContextManager:
@@ -316,6 +316,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
             diff = self._rules.finish(rule, [device_id], [selection], [diff])[0]
             if clip is not None:
                 diff = self._privatized(diff, clip, norms[0], device_id, version)
+            diff = self._compression.apply([diff], [device_id], [version], [selection])[0]
             return self._with_reports(diff, y, last_step)
 
     def _privatized(self, diff: dict, clip: float, norm: float, device_id: str, version: int) -> dict:
@@ -391,6 +392,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
                     self._privatized(d, c, n, i, v)
                     for d, c, n, i, v in zip(diffs, clips, norms, device_ids, versions, strict=True)
                 ]
+            diffs = self._compression.apply(diffs, device_ids, versions, selections or [None] * k)
             steps = last_steps if last_steps is not None else [None] * len(diffs)
             return [
                 self._with_reports(d, y, last) for d, (_, _, y, _), last in zip(diffs, prepared, steps, strict=True)

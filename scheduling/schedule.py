@@ -73,9 +73,11 @@ class Arrival:
     version: int  # the version it goes into (made now if ``made_version``, else later)
     made_version: bool
     counted: bool  # False: a failed device, freed its slot only
+    upload_bytes: int = 0  # its encoded size (common.compression), recorded when compression or a bandwidth is on
 
     def trace_record(self) -> dict:
-        """One line of ``events.jsonl`` (``failed``: the update counted nothing, or the device dropped out)."""
+        """One line of ``events.jsonl`` (``failed``: the update counted nothing, or the device dropped out;
+        ``upload_bytes``: a counted update's encoded bytes, when known)."""
         record = {
             "version": self.version,
             "device": self.device,
@@ -85,6 +87,8 @@ class Arrival:
         }
         if not self.counted:
             record["failed"] = True
+        elif self.upload_bytes:
+            record["upload_bytes"] = self.upload_bytes
         return record
 
 
@@ -174,9 +178,14 @@ class ExactSchedule:
 
     def fleet(self) -> dict:
         """The fleet now, for results: devices online (all of them without an availability model), updates applied
-        and, of them, failed."""
+        and, of them, failed; with an update's size known, ``bytes_up`` and ``bytes_down``."""
         online = self.delays.availability.online_count(self.pool, self.now)
-        return {"online": online, "devices": len(self.pool), "updates": self.applied, "failed": self.failed}
+        fleet = {"online": online, "devices": len(self.pool), "updates": self.applied, "failed": self.failed}
+        c = self.delays.config  # an update's size known (compression, a bandwidth): the bytes moved so far
+        if c.upload_bytes:
+            up, tasks = (self.applied - self.failed) * c.upload_bytes, sum(self.task_counts.values())
+            fleet |= {"bytes_up": up, "bytes_down": tasks * c.download_bytes}  # counted updates, dispatched tasks
+        return fleet
 
     def needed_versions(self) -> set[int]:
         """Model versions some in-flight device trains, plus the current one."""
@@ -237,7 +246,8 @@ class ExactSchedule:
         last = self.max_model_version is not None and self.version >= self.max_model_version
         if holes >= self.min_hole_to_fill and not last:
             selected = self._select_until_one_is_online(holes)
-        arrival = Arrival(device, dispatch.base_version, dispatch.arrival, tau, target, made, counted)
+        size = self.delays.config.upload_bytes
+        arrival = Arrival(device, dispatch.base_version, dispatch.arrival, tau, target, made, counted, size)
         return arrival, selected
 
     def refill(self) -> list[Dispatch]:

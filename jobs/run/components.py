@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from common.delays import DelayConfig
-from common.result_files import DEVICE_STATE
+from common.result_files import DEVICE_STATE, ERROR_FEEDBACK
 from evaluation.evaluator import GlobalModelEvaluator
 from evaluation.leaf_log_writer import LeafLogWriter
 from evaluation.model_saver import GlobalModelSaver
@@ -56,7 +56,22 @@ def make_task_processor(
         **rule_settings(cfg),
         **({"device_offsets": offsets} if (offsets := device_offsets(cfg)) else {}),  # else: the config's bytes
         **({"privacy": cfg.privacy.device_settings()} if cfg.privacy.on else {}),  # likewise
+        **compression_settings(cfg),  # likewise
     )
+
+
+def compression_settings(cfg: JobConfig) -> dict:
+    """The devices' compressor and, with error feedback, where their residuals are kept: as a training rule's
+    state (``rule_settings``), in the results folder's ``error_feedback/``. Nothing without compression."""
+    settings = cfg.compression.device_settings()
+    if settings is None:
+        return {}
+    if settings["error_feedback"]:
+        state = rule_state(cfg)
+        if state["dir"]:  # beside the rule's device_state/, so the checkpoint's selection floor is the same file
+            state["dir"] = os.path.join(os.path.dirname(state["dir"]), ERROR_FEEDBACK)
+        settings["state"] = state
+    return {"compression": settings}
 
 
 def leaf_names(cfg: JobConfig) -> list[str]:
@@ -90,15 +105,20 @@ def rule_settings(cfg: JobConfig) -> dict:
     method = cfg.method_spec
     if not method.rule_path:
         return {}
+    return {"rule": method.rule_path, "rule_args": method.rule_args(cfg), "device_state": rule_state(cfg)}
+
+
+def rule_state(cfg: JobConfig) -> dict:
+    """Where per-device state is kept (``processors.device_state.DeviceStateStore``'s settings): see
+    ``rule_settings``."""
     folder = cfg.run.resume or cfg.run.output
     sim = cfg.run.env == "sim" and folder
-    state = {
+    return {
         "dir": os.path.join(os.path.abspath(os.path.expanduser(folder)), DEVICE_STATE) if sim else "",
         "memory_mb": cfg.engine.device_state_memory_mb,
         "durable": bool(sim) and cfg.run.checkpoint_every != -1,
         "fresh": not cfg.run.resume,
     }
-    return {"rule": method.rule_path, "rule_args": method.rule_args(cfg), "device_state": state}
 
 
 def make_leaf_runner(cfg: JobConfig, plan: WorkerPlan | None, processor_id: str):

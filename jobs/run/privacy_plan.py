@@ -81,6 +81,8 @@ def noise_key(cfg: JobConfig) -> str:
         fields[part].pop(name, None)
     for derived in ("dp_noise_key", "dp_planned_compositions"):
         fields["privacy"].pop(derived, None)
+    if not cfg.compression.on:  # a run without compression keys its noise as before the part existed
+        fields.pop("compression", None)
     text = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 

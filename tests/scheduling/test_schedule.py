@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from common.availability import Availability
-from common.delays import DELAY_PRESETS
+from common.delays import DELAY_PRESETS, DelayConfig
 from scheduling.device_pool import DevicePool
 from scheduling.event_reference import make_schedule, reference_trace
 from scheduling.schedule import ExactSchedule
@@ -25,6 +25,7 @@ class FixedDelays:
     def __init__(self, table: dict[tuple[str, int], float]):
         self.table = table
         self.availability = Availability("always", seed=0)
+        self.config = DelayConfig()
 
     def durations(self, device: str, n: int) -> Total:
         return Total(self.table[(device, n)])

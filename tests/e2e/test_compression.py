@@ -1,0 +1,44 @@
+"""A real FedBuff run (SimEnv, 2 leaves) with top-k and error feedback on a slow uplink: it completes, each
+update's line of ``events.jsonl`` records its encoded bytes, the trace is the one the dry-run planner plans from
+those bytes, and ``metrics.json`` counts the bytes moved."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+
+from tests.conftest import PYTHON, REPO, SMALL_JOB
+
+VALUES = 62050  # cifar10_convnet's update
+FLAGS = [
+    *SMALL_JOB,
+    *("--seed", "4", "--method", "fedbuff", "--max-model-version", "5"),
+    *("--compress", "topk:0.1", "--uplink-kbps", "200", "--downlink-kbps", "2000"),
+]
+
+
+def run(out, *extra: str) -> subprocess.CompletedProcess:
+    command = [PYTHON, "jobs/pt_job_fedrevive.py", *FLAGS, "--output", str(out), *extra]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=400, check=False)
+
+
+def lines(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_a_compressed_run_times_its_uploads_by_their_bytes(tmp_path):
+    done = run(tmp_path / "run", "--workspace", str(tmp_path / "ws"))
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    planned = run(tmp_path / "plan", "--dry-run")
+    assert planned.returncode == 0, (planned.stdout + planned.stderr)[-3000:]
+    events = lines(tmp_path / "run" / "events.jsonl")
+    expected = 8 * math.ceil(0.1 * VALUES)
+    counted = [e for e in events if not e.get("failed")]
+    assert counted and all(e["upload_bytes"] == expected for e in counted)
+    assert [{k: v for k, v in e.items() if k != "error"} for e in events] == lines(tmp_path / "plan" / "events.jsonl")
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["outcome"]["status"] == "completed"
+    assert metrics["summary"]["bytes_up"] == expected * len(counted)  # every counted update, to the last version
+    assert metrics["summary"]["bytes_down"] % (4 * VALUES) == 0 and metrics["summary"]["bytes_down"] > 0
+    assert (tmp_path / "run" / "error_feedback").is_dir()  # each device's residual, kept for --resume
