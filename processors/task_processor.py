@@ -193,7 +193,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         self._noise = noise_for(privacy)  # local DP's source: secure (this process's entropy) or seeded
         self._rules = RuleHost(rule, self.rule_args, self.device_state)
         self._data = DataConfig(**data)
-        self._training = TrainingConfig(**training).resolved(self._data.dataset)  # a job's config already is
+        self._training = TrainingConfig(**training)  # its model resolved by the job's build (jobs.build)
         self._settings = get_profile(profile)
         self.tasks_done = 0
 
