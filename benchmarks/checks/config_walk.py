@@ -1,7 +1,7 @@
 """Config walk: how straight the path from options to a resolved run config is (issue 58's first goal).
 
     python benchmarks/checks/config_walk.py            # the count, then the modules in the order first entered
-    python benchmarks/checks/config_walk.py --json     # the same as JSON (``tests/jobs/test_config_walk.py``)
+    python benchmarks/checks/config_walk.py --json     # the same as JSON (``tests/jobs/test_build.py``)
 
 In this process, once the project's modules are imported, one ``jobs.api.make_config`` call builds a FedBuff
 config with central differential privacy, seeded noise and a target epsilon: every stage of the build runs
