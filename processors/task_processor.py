@@ -193,7 +193,8 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         self._noise = noise_for(privacy)  # local DP's source: secure (this process's entropy) or seeded
         self._rules = RuleHost(rule, self.rule_args, self.device_state)
         self._data = DataConfig(**data)
-        self._training = TrainingConfig(**training)  # its model resolved by the job's build (jobs.build)
+        # a job's build (jobs.build) resolved auto already; a processor made outside a job (tests, benches) here
+        self._training = TrainingConfig(**training).resolved(self._data.dataset)
         self._settings = get_profile(profile)
         self.tasks_done = 0
 

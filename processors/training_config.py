@@ -6,11 +6,11 @@ building and checking a configuration (the flags, ``--help``, a refused value) d
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from common.choices import ConfigError, check_choice, check_positive
-from processors.model_names import AUTO, check_model_name
+from processors.model_names import AUTO, auto_model, check_model_name
 
 if TYPE_CHECKING:
     import torch
@@ -105,13 +105,20 @@ class TrainingConfig:
 
     def validate(self) -> None:
         """Import the model it names (a user's ``package.module:Class``); ``ConfigError`` naming the fix. ``auto``
-        must have been resolved by then (the job's build, ``jobs.build``)."""
+        must have been resolved by then (a job's build, ``jobs.build``)."""
         from processors.models import model_class  # torch: only when a run is about to start
 
         try:
             model_class(self.model)
         except ValueError as ex:
             raise ConfigError(str(ex)) from ex
+
+    def resolved(self, dataset: str) -> TrainingConfig:
+        """This config with ``auto`` replaced by the model of ``dataset`` (``processors.model_names.auto_model``), for a
+        task processor made outside a job: a job's build (``jobs.build``) has resolved it once already."""
+        if self.model != AUTO:
+            return self
+        return replace(self, model=auto_model(dataset))
 
     def make_optimizer(self, params) -> torch.optim.Optimizer:
         import torch
