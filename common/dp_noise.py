@@ -9,7 +9,7 @@ floating-point attacks on a single Gaussian draw (Mironov 2012 showed the low bi
 
 ``seeded``: for simulation only, where repeatable runs are the promise. Each draw comes from
 ``stable_seed(key, *labels)``, ``key`` being the digest of the run's whole configuration
-(``jobs.run.privacy_plan``), so two runs share noise only when they are the same command: a sweep's trials, other
+(``jobs.privacy``), so two runs share noise only when they are the same command: a sweep's trials, other
 seeds and other noise multipliers draw independent noise. It protects nothing against anyone who knows the command.
 """
 
@@ -44,7 +44,7 @@ class GaussianNoise:
         if source not in (SECURE, SEEDED):
             raise ValueError(f"noise source {source!r}: use {SECURE} or {SEEDED}")
         if source == SEEDED and not key:
-            raise ValueError("seeded noise needs the run's noise key (jobs.run.privacy_plan.resolve_privacy)")
+            raise ValueError("seeded noise needs the run's noise key (jobs.privacy.resolve_privacy)")
         self.source = source
         self.key = key if source == SEEDED else None
         self._secure: np.random.Generator | None = None

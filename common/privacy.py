@@ -76,7 +76,7 @@ class PrivacyConfig:
         updates in an aggregate (Andrew et al.'s m / 20: 0.05); adaptive clipping needs it above noise multiplier
         / (2 B).
     dp_noise_key: derived, no flag: the digest of the run's configuration that seeded noise is drawn from
-        (``jobs.run.privacy_plan.noise_key``; None with secure noise).
+        (``jobs.privacy.noise_key``; None with secure noise).
     dp_planned_compositions: derived, no flag: with a target epsilon, the busiest device's participations in the
         planned run (the dry-run planner's trace) that the noise was computed for.
     """

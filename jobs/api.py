@@ -30,27 +30,24 @@ is a thin layer over it: every flag is an option here, with underscores (``--dev
   options ``<flag_prefix>_<field>`` (FedRevive's: ``fr_s_max=...``). One defined in the script you run is shipped
   with the job, like a model.
 
-``make_config`` checks everything (``JobConfig.validate`` too) and returns the frozen ``JobConfig``; ``run`` runs it (or a config) and returns
-a ``RunResult``. Bad options raise ``ConfigError`` naming the fix.
+``make_config`` is the build step (``jobs.build``): it checks everything (``JobConfig.validate`` too), computes
+every derived value once and returns the frozen, resolved ``JobConfig``; ``run`` runs it (or a config: one made
+otherwise is resolved first) and returns a ``RunResult``. Bad options raise ``ConfigError`` naming the fix.
 """
 
 from __future__ import annotations
 
 import inspect
-import os
+import sys
 from dataclasses import dataclass
-
-import numpy as np
 
 from common.choices import ConfigError
 from common.imports import import_path
-from common.result_files import DATASET
+from jobs.build import build_config, resolve
 from jobs.config import JobConfig
 from jobs.methods import BUILT_IN, Method
-from jobs.options import config_from_options
-from jobs.run.privacy_plan import resolve_privacy
 from jobs.run.results import read_metrics
-from processors.data.sources import NPZ_KEYS, DatasetError, as_arrays, from_arrays
+from processors.data.sources import DatasetError
 from processors.model_names import AUTO
 
 
@@ -84,27 +81,6 @@ def model_option(model) -> str:
     )
 
 
-def save_arrays(data, results_dir: str) -> str:
-    """Check a user's arrays (as the job will) and save them as ``dataset.npz`` in the results folder."""
-    try:
-        arrays = as_arrays(data, "data")
-        from_arrays(arrays, "data")
-    except DatasetError as ex:
-        raise ConfigError(str(ex)) from ex
-    os.makedirs(results_dir, exist_ok=True)
-    path = os.path.join(results_dir, DATASET)
-    np.savez(path, **{k: arrays[k] for k in NPZ_KEYS})
-    return path
-
-
-def data_option(data, results_dir: str) -> str:
-    if isinstance(data, str):
-        return data
-    if inspect.isfunction(data):
-        return _import_path(data, "data function")
-    return save_arrays(data, results_dir)
-
-
 def make_config(
     method="fedavg",
     *,
@@ -114,18 +90,18 @@ def make_config(
     presets: bool = True,
     **options,
 ) -> JobConfig:
-    """A checked ``JobConfig``, validated (``JobConfig.validate``: the files and models it names); see the module
-    docstring for ``method``, ``model``, ``data``, ``delays`` and ``presets``."""
+    """The run's resolved ``JobConfig`` (``jobs.build.build_config``: checked, validated, every derived value
+    computed); see the module docstring for ``method``, ``model``, ``data``, ``delays`` and ``presets``."""
     method = method_option(method)
     options = dict(options, model=model_option(model), delays=delays)
-    if not isinstance(data, str) and not inspect.isfunction(data):
-        draft = config_from_options(method, options | {"dataset": "synthetic"}, presets, presets)  # its results' folder
-        options["output"] = draft.output_dir
-        options["dataset"] = data_option(data, draft.output_dir)
-    else:
-        options["dataset"] = data_option(data, "")
-    # with a differential-privacy target epsilon: its noise multiplier over the planned run, as the driver does
-    return resolve_privacy(config_from_options(method, options, presets, model_presets=presets).validate())
+    arrays = None
+    if isinstance(data, str):
+        options["dataset"] = data
+    elif inspect.isfunction(data):
+        options["dataset"] = _import_path(data, "data function")
+    else:  # saved as dataset.npz in the results folder the build names
+        arrays = data
+    return build_config(method, options, presets=presets, model_presets=presets, arrays=arrays)
 
 
 @dataclass(frozen=True)
@@ -156,11 +132,17 @@ class RunResult:
 
 def run(config_or_method=None, *, verbose: bool = False, method=None, **options) -> RunResult:
     """Run a job: a ``JobConfig``, or a method (positional or ``method=``: a name, an import path, a ``Method``
-    class or instance; default ``fedavg``) and ``make_config``'s options."""
+    class or instance; default ``fedavg``) and ``make_config``'s options. A config refused before start gives exit
+    code 2, its reason printed in one line."""
     from jobs.run.driver import run as run_job
 
     if isinstance(config_or_method, JobConfig):
         cfg = config_or_method
+        try:  # a resolved config as it is; one made by hand (or copied) resolved once, refused as the driver would
+            cfg = resolve(cfg)
+        except (DatasetError, ValueError) as ex:  # ConfigError is a ValueError
+            print(f"error: {ex}", file=sys.stderr)
+            return RunResult(2, cfg.output_dir, {})
     else:
         cfg = make_config(method or config_or_method or "fedavg", **options)
     code = run_job(cfg, verbose=verbose)

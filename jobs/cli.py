@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import typing
 
@@ -20,11 +19,9 @@ from common import startup_gc
 from common.choices import ConfigError, literal_choices
 from common.config_flags import Extra, Flag, add_dataclass_flags, default_words, show
 from common.delays import DELAY_PRESET_ORIGINS, DELAY_PRESETS, TRANSFER_FIELDS, DelayConfig, DelayPreset
+from jobs.build import build_config, checked_config, option_names
 from jobs.config import PARTS, FederationConfig, JobConfig
 from jobs.methods import BUILT_IN, Method, method_of
-from jobs.options import config_from_options, model_presets_applied, option_names, presets_applied
-from jobs.run.privacy_plan import resolve_privacy
-from processors.model_names import AUTO, MODELS, auto_words
 from processors.model_names import PRESET_FIELDS as MODEL_PRESET_FIELDS
 from processors.training_config import TrainingConfig
 
@@ -86,7 +83,7 @@ FLAGS: dict[str, dict[str, Flag]] = {
         "tracking_uri": Flag(metavar="URI"),
         "tracking_parent": Flag(metavar="RUN_ID"),
     },
-    "privacy": {  # derived when the run is planned (jobs.run.privacy_plan)
+    "privacy": {  # derived by the build step's privacy plan (jobs.privacy)
         "dp_noise_key": Flag(hidden=True),
         "dp_planned_compositions": Flag(hidden=True),
     },
@@ -198,27 +195,25 @@ def add_method_flags(parser: argparse.ArgumentParser, method: Method) -> None:
     add_dataclass_flags(group, method.settings, prefix=f"{method.flag_prefix}-", dest_prefix=f"{method.flag_prefix}_")
 
 
+def options_of(args: argparse.Namespace, method: str) -> dict:
+    """A parsed command line's options for the build (``jobs.build``): its destinations the build knows (a parser
+    may carry its own flags too: the tuner's)."""
+    known = option_names(method_of(method))
+    return {k: v for k, v in vars(args).items() if k in known}
+
+
+def build_from_args(args: argparse.Namespace, method: str, presets: bool = False) -> JobConfig:
+    """The resolved ``JobConfig`` a parsed command line describes, ready to run (``jobs.build.build_config``: the
+    flags are its options). ``presets``: the method's federation presets fill every federation flag not given.
+    Raises ``ConfigError`` (a ``ValueError``) naming the fix."""
+    return build_config(method, options_of(args, method), presets=presets)
+
+
 def config_from_args(args: argparse.Namespace, method: str, presets: bool = False) -> JobConfig:
-    """The ``JobConfig`` a parsed command line describes (``jobs.options.config_from_options``: the flags are its
-    options). ``presets``: the method's federation presets fill every federation flag not given. Raises
-    ``ConfigError`` (a ``ValueError``) naming the fix."""
-    known = option_names(method_of(method))  # a parser may carry its own flags too (the tuner's)
-    return config_from_options(method, {k: v for k, v in vars(args).items() if k in known}, presets)
-
-
-def flag_words(values: dict) -> str:
-    """Option values as the flags that give them: ``--local-batch-size 10, --local-lr 0.01``."""
-    return ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in values.items())
-
-
-def print_model_choice(args: argparse.Namespace, cfg: JobConfig) -> None:
-    """Which model ``--model auto`` picked, and the model's preset filling the local-training flags not given."""
-    if args.model in (None, AUTO):
-        print(f"[edgesim] --model {AUTO}: {auto_words(cfg.data.dataset)}")
-    applied = model_presets_applied(vars(args))
-    if applied:
-        card = MODELS[cfg.training.model]
-        print(f"[edgesim] {card.name} presets (flags not given): {flag_words(applied)} ({card.source})")
+    """The checked, not resolved, ``JobConfig`` of a parsed command line (``jobs.build.checked_config``): every value
+    a flag gives is checked, no file is read, no model built, nothing planned (a sweep checks its trials' flags
+    so); ``build_from_args`` for one to run."""
+    return checked_config(method, options_of(args, method), presets=presets)
 
 
 def job_main(description: str, argv: list[str] | None, method: str | None = None, hidden: dict | None = None) -> int:
@@ -239,20 +234,13 @@ def job_main(description: str, argv: list[str] | None, method: str | None = None
     args = parser.parse_args(argv)
     chosen = method or args.method
     try:
-        cfg = config_from_args(argparse.Namespace(**vars(args), **(hidden or {})), chosen, presets=method is None)
-        applied = presets_applied(chosen, vars(args)) if method is None and not args.resume else {}
-        if applied:
-            print(f"[edgesim] {cfg.method_spec.label} presets (flags not given): {flag_words(applied)}")
-        if not args.resume:
-            print_model_choice(args, cfg)
-        # validated (and its privacy planned) before it is compared with the saved run's config: that fills in what
-        # a capacity trace needs (task samples, model bytes) and a target epsilon's noise, which the saved one holds
-        cfg = resolve_privacy(cfg.validate())
-        if args.resume:
-            from jobs.resume import given_flags, resumed_config  # imports torch (the saved model's shapes)
+        options = options_of(argparse.Namespace(**vars(args), **(hidden or {})), chosen)
+        given = None
+        if args.resume:  # the saved run's config, with the flags written on the command line that are harmless
+            from jobs.resume import given_flags  # imports torch (the saved model's shapes): only when resuming
 
-            cfg = resumed_config(os.path.abspath(os.path.expanduser(args.resume)), cfg, given_flags(parser, argv))
-            cfg = cfg.validate()
+            given = given_flags(parser, argv)
+        cfg = build_config(chosen, options, presets=method is None, given=given, announce=print)
     except ConfigError as ex:
         parser.error(str(ex))
     # torch and NVFlare's job API come with the driver: --help and a refused flag answer before importing them

@@ -21,20 +21,21 @@ help of their flags (``common.config_flags``), so it is written for users; a fie
 what it becomes in a trailing ``(default: ...)``.
 
 ``JobConfig`` checks what spans parts (a selection larger than the pool, a batch larger than a device's data, a
-method the engine cannot run), builds once before any process starts, and is written whole into
-``metrics.json`` (``to_dict``).
+method the engine cannot run) and is written whole into ``metrics.json`` (``to_dict``). It derives nothing: the
+build step (``jobs.build``) makes the one config a run uses, with every derived value (the ``auto`` model, the
+results folder, the privacy plan) computed there once, and marks it ``resolved``; the driver runs only such a
+config.
 
-Building a config reads no file and builds no model: each part checks its own values only. What needs the files
+Constructing a config reads no file and builds no model: each part checks its own values only. What needs the files
 and models a config names (the startup kit, trace files, a user's model class, whether the vectorised engine can
-run the model) is checked by ``JobConfig.validate()``, one explicit step the driver (and ``jobs.api.make_config``,
-the CLI, the tuner) runs before anything starts; it raises the same one-line ``ConfigError``.
+run the model) is checked by ``JobConfig.validate()``, a stage of the build; it raises the same one-line
+``ConfigError``.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
@@ -42,9 +43,8 @@ from common.choices import ConfigError, check_choice, check_positive
 from common.compression import CompressionConfig
 from common.delays import DelayConfig
 from common.privacy import PrivacyConfig
-from jobs.compression import check_compression, transfer_delays
+from jobs.compression import transfer_delays
 from jobs.methods import Method, method_of
-from jobs.privacy import check_privacy
 from jobs.run_config import RunConfig
 from processors.data.config import DataConfig
 from processors.training_config import TrainingConfig
@@ -179,11 +179,12 @@ class JobConfig:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     method_settings: Any = None
+    # set by the build step only (``jobs.build``); a copy (``dataclasses.replace``) is a new, unresolved config
+    _resolved: bool = field(default=False, init=False, repr=False, compare=False)
+    _planned: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         method = method_of(self.method)
-        # --model auto: the dataset's model, so a run's config (and metrics.json) names the model it trains
-        object.__setattr__(self, "training", self.training.resolved(self.data.dataset))
         if self.method_settings is None:
             object.__setattr__(self, "method_settings", method.default_settings())
         elif method.settings is None or not isinstance(self.method_settings, method.settings):
@@ -191,20 +192,12 @@ class JobConfig:
                 f"method_settings {type(self.method_settings).__name__}: --method {self.method} takes "
                 f"{method.settings.__name__ if method.settings else 'no settings'}"
             )
-        if not self.run.job_name:
-            object.__setattr__(self, "run", replace(self.run, job_name=f"edgesim_{method.short_name}"))
-        if not self.run.output and not self.run.export_only:
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            output = os.path.join(self.run.workspace, "results", f"{self.run.job_name}-{stamp}-{os.getpid()}")
-            object.__setattr__(self, "run", replace(self.run, output=output))
         if self.data.subset_size < self.training.local_batch_size:
             raise ConfigError(
                 f"--subset-size {self.data.subset_size} is smaller than --local-batch-size "
                 f"{self.training.local_batch_size}; raise --subset-size or lower the batch size"
             )
         method.check(self)
-        check_privacy(self)
-        check_compression(self)
         if self.delays.availability != "always" and self.engine.time_scale > 0:
             raise ConfigError(
                 f"--availability {self.delays.availability} needs exact time: leave out --time-scale / --real-delays "
@@ -217,9 +210,8 @@ class JobConfig:
         (``RunConfig``, ``TrainingConfig``, ``DelayConfig``: the startup kit, the model's import, the trace files),
         and whether ``--engine vectorized`` can run the model. Returns the config ready to run: with a capacity
         trace, its task's samples and the model's bytes filled in where not given (measured speeds need them). A
-        differential-privacy target epsilon gets its noise multiplier when the run is planned
-        (``jobs.run.privacy_plan.resolve_privacy``).
-        ``ConfigError`` naming the fix otherwise; validating twice gives the same config."""
+        stage of the build step (``jobs.build``). ``ConfigError`` naming the fix otherwise; validating twice gives
+        the same config."""
         try:
             return self._validated()
         except ConfigError:
@@ -278,6 +270,23 @@ class JobConfig:
             )
 
     @property
+    def resolved(self) -> bool:
+        """Made by the build step (``jobs.build``): validated, every derived value computed; what the driver runs."""
+        return self._resolved
+
+    @property
+    def planned_timeline(self) -> Any:
+        """The dry-run planner's timeline the build computed for this run (``scheduling.timeline.Timeline``: a
+        dry run whose privacy was planned), so ``--dry-run`` writes it without planning it again; else None."""
+        return self._planned
+
+    def mark_resolved(self, planned: Any = None) -> JobConfig:
+        """The build step's last act (``jobs.build``, nowhere else): mark this config resolved."""
+        object.__setattr__(self, "_resolved", True)
+        object.__setattr__(self, "_planned", planned)
+        return self
+
+    @property
     def method_spec(self) -> Method:
         """The method object ``method`` names (``jobs.methods``)."""
         return method_of(self.method)
@@ -307,7 +316,7 @@ class JobConfig:
 
 
 # the fields a resumed run may change (``jobs.resume``): how it runs, how long, where it writes; nothing of its
-# result before its end. Seeded DP noise is keyed by every other field (``jobs.run.privacy_plan.noise_key``).
+# result before its end. Seeded DP noise is keyed by every other field (``jobs.privacy.noise_key``).
 HARMLESS = {
     ("federation", "max_model_version"),
     ("federation", "max_sim_time"),

@@ -1,19 +1,29 @@
-"""Differential privacy for a whole job: what the parts of a config must agree on (``docs/privacy.md``).
+"""Differential privacy for a whole job (``docs/privacy.md``): what the parts of a config must agree on, and what
+the build step derives for it once, before anything starts.
 
-``check_privacy`` runs when a ``JobConfig`` is built (one line naming the fix; the method's own refusals are its
-``Method.check_privacy``); ``check_model`` and ``check_count_noise`` when the run is planned
-(``jobs.run.privacy_plan``, which also computes the noise for a target epsilon over the planned run).
+``check_privacy`` is one of the build's cross-checks (``jobs.build``; one line naming the fix; the method's own
+refusals are its ``Method.check_privacy``). ``resolve_privacy`` is the build's last stage, once a config is
+validated: it needs ``dp-accounting`` and builds the model (a model whose predictions use BatchNorm's statistics is
+refused: they would leave the devices unclipped), computes the noise multiplier from ``--dp-target-epsilon`` for
+the compositions the run will make, refuses a target that cannot be met, and gives seeded noise its key. The
+compositions are the versions the busiest device goes into (central) or the updates it sends (local), from the
+``--dry-run`` planner's trace: the same schedule the run follows (``jobs.run.schedule_plan``,
+``scheduling.timeline``), composed without amplification. ``privacy_notes`` says the run's privacy in a few lines.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import dataclasses
+import hashlib
+import json
+import math
+from collections import Counter
 
 from common.choices import ConfigError
-from common.privacy_accounting import update_noise_multiplier
-
-if TYPE_CHECKING:
-    from jobs.config import JobConfig
+from common.privacy_accounting import check_installed, epsilon, noise_for_epsilon, update_noise_multiplier
+from jobs.config import HARMLESS, JobConfig
+from jobs.run.schedule_plan import schedule_for
+from scheduling.timeline import Timeline, run_timeline
 
 
 def check_privacy(cfg: JobConfig) -> None:
@@ -63,3 +73,121 @@ def check_model(model: str) -> None:
             "that would leave the devices unclipped and un-noised; use a model without BatchNorm (cifar10_convnet, "
             "resnet18, char_lstm) or GroupNorm in your own"
         )
+
+
+def resolve_privacy(cfg: JobConfig) -> tuple[JobConfig, Timeline | None]:
+    """``cfg`` with its noise multiplier computed from its target epsilon (when given alone) and, with seeded noise,
+    its noise key; and the planned run's timeline when one was computed (a target epsilon with simulated devices),
+    so a dry run writes it without planning it again. ``ConfigError`` for a missing library, a model with BatchNorm
+    statistics, or a target the planned run cannot meet. The build step's (``jobs.build``), once per run."""
+    p = cfg.privacy
+    if not p.on:
+        return cfg, None
+    check_installed()
+    check_model(cfg.training.model)
+    timeline = None
+    # real devices: no plan; the server stops the run before a version exceeds the target
+    if p.dp_target_epsilon is not None and cfg.engine.devices != "real":
+        timeline = planned_timeline(cfg)
+        cfg = _meet_target(cfg, planned_compositions(cfg, timeline))
+        p = cfg.privacy
+    if p.dp_adaptive_clipping:
+        check_count_noise(cfg, p.dp_noise_multiplier)
+    key = noise_key(cfg) if p.dp_noise == "seeded" else None
+    if key != p.dp_noise_key:
+        cfg = dataclasses.replace(cfg, privacy=dataclasses.replace(p, dp_noise_key=key))
+    return cfg, timeline
+
+
+def _meet_target(cfg: JobConfig, compositions: int) -> JobConfig:
+    p = cfg.privacy
+    cfg = dataclasses.replace(cfg, privacy=dataclasses.replace(p, dp_planned_compositions=compositions))
+    p = cfg.privacy
+    if p.dp_noise_multiplier is None:
+        found = noise_for_epsilon(p.dp_accountant, 1.0, compositions, p.dp_delta, p.dp_target_epsilon)
+        z = math.ceil(found * p.sensitivity * 1e6) / 1e6  # sigma over C, rounded up: never below the calibrated
+        cfg = dataclasses.replace(cfg, privacy=dataclasses.replace(p, dp_noise_multiplier=z))
+        p = cfg.privacy
+    spent = epsilon(p.dp_accountant, p.accounted_multiplier(), 1.0, compositions, p.dp_delta)
+    if spent > p.dp_target_epsilon * (1 + 1e-9):
+        fix = (
+            "a resumed run keeps its noise: resume it without a longer --max-model-version / --max-sim-time"
+            if cfg.run.resume
+            else "raise the noise, or leave one of them out"
+        )
+        raise ConfigError(
+            f"--dp-noise-multiplier {p.dp_noise_multiplier} spends epsilon {spent:.4g} over the planned "
+            f"{compositions} compositions, above --dp-target-epsilon {p.dp_target_epsilon}: {fix}"
+        )
+    return cfg
+
+
+def noise_key(cfg: JobConfig) -> str:
+    """Seeded noise's key: the digest of every field of the run but those a resume may change (``HARMLESS``) and
+    the key itself, so runs that differ in anything else (seed, sigma, a sweep's flag) draw independent noise, and
+    the same command, or its resumption, draws the same."""
+    fields = cfg.to_dict()
+    for part, name in HARMLESS:
+        fields[part].pop(name, None)
+    for derived in ("dp_noise_key", "dp_planned_compositions"):
+        fields["privacy"].pop(derived, None)
+    if not cfg.compression.on:  # a run without compression keys its noise as before the part existed
+        fields.pop("compression", None)
+    text = json.dumps(fields, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def planned_timeline(cfg: JobConfig) -> Timeline:
+    """The run's planned timeline: its schedule (``jobs.run.schedule_plan``) run by the dry-run planner."""
+    schedule = schedule_for(cfg)
+    return run_timeline(schedule, len(schedule.pool))
+
+
+def planned_compositions(cfg: JobConfig, timeline: Timeline | None = None) -> int:
+    """The compositions the run will make: the planner's trace of its schedule (``timeline``, planned here when not
+    given), the busiest device's versions (central) or updates sent (local)."""
+    timeline = timeline if timeline is not None else planned_timeline(cfg)
+    counted = [r for r in timeline.trace if not r.get("failed")]
+    if cfg.privacy.local:  # every update a device sent
+        per_device = Counter(r["device"] for r in counted)
+    else:  # the versions made that each device went into
+        per_device = Counter(
+            d for d, _ in {(r["device"], r["version"]) for r in counted if r["version"] <= timeline.versions}
+        )
+    return max(per_device.values(), default=0)
+
+
+def privacy_notes(cfg: JobConfig) -> tuple[str, ...]:
+    """The run's privacy for the start of the run: the mechanism, the noise's source, and (central DP) where the
+    checkpoint's un-noised updates live."""
+    p = cfg.privacy
+    if not p.on:
+        return ()
+    where = "the server adds noise to each aggregate" if p.central else "each device adds noise to its own update"
+    clip = f"adaptive from {p.dp_clip_norm:g}" if p.dp_adaptive_clipping else f"{p.dp_clip_norm:g}"
+    line = (
+        f"differential privacy ({p.dp}): updates clipped to L2 norm {clip}, {where} with noise multiplier "
+        f"{p.dp_noise_multiplier:g}; {p.dp_neighbouring} neighbouring (sensitivity {p.sensitivity:g} C), accountant "
+        f"{p.dp_accountant}, the busiest device's participations unamplified, delta {p.dp_delta:g}"
+    )
+    if p.dp_target_epsilon is not None:
+        line += f" (for epsilon {p.dp_target_epsilon:g} over the planned {p.dp_planned_compositions} compositions)"
+    if p.dp_delta * cfg.federation.num_leaf_nodes * cfg.federation.devices_per_leaf > 1:
+        line += "; delta is above 1 / devices, weaker than customary"
+    notes = [line]
+    if p.dp_noise == "seeded":
+        notes.append(
+            "seeded DP noise: drawn from this command's configuration and seed so the run repeats; it protects "
+            "nothing outside this simulation (anyone with the command can subtract it): --dp-noise secure for that"
+        )
+    else:
+        notes.append(
+            "secure DP noise: drawn from the OS's entropy (ChaCha20), never recorded; the run will not repeat it"
+        )
+    if p.central and cfg.run.checkpoint_every != -1:
+        notes.append(
+            f"the checkpoint ({cfg.output_dir or 'the results folder'}/checkpoint) holds clipped, un-noised updates: "
+            "it is the server's private state; keep it from everyone the guarantee protects against, and publish "
+            "the results folder without it"
+        )
+    return tuple(notes)

@@ -4,7 +4,7 @@ dataset, and the check of a ``--model`` value. The config (``processors.training
 before any process starts; ``processors.models`` maps each name to its class (``MODEL_CLASSES``, keyed by exactly
 these names).
 
-A model's preset fills the local-training flags the user does not give (``jobs.options.model_presets_applied``), as a
+A model's preset fills the local-training flags the user does not give (``jobs.build``), as a
 method's preset fills the federation flags: what the model's reference trains it with, so a run on a dataset
 learns at the default settings. Flags the user gives win.
 """
@@ -105,9 +105,9 @@ def auto_model(dataset: str) -> str:
     return "cifar10_convnet"
 
 
-def auto_words(dataset: str) -> str:
-    """Why ``auto`` picks what it picks for ``dataset``, for the line that says so."""
-    model = auto_model(dataset)
+def auto_words(dataset: str, model: str) -> str:
+    """Why ``auto`` picked ``model`` (``auto_model``'s pick, resolved once by the job's build) for ``dataset``, for
+    the line that says so."""
     known = model != "cifar10_convnet" or dataset in ("synthetic", "cifar10")
     why = "" if known else " (auto knows the built-in and per-user datasets by name: give --model for other data)"
     return f"{model}, {MODELS[model].summary}, for --dataset {dataset}{why}"

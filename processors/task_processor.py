@@ -200,7 +200,8 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         self.compression = compression
         self._compression = CompressionHost(compression, seed)
         self._data = DataConfig(**data)
-        self._training = TrainingConfig(**training).resolved(self._data.dataset)  # a job's config already is
+        # a job's build (jobs.build) resolved auto already; a processor made outside a job (tests, benches) here
+        self._training = TrainingConfig(**training).resolved(self._data.dataset)
         self._settings = get_profile(profile)
         self.tasks_done = 0
 

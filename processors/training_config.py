@@ -105,7 +105,7 @@ class TrainingConfig:
 
     def validate(self) -> None:
         """Import the model it names (a user's ``package.module:Class``); ``ConfigError`` naming the fix. ``auto``
-        must have been resolved by then (``resolved``)."""
+        must have been resolved by then (a job's build, ``jobs.build``)."""
         from processors.models import model_class  # torch: only when a run is about to start
 
         try:
@@ -114,7 +114,8 @@ class TrainingConfig:
             raise ConfigError(str(ex)) from ex
 
     def resolved(self, dataset: str) -> TrainingConfig:
-        """This config with ``auto`` replaced by the model of ``dataset`` (``processors.model_names.auto_model``)."""
+        """This config with ``auto`` replaced by the model of ``dataset`` (``processors.model_names.auto_model``), for a
+        task processor made outside a job: a job's build (``jobs.build``) has resolved it once already."""
         if self.model != AUTO:
             return self
         return replace(self, model=auto_model(dataset))

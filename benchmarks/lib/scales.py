@@ -37,8 +37,9 @@ SCALES = {
 
 
 def resolved_config(cmd: list[str]):
-    """The ``JobConfig`` a job command resolves to (its flags through the job's own parser), without running it."""
-    from jobs.cli import build_parser, config_from_args
+    """The resolved ``JobConfig`` a job command builds (its flags through the job's own parser and the build step,
+    ``jobs.build``), without running it."""
+    from jobs.cli import build_from_args, build_parser
 
     args = build_parser("reproduce_fedrevive", method_choice=True).parse_args(cmd[2:])
-    return config_from_args(args, args.method, presets=True)
+    return build_from_args(args, args.method, presets=True)

@@ -25,10 +25,10 @@ from common.result_files import DRY_RUN_FILES, GLOBAL_MODEL, METRICS
 from evaluation.run_recorder import record_interruption, record_summary
 from jobs.admin_kit import check_leaf_count, check_server_answers
 from jobs.config import JobConfig
+from jobs.privacy import privacy_notes
 from jobs.run.environments import make_env
 from jobs.run.outputs import nvflare_workspace, prepare_output_dir
 from jobs.run.plan import RunPlan, prepare
-from jobs.run.privacy_plan import privacy_notes, resolve_privacy
 from jobs.run.process_guard import Interrupts, no_orphans
 from jobs.run.recipe import EdgeSimRecipe
 from jobs.run.remote import ProdFollower, follow_poc
@@ -147,10 +147,15 @@ def check_nvflare() -> None:
 
 
 def run(cfg: JobConfig, verbose: bool = False) -> int:
-    """Run (or export) the job a config describes; returns a process exit code (2: refused before anything
-    started, ``JobConfig.validate``'s message printed)."""
+    """Run (or export) the job a resolved config describes (``jobs.build``: validated, every derived value
+    computed; nothing is derived again here); returns a process exit code (2: refused before anything started,
+    the reason printed)."""
+    if not cfg.resolved:
+        raise TypeError(
+            "the driver runs a resolved config only: build it with jobs.build.build_config (or jobs.api.make_config), "
+            "or resolve one made otherwise with jobs.build.resolve"
+        )
     try:
-        cfg = resolve_privacy(cfg.validate())  # with a target epsilon: its noise, over the planned run
         if not cfg.run.dry_run:  # a dry run starts no NVFlare
             check_nvflare()
         plan: RunPlan = prepare(cfg)
@@ -229,10 +234,14 @@ def describe_real_devices(cfg: JobConfig) -> str:
 
 
 def dry_run(cfg: JobConfig, results_dir: str) -> int:
-    """The run's event trace without training or NVFlare (``scheduling.timeline``), with the run's leaf names."""
-    schedule = schedule_for(cfg)
+    """The run's event trace without training or NVFlare (``scheduling.timeline``), with the run's leaf names: the
+    one the build planned (a target epsilon's compositions), else planned here."""
     started = time.time()
-    summary = write_timeline(run_timeline(schedule, len(schedule.pool)), results_dir)
+    timeline = cfg.planned_timeline
+    if timeline is None:
+        schedule = schedule_for(cfg)
+        timeline = run_timeline(schedule, len(schedule.pool))
+    summary = write_timeline(timeline, results_dir)
     print(format_timeline(summary))
     for note in privacy_notes(cfg):  # the noise and the compositions the run would spend
         print(f"[edgesim] {note}")

@@ -29,9 +29,9 @@ and no ``max-sim-time`` it also ends each trial at the budget. A cap the spec gi
 is marked in the report). A spec whose ``max-sim-time`` ends trials before the budget, or whose delays give no
 simulated time to spend (``--delays none``: every update arrives at time 0), is refused in one line.
 
-Every trial's flags are parsed by the job's own parser and built into a ``JobConfig`` by the CLI's code path
-(``jobs.cli.config_from_args``) before any trial starts, so an unknown flag or a bad value is refused here, in one
-line (``SpecError``), not in a trial.
+Every trial's flags are parsed by the job's own parser and checked by the build step's first stages
+(``jobs.cli.config_from_args``, ``jobs.build.checked_config``) before any trial starts, so an unknown flag or a bad
+value is refused here, in one line (``SpecError``), not in a trial; each trial's job builds its own resolved config.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def _job_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]
 
 def main(argv: list[str] | None = None) -> int:
     from common.choices import ConfigError
-    from jobs.cli import config_from_args
+    from jobs.cli import build_from_args
     from jobs.run.plan import prepare
     from processors.data.sources import DatasetError
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_tune_parser()
     args = parser.parse_args(argv)
     try:
-        cfg = config_from_args(args, "fedavg").validate()
+        cfg = build_from_args(args, "fedavg")
         run_plan = prepare(cfg)
         plan, run_info, device = run_plan.workers, run_plan.run_info, run_plan.device
     except (ConfigError, DatasetError, ValueError) as ex:

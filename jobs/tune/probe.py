@@ -31,10 +31,10 @@ class JobProbe:
 
 _PROBE_CHILD = """
 import sys, time
-from jobs.cli import build_parser, config_from_args
+from jobs.cli import build_from_args, build_parser
 from jobs.run.driver import run
 args = build_parser("probe").parse_args(sys.argv[2:])
-cfg = config_from_args(args, "fedavg")
+cfg = build_from_args(args, "fedavg")
 open(sys.argv[1], "w").write(repr(time.time()))
 sys.exit(run(cfg))
 """

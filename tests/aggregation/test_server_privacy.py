@@ -250,7 +250,7 @@ def test_the_two_sigma_attack_recovers_no_sum_from_runs_of_one_seed():
     (s2 o1 - s1 o2) / (s2 - s1) would be S exactly. With each run's own noise (secure, or seeded by the whole
     command's key) that estimate misses S by more than the noise's own scale."""
     from jobs.api import make_config
-    from jobs.run.privacy_plan import noise_key
+    from jobs.privacy import noise_key
 
     size, clip, b, lr = 20_000, 0.5, 4, 1.0
     rng = np.random.default_rng(0)

@@ -250,7 +250,7 @@ def test_building_a_config_reads_no_file_and_builds_no_model_validate_refuses(op
     import torch
 
     from common.choices import ConfigError
-    from jobs.options import config_from_options
+    from jobs.build import checked_config
 
     options = {k: v.format(missing=missing) for k, v in options.items()}
 
@@ -262,20 +262,23 @@ def test_building_a_config_reads_no_file_and_builds_no_model_validate_refuses(op
             io.setattr(owner, name, touched)
         io.setattr(importlib, "import_module", touched)
         io.setattr(torch.nn.Module, "__init__", touched)
-        cfg = config_from_options("fedavg", options | {"output": missing + "-out"})
+        cfg = checked_config("fedavg", options | {"output": missing + "-out"})
     with pytest.raises(ConfigError) as refused:
         cfg.validate()
     assert message.format(missing=missing) in str(refused.value)
 
 
 @pytest.mark.parametrize("options, message", BUILD_IO_CASES)
-def test_the_driver_validates_a_config_built_without_it(options, message, missing, capsys):
-    """A ``JobConfig`` handed to ``jobs.api.run`` / the driver unvalidated is refused before anything starts: exit 2,
-    one line."""
-    from jobs.options import config_from_options
+def test_the_api_resolves_a_config_built_without_it_and_the_driver_refuses_one(options, message, missing, capsys):
+    """A ``JobConfig`` handed to ``jobs.api.run`` unresolved is resolved there, and a bad one refused before anything
+    starts: exit 2, one line. The driver itself runs resolved configs only (``jobs.build``)."""
+    from jobs.api import run
+    from jobs.build import checked_config
 
-    cfg = config_from_options("fedavg", {k: v.format(missing=missing) for k, v in options.items()})
-    assert driver.run(cfg) == 2
+    cfg = checked_config("fedavg", {k: v.format(missing=missing) for k, v in options.items()})
+    with pytest.raises(TypeError, match="resolved config only"):
+        driver.run(cfg)
+    assert run(cfg).exit_code == 2
     err = capsys.readouterr().err
     assert err == f"error: {err.removeprefix('error: ').strip()}\n" and message.format(missing=missing) in err
     assert not os.path.exists(cfg.output_dir)

@@ -12,10 +12,10 @@ import pytest
 
 from common.config_flags import attribute_docs, show
 from common.delays import DELAY_PRESETS
+from jobs.build import checked_config
 from jobs.cli import DEFAULT_METHOD, FLAGS, PRESET_FIELDS, build_parser, config_from_args
 from jobs.config import PARTS
 from jobs.methods import BUILT_IN
-from jobs.options import config_from_options
 from processors.model_names import PRESET_FIELDS as MODEL_PRESET_FIELDS
 from simulation.config import EngineConfig
 from simulation.planner import CPU_GROUP_MAX_MFLOPS
@@ -170,7 +170,7 @@ def test_no_flag_given_builds_the_config_of_no_option_given(method, tmp_path):
             argv = ["--output", str(tmp_path), *delays] + (["--method", method] if presets else [])
             args = build_parser("test", method_choice=presets).parse_args(argv)
             options = {"output": str(tmp_path)} | ({"delays": "paper"} if delays else {})
-            assert config_from_args(args, method, presets) == config_from_options(method, options, presets)
+            assert config_from_args(args, method, presets) == checked_config(method, options, presets=presets)
 
 
 def test_each_flag_is_the_option_of_its_name_with_underscores(tmp_path):
@@ -191,4 +191,4 @@ def test_each_flag_is_the_option_of_its_name_with_underscores(tmp_path):
         "num_workers": 3,
         "output": str(tmp_path),
     }
-    assert config_from_args(args, "fedrevive", presets=True) == config_from_options("fedrevive", options, presets=True)
+    assert config_from_args(args, "fedrevive", presets=True) == checked_config("fedrevive", options, presets=True)

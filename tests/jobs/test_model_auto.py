@@ -9,8 +9,8 @@ import json
 
 import pytest
 
+from jobs.build import checked_config
 from jobs.cli import build_parser, config_from_args
-from jobs.options import config_from_options, model_presets_applied
 from processors.model_names import AUTO, MODELS, auto_model, model_preset
 from processors.training_config import TrainingConfig
 
@@ -59,15 +59,13 @@ def test_the_models_preset_fills_only_the_local_training_flags_not_given():
     assert (cfg.training.local_batch_size, cfg.training.local_lr, cfg.training.optimizer) == (10, 0.5, "adam")
     cfg = parsed(["--dataset", "femnist", "--optimizer", "adam"])
     assert (cfg.training.optimizer, cfg.training.local_lr, cfg.training.local_batch_size) == ("adam", 0.004, 10)
-    assert model_presets_applied({"dataset": "femnist", "local_batch_size": 4}) == {
-        "optimizer": "sgd",
-        "local_lr": 0.004,
-    }
+    given = checked_config("fedavg", {"dataset": "femnist", "local_batch_size": 4, "output": "/tmp/unused"})
+    assert (given.training.local_batch_size, given.training.optimizer, given.training.local_lr) == (4, "sgd", 0.004)
     # every preset is a TrainingConfig that builds, and names fields the flags fill
     for card in MODELS.values():
         TrainingConfig(model=card.name, **card.preset)
     # jobs.api: presets=False leaves the model's preset out too
-    off = config_from_options("fedavg", {"dataset": "shakespeare", "output": "/tmp/unused"}, model_presets=False)
+    off = checked_config("fedavg", {"dataset": "shakespeare", "output": "/tmp/unused"}, model_presets=False)
     assert off.training == TrainingConfig(model="char_lstm")
 
 
@@ -79,7 +77,7 @@ def test_the_default_run_keeps_todays_config():
     assert model_preset("cifar10_convnet") == {} and model_preset("resnet18") == {}
     assert parsed([], method_choice=False).training == today
     assert parsed([]).training == today
-    assert config_from_options("fedavg", {"output": "/tmp/unused"}).training == today
+    assert checked_config("fedavg", {"output": "/tmp/unused"}).training == today
     assert parsed([]).to_dict()["training"]["model"] == "cifar10_convnet"  # what metrics.json's config records
 
 

@@ -4,6 +4,7 @@ run (its versions, or the dry-run planner's schedule), checked against dp-accoun
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import Counter
 
@@ -11,10 +12,11 @@ import pytest
 
 from common.choices import ConfigError
 from jobs.api import make_config
+from jobs.build import build_config, resolve
 from jobs.methods import FedAvg
+from jobs.privacy import planned_compositions
 from jobs.pt_job_fedrevive import main
 from jobs.run import driver
-from jobs.run.privacy_plan import planned_compositions, resolve_privacy
 from jobs.run.schedule_plan import schedule_for
 from scheduling.event_reference import reference_trace
 from tests.conftest import REPO
@@ -120,7 +122,8 @@ def test_a_target_epsilon_becomes_the_smallest_noise_for_the_busiest_devices_rou
     assert library_epsilon(z / 2, 1.0, t, 1e-5) <= 8.0 < library_epsilon(z / 2 - 1e-3, 1.0, t, 1e-5)
     zero_out = make_config("fedavg", **options(dp_target_epsilon=8.0, max_model_version=21, dp_neighbouring="zero-out"))
     assert zero_out.privacy.dp_noise_multiplier == pytest.approx(z / 2, abs=1e-5)
-    assert resolve_privacy(cfg.validate()) == cfg  # planning again keeps it (a resumed run compares them)
+    # a copy (unresolved) planned again gets the same noise (a resumed run's saved config plans it again)
+    assert resolve(dataclasses.replace(cfg)) == cfg and not dataclasses.replace(cfg).resolved
 
 
 def test_with_a_time_budget_the_dry_run_planner_gives_the_compositions():
@@ -170,14 +173,14 @@ def test_a_dp_run_resumes_with_its_computed_noise_and_refuses_a_longer_budget_pa
     longer run, which would spend more than the target with that noise, is refused naming why."""
     import json
 
-    from jobs.cli import build_parser, config_from_args
-    from jobs.resume import given_flags, resumed_config
+    from jobs.cli import build_parser
+    from jobs.resume import given_flags
     from processors.models import build_model
     from scheduling import checkpoint
 
     argv = [*SMALL, "--method", "fedavg", "--max-model-version", "5", "--dp", "central", "--dp-target-epsilon", "8"]
     parser = build_parser("test", method_choice=True)
-    saved = resolve_privacy(config_from_args(parser.parse_args(argv), "fedavg", True).validate())
+    saved = build_config("fedavg", vars(parser.parse_args(argv)), presets=True)
     (tmp_path / "metrics.json").write_text(json.dumps({"config": saved.to_dict(), "versions": []}))
     weights = {k: v.numpy() for k, v in build_model("cifar10_convnet").state_dict().items()}
     checkpoint.write(
@@ -186,8 +189,7 @@ def test_a_dp_run_resumes_with_its_computed_noise_and_refuses_a_longer_budget_pa
 
     def resume(extra):
         args = [*argv, *extra, "--resume", str(tmp_path)]
-        flags = config_from_args(parser.parse_args(args), "fedavg", True).validate()
-        return resolve_privacy(resumed_config(str(tmp_path), flags, given_flags(parser, args)).validate())
+        return build_config("fedavg", vars(parser.parse_args(args)), presets=True, given=given_flags(parser, args))
 
     assert resume([]).privacy == saved.privacy and saved.privacy.dp_noise_multiplier > 0
     with pytest.raises(ConfigError, match="a resumed run keeps its noise"):

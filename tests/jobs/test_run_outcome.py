@@ -46,7 +46,7 @@ def killed_while_evaluating(folder, saved: int | None = 4) -> None:
     versions 1 and 2 recorded, no summary; with ``saved``, ``global_model.pt`` holds that version."""
     config = JobConfig().to_dict()
     config["data"] |= {"synthetic_size": 300}
-    config["training"] |= {"compute_device": "cpu"}
+    config["training"] |= {"compute_device": "cpu", "model": "cifar10_convnet"}  # a run records its model resolved
     config["federation"] |= {"max_model_version": 4}
     records = [{"version": v, "accuracy": 0.1, "loss": 2.3, "wall_seconds": float(v)} for v in (1, 2)]
     payload = {"config": config, "versions": records, "outcome": {"status": "completed", "reason": "version 4"}}

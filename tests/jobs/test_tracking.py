@@ -211,13 +211,14 @@ def test_tracking_flags_are_checked_in_one_line_naming_the_fix(monkeypatch):
 
 
 def test_a_store_that_cannot_be_opened_stops_the_job_before_anything_starts(tracker_env, capsys):
+    from jobs.build import resolve
     from jobs.run.driver import run
 
     out = tracker_env / "out"
     cfg = JobConfig(
         run=RunConfig(tracking="mlflow", tracking_uri="sqlite:////proc/no-such/mlflow.db", output=str(out)),
     )
-    assert run(cfg) == 2
+    assert run(resolve(cfg)) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --tracking mlflow: cannot open sqlite:////proc/no-such/mlflow.db") and "\n" not in err
     assert not out.exists()  # refused before the results folder, and before NVFlare

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from evaluation.utilisation import GB
+from jobs.build import resolve
 from jobs.config import JobConfig
 from jobs.tune import cli, measure, probe, search
 from jobs.tune.search import (
@@ -199,9 +200,11 @@ def test_peak_sampler_keeps_the_highest_reading_of_a_scripted_source():
 
 
 def _tiny_config() -> JobConfig:
-    return JobConfig(
-        data=DataConfig(synthetic_size=500, subset_size=16),
-        training=TrainingConfig(local_batch_size=8, local_iters=2, compute_device="cpu"),
+    return resolve(
+        JobConfig(
+            data=DataConfig(synthetic_size=500, subset_size=16),
+            training=TrainingConfig(local_batch_size=8, local_iters=2, compute_device="cpu"),
+        )
     )
 
 
