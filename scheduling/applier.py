@@ -33,13 +33,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from common.device_timeout import FIRST_DEVICE_TIMEOUT
 from common.jsonio import JsonlWriter
 from common.privacy import BudgetSpent
 from common.protocol import FLEET, DeviceUpdate, reports_of
 from scheduling.failure_streak import FailureStreak
 from scheduling.schedule import Dispatch, ExactSchedule
 from scheduling.update_check import FiniteUpdates
-from simulation.config import FIRST_DEVICE_TIMEOUT
 
 
 @dataclass(frozen=True)

@@ -54,9 +54,12 @@ from nvflare.edge.assessor import Assessment, Assessor
 from nvflare.edge.mud import BaseState, StateUpdateReply, StateUpdateReport
 
 from common import startup_gc
+from common.bulk_parent import BulkError, BulkLinks
 from common.delays import DelayConfig, DeviceDelays
+from common.device_timeout import device_timeout_words
 from common.heartbeat import Heartbeat
 from common.jsonio import JsonlWriter
+from common.nvflare_private import install_nvflare_fixes
 from common.output import output_dir
 from common.process_settings import settle_process
 from common.protocol import (
@@ -84,12 +87,10 @@ from scheduling.applier import UpdateApplier
 from scheduling.child_reply import register_devices, reply_to
 from scheduling.device_pool import DevicePool
 from scheduling.leaf_watch import LeafWatch
+from scheduling.nvflare_private import quick_engine_checks
 from scheduling.schedule import ExactSchedule
 from scheduling.selection import make_policy
 from scheduling.waker import Waker
-from simulation.bulk_parent import BulkError, BulkLinks
-from simulation.config import device_timeout_words
-from simulation.nvflare_private import install_nvflare_fixes, quick_engine_checks
 
 # seconds a report's reply may wait for the updates it brought to be applied (then it carries the selections they
 # caused); a slower method (FedRevive's distillation) answers sooner, and the waker brings the news later
@@ -136,7 +137,7 @@ class ExactTimeAssessor(Assessor):
     one_update_per_version: each device contributes to a version at most once (differential privacy,
         ``scheduling.schedule``).
     bulk: ``--bulk``: ``auto`` (a child that shares this machine and user sends its diffs and gets its versions
-        through shared memory, ``simulation.bulk_parent``), ``shm`` (the same, and a child that cannot stops the
+        through shared memory, ``common.bulk_parent``), ``shm`` (the same, and a child that cannot stops the
         run) or ``wire`` (NVFlare's wire for all).
     """
 
@@ -223,7 +224,7 @@ class ExactTimeAssessor(Assessor):
 
     # -- run lifecycle ------------------------------------------------------------------------------------------
     def _start_run(self, _event: str, fl_ctx: FLContext) -> None:
-        startup_gc.resume()  # the server is built (paused for its start-up in SimEnv: simulation.early_start)
+        startup_gc.resume()  # the server is built (paused for its start-up in SimEnv: common.early_start)
         self._engine = fl_ctx.get_engine()
         quick_engine_checks(self._engine)  # the simulator's server ends soon after END_RUN (nvflare_private, 9)
         persistor = self._engine.get_component(self.persistor_id)

@@ -10,9 +10,9 @@ import torch
 from common.choices import ConfigError
 from common.profiles import DEFAULT_PROFILE, PROFILES, format_knob, get_profile
 from jobs.config import JobConfig
+from jobs.engine_config import EngineConfig
 from processors.models import build_model
 from processors.task_processor import compute_context, global_params_on
-from simulation.config import EngineConfig
 from simulation.planner import GpuInfo, HardwareProfile, estimate_worker_bytes, plan_engine, plan_workers
 from tests.conftest import assert_trained_alike, make_processor, nudged_alone
 

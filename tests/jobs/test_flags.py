@@ -14,10 +14,10 @@ from common.config_flags import attribute_docs, show
 from common.delays import DELAY_PRESETS
 from jobs.cli import DEFAULT_METHOD, FLAGS, PRESET_FIELDS, build_parser, config_from_args
 from jobs.config import PARTS
+from jobs.engine_config import EngineConfig
 from jobs.methods import BUILT_IN
 from jobs.options import config_from_options
 from processors.model_names import PRESET_FIELDS as MODEL_PRESET_FIELDS
-from simulation.config import EngineConfig
 from simulation.planner import CPU_GROUP_MAX_MFLOPS
 from tests.conftest import REPO
 
