@@ -32,6 +32,8 @@ simulated time to spend (``--delays none``: every update arrives at time 0), is 
 Every trial's flags are parsed by the job's own parser and built into a ``JobConfig`` by the CLI's code path
 (``jobs.cli.config_from_args``) before any trial starts, so an unknown flag or a bad value is refused here, in one
 line (``SpecError``), not in a trial.
+
+Kept whole: the spec's format, its parsing and its checks against the job's flags change together.
 """
 
 from __future__ import annotations
