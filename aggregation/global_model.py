@@ -116,7 +116,7 @@ class GlobalModel(FLComponent):
     privacy: differential privacy's ``ServerPrivacy`` arguments but the seed (``settings``, ``pool_size``,
         ``updates_per_version``); None: off.
     bulk: ``auto`` or ``shm``: the versions in memory are kept in shared memory, for the leaves that map them
-        (``simulation.bulk_parent``); ``wire``: in this process's memory only.
+        (``common.bulk_parent``); ``wire``: in this process's memory only.
     """
 
     def __init__(

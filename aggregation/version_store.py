@@ -8,7 +8,7 @@ newest go to files in ``folder`` (the run's own; removed at the end), and come b
 strategy asks for one (mapped, so a strategy that reads a few of a version's arrays reads only their pages):
 memory stays bounded whatever K. The bits are the same either way.
 
-With ``shared`` (leaves that share this machine map versions instead of receiving them, ``simulation.bulk_parent``)
+With ``shared`` (leaves that share this machine map versions instead of receiving them, ``common.bulk_parent``)
 each version lives in a slot of one ring of shared memory of at most ``memory_bytes``, or, once every slot is
 taken, in a file of that folder (``aggregation.shared_versions``): a strategy writes the next version straight into
 it (``fresh``), a leaf is sent a handle of it (``handle``) and maps it, and nothing is spilled afterwards.

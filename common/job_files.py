@@ -1,7 +1,7 @@
 """Which of this project's packages a job carries to its sites, and how they are put in its ``custom/`` folder.
 
 A deployment's sites have NVFlare and the third-party libraries installed, not this project: a job that names our
-components (our own jobs, or a recipe after ``simulation.drop_in.use_fast_simulator``) ships every layer they import.
+components (our own jobs, or a recipe after ``jobs.drop_in.use_fast_simulator``) ships every layer they import.
 NVFlare copies only the modules of the classes a job names, so their imports would be missing otherwise.
 
 Those packages are also the job's "app packages" (``FedJob.set_app_packages``): NVFlare then leaves them to us instead

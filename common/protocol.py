@@ -41,7 +41,7 @@ LEAF_PLANS = "edgesim_leaf_plans"  # {leaf: its own worker plan (dict)}, sent on
 LEAF_REPORTS = "edgesim_leaf_reports"  # {leaf: [one dict per device report, in the leaf's order]}
 LOCAL_REPORT = "edgesim_local_report"  # header: a leaf executor's report to its own updater
 HELD_VERSIONS = "edgesim_held_versions"  # up: the model versions the child holds (the parent sends the others)
-# both ways, beside the rest: the bulk link's word (``simulation.bulk_link``, ``simulation.bulk_parent``): up, a
+# both ways, beside the rest: the bulk link's word (``simulation.bulk_link``, ``common.bulk_parent``): up, a
 # child's offer of its ring, or whether it maps its parent's; down, the parent's answer (its own ring, or why not)
 BULK = "edgesim_bulk"
 BULK_BELOW = "edgesim_bulk_below"  # up, from a relay: {leaf below it: how its bulk arrays travel}, when it changed

@@ -4,7 +4,7 @@ it and read by another process of the same machine and user.
 NVFlare stays the control plane: every message still travels on its wire. Only the bulk arrays (a device's diff
 up, a model version down) may move through a ring, and the message then carries a handle in their place (``handle``:
 the slot, its generation, the length, the blob's layout). Who uses a ring, and when, is the bulk link's business
-(``simulation.bulk_link`` on a leaf or relay, ``simulation.bulk_parent`` on the server or a relay).
+(``simulation.bulk_link`` on a leaf or relay, ``common.bulk_parent`` on the server or a relay).
 
 * **Anonymous, owner-only memory.** A ring is one ``memfd_create`` file, mode 0600, never named in ``/dev/shm``: it
   goes when the last process holding it ends, however it ends (``kill -9`` included), so a killed run leaves

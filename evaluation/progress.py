@@ -5,7 +5,7 @@ A line looks like ``[edgesim] version 3/10 | accuracy 0.4120 | 19.5 s since star
 (low)`` when the leaves' vectorised engine trains its devices in far smaller groups than planned; with differential
 privacy ``epsilon 1.234 at delta 1e-05 | 40% clipped``, and the clip norm when it adapts). At the end of the run
 the system summary and any low-GPU-use warning follow. At the start, each leaf's bulk link is said once (its diffs
-and versions through shared memory, or on NVFlare's wire and why: ``simulation.bulk_parent``).
+and versions through shared memory, or on NVFlare's wire and why: ``common.bulk_parent``).
 """
 
 from __future__ import annotations

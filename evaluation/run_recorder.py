@@ -28,7 +28,7 @@ asynchronous run's first selection is one large release; what follows shows whet
 together). With the vectorised engine each record also gets ``mean_group_size`` since the record before, and
 ``groups_low`` when that is far below what the leaves planned (the progress line then says so).
 
-``bulk`` (from the assessor, ``simulation.bulk_parent``): for each of the server's children, how its diffs and
+``bulk`` (from the assessor, ``common.bulk_parent``): for each of the server's children, how its diffs and
 versions travel: ``shm`` (shared memory) or ``wire: <why>`` (NVFlare's wire).
 
 ``saved_version`` (from the model saver's MODEL_SAVED): the version ``global_model.pt`` holds; the run's last one

@@ -20,7 +20,7 @@ from nvflare.edge.tools.edge_fed_buff_recipe import (
 )
 from nvflare.recipe.sim_env import SimEnv
 
-from simulation import use_fast_simulator
+from jobs.drop_in import use_fast_simulator
 
 
 def build_recipe(args) -> EdgeFedBuffRecipe:

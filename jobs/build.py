@@ -31,13 +31,13 @@ from common.delays import DelayConfig
 from common.privacy import PrivacyConfig
 from jobs.compression import check_compression
 from jobs.config import PARTS, FederationConfig, JobConfig
+from jobs.engine_config import EngineConfig
 from jobs.methods import BUILT_IN, Method, method_of
 from jobs.privacy import check_privacy, resolve_privacy
 from jobs.run_config import RunConfig
 from processors.data.config import DataConfig
 from processors.model_names import AUTO, MODELS, auto_model, auto_words, model_preset
 from processors.training_config import TrainingConfig
-from simulation.config import EngineConfig
 
 DELAY_FIELDS = tuple(f.name for f in dataclasses.fields(DelayConfig))
 NOT_CONFIG = {"verbose", "method"}  # command-line destinations that are not part of a JobConfig

@@ -8,7 +8,7 @@ part                        class                             used by
 data                        ``processors.data.config``        task processor, evaluator
 federation                  ``FederationConfig`` (here)       server components (selection, aggregation)
 local training              ``processors.training_config``    task processor, planner, evaluator
-engine                      ``simulation.config``             planner, device simulator
+engine                      ``jobs.engine_config``             planner, device simulator
 heterogeneity (delays)      ``common.delays``                 the simulated-time schedule, device simulator
 run/output                  ``jobs.run_config``               driver, results
 method settings             the method's own dataclass        its server strategy (FedRevive: ``fedrevive.config``)
@@ -44,11 +44,11 @@ from common.compression import CompressionConfig
 from common.delays import DelayConfig
 from common.privacy import PrivacyConfig
 from jobs.compression import transfer_delays
+from jobs.engine_config import EngineConfig
 from jobs.methods import Method, method_of
 from jobs.run_config import RunConfig
 from processors.data.config import DataConfig
 from processors.training_config import TrainingConfig
-from simulation.config import EngineConfig
 
 LeafLossPolicy = Literal["stop", "continue"]
 

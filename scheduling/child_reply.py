@@ -37,7 +37,7 @@ def reply_to(
 ) -> Shareable:
     """What a child whose subtree holds ``leaves`` needs, from the applier's view (``held``: the versions it said
     it holds). The newest model itself travels only when a device of the child trains it; ``model`` gives a
-    version as this child is sent it (packed, or a handle of shared memory: ``simulation.bulk_parent``; default
+    version as this child is sent it (packed, or a handle of shared memory: ``common.bulk_parent``; default
     packed). A version the run forgot since the view was taken (its last device's update has come) is left out."""
     view = applier.child_view(leaves)
     if not view.version:

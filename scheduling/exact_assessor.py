@@ -30,10 +30,11 @@ devices have registered (at whichever leaves NVFlare's routing proxy sent them),
 selection (the proxy routes a device to a leaf by a hash of its id, so any leaf may have to serve any device), and
 its applier applies updates as they arrive, failing a device that does not report within the device timeout.
 
-Over 400 lines: this is the one NVFlare component the edge workflow calls (run start and end, each child's report,
-``assess``), with 23 documented constructor arguments that NVFlare writes into the job's config; its parts live
-beside it (``scheduling.applier``, ``scheduling.leaf_watch``, ``scheduling.child_reply``, ``scheduling.checkpoint``,
-``scheduling.waker``), and what remains is the wiring between them.
+Here: the component NVFlare's job config names, its arguments, the run's start (the schedule built, the first
+selection once every leaf registered) and its checkpoints. Beside it, by responsibility: the children's reports in
+and the replies out (``scheduling.child_intake``), when the run is over and why (``scheduling.run_outcome``), the
+applier thread (``scheduling.applier``), the leaves' liveness (``scheduling.leaf_watch``), the wake messages
+(``scheduling.waker``) and the checkpoint's files (``scheduling.checkpoint``).
 """
 
 from __future__ import annotations
@@ -50,51 +51,31 @@ from nvflare.apis.shareable import Shareable
 from nvflare.app_common.abstract.learnable_persistor import LearnablePersistor
 from nvflare.app_common.abstract.model import ModelLearnable
 from nvflare.app_common.app_event_type import AppEventType
-from nvflare.edge.assessor import Assessment, Assessor
-from nvflare.edge.mud import BaseState, StateUpdateReply, StateUpdateReport
+from nvflare.edge.assessor import Assessor
+from nvflare.edge.mud import BaseState
 
 from common import startup_gc
+from common.bulk_parent import BulkLinks
 from common.delays import DelayConfig, DeviceDelays
+from common.device_timeout import device_timeout_words
 from common.heartbeat import Heartbeat
 from common.jsonio import JsonlWriter
+from common.nvflare_private import install_nvflare_fixes
 from common.output import output_dir
 from common.process_settings import settle_process
-from common.protocol import (
-    BULK,
-    BULK_BELOW,
-    CHECKPOINT_DUE,
-    DEVICE_UPDATES,
-    GLOBAL_MODEL_ALIAS,
-    HELD_VERSIONS,
-    LEAF_INFO,
-    LEAF_PLANS,
-    LEAF_REPORTS,
-    LEAVES_SEEN,
-    MODELS,
-    RUN_OUTCOME,
-    RUN_RESUMED,
-    SELECTION_SUMS,
-    DeviceUpdate,
-    SelectionSum,
-)
+from common.protocol import CHECKPOINT_DUE, GLOBAL_MODEL_ALIAS, RUN_RESUMED
 from common.result_files import EVENTS
 from processors.local_work import device_work
 from scheduling import checkpoint
 from scheduling.applier import UpdateApplier
-from scheduling.child_reply import register_devices, reply_to
+from scheduling.child_intake import ChildIntake
 from scheduling.device_pool import DevicePool
 from scheduling.leaf_watch import LeafWatch
+from scheduling.nvflare_private import quick_engine_checks
+from scheduling.run_outcome import RunOutcome
 from scheduling.schedule import ExactSchedule
 from scheduling.selection import make_policy
 from scheduling.waker import Waker
-from simulation.bulk_parent import BulkError, BulkLinks
-from simulation.config import device_timeout_words
-from simulation.nvflare_private import install_nvflare_fixes, quick_engine_checks
-
-# seconds a report's reply may wait for the updates it brought to be applied (then it carries the selections they
-# caused); a slower method (FedRevive's distillation) answers sooner, and the waker brings the news later
-SETTLE_SECONDS = 0.05
-
 
 # the server's last word on its traffic (a log line): benchmarks/perf/bench_transport_floor.py reads it
 PROTOCOL_SUMMARY = (
@@ -102,7 +83,7 @@ PROTOCOL_SUMMARY = (
 )
 
 
-class ExactTimeAssessor(Assessor):
+class ExactTimeAssessor(ChildIntake, RunOutcome, Assessor):
     """Args:
     persistor_id: component id of the persistor holding the initial model.
     global_model_id: component id of the run's global model (``aggregation.global_model``).
@@ -136,7 +117,7 @@ class ExactTimeAssessor(Assessor):
     one_update_per_version: each device contributes to a version at most once (differential privacy,
         ``scheduling.schedule``).
     bulk: ``--bulk``: ``auto`` (a child that shares this machine and user sends its diffs and gets its versions
-        through shared memory, ``simulation.bulk_parent``), ``shm`` (the same, and a child that cannot stops the
+        through shared memory, ``common.bulk_parent``), ``shm`` (the same, and a child that cannot stops the
         run) or ``wire`` (NVFlare's wire for all).
     """
 
@@ -223,7 +204,7 @@ class ExactTimeAssessor(Assessor):
 
     # -- run lifecycle ------------------------------------------------------------------------------------------
     def _start_run(self, _event: str, fl_ctx: FLContext) -> None:
-        startup_gc.resume()  # the server is built (paused for its start-up in SimEnv: simulation.early_start)
+        startup_gc.resume()  # the server is built (paused for its start-up in SimEnv: common.early_start)
         self._engine = fl_ctx.get_engine()
         quick_engine_checks(self._engine)  # the simulator's server ends soon after END_RUN (nvflare_private, 9)
         persistor = self._engine.get_component(self.persistor_id)
@@ -308,24 +289,6 @@ class ExactTimeAssessor(Assessor):
         settle_process()  # what the run keeps is built: the per-update garbage and buffers cost less from here
         self._make_applier(fl_ctx).start()
 
-    def _note_news(self, devices: list[str]) -> None:
-        """Newly selected ``devices``: the children above their leaves have news (they hear it on their next
-        sync, or are woken when the applier waits)."""
-        pool = self.schedule.pool
-        with self._news_lock:
-            self._news.update(self.leaves.child_of(leaf) for leaf in map(pool.leaf_of, devices) if leaf is not None)
-
-    def _wake_for(self, awaited: str) -> None:
-        """The applier waits for ``awaited``'s update: wake every child that has not heard of its newly selected
-        devices yet, and the one holding ``awaited`` (an idle leaf sleeps until woken; a busy one batches its
-        results, except an awaited device's)."""
-        leaf = self.schedule.pool.leaf_of(awaited)
-        holder = self.leaves.child_of(leaf) if leaf is not None else None
-        with self._news_lock:
-            news, self._news = self._news, set()
-        if self._waker is not None:
-            self._waker.wake(news, holder, awaited)
-
     def _make_applier(self, fl_ctx: FLContext) -> UpdateApplier:
         self.applier = UpdateApplier(
             self.schedule,
@@ -387,164 +350,3 @@ class ExactTimeAssessor(Assessor):
             return
         self._policy.written(seconds)
         self.log_info(fl_ctx, f"checkpoint at version {version} written in {seconds:.2f} s")
-
-    # -- when is it over ----------------------------------------------------------------------------------------
-    def _finish(self, status: str, reason: str, fl_ctx: FLContext) -> None:
-        s = self.schedule
-        version = s.version if s else 0
-        if self.global_model is not None:  # a version the schedule counted but the model never made (DP's budget)
-            version = min(version, self.global_model.current_version)
-        self.outcome = {
-            "status": status,
-            "reason": reason,
-            "version": version,
-            "sim_seconds": round(s.now, 9) if s else 0.0,
-        }
-        log = self.log_info if status == "completed" else self.log_error
-        log(fl_ctx, f"run {status}: {reason}")
-        self.fire_event_with_data(RUN_OUTCOME, fl_ctx, RUN_OUTCOME, self.outcome)
-
-    def assess(self, fl_ctx: FLContext) -> Assessment:
-        with self._lock:
-            if self.outcome is not None:
-                return Assessment.WORKFLOW_DONE
-            s = self.schedule
-            if s is None:
-                return Assessment.CONTINUE
-            if not s.version:
-                if time.time() - self._waiting_since > self.device_wait_timeout:
-                    self._finish("stopped", self._not_ready_reason(), fl_ctx)
-                    return Assessment.WORKFLOW_DONE
-                return Assessment.CONTINUE
-            with self.applier.lock:  # the applier thread changes the schedule
-                self._check_leaves(fl_ctx)
-                if self.outcome is not None:
-                    return Assessment.WORKFLOW_DONE
-                bulk = self._bulk_error or self.links.required_failure
-                if bulk:
-                    self._finish("stopped", bulk, fl_ctx)
-                elif self.applier.error:
-                    self._finish("stopped", self.applier.error, fl_ctx)
-                elif self.applier.finished:
-                    if s.version >= self.max_model_version:
-                        self._finish("completed", f"version {s.version} (--max-model-version)", fl_ctx)
-                    elif self.max_sim_time is not None and s.next_due() is not None:
-                        self._finish(
-                            "completed", f"simulated time {s.now:.6g} (--max-sim-time {self.max_sim_time:g})", fl_ctx
-                        )
-                    else:
-                        self._finish(
-                            "stopped",
-                            f"no device left to select at version {s.version} (the pool is "
-                            "exhausted: --no-device-reuse, or every leaf lost)",
-                            fl_ctx,
-                        )
-            return Assessment.WORKFLOW_DONE if self.outcome is not None else Assessment.CONTINUE
-
-    def _not_ready_reason(self) -> str:
-        wait = f"within --device-wait-timeout {self.device_wait_timeout:g} s"
-        pool = self.schedule.pool
-        if self.real_devices:
-            return (
-                f"only {len(pool)} real devices registered {wait}, and one selection needs "
-                f"{self.selection_size}: start more devices (docs/real-devices.md) or lower "
-                "--device-selection-size"
-            )
-        return f"only leaves {sorted(pool.leaves)} of {self.num_leaves} registered devices {wait}"
-
-    def _check_leaves(self, fl_ctx: FLContext) -> None:
-        lost = self.leaves.newly_lost()
-        if not lost:
-            return
-        names = ", ".join(sorted(lost))
-        if self.on_leaf_loss == "stop":
-            self._finish(
-                "stopped",
-                f"leaf {names} sent nothing for {self.leaf_timeout:g} s (--leaf-timeout): lost "
-                "(--on-leaf-loss stop); metrics.json keeps the versions made so far",
-                fl_ctx,
-            )
-            return
-        self.log_error(
-            fl_ctx,
-            f"leaf {names} lost: its in-flight devices count as failed, its devices are never "
-            "selected again (--on-leaf-loss continue)",
-        )
-        for leaf in lost:
-            self.applier.forget_leaf(leaf)
-            self.links.forget(leaf)
-            self.global_model.held_by(leaf, set())  # its leases of versions end with it
-            for device in self.schedule.pool.remove_leaf(leaf):
-                if device in self.applier.received:  # it reported before the leaf went silent
-                    continue
-                flight = self.schedule.in_flight[device]
-                self.applier.receive(DeviceUpdate(device, flight.selection_id, flight.base_version, None, count=0))
-
-    # -- reports from children ----------------------------------------------------------------------------------
-    def process_child_update(self, update: Shareable, fl_ctx: FLContext) -> tuple[bool, Shareable | None]:
-        child = fl_ctx.get_peer_context().get_identity_name()
-        received = False
-        bulk_word, chosen = None, dict(self.links.choices)
-        if self.global_model is not None:
-            bulk_word = self.links.on_report(child, update.get(BULK), self.global_model)
-            self.links.note_below(update.get(BULK_BELOW))
-        with self._lock:  # each child's reports arrive on a thread of their own: the counts are kept under it
-            self.reports += 1
-            if self.schedule is None:
-                return False, None
-            report = StateUpdateReport.from_shareable(update)
-            self.leaves.heard(child, update.get(LEAVES_SEEN))
-            if self.applier is None:
-                register_devices(self.schedule.pool, update, report, self.leaves.lost)
-                if self._ready():
-                    self._start(fl_ctx)
-            else:
-                with self.applier.lock:
-                    register_devices(self.schedule.pool, update, report, self.leaves.lost)
-            if self.applier is not None:
-                updates = self._updates_of(child, update, fl_ctx)
-                for u in updates:
-                    refused = self.applier.receive(u)
-                    if refused:
-                        self.log_warning(fl_ctx, f"dropped an update: {refused}")
-                received = bool(updates)
-        plans, lines = update.get(LEAF_PLANS), update.get(LEAF_REPORTS)
-        bulk = self.links.choices if self.links.choices != chosen else {}
-        if plans or lines or bulk:  # recorded by the result components (evaluation)
-            info = {"plans": plans or {}, "reports": lines or {}, "bulk": dict(bulk)}
-            self.fire_event_with_data(LEAF_INFO, fl_ctx, LEAF_INFO, info)
-        if received:  # answer with what they caused (new selections), unless applying them takes long
-            self.applier.wait_settled(SETTLE_SECONDS)
-        with self._news_lock:
-            self._news.discard(child)  # this reply is built from the view as of now: it carries the news
-        if self.applier is None:
-            reply = StateUpdateReply(0, None, 0, None).to_shareable()
-        else:
-            held = set(update.get(HELD_VERSIONS) or ())
-            if self.links.ready(child):  # the versions it no longer views may be spilled, or their memory reused
-                self.global_model.held_by(child, held)
-            # real devices: every leaf may be asked by any device (the proxy's hash decides), so each hears everything
-            leaves = self.schedule.pool.leaves if self.real_devices else self.leaves.leaves_of(child)
-            applier = self.applier
-            reply = reply_to(
-                applier, leaves, report, held, lambda v: self.links.model(child, v, self.global_model, applier.model)
-            )
-            with self._lock:
-                self.models_sent += len(reply.get(MODELS) or ())
-        if bulk_word:
-            reply[BULK] = bulk_word
-        return True, reply
-
-    def _updates_of(self, child: str, update: Shareable, fl_ctx: FLContext) -> list[DeviceUpdate]:
-        """The device updates a report brings (a synchronous leaf's sums as one per device), their diffs copied out
-        of the child's shared memory when they came as handles; a diff that cannot be read stops the run."""
-        updates: list[DeviceUpdate] = []
-        try:
-            for entry in update.get(DEVICE_UPDATES) or ():
-                updates.append(DeviceUpdate.from_dict(self.links.resolve(child, entry)))
-            for entry in update.get(SELECTION_SUMS) or ():
-                updates += SelectionSum.from_dict(self.links.resolve(child, entry)).device_updates()
-        except BulkError as ex:
-            self._bulk_error = str(ex)
-            self.log_error(fl_ctx, self._bulk_error)
-        return updates

@@ -15,11 +15,11 @@ ends on the wire, its children do too (``refused``, with the reason).
 
 from __future__ import annotations
 
+from common.bulk_parent import BulkLinks
 from common.packed_weights import pack
 from common.protocol import BULK, BULK_BELOW, DEVICE_UPDATES, HELD_VERSIONS, SELECTION_SUMS
 from common.shared_ring import is_handle
 from simulation.bulk_link import LeafBulk
-from simulation.bulk_parent import BulkLinks
 
 
 class RelayBulk:

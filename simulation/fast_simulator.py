@@ -38,9 +38,9 @@ from nvflare.fuel.utils.log_utils import get_obj_logger
 from nvflare.security.logging import secure_format_exception
 
 from common.delays import DeviceDelays
+from common.due_timer import DueTimer
 from common.protocol import short_error
 from simulation.concurrency import AdjustableLimit
-from simulation.due_timer import DueTimer
 from simulation.leaf_channels import DeviceTask, LeafChannel
 
 MAX_ATTEMPTS = 3

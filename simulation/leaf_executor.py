@@ -52,6 +52,7 @@ from nvflare.edge.web.models.task_response import TaskResponse
 
 from common.device_wire import DEVICE_SETTINGS_META, diff_problem, from_wire, to_wire
 from common.finite import nonfinite_reason, zeroed
+from common.nvflare_private import install_nvflare_fixes
 from common.protocol import (
     AWAITED,
     DEVICE_ERROR_META,
@@ -65,7 +66,7 @@ from common.protocol import (
 )
 from simulation.bulk_link import LeafBulk
 from simulation.leaf_gateway import FIND_GATEWAY, GATEWAY_PROP, DeviceResult, GatewayTask, LeafWork
-from simulation.nvflare_private import EventDrivenSync, NoPayloadRendering, install_nvflare_fixes
+from simulation.nvflare_private import EventDrivenSync, NoPayloadRendering
 from simulation.versioned_updater import DEFER_SYNC, VersionedState, VersionedUpdater
 
 BATCH_WINDOW = 0.1  # seconds a result the server is not waiting for may wait for others, to go up in one sync

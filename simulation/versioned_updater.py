@@ -27,6 +27,9 @@ each device's update on its own (``scheduling.exact_assessor``), so ``VersionedU
 
 As a relay it does the same for its children: merges what they send up, and replies to each with the versions it
 lacks. The node's state is a ``VersionedState``, NVFlare's ``BaseState`` plus the held models.
+
+Over 400 lines: one NVFlare ``Updater`` whose up path (reports, sums) and down path (versions, selections) share
+one lock and one state; split, each half would reach into the other's.
 """
 
 from __future__ import annotations

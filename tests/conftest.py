@@ -30,12 +30,12 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def fresh_weights_cache(monkeypatch):
-    """Each test gets an empty per-process cache of converted global weights (``processors.task_processor``): the
+    """Each test gets an empty per-process cache of converted global weights (``processors.compute_context``): the
     cache is keyed by version number only, and tests reuse version numbers with different models. Its cache of
     devices' sample indices is emptied too: tests replace ``device_indices``."""
-    task_processor = sys.modules.get("processors.task_processor")
-    if task_processor is not None:
-        monkeypatch.setattr(task_processor, "_global_params", {})
+    compute_context = sys.modules.get("processors.compute_context")
+    if compute_context is not None:
+        monkeypatch.setattr(compute_context, "_global_params", {})
     device_samples = sys.modules.get("processors.data.device_samples")
     if device_samples is not None:
         device_samples.cached_device_indices.cache_clear()
@@ -257,7 +257,7 @@ def nudged_alone(proc, device_id: str, weights: dict, version: int) -> list[dict
     up, then one down: what float32 rounding alone does to this training (``assert_trained_alike``)."""
     import numpy as np
 
-    import processors.task_processor as task_processor
+    from processors import compute_context
 
     runs = []
     for direction in (np.inf, -np.inf):
@@ -265,9 +265,9 @@ def nudged_alone(proc, device_id: str, weights: dict, version: int) -> list[dict
             k: np.nextafter(v, np.asarray(direction, v.dtype)) if np.issubdtype(v.dtype, np.floating) else v
             for k, v in weights.items()
         }
-        task_processor._global_params.clear()  # converted weights are cached per version: these are new ones
+        compute_context._global_params.clear()  # converted weights are cached per version: these are new ones
         runs.append(proc.train(device_id, nudged, version))
-    task_processor._global_params.clear()
+    compute_context._global_params.clear()
     return runs
 
 

@@ -113,7 +113,10 @@ BENCH_PATH = re.compile(r"(?<![\w./-])benchmarks/[\w./-]*\w\.(?:py|sh)\b")
 BENCH_MODULE = re.compile(r"-m\s+(benchmarks(?:\.\w+)+)")
 # (doc, path) of a benchmark a doc names that is not in this repository on purpose, and why
 ELSEWHERE = {
-    ("docs/performance-history.md", "benchmarks/bench_send_path.py"): "the unmerged copy-once branch's, run there",
+    (
+        "docs/history/issue-33-cpu-per-update.md",
+        "benchmarks/bench_send_path.py",
+    ): "the unmerged copy-once branch's, run there",
 }
 
 
@@ -238,9 +241,9 @@ FILE = re.compile(r"`([\w./-]+\.py)`")
 
 
 def architecture_rows() -> list[tuple[str, list[str]]]:
-    """(question, the project files its answer names) of ARCHITECTURE.md's "where things are" table."""
+    """(concern, the project files its row names) of ARCHITECTURE.md's "where things are" table."""
     text = open(os.path.join(REPO, "ARCHITECTURE.md")).read()
-    table = text[text.index("| question | the file |") :].split("\n\n")[0].splitlines()[2:]
+    table = text[text.index("| concern | the file |") :].split("\n\n")[0].splitlines()[2:]
     rows = []
     for line in table:
         question, the_file = [c.strip() for c in line.strip().strip("|").split(" | ", 1)]

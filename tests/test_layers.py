@@ -2,7 +2,8 @@
 beside it in the same layer (see ARCHITECTURE.md). Checked on every import statement, at any depth in a file.
 
 ``benchmarks/`` and ``examples/`` sit above every layer: they may import any project package, and no project
-package imports them (the tests may). Inside ``benchmarks/`` the shared library (``lib``) imports no bench, and a
+package imports them (the tests may). A package is a process: the server's packages (``scheduling``, ``aggregation``,
+``evaluation``) import nothing from the leaf's (``simulation``); what both run lives in ``common``. Inside ``benchmarks/`` the shared library (``lib``) imports no bench, and a
 purpose (``perf``, ``repro``, ``peers``, ``checks``) imports only itself and ``lib``. No import circle anywhere,
 benchmarks and examples included, imports inside functions included."""
 
@@ -25,6 +26,8 @@ LAYERS = [
 LEVEL = {package: i for i, layer in enumerate(LAYERS) for package in layer}
 ABOVE = ("benchmarks", "examples")  # above every layer: they import the project, the project never imports them
 SHARED = "benchmarks.lib"  # what every purpose of benchmarks/ may import besides itself
+SERVER = ("aggregation", "evaluation", "scheduling")  # the server's process
+LEAF = "simulation"  # the leaf's process: the server never runs its code
 MAX_TOP_BENCHMARKS = 12  # modules directly in benchmarks/ (the rest sit in a sub-package by purpose)
 
 
@@ -60,6 +63,29 @@ def upward_imports() -> list[str]:
 
 def test_no_module_imports_from_its_own_layer_or_above():
     assert upward_imports() == []
+
+
+def server_imports_of_the_leaf(root: str = REPO) -> list[str]:
+    """Files of the server's packages that import the leaf's package (at any depth in the file)."""
+    found = []
+    for package in SERVER:
+        for folder, _, files in os.walk(os.path.join(root, package)):
+            for name in sorted(f for f in files if f.endswith(".py")):
+                path = os.path.join(folder, name)
+                if LEAF in project_imports(path):
+                    found.append(os.path.relpath(path, root))
+    return found
+
+
+def test_the_servers_packages_import_nothing_from_the_leafs():
+    assert server_imports_of_the_leaf() == []
+
+
+def test_the_process_check_sees_a_server_module_importing_the_leaf(tmp_path):
+    (tmp_path / "scheduling").mkdir()
+    (tmp_path / "scheduling" / "a.py").write_text("def f():\n    from simulation.bulk_link import LeafBulk\n")
+    (tmp_path / "scheduling" / "b.py").write_text("from common.protocol import BULK\n")
+    assert server_imports_of_the_leaf(str(tmp_path)) == [os.path.join("scheduling", "a.py")]
 
 
 def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):

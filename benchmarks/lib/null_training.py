@@ -4,7 +4,7 @@ schedule, the applier, the strategy): the protocol's ceiling, for ``bench_protoc
     python benchmarks/lib/null_training.py fedavg    FLAGS   # as jobs/pt_job_fedavg.py FLAGS
     python benchmarks/lib/null_training.py fedrevive FLAGS   # as jobs/pt_job_fedrevive.py FLAGS (--method fedbuff ...)
 
-The trainer is plugged in through the engine's ``trainer`` option (no flag; ``simulation.config.EngineConfig``):
+The trainer is plugged in through the engine's ``trainer`` option (no flag; ``jobs.engine_config.EngineConfig``):
 ``NullTrainer`` is the job's own ``TrainingTaskProcessor`` (its plan, its data, its model's shapes) with the
 training replaced by a diff made once per process. The diff's arrays are read-only, so a consumer that wrote into
 a device's diff would fail here rather than corrupt the next device's.

@@ -22,7 +22,7 @@ devices, K = 2,000, B = 2) and reads its traffic from the server's ``protocol:``
 from a child, models sent per update applied), then measures the floor at that traffic.
 
 ``--bulk shm`` moves the same bytes as a job with shared memory does (``docs/deployment.md``): each leaf offers
-its ring in its first sync and maps the server's (``simulation.bulk_link``, ``simulation.bulk_parent``, the job's
+its ring in its first sync and maps the server's (``simulation.bulk_link``, ``common.bulk_parent``, the job's
 own code), writes each diff into a slot of its ring and sends the handle; the server copies each diff out as it
 reads the sync, and answers with handles of the versions it keeps in its ring (``aggregation.version_store``),
 which the leaf maps. ``--bulk shm,wire`` measures both, one after the other, with their ratios.
@@ -82,7 +82,7 @@ def make_cell(fqcn: str, url: str):
     rendering in the cell, one thread for finished streams)."""
     from nvflare.fuel.f3.cellnet.cell import Cell
 
-    from simulation.nvflare_private import install_nvflare_fixes
+    from common.nvflare_private import install_nvflare_fixes
 
     install_nvflare_fixes()
 
@@ -150,8 +150,8 @@ class Server:
 
     def __init__(self, args):
         from aggregation.version_store import VersionStore
+        from common.bulk_parent import BulkLinks
         from common.packed_weights import packed_bytes, unpack
-        from simulation.bulk_parent import BulkLinks
 
         self.args = args
         self.versions = model_blobs(args.model, versions_per_sync(args), seed=0)

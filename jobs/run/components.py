@@ -19,13 +19,13 @@ from evaluation.system_monitor import SystemMonitorComponent
 from evaluation.tensorboard_writer import TensorBoardWriter
 from jobs.admin_kit import project_leaves
 from jobs.config import JobConfig
+from jobs.engine_config import trainer_class
 from jobs.run.plan import plan_request
 from jobs.run.timeouts import Timeouts
 from jobs.tracking.choice import trackers_of
 from processors.data.partition import range_offsets
 from processors.task_processor import TrainingTaskProcessor
 from scheduling.exact_assessor import ExactTimeAssessor
-from simulation.config import trainer_class
 from simulation.leaf_runner import FastDeviceRunner, StockDeviceRunner
 from simulation.planner import WorkerPlan
 

@@ -19,12 +19,14 @@ import sys
 import time
 
 from common.choices import ConfigError
+from common.device_timeout import device_timeout_words
 from common.heartbeat import clear_heartbeat
 from common.profiles import get_profile
 from common.result_files import DRY_RUN_FILES, GLOBAL_MODEL, METRICS
 from evaluation.run_recorder import record_interruption, record_summary
 from jobs.admin_kit import check_leaf_count, check_server_answers
 from jobs.config import JobConfig
+from jobs.nvflare_guard import nvflare_problem
 from jobs.privacy import privacy_notes
 from jobs.run.environments import make_env
 from jobs.run.outputs import nvflare_workspace, prepare_output_dir
@@ -39,8 +41,6 @@ from jobs.tracking.run_tracking import RunTracking
 from processors.data.sources import DatasetError
 from scheduling.checkpoint import state_path
 from scheduling.timeline import format_timeline, run_timeline, write_timeline
-from simulation.config import device_timeout_words
-from simulation.nvflare_guard import nvflare_problem
 
 INCOMPLETE = 3  # the run completed, but its last version was not evaluated or nothing was saved
 # a test-only hook (tests/e2e/test_slow_evaluation.py): the watchdog's grace in seconds instead of the derived one, so
@@ -138,7 +138,7 @@ def report_end(
 
 def check_nvflare() -> None:
     """Refuse (``ConfigError``) an NVFlare whose code our fixes copy or rely on changed; warn on another version
-    whose code is unchanged (``simulation.nvflare_guard``)."""
+    whose code is unchanged (``jobs.nvflare_guard``)."""
     line, stop = nvflare_problem()
     if stop:
         raise ConfigError(line)

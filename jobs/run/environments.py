@@ -3,7 +3,7 @@
 In SimEnv NVFlare's workspace (the job's apps and every process's log) goes into the run's own results folder
 (``jobs.run.outputs.nvflare_workspace``), and NVFlare's INFO logging goes to files there only: the console shows the
 project's progress lines and NVFlare's warnings and errors (``verbose`` brings NVFlare's console logging back).
-Unless the run is ``--simulator stock``, that log config also names ``simulation.early_start.start_early``, which
+Unless the run is ``--simulator stock``, that log config also names ``common.early_start.start_early``, which
 each NVFlare simulator process calls as it reads the config, at its very start (our fixes to NVFlare's waits); the
 project's root goes on the simulator's ``PYTHONPATH`` so that those processes import it before any app is deployed.
 """
@@ -18,8 +18,8 @@ import nvflare
 from jobs.config import JobConfig
 
 QUIET_FILE_HANDLERS = ("logFileHandler", "errorFileHandler")  # log.txt (everything) and error_log.txt
-EARLY_START = "simulation.early_start.start_early"  # a filter factory: what a simulator process starts at once
-EARLY_SYNC_NOTICE = "simulation.nvflare_private.EarlySyncNotice"  # fix 18: a leaf's early sync, off the console
+EARLY_START = "common.early_start.start_early"  # a filter factory: what a simulator process starts at once
+EARLY_SYNC_NOTICE = "common.nvflare_private.EarlySyncNotice"  # fix 18: a leaf's early sync, off the console
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

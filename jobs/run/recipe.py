@@ -36,6 +36,7 @@ from nvflare.recipe.spec import Recipe
 from common.job_files import SHIPPED_PACKAGES, TARGETS, ship_package, ship_packages
 from common.protocol import GLOBAL_MODEL_ALIAS
 from jobs.config import JobConfig
+from jobs.nvflare_private import INLINE_ARRAYS
 from jobs.run.components import (
     make_assessor,
     make_global_model,
@@ -46,7 +47,6 @@ from jobs.run.components import (
 from jobs.run.plan import RunPlan
 from processors.models import initial_model_config
 from simulation.leaf_executor import EdgeSimExecutor
-from simulation.nvflare_private import INLINE_ARRAYS
 
 TASK_NAME = "train"
 PROCESSOR_ID = "task_processor"

@@ -5,6 +5,8 @@ free slots with the study's waiting trials (``study.ask``), reports each running
 ``metrics.json`` grows (``jobs.sweep.objective.final_steps``), stops the ones the pruner gives up on and tells the
 study how each ended. Ctrl-C or SIGTERM stops every running trial, marks it failed and queues it again, so the
 same command continues the study.
+
+Over 400 lines: one loop and the state it owns (slots, trials, the study); its helpers only serve that loop.
 """
 
 from __future__ import annotations

@@ -32,6 +32,8 @@ simulated time to spend (``--delays none``: every update arrives at time 0), is 
 Every trial's flags are parsed by the job's own parser and checked by the build step's first stages
 (``jobs.cli.config_from_args``, ``jobs.build.checked_config``) before any trial starts, so an unknown flag or a bad
 value is refused here, in one line (``SpecError``), not in a trial; each trial's job builds its own resolved config.
+
+Kept whole: the spec's format, its parsing and its checks against the job's flags change together.
 """
 
 from __future__ import annotations

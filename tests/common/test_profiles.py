@@ -10,9 +10,9 @@ import torch
 from common.choices import ConfigError
 from common.profiles import DEFAULT_PROFILE, PROFILES, format_knob, get_profile
 from jobs.config import JobConfig
+from jobs.engine_config import EngineConfig
+from processors.compute_context import compute_context, global_params_on
 from processors.models import build_model
-from processors.task_processor import compute_context, global_params_on
-from simulation.config import EngineConfig
 from simulation.planner import GpuInfo, HardwareProfile, estimate_worker_bytes, plan_engine, plan_workers
 from tests.conftest import assert_trained_alike, make_processor, nudged_alone
 
@@ -122,7 +122,7 @@ def test_compute_context_is_a_no_op_on_the_cpu(monkeypatch):
 
 
 def test_global_params_cache_keeps_the_profiles_number_of_versions():
-    import processors.task_processor as tp
+    import processors.compute_context as tp
 
     weights = {"w": np.zeros(3, dtype=np.float32)}
     tp._global_params.clear()

@@ -24,7 +24,7 @@ class UsersProcessor(DeviceTaskProcessor):
 class FailingTrainer(TrainingTaskProcessor):
     """The job's own processor with a bug from model version ``fail_from`` on: every task of such a version
     raises, in either engine (as every device did on the first GPU run). Plugged in through the engine's
-    ``trainer`` option (``simulation.config.EngineConfig``)."""
+    ``trainer`` option (``jobs.engine_config.EngineConfig``)."""
 
     fail_from = 1
 

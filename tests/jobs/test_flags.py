@@ -15,9 +15,9 @@ from common.delays import DELAY_PRESETS
 from jobs.build import checked_config
 from jobs.cli import DEFAULT_METHOD, FLAGS, PRESET_FIELDS, build_parser, config_from_args
 from jobs.config import PARTS
+from jobs.engine_config import EngineConfig
 from jobs.methods import BUILT_IN
 from processors.model_names import PRESET_FIELDS as MODEL_PRESET_FIELDS
-from simulation.config import EngineConfig
 from simulation.planner import CPU_GROUP_MAX_MFLOPS
 from tests.conftest import REPO
 

@@ -18,7 +18,7 @@ from common.protocol import DEVICE_EXTRA_PREFIX, reports_of
 from jobs.config import FederationConfig, JobConfig
 from jobs.methods import method_of
 from jobs.run_config import RunConfig
-from processors import task_processor
+from processors import compute_context
 from processors.data.config import DataConfig
 from processors.data.sources import load_dataset
 from processors.models import build_model, statistic_names
@@ -65,7 +65,7 @@ def initial_weights() -> dict[str, np.ndarray]:
 
 def run_method(method, tmp_path, processor_args: dict) -> dict[str, np.ndarray]:
     """The method's code path: the task processor trains each version's devices, the strategy aggregates."""
-    task_processor._global_params.clear()  # the process's converted versions: these runs reuse version numbers
+    compute_context._global_params.clear()  # the process's converted versions: these runs reuse version numbers
     spec = method_of(method)
     federation = FederationConfig(num_leaf_nodes=1, devices_per_leaf=NUM_DEVICES, device_selection_size=3)
     cfg = JobConfig(spec.label, DATA, federation, TRAIN, run=RunConfig(output=str(tmp_path / "out")))

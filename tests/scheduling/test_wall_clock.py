@@ -16,11 +16,11 @@ from nvflare.edge.assessor import Assessment
 from nvflare.edge.mud import PropKey, StateUpdateReport
 
 from aggregation.global_model import GlobalModel
+from common.device_timeout import FIRST_DEVICE_TIMEOUT
 from common.packed_maps import unpacked_map
 from common.protocol import DEVICE_RANGES, DEVICE_UPDATES, SELECTION_VERSIONS, DeviceUpdate
 from scheduling.applier import UpdateApplier
 from scheduling.exact_assessor import ExactTimeAssessor
-from simulation.config import FIRST_DEVICE_TIMEOUT
 from tests.fakes.engine import EventEngine, child_reports
 from tests.scheduling.test_exact_assessor import MEAN, ZeroPersistor
 

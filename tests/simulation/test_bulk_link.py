@@ -11,10 +11,10 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.edge.mud import BaseState, StateUpdateReply
 
 from aggregation.version_store import VersionStore
+from common.bulk_parent import BulkError, BulkLinks
 from common.protocol import BULK, DEVICE_UPDATES, DeviceUpdate
 from common.shared_ring import HANDLE, is_handle
 from simulation.bulk_link import SITE_OVERRIDE, LeafBulk
-from simulation.bulk_parent import BulkError, BulkLinks
 from simulation.versioned_updater import VersionedUpdater
 
 

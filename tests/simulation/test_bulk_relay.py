@@ -10,10 +10,10 @@ from nvflare.apis.shareable import Shareable
 from nvflare.edge.mud import StateUpdateReport
 
 from aggregation.version_store import VersionStore
+from common.bulk_parent import BulkLinks
 from common.protocol import BULK, BULK_BELOW, DEVICE_UPDATES, HELD_VERSIONS, DeviceUpdate
 from common.shared_ring import is_handle
 from simulation.bulk_link import LeafBulk
-from simulation.bulk_parent import BulkLinks
 from simulation.bulk_relay import RelayBulk
 
 

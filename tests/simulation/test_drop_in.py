@@ -26,11 +26,12 @@ from torch import nn
 
 from common.choices import ConfigError
 from common.leaf_outbox import OUTBOX_PROP
-from simulation import use_fast_simulator
+from jobs.drop_in import use_fast_simulator
+from jobs.nvflare_private import client_app_config, recipe_job, server_app_config
 from simulation.leaf_channels import EdgeRequestChannel
 from simulation.leaf_plan import PlanRequest
 from simulation.leaf_runner import FastDeviceRunner
-from simulation.nvflare_private import QuietEdgeModelExecutor, client_app_config, recipe_job, server_app_config
+from simulation.nvflare_private import QuietEdgeModelExecutor
 from simulation.planner import HardwareProfile
 from simulation.process_watch import ChildProcessWatch
 from tests.fakes.processors import UsersProcessor

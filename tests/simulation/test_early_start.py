@@ -1,4 +1,4 @@
-"""simulation/early_start.py: the run's log config makes each NVFlare simulator process install our fixes as it
+"""common/early_start.py: the run's log config makes each NVFlare simulator process install our fixes as it
 reads that config (before its cell starts); the stock baseline's config does not."""
 
 import gc
@@ -7,8 +7,8 @@ import logging.config
 import os
 import threading
 
+from common import early_start, nvflare_private
 from jobs.run import environments
-from simulation import early_start, nvflare_private
 
 
 def _filter_from(config: dict, name: str):

@@ -1,4 +1,4 @@
-"""Fix 18 of ``simulation/nvflare_private.py``: the ERROR NVFlare logs for a leaf's sync that reached the server
+"""Fix 18 of ``common/nvflare_private.py``: the ERROR NVFlare logs for a leaf's sync that reached the server
 before its runner was built stays in NVFlare's log files and off the console."""
 
 
@@ -14,8 +14,8 @@ def test_a_leafs_early_sync_error_leaves_the_console_and_stays_in_the_log_files(
     from nvflare.apis.shareable import ReturnCode, Shareable
     from nvflare.private.aux_runner import AuxRunner
 
+    from common.nvflare_private import EarlySyncNotice
     from jobs.run.environments import EARLY_SYNC_NOTICE, quiet_log_config
-    from simulation.nvflare_private import EarlySyncNotice
 
     config = json.loads(open(quiet_log_config(str(tmp_path))).read())
     filters = {name: h.get("filters", []) for name, h in config["handlers"].items()}

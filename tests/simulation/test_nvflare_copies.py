@@ -1,11 +1,11 @@
 """What our copies of NVFlare's bodies, and the fixes that rely on NVFlare's own, must still do, run as NVFlare
-runs them (``simulation/nvflare_private.py``; their sources' digests: ``tests/simulation/test_nvflare_guard.py``)."""
+runs them (``common/nvflare_private.py``, ``simulation/nvflare_private.py``; their sources' digests: ``tests/simulation/test_nvflare_guard.py``)."""
 
 from __future__ import annotations
 
 import threading
 
-from simulation import nvflare_private
+from common import nvflare_private
 
 
 def test_a_real_nvflare_retry_loop_sleeps_at_most_the_cap_once_installed(monkeypatch):

@@ -1,5 +1,6 @@
-"""The NVFlare code our fixes copy or rely on is the code they were written against (``simulation.nvflare_guard``),
-and the names that leaked out of ``simulation/nvflare_private.py`` fail here when NVFlare renames them."""
+"""The NVFlare code our fixes copy or rely on is the code they were written against (``jobs.nvflare_guard``),
+and the names that leaked out of the ``nvflare_private.py`` modules fail here when NVFlare renames them; private
+NVFlare names live only in those modules, each one in ``jobs.nvflare_guard.PRIVATE_MODULES``."""
 
 from __future__ import annotations
 
@@ -7,24 +8,28 @@ import ast
 import importlib
 import importlib.util
 import inspect
+import os
 import re
 import textwrap
 
 import numpy as np
 import pytest
 
-from simulation import nvflare_guard, nvflare_private
-from simulation.nvflare_guard import ALLOW_ENV, changed_sources, installed_source, nvflare_problem
-from simulation.nvflare_private import (
-    INLINE_ARRAYS,
-    NVFLARE_CLIENT_JOB_MODULE,
+from common import nvflare_private
+from common.nvflare_private import SIMULATOR_GRACES, SIMULATOR_POLLS, TESTED_NVFLARE
+from jobs import nvflare_guard
+from jobs.nvflare_guard import (
+    ALLOW_ENV,
     NVFLARE_COPIES,
     NVFLARE_RELIED_ON,
-    NVFLARE_SIMULATOR_WORKER_MODULE,
-    SIMULATOR_GRACES,
-    SIMULATOR_POLLS,
-    TESTED_NVFLARE,
+    PRIVATE_MODULES,
+    changed_sources,
+    installed_source,
+    nvflare_problem,
 )
+from jobs.nvflare_private import INLINE_ARRAYS
+from simulation.nvflare_private import NVFLARE_CLIENT_JOB_MODULE, NVFLARE_SIMULATOR_WORKER_MODULE
+from tests.conftest import REPO
 
 DO_TASK = "nvflare.edge.executors.hug.HierarchicalUpdateGatherer._do_task"
 
@@ -32,7 +37,7 @@ DO_TASK = "nvflare.edge.executors.hug.HierarchicalUpdateGatherer._do_task"
 def test_the_installed_nvflare_is_the_tested_one_and_every_body_our_fixes_copy_or_rely_on_is_unchanged():
     assert nvflare_guard.installed_nvflare() == TESTED_NVFLARE
     changed = changed_sources()
-    assert changed == [], f"NVFlare changed these: review each fix of simulation/nvflare_private.py: {changed}"
+    assert changed == [], f"NVFlare changed these: review each fix of the nvflare_private.py modules: {changed}"
 
 
 def test_an_edited_nvflare_body_fails_the_digest_check_naming_it():
@@ -76,10 +81,39 @@ def test_another_nvflare_is_warned_when_the_code_we_need_is_unchanged_and_refuse
 
 
 def test_every_copy_in_our_code_names_an_original_whose_digest_we_keep():
-    """Each ``a copy of X`` in simulation/nvflare_private.py is in NVFLARE_COPIES, and each entry has its copy."""
-    text = inspect.getsource(nvflare_private)
-    named = re.findall(r"# a copy of ([A-Za-z_.]+) \(NVFLARE_COPIES\)", text)
-    assert sorted(named) == sorted(".".join(path.split(".")[-2:]) for path in NVFLARE_COPIES)
+    """Each ``a copy of X`` in an nvflare_private.py is in its NVFLARE_COPIES, and each entry has its copy."""
+    for module in PRIVATE_MODULES:
+        named = re.findall(r"# a copy of ([A-Za-z_.]+) \(NVFLARE_COPIES\)", inspect.getsource(module))
+        own = getattr(module, "NVFLARE_COPIES", {})
+        assert sorted(named) == sorted(".".join(path.split(".")[-2:]) for path in own), module.__name__
+    assert sum(len(getattr(m, "NVFLARE_COPIES", {})) for m in PRIVATE_MODULES) == len(NVFLARE_COPIES)  # no overlap
+
+
+PACKAGES = ("common", "processors", "simulation", "fedrevive", "aggregation", "evaluation", "scheduling", "jobs")
+
+
+def touches_private_nvflare(text: str) -> bool:
+    """A module imports NVFlare's ``private`` package or marks a private attribute's use (``SLF001``)."""
+    return bool(re.search(r"^\s*(from|import) nvflare\.private\b|noqa: SLF001", text, re.M))
+
+
+def test_private_nvflare_names_live_only_in_the_nvflare_private_modules_and_each_is_checked():
+    """A module that touches NVFlare's private names is an ``nvflare_private.py``, and each of those is one the
+    guard and the name tests read (``PRIVATE_MODULES``): a new one cannot escape the checks."""
+    found, outside = set(), []
+    for package in PACKAGES:
+        for folder, _, files in os.walk(os.path.join(REPO, package)):
+            for name in (f for f in files if f.endswith(".py")):
+                path = os.path.relpath(os.path.join(folder, name), REPO)
+                if name == "nvflare_private.py":
+                    found.add(path[: -len(".py")].replace(os.sep, "."))
+                elif touches_private_nvflare(open(os.path.join(REPO, path)).read()):
+                    outside.append(path)
+    assert outside == []
+    assert found == {m.__name__ for m in PRIVATE_MODULES}
+    assert touches_private_nvflare("x = job._deploy_map  # noqa: SLF001 - reason\n")
+    assert touches_private_nvflare("    from nvflare.private.fed.app import simulator\n")
+    assert not touches_private_nvflare("from nvflare.edge.assessor import Assessor\n")
 
 
 def _direct_sleepers(tree: ast.AST) -> set[str]:
@@ -144,7 +178,7 @@ def test_a_chunk_size_of_zero_puts_numpy_arrays_in_the_message_itself(monkeypatc
 
 @pytest.mark.parametrize("function", ["setup"])
 def test_the_simulator_reads_the_jobs_log_config_as_it_starts(function):
-    """Fix 15: SimulatorRunner.setup applies the job's logging config (which names simulation.early_start)."""
+    """Fix 15: SimulatorRunner.setup applies the job's logging config (which names common.early_start)."""
     source = installed_source(f"nvflare.private.fed.app.simulator.simulator_runner.SimulatorRunner.{function}")
     assert "dynamic_log_config(" in source and "self.args.log_config" in source
     assert "log_config" in installed_source(f"{NVFLARE_SIMULATOR_WORKER_MODULE}.main")
@@ -179,7 +213,7 @@ def test_each_nvflare_process_warns_once_when_its_nvflare_is_not_the_tested_one(
         nvflare_private.warn_untested_nvflare()
     warnings = [r.getMessage() for r in caplog.records if r.name == nvflare_private.__name__]
     assert warnings == [
-        "NVFlare 2.10.0 is installed; edgesim-flare's fixes to it (simulation/nvflare_private.py) were written "
+        "NVFlare 2.10.0 is installed; edgesim-flare's fixes to it (the nvflare_private.py modules) were written "
         "against NVFlare 2.9.0"
     ]
     monkeypatch.delitem(nvflare_private.ORIGINALS, "untested NVFlare")

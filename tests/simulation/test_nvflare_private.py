@@ -1,4 +1,5 @@
-"""The private NVFlare names this project uses (``simulation/nvflare_private.py``) still exist, with the shapes it
+"""The private NVFlare names this project uses (one ``nvflare_private.py`` per process: ``jobs.nvflare_guard``'s
+``PRIVATE_MODULES``) still exist, with the shapes it
 relies on.
 
 If an NVFlare upgrade renamed an overridden handler, the override would silently stop being called and every
@@ -17,42 +18,41 @@ from nvflare.edge.executors.edge_model_executor import EdgeModelExecutor
 from nvflare.edge.tools.edge_job import EdgeJob
 from nvflare.edge.widgets.tpo_runner import TPORunner
 
-from common.ports import ephemeral_range
-from simulation.leaf_executor import EdgeSimExecutor
-from simulation.nvflare_private import (
-    NVFLARE_PRIVATE_ATTRIBUTES,
-    NVFLARE_PRIVATE_MODULE_FUNCTIONS,
-    NVFLARE_PRIVATE_OVERRIDES,
-    NVFLARE_PRIVATE_PATCHES,
+from common.nvflare_private import (
     ORIGINALS,
-    SIMULATOR_ENGINE_CHECK,
     SIMULATOR_GRACES,
     SIMULATOR_POLL,
     SIMULATOR_POLLS,
     SIMULATOR_SHUTDOWN_GRACE,
     SIMULATOR_WORKFLOW_GRACE,
     STREAM_CLEANUP,
-    QuietEdgeModelExecutor,
-    client_app_config,
     install_nvflare_fixes,
     load_drivers_on_demand,
-    quick_engine_checks,
     quick_simulator_polls,
-    recipe_job,
-    server_app_config,
-    set_sync_interval,
     share_stream_cleanup_thread,
     short_simulator_shutdown_grace,
     short_workflow_grace,
     simulator_ports_outside_ephemeral_range,
 )
+from common.ports import ephemeral_range
+from jobs.nvflare_guard import merged
+from jobs.nvflare_private import client_app_config, recipe_job, server_app_config, set_sync_interval
+from scheduling.nvflare_private import SIMULATOR_ENGINE_CHECK, quick_engine_checks
+from simulation.leaf_executor import EdgeSimExecutor
+from simulation.nvflare_private import QuietEdgeModelExecutor
 from tests.fakes.processors import UsersProcessor
+
+# every process's tables, merged: the names below are checked wherever they live
+NVFLARE_PRIVATE_ATTRIBUTES = merged("NVFLARE_PRIVATE_ATTRIBUTES")
+NVFLARE_PRIVATE_MODULE_FUNCTIONS = merged("NVFLARE_PRIVATE_MODULE_FUNCTIONS")
+NVFLARE_PRIVATE_OVERRIDES = merged("NVFLARE_PRIVATE_OVERRIDES")
+NVFLARE_PRIVATE_PATCHES = merged("NVFLARE_PRIVATE_PATCHES")
 
 
 def _real(owner, name: str) -> str:
     """The dotted path of NVFlare's own member ``name`` of ``owner`` (a class or module, imported from NVFlare)."""
     module = owner.__name__ if inspect.ismodule(owner) else f"{owner.__module__}.{owner.__qualname__}"
-    assert hasattr(owner, name), f"NVFlare's {module} has no {name} any more: review simulation/nvflare_private.py"
+    assert hasattr(owner, name), f"NVFlare's {module} has no {name} any more: review the nvflare_private.py modules"
     return f"{module}.{name}"
 
 
@@ -114,7 +114,7 @@ def test_the_private_names_we_touch_are_nvflares_real_ones():
 def test_overridden_private_nvflare_method_is_unchanged(path, parameters):
     module_name, class_name, method = path.rsplit(".", 2)
     cls = getattr(importlib.import_module(module_name), class_name)
-    assert hasattr(cls, method), f"NVFlare no longer has {path}: review simulation/nvflare_private.py"
+    assert hasattr(cls, method), f"NVFlare no longer has {path}: review the nvflare_private.py modules"
     assert tuple(inspect.signature(getattr(cls, method)).parameters) == parameters
     # our leaf executor overrides all three; the quiet stock executor only the payload-rendering handlers
     executors = [EdgeSimExecutor] + ([QuietEdgeModelExecutor] if method != "_do_task" else [])
@@ -169,7 +169,7 @@ def test_a_built_jobs_apps_hold_its_components_where_they_are_replaced():
 def test_patched_private_nvflare_methods_are_unchanged(path, parameters):
     module_name, class_name, method = path.rsplit(".", 2)
     cls = getattr(importlib.import_module(module_name), class_name)
-    assert hasattr(cls, method), f"NVFlare no longer has {path}: review simulation/nvflare_private.py"
+    assert hasattr(cls, method), f"NVFlare no longer has {path}: review the nvflare_private.py modules"
     original = ORIGINALS.get(f"{class_name}.{method}", getattr(cls, method))  # NVFlare's, even once replaced
     assert original.__module__ == module_name
     assert tuple(inspect.signature(original).parameters) == parameters
@@ -179,7 +179,7 @@ def test_patched_private_nvflare_methods_are_unchanged(path, parameters):
 def test_replaced_private_nvflare_functions_are_unchanged(path, parameters):
     module_name, name = path.rsplit(".", 1)
     module = importlib.import_module(module_name)
-    assert hasattr(module, name), f"NVFlare no longer has {path}: review simulation/nvflare_private.py"
+    assert hasattr(module, name), f"NVFlare no longer has {path}: review the nvflare_private.py modules"
     original = ORIGINALS.get(path, getattr(module, name))
     assert tuple(inspect.signature(original).parameters) == parameters
 
@@ -206,7 +206,7 @@ def test_the_simulator_server_checks_for_a_finished_run_often(monkeypatch):
 
     from nvflare.private.fed.server.fed_server import FederatedServer
 
-    from simulation import nvflare_private
+    from scheduling import nvflare_private
 
     assert "check_engine_frequency=3.0" in str(_inspect.signature(FederatedServer.__init__))
     assert "time.sleep(self.check_engine_frequency)" in _inspect.getsource(FederatedServer.start_run)
@@ -244,7 +244,7 @@ def test_finished_streams_are_removed_by_one_shared_thread_after_the_same_delay(
     from nvflare.fuel.f3.streaming.byte_receiver import RxTask
 
     share_stream_cleanup_thread()
-    assert RxTask._schedule_remove_task.__module__ == "simulation.nvflare_private"  # noqa: SLF001
+    assert RxTask._schedule_remove_task.__module__ == "common.nvflare_private"  # noqa: SLF001
     tasks = []
     for sid in (1, 2):
         task = RxTask.__new__(RxTask)
@@ -370,7 +370,7 @@ def test_the_simulators_capped_sleeps_are_short_and_nothing_else_changes(
     for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(module)))):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and "time.sleep(" in ast.unparse(node):
             sleepers.add(node.name)
-    assert set(callers) <= sleepers, f"{module_name}: review fixes 10 and 11 of simulation/nvflare_private.py"
+    assert set(callers) <= sleepers, f"{module_name}: review fixes 10 and 11 of common/nvflare_private.py"
     for name in (*SIMULATOR_POLLS, *SIMULATOR_GRACES):  # NVFlare's own, restored after the test
         monkeypatch.setattr(importlib.import_module(name), "time", time)
     slept = []

@@ -1,4 +1,4 @@
-"""Fixes 12 and 13 of simulation/nvflare_private.py: NVFlare's simulator starts the leaves' workers with its server
+"""Fixes 12 and 13 of common/nvflare_private.py: NVFlare's simulator starts the leaves' workers with its server
 app, not after it, and its listeners stop without waiting out a poll. What each relies on in NVFlare's source, and
 what it does on NVFlare's own classes (the parts around it standing in); the e2e tests run them for real."""
 
@@ -6,7 +6,7 @@ import inspect
 import threading
 import time
 
-from simulation.nvflare_private import ORIGINALS, leaves_start_with_server_app, quick_listener_stops
+from common.nvflare_private import ORIGINALS, leaves_start_with_server_app, quick_listener_stops
 
 
 def test_nvflare_starts_the_leaves_after_the_server_app_where_fix_12_hooks_in():
@@ -50,7 +50,7 @@ def test_the_leaves_start_once_with_the_server_app_and_the_runner_waits_for_them
         time.sleep(0.2)  # the leaves run
         events.append("leaves ended")
 
-    from simulation import nvflare_private
+    from common import nvflare_private
 
     originals = {}  # NVFlare's methods as this process keeps them, untouched by the test
     monkeypatch.setattr(nvflare_private, "ORIGINALS", originals)
@@ -92,7 +92,7 @@ def test_the_simulators_listeners_stop_at_once_and_still_accept_at_once(monkeypa
 
     from nvflare.fuel.f3.drivers import tcp_driver
 
-    from simulation import nvflare_private
+    from common import nvflare_private
 
     listen = textwrap.dedent(inspect.getsource(ORIGINALS.get("TcpDriver.listen", tcp_driver.TcpDriver.listen)))
     assert [line.strip() for line in listen.splitlines()[1:] if line.strip()] == [

@@ -1,4 +1,4 @@
-"""Our fixes to NVFlare's waits (``simulation.nvflare_private``), installed at the very start of each of NVFlare's
+"""Our fixes to NVFlare's waits (``common.nvflare_private``), installed at the very start of each of NVFlare's
 simulator processes instead of when their app's components load.
 
 A SimEnv run's server process waits before any code of ours loads: its cell's internal listener sleeps 0.5 s
@@ -34,7 +34,7 @@ def start_early() -> logging.Filter:
     if not _started.is_set():
         _started.set()
         startup_gc.pause()
-        from simulation.nvflare_private import install_nvflare_fixes
+        from common.nvflare_private import install_nvflare_fixes
 
         install_nvflare_fixes()
     return logging.Filter()

@@ -1,4 +1,5 @@
-"""The engine part of a job's configuration: how each leaf simulates its devices."""
+"""The engine part of a job's configuration: how each leaf simulates its devices (read by the driver, which passes
+its values to the leaves' and the server's components)."""
 
 from __future__ import annotations
 
@@ -12,18 +13,6 @@ SimulatorName = Literal["fast", "stock"]
 EngineName = Literal["auto", "vectorized", "per-device"]
 DevicesName = Literal["simulated", "real"]
 BulkName = Literal["auto", "shm", "wire"]
-# a real device's timeout before any task is measured (--device-timeout 0: derived)
-FIRST_DEVICE_TIMEOUT = 120.0
-
-
-def device_timeout_words(device_timeout: float) -> str:
-    """How long a real device may take, as the driver and the server say it (``scheduling.applier`` applies it)."""
-    if device_timeout > 0:
-        return f"{device_timeout:g} s (--device-timeout)"
-    return (
-        f"derived: {FIRST_DEVICE_TIMEOUT:g} s until a task is measured, then 3x the slowest task seen "
-        "(--device-timeout S fixes it)"
-    )
 
 
 @dataclass(frozen=True)
@@ -48,7 +37,7 @@ class EngineConfig:
         jobs.deploy up --proxy``); the server applies updates in the order they arrive, on the wall clock
         (``docs/real-devices.md``). Needs ``--env poc`` or ``prod``.
     device_timeout: with ``--devices real``, seconds a selected device may take before it counts as failed and
-        its slot is refilled; 0: derived (``FIRST_DEVICE_TIMEOUT`` until a task is measured, then 3x the slowest
+        its slot is refilled; 0: derived (``common.device_timeout.FIRST_DEVICE_TIMEOUT`` until a task is measured, then 3x the slowest
         task seen, at least that; printed at the start).
     trainer: the leaves' task processor by import path ``package.module:Class``, a subclass of
         ``processors.task_processor.TrainingTaskProcessor`` taking its arguments; "": that class itself. No flag:

@@ -1,7 +1,7 @@
 """One call that moves an existing NVFlare edge recipe from NVFlare's device simulator onto ours.
 
     from nvflare.edge.tools.edge_fed_buff_recipe import EdgeFedBuffRecipe, SimulationConfig
-    from simulation import use_fast_simulator
+    from jobs.drop_in import use_fast_simulator
 
     recipe = EdgeFedBuffRecipe(..., simulation_config=SimulationConfig(task_processor=MyProcessor(), num_devices=60))
     use_fast_simulator(recipe)                       # options: num_workers=..., update_interval=..., results_dir=...
@@ -39,16 +39,11 @@ from common.choices import ConfigError
 from common.delays import DelayConfig
 from common.job_files import ship_packages
 from common.profiles import DEFAULT_PROFILE, ProfileName
-from simulation.config import EngineConfig, EngineName
+from jobs.engine_config import EngineConfig, EngineName
+from jobs.nvflare_private import client_app_config, recipe_job, server_app_config, set_sync_interval
 from simulation.leaf_plan import PlanRequest
 from simulation.leaf_runner import FastDeviceRunner
-from simulation.nvflare_private import (
-    QuietEdgeModelExecutor,
-    client_app_config,
-    recipe_job,
-    server_app_config,
-    set_sync_interval,
-)
+from simulation.nvflare_private import QuietEdgeModelExecutor
 from simulation.trainer import GroupTrainer
 
 RUNNER_ID = "tpo_runner"  # the id NVFlare's EdgeJob.configure_simulation gives its runner

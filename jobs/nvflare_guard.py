@@ -1,10 +1,12 @@
-"""Whether the installed NVFlare is the one our fixes to it were written against (``simulation.nvflare_private``).
+"""Whether the installed NVFlare is the one our fixes to it were written against (the ``nvflare_private``
+modules, one per process they patch).
 
 Our fixes reach into NVFlare's private code: a few copy a function's body with one change, others rely on what a
 function of NVFlare's does (where it sleeps, which branch a setting takes). An NVFlare upgrade that changes such a
 function would not break a run: it would silently drop NVFlare's change inside our copy, or move a sleep out of
-our cap. So each such function's source, as the tested NVFlare ships it, has a digest in ``nvflare_private``
-(``NVFLARE_COPIES``, ``NVFLARE_RELIED_ON``), and here the installed source is read again and compared:
+our cap. So each such function's source, as the tested NVFlare ships it, has a digest in its ``nvflare_private``
+(``NVFLARE_COPIES``, ``NVFLARE_RELIED_ON``, merged here over ``PRIVATE_MODULES``), and here the installed source
+is read again and compared:
 
 * ``tests/simulation/test_nvflare_guard.py`` fails, naming each function whose installed source differs;
 * a job's driver calls ``nvflare_problem`` before anything starts: the tested version says nothing; another
@@ -13,7 +15,7 @@ our cap. So each such function's source, as the tested NVFlare ships it, has a d
   silently wrong, and a wrong result is worse than none. The line names the fix: install the tested NVFlare, or
   review the fixes and set the variable;
 * every NVFlare process that installs the fixes logs a warning once when the version differs
-  (``nvflare_private.install_nvflare_fixes``): a deployment's sites may run another NVFlare than the machine that
+  (``common.nvflare_private.install_nvflare_fixes``): a deployment's sites may run another NVFlare than the machine that
   submits.
 
 The source is read from NVFlare's module file (its ``ast``), not from the live function, so a fix already
@@ -28,8 +30,33 @@ import importlib.metadata
 import importlib.util
 import os
 from collections.abc import Callable
+from types import ModuleType
 
-from simulation.nvflare_private import NVFLARE_COPIES, NVFLARE_RELIED_ON, TESTED_NVFLARE
+import common.nvflare_private
+import jobs.nvflare_private
+import scheduling.nvflare_private
+import simulation.nvflare_private
+from common.nvflare_private import TESTED_NVFLARE
+
+# every module holding private NVFlare names: one per process it patches (``docs/nvflare-upstream.md``)
+PRIVATE_MODULES: tuple[ModuleType, ...] = (
+    common.nvflare_private,
+    simulation.nvflare_private,
+    scheduling.nvflare_private,
+    jobs.nvflare_private,
+)
+
+
+def merged(table: str) -> dict:
+    """One of the modules' tables (``NVFLARE_COPIES``, ``NVFLARE_PRIVATE_ATTRIBUTES``, ...), over all of them."""
+    found: dict = {}
+    for module in PRIVATE_MODULES:
+        found |= getattr(module, table, {})
+    return found
+
+
+NVFLARE_COPIES = merged("NVFLARE_COPIES")
+NVFLARE_RELIED_ON = merged("NVFLARE_RELIED_ON")
 
 ALLOW_ENV = "EDGESIM_ALLOW_UNTESTED_NVFLARE"  # set to 1: run on an NVFlare whose changed sources were reviewed
 DIGEST_CHARS = 16
@@ -103,14 +130,14 @@ def nvflare_problem(version: str | None = None, read: Callable[[str], str] | Non
     if not changed:
         return (
             f"warning: {head}. The NVFlare code our fixes copy or rely on is unchanged "
-            "(simulation/nvflare_private.py), but other behaviour may differ.",
+            "(the nvflare_private.py modules), but other behaviour may differ.",
             False,
         )
     if os.environ.get(ALLOW_ENV) == "1":
         return f"warning: {head}, and these changed: {', '.join(changed)}; running anyway ({ALLOW_ENV}=1).", False
     return (
         f"{head}, and the NVFlare code our fixes copy or rely on changed: {', '.join(changed)}; a run could be "
-        f"silently wrong: pip install nvflare=={TESTED_NVFLARE}, or review simulation/nvflare_private.py against "
+        f"silently wrong: pip install nvflare=={TESTED_NVFLARE}, or review each nvflare_private.py against "
         f"it and set {ALLOW_ENV}=1",
         True,
     )
