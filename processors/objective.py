@@ -14,9 +14,19 @@ tensors: torch operations only, no in-place changes, no ``.item()``, no Python b
 Extra state sent down with the model: a server strategy's ``device_extras`` (``aggregation.strategy``) names
 float32 arrays that travel with each version to the devices (packed with its weights) and reach ``loss`` as
 ``extras``, on the training device. The diff a device reports covers the model only.
+
+Settings that differ between devices of one group (``batched``): the devices of several runs (a pack's trials,
+docs/packs.md) share a vectorised step when their objectives differ only in float settings the term scales by,
+FedProx's ``mu``. Such an objective names them in ``batched`` (each a constructor argument kept as the attribute
+of the same name, read by ``loss`` as a number or a 0-d tensor alike); the vectorised engine then hands ``loss``,
+under ``vmap``, a copy whose attributes are the device's own values (``varied``).
 """
 
 from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import ClassVar
 
 import torch
 
@@ -27,7 +37,14 @@ Tensors = dict[str, torch.Tensor]
 
 class DeviceObjective:
     """An extra term of every device's local loss (see the module docstring). Subclass and implement ``loss``;
-    constructor keyword arguments come from ``Method.objective_args``."""
+    constructor keyword arguments come from ``Method.objective_args``.
+
+    Attributes:
+        batched: the float settings that may differ between the devices of one vectorised group (attributes that
+            ``loss`` reads as numbers or 0-d tensors; see the module docstring). Empty: one value per group.
+    """
+
+    batched: ClassVar[tuple[str, ...]] = ()
 
     def loss(self, params: Tensors, received: Tensors, extras: Tensors) -> torch.Tensor:
         """The term added to the batch's mean cross-entropy.
@@ -38,6 +55,20 @@ class DeviceObjective:
             extras: the server's extra state for this version (``ServerStrategy.device_extras``; may be empty).
         """
         raise NotImplementedError
+
+    def varied(self, values: Mapping[str, torch.Tensor | float]) -> DeviceObjective:
+        """A shallow copy of this objective with the ``batched`` settings in ``values`` replaced (one device's
+        values: under ``vmap``, its 0-d slices of the group's per-device tensors). The copy's ``loss`` is this
+        one's code, so a grouped device computes the term the per-device engine computes with its own values."""
+        unknown = sorted(set(values) - set(self.batched))
+        if unknown:
+            raise ValueError(
+                f"{type(self).__name__}: {', '.join(unknown)} cannot differ between the devices of one group "
+                f"(its batched settings: {', '.join(self.batched) or 'none'})"
+            )
+        out = copy.copy(self)
+        out.__dict__.update(values)
+        return out
 
 
 def make_objective(path: str, args: dict | None = None) -> DeviceObjective | None:

@@ -28,6 +28,13 @@ against, its own version's weights (stacked like the parameters), with its own v
 devices all start from the same weights takes the broadcast path, so a one-version group's bits do not depend on
 how its start weights were handed over.
 
+Devices of different local settings (several runs' devices in one group, docs/packs.md): ``lrs`` gives each
+device its own local learning rate (the optimiser's step scaled by a per-device column, in SGD with or without
+momentum and in Adam), ``objective_values`` its own values of the objective's batched settings (FedProx's ``mu``,
+``processors.objective.DeviceObjective.batched``: per-device 0-d tensors under ``vmap``). Both None, or one value
+for every device, keep the one-setting group's bits. What cannot share a step (another model, batch size, local
+work, optimiser): ``processors.step_groups`` splits the devices into groups that can.
+
 Statistic trackers (``processors.models.stat_tracker``) are trained per device: each device has its own stacked
 copy of their buffers, moved by its own (padding-free) batch statistics each iteration, and reported in its diff.
 Other buffers (BatchNorm running statistics) are not supported: such models raise ``NotImplementedError``; train
@@ -36,7 +43,7 @@ them with the per-device engine.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -110,6 +117,8 @@ def train_group(
     rule: RuleRun | None = None,
     clip_norms: Sequence[float] | None = None,
     update_norms: list[float] | None = None,
+    lrs: Sequence[float] | None = None,
+    objective_values: Sequence[Mapping[str, float]] | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """Train K devices from ``global_params``, all at once; return each device's diff (trained - received) as
     float32 numpy arrays, the same keys, shapes and values as ``train_local`` would return.
@@ -128,6 +137,11 @@ def train_group(
     ``clip_norms``: each device's L2 clip norm (differential privacy: its parameters' diff is clipped under
     ``vmap``, its statistics' diffs zeroed, ``processors.privatize.clip_group``), and ``update_norms``, when given,
     receives each device's norm before clipping.
+
+    ``lrs``: each device's local learning rate (None: ``cfg.local_lr`` for all); ``objective_values``: each
+    device's values of ``objective``'s batched settings, e.g. ``[{"mu": 0.01}, {"mu": 0.1}]`` (None: the
+    objective's own). A device's diff then equals ``train_local`` with its own lr and objective, up to
+    floating-point summation order; equal values for every device give the bits of one setting.
     """
     if len(device_data) != len(generators):
         raise ValueError(f"{len(device_data)} devices but {len(generators)} generators")
@@ -136,6 +150,8 @@ def train_group(
     k = len(device_data)
     if k == 0:
         return []
+    lr, lr_column = _learning_rates(lrs, cfg.local_lr, k)
+    objective, varied = _varied_settings(objective, objective_values, k)
     device = torch.device(device)
     model = worker_model(model_name, device)
     check_vectorizable(model)
@@ -178,13 +194,16 @@ def train_group(
     if last_step is not None:
         last_step[:] = [{} for _ in range(k)]
 
-    def forward(params: Weights, x, y, m, count, received_one, extras_one) -> tuple[torch.Tensor, dict, torch.Tensor]:
+    def forward(
+        params: Weights, x, y, m, count, received_one, extras_one, values=None
+    ) -> tuple[torch.Tensor, dict, torch.Tensor]:
         with collecting(tracked, m) as collector, autocast(cfg.precision, device):
             logits = functional_call(model, params, (x,))
         per_sample = F.cross_entropy(widened(logits), y, reduction="none")  # bf16: in float32
         loss = (per_sample * m).sum() / count
-        if objective is not None:
-            loss = loss + objective.loss(params, received_one, extras_one)
+        if objective is not None:  # ``values``: this device's own batched settings, when they differ
+            term = objective if values is None else objective.varied(values)
+            loss = loss + term.loss(params, received_one, extras_one)
         return loss, collector.stats, per_sample
 
     if shared is not None:  # every device starts from the same weights: broadcast them
@@ -216,13 +235,22 @@ def train_group(
             received_by_name, *(hook[1:] if shared is not None else device_args[1:]), shared is not None, k
         )
 
+    if varied is not None:  # each device's own batched settings: one more batched argument, after the others
+        device_args = (*device_args, {name: c.to(device, params[0].dtype) for name, c in varied.items()})
+
+    def hooked(per_device: tuple) -> tuple:
+        """``forward``'s hook arguments: the batched ones (or the broadcast ``hook``), then the varied values."""
+        if varied is None:
+            return per_device or hook
+        return (*(per_device[:-1] or hook), per_device[-1])
+
     def device_loss(params: Weights, x, y, m, count, *per_device) -> tuple[torch.Tensor, dict]:
-        loss, stats, _ = forward(params, x, y, m, count, *(per_device or hook))
+        loss, stats, _ = forward(params, x, y, m, count, *hooked(per_device))
         return loss, stats
 
     def reporting_loss(params: Weights, x, y, m, count, *per_device) -> tuple[torch.Tensor, tuple]:
         """The same step, whose aux also carries what the last step reports (no extra pass)."""
-        loss, stats, per_sample = forward(params, x, y, m, count, *(per_device or hook))
+        loss, stats, per_sample = forward(params, x, y, m, count, *hooked(per_device))
         return loss, (stats, loss.detach(), per_sample.detach())
 
     # Images are gathered sample-major (batch x K x C x H x W) and batched along dim 1: a convolution over K
@@ -239,6 +267,10 @@ def train_group(
         state_a = [torch.zeros_like(p) for p in params]
         state_b = [torch.zeros_like(p) for p in params]
     image_shape = x_all.shape[1:]
+    per_device_lr = None  # each device's own -lr, and the shapes that scale its slice of every stacked tensor
+    if lr_column is not None:
+        per_device_lr = (lr_column.to(device), [(k, *(1 for _ in p.shape[1:])) for p in params])
+        neg_lrs = [per_device_lr[0].to(params[0].dtype).view(shape) for shape in per_device_lr[1]]
 
     for t in range(iters):
         xb, yb = x_all.index_select(0, order[t].view(-1)), y_all.index_select(0, index[t].view(-1))
@@ -271,16 +303,19 @@ def train_group(
                 mean, var = batch_stats[name]
                 tracker.update(stats[f"{name}.running_mean"], stats[f"{name}.running_var"], mean, var)
             if cfg.optimizer == "adam":
-                _adam_step(params, grads, state_a, state_b, t + 1, cfg.local_lr)
-            elif cfg.momentum != 0:
-                if t == 0:
-                    state_a = [g.clone() for g in grads]
-                else:
-                    torch._foreach_mul_(state_a, cfg.momentum)
-                    torch._foreach_add_(state_a, grads)
-                torch._foreach_add_(params, state_a, alpha=-cfg.local_lr)
+                _adam_step(params, grads, state_a, state_b, t + 1, lr, per_device_lr)
             else:
-                torch._foreach_add_(params, grads, alpha=-cfg.local_lr)
+                if cfg.momentum != 0:
+                    if t == 0:
+                        state_a = [g.clone() for g in grads]
+                    else:
+                        torch._foreach_mul_(state_a, cfg.momentum)
+                        torch._foreach_add_(state_a, grads)
+                direction = state_a if cfg.momentum != 0 else grads
+                if lr_column is None:
+                    torch._foreach_add_(params, direction, alpha=-lr)
+                else:
+                    torch._foreach_addcmul_(params, direction, neg_lrs)
             if frozen is not None:
                 restore(*frozen)
 
@@ -313,6 +348,46 @@ def _record_last_step(
         out[i] = {LOSS: losses[i], LOSS_SQUARED: squared[i]}
 
 
+def _learning_rates(lrs: Sequence[float] | None, default: float, k: int) -> tuple[float, torch.Tensor | None]:
+    """The group's one learning rate, and a float64 column of each device's -lr when they differ (else None): one
+    value for every device takes the scalar step, so its bits are those of a group of one setting."""
+    if lrs is None:
+        return default, None
+    lrs = [float(lr) for lr in lrs]
+    if len(lrs) != k:
+        raise ValueError(f"{k} devices but {len(lrs)} learning rates")
+    if not all(lr > 0 and np.isfinite(lr) for lr in lrs):
+        raise ValueError(f"learning rates must be positive and finite, got {lrs}")
+    if len(set(lrs)) == 1:
+        return lrs[0], None
+    return lrs[0], torch.tensor([-lr for lr in lrs], dtype=torch.float64)
+
+
+def _varied_settings(
+    objective: DeviceObjective | None, values: Sequence[Mapping[str, float]] | None, k: int
+) -> tuple[DeviceObjective | None, dict[str, torch.Tensor] | None]:
+    """The group's objective (with the settings every device gives alike, not batched: a copy, the caller's is
+    shared) and each batched setting that differs between the devices, as a float64 column of their values (cast
+    to the parameters' dtype on use), or None when none differs."""
+    if values is None:
+        return objective, None
+    if objective is None:
+        raise ValueError("objective_values given without an objective")
+    if len(values) != k:
+        raise ValueError(f"{k} devices but {len(values)} objective settings")
+    names = set(values[0])
+    if any(set(v) != names for v in values):
+        raise ValueError("the devices' objective settings name different settings")
+    objective.varied(values[0])  # refuses a setting the objective does not batch
+    differing = sorted(name for name in names if len({float(v[name]) for v in values}) > 1)
+    same = {name: float(values[0][name]) for name in names if name not in differing}
+    if same:  # one value for every device: the group's objective takes it (not batched)
+        objective = objective.varied(same)
+    if not differing:
+        return objective, None
+    return objective, {name: torch.tensor([float(v[name]) for v in values], dtype=torch.float64) for name in differing}
+
+
 def _stacked_extras(extras: Weights | Sequence[Weights] | None, k: int) -> Weights:
     """The method's extras of a mixed-version group, stacked per device (each device's own version's)."""
     if not extras:
@@ -334,17 +409,25 @@ def _adam_step(
     exp_avg_sq: list[torch.Tensor],
     step: int,
     lr: float,
+    neg_lrs: tuple[torch.Tensor, list[tuple[int, ...]]] | None = None,
 ) -> None:
     """torch.optim.Adam's update (defaults: no weight decay, not amsgrad), on stacked per-device tensors. All
-    devices take the same number of steps, so the bias corrections are shared scalars."""
+    devices take the same number of steps, so the bias corrections are shared scalars. ``neg_lrs``: each
+    device's -lr as a float64 column, and the shape that scales its slice of each tensor (devices of different
+    learning rates), else ``lr``."""
     beta1, beta2 = ADAM_BETAS
     torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
     torch._foreach_mul_(exp_avg_sq, beta2)
     torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
     bias_correction1 = 1 - beta1**step
     bias_correction2 = 1 - beta2**step
-    step_size = lr / bias_correction1
     denom = torch._foreach_sqrt(exp_avg_sq)
     torch._foreach_div_(denom, bias_correction2**0.5)
     torch._foreach_add_(denom, ADAM_EPS)
-    torch._foreach_addcdiv_(params, exp_avg, denom, value=-step_size)
+    if neg_lrs is None:
+        torch._foreach_addcdiv_(params, exp_avg, denom, value=-(lr / bias_correction1))
+    else:  # (-lr_i / bias_correction1) * exp_avg / denom, each device with its own lr (its step size in float64
+        column, shapes = neg_lrs  # and then rounded, as the per-device optimiser rounds its scalar one)
+        steps = (column / bias_correction1).to(params[0].dtype)
+        scaled = torch._foreach_mul(exp_avg, [steps.view(shape) for shape in shapes])
+        torch._foreach_addcdiv_(params, scaled, denom)
