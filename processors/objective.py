@@ -25,7 +25,7 @@ under ``vmap``, a copy whose attributes are the device's own values (``varied``)
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 import torch
@@ -69,6 +69,32 @@ class DeviceObjective:
         out = copy.copy(self)
         out.__dict__.update(values)
         return out
+
+
+def group_objective(
+    objective: DeviceObjective | None, values: Sequence[Mapping[str, float]] | None, k: int
+) -> tuple[DeviceObjective | None, dict[str, torch.Tensor] | None]:
+    """For a group of ``k`` devices with each one's ``values`` of the objective's batched settings (None: the
+    objective's own): the group's objective (a copy carrying the values every device gives alike; the caller's is
+    shared and stays as it is) and a float64 column of each setting that differs between the devices (None when
+    none differs: the group then runs the scalar term, the bits of one setting)."""
+    if values is None:
+        return objective, None
+    if objective is None:
+        raise ValueError("objective_values given without an objective")
+    if len(values) != k:
+        raise ValueError(f"{k} devices but {len(values)} objective settings")
+    names = set(values[0])
+    if any(set(v) != names for v in values):
+        raise ValueError("the devices' objective settings name different settings")
+    objective.varied(values[0])  # refuses a setting the objective does not batch
+    differing = sorted(name for name in names if len({float(v[name]) for v in values}) > 1)
+    same = {name: float(values[0][name]) for name in names if name not in differing}
+    if same:
+        objective = objective.varied(same)
+    if not differing:
+        return objective, None
+    return objective, {name: torch.tensor([float(v[name]) for v in values], dtype=torch.float64) for name in differing}
 
 
 def make_objective(path: str, args: dict | None = None) -> DeviceObjective | None:

@@ -6,7 +6,8 @@ per-device step is a few dozen kernel launches of microseconds each; on a GPU th
 devices' parameters are stacked into ``[K, ...]`` tensors and ``torch.func.vmap`` over ``functional_call`` +
 ``torch.func.grad`` runs one forward/backward for all K devices (convolutions become grouped convolutions,
 linear layers batched matmuls); Adam / SGD state lives on the same stacked tensors and is updated with
-``torch._foreach_*`` ops, so one iteration costs the same number of launches whatever K is.
+``torch._foreach_*`` ops (``processors.stacked_optimizer``), so one iteration costs the same number of launches
+whatever K is.
 
 Equivalence with the per-device engine: every device keeps its own CPU ``torch.Generator`` and its batches come
 from ``batch_schedule(len(y_i), cfg, generators[i])``, exactly as ``train_local`` would draw them, so the result
@@ -57,13 +58,12 @@ from processors.data.sources import normalize
 from processors.device_rule import RuleRun
 from processors.group_schedule import freeze, plan_group, restore
 from processors.models.stat_tracker import collecting, tracker_buffer_names, trackers, untracked_buffers
-from processors.objective import DeviceObjective
+from processors.objective import DeviceObjective, group_objective
 from processors.precision import autocast, widened
 from processors.privatize import clip_group
+from processors.stacked_optimizer import StackedOptimizer, learning_rates
 from processors.training import TrainingConfig, batch_schedule, copy_to_host, worker_model
 
-ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam defaults
-ADAM_EPS = 1e-8
 # Gather image batches sample-major (see train_group); False: devices-major, as before (the tests compare the bits)
 SAMPLE_MAJOR = True
 
@@ -145,13 +145,11 @@ def train_group(
     """
     if len(device_data) != len(generators):
         raise ValueError(f"{len(device_data)} devices but {len(generators)} generators")
-    if cfg.optimizer not in ("adam", "sgd"):
-        raise ValueError(f"unknown optimizer {cfg.optimizer!r}; use adam or sgd")
     k = len(device_data)
     if k == 0:
         return []
-    lr, lr_column = _learning_rates(lrs, cfg.local_lr, k)
-    objective, varied = _varied_settings(objective, objective_values, k)
+    learning_rates(lrs, cfg.local_lr, k)  # refused before any work
+    objective, varied = group_objective(objective, objective_values, k)
     device = torch.device(device)
     model = worker_model(model_name, device)
     check_vectorizable(model)
@@ -261,16 +259,8 @@ def train_group(
     group_grad = vmap(grad(device_loss, has_aux=True), in_dims=in_dims)
     reporting_grad = vmap(grad(reporting_loss, has_aux=True), in_dims=in_dims)
     order = plan.index.transpose(1, 2).contiguous().to(data_device) if sample_major else index  # x's gather
-    state_a: list[torch.Tensor] = []  # Adam exp_avg / SGD momentum buffer
-    state_b: list[torch.Tensor] = []  # Adam exp_avg_sq
-    if cfg.optimizer == "adam":
-        state_a = [torch.zeros_like(p) for p in params]
-        state_b = [torch.zeros_like(p) for p in params]
+    optimizer = StackedOptimizer(cfg, params, lrs, k)
     image_shape = x_all.shape[1:]
-    per_device_lr = None  # each device's own -lr, and the shapes that scale its slice of every stacked tensor
-    if lr_column is not None:
-        per_device_lr = (lr_column.to(device), [(k, *(1 for _ in p.shape[1:])) for p in params])
-        neg_lrs = [per_device_lr[0].to(params[0].dtype).view(shape) for shape in per_device_lr[1]]
 
     for t in range(iters):
         xb, yb = x_all.index_select(0, order[t].view(-1)), y_all.index_select(0, index[t].view(-1))
@@ -297,25 +287,12 @@ def train_group(
             frozen = None
             if plan.unequal and not bool(plan.active(t).all()):  # finished devices: this step must not move them
                 inactive = (~plan.active(t)).nonzero().view(-1).to(device)
-                state = [*params, *state_a, *state_b, *stats.values()]
+                state = [*params, *optimizer.state, *stats.values()]
                 frozen = (state, inactive, freeze(state, inactive))
             for name, tracker in tracked.items():
                 mean, var = batch_stats[name]
                 tracker.update(stats[f"{name}.running_mean"], stats[f"{name}.running_var"], mean, var)
-            if cfg.optimizer == "adam":
-                _adam_step(params, grads, state_a, state_b, t + 1, lr, per_device_lr)
-            else:
-                if cfg.momentum != 0:
-                    if t == 0:
-                        state_a = [g.clone() for g in grads]
-                    else:
-                        torch._foreach_mul_(state_a, cfg.momentum)
-                        torch._foreach_add_(state_a, grads)
-                direction = state_a if cfg.momentum != 0 else grads
-                if lr_column is None:
-                    torch._foreach_add_(params, direction, alpha=-lr)
-                else:
-                    torch._foreach_addcmul_(params, direction, neg_lrs)
+            optimizer.step(params, grads, t)
             if frozen is not None:
                 restore(*frozen)
 
@@ -348,46 +325,6 @@ def _record_last_step(
         out[i] = {LOSS: losses[i], LOSS_SQUARED: squared[i]}
 
 
-def _learning_rates(lrs: Sequence[float] | None, default: float, k: int) -> tuple[float, torch.Tensor | None]:
-    """The group's one learning rate, and a float64 column of each device's -lr when they differ (else None): one
-    value for every device takes the scalar step, so its bits are those of a group of one setting."""
-    if lrs is None:
-        return default, None
-    lrs = [float(lr) for lr in lrs]
-    if len(lrs) != k:
-        raise ValueError(f"{k} devices but {len(lrs)} learning rates")
-    if not all(lr > 0 and np.isfinite(lr) for lr in lrs):
-        raise ValueError(f"learning rates must be positive and finite, got {lrs}")
-    if len(set(lrs)) == 1:
-        return lrs[0], None
-    return lrs[0], torch.tensor([-lr for lr in lrs], dtype=torch.float64)
-
-
-def _varied_settings(
-    objective: DeviceObjective | None, values: Sequence[Mapping[str, float]] | None, k: int
-) -> tuple[DeviceObjective | None, dict[str, torch.Tensor] | None]:
-    """The group's objective (with the settings every device gives alike, not batched: a copy, the caller's is
-    shared) and each batched setting that differs between the devices, as a float64 column of their values (cast
-    to the parameters' dtype on use), or None when none differs."""
-    if values is None:
-        return objective, None
-    if objective is None:
-        raise ValueError("objective_values given without an objective")
-    if len(values) != k:
-        raise ValueError(f"{k} devices but {len(values)} objective settings")
-    names = set(values[0])
-    if any(set(v) != names for v in values):
-        raise ValueError("the devices' objective settings name different settings")
-    objective.varied(values[0])  # refuses a setting the objective does not batch
-    differing = sorted(name for name in names if len({float(v[name]) for v in values}) > 1)
-    same = {name: float(values[0][name]) for name in names if name not in differing}
-    if same:  # one value for every device: the group's objective takes it (not batched)
-        objective = objective.varied(same)
-    if not differing:
-        return objective, None
-    return objective, {name: torch.tensor([float(v[name]) for v in values], dtype=torch.float64) for name in differing}
-
-
 def _stacked_extras(extras: Weights | Sequence[Weights] | None, k: int) -> Weights:
     """The method's extras of a mixed-version group, stacked per device (each device's own version's)."""
     if not extras:
@@ -400,34 +337,3 @@ def _stacked_extras(extras: Weights | Sequence[Weights] | None, k: int) -> Weigh
     if any(set(e) != keys for e in extras):
         raise ValueError("the devices' versions carry different extras")
     return {name: torch.stack([e[name] for e in extras]) for name in sorted(keys)}
-
-
-def _adam_step(
-    params: list[torch.Tensor],
-    grads: list[torch.Tensor],
-    exp_avg: list[torch.Tensor],
-    exp_avg_sq: list[torch.Tensor],
-    step: int,
-    lr: float,
-    neg_lrs: tuple[torch.Tensor, list[tuple[int, ...]]] | None = None,
-) -> None:
-    """torch.optim.Adam's update (defaults: no weight decay, not amsgrad), on stacked per-device tensors. All
-    devices take the same number of steps, so the bias corrections are shared scalars. ``neg_lrs``: each
-    device's -lr as a float64 column, and the shape that scales its slice of each tensor (devices of different
-    learning rates), else ``lr``."""
-    beta1, beta2 = ADAM_BETAS
-    torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
-    torch._foreach_mul_(exp_avg_sq, beta2)
-    torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
-    bias_correction1 = 1 - beta1**step
-    bias_correction2 = 1 - beta2**step
-    denom = torch._foreach_sqrt(exp_avg_sq)
-    torch._foreach_div_(denom, bias_correction2**0.5)
-    torch._foreach_add_(denom, ADAM_EPS)
-    if neg_lrs is None:
-        torch._foreach_addcdiv_(params, exp_avg, denom, value=-(lr / bias_correction1))
-    else:  # (-lr_i / bias_correction1) * exp_avg / denom, each device with its own lr (its step size in float64
-        column, shapes = neg_lrs  # and then rounded, as the per-device optimiser rounds its scalar one)
-        steps = (column / bias_correction1).to(params[0].dtype)
-        scaled = torch._foreach_mul(exp_avg, [steps.view(shape) for shape in shapes])
-        torch._foreach_addcdiv_(params, scaled, denom)
