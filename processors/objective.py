@@ -16,8 +16,8 @@ float32 arrays that travel with each version to the devices (packed with its wei
 ``extras``, on the training device. The diff a device reports covers the model only.
 
 Settings that differ between devices of one group (``batched``): the devices of several runs (a pack's trials,
-docs/packs.md) share a vectorised step when their objectives differ only in float settings the term scales by,
-FedProx's ``mu``. Such an objective names them in ``batched`` (each a constructor argument kept as the attribute
+docs/packs.md) share a vectorised step when their objectives differ only in float settings that ``loss`` reads
+as numbers, FedProx's ``mu``. Such an objective names them in ``batched`` (each a constructor argument kept as the attribute
 of the same name, read by ``loss`` as a number or a 0-d tensor alike); the vectorised engine then hands ``loss``,
 under ``vmap``, a copy whose attributes are the device's own values (``varied``).
 """
