@@ -14,7 +14,10 @@ from processors.objective import DeviceObjective
 
 
 class ProximalTerm(DeviceObjective):
-    """mu / 2 * sum over parameters of ||w - w_global||^2 (pure tensor code: it also runs under vmap)."""
+    """mu / 2 * sum over parameters of ||w - w_global||^2 (pure tensor code: it also runs under vmap). ``mu`` is
+    batched: devices of runs with different mu share a vectorised group (``DeviceObjective.batched``)."""
+
+    batched = ("mu",)
 
     def __init__(self, mu: float = 0.01):
         self.mu = mu

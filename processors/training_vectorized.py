@@ -6,7 +6,8 @@ per-device step is a few dozen kernel launches of microseconds each; on a GPU th
 devices' parameters are stacked into ``[K, ...]`` tensors and ``torch.func.vmap`` over ``functional_call`` +
 ``torch.func.grad`` runs one forward/backward for all K devices (convolutions become grouped convolutions,
 linear layers batched matmuls); Adam / SGD state lives on the same stacked tensors and is updated with
-``torch._foreach_*`` ops, so one iteration costs the same number of launches whatever K is.
+``torch._foreach_*`` ops (``processors.stacked_optimizer``), so one iteration costs the same number of launches
+whatever K is.
 
 Equivalence with the per-device engine: every device keeps its own CPU ``torch.Generator`` and its batches come
 from ``batch_schedule(len(y_i), cfg, generators[i])``, exactly as ``train_local`` would draw them, so the result
@@ -28,6 +29,13 @@ against, its own version's weights (stacked like the parameters), with its own v
 devices all start from the same weights takes the broadcast path, so a one-version group's bits do not depend on
 how its start weights were handed over.
 
+Devices of different local settings (several runs' devices in one group, docs/packs.md): ``lrs`` gives each
+device its own local learning rate (the optimiser's step scaled by a per-device column, in SGD with or without
+momentum and in Adam), ``objective_values`` its own values of the objective's batched settings (FedProx's ``mu``,
+``processors.objective.DeviceObjective.batched``: per-device 0-d tensors under ``vmap``). Both None, or one value
+for every device, keep the one-setting group's bits. What cannot share a step (another model, batch size, local
+work, optimiser): ``processors.step_groups`` splits the devices into groups that can.
+
 Statistic trackers (``processors.models.stat_tracker``) are trained per device: each device has its own stacked
 copy of their buffers, moved by its own (padding-free) batch statistics each iteration, and reported in its diff.
 Other buffers (BatchNorm running statistics) are not supported: such models raise ``NotImplementedError``; train
@@ -36,7 +44,7 @@ them with the per-device engine.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -50,13 +58,12 @@ from processors.data.sources import normalize
 from processors.device_rule import RuleRun
 from processors.group_schedule import freeze, plan_group, restore
 from processors.models.stat_tracker import collecting, tracker_buffer_names, trackers, untracked_buffers
-from processors.objective import DeviceObjective
+from processors.objective import DeviceObjective, group_objective
 from processors.precision import autocast, widened
 from processors.privatize import clip_group
+from processors.stacked_optimizer import StackedOptimizer, learning_rates
 from processors.training import TrainingConfig, batch_schedule, copy_to_host, worker_model
 
-ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam defaults
-ADAM_EPS = 1e-8
 # Gather image batches sample-major (see train_group); False: devices-major, as before (the tests compare the bits)
 SAMPLE_MAJOR = True
 
@@ -110,6 +117,8 @@ def train_group(
     rule: RuleRun | None = None,
     clip_norms: Sequence[float] | None = None,
     update_norms: list[float] | None = None,
+    lrs: Sequence[float] | None = None,
+    objective_values: Sequence[Mapping[str, float]] | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """Train K devices from ``global_params``, all at once; return each device's diff (trained - received) as
     float32 numpy arrays, the same keys, shapes and values as ``train_local`` would return.
@@ -128,14 +137,19 @@ def train_group(
     ``clip_norms``: each device's L2 clip norm (differential privacy: its parameters' diff is clipped under
     ``vmap``, its statistics' diffs zeroed, ``processors.privatize.clip_group``), and ``update_norms``, when given,
     receives each device's norm before clipping.
+
+    ``lrs``: each device's local learning rate (None: ``cfg.local_lr`` for all); ``objective_values``: each
+    device's values of ``objective``'s batched settings, e.g. ``[{"mu": 0.01}, {"mu": 0.1}]`` (None: the
+    objective's own). A device's diff then equals ``train_local`` with its own lr and objective, up to
+    floating-point summation order; equal values for every device give the bits of one setting.
     """
     if len(device_data) != len(generators):
         raise ValueError(f"{len(device_data)} devices but {len(generators)} generators")
-    if cfg.optimizer not in ("adam", "sgd"):
-        raise ValueError(f"unknown optimizer {cfg.optimizer!r}; use adam or sgd")
     k = len(device_data)
     if k == 0:
         return []
+    learning_rates(lrs, cfg.local_lr, k)  # refused before any work
+    objective, varied = group_objective(objective, objective_values, k)
     device = torch.device(device)
     model = worker_model(model_name, device)
     check_vectorizable(model)
@@ -178,13 +192,16 @@ def train_group(
     if last_step is not None:
         last_step[:] = [{} for _ in range(k)]
 
-    def forward(params: Weights, x, y, m, count, received_one, extras_one) -> tuple[torch.Tensor, dict, torch.Tensor]:
+    def forward(
+        params: Weights, x, y, m, count, received_one, extras_one, values=None
+    ) -> tuple[torch.Tensor, dict, torch.Tensor]:
         with collecting(tracked, m) as collector, autocast(cfg.precision, device):
             logits = functional_call(model, params, (x,))
         per_sample = F.cross_entropy(widened(logits), y, reduction="none")  # bf16: in float32
         loss = (per_sample * m).sum() / count
-        if objective is not None:
-            loss = loss + objective.loss(params, received_one, extras_one)
+        if objective is not None:  # ``values``: this device's own batched settings, when they differ
+            term = objective if values is None else objective.varied(values)
+            loss = loss + term.loss(params, received_one, extras_one)
         return loss, collector.stats, per_sample
 
     if shared is not None:  # every device starts from the same weights: broadcast them
@@ -216,13 +233,22 @@ def train_group(
             received_by_name, *(hook[1:] if shared is not None else device_args[1:]), shared is not None, k
         )
 
+    if varied is not None:  # each device's own batched settings: one more batched argument, after the others
+        device_args = (*device_args, {name: c.to(device, params[0].dtype) for name, c in varied.items()})
+
+    def hooked(per_device: tuple) -> tuple:
+        """``forward``'s hook arguments: the batched ones (or the broadcast ``hook``), then the varied values."""
+        if varied is None:
+            return per_device or hook
+        return (*(per_device[:-1] or hook), per_device[-1])
+
     def device_loss(params: Weights, x, y, m, count, *per_device) -> tuple[torch.Tensor, dict]:
-        loss, stats, _ = forward(params, x, y, m, count, *(per_device or hook))
+        loss, stats, _ = forward(params, x, y, m, count, *hooked(per_device))
         return loss, stats
 
     def reporting_loss(params: Weights, x, y, m, count, *per_device) -> tuple[torch.Tensor, tuple]:
         """The same step, whose aux also carries what the last step reports (no extra pass)."""
-        loss, stats, per_sample = forward(params, x, y, m, count, *(per_device or hook))
+        loss, stats, per_sample = forward(params, x, y, m, count, *hooked(per_device))
         return loss, (stats, loss.detach(), per_sample.detach())
 
     # Images are gathered sample-major (batch x K x C x H x W) and batched along dim 1: a convolution over K
@@ -233,11 +259,7 @@ def train_group(
     group_grad = vmap(grad(device_loss, has_aux=True), in_dims=in_dims)
     reporting_grad = vmap(grad(reporting_loss, has_aux=True), in_dims=in_dims)
     order = plan.index.transpose(1, 2).contiguous().to(data_device) if sample_major else index  # x's gather
-    state_a: list[torch.Tensor] = []  # Adam exp_avg / SGD momentum buffer
-    state_b: list[torch.Tensor] = []  # Adam exp_avg_sq
-    if cfg.optimizer == "adam":
-        state_a = [torch.zeros_like(p) for p in params]
-        state_b = [torch.zeros_like(p) for p in params]
+    optimizer = StackedOptimizer(cfg, params, lrs, k)
     image_shape = x_all.shape[1:]
 
     for t in range(iters):
@@ -265,22 +287,12 @@ def train_group(
             frozen = None
             if plan.unequal and not bool(plan.active(t).all()):  # finished devices: this step must not move them
                 inactive = (~plan.active(t)).nonzero().view(-1).to(device)
-                state = [*params, *state_a, *state_b, *stats.values()]
+                state = [*params, *optimizer.state, *stats.values()]
                 frozen = (state, inactive, freeze(state, inactive))
             for name, tracker in tracked.items():
                 mean, var = batch_stats[name]
                 tracker.update(stats[f"{name}.running_mean"], stats[f"{name}.running_var"], mean, var)
-            if cfg.optimizer == "adam":
-                _adam_step(params, grads, state_a, state_b, t + 1, cfg.local_lr)
-            elif cfg.momentum != 0:
-                if t == 0:
-                    state_a = [g.clone() for g in grads]
-                else:
-                    torch._foreach_mul_(state_a, cfg.momentum)
-                    torch._foreach_add_(state_a, grads)
-                torch._foreach_add_(params, state_a, alpha=-cfg.local_lr)
-            else:
-                torch._foreach_add_(params, grads, alpha=-cfg.local_lr)
+            optimizer.step(params, grads, t)
             if frozen is not None:
                 restore(*frozen)
 
@@ -325,26 +337,3 @@ def _stacked_extras(extras: Weights | Sequence[Weights] | None, k: int) -> Weigh
     if any(set(e) != keys for e in extras):
         raise ValueError("the devices' versions carry different extras")
     return {name: torch.stack([e[name] for e in extras]) for name in sorted(keys)}
-
-
-def _adam_step(
-    params: list[torch.Tensor],
-    grads: list[torch.Tensor],
-    exp_avg: list[torch.Tensor],
-    exp_avg_sq: list[torch.Tensor],
-    step: int,
-    lr: float,
-) -> None:
-    """torch.optim.Adam's update (defaults: no weight decay, not amsgrad), on stacked per-device tensors. All
-    devices take the same number of steps, so the bias corrections are shared scalars."""
-    beta1, beta2 = ADAM_BETAS
-    torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
-    torch._foreach_mul_(exp_avg_sq, beta2)
-    torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
-    bias_correction1 = 1 - beta1**step
-    bias_correction2 = 1 - beta2**step
-    step_size = lr / bias_correction1
-    denom = torch._foreach_sqrt(exp_avg_sq)
-    torch._foreach_div_(denom, bias_correction2**0.5)
-    torch._foreach_add_(denom, ADAM_EPS)
-    torch._foreach_addcdiv_(params, exp_avg, denom, value=-step_size)
