@@ -301,7 +301,10 @@ class JobConfig:
         return os.path.abspath(os.path.expanduser(self.run.output)) if self.run.output else ""
 
     def to_dict(self) -> dict:
-        d = {"method": self.method} | {name: getattr(self, name).to_dict() for name in PARTS}
+        """Every part's fields as plain values, in one pass (``dataclasses.asdict``); the delay model's own
+        ``DelayConfig.to_dict`` (it leaves out the transfer fields that are not set)."""
+        d = {"method": self.method} | {name: asdict(getattr(self, name)) for name in PARTS}
+        d["delays"] = self.delays.to_dict()
         d["method_settings"] = asdict(self.method_settings) if self.method_settings is not None else None
         return d
 

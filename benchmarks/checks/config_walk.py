@@ -12,6 +12,12 @@ function is followed on its first call only, as a reader reads it once (a loop's
 call or return control is in one module (a return: the calling project frame's); a *return to a module* is
 control coming back to a module it had left earlier in the walk (A -> B -> A counts one: a stage that calls a
 helper elsewhere and goes on counts once per helper). Each is a place a reader follows the value back up.
+
+The rule is the issue's words taken literally: a callee's return into its caller is control coming back to a
+module it had left, and so is a call into a module entered before; a function already followed adds nothing.
+Measured with this rule at the commit the issue was filed against (``2148721``) it gives 134 returns across 34
+modules, not the issue's 97 across 24 (counting only returns gives 83, only calls 51): the issue counted otherwise,
+so this script's own count at each commit is the measure (``tests/jobs/test_build.py``'s ``WALK_CEILING``).
 """
 
 from __future__ import annotations

@@ -85,9 +85,16 @@ def leaf_names(cfg: JobConfig) -> list[str]:
 def device_offsets(cfg: JobConfig) -> dict[str, int] | None:
     """With ``--partition natural``, each leaf's first global device index (the pool's numbering), which the
     device-to-user map is a function of (``processors.data.partition.range_offsets``); None otherwise."""
-    if cfg.data.partition != "natural":
-        return None
-    return range_offsets(leaf_names(cfg), cfg.federation.devices_per_leaf)
+    return leaf_layout(cfg)[1]
+
+
+def leaf_layout(cfg: JobConfig) -> tuple[dict[str, int], dict[str, int] | None]:
+    """The run's leaves (``leaf_names``) with their devices each, and the devices' offsets (``device_offsets``),
+    together: what the schedule is laid out on."""
+    f = cfg.federation
+    names = leaf_names(cfg)
+    offsets = range_offsets(names, f.devices_per_leaf) if cfg.data.partition == "natural" else None
+    return dict.fromkeys(names, f.devices_per_leaf), offsets
 
 
 def schedule_work(cfg: JobConfig) -> dict:

@@ -3,7 +3,10 @@ compositions from, and the reference a real run's ``events.jsonl`` must equal (`
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from jobs.config import JobConfig
+from jobs.methods import method_of
 from scheduling.event_reference import make_schedule
 from scheduling.schedule import ExactSchedule
 from scheduling.selection import make_policy
@@ -15,11 +18,12 @@ def schedule_for(cfg: JobConfig) -> ExactSchedule:
     SimEnv's ``site-1, site-2, ..``, or with ``--env prod`` the deployment's (``C11, C12, ..``, from its kit)."""
     # imported here, not with this module: both import torch, which jobs.cli (it imports this module) needs only
     # once a flag's value is accepted; --help and a refused flag answer without it
-    from jobs.run.components import device_offsets, leaf_names
+    from jobs.run.components import leaf_layout
     from processors.local_work import device_work
 
     f = cfg.federation
-    leaves = dict.fromkeys(leaf_names(cfg), f.devices_per_leaf)
+    leaves, offsets = leaf_layout(cfg)
+    method = method_of(cfg.method)
     return make_schedule(
         cfg.delays,
         cfg.run.seed,
@@ -30,9 +34,7 @@ def schedule_for(cfg: JobConfig) -> ExactSchedule:
         f.device_reuse,
         f.max_model_version,
         f.max_sim_time,
-        make_policy(cfg.method_spec.selection_path, cfg.method_spec.selection_args(cfg)),
-        device_work(
-            cfg.data.to_dict(), cfg.training.to_dict(), cfg.run.seed, device_offsets(cfg)
-        ),  # None: --local-iters
+        make_policy(method.selection_path, method.selection_args(cfg)),
+        device_work(asdict(cfg.data), asdict(cfg.training), cfg.run.seed, offsets),  # None: --local-iters
         cfg.privacy.central,  # differential privacy: each device at most once per version
     )
