@@ -15,10 +15,11 @@ from benchmarks.perf import bench_compression as bc
 from common.choices import ConfigError
 
 
-def flags_of(side: str) -> dict[str, str]:
-    args = argparse.Namespace(uplink_kbps=500.0, downlink_kbps=10000.0, budget=40.0, seed=3)
-    words = bc.side_flags(side, args, ["--devices-per-leaf", "25"])
-    # the last value of each flag wins, as argparse reads them
+def flags_of(side: str, cpu_scale: bool = False, extra: tuple[str, ...] = ()) -> dict[str, str]:
+    args = argparse.Namespace(uplink_kbps=500.0, downlink_kbps=10000.0, budget=40.0, seed=3, cpu_scale=cpu_scale)
+    words = bc.applied(bc.side_flags(side, args, list(extra)))
+    flags = [w for w in words if w.startswith("--")]
+    assert len(flags) == len(set(flags))  # each flag once, with the value argparse would keep
     return {w: words[i + 1] for i, w in enumerate(words) if w.startswith("--")}
 
 
@@ -27,7 +28,10 @@ def test_each_side_is_the_cpu_scales_fedbuff_on_slow_links_with_its_compressor()
     for f in (plain, ef, no_ef):
         assert f["--method"] == "fedbuff" and f["--uplink-kbps"] == "500" and f["--downlink-kbps"] == "10000"
         assert f["--max-sim-time"] == "40" and f["--seed"] == "3" and f["--delays"] == "paper"
-        assert f["--devices-per-leaf"] == "25"  # the extra flags come last, so they win
+        assert (f["--devices-per-leaf"], f["--synthetic-difficulty"]) == ("25", "0")  # the default fleet and data
+    scale = flags_of("none", cpu_scale=True)
+    assert (scale["--devices-per-leaf"], scale["--synthetic-difficulty"]) == ("100", "1")  # the cpu scale's own
+    assert flags_of("none", extra=("--devices-per-leaf", "40"))["--devices-per-leaf"] == "40"  # extra flags win
     assert "--compress" not in plain
     assert (ef["--compress"], ef["--error-feedback"]) == ("topk:0.01", "auto")
     assert (no_ef["--compress"], no_ef["--error-feedback"]) == ("topk:0.01", "off")
