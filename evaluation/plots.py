@@ -1,5 +1,6 @@
-"""``accuracy.png``: a run's accuracy against model version, wall seconds, (when it has them) simulated seconds and
-(with differential privacy) the epsilon spent, with an adaptive clip norm over the versions;
+"""``accuracy.png``: a run's accuracy against model version, wall seconds, (when it has them) simulated seconds,
+(with compression or a bandwidth, ``common.compression``) the megabytes moved up and down, and (with differential
+privacy) the epsilon spent, with an adaptive clip norm over the versions;
 under an availability model also the devices online at each version, and the failure rate in the title; with
 per-user test data the spread of the users' accuracies (10th to 90th percentile, and the median) by version.
 
@@ -37,12 +38,14 @@ def warm_up() -> threading.Thread:
 
 
 def plot_accuracy(records: list[dict], path: str, title: str) -> None:
-    """Accuracy against model version, wall seconds and (when the run has it) simulated seconds."""
+    """Accuracy against model version, wall seconds and (when the run has them) simulated seconds, bytes moved and
+    epsilon spent."""
     plt = _pyplot()
 
     has_sim = any(r.get("sim_seconds") for r in records)
+    moved = [r for r in records if "bytes_up" in (r.get("fleet") or {})]  # compression or a bandwidth was on
     private = [r for r in records if (r.get("privacy") or {}).get("epsilon") is not None]
-    panels = 2 + has_sim + bool(private)
+    panels = 2 + has_sim + bool(moved) + bool(private)
     fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4))
     versions = [r["version"] for r in records]
     acc = [r["accuracy"] for r in records]
@@ -68,6 +71,13 @@ def plot_accuracy(records: list[dict], path: str, title: str) -> None:
     if has_sim:
         axes[2].plot([r.get("sim_seconds", 0) for r in records], acc, marker="o")
         axes[2].set_xlabel("simulated seconds")
+    if moved:  # communication: the accuracy the bytes bought, uploads (what compression shrinks) and downloads
+        ax = axes[2 + has_sim]
+        accuracy = [r["accuracy"] for r in moved]
+        ax.plot([r["fleet"]["bytes_up"] / 1e6 for r in moved], accuracy, marker="o", label="uploaded")
+        ax.plot([r["fleet"]["bytes_down"] / 1e6 for r in moved], accuracy, linestyle="--", label="downloaded")
+        ax.set_xlabel("megabytes moved by the fleet")
+        ax.legend(loc="lower right")
     if private:  # differential privacy: the accuracy-privacy curve of the run
         axes[-1].plot([r["privacy"]["epsilon"] for r in private], [r["accuracy"] for r in private], marker="o")
         axes[-1].set_xlabel(f"epsilon spent (delta {private[-1]['privacy']['delta']:g})")

@@ -1,8 +1,9 @@
 """TensorBoard events for a run: accuracy per version, the version's system figures, and the raw system samples.
 
 Tags: ``accuracy`` (step = version), ``accuracy_vs_wall_seconds``, ``system/*`` (the record's ``system`` fields,
-``seconds_per_version``, ``devices_per_second``; step = version) and ``system_samples/*`` (every sample at its own
-wall time).
+``seconds_per_version``, ``devices_per_second``; step = version), with compression or a bandwidth
+(``common.compression``) ``fleet/bytes_up`` and ``fleet/bytes_down`` (the bytes moved so far; step = version) and
+``accuracy_vs_kb_up`` (step = kilobytes uploaded), and ``system_samples/*`` (every sample at its own wall time).
 
 ``torch.utils.tensorboard`` is imported when the run starts, not when the server loads its components: its import
 (about 0.3 s) then overlaps the leaves' start instead of delaying the server's.
@@ -61,6 +62,11 @@ class TensorBoardWriter(FLComponent):
         for tag in ("epsilon", "clip_norm", "noised_unclipped_fraction"):
             if privacy.get(tag) is not None:
                 self._writer.add_scalar(f"privacy/{tag}", float(privacy[tag]), version)
+        fleet = record.get("fleet") or {}
+        if "bytes_up" in fleet:  # compression or a bandwidth: the bytes moved, and the accuracy they bought
+            self._writer.add_scalar("fleet/bytes_up", float(fleet["bytes_up"]), version)
+            self._writer.add_scalar("fleet/bytes_down", float(fleet["bytes_down"]), version)
+            self._writer.add_scalar("accuracy_vs_kb_up", record["accuracy"], round(fleet["bytes_up"] / 1000))
         stretch = fl_ctx.get_prop(SYSTEM_SAMPLES)
         if stretch is not None and stretch.samples:
             write_tensorboard(

@@ -12,7 +12,10 @@ engine's time with the model's statistic trackers over its time with them replac
 the devices' data statistics costs; models whose trackers are top-level modules only); the last line,
 ``augment: <X>x``, is its time with local augmentation (``--augment``: crop and flip) over its time without;
 ``dp: <X>x`` and ``local dp: <X>x`` its time with DP's clipping (``processors.privatize``), and with local noise
-too (the median of each round's ratio, the sides' order rotating), after a line giving DP's own operations alone.
+too (the median of each round's ratio, the sides' order rotating), after a line giving DP's own operations alone;
+``compress: <X>x`` its step followed by ``--compress-with``'s compressor (``topk:0.01`` with error feedback by
+default: ``processors.compress.CompressionHost.apply``, as the task processor runs it after the engine) over its
+step alone (the median of each round's ratio; issue 60's goal: at most 1.15x), printed with every model.
 All ratios are measured alternately in the same run.
 
     .venv/bin/python benchmarks/perf/bench_engine.py --model resnet18 --ks 1,4 --iters 2 --batch-size 8 --samples 32
@@ -186,6 +189,7 @@ def main() -> None:
     parser.add_argument("--channels-last", action="store_true", help="the per-device engine in channels-last layout")
     parser.add_argument("--compile", default="off", choices=["off", "default", "reduce-overhead"])
     parser.add_argument("--batches-on-device", action="store_true", help="each task's batches copied over once")
+    parser.add_argument("--compress-with", default="topk:0.01", help="the compress: line's compressor (with EF)")
     args = parser.parse_args()
     MODEL = args.model
     if args.threads:
@@ -264,6 +268,13 @@ def main() -> None:
     for b in [int(v) for v in args.floor_batches.split(",") if v.strip()]:
         floor_cfg = TrainingConfig(**(cfg.to_dict() | {"local_batch_size": b}))
         floor_line(global_params, data_all[: max(ks)], floor_cfg, args.repeats)
+    comp = compress_cost(global_params, data_all[: max(ks)], cfg, device, args.repeats, args.compress_with)
+    print(
+        f"vectorised K={max(ks)}: {comp['plain']:.3f} s, {comp['compressed']:.3f} s then {args.compress_with} with "
+        f"error feedback (best of each); the compressor alone {1e3 * comp['ops']:.1f} ms "
+        f"({comp['ops'] / comp['plain']:.2%} of the step)"
+    )
+    print(f"compress: {comp['ratio']:.3f}x")
     if text or args.no_extras:  # no statistic trackers, no image augmentation (or not asked for)
         return
     if all("." not in name for name in trackers(worker_model(MODEL, device))):
@@ -329,6 +340,42 @@ def dp_cost(global_params, data, cfg, device, repeats: int) -> dict[str, float]:
         "clip_ops": clip_ops,
         "noise_ops": noise_ops,
     }
+
+
+def compress_cost(global_params, data, cfg, device, repeats: int, compress: str) -> dict[str, float]:
+    """The vectorised engine's step followed by ``compress`` with error feedback, as the task processor runs it
+    (``CompressionHost.apply`` on the diffs the engine returns, the residuals kept in a ``DeviceStateStore`` and
+    added back the next round), against the step alone: each side's best time, the median of each round's ratio
+    (``ratio``; the sides' order alternates, as in ``dp_cost``) and the best time of the compressor alone on the
+    step's diffs (``ops``)."""
+    import tempfile
+
+    from processors.compress import CompressionHost
+
+    folder = tempfile.mkdtemp(prefix="bench_engine_ef_")
+    settings = {"compress": compress, "error_feedback": True, "state": {"dir": folder}}
+    host = CompressionHost(settings, seed=0)
+    ids = [f"d{i}" for i in range(len(data))]
+    version = iter(range(10**9))
+
+    def apply(diffs):
+        v = next(version)
+        return host.apply(diffs, ids, [v] * len(diffs), [None] * len(diffs))
+
+    def compressed(params, d, c, dev):
+        return apply(run_vectorized(params, d, c, dev))
+
+    runs = {"compressed": compressed, "plain": run_vectorized}
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    diffs = None
+    for r in range(max(repeats, 3)):
+        for name in list(runs)[r % 2 :] + list(runs)[: r % 2]:
+            seconds, out = timed(runs[name], device, global_params, data, cfg)
+            times[name].append(seconds)
+            diffs = out if name == "plain" else diffs
+    ops = min(timed(lambda dev: apply(diffs), device)[0] for _ in range(5))
+    ratio = statistics.median(a / b for a, b in zip(times["compressed"], times["plain"], strict=True))
+    return {side: min(t) for side, t in times.items()} | {"ratio": ratio, "ops": ops}
 
 
 def run_floor(global_params, data, cfg, device, prepared=None):

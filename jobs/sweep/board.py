@@ -5,7 +5,9 @@ One TensorBoard run per process of a trial (``0003``, or ``0003-seed1`` with rep
 (pruned ones too, cut where they were stopped):
 
 * ``accuracy`` (step = version) and ``accuracy_vs_sim_ms`` (step = simulated milliseconds: TensorBoard's steps
-  are whole numbers), read from the run's ``metrics.json``;
+  are whole numbers), read from the run's ``metrics.json``, and with compression or a bandwidth
+  ``accuracy_vs_kb_up`` (step = kilobytes the fleet uploaded: ``jobs.tracking.series.bytes_step``), so trials
+  that grid over ``compress`` compare by the bytes they sent;
 * the hparams plugin's summaries (``torch.utils.tensorboard.summary.hparams``): the trial's parameters (its grid
   cell and searched values, a repeat's values) and its ``status`` (complete, pruned, fail), with the grid's and
   choices' values as discrete domains; the metrics ``sweep/objective`` (the trial's objective: with repeats, their
@@ -18,6 +20,7 @@ import os
 
 from jobs.sweep.objective import score
 from jobs.sweep.spec import SweepSpec
+from jobs.tracking.series import BYTES_METRIC, bytes_step
 
 OBJECTIVE, RUN_OBJECTIVE = "sweep/objective", "sweep/run_objective"
 
@@ -58,6 +61,8 @@ class Board:
                 writer.add_scalar("accuracy", r["accuracy"], r["version"])
                 if r.get("sim_seconds") is not None:
                     writer.add_scalar("accuracy_vs_sim_ms", r["accuracy"], round(r["sim_seconds"] * 1000))
+                if (kb := bytes_step(r)) is not None:  # compression or a bandwidth: accuracy per kB uploaded
+                    writer.add_scalar(BYTES_METRIC, r["accuracy"], kb)
             exp, ssi, sei = hparams(hp, {OBJECTIVE: 0.0, RUN_OBJECTIVE: 0.0}, domains)
             for summary in (exp, ssi, sei):
                 writer.file_writer.add_summary(summary)

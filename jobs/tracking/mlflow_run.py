@@ -23,7 +23,15 @@ import time
 
 from common.choices import ConfigError
 from jobs.tracking.choice import error_line
-from jobs.tracking.series import SIM_METRIC, end_status, end_tags, sim_step, version_metrics
+from jobs.tracking.series import (
+    BYTES_METRIC,
+    SIM_METRIC,
+    bytes_step,
+    end_status,
+    end_tags,
+    sim_step,
+    version_metrics,
+)
 
 EXPERIMENT = "edgesim-flare"
 ARTIFACT_DIR = "mlartifacts"  # beside a local SQLite store
@@ -143,6 +151,9 @@ class MlflowRun:
             step = sim_step(r)
             if step is not None and r.get("accuracy") is not None:
                 points.append(Metric(SIM_METRIC, float(r["accuracy"]), stamp, step))
+            step = bytes_step(r)
+            if step is not None and r.get("accuracy") is not None:
+                points.append(Metric(BYTES_METRIC, float(r["accuracy"]), stamp, step))
         for chunk in _chunks(points):
             self.client.log_batch(self.run_id, metrics=chunk)
 

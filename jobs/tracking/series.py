@@ -4,8 +4,9 @@ by simulated time, staleness by version, how the run ended, and the files kept a
 A version's figures are its ``metrics.json`` record's numbers (``evaluation.run_recorder``): ``accuracy``,
 ``loss``, ``devices_per_second``, ``seconds_per_version``, ``sim_seconds``, ``wall_seconds``, ``eval_seconds``,
 ``mean_group_size``, and grouped by prefix the record's ``system/*``, ``fleet/*``, ``per_user/*`` and the
-method's ``method/*`` numbers. ``accuracy_vs_sim_ms`` is the accuracy again at step = simulated milliseconds
-(trackers' steps are whole numbers). ``staleness/mean``, ``staleness/max`` and ``staleness/updates`` of a version
+method's ``method/*`` numbers (with compression or a bandwidth, ``fleet/bytes_up`` and ``fleet/bytes_down``: the
+bytes the fleet moved so far). ``accuracy_vs_sim_ms`` is the accuracy again at step = simulated milliseconds
+(trackers' steps are whole numbers), and ``accuracy_vs_kb_up`` at step = kilobytes uploaded (when counted). ``staleness/mean``, ``staleness/max`` and ``staleness/updates`` of a version
 are those of the updates that went into it (``events.jsonl``'s ``tau``; failed ones excluded).
 """
 
@@ -19,6 +20,7 @@ from collections import defaultdict
 from common.result_files import ACCURACY_PLOT, EVENTS, GLOBAL_MODEL, METRICS
 
 SIM_METRIC = "accuracy_vs_sim_ms"
+BYTES_METRIC = "accuracy_vs_kb_up"
 PLAIN = (
     "accuracy",
     "loss",
@@ -54,6 +56,13 @@ def sim_step(record: dict) -> int | None:
     """The record's simulated time in whole milliseconds (the step of ``accuracy_vs_sim_ms``), if it has one."""
     seconds = _number(record.get("sim_seconds"))
     return round(seconds * 1000) if seconds is not None else None
+
+
+def bytes_step(record: dict) -> int | None:
+    """The kilobytes the fleet had uploaded by the record's version (the step of ``accuracy_vs_kb_up``), when the
+    run counted them (compression or a bandwidth on: ``fleet.bytes_up``)."""
+    up = _number((record.get("fleet") or {}).get("bytes_up")) if isinstance(record.get("fleet"), dict) else None
+    return round(up / 1000) if up is not None else None
 
 
 class StalenessReader:
