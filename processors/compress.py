@@ -41,6 +41,8 @@ Payload = dict[str, np.ndarray]
 RESIDUAL = "residual"  # the one array of a device's error-feedback state: its flattened residual
 FP16_MAX = 65504.0  # the largest finite float16: larger values are clamped to it, never sent as inf
 _store_lock = threading.Lock()
+COMPRESSED = "edgesim_compressed"  # a real device's result: its encoded update, beside the reports (decode_wire)
+WIRE_DTYPES = frozenset({"int16", "uint8", "int32", "uint64", "float32"})  # what encode's payloads hold
 
 
 def generator_for(seed: int) -> torch.Generator:
@@ -269,6 +271,34 @@ class CompressionHost:
                 )
         return self._store
 
+    def encode_one(
+        self, diff: dict[str, np.ndarray], device_id: str, version: int, selection: int | None
+    ) -> tuple[dict, dict[str, np.ndarray]] | None:
+        """A real device's upload (``processors.device_processor``): (its ``wire_update``, the diff as the server
+        decodes it, equal to ``apply``'s), with error feedback's residual added before and kept after as ``apply``
+        does; None without a compressor."""
+        if self.compressor is None:
+            return None
+        names = [n for n in diff if not n.startswith(DEVICE_EXTRA_PREFIX)]
+        shapes = [np.shape(diff[n]) for n in names]
+        flat = torch.cat([torch.as_tensor(np.asarray(diff[n], dtype=np.float32)).reshape(-1) for n in names])
+        store = self.store()
+        if store is not None and (state := store.get(device_id, selection)) is not None:
+            flat += torch.from_numpy(state[RESIDUAL])
+        payload = self.compressor.encode(flat, device_seed(self.seed, device_id, version))
+        decoded = self.compressor.decode(payload, flat.shape[0])
+        if store is not None:
+            state = {RESIDUAL: (flat - decoded).numpy().copy()}
+            if not nonfinite_entry(state):
+                store.put(device_id, selection, state)
+        wire = {
+            "compress": str(self.compressor.spec),
+            "names": names,
+            "shapes": [list(s) for s in shapes],
+            "payload": {k: {"dtype": str(v.dtype), "values": v.tolist()} for k, v in payload.items()},
+        }
+        return wire, dict(diff) | split_flat(decoded.numpy(), names, shapes)
+
     def apply(
         self,
         diffs: list[dict[str, np.ndarray]],
@@ -299,11 +329,37 @@ class CompressionHost:
                 state = {RESIDUAL: residual[i].copy()}
                 if not nonfinite_entry(state):  # a poisoned update fails at its leaf; its residual is not kept
                     store.put(d, s, state)
-        out = []
         values = decoded.numpy()
-        sizes = [int(np.prod(s)) for s in shapes]
-        for i, diff in enumerate(diffs):
-            parts = np.split(values[i], np.cumsum(sizes)[:-1])
-            model = {n: p.reshape(s).copy() for n, p, s in zip(names, parts, shapes, strict=True)}
-            out.append(dict(diff) | model)
-        return out
+        return [dict(diff) | split_flat(values[i], names, shapes) for i, diff in enumerate(diffs)]
+
+
+def split_flat(flat: np.ndarray, names: list[str], shapes: list) -> dict[str, np.ndarray]:
+    """A flattened update back into its entries, in the order it was flattened."""
+    sizes = [int(np.prod(s)) for s in shapes]
+    parts = np.split(flat, np.cumsum(sizes)[:-1])
+    return {n: p.reshape(s).copy() for n, p, s in zip(names, parts, shapes, strict=True)}
+
+
+def decode_wire(wire: dict, expected: str) -> dict[str, np.ndarray]:
+    """A real device's compressed update (``CompressionHost.encode_one``'s wire form) as the float32 entries the
+    server reads: exactly what ``decode_group`` gives for the same update and seed. ``expected``: the job's
+    ``--compress``; ValueError, naming the problem, for anything else or for a payload that does not decode
+    (a device the leaf does not control sent it)."""
+    if not isinstance(wire, dict) or wire.get("compress") != expected:
+        got = wire.get("compress") if isinstance(wire, dict) else type(wire).__name__
+        raise ValueError(f"its update is compressed with {got!r}, the job's compressor is {expected!r}")
+    try:
+        names = [str(n) for n in wire["names"]]
+        shapes = [tuple(int(d) for d in s) for s in wire["shapes"]]
+        payload = {}
+        for key, part in wire["payload"].items():
+            if part["dtype"] not in WIRE_DTYPES:
+                raise ValueError(f"payload entry {key!r} has dtype {part['dtype']!r}")
+            payload[str(key)] = np.asarray(part["values"], dtype=part["dtype"]).reshape(-1)
+        n = sum(int(np.prod(s)) for s in shapes)
+        flat = make_compressor(expected).decode(payload, n).numpy()
+        if flat.shape != (n,):
+            raise ValueError(f"it decodes to {flat.shape[0]} values, its shapes hold {n}")
+        return split_flat(flat, names, list(shapes))
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError, OverflowError) as ex:
+        raise ValueError(f"its compressed update does not decode ({type(ex).__name__}: {ex})") from ex

@@ -18,6 +18,11 @@ name the rule, and the state lives on the device, never on the leaf: this proces
 (one folder per job's settings, one ``.npz`` per device, ``processors.device_state``), so it survives the
 client's restarts. A phone app keeps the same arrays in its app's private storage (a file per job), reads them
 before a task (zeros before its first) and replaces them after it, once the result has been sent.
+
+A job with ``--compress`` (the settings' ``compression``): the device compresses its diff after clipping and local
+noise, as a simulated device does, and sends the encoded update under ``"edgesim_compressed"`` beside the reports
+(``processors.compress.CompressionHost.encode_one``; ``docs/communication.md``); with error feedback it keeps its
+residual under ``state_dir``'s ``error_feedback/``.
 """
 
 from __future__ import annotations
@@ -34,7 +39,9 @@ from nvflare.edge.web.models.task_response import TaskResponse
 
 from common.device_wire import DEVICE_SETTINGS_META, to_wire
 from common.finite import nonfinite_reason, zeroed
-from common.protocol import DEVICE_ERROR_META, DEVICE_ID_META, short_error
+from common.protocol import DEVICE_ERROR_META, DEVICE_EXTRA_PREFIX, DEVICE_ID_META, short_error
+from common.result_files import ERROR_FEEDBACK
+from processors.compress import COMPRESSED
 from processors.task_processor import TrainingTaskProcessor
 from processors.task_wire import received_model
 
@@ -53,6 +60,11 @@ def _trainer(
         training["compute_device"] = compute_device
     if data_root:
         data["data_root"] = data_root
+    folder = hashlib.sha256(settings_json.encode()).hexdigest()[:16]
+    compression = settings.get("compression")
+    if compression and compression.get("error_feedback"):  # its residual, beside a rule's state, on the device
+        state = {"dir": os.path.join(os.path.expanduser(state_dir), ERROR_FEEDBACK, folder), "memory_mb": 16.0}
+        compression = dict(compression) | {"state": state | {"durable": True, "fresh": False}}
     return TrainingTaskProcessor(
         data=data,
         training=training,
@@ -65,11 +77,12 @@ def _trainer(
         rule_args=settings.get("rule_args") or {},
         privacy=own_noise(settings.get("privacy")),
         device_state={  # the device's own, across its tasks and restarts: one folder per job's settings
-            "dir": os.path.join(os.path.expanduser(state_dir), hashlib.sha256(settings_json.encode()).hexdigest()[:16]),
+            "dir": os.path.join(os.path.expanduser(state_dir), folder),
             "memory_mb": 16.0,
             "durable": True,
             "fresh": False,
         },
+        compression=compression,
     )
 
 
@@ -133,10 +146,15 @@ class RealDeviceProcessor(DeviceTaskProcessor):
         trainer = _trainer(json.dumps(settings, sort_keys=True), self.compute_device, self.data_root, self.state_dir)
         version, weights = received_model(task)
         device_id = self.device.device_id
-        diff = trainer.train(device_id, weights, version)
+        wire: dict = {}
+        diff = trainer.train(device_id, weights, version, wire=wire)
         # NaN or inf never leaves the device: it reports itself failed, with the reason (``common.finite``)
         problem = nonfinite_reason(diff, "refused on the device")
-        result = DXO(data_kind=DataKind.WEIGHT_DIFF, data={"dict": to_wire(zeroed(diff) if problem else diff)})
+        if wire and not problem:  # compressed: the encoded update, and only the reports as they are
+            reports = {k: v for k, v in diff.items() if k.startswith(DEVICE_EXTRA_PREFIX)}
+            result = DXO(data_kind=DataKind.WEIGHT_DIFF, data={"dict": to_wire(reports), COMPRESSED: wire})
+        else:
+            result = DXO(data_kind=DataKind.WEIGHT_DIFF, data={"dict": to_wire(zeroed(diff) if problem else diff)})
         result.data["count"] = 0 if problem else 1
         result.set_meta_prop(DEVICE_ID_META, device_id)
         if problem:

@@ -211,10 +211,13 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         return load_dataset(self._data.spec(self.seed)).prepare
 
     def train(
-        self, device_id: str, model_data: dict, version: int, selection: int | None = None
+        self, device_id: str, model_data: dict, version: int, selection: int | None = None, wire: dict | None = None
     ) -> dict[str, np.ndarray]:
         """Train ``device_id`` from the given global weights; return its WEIGHT_DIFF as numpy arrays
-        (``selection``: its task's selection id, for the state a training rule keeps)."""
+        (``selection``: its task's selection id, for the state a training rule keeps). ``wire``: a real device's
+        (``processors.device_processor``): with a compressor, filled with its encoded update
+        (``processors.compress.CompressionHost.encode_one``, and with ``weighting`` by samples its ``data_size``,
+        which the leaf multiplies the decoded update by); the diff returned is then what the server decodes."""
         settings = self._settings
         with self._compute_context():
             device, x, y, generator = self._prepare(device_id, version)
@@ -240,7 +243,11 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
             diff = self._rules.finish(rule, [device_id], [selection], [diff])[0]
             if clip is not None:
                 diff = self._privatized(diff, clip, norms[0], device_id, version)
-            diff = self._compression.apply([diff], [device_id], [version], [selection])[0]
+            if wire is not None and (encoded := self._compression.encode_one(diff, device_id, version, selection)):
+                wire |= encoded[0] | ({"data_size": len(y)} if self.weighting == "samples" else {})
+                diff = encoded[1]
+            else:
+                diff = self._compression.apply([diff], [device_id], [version], [selection])[0]
             return self._with_reports(diff, y, last_step)
 
     def _privatized(self, diff: dict, clip: float, norm: float, device_id: str, version: int) -> dict:

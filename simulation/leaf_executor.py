@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 import threading
 
+import numpy as np
 from nvflare.apis.dxo import DXO, DataKind, from_dict
 from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_constant import FLContextKey
@@ -88,7 +89,30 @@ def device_settings(processor) -> dict:
         settings |= {"rule": processor.rule, "rule_args": processor.rule_args}
     if getattr(processor, "privacy", None):  # differential privacy: the device clips (and noises) its update
         settings["privacy"] = processor.privacy
+    if compression := getattr(processor, "compression", None):  # the device compresses; its residual is its own
+        settings["compression"] = {k: compression[k] for k in ("compress", "error_feedback")}
     return settings
+
+
+def device_diff(data: dict, settings: dict | None) -> dict[str, np.ndarray]:
+    """A real device's diff as float32 arrays from its JSON-safe result (``common.device_wire.from_wire``); a
+    compressed one (``processors.compress.COMPRESSED``) decoded to what the server would decode from a simulated
+    device, times its ``data_size`` when its method weights by samples (as the device's own trainer does).
+    ValueError, naming the problem, for a result that cannot be read."""
+    from processors.compress import COMPRESSED, decode_wire  # torch: only for a compressed result
+    from processors.reports import weigh_by_samples
+
+    diff = from_wire(data["dict"])
+    wire = data.get(COMPRESSED)
+    if wire is None:  # dense: a device that does not compress (a phone app may not)
+        return diff
+    compression = (settings or {}).get("compression")
+    if not compression:
+        raise ValueError("it sent a compressed update, and the job has no --compress")
+    decoded = decode_wire(wire, compression["compress"])
+    if "data_size" in wire:
+        decoded = weigh_by_samples(decoded, int(wire["data_size"]))
+    return diff | decoded
 
 
 def selection_of(cookie: dict | None) -> tuple[int, int] | None:
@@ -329,8 +353,11 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
         diff, count = dxo.data["dict"], int(dxo.data.get("count", 1))
         error = str(dxo.get_meta_prop(DEVICE_ERROR_META, "") or "") if count == 0 else ""
         if self.real_devices:  # from JSON, and from a device we do not control: checked before it can reach the model
-            diff = from_wire(diff)
-            problem = self._diff_problem(diff, version, current_task)
+            try:
+                diff = device_diff(dxo.data, self._device_settings)
+                problem = self._diff_problem(diff, version, current_task)
+            except ValueError as ex:
+                problem = str(ex)
             if problem:
                 self.log_warning(fl_ctx, f"device {device}'s result is refused and counted failed: {problem}")
                 diff, count, error = None, 0, short_error(f"its result was refused: {problem}")

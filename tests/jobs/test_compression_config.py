@@ -39,7 +39,8 @@ def no_nvflare(monkeypatch):
         (["--downlink-kbps", "-5"], "--downlink-kbps -5.0: a bandwidth"),
         (["--compress", "qsgd:4", "--dp", "central", "--dp-noise-multiplier", "1"], "use topk or randk"),
         (["--compress", "topk:0.1", "--dp", "central", "--dp-noise-multiplier", "1"], "--error-feedback off"),
-        (["--compress", "topk:0.1", "--devices", "real", "--env", "poc"], "leave them out with --devices real"),
+        (["--uplink-kbps", "500", "--devices", "real", "--env", "poc"], "leave them out with --devices real"),
+        (["--compress", "fp16", "--downlink-kbps", "500", "--devices", "real", "--env", "poc"], "bring their own"),
     ],
 )
 def test_bad_compression_is_refused_in_one_line(flags, message, capsys):
@@ -77,3 +78,13 @@ def test_without_compression_the_config_records_what_it_did():
     old = cfg.to_dict()
     del old["compression"]  # a metrics.json from before the part existed
     assert JobConfig.from_dict(old).compression == CompressionConfig()
+
+
+def test_real_devices_take_a_compressor():
+    """A real device sends its encoded update (``processors.device_processor``): ``--compress`` is no longer
+    refused with ``--devices real``, and its task processor carries the compressor the leaf tells the device."""
+    from jobs.run.components import compression_settings
+
+    cfg = make_config("fedavg", compress="topk:0.01", devices="real", env="poc")
+    assert cfg.engine.devices == "real"
+    assert compression_settings(cfg)["compression"]["compress"] == "topk:0.01"
