@@ -2,8 +2,9 @@
 
 A compressor is one small class, as FLSim's channels are: ``decode_group`` gives, for K devices' flattened updates
 at once (``[K, n]`` float32), exactly what the server decodes from what each device sends; ``encode`` and
-``decode`` are that wire form for one device (what a real device would send, and what the tests decode to check
-that the counted bytes, ``common.compression.CompressorSpec.encoded_bytes``, hold the update). Random draws
+``decode`` are that wire form for one device (what a real device sends, ``CompressionHost.encode_one``, and what
+the tests decode to check that the counted bytes, ``common.compression.CompressorSpec.encoded_bytes``, hold the
+update). Random draws
 (qsgd's rounding, randk's indices) come from a generator seeded per device and version with
 ``common.seeds.stable_seed``, so either engine, any worker count and a resumed run draw the same.
 
