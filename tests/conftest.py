@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import psutil
 import pytest
@@ -26,6 +26,35 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if str(item.path).startswith(E2E_DIR):
             item.add_marker(pytest.mark.slow)
+
+
+# torch's intra-op thread count when this process first imported it (``one_torch_thread``)
+_TORCH_DEFAULT_THREADS: list[int] = []
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Each test computes on one torch intra-op thread. The tests' models and batches are tiny: a second thread
+    only waits (OpenMP spins), and on a shared 2-core machine the spinning thread takes the core another process
+    of the test needs, so the fast subset took 3x the CPU time on two threads. Only this process: the jobs tests
+    start keep torch's default. A test of thread counts asks for ``default_torch_threads``."""
+    torch = sys.modules.get("torch")  # imported by the test's module, or by an earlier test; else nothing to set
+    if torch is not None:
+        if not _TORCH_DEFAULT_THREADS:
+            _TORCH_DEFAULT_THREADS.append(torch.get_num_threads())
+        torch.set_num_threads(1)
+
+
+@pytest.fixture
+def default_torch_threads(one_torch_thread) -> Iterator[int]:
+    """torch's default intra-op thread count for this test (what a process of a job starts with), set back to one
+    thread after it; the count."""
+    import torch
+
+    threads = _TORCH_DEFAULT_THREADS[0] if _TORCH_DEFAULT_THREADS else torch.get_num_threads()
+    torch.set_num_threads(threads)
+    yield threads
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
