@@ -90,13 +90,30 @@ def tracker_env(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def empty_mlflow_store(tmp_path_factory) -> str:
-    """An MLflow SQLite store with its tables made (MLflow's migrations take seconds), copied by ``mlflow_store``."""
+def empty_mlflow_store(request, tmp_path_factory) -> str:
+    """An MLflow SQLite store with its tables made (MLflow's migrations take seconds), copied by ``mlflow_store``.
+    Kept in pytest's cache, one per MLflow version, so that a contributor's later runs skip the migrations (a
+    fresh clone, as CI's, makes it once)."""
+    import mlflow
     from mlflow.tracking import MlflowClient
 
-    path = tmp_path_factory.mktemp("mlflow") / "empty.db"
-    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    cache = getattr(request.config, "cache", None)  # None with -p no:cacheprovider
+    folder = cache.mkdir("mlflow-empty-store") if cache is not None else tmp_path_factory.mktemp("mlflow")
+    path = folder / f"empty-{mlflow.__version__}.db"
+    if not path.exists():
+        making = tmp_path_factory.mktemp("mlflow") / "empty.db"
+        MlflowClient(tracking_uri=f"sqlite:///{making}").search_experiments()
+        _copy_in(making, path)
     return str(path)
+
+
+def _copy_in(source, target) -> None:
+    """``source`` copied to ``target`` whole or not at all (another pytest may read ``target`` meanwhile)."""
+    import shutil
+
+    partial = target.with_suffix(f".{os.getpid()}.part")
+    shutil.copy(source, partial)
+    os.replace(partial, target)
 
 
 @pytest.fixture
