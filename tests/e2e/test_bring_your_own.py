@@ -1,7 +1,7 @@
 """Bring your own: an NVFlare recipe with its own task processor runs on our simulator after
 ``use_fast_simulator``; a custom ``nn.Module`` with custom arrays runs through the Python API; the CLI takes a
-model and a dataset by import path and refuses a bad one clearly (``tests/jobs/test_config_validation.py``, in-process); a user's own method runs by import path. Real
-NVFlare runs, small."""
+model and a dataset by import path (and refuses a bad one clearly: ``tests/jobs/test_refused_in_process.py``); a
+user's own method runs by import path. Real NVFlare runs, small."""
 
 from __future__ import annotations
 

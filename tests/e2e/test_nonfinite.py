@@ -1,7 +1,7 @@
 """Issue 56's NaN cases as real FedAvg jobs (SimEnv, 2 leaves of 10 devices, 8 versions, a small MLP on 16 float
 features and three classes). The poisoned dataset (NaN in one feature of 25 of its 2,500 training rows) is refused
 before any process starts, in one line, exit 2
-(``tests/jobs/test_config_validation.py``, in-process). With ``--dataset-nonfinite drop`` it learns as the clean dataset
+(``tests/jobs/test_refused_in_process.py``). With ``--dataset-nonfinite drop`` it learns as the clean dataset
 does. A trainer whose one device returns NaN and inf in its diff (``tests.fakes.nonfinite.NaNDeviceTrainer``)
 leaves the released model finite, its accuracy within noise of the clean run's, and that device counted failed
 with the reason in ``events.jsonl``. The three jobs run at once."""

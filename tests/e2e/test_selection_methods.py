@@ -4,7 +4,7 @@ devices reported (their last losses), so their traces differ from the uniform sc
 for bit from its seed across sync intervals (the policy sees only applied updates, never a report that reached
 the server early), and one killed with SIGKILL and resumed ends exactly like it (the policy's state
 is in the checkpoint); ``--dry-run`` refuses a policy that needs training results in one line
-(``tests/jobs/test_config_validation.py``, in-process).
+(``tests/jobs/test_refused_in_process.py``).
 
 The jobs run at once (their results do not depend on it: exact time)."""
 
