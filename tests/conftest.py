@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import psutil
 import pytest
@@ -26,6 +26,35 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if str(item.path).startswith(E2E_DIR):
             item.add_marker(pytest.mark.slow)
+
+
+# torch's intra-op thread count when this process first imported it (``one_torch_thread``)
+_TORCH_DEFAULT_THREADS: list[int] = []
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Each test computes on one torch intra-op thread. The tests' models and batches are tiny: a second thread
+    only waits (OpenMP spins), and on a shared 2-core machine the spinning thread takes the core another process
+    of the test needs, so the fast subset took 3x the CPU time on two threads. Only this process: the jobs tests
+    start keep torch's default. A test of thread counts asks for ``default_torch_threads``."""
+    torch = sys.modules.get("torch")  # imported by the test's module, or by an earlier test; else nothing to set
+    if torch is not None:
+        if not _TORCH_DEFAULT_THREADS:
+            _TORCH_DEFAULT_THREADS.append(torch.get_num_threads())
+        torch.set_num_threads(1)
+
+
+@pytest.fixture
+def default_torch_threads(one_torch_thread) -> Iterator[int]:
+    """torch's default intra-op thread count for this test (what a process of a job starts with), set back to one
+    thread after it; the count."""
+    import torch
+
+    threads = _TORCH_DEFAULT_THREADS[0] if _TORCH_DEFAULT_THREADS else torch.get_num_threads()
+    torch.set_num_threads(threads)
+    yield threads
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
@@ -61,13 +90,30 @@ def tracker_env(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def empty_mlflow_store(tmp_path_factory) -> str:
-    """An MLflow SQLite store with its tables made (MLflow's migrations take seconds), copied by ``mlflow_store``."""
+def empty_mlflow_store(request, tmp_path_factory) -> str:
+    """An MLflow SQLite store with its tables made (MLflow's migrations take seconds), copied by ``mlflow_store``.
+    Kept in pytest's cache, one per MLflow version, so that a contributor's later runs skip the migrations (a
+    fresh clone, as CI's, makes it once)."""
+    import mlflow
     from mlflow.tracking import MlflowClient
 
-    path = tmp_path_factory.mktemp("mlflow") / "empty.db"
-    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    cache = getattr(request.config, "cache", None)  # None with -p no:cacheprovider
+    folder = cache.mkdir("mlflow-empty-store") if cache is not None else tmp_path_factory.mktemp("mlflow")
+    path = folder / f"empty-{mlflow.__version__}.db"
+    if not path.exists():
+        making = tmp_path_factory.mktemp("mlflow") / "empty.db"
+        MlflowClient(tracking_uri=f"sqlite:///{making}").search_experiments()
+        _copy_in(making, path)
     return str(path)
+
+
+def _copy_in(source, target) -> None:
+    """``source`` copied to ``target`` whole or not at all (another pytest may read ``target`` meanwhile)."""
+    import shutil
+
+    partial = target.with_suffix(f".{os.getpid()}.part")
+    shutil.copy(source, partial)
+    os.replace(partial, target)
 
 
 @pytest.fixture

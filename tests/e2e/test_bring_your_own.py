@@ -1,7 +1,7 @@
 """Bring your own: an NVFlare recipe with its own task processor runs on our simulator after
 ``use_fast_simulator``; a custom ``nn.Module`` with custom arrays runs through the Python API; the CLI takes a
-model and a dataset by import path and refuses a bad one clearly; a user's own method runs by import path. Real
-NVFlare runs, small."""
+model and a dataset by import path (and refuses a bad one clearly: ``tests/jobs/test_refused_in_process.py``); a
+user's own method runs by import path. Real NVFlare runs, small."""
 
 from __future__ import annotations
 
@@ -150,25 +150,3 @@ def test_own_models_and_data_run_through_the_python_api_and_by_import_path_on_th
     metrics = json.load(open(cli_root / "out" / "metrics.json"))
     assert metrics["config"]["training"]["model"] == "users_pkg.models:Mlp"
     assert [r["version"] for r in metrics["versions"]][-1] == 3 and metrics["versions"][-1]["accuracy"] > 0.25
-
-
-def test_a_bad_import_path_is_refused_before_any_process_starts(tmp_path):
-    env = os.environ | {"PYTHONPATH": _users_package(tmp_path / "src")}
-    cases = {
-        ("--model", "users_pkg.models:Nope"): "Nope",
-        ("--model", "no_such_pkg.models:Net"): "no_such_pkg",
-        ("--dataset", "users_pkg.data:nothing"): "nothing",
-        ("--model", "torch.nn:Identity"): "Identity",
-    }
-    for (flag, value), named in cases.items():
-        proc = subprocess.run(
-            [PYTHON, os.path.join(REPO, "jobs", "pt_job_fedavg.py"), flag, value, *job_args(tmp_path)],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert proc.returncode == 2, (flag, value, proc.stderr[-2000:])
-        assert named in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-        assert not (tmp_path / "ws").exists()  # refused before NVFlare made a workspace

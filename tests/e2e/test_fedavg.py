@@ -1,4 +1,5 @@
-"""Real NVFlare runs of the FedAvg job: in SimEnv, and exported then run by the ``nvflare simulator`` CLI."""
+"""Real NVFlare runs of the FedAvg job: in SimEnv with either training engine (the vectorised one, the default for
+models without BatchNorm, and the per-device one), and exported then run by the ``nvflare simulator`` CLI."""
 
 import glob
 import json
@@ -8,8 +9,9 @@ import subprocess
 import pytest
 import torch
 
+from jobs.pt_job_fedavg import main as fedavg_job
 from processors.models import build_model
-from tests.conftest import PYTHON, REPO, job_args, run_guarded
+from tests.conftest import PYTHON, REPO, job_args, kill_tree, run_guarded
 
 CHANCE = 0.1
 
@@ -21,13 +23,36 @@ def _run(args, timeout=400):
 
 
 @pytest.fixture(scope="module")
-def simenv_run(tmp_path_factory) -> tuple:
-    """One real SimEnv FedAvg run, checked by the three tests below: the vectorised engine in groups of 3, with
-    ``tests/repr_guard`` in every process. Returns (results folder, stdout, what the guard recorded)."""
+def simenv_runs(tmp_path_factory) -> dict[str, tuple]:
+    """Two real SimEnv FedAvg runs at once (one start-up's wait, not two). ``vectorized``: the vectorised engine in
+    groups of 3, with ``tests/repr_guard`` in every process, checked by the first three tests below; returns
+    (results folder, stdout, what the guard recorded). ``per-device``: the per-device engine; returns (results
+    folder, stdout, stderr, exit code)."""
     tmp = tmp_path_factory.mktemp("fedavg")
-    flags = job_args(tmp, "--max-model-version", "3", "--engine", "vectorized", "--group-size", "3")
-    out, rendered = run_guarded(tmp, "jobs/pt_job_fedavg.py", *flags)
-    return tmp / "out", out, rendered
+    alone = tmp / "per-device"
+    per_device = subprocess.Popen(
+        [PYTHON, "jobs/pt_job_fedavg.py", *job_args(alone, "--engine", "per-device", "--max-model-version", "3")],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        flags = job_args(tmp, "--max-model-version", "3", "--engine", "vectorized", "--group-size", "3")
+        out, rendered = run_guarded(tmp, "jobs/pt_job_fedavg.py", *flags)
+        stdout, stderr = per_device.communicate(timeout=400)
+    finally:
+        if per_device.poll() is None:
+            kill_tree(per_device.pid)
+    return {
+        "vectorized": (tmp / "out", out, rendered),
+        "per-device": (alone / "out", stdout, stderr, per_device.returncode),
+    }
+
+
+@pytest.fixture(scope="module")
+def simenv_run(simenv_runs) -> tuple:
+    return simenv_runs["vectorized"]
 
 
 def test_no_process_of_a_run_renders_a_model_or_diff_as_text(simenv_run):
@@ -42,6 +67,19 @@ def test_the_vectorized_engine_trains_every_selected_device_in_its_groups(simenv
     assert (metrics["planner"]["engine"], metrics["planner"]["group_size"]) == ("vectorized", 3)
     reports = [json.loads(line) for f in glob.glob(str(results / "leaf_*.jsonl")) for line in open(f)]
     assert all(r["ok"] for r in reports) and max(r["group"] for r in reports) == 3
+
+
+def test_the_per_device_engine_trains_every_selected_device_and_learns(simenv_runs):
+    """The per-device engine in a real SimEnv run (once a module of its own): its job runs beside the vectorised one."""
+    results, stdout, stderr, code = simenv_runs["per-device"]
+    engine, group = "per-device", 1
+    assert code == 0, stdout[-3000:] + stderr[-3000:]
+    assert f"engine: {engine}, groups of {group} device(s)" in stdout
+    metrics = json.loads((results / "metrics.json").read_text())
+    assert (metrics["planner"]["engine"], metrics["planner"]["group_size"]) == (engine, group)
+    assert max(r["accuracy"] for r in metrics["versions"][1:]) > 0.2, metrics["versions"]
+    reports = [json.loads(line) for f in glob.glob(str(results / "leaf_*.jsonl")) for line in open(f)]
+    assert all(r["ok"] for r in reports) and max(r["group"] for r in reports) == group
 
 
 def test_fedavg_in_simenv_learns_and_writes_all_outputs(simenv_run):
@@ -80,7 +118,7 @@ def test_fedavg_in_simenv_learns_and_writes_all_outputs(simenv_run):
 def test_exported_job_runs_under_nvflare_simulator_cli(tmp_path):
     export = tmp_path / "export"
     flags = job_args(tmp_path, "--max-model-version", "2", "--export-only", str(export), output=False)
-    _run([PYTHON, "jobs/pt_job_fedavg.py", *flags])
+    assert fedavg_job(flags) == 0  # the job script's entry point, here: an export starts no process
     job_dir = export / "edgesim_fedavg"
     assert (job_dir / "meta.json").exists()
     server_config = next(job_dir.glob("**/config_fed_server.json")).read_text()

@@ -25,33 +25,48 @@ def wait_for_version(metrics_path, version: int, proc, timeout: float) -> None:
     pytest.fail(f"no version {version} within {timeout} s")
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_interrupting_a_running_job_leaves_no_process_and_keeps_results(tmp_path, sig, code):
-    flags = job_args(tmp_path, "--max-model-version", "500", "--local-iters", "2")
-    proc = subprocess.Popen(
-        [PYTHON, "jobs/pt_job_fedavg.py", *flags], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+SIGNALS = {signal.SIGINT: 130, signal.SIGTERM: 143}  # each signal and the driver's exit code
+
+
+def test_interrupting_a_running_job_leaves_no_process_and_keeps_results(tmp_path):
+    """Two jobs at once (one job start's cost, not two), one stopped with Ctrl-C's SIGINT, the other with SIGTERM."""
+    procs: dict[signal.Signals, subprocess.Popen] = {}
+    trees, outs = {}, {}
     try:
-        wait_for_version(tmp_path / "out" / "metrics.json", 2, proc, timeout=240)
-        tree = psutil.Process(proc.pid).children(recursive=True)
-        assert len(tree) >= 3, "SimEnv runs the server and each leaf in processes of their own"
-        proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=120)
+        for sig in SIGNALS:
+            flags = job_args(tmp_path / sig.name, "--max-model-version", "500", "--local-iters", "2")
+            procs[sig] = subprocess.Popen(
+                [PYTHON, "jobs/pt_job_fedavg.py", *flags],
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        for sig, proc in procs.items():
+            wait_for_version(tmp_path / sig.name / "out" / "metrics.json", 2, proc, timeout=240)
+            trees[sig] = psutil.Process(proc.pid).children(recursive=True)
+            assert len(trees[sig]) >= 3, "SimEnv runs the server and each leaf in processes of their own"
+            proc.send_signal(sig)
+        for sig, proc in procs.items():
+            outs[sig], _ = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == code, out[-3000:]
-    survivors = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert not survivors, [" ".join(p.cmdline()[:4]) for p in survivors]
-    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
-    assert metrics["versions"][-1]["version"] >= 2
-    assert (tmp_path / "out" / "accuracy.png").exists()
-    name = signal.Signals(sig).name
-    outcome = metrics["outcome"]
-    assert outcome["status"] == "interrupted" and outcome["signal"] == name, outcome
-    assert outcome["version"] >= metrics["versions"][-1]["version"]
-    assert metrics["summary"]["last_version"] == outcome["version"]
-    assert f"interrupted ({name})" in out
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    for sig, code in SIGNALS.items():
+        proc, out, tree, results = procs[sig], outs[sig], trees[sig], tmp_path / sig.name / "out"
+        assert proc.returncode == code, out[-3000:]
+        survivors = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not survivors, [" ".join(p.cmdline()[:4]) for p in survivors]
+        metrics = json.loads((results / "metrics.json").read_text())
+        assert metrics["versions"][-1]["version"] >= 2
+        assert (results / "accuracy.png").exists()
+        name = signal.Signals(sig).name
+        outcome = metrics["outcome"]
+        assert outcome["status"] == "interrupted" and outcome["signal"] == name, outcome
+        assert outcome["version"] >= metrics["versions"][-1]["version"]
+        assert metrics["summary"]["last_version"] == outcome["version"]
+        assert f"interrupted ({name})" in out
 
 
 # the job's command line with the engine's ``trainer`` option (it has no flag), as benchmarks/lib/null_training.py runs it

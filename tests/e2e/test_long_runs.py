@@ -174,18 +174,6 @@ def test_a_run_killed_and_resumed_ends_exactly_like_an_uninterrupted_run(tmp_pat
     ).read_bytes()
 
 
-def test_resume_refuses_a_flag_that_would_change_the_result(tmp_path):
-    (tmp_path / "run").mkdir()
-    proc = subprocess.run(
-        [PYTHON, "jobs/pt_job_fedrevive.py", "--resume", str(tmp_path / "run")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2 and "no metrics.json there" in proc.stderr
-
-
 RESNET18_BN = (
     "--model resnet18_bn --num-leaf-nodes 2 --devices-per-leaf 4 --device-selection-size 8 --max-model-version 3 "
     "--local-iters 1 --synthetic-size 600"

@@ -3,7 +3,8 @@
 devices reported (their last losses), so their traces differ from the uniform schedule's; an Oort run repeats bit
 for bit from its seed across sync intervals (the policy sees only applied updates, never a report that reached
 the server early), and one killed with SIGKILL and resumed ends exactly like it (the policy's state
-is in the checkpoint); ``--dry-run`` refuses a policy that needs training results in one line.
+is in the checkpoint); ``--dry-run`` refuses a policy that needs training results in one line
+(``tests/jobs/test_refused_in_process.py``).
 
 The jobs run at once (their results do not depend on it: exact time)."""
 
@@ -11,13 +12,10 @@ from __future__ import annotations
 
 import collections
 import json
-import subprocess
 
 from common.delays import DELAY_PRESETS
 from scheduling.event_reference import make_schedule, reference_trace
 from tests.conftest import (
-    PYTHON,
-    REPO,
     SMALL_JOB,
     assert_same_run,
     examples_env,
@@ -64,19 +62,3 @@ def test_selection_examples_run_as_jobs_differ_from_uniform_repeat_and_resume_ex
     assert_same_run(tmp_path / "oort" / "out", killed)
     assert metrics["power_of_choice"]["config"]["method_settings"] == {"choices": 3.0}
     assert metrics["oort"]["config"]["method"] == "oort_selection:Oort"
-
-
-def test_dry_run_refuses_a_policy_that_needs_training_results_in_one_line(tmp_path):
-    done = subprocess.run(
-        [PYTHON, "jobs/pt_job_fedrevive.py", *COMMON, *RUNS["power_of_choice"], "--dry-run"]
-        + ["--output", str(tmp_path / "out")],
-        cwd=REPO,
-        env=examples_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 2, done.stdout + done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--dry-run trains nothing" in lines[0], done.stderr
-    assert not (tmp_path / "out" / "events.jsonl").exists()

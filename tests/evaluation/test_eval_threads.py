@@ -20,8 +20,9 @@ def _in_thread(work) -> dict:
 
 
 @pytest.mark.skipif(torch.get_num_threads() < 2, reason="one intra-op thread already")
-def test_the_evaluation_thread_limits_itself_and_no_thread_started_later():
+def test_the_evaluation_thread_limits_itself_and_no_thread_started_later(default_torch_threads):
     default = torch.get_num_threads()
+    assert default == default_torch_threads >= 2  # not the tests' one thread (conftest.one_torch_thread)
     assert eval_threads(torch.device("cpu")) <= max(1, default)
     assert _in_thread(lambda: (limit_this_thread(1), {"evaluator": torch.get_num_threads()})[1]) == {"evaluator": 1}
     assert _in_thread(lambda: {"later": torch.get_num_threads()}) == {"later": default}

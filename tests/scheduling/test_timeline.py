@@ -4,14 +4,12 @@ the schedule alone, and the figures it is planned with."""
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
 from common.delays import DELAY_PRESETS
 from scheduling.event_reference import make_schedule, reference_trace
 from scheduling.timeline import run_timeline, timeline_summary, write_timeline
-from tests.conftest import PYTHON, REPO
 
 
 def schedule(**overrides):
@@ -40,23 +38,20 @@ def test_a_synchronous_timeline_makes_one_version_per_round():
     assert summary["updates"] == 32 and summary["staleness_histogram"] == {0: 32}
 
 
-def test_dry_run_writes_the_trace_a_real_run_writes_and_starts_no_job(tmp_path):
-    """``tests/e2e/test_exact_time.py`` shows a real run's trace equals the reference; so does the dry run's."""
+def test_dry_run_writes_the_trace_a_real_run_writes_and_starts_no_job(tmp_path, monkeypatch, capsys):
+    """``tests/e2e/test_exact_time.py`` shows a real run's trace equals the reference; so does the dry run's. The job
+    script's entry point runs in this process (a fresh interpreter's torch import cost seconds, and checked
+    nothing more): NVFlare's environment is never made."""
+    from jobs.pt_job_fedrevive import main
+    from jobs.run import driver
     from tests.e2e.test_exact_time import COMMON, reference
 
+    monkeypatch.setattr(driver, "make_env", lambda *a, **k: pytest.fail("the dry run started a job"))
     flags = [*COMMON, "--method", "fedbuff", "--max-model-version", "12", "--dry-run", "--output", str(tmp_path)]
     flags += ["--workspace", str(tmp_path / "ws")]
-    proc = subprocess.run(
-        [PYTHON, "jobs/pt_job_fedrevive.py", *flags], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert main(flags) == 0
     assert [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()] == reference("fedbuff")
-    assert "dry run: 12 versions" in proc.stdout and not (tmp_path / "ws").exists()  # no NVFlare workspace
-    refused = subprocess.run(
-        [PYTHON, "jobs/pt_job_fedrevive.py", "--dry-run", "--resume", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert refused.returncode == 2 and "leave out --resume" in refused.stderr
+    assert "dry run: 12 versions" in capsys.readouterr().out and not (tmp_path / "ws").exists()  # no workspace
+    with pytest.raises(SystemExit) as refused:
+        main(["--dry-run", "--resume", str(tmp_path)])
+    assert refused.value.code == 2 and "leave out --resume" in capsys.readouterr().err

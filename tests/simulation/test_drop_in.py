@@ -132,6 +132,8 @@ def test_a_job_without_simulation_or_converted_twice_is_refused():
 def test_the_runner_gives_a_foreign_processor_the_leafs_share_of_threads_and_logs_locally(monkeypatch, tmp_path):
     import simulation.leaf_runner as leaf_runner
 
+    torch.set_num_threads(2)  # not the plan's one thread already (conftest.one_torch_thread): the runner sets it
+
     monkeypatch.setattr(leaf_runner, "probe_hardware", lambda: HardwareProfile(8))
     monkeypatch.setattr(leaf_runner, "count_leaf_processes", lambda: 2)
     request = PlanRequest(model=None, batch_size=0, optimizer="", devices_per_round=3)
