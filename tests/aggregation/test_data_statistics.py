@@ -64,9 +64,9 @@ def _numpy_state(model: nn.Module) -> dict[str, np.ndarray]:
 
 @pytest.mark.slow  # ResNet-18 trained and evaluated three times on 2 cores: most of the fast subset's time
 def test_server_model_accuracy_equals_the_device_model_accuracy_on_the_same_weights_and_statistics(monkeypatch):
-    import processors.task_processor as tp
+    import processors.compute_context as cc
 
-    monkeypatch.setattr(tp, "_global_params", {})  # the per-process weights cache: this test's model is its own
+    monkeypatch.setattr(cc, "_global_params", {})  # the per-process weights cache: this test's model is its own
     initial = _numpy_state(initial_model("resnet18_bn", 0))
     processor = make_processor(
         synthetic_size=SYNTHETIC_SIZE, model="resnet18_bn", local_iters=20, local_batch_size=32, local_lr=1e-3
