@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -68,8 +69,11 @@ def report(assessor, engine, leaf: str, **entries):
     return child_reports(assessor, engine, leaf, shareable)
 
 
-@pytest.mark.parametrize("b, hole, sums", [(2, 1, False), (8, 8, True)], ids=["fedbuff", "fedavg-sums"])
-def test_a_run_whose_every_device_fails_stops_naming_the_count_and_the_last_error(tmp_path, b, hole, sums):
+def run_answering(tmp_path, b: int, hole: int, max_version: int, sums: bool, answer: Callable) -> tuple:
+    """A run of the assessor on exact time with two scripted leaves that answer each newly selected device with
+    ``answer(device, selection_id, version, n)`` (n: 1, 2, ... in order), as one sum per selection and leaf when
+    ``sums`` (a synchronous leaf), else one update each; ``--max-consecutive-failures 10``. Returns the assessor
+    and the global model once the run has ended."""
     manager = GlobalModel(MEAN)
     assessor = ExactTimeAssessor(
         "persistor",
@@ -78,7 +82,7 @@ def test_a_run_whose_every_device_fails_stops_naming_the_count_and_the_last_erro
         selection_size=8,
         updates_per_version=b,
         min_hole_to_fill=hole,
-        max_model_version=25,
+        max_model_version=max_version,
         delays=DELAY_PRESETS["paper"].to_dict(),
         seed=4,
         results_dir=str(tmp_path),
@@ -89,35 +93,38 @@ def test_a_run_whose_every_device_fails_stops_naming_the_count_and_the_last_erro
     for leaf, count in LEAVES.items():
         report(assessor, engine, leaf, **{DEVICE_RANGES: {leaf: [count, leaf]}})
     reported: set[tuple[str, int]] = set()
-    tasks = 0
     started = time.time()
     while assessor.assess(engine.new_context()) != Assessment.WORKFLOW_DONE:
-        assert time.time() - started < 30, "a run whose devices all fail must stop"
+        assert time.time() - started < 30, "the run must stop"
         for leaf in LEAVES:
             reply = report(assessor, engine, leaf)
             selection = unpacked_map(reply.get(PropKey.DEVICE_SELECTION)) or {}
             versions = unpacked_map(reply.get(SELECTION_VERSIONS)) or {}
-            failed = []
+            updates = []
             for device, sid in sorted(selection.items()):
                 if (device, sid) not in reported:
                     reported.add((device, sid))
-                    tasks += 1
-                    failed.append(
-                        DeviceUpdate(device, sid, versions[sid], None, 0, error=f"RuntimeError: task {tasks}")
-                    )
-            if failed and sums:  # a synchronous leaf sends one sum per selection, each failed device's error in it
-                for sid in sorted({u.selection_id for u in failed}):
-                    mine = [u for u in failed if u.selection_id == sid]
-                    for u in mine:
-                        u.diff = {"w": np.zeros(3, np.float32)}
+                    updates.append(answer(device, sid, versions[sid], len(reported)))
+            if updates and sums:  # a synchronous leaf sends one sum per selection, each failed device's error in it
+                for sid in sorted({u.selection_id for u in updates}):
+                    mine = [u for u in updates if u.selection_id == sid]
                     total = SelectionSum.of(mine).to_dict()
-                    assert set(total["errors"]) == {u.device for u in mine}
+                    assert set(total.get("errors", {})) == {u.device for u in mine if u.error}
                     report(assessor, engine, leaf, **{SELECTION_SUMS: [total]})
-            elif failed:
-                report(assessor, engine, leaf, **{DEVICE_UPDATES: [u.to_dict() for u in failed]})
+            elif updates:
+                report(assessor, engine, leaf, **{DEVICE_UPDATES: [u.to_dict() for u in updates]})
         time.sleep(0.001)
     engine.fire_event(EventType.END_RUN, engine.new_context())
+    return assessor, manager
 
+
+@pytest.mark.parametrize("b, hole, sums", [(2, 1, False), (8, 8, True)], ids=["fedbuff", "fedavg-sums"])
+def test_a_run_whose_every_device_fails_stops_naming_the_count_and_the_last_error(tmp_path, b, hole, sums):
+    def failed(device: str, sid: int, version: int, n: int) -> DeviceUpdate:
+        diff = {"w": np.zeros(3, np.float32)} if sums else None  # a sum holds the failed devices' zero diffs
+        return DeviceUpdate(device, sid, version, diff, 0, error=f"RuntimeError: task {n}")
+
+    assessor, _ = run_answering(tmp_path, b, hole, 25, sums, failed)
     outcome = assessor.outcome
     trace = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert outcome["status"] == "stopped" and outcome["version"] == 1, outcome

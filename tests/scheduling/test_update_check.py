@@ -5,31 +5,17 @@ exact time with scripted leaves that send non-finite updates straight to the ser
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
-from nvflare.apis.event_type import EventType
-from nvflare.edge.assessor import Assessment
-from nvflare.edge.mud import PropKey
 
-from aggregation.global_model import GlobalModel
-from common.delays import DELAY_PRESETS
 from common.finite import NOT_FINITE, nonfinite_entry, nonfinite_reason
-from common.packed_maps import unpacked_map
 from common.protocol import (
-    DEVICE_RANGES,
-    DEVICE_UPDATES,
-    SELECTION_SUMS,
-    SELECTION_VERSIONS,
     DeviceUpdate,
     SelectionSum,
 )
-from scheduling.exact_assessor import ExactTimeAssessor
 from scheduling.update_check import FiniteUpdates
-from tests.fakes.engine import EventEngine
-from tests.scheduling.test_exact_assessor import LEAVES, MEAN, ZeroPersistor
-from tests.scheduling.test_failure_streak import report
+from tests.scheduling.test_failure_streak import run_answering
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
@@ -78,47 +64,14 @@ def _nan_run(tmp_path, sums: bool, poisoned: set[str] | None):
     finite diffs but those in ``poisoned`` (None: every device), whose diffs hold NaN, sent as counted updates.
     Returns the assessor's outcome, the trace and the final global weights."""
     b, hole = (8, 8) if sums else (2, 1)
-    manager = GlobalModel(MEAN)
-    assessor = ExactTimeAssessor(
-        "persistor",
-        "global_model",
-        num_leaves=2,
-        selection_size=8,
-        updates_per_version=b,
-        min_hole_to_fill=hole,
-        max_model_version=6,
-        delays=DELAY_PRESETS["paper"].to_dict(),
-        seed=4,
-        results_dir=str(tmp_path),
-        max_consecutive_failures=10,
-    )
-    engine = EventEngine({"persistor": ZeroPersistor(), "global_model": manager, "wf_assessor": assessor})
-    engine.fire_event(EventType.START_RUN, engine.new_context())
-    for leaf, count in LEAVES.items():
-        report(assessor, engine, leaf, **{DEVICE_RANGES: {leaf: [count, leaf]}})
-    reported: set[tuple[str, int]] = set()
-    started = time.time()
-    while assessor.assess(engine.new_context()) != Assessment.WORKFLOW_DONE:
-        assert time.time() - started < 30, "the run must end"
-        for leaf in LEAVES:
-            reply = report(assessor, engine, leaf)
-            selection = unpacked_map(reply.get(PropKey.DEVICE_SELECTION)) or {}
-            versions = unpacked_map(reply.get(SELECTION_VERSIONS)) or {}
-            updates = []
-            for device, sid in sorted(selection.items()):
-                if (device, sid) not in reported:
-                    reported.add((device, sid))
-                    bad = poisoned is None or device in poisoned
-                    w = np.array([np.nan, 1.0, 0.0] if bad else [0.1, 0.2, 0.3], np.float32)
-                    updates.append(DeviceUpdate(device, sid, versions[sid], {"w": w}, 1))
-            if updates and sums:
-                for sid in sorted({u.selection_id for u in updates}):
-                    total = SelectionSum.of([u for u in updates if u.selection_id == sid]).to_dict()
-                    report(assessor, engine, leaf, **{SELECTION_SUMS: [total]})
-            elif updates:
-                report(assessor, engine, leaf, **{DEVICE_UPDATES: [u.to_dict() for u in updates]})
-        time.sleep(0.001)
-    engine.fire_event(EventType.END_RUN, engine.new_context())
+
+    def trained(device: str, sid: int, version: int, n: int) -> DeviceUpdate:
+        bad = poisoned is None or device in poisoned
+        return DeviceUpdate(
+            device, sid, version, {"w": np.array([np.nan, 1.0, 0.0] if bad else [0.1, 0.2, 0.3], np.float32)}, 1
+        )
+
+    assessor, manager = run_answering(tmp_path, b, hole, 6, sums, trained)
     trace = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     return assessor.outcome, trace, manager.current_weights
 
