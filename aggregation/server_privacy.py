@@ -66,6 +66,7 @@ class ServerPrivacy:
         self.server_clipped = 0  # updates the server had to clip (a device that did not)
         self._open = self._fresh()
         self._last: dict = {}  # the figures of the aggregate that made the current version
+        self._noise_shapes: list[tuple[int, ...]] | None = None  # the parameters' shapes, once noised
 
     @staticmethod
     def _fresh() -> dict:
@@ -133,7 +134,8 @@ class ServerPrivacy:
         ``like`` (not its statistics), standard deviation update noise multiplier x the aggregate's bound."""
         names = [k for k in like if k not in statistics]
         stddev = self.update_multiplier * self._open["bound"]
-        drawn = self.source.arrays([np.shape(like[k]) for k in names], stddev, "server", version)
+        self._noise_shapes = [np.shape(like[k]) for k in names]
+        drawn = self.source.arrays(self._noise_shapes, stddev, "server", version)
         return dict(zip(names, drawn, strict=True))
 
     def close(self, version: int) -> None:
@@ -155,6 +157,8 @@ class ServerPrivacy:
             self._last["noised_unclipped_fraction"] = round(noised, 6)
         else:
             self.clip_norms[version] = previous
+        if self._noise_shapes is not None:  # the next version's noise, drawn while its devices train
+            self.source.draw_ahead(self._noise_shapes, "server", version + 1)
 
     @property
     def compositions(self) -> int:

@@ -276,3 +276,42 @@ def test_the_two_sigma_attack_recovers_no_sum_from_runs_of_one_seed():
         estimate = (s2 * o1 - s1 * o2) / (s2 - s1)
         error = np.std(estimate - true_sum)
         assert error >= s1 * clip, (source, error)  # at least the smaller run's noise scale: nothing recovered
+
+
+def test_noise_drawn_ahead_is_the_noise_drawn_at_once_and_belongs_to_its_version_only():
+    """The next version's noise is drawn while its devices train (``draw_ahead``): the versions a seeded run
+    makes are those of noise drawn at once, the draw ahead is taken by its own version only, and secure noise
+    drawn ahead is used once (two versions never share it)."""
+    from common.dp_noise import GaussianNoise
+
+    shapes = [(3, 5), (7,)]
+    fresh = GaussianNoise("seeded", KEY).arrays(shapes, 0.9, "server", 2)
+    ahead = GaussianNoise("seeded", KEY)
+    ahead.draw_ahead(shapes, "server", 2)
+    assert all(np.array_equal(a, b) for a, b in zip(ahead.arrays(shapes, 0.9, "server", 2), fresh, strict=True))
+    ahead.draw_ahead(shapes, "server", 3)  # not version 4's: version 4 draws its own, and 3's waits for it
+    four = ahead.arrays(shapes, 0.9, "server", 4)
+    assert np.array_equal(four[0], GaussianNoise("seeded", KEY).arrays(shapes, 0.9, "server", 4)[0])
+    three = GaussianNoise("seeded", KEY).arrays(shapes, 0.9, "server", 3)
+    assert np.array_equal(ahead.arrays(shapes, 0.9, "server", 3)[1], three[1])
+
+    secure = GaussianNoise("secure")
+    secure.draw_ahead([(50_000,)], "server", 2)
+    first = secure.arrays([(50_000,)], 2.0, "server", 2)[0]
+    second = secure.arrays([(50_000,)], 2.0, "server", 2)[0]  # the same labels again: a fresh draw
+    assert not np.array_equal(first, second)
+    assert abs(first.std() / 2.0 - 1) < 0.03 and abs(second.std() / 2.0 - 1) < 0.03
+
+    # a seeded run with its noise drawn ahead makes the versions of one that draws each version's noise at once
+    def versions(draw_ahead: bool) -> list[np.ndarray]:
+        model, ctx = dp_model()
+        if not draw_ahead:
+            model._privacy.source.draw_ahead = lambda *a: None
+        model.start({"w": np.zeros(1000, np.float32)}, 1, ctx)
+        out = []
+        for v in range(3):
+            one_version(model, ctx, ["a#0", "a#1", "a#2", "a#3"], base=1 + v, size=1000)
+            out.append(model.current_weights["w"].copy())
+        return out
+
+    assert all(np.array_equal(a, b) for a, b in zip(versions(True), versions(False), strict=True))
