@@ -155,6 +155,15 @@ def run_job(
     return JobResult(metrics, output, time.time() - started, peak, cpu_at_version, started, ended)
 
 
+def fleet_flags(devices_per_leaf: int, selection: int, versions: int, leaves: int = 2) -> list[str]:
+    """The job flags of a bench's fleet: ``leaves`` leaves of ``devices_per_leaf`` devices, ``selection`` of them
+    selected at once, ``versions`` versions."""
+    return [
+        *("--num-leaf-nodes", str(leaves), "--devices-per-leaf", str(devices_per_leaf)),
+        *("--device-selection-size", str(selection), "--max-model-version", str(versions)),
+    ]
+
+
 @contextlib.contextmanager
 def worktree(rev: str, work: str):
     """A temporary checkout of ``rev`` (its own code first on ``PYTHONPATH``), removed afterwards."""

@@ -21,7 +21,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from benchmarks.lib.harness import run_job  # noqa: E402
+from benchmarks.lib.harness import fleet_flags, run_job  # noqa: E402
 from common.result_files import CHECKPOINT  # noqa: E402
 from scheduling.checkpoint import AUTO_COST_SHARE, AUTO_MIN_SECONDS  # noqa: E402
 
@@ -49,14 +49,7 @@ def main() -> None:
                 *METHOD_FLAGS[method],
                 "--model",
                 args.model,
-                "--num-leaf-nodes",
-                "2",
-                "--devices-per-leaf",
-                str(args.devices_per_leaf),
-                "--device-selection-size",
-                str(args.selection),
-                "--max-model-version",
-                str(args.versions),
+                *fleet_flags(args.devices_per_leaf, args.selection, args.versions),
                 "--local-iters",
                 "2",
                 "--subset-size",

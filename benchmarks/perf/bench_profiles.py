@@ -20,6 +20,9 @@ import time
 import psutil
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+from benchmarks.lib.harness import fleet_flags  # noqa: E402
+
 SAMPLE_S = 0.2
 
 
@@ -97,14 +100,7 @@ def main() -> None:
     p.add_argument("--profiles", default=",".join(PROFILES), help="comma-separated, in the order to run")
     args = p.parse_args()
     common = [
-        "--num-leaf-nodes",
-        "2",
-        "--devices-per-leaf",
-        str(args.devices_per_leaf),
-        "--device-selection-size",
-        str(args.selection),
-        "--max-model-version",
-        str(args.versions),
+        *fleet_flags(args.devices_per_leaf, args.selection, args.versions),
         "--synthetic-size",
         str(args.synthetic_size),
         "--seed",

@@ -23,6 +23,8 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+from benchmarks.lib.harness import fleet_flags  # noqa: E402
 
 
 def run_job(flags: list[str], out: str) -> dict:
@@ -77,14 +79,7 @@ def main() -> None:
     args = p.parse_args()
     versions = args.versions or (2 if args.delays else 3)
     common = [
-        "--num-leaf-nodes",
-        "2",
-        "--devices-per-leaf",
-        str(args.devices_per_leaf),
-        "--device-selection-size",
-        str(args.selection),
-        "--max-model-version",
-        str(versions),
+        *fleet_flags(args.devices_per_leaf, args.selection, versions),
         "--synthetic-size",
         str(args.synthetic_size),
         "--seed",
