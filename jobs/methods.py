@@ -231,11 +231,9 @@ class Method:
         """Its name, or the import path it was chosen by."""
         return self.name or f"{type(self).__module__}:{type(self).__qualname__}"
 
-    def default_settings(self) -> Any:
-        return self.settings() if self.settings is not None else None
-
     def settings_from(self, values: dict) -> Any:
-        """Its settings from option values (``fr_s_max=...`` without the prefix); ``None`` if it has none."""
+        """Its settings from option values (``fr_s_max=...`` without the prefix; none given: its defaults); ``None``
+        if it has none."""
         if self.settings is None:
             if values:
                 raise ConfigError(f"--method {self.label} has no settings of its own; leave out {sorted(values)}")
