@@ -15,7 +15,8 @@ updates. It imports nothing heavier than the standard library.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 from common.choices import ConfigError, check_choice
@@ -170,6 +171,21 @@ class PrivacyConfig:
         (over C) divided by ``sensitivity`` (``noise_multiplier``: sigma, default this run's)."""
         z = self.dp_noise_multiplier if noise_multiplier is None else noise_multiplier
         return z / self.sensitivity
+
+    def planned(self, busiest: dict[str, int]) -> tuple[PrivacyConfig, float]:
+        """This part for a planned run, and the epsilon it spends: ``busiest``, the busiest device's participations
+        by mode (``central``: the versions it goes into; ``local``: the updates it sends) gives the compositions;
+        the noise multiplier is computed for ``dp_target_epsilon`` over them where not given (sigma over C, rounded
+        up to 1e-6: never below the calibrated). Needs ``dp-accounting`` (``common.privacy_accounting``)."""
+        from common.privacy_accounting import epsilon, noise_for_epsilon
+
+        compositions = busiest[self.dp]
+        z = self.dp_noise_multiplier
+        if z is None:
+            found = noise_for_epsilon(self.dp_accountant, 1.0, compositions, self.dp_delta, self.dp_target_epsilon)
+            z = math.ceil(found * self.sensitivity * 1e6) / 1e6
+        planned = replace(self, dp_planned_compositions=compositions, dp_noise_multiplier=z)
+        return planned, epsilon(self.dp_accountant, planned.accounted_multiplier(), 1.0, compositions, self.dp_delta)
 
     def device_settings(self) -> dict | None:
         """What a device needs (``processors.privatize``): the mode and, with local DP, its noise multiplier and

@@ -186,7 +186,7 @@ class JobConfig:
     def __post_init__(self) -> None:
         method = method_of(self.method)
         if self.method_settings is None:
-            object.__setattr__(self, "method_settings", method.default_settings())
+            object.__setattr__(self, "method_settings", method.settings_from({}))
         elif method.settings is None or not isinstance(self.method_settings, method.settings):
             raise ConfigError(
                 f"method_settings {type(self.method_settings).__name__}: --method {self.method} takes "

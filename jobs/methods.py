@@ -26,10 +26,8 @@ A method subclasses ``Method`` and says, in class attributes and a few overridab
 FedAvg, FedBuff and FedRevive are the built-in ones (``BUILT_IN``, chosen by name). A user's method is chosen by
 its import path, ``--method package.module:Name`` (shipped with the job like ``--model``; a class defined in the
 script that runs the job works too), or passed to ``jobs.api.run(method=...)`` as the class or an instance.
-``docs/bring-your-own.md`` walks through one. Every other module asks the method, never its name.
-
-The exact-time machinery (selection, arrival order, B, events, checkpoints, evaluation, results) is the same for
-every method.
+``docs/bring-your-own.md`` walks through one. Every other module asks the method, never its name. The exact-time
+machinery (selection, arrival order, B, events, checkpoints, evaluation, results) is the same for every method.
 """
 
 from __future__ import annotations
@@ -44,6 +42,7 @@ from common.protocol import DATA_SIZE, LABEL_COUNTS
 from fedrevive.config import LOG_FILE as FEDREVIVE_LOG
 from fedrevive.config import FedReviveConfig
 from processors.data.spec import NORMALISATIONS
+from scheduling.selection import make_policy
 
 Weighting = Literal["devices", "samples"]  # aggregation.buffered_mean
 
@@ -114,6 +113,10 @@ class Method:
     def selection_args(self, cfg: Any) -> dict:
         """Its selection policy's constructor arguments for this run (``cfg``: the ``JobConfig``)."""
         return {}
+
+    def selection_policy(self, cfg: Any) -> Any:
+        """Its selection policy for this run, built (``scheduling.selection.make_policy``; ``None``: uniform)."""
+        return make_policy(self.selection_path, self.selection_args(cfg))
 
     def reports(self, cfg: Any) -> tuple[str, ...]:
         """The reports devices send with each update (``common.protocol`` names, ``processors.reports``): those
@@ -228,11 +231,9 @@ class Method:
         """Its name, or the import path it was chosen by."""
         return self.name or f"{type(self).__module__}:{type(self).__qualname__}"
 
-    def default_settings(self) -> Any:
-        return self.settings() if self.settings is not None else None
-
     def settings_from(self, values: dict) -> Any:
-        """Its settings from option values (``fr_s_max=...`` without the prefix); ``None`` if it has none."""
+        """Its settings from option values (``fr_s_max=...`` without the prefix; none given: its defaults); ``None``
+        if it has none."""
         if self.settings is None:
             if values:
                 raise ConfigError(f"--method {self.label} has no settings of its own; leave out {sorted(values)}")

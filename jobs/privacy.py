@@ -4,11 +4,11 @@ the build step derives for it once, before anything starts.
 ``check_privacy`` is one of the build's cross-checks (``jobs.build``; one line naming the fix; the method's own
 refusals are its ``Method.check_privacy``). ``resolve_privacy`` is the build's last stage, once a config is
 validated: it needs ``dp-accounting`` and builds the model (a model whose predictions use BatchNorm's statistics is
-refused: they would leave the devices unclipped), computes the noise multiplier from ``--dp-target-epsilon`` for
-the compositions the run will make, refuses a target that cannot be met, and gives seeded noise its key. The
+refused: they would leave the devices unclipped), has the privacy part compute the noise multiplier from
+``--dp-target-epsilon`` for the compositions the run will make (``PrivacyConfig.planned``), refuses a target that cannot be met, and gives seeded noise its key. The
 compositions are the versions the busiest device goes into (central) or the updates it sends (local), from the
-``--dry-run`` planner's trace: the same schedule the run follows (``jobs.run.schedule_plan``,
-``scheduling.timeline``), composed without amplification. ``privacy_notes`` says the run's privacy in a few lines.
+``--dry-run`` planner's trace, in one call: the same schedule the run follows (``jobs.run.schedule_plan``'s
+``planned_timeline``), composed without amplification. ``privacy_notes`` says the run's privacy in a few lines.
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 from collections import Counter
 
 from common.choices import ConfigError
-from common.privacy_accounting import check_installed, epsilon, noise_for_epsilon, update_noise_multiplier
+from common.privacy_accounting import check_installed, update_noise_multiplier
 from jobs.config import HARMLESS, JobConfig
-from jobs.run.schedule_plan import schedule_for
-from scheduling.timeline import Timeline, run_timeline
+from jobs.run.schedule_plan import planned_timeline
+from scheduling.timeline import Timeline
 
 
 def check_privacy(cfg: JobConfig) -> None:
@@ -88,38 +87,25 @@ def resolve_privacy(cfg: JobConfig) -> tuple[JobConfig, Timeline | None]:
     timeline = None
     # real devices: no plan; the server stops the run before a version exceeds the target
     if p.dp_target_epsilon is not None and cfg.engine.devices != "real":
-        timeline = planned_timeline(cfg)
-        cfg = _meet_target(cfg, planned_compositions(cfg, timeline))
-        p = cfg.privacy
+        timeline = planned_timeline(cfg)  # the schedule the run follows, run by the dry-run planner
+        p, spent = p.planned(participations(timeline))
+        if spent > p.dp_target_epsilon * (1 + 1e-9):
+            fix = (
+                "a resumed run keeps its noise: resume it without a longer --max-model-version / --max-sim-time"
+                if cfg.run.resume
+                else "raise the noise, or leave one of them out"
+            )
+            raise ConfigError(
+                f"--dp-noise-multiplier {p.dp_noise_multiplier} spends epsilon {spent:.4g} over the planned "
+                f"{p.dp_planned_compositions} compositions, above --dp-target-epsilon {p.dp_target_epsilon}: {fix}"
+            )
+        cfg = dataclasses.replace(cfg, privacy=p)
     if p.dp_adaptive_clipping:
         check_count_noise(cfg, p.dp_noise_multiplier)
     key = noise_key(cfg) if p.dp_noise == "seeded" else None
     if key != p.dp_noise_key:
         cfg = dataclasses.replace(cfg, privacy=dataclasses.replace(p, dp_noise_key=key))
     return cfg, timeline
-
-
-def _meet_target(cfg: JobConfig, compositions: int) -> JobConfig:
-    p = cfg.privacy
-    cfg = dataclasses.replace(cfg, privacy=dataclasses.replace(p, dp_planned_compositions=compositions))
-    p = cfg.privacy
-    if p.dp_noise_multiplier is None:
-        found = noise_for_epsilon(p.dp_accountant, 1.0, compositions, p.dp_delta, p.dp_target_epsilon)
-        z = math.ceil(found * p.sensitivity * 1e6) / 1e6  # sigma over C, rounded up: never below the calibrated
-        cfg = dataclasses.replace(cfg, privacy=dataclasses.replace(p, dp_noise_multiplier=z))
-        p = cfg.privacy
-    spent = epsilon(p.dp_accountant, p.accounted_multiplier(), 1.0, compositions, p.dp_delta)
-    if spent > p.dp_target_epsilon * (1 + 1e-9):
-        fix = (
-            "a resumed run keeps its noise: resume it without a longer --max-model-version / --max-sim-time"
-            if cfg.run.resume
-            else "raise the noise, or leave one of them out"
-        )
-        raise ConfigError(
-            f"--dp-noise-multiplier {p.dp_noise_multiplier} spends epsilon {spent:.4g} over the planned "
-            f"{compositions} compositions, above --dp-target-epsilon {p.dp_target_epsilon}: {fix}"
-        )
-    return cfg
 
 
 def noise_key(cfg: JobConfig) -> str:
@@ -137,24 +123,20 @@ def noise_key(cfg: JobConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def planned_timeline(cfg: JobConfig) -> Timeline:
-    """The run's planned timeline: its schedule (``jobs.run.schedule_plan``) run by the dry-run planner."""
-    schedule = schedule_for(cfg)
-    return run_timeline(schedule, len(schedule.pool))
-
-
-def planned_compositions(cfg: JobConfig, timeline: Timeline | None = None) -> int:
-    """The compositions the run will make: the planner's trace of its schedule (``timeline``, planned here when not
-    given), the busiest device's versions (central) or updates sent (local)."""
-    timeline = timeline if timeline is not None else planned_timeline(cfg)
+def participations(timeline: Timeline) -> dict[str, int]:
+    """The busiest device's participations in the planner's trace (``timeline``), by mode: ``central``, the
+    versions made that it went into; ``local``, the updates it sent (``PrivacyConfig.planned``)."""
     counted = [r for r in timeline.trace if not r.get("failed")]
-    if cfg.privacy.local:  # every update a device sent
-        per_device = Counter(r["device"] for r in counted)
-    else:  # the versions made that each device went into
-        per_device = Counter(
-            d for d, _ in {(r["device"], r["version"]) for r in counted if r["version"] <= timeline.versions}
-        )
-    return max(per_device.values(), default=0)
+    versions = Counter(
+        d for d, _ in {(r["device"], r["version"]) for r in counted if r["version"] <= timeline.versions}
+    )
+    updates = Counter(r["device"] for r in counted)
+    return {"central": max(versions.values(), default=0), "local": max(updates.values(), default=0)}
+
+
+def planned_compositions(cfg: JobConfig) -> int:
+    """The compositions the run will make: the busiest device's participations in its planned timeline."""
+    return participations(planned_timeline(cfg))[cfg.privacy.dp]
 
 
 def privacy_notes(cfg: JobConfig) -> tuple[str, ...]:

@@ -33,7 +33,10 @@ def range_device(prefix: str, index: int) -> str:
 
 
 class DevicePool:
-    def __init__(self, seed: int):
+    """Args: seed (the run's: the draws are a function of it); ranges: leaf -> devices, each registered as the
+    range ``<leaf>#0..`` of that leaf (``register_range``), as a simulated run's leaves are."""
+
+    def __init__(self, seed: int, ranges: dict[str, int] | None = None):
         self.rng = np.random.default_rng(stable_seed("device-selection", seed))
         self._ranges: dict[str, tuple[int, str]] = {}  # prefix -> (count, leaf)
         self._singles: dict[str, str] = {}  # device id -> leaf
@@ -42,6 +45,8 @@ class DevicePool:
         self._mask: np.ndarray | None = None  # see _excluded_mask
         self.busy: set[str] = set()
         self.retired: set[str] = set()
+        for leaf, count in (ranges or {}).items():
+            self.register_range(leaf, count, leaf)
 
     # -- membership ---------------------------------------------------------------------------------------------
     def register_range(self, prefix: str, count: int, leaf: str) -> None:

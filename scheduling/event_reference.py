@@ -33,11 +33,8 @@ def make_schedule(
     """A schedule over ``leaves`` (leaf name -> devices, registered as ranges ``<leaf>#0..``), not yet started;
     ``work``: the samples each device trains on per task, when its time scales with them (``common.delays``);
     ``one_update_per_version``: as ``ExactSchedule``'s (differential privacy)."""
-    pool = DevicePool(seed)
-    for leaf, count in leaves.items():
-        pool.register_range(leaf, count, leaf)
     return ExactSchedule(
-        pool,
+        DevicePool(seed, leaves),
         DeviceDelays(delays, seed, work),
         selection_size,
         updates_per_version,

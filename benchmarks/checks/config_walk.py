@@ -2,6 +2,7 @@
 
     python benchmarks/checks/config_walk.py            # the count, then the modules in the order first entered
     python benchmarks/checks/config_walk.py --json     # the same as JSON (``tests/jobs/test_build.py``)
+    python benchmarks/checks/config_walk.py --pairs    # and the returns by the move that made them (A -> B)
 
 In this process, once the project's modules are imported, one ``jobs.api.make_config`` call builds a FedBuff
 config with central differential privacy, seeded noise and a target epsilon: every stage of the build runs
@@ -105,12 +106,17 @@ class Walk:
 
     def returns(self) -> int:
         """Moves into a module control had left earlier in the walk."""
+        return sum(self.pairs().values())
+
+    def pairs(self) -> Counter:
+        """The returns by move: (the module control left, the module it came back to) -> how many times."""
         seen: set[str] = set()
-        count = 0
-        for module in self.modules:
-            count += module in seen
+        found: Counter = Counter()
+        for before, module in zip([None, *self.modules], self.modules, strict=False):
+            if module in seen:
+                found[(before, module)] += 1
             seen.add(module)
-        return count
+        return found
 
 
 def walk() -> dict:
@@ -130,12 +136,14 @@ def walk() -> dict:
         "returns": hook.returns(),
         "modules": list(dict.fromkeys(hook.modules)),
         "entries": dict(entries),
+        "pairs": [[a, b, n] for (a, b), n in hook.pairs().most_common()],
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--pairs", action="store_true", help="also print the returns by move, most first")
     args = parser.parse_args(argv)
     found = walk()
     if args.json:
@@ -144,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"returns to a module left earlier: {found['returns']}, across {len(found['modules'])} modules")
     for module in found["modules"]:
         print(f"  {found['entries'][module]:4d}  {module}")
+    if args.pairs:
+        print("returns by move (left -> came back to):")
+        for left, back, n in found["pairs"]:
+            print(f"  {n:4d}  {left} -> {back}")
     return 0
 
 

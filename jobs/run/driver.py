@@ -35,12 +35,12 @@ from jobs.run.process_guard import Interrupts, no_orphans
 from jobs.run.recipe import EdgeSimRecipe
 from jobs.run.remote import ProdFollower, follow_poc
 from jobs.run.results import PlotAhead, finalize, format_summary, read_metrics, result_files_of
-from jobs.run.schedule_plan import schedule_for
+from jobs.run.schedule_plan import planned_timeline
 from jobs.run.watchdog import Watchdog
 from jobs.tracking.run_tracking import RunTracking
 from processors.data.sources import DatasetError
 from scheduling.checkpoint import state_path
-from scheduling.timeline import format_timeline, run_timeline, write_timeline
+from scheduling.timeline import format_timeline, write_timeline
 
 INCOMPLETE = 3  # the run completed, but its last version was not evaluated or nothing was saved
 # a test-only hook (tests/e2e/test_slow_evaluation.py): the watchdog's grace in seconds instead of the derived one, so
@@ -239,8 +239,7 @@ def dry_run(cfg: JobConfig, results_dir: str) -> int:
     started = time.time()
     timeline = cfg.planned_timeline
     if timeline is None:
-        schedule = schedule_for(cfg)
-        timeline = run_timeline(schedule, len(schedule.pool))
+        timeline = planned_timeline(cfg)
     summary = write_timeline(timeline, results_dir)
     print(format_timeline(summary))
     for note in privacy_notes(cfg):  # the noise and the compositions the run would spend
