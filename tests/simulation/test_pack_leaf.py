@@ -109,16 +109,18 @@ def test_a_leaf_keeps_each_runs_versions_selection_and_tasks_apart():
 
 
 def test_a_synchronous_leaf_sums_each_runs_selection_apart():
+    """The same selection id in two runs, of other devices: each run's sum waits for its own devices only."""
     updater = started_updater()
     updater.sum_selections = True
-    selection = {"site-1#0": 11, "site-1#1": 11}
-    updater.process_parent_update_reply(with_run(reply(5, selection, {11: 5}), 1, selection, {11: 2}), FLContext())
+    mine = {"site-1#0": 11, "site-1#1": 11, "site-1#2": 11}
+    later = {"site-1#0": 11, "site-1#1": 11}
+    updater.process_parent_update_reply(with_run(reply(5, mine, {11: 5}), 1, later, {11: 2}), FLContext())
     w = {"w": np.ones(2, np.float32)}
     updater.process_child_update(
-        local([DeviceUpdate(d, 11, 5, w) for d in selection] + [DeviceUpdate("site-1#0", 11, 2, w, run=1)]), None
+        local([DeviceUpdate(d, 11, 5, w) for d in mine] + [DeviceUpdate("site-1#0", 11, 2, w, run=1)]), None
     )
     first = updater.prepare_update_for_parent(FLContext())[SELECTION_SUMS]
-    assert [(s.get("run", 0), s["devices"]) for s in first] == [(0, {"site-1#0": 1, "site-1#1": 1})]
+    assert [(s.get("run", 0), s["devices"]) for s in first] == [(0, dict.fromkeys(mine, 1))]
     updater.process_child_update(
         local([DeviceUpdate("site-1#1", 11, 2, {"w": np.full(2, 3, np.float32)}, run=1)]), None
     )
