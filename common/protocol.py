@@ -19,6 +19,12 @@ simulated time needs more, added as extra keys of the same messages, which NVFla
   and the one holding the awaited device with a ``WAKE_TOPIC`` aux message (``NEWS_FOR``, ``AWAITED``): a child
   with news syncs at once; a leaf sends an awaited device's result the moment it has it, and others' in batches.
 
+A pack (several runs in one job, ``docs/packs.md``) numbers its runs 0, 1, ...: each ``DeviceUpdate`` and
+``SelectionSum`` names its run (``run``; absent for run 0), and what a message says of run 1 and later (its
+``HELD_VERSIONS`` up; its selection, ``MODELS``, ``SELECTION_VERSIONS``, ``SELECTION_RELEASES`` and ``AWAITED``
+down) travels in that run's section under ``RUN_SECTIONS`` (``run_section``, ``sections_of``). A standalone job is
+run 0: its messages keep the form they have without packs, key for key.
+
 When a leaf and its parent share a machine and a user, the diffs and models inside these messages travel beside
 them through shared memory (``BULK``: the handshake; a handle in place of each packed blob, ``common.shared_ring``;
 ``simulation.bulk_link``): the messages are the same otherwise.
@@ -26,7 +32,7 @@ them through shared memory (``BULK``: the handshake; a handle in place of each p
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, MutableMapping
 
 from common.packed_weights import packed_or_none, unpacked
 
@@ -64,6 +70,9 @@ DATA_SIZE = "data_size"  # samples it holds (its weight when its method weights 
 DEVICE_REPORTS = (LOSS, LOSS_SQUARED, STEPS, SAMPLES, LABEL_COUNTS, DATA_SIZE)
 SELECTION_VERSIONS = "edgesim_selection_versions"  # {selection id: model version}
 SELECTION_RELEASES = "edgesim_selection_releases"  # {selection id: the release it came in}
+# both ways, in a pack only: {run (1, 2, ...): its section, a dict of the keys above that concern one run}; run 0's
+# keys stay where a standalone job has them, in the message itself
+RUN_SECTIONS = "edgesim_run_sections"
 # a failed device's result (a zero-weight update) carries why it failed, cut to this many characters: the server
 # names the last one when it stops a run whose devices keep failing (``scheduling.failure_streak``)
 MAX_ERROR_CHARS = 300
@@ -113,9 +122,10 @@ class DeviceUpdate:
         count: 1, or 0 for a device whose training failed for good (its diff is zeros and counts nothing).
         error: why it failed, when the device (or its leaf) said so (``short_error``); "" for an update that
             counted, and for a failure the server decided (offline, silent past its timeout, its leaf lost).
+        run: the run of a pack it belongs to (0: a standalone job's, and a pack's first; it then travels unsaid).
     """
 
-    __slots__ = ("device", "selection_id", "base_version", "diff", "count", "group", "error")
+    __slots__ = ("device", "selection_id", "base_version", "diff", "count", "group", "error", "run")
 
     def __init__(
         self,
@@ -126,6 +136,7 @@ class DeviceUpdate:
         count: int = 1,
         group: SelectionSum | None = None,
         error: str = "",
+        run: int = 0,
     ):
         self.device = device
         self.selection_id = selection_id
@@ -134,6 +145,7 @@ class DeviceUpdate:
         self.count = count
         self.group = group
         self.error = error
+        self.run = run
 
     def to_dict(self, pack: Callable[[dict | None], dict | None] = packed_or_none) -> dict:
         """As it travels; ``pack``: how its diff does (packed for the wire, or a handle of shared memory)."""
@@ -146,13 +158,23 @@ class DeviceUpdate:
         }
         if self.error:  # only a failed device's: an update that counted carries no extra key
             d["error"] = self.error
+        if self.run:  # only a pack's later runs: run 0 travels as a standalone job's update always did
+            d["run"] = self.run
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> DeviceUpdate:
         diff = unpacked(d["diff"], writable=False)  # only ever read (summed, blended): no copy
         count = int(d.get("count", 1))
-        return cls(d["device"], int(d["selection_id"]), int(d["base_version"]), diff, count, error=d.get("error", ""))
+        return cls(
+            d["device"],
+            int(d["selection_id"]),
+            int(d["base_version"]),
+            diff,
+            count,
+            error=d.get("error", ""),
+            run=int(d.get("run", 0)),
+        )
 
 
 class SelectionSum:
@@ -165,6 +187,7 @@ class SelectionSum:
         diff: the sum of their diffs, added in device-id order.
         count: the sum of their counts.
         errors: device id -> why it failed, for its failed devices that said so (``DeviceUpdate.error``).
+        run: the run of a pack they belong to (``DeviceUpdate.run``).
     """
 
     def __init__(
@@ -175,6 +198,7 @@ class SelectionSum:
         diff: dict,
         count: int,
         errors: dict[str, str] | None = None,
+        run: int = 0,
     ):
         self.selection_id = selection_id
         self.base_version = base_version
@@ -182,10 +206,11 @@ class SelectionSum:
         self.diff = diff
         self.count = count
         self.errors = errors or {}
+        self.run = run
 
     @classmethod
     def of(cls, updates: list[DeviceUpdate]) -> SelectionSum:
-        """Sum one selection's device updates in device-id order."""
+        """Sum one selection's device updates (of one run) in device-id order."""
         ordered = sorted(updates, key=lambda u: u.device)
         diff = {k: v.copy() for k, v in ordered[0].diff.items()}
         for u in ordered[1:]:
@@ -202,12 +227,13 @@ class SelectionSum:
             diff,
             sum(u.count for u in ordered),
             {u.device: u.error for u in ordered if u.error},
+            first.run,
         )
 
     def device_updates(self) -> list[DeviceUpdate]:
         """One entry per device, each pointing at this sum (the server applies devices one by one, in its order)."""
         return [
-            DeviceUpdate(d, self.selection_id, self.base_version, None, c, group=self, error=self.errors.get(d, ""))
+            DeviceUpdate(d, self.selection_id, self.base_version, None, c, self, self.errors.get(d, ""), self.run)
             for d, c in self.devices.items()
         ]
 
@@ -222,6 +248,8 @@ class SelectionSum:
         }
         if self.errors:
             d["errors"] = self.errors
+        if self.run:
+            d["run"] = self.run
         return d
 
     @classmethod
@@ -234,7 +262,24 @@ class SelectionSum:
             diff,
             int(d["count"]),
             dict(d.get("errors") or {}),
+            int(d.get("run", 0)),
         )
+
+
+def run_section(message: MutableMapping, run: int) -> MutableMapping:
+    """Where ``message`` (a report or a reply) holds what concerns ``run``: the message itself for run 0 (as a
+    standalone job's), else that run's section under ``RUN_SECTIONS``, added when missing."""
+    if not run:
+        return message
+    sections = message.get(RUN_SECTIONS)
+    if sections is None:
+        sections = message[RUN_SECTIONS] = {}
+    return sections.setdefault(run, {})
+
+
+def sections_of(message: Mapping) -> dict[int, Mapping]:
+    """Every run's part of ``message``, by run: run 0's is the message itself, then each section it carries."""
+    return {0: message} | {int(run): section for run, section in (message.get(RUN_SECTIONS) or {}).items()}
 
 
 # fired by the server's assessor when it ends the run; fl_ctx[RUN_OUTCOME] is {"status", "reason", "version",

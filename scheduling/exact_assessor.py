@@ -30,17 +30,16 @@ devices have registered (at whichever leaves NVFlare's routing proxy sent them),
 selection (the proxy routes a device to a leaf by a hash of its id, so any leaf may have to serve any device), and
 its applier applies updates as they arrive, failing a device that does not report within the device timeout.
 
-Here: the component NVFlare's job config names, its arguments, the run's start (the schedule built, the first
-selection once every leaf registered) and its checkpoints. Beside it, by responsibility: the children's reports in
-and the replies out (``scheduling.child_intake``), when the run is over and why (``scheduling.run_outcome``), the
+Here: the component NVFlare's job config names, its arguments and the job's start (the first selection once every
+leaf registered). Beside it, by responsibility: the run's own server (``scheduling.run_server``: its schedule,
+applier, global model, events, checkpoints and outcome; a pack holds one per run), the children's reports in and
+the replies out (``scheduling.child_intake``), when the run is over and why (``scheduling.run_outcome``), the
 applier thread (``scheduling.applier``), the leaves' liveness (``scheduling.leaf_watch``), the wake messages
 (``scheduling.waker``) and the checkpoint's files (``scheduling.checkpoint``).
 """
 
 from __future__ import annotations
 
-import math
-import os
 import threading
 import time
 
@@ -48,33 +47,20 @@ from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import Shareable
-from nvflare.app_common.abstract.learnable_persistor import LearnablePersistor
-from nvflare.app_common.abstract.model import ModelLearnable
-from nvflare.app_common.app_event_type import AppEventType
 from nvflare.edge.assessor import Assessor
 from nvflare.edge.mud import BaseState
 
 from common import startup_gc
 from common.bulk_parent import BulkLinks
-from common.delays import DelayConfig, DeviceDelays
 from common.device_timeout import device_timeout_words
-from common.heartbeat import Heartbeat
-from common.jsonio import JsonlWriter
 from common.nvflare_private import install_nvflare_fixes
-from common.output import output_dir
-from common.process_settings import settle_process
-from common.protocol import CHECKPOINT_DUE, GLOBAL_MODEL_ALIAS, RUN_RESUMED
-from common.result_files import EVENTS
-from processors.local_work import device_work
-from scheduling import checkpoint
 from scheduling.applier import UpdateApplier
 from scheduling.child_intake import ChildIntake
-from scheduling.device_pool import DevicePool
 from scheduling.leaf_watch import LeafWatch
 from scheduling.nvflare_private import quick_engine_checks
 from scheduling.run_outcome import RunOutcome
+from scheduling.run_server import RunOptions, RunServer
 from scheduling.schedule import ExactSchedule
-from scheduling.selection import make_policy
 from scheduling.waker import Waker
 
 # the server's last word on its traffic (a log line): benchmarks/perf/bench_transport_floor.py reads it
@@ -180,18 +166,37 @@ class ExactTimeAssessor(ChildIntake, RunOutcome, Assessor):
         self.checkpoint_every = checkpoint_every
         self.resume = resume
         self.results_dir = results_dir
-        self.schedule: ExactSchedule | None = None
-        self.applier: UpdateApplier | None = None
-        self.global_model = None
-        self.outcome: dict | None = None
+        self.run_server = RunServer(
+            RunOptions(
+                persistor_id,
+                global_model_id,
+                selection_size,
+                updates_per_version,
+                min_hole_to_fill,
+                device_reuse,
+                max_model_version,
+                self.delays,
+                seed,
+                time_scale,
+                max_sim_time,
+                checkpoint_every,
+                resume,
+                results_dir,
+                real_devices,
+                device_timeout,
+                selection,
+                self.selection_args,
+                work,
+                one_update_per_version,
+                max_consecutive_failures,
+                leaf_timeout,
+            ),
+            self,
+            self._note_news,
+            self._wake_for,
+        )
         self.leaves = LeafWatch(leaf_timeout)
-        self._initial: dict | None = None
         self._engine = None
-        self._out = ""
-        self._started_wall = time.time()
-        self._wall_offset = 0.0  # wall seconds of the run before a resume
-        self._policy = checkpoint.CheckpointPolicy(checkpoint_every)
-        self._events: JsonlWriter | None = None
         self._waker: Waker | None = None
         self._news: set[str] = set()  # children with newly selected devices they have not heard of yet
         self.reports = 0  # reports (syncs) received from children
@@ -202,52 +207,39 @@ class ExactTimeAssessor(ChildIntake, RunOutcome, Assessor):
         self.register_event_handler(EventType.START_RUN, self._start_run)
         self.register_event_handler(EventType.END_RUN, self._end_run)
 
+    # -- the run's state: its own server (``scheduling.run_server``) ------------------------------------------------
+    @property
+    def schedule(self) -> ExactSchedule | None:
+        return self.run_server.schedule
+
+    @property
+    def applier(self) -> UpdateApplier | None:
+        return self.run_server.applier
+
+    @property
+    def global_model(self):
+        return self.run_server.global_model
+
+    @property
+    def outcome(self) -> dict | None:
+        return self.run_server.outcome
+
     # -- run lifecycle ------------------------------------------------------------------------------------------
     def _start_run(self, _event: str, fl_ctx: FLContext) -> None:
         startup_gc.resume()  # the server is built (paused for its start-up in SimEnv: common.early_start)
         self._engine = fl_ctx.get_engine()
         quick_engine_checks(self._engine)  # the simulator's server ends soon after END_RUN (nvflare_private, 9)
-        persistor = self._engine.get_component(self.persistor_id)
-        if not isinstance(persistor, LearnablePersistor):
-            self.system_panic(f"component {self.persistor_id!r} must be a LearnablePersistor", fl_ctx)
+        if not self.run_server.start_run(fl_ctx):
             return
-        self.global_model = self._engine.get_component(self.global_model_id)
-        model = persistor.load(fl_ctx)
-        if not isinstance(model, ModelLearnable):
-            self.system_panic(f"the persistor returned {type(model)}, not a ModelLearnable", fl_ctx)
-            return
-        self._initial = dict(model["weights"])
-        self.fire_event(AppEventType.INITIAL_MODEL_LOADED, fl_ctx)
-        pool = DevicePool(self.seed)
-        self.schedule = ExactSchedule(
-            pool,
-            DeviceDelays(
-                DelayConfig.from_dict(self.delays),
-                self.seed,
-                device_work(self.work["data"], self.work["training"], self.seed, self.work.get("offsets"))
-                if self.work
-                else None,
-            ),
-            self.selection_size,
-            self.updates_per_version,
-            self.min_hole_to_fill,
-            self.device_reuse,
-            self.max_model_version,
-            self.max_sim_time,
-            make_policy(self.selection, self.selection_args),
-            self.one_update_per_version,
-        )
-        self._out = output_dir(self.results_dir, fl_ctx)
-        self._events = JsonlWriter(os.path.join(self._out, EVENTS))
-        self._waiting_since = self._started_wall = time.time()
+        self._waiting_since = time.time()
         self.leaves.set_hierarchy(fl_ctx.get_prop(FLContextKey.CLIENT_HIERARCHY))
         self._waker = Waker(self._engine, self._engine.new_context, lambda msg: self.log_warning(fl_ctx, msg))
         if self.resume:
-            self._restore(checkpoint.read(self._out), fl_ctx)
+            self.run_server.resume(fl_ctx)
 
     def _end_run(self, _event: str, fl_ctx: FLContext) -> None:
         if self.applier is not None:
-            self.applier.stop()
+            self.run_server.stop()
             wakes = self._waker.sent if self._waker is not None else 0
             self.log_info(
                 fl_ctx,
@@ -259,9 +251,7 @@ class ExactTimeAssessor(ChildIntake, RunOutcome, Assessor):
             self._waker.stop()
         if self.outcome is None:  # ended by NVFlare (an abort) before the schedule was done
             self._finish("stopped", "the run was aborted before its last version", fl_ctx)
-        if self._events is not None:
-            self._events.close()
-            self._events = None
+        self.run_server.close()
 
     def start_task(self, fl_ctx: FLContext) -> Shareable:
         return BaseState(model_version=0, model=None, device_selection_version=0, device_selection={}).to_shareable()
@@ -283,70 +273,4 @@ class ExactTimeAssessor(ChildIntake, RunOutcome, Assessor):
             self.log_info(
                 fl_ctx, f"all {self.num_leaves} leaves registered {len(self.schedule.pool)} devices: starting"
             )
-        selected = self.schedule.start()
-        self.global_model.start(self._initial, self.schedule.version, fl_ctx)
-        self._note_news([d.device for d in selected])
-        settle_process()  # what the run keeps is built: the per-update garbage and buffers cost less from here
-        self._make_applier(fl_ctx).start()
-
-    def _make_applier(self, fl_ctx: FLContext) -> UpdateApplier:
-        self.applier = UpdateApplier(
-            self.schedule,
-            self.global_model,
-            self._events,
-            self._engine.new_context,
-            1.0 if self.real_devices else self.time_scale,
-            on_version=lambda: self._on_version(fl_ctx),
-            log_error=lambda msg: self.log_error(fl_ctx, msg),
-            on_selected=self._note_news,
-            on_stalled=self._wake_for,
-            device_timeout=self.device_timeout if self.real_devices else math.inf,
-            max_consecutive_failures=self.max_consecutive_failures,
-        )
-        return self.applier
-
-    # -- checkpoints ----------------------------------------------------------------------------------------------
-    def _state(self) -> dict:
-        """The whole server state (called on the applier thread, between two updates)."""
-        wall = self._wall_offset + time.time() - self._started_wall
-        return checkpoint.server_state(self.applier, self.schedule, wall) | {
-            GLOBAL_MODEL_ALIAS: self.global_model.state_dict()
-        }
-
-    def _restore(self, state: dict, fl_ctx: FLContext) -> None:
-        meta = state["meta"]
-        self.schedule.load_state_dict(state["schedule"])
-        # a run that ended at its last version, resumed with a larger one: the devices its last arrival left
-        # unselected are selected now, as that arrival would have without the cap
-        self._note_news([d.device for d in self.schedule.refill()])
-        self.global_model.load_state_dict(state[GLOBAL_MODEL_ALIAS], fl_ctx)
-        applier = self._make_applier(fl_ctx)
-        checkpoint.restore_received(applier, state)
-        self._events.truncate(meta["applied"])
-        self._wall_offset = meta["wall_seconds"]
-        self.log_info(fl_ctx, f"resumed at version {meta['version']}, simulated time {meta['sim_seconds']:.6g}")
-        self.fire_event_with_data(RUN_RESUMED, fl_ctx, RUN_RESUMED, meta)
-        applier.start()
-
-    def _on_version(self, fl_ctx: FLContext) -> None:
-        version = self.schedule.version
-        if not self._policy.due(version):
-            return
-        # every released device's update in the checkpoint: a resumed run then releases what this one does
-        if not self.applier.wait_released(self.leaf_timeout):
-            self.log_warning(
-                fl_ctx,
-                f"checkpoint at version {version}: released devices still unreported after {self.leaf_timeout:g} s; "
-                "a run resumed from it may train them in other groups (the same versions, other float rounding)",
-            )
-        # the evaluator records what it still owes up to this version (a resume starts after it)
-        self.fire_event_with_data(CHECKPOINT_DUE, fl_ctx, CHECKPOINT_DUE, version)
-        try:
-            self._events.flush()  # the trace up to the checkpoint is on disk: a resume truncates it there
-            with Heartbeat(self._out, "checkpoint", version):  # a large model's takes seconds: not a hang
-                seconds = checkpoint.write(self._out, self._state())
-        except OSError as ex:
-            self.log_error(fl_ctx, f"checkpoint at version {version} not written ({ex}); the previous one is kept")
-            return
-        self._policy.written(seconds)
-        self.log_info(fl_ctx, f"checkpoint at version {version} written in {seconds:.2f} s")
+        self.run_server.start(fl_ctx)

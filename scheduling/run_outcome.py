@@ -5,7 +5,9 @@ pool), the devices never all registered, an update could not be applied or read,
 outcome is fired as ``RUN_OUTCOME`` for the result components.
 
 A mixin of ``scheduling.exact_assessor.ExactTimeAssessor``, whose constructor and run start set the state it uses
-(``schedule``, ``applier``, ``leaves``, ``links``, ``global_model``, its options, ``outcome``, ``_lock``)."""
+(``run_server``, and through it ``schedule``, ``applier``, ``global_model``, ``outcome``; ``leaves``, ``links``,
+its options, ``_lock``); the run's own end (its last version, its time budget, its applier's error) is the run
+server's (``scheduling.run_server.RunServer.check_end``)."""
 
 from __future__ import annotations
 
@@ -14,26 +16,14 @@ import time
 from nvflare.apis.fl_context import FLContext
 from nvflare.edge.assessor import Assessment
 
-from common.protocol import RUN_OUTCOME, DeviceUpdate
+from common.protocol import DeviceUpdate
 
 
 class RunOutcome:
     """``assess`` and the run's end (see the module docstring)."""
 
     def _finish(self, status: str, reason: str, fl_ctx: FLContext) -> None:
-        s = self.schedule
-        version = s.version if s else 0
-        if self.global_model is not None:  # a version the schedule counted but the model never made (DP's budget)
-            version = min(version, self.global_model.current_version)
-        self.outcome = {
-            "status": status,
-            "reason": reason,
-            "version": version,
-            "sim_seconds": round(s.now, 9) if s else 0.0,
-        }
-        log = self.log_info if status == "completed" else self.log_error
-        log(fl_ctx, f"run {status}: {reason}")
-        self.fire_event_with_data(RUN_OUTCOME, fl_ctx, RUN_OUTCOME, self.outcome)
+        self.run_server.finish(status, reason, fl_ctx)
 
     def assess(self, fl_ctx: FLContext) -> Assessment:
         with self._lock:
@@ -54,22 +44,8 @@ class RunOutcome:
                 bulk = self._bulk_error or self.links.required_failure
                 if bulk:
                     self._finish("stopped", bulk, fl_ctx)
-                elif self.applier.error:
-                    self._finish("stopped", self.applier.error, fl_ctx)
-                elif self.applier.finished:
-                    if s.version >= self.max_model_version:
-                        self._finish("completed", f"version {s.version} (--max-model-version)", fl_ctx)
-                    elif self.max_sim_time is not None and s.next_due() is not None:
-                        self._finish(
-                            "completed", f"simulated time {s.now:.6g} (--max-sim-time {self.max_sim_time:g})", fl_ctx
-                        )
-                    else:
-                        self._finish(
-                            "stopped",
-                            f"no device left to select at version {s.version} (the pool is "
-                            "exhausted: --no-device-reuse, or every leaf lost)",
-                            fl_ctx,
-                        )
+                else:
+                    self.run_server.check_end(fl_ctx)
             return Assessment.WORKFLOW_DONE if self.outcome is not None else Assessment.CONTINUE
 
     def _not_ready_reason(self) -> str:

@@ -12,7 +12,8 @@ not (``use_fast_simulator`` on someone else's recipe). Either way:
   training call (the vectorised engine); a release of several selections is cut into at least one group per
   worker. Releases are a function of the schedule, not of when the leaf syncs, so the groups, and the bits of
   every diff, are the same in every run with the same workers; each device still reports its own result. A
-  channel that cannot tell releases (NVFlare's edge requests) groups the devices of one selection;
+  channel that cannot tell releases (NVFlare's edge requests) groups the devices of one selection. In a pack
+  (``docs/packs.md``) a group holds one run's devices: each run's groups are those it has alone;
 * nothing waits on simulated time: the server orders the updates (``scheduling.exact_assessor``). Only the
   real-time mode (``time_scale`` > 0, for load tests) holds each result for its delays x ``time_scale`` wall
   seconds after dispatch, on a timer (``due_timer``) so the worker is freed at once;
@@ -52,13 +53,14 @@ def is_out_of_memory(ex: BaseException) -> bool:
 
 
 def make_groups(tasks: list[DeviceTask], group_size: int, workers: int = 1) -> list[list[DeviceTask]]:
-    """Tasks of one release (else of one selection), sorted by (selection, device), cut into groups of at most
-    ``group_size``: the same groups whatever order the tasks came in. A release of several selections (an
-    asynchronous run's pending devices, of several model versions) is cut into at least ``workers`` groups of
-    equal size (as far as it has devices), so every worker trains; one selection is cut as it always was."""
-    by_key: dict[tuple[int, int], list[DeviceTask]] = {}
+    """Tasks of one run and release (else of one run and selection), sorted by (selection, device), cut into groups
+    of at most ``group_size``: the same groups whatever order the tasks came in. A release of several selections
+    (an asynchronous run's pending devices, of several model versions) is cut into at least ``workers`` groups of
+    equal size (as far as it has devices), so every worker trains; one selection is cut as it always was. The
+    runs of a pack (``DeviceTask.run``) never share a group, so each run's groups are its standalone ones."""
+    by_key: dict[tuple[int, int, int], list[DeviceTask]] = {}
     for t in tasks:
-        key = (0, t.release) if t.release is not None else (1, t.selection_id)
+        key = (t.run, 0, t.release) if t.release is not None else (t.run, 1, t.selection_id)
         by_key.setdefault(key, []).append(t)
     groups = []
     for key in sorted(by_key):

@@ -60,6 +60,7 @@ class DeviceTask:
         error: its last training error, one short line (``common.protocol.short_error``); "" when none.
         release: the server's release it came in (devices the server released together are trained together,
             whatever their versions, ``simulation.fast_simulator.make_groups``); None when the channel cannot tell.
+        run: its run in a pack (``docs/packs.md``); 0: a standalone job's.
     """
 
     device: str
@@ -73,6 +74,7 @@ class DeviceTask:
     failed: bool = False
     release: int | None = None
     error: str = ""
+    run: int = 0
 
 
 class LeafChannel(Protocol):
@@ -106,11 +108,20 @@ class GatewayChannel:
     trainer: trains devices from weights (``WeightsTrainer``: the job's ``TrainingTaskProcessor``).
     prefix: this leaf's device ids are ``<prefix>#0`` ... ``<prefix>#<num_devices - 1>``.
     num_devices: devices on this leaf.
+    run_trainers: in a pack, the trainer of each run after the first (run 0's is ``trainer``).
     """
 
-    def __init__(self, gateway: LeafGateway, trainer: WeightsTrainer, prefix: str, num_devices: int):
+    def __init__(
+        self,
+        gateway: LeafGateway,
+        trainer: WeightsTrainer,
+        prefix: str,
+        num_devices: int,
+        run_trainers: dict[int, WeightsTrainer] | None = None,
+    ):
         self.gateway = gateway
         self.trainer = trainer
+        self.run_trainers = run_trainers or {}
         self.prefix = prefix
         self.num_devices = num_devices
         self._stamp = -1
@@ -129,24 +140,29 @@ class GatewayChannel:
         self._stamp = work.stamp
         now = time.time()
         return [
-            DeviceTask(t.device, t.selection_id, t.version, work.models[t.version], now, release=t.release)
+            DeviceTask(t.device, t.selection_id, t.version, work.weights(t), now, release=t.release, run=t.run)
             for t in work.tasks
         ]
 
     def train(self, tasks: list[DeviceTask]) -> list[dict[str, np.ndarray]]:
-        """Each device from its own version's weights (a release may mix versions); a trainer whose method keeps
+        """Each device from its own version's weights (a release may mix versions), by its run's trainer (the
+        tasks of one call are of one run, ``simulation.fast_simulator.make_groups``); a trainer whose method keeps
         per-device state also gets the selection ids, the key of that state."""
+        run = tasks[0].run
+        trainer = self.run_trainers[run] if run else self.trainer
         args = [t.device for t in tasks], [t.payload for t in tasks], [t.version for t in tasks]
-        if getattr(self.trainer, "rule", ""):
-            return self.trainer.train_devices(*args, [t.selection_id for t in tasks])
-        return self.trainer.train_devices(*args)
+        if getattr(trainer, "rule", ""):
+            return trainer.train_devices(*args, [t.selection_id for t in tasks])
+        return trainer.train_devices(*args)
 
     def failure(self, task: DeviceTask) -> dict[str, np.ndarray]:
         return {k: np.zeros(np.shape(v), dtype=np.float32) for k, v in task.payload.items()}
 
     def report(self, finished: list[tuple[DeviceTask, Any]]) -> None:
         results = [
-            DeviceResult(t.device, t.selection_id, t.version, diff, 0 if t.failed else 1, t.error if t.failed else "")
+            DeviceResult(
+                t.device, t.selection_id, t.version, diff, 0 if t.failed else 1, t.error if t.failed else "", t.run
+            )
             for t, diff in finished
         ]
         self.gateway.report(results)

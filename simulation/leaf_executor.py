@@ -227,9 +227,13 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
             return LeafWork(stamp)
         stamp, _ = updater.wait_changed(stamp, timeout)
         tasks, models = updater.take_tasks(prefix + SpecialDeviceId.NUM_INDICATOR)
-        return LeafWork(
+        work = LeafWork(
             stamp, [GatewayTask(d, sid, v, r) for d, sid, v, r in tasks], {v: dxo.data for v, dxo in models.items()}
         )
+        for run, (tasks, models) in updater.take_run_tasks(prefix + SpecialDeviceId.NUM_INDICATOR).items():
+            work.tasks.extend(GatewayTask(d, sid, v, r, run) for d, sid, v, r in tasks)  # a pack's later runs
+            work.run_models[run] = {v: dxo.data for v, dxo in models.items()}
+        return work
 
     def report(self, results: list[DeviceResult]) -> None:
         report = StateUpdateReport(0, 0, None, None).to_shareable()
@@ -246,7 +250,7 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
         if updater.sum_selections:
             if updater.has_sums():
                 self.sync_now()
-        elif updater.awaited & {r.device for r in results}:
+        elif any(updater.is_awaited(r.run, r.device) for r in results):
             self.sync_now()
         else:
             self.sync_soon(BATCH_WINDOW)
@@ -258,8 +262,10 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
             problem = nonfinite_reason(r.diff, "refused at its leaf")
             if problem:
                 self.logger.warning(f"device {r.device} (version {r.version}) is counted failed: {problem}")
-                return DeviceUpdate(r.device, r.selection_id, r.version, zeroed(r.diff), 0, error=short_error(problem))
-        return DeviceUpdate(r.device, r.selection_id, r.version, r.diff, r.count, error=r.error)
+                return DeviceUpdate(
+                    r.device, r.selection_id, r.version, zeroed(r.diff), 0, error=short_error(problem), run=r.run
+                )
+        return DeviceUpdate(r.device, r.selection_id, r.version, r.diff, r.count, error=r.error, run=r.run)
 
     # -- devices ------------------------------------------------------------------------------------------------
     def _known(self, device_id: str) -> bool:

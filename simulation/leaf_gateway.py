@@ -27,12 +27,14 @@ GATEWAY_PROP = "edgesim.leaf_gateway"
 @dataclass(frozen=True)
 class GatewayTask:
     """A selected device's task: train ``version`` for selection ``selection_id``; ``release``: the server's
-    release it came in (``scheduling.applier``: the devices it hands out together; None: unknown)."""
+    release it came in (``scheduling.applier``: the devices it hands out together; None: unknown); ``run``: its run
+    in a pack (0: a standalone job's)."""
 
     device: str
     selection_id: int
     version: int
     release: int | None = None
+    run: int = 0
 
 
 @dataclass(frozen=True)
@@ -42,18 +44,24 @@ class LeafWork:
     Attributes:
         stamp: the leaf's state counter when the work was taken (pass it back to wait for the next change).
         tasks: this leaf's newly selected devices (each handed out once), in device-id order.
-        models: model version -> its weights, for every version in ``tasks``.
+        models: model version -> its weights, for every version in ``tasks`` of run 0 (a standalone job's).
+        run_models: a pack's later runs: run -> model version -> its weights, for their tasks.
     """
 
     stamp: int
     tasks: list[GatewayTask] = field(default_factory=list)
     models: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    run_models: dict[int, dict[int, dict[str, np.ndarray]]] = field(default_factory=dict)
+
+    def weights(self, task: GatewayTask) -> dict[str, np.ndarray]:
+        """The weights ``task`` trains from (its run's version)."""
+        return self.run_models[task.run][task.version] if task.run else self.models[task.version]
 
 
 @dataclass
 class DeviceResult:
     """One device's result: ``diff`` (trained - received) of ``version``; ``count`` 0 for a failed device, with
-    its last ``error`` (one short line)."""
+    its last ``error`` (one short line); ``run``: its run in a pack (0: a standalone job's)."""
 
     device: str
     selection_id: int
@@ -61,6 +69,7 @@ class DeviceResult:
     diff: dict[str, np.ndarray]
     count: int = 1
     error: str = ""
+    run: int = 0
 
 
 @runtime_checkable

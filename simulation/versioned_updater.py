@@ -28,6 +28,10 @@ each device's update on its own (``scheduling.exact_assessor``), so ``VersionedU
 As a relay it does the same for its children: merges what they send up, and replies to each with the versions it
 lacks. The node's state is a ``VersionedState``, NVFlare's ``BaseState`` plus the held models.
 
+In a pack (several runs in one job, ``docs/packs.md``) that state is run 0's, as in a standalone job; each later
+run's versions, selection and releases are a ``RunTables`` of their own, filled from that run's section of the
+replies (``common.protocol.RUN_SECTIONS``; its models always on the wire), and the tasks and updates name their run.
+
 Over 400 lines: one NVFlare ``Updater`` whose up path (reports, sums) and down path (versions, selections) share
 one lock and one state; split, each half would reach into the other's.
 """
@@ -39,10 +43,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from nvflare.apis.dxo import DXO, DataKind
+from nvflare.apis.dxo import DXO
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import Shareable
-from nvflare.edge.constants import MsgKey
 from nvflare.edge.mud import BaseState, PropKey, StateUpdateReply, StateUpdateReport
 from nvflare.edge.updater import Updater
 
@@ -60,23 +63,19 @@ from common.protocol import (
     LEAVES_SEEN,
     LOCAL_REPORT,
     MODELS,
+    RUN_SECTIONS,
     SELECTION_RELEASES,
     SELECTION_SUMS,
     SELECTION_VERSIONS,
     DeviceUpdate,
     SelectionSum,
+    run_section,
+    sections_of,
 )
 from simulation.bulk_link import LeafBulk, wire_bytes
 from simulation.bulk_relay import RelayBulk
+from simulation.run_tables import RunTables, tasks_of, weights_dxo
 from simulation.sync_times import SyncTimes
-
-
-def weights_dxo(version: int, weights: dict) -> DXO:
-    """The WEIGHTS DXO of a model version, as a device's task carries it."""
-    dxo = DXO(DataKind.WEIGHTS, data=weights)
-    dxo.set_meta_prop(MsgKey.MODEL_VERSION, version)
-    return dxo
-
 
 # a sync carries at most this many bytes of diffs (more go up in the next sync, at once): a message past glibc's
 # largest mmap threshold (32 MB) is a fresh mapping, zero-filled page by page, in the leaf and in the server
@@ -121,7 +120,7 @@ class VersionedUpdater(Updater):
         self.bulk = bulk  # the node's bulk link to its parent (``simulation.bulk_link``); None: the wire, unsaid
         self.relay: RelayBulk | None = None  # as a relay, its links to its children (``simulation.bulk_relay``)
         self.on_work = on_work  # called when something waits to go up (the node then syncs at once)
-        self._buckets: dict[int, list[DeviceUpdate]] = {}  # selection id -> its reported device updates
+        self._buckets: dict[tuple[int, int], list[DeviceUpdate]] = {}  # (run, selection id) -> its device updates
         self._sums: list[SelectionSum | dict] = []  # complete selection sums to send up (a child's: as it sent them)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # the state changed (selection or models): stamp + 1
@@ -141,6 +140,7 @@ class VersionedUpdater(Updater):
         self._leaf_plans: dict[str, dict] = {}  # to send up: leaf -> its plan
         self._leaf_reports: dict[str, list] = {}  # to send up: leaf -> its report lines
         self.syncs = SyncTimes()  # each sync's round trip, summed up in the log at the task's end
+        self.runs: dict[int, RunTables] = {}  # a pack's runs after the first (run 0's is the state itself)
 
     # -- state --------------------------------------------------------------------------------------------------
     def start_task(self, task_data: Shareable, fl_ctx: FLContext):
@@ -160,12 +160,12 @@ class VersionedUpdater(Updater):
     # -- up: report to the parent -------------------------------------------------------------------------------
     def _complete_sums(self) -> None:
         """Move every selection whose devices (of this node's selection) have all reported into ``_sums``."""
-        selection = self.current_state.device_selection
-        for sid in list(self._buckets):
-            reported = {u.device for u in self._buckets[sid]}
+        for run, sid in list(self._buckets):
+            selection = self.runs[run].selection if run else self.current_state.device_selection
+            reported = {u.device for u in self._buckets[run, sid]}
             expected = {d for d, s in selection.items() if s == sid}
             if reported >= expected:
-                self._sums.append(SelectionSum.of(self._buckets.pop(sid)))
+                self._sums.append(SelectionSum.of(self._buckets.pop((run, sid))))
 
     def _next_batch(self) -> list[dict]:
         """The pending updates to send now, as they travel (``LeafBulk.next_batch``); the rest stay pending."""
@@ -208,6 +208,8 @@ class VersionedUpdater(Updater):
             word = self.bulk.report_word() if self.bulk is not None else None
             if word:
                 report[BULK] = word
+            for run, tables in self.runs.items():  # a pack's later runs: each its own section, on the wire
+                run_section(report, run).update(tables.report())
             if self._ranges_unsent:
                 report[DEVICE_RANGES] = dict(self._ranges_unsent)
                 self._ranges_sent, self._ranges_unsent = self._ranges_unsent, {}
@@ -264,6 +266,9 @@ class VersionedUpdater(Updater):
             if SELECTION_RELEASES in reply:
                 self._selection_releases = dict(unpacked_map(reply[SELECTION_RELEASES]))
             self.awaited = set(reply.get(AWAITED) or ())
+            for run, section in sections_of(reply).items():
+                if run:
+                    changed = self.runs.setdefault(run, RunTables()).take(section) or changed
             selection = state.device_selection
             self._fetched.intersection_update(selection.items())
             keep = self._needed(selection)
@@ -285,9 +290,17 @@ class VersionedUpdater(Updater):
         """Whether an update of one of ``devices`` waits here to go up (alone, or in a complete selection sum)."""
         with self._lock:
             self._complete_sums()
-            pending = {_device_of(u) for u in self._pending}
+            pending = {_device_of(u) for u in self._pending}  # of any run: at worst a sync more
             summed = {d for s in self._sums for d in (s.devices if isinstance(s, SelectionSum) else s["devices"])}
             return bool(devices & (pending | summed))
+
+    def is_awaited(self, run: int, device: str) -> bool:
+        """Whether the parent waits for ``device``'s update of ``run`` now (it said so)."""
+        with self._lock:
+            if not run:
+                return device in self.awaited
+            tables = self.runs.get(run)
+            return tables is not None and device in tables.awaited
 
     def has_sums(self) -> bool:
         """Whether a complete selection sum waits to go up."""
@@ -310,18 +323,26 @@ class VersionedUpdater(Updater):
             state = self.current_state
             if state is None:
                 return [], {}
-            tasks, models = [], {}
-            for device, sid in sorted(state.device_selection.items()):
-                if not device.startswith(prefix) or (device, sid) in self._fetched:
-                    continue
-                version = self._selection_versions.get(sid)
-                model = self._models.get(version)
-                if model is None:  # not here yet: a later reply brings it (and a new stamp)
-                    continue
-                tasks.append((device, sid, version, self._selection_releases.get(sid)))
-                models[version] = model
-                self._fetched.add((device, sid))
-            return tasks, models
+            tasks = tasks_of(
+                prefix,
+                state.device_selection,
+                self._fetched,
+                self._selection_versions,
+                self._selection_releases,
+                self._models,
+            )
+            return tasks, {t[2]: self._models[t[2]] for t in tasks}
+
+    def take_run_tasks(self, prefix: str) -> dict[int, tuple[list[tuple[str, int, int, int | None]], dict[int, DXO]]]:
+        """``take_tasks`` for each of a pack's later runs: run -> (its tasks, their versions' models); runs with
+        no new task left out."""
+        with self._lock:
+            out = {}
+            for run, t in sorted(self.runs.items()):
+                tasks = tasks_of(prefix, t.selection, t.fetched, t.selection_versions, t.selection_releases, t.models)
+                if tasks:
+                    out[run] = tasks, {task[2]: t.models[task[2]] for task in tasks}
+            return out
 
     # -- from children (a relay), or from this leaf's executor --------------------------------------------------
     def process_child_update(self, update: Shareable, fl_ctx: FLContext) -> tuple[bool, Shareable | None]:
@@ -338,7 +359,7 @@ class VersionedUpdater(Updater):
             if self.sum_selections and local:
                 for entry in update.get(DEVICE_UPDATES) or ():
                     u = entry if isinstance(entry, DeviceUpdate) else DeviceUpdate.from_dict(entry)
-                    self._buckets.setdefault(u.selection_id, []).append(u)
+                    self._buckets.setdefault((u.run, u.selection_id), []).append(u)
             else:
                 self._pending.extend(update.get(DEVICE_UPDATES) or ())
             self._sums.extend(update.get(SELECTION_SUMS) or ())  # from children: forwarded as they are
@@ -364,6 +385,10 @@ class VersionedUpdater(Updater):
                 for leaf, age in below.items():
                     self._below_seen[leaf] = (float(age), now)
             reply = self._reply_to_child(report, set(update.get(HELD_VERSIONS) or ()), child)
+            if reply is not None and self.runs:  # a pack's later runs: each child's section of each
+                sections = update.get(RUN_SECTIONS) or {}
+                for run, tables in self.runs.items():
+                    run_section(reply, run).update(tables.reply(sections.get(run) or {}))
             if word and reply is not None:
                 reply[BULK] = word
             return True, reply
@@ -400,3 +425,4 @@ class VersionedUpdater(Updater):
             self.log_info(fl_ctx, self.syncs.summary())
         with self._lock:
             self._models, self._pending, self._buckets, self._sums = {}, [], {}, []
+            self.runs = {}

@@ -1,0 +1,223 @@
+"""A pack's server: several runs in one NVFlare job (``docs/packs.md``), each with its own exact time.
+
+``PackAssessor`` holds one ``scheduling.run_server.RunServer`` per run (its schedule, applier thread, global model,
+``events.jsonl``, checkpoints and outcome, exactly as ``ExactTimeAssessor`` holds its one) and what the job has
+once: the leaves (every run's pool holds every leaf's devices), their watch and the wake messages. Each report's
+parts go to their runs (``common.protocol``: an update names its run; run 1's and later runs' held versions and
+selection version travel in their sections), and the reply carries each run's part from that run's applier, run 0's
+where a standalone job's is. Each run's applier applies its own updates in its own arrival order, so each run's
+trace is its standalone trace whatever the others do. The job ends when every run has ended; a lost leaf
+(``--on-leaf-loss stop``) or devices that never all registered end every run.
+
+Not yet here (``docs/packs.md``, "Order of work"): the bulk links (a pack's versions and diffs travel on NVFlare's
+wire), ``--on-leaf-loss continue``, real devices, runs joining or leaving a running job, and the per-run components
+and recipe that make a pack a job a user can run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from nvflare.apis.event_type import EventType
+from nvflare.apis.fl_constant import FLContextKey
+from nvflare.apis.fl_context import FLContext
+from nvflare.apis.shareable import Shareable
+from nvflare.edge.assessor import Assessment, Assessor
+from nvflare.edge.mud import BaseState, PropKey, StateUpdateReply, StateUpdateReport
+
+from common.nvflare_private import install_nvflare_fixes
+from common.protocol import (
+    AWAITED,
+    DEVICE_UPDATES,
+    HELD_VERSIONS,
+    LEAVES_SEEN,
+    MODELS,
+    SELECTION_RELEASES,
+    SELECTION_SUMS,
+    SELECTION_VERSIONS,
+    DeviceUpdate,
+    SelectionSum,
+    run_section,
+    sections_of,
+)
+from scheduling.child_intake import SETTLE_SECONDS
+from scheduling.child_reply import register_devices, reply_to
+from scheduling.leaf_watch import LeafWatch
+from scheduling.run_server import RunOptions, RunServer
+from scheduling.waker import Waker
+
+# the keys of a reply that concern one run: a later run's section carries these (``simulation.run_tables``), and
+# its selection's version, which run 0's reply carries as a header
+RUN_REPLY_KEYS = (
+    PropKey.DEVICE_SELECTION,
+    MODELS,
+    AWAITED,
+    SELECTION_VERSIONS,
+    SELECTION_RELEASES,
+)
+
+
+class PackAssessor(Assessor):
+    """Args:
+    runs: each run's settings, as ``RunOptions``' keyword arguments (run 0 first); each names its own
+        persistor, global model and results folder.
+    num_leaves: leaves whose devices must all be registered before the first selection.
+    device_wait_timeout: seconds to wait for the leaves' devices before stopping every run.
+    leaf_timeout: seconds of silence after which a leaf is lost (every run stops: ``--on-leaf-loss stop``).
+    """
+
+    def __init__(
+        self, runs: list[dict], num_leaves: int, device_wait_timeout: float = 120.0, leaf_timeout: float = 60.0
+    ):
+        super().__init__()
+        install_nvflare_fixes()
+        self.num_leaves = num_leaves
+        self.device_wait_timeout = device_wait_timeout
+        self.leaf_timeout = leaf_timeout
+        self.servers = [
+            RunServer(RunOptions(**opts, leaf_timeout=leaf_timeout), self, self._note_news, self._wake_for)
+            for opts in runs
+        ]
+        self.leaves = LeafWatch(leaf_timeout)
+        self.started = False
+        self.reports = 0
+        self._waker: Waker | None = None
+        self._news: set[str] = set()
+        self._news_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._waiting_since = time.time()
+        self.register_event_handler(EventType.START_RUN, self._start_run)
+        self.register_event_handler(EventType.END_RUN, self._end_run)
+
+    # -- the job's start and end ----------------------------------------------------------------------------------
+    def _start_run(self, _event: str, fl_ctx: FLContext) -> None:
+        engine = fl_ctx.get_engine()
+        for server in self.servers:
+            if not server.start_run(fl_ctx):
+                return
+        self._waiting_since = time.time()
+        self.leaves.set_hierarchy(fl_ctx.get_prop(FLContextKey.CLIENT_HIERARCHY))
+        self._waker = Waker(engine, engine.new_context, lambda msg: self.log_warning(fl_ctx, msg))
+        for server in self.servers:
+            if server.options.resume:
+                server.resume(fl_ctx)
+
+    def _end_run(self, _event: str, fl_ctx: FLContext) -> None:
+        for server in self.servers:
+            server.stop()
+        if self._waker is not None:
+            self._waker.stop()
+        for server in self.servers:
+            if server.outcome is None:
+                server.finish("stopped", "the run was aborted before its last version", fl_ctx)
+            server.close()
+
+    def start_task(self, fl_ctx: FLContext) -> Shareable:
+        return BaseState(model_version=0, model=None, device_selection_version=0, device_selection={}).to_shareable()
+
+    # -- news and wakes (the job's, whichever run selected) -------------------------------------------------------
+    def _note_news(self, devices: list[str]) -> None:
+        pool = self.servers[0].schedule.pool  # every run's pool holds the same devices on the same leaves
+        with self._news_lock:
+            self._news.update(self.leaves.child_of(leaf) for leaf in map(pool.leaf_of, devices) if leaf is not None)
+
+    def _wake_for(self, awaited: str) -> None:
+        leaf = self.servers[0].schedule.pool.leaf_of(awaited)
+        holder = self.leaves.child_of(leaf) if leaf is not None else None
+        with self._news_lock:
+            news, self._news = self._news, set()
+        if self._waker is not None:
+            self._waker.wake(news, holder, awaited)
+
+    # -- reports in, replies out ------------------------------------------------------------------------------------
+    def process_child_update(self, update: Shareable, fl_ctx: FLContext) -> tuple[bool, Shareable | None]:
+        child = fl_ctx.get_peer_context().get_identity_name()
+        received = []
+        with self._lock:
+            self.reports += 1
+            if self.servers[0].schedule is None:
+                return False, None
+            report = StateUpdateReport.from_shareable(update)
+            self.leaves.heard(child, update.get(LEAVES_SEEN))
+            for server in self.servers:
+                if server.applier is None:
+                    register_devices(server.schedule.pool, update, report, self.leaves.lost)
+                else:
+                    with server.applier.lock:
+                        register_devices(server.schedule.pool, update, report, self.leaves.lost)
+            if not self.started and len(self.servers[0].schedule.pool.leaves) >= self.num_leaves:
+                self.log_info(fl_ctx, f"all {self.num_leaves} leaves registered: starting {len(self.servers)} runs")
+                self.started = True
+                for server in self.servers:
+                    server.start(fl_ctx)
+            if self.started:
+                for u in self._updates_of(update):
+                    server = self.servers[u.run]
+                    refused = server.applier.receive(u)
+                    if refused:
+                        self.log_warning(fl_ctx, f"run {u.run}: dropped an update: {refused}")
+                    received.append(server)
+        for server in {id(s): s for s in received}.values():
+            server.applier.wait_settled(SETTLE_SECONDS)
+        with self._news_lock:
+            self._news.discard(child)
+        if not self.started:
+            return True, StateUpdateReply(0, None, 0, None).to_shareable()
+        leaves = self.leaves.leaves_of(child)
+        sections = sections_of(update)
+        reply = None
+        for run, server in enumerate(self.servers):
+            section = sections.get(run) or {}
+            if run:
+                selection_version = section.get(PropKey.DEVICE_SELECTION_VERSION, 0)
+                asked = StateUpdateReport(0, selection_version, None, None)
+            else:
+                asked = report
+            part = reply_to(server.applier, leaves, asked, set(section.get(HELD_VERSIONS) or ()))
+            if not run:
+                reply = part
+            else:
+                out = run_section(reply, run)
+                out.update({k: part[k] for k in RUN_REPLY_KEYS if k in part})
+                out[PropKey.DEVICE_SELECTION_VERSION] = part.get_header(PropKey.DEVICE_SELECTION_VERSION)
+        return True, reply
+
+    def _updates_of(self, update: Shareable) -> list[DeviceUpdate]:
+        updates: list[DeviceUpdate] = []
+        for entry in update.get(DEVICE_UPDATES) or ():
+            updates.append(DeviceUpdate.from_dict(entry))
+        for entry in update.get(SELECTION_SUMS) or ():
+            updates += SelectionSum.from_dict(entry).device_updates()
+        return updates
+
+    # -- the job's end: every run's ------------------------------------------------------------------------------
+    def assess(self, fl_ctx: FLContext) -> Assessment:
+        with self._lock:
+            live = [s for s in self.servers if s.outcome is None]
+            if not live:
+                return Assessment.WORKFLOW_DONE
+            if self.servers[0].schedule is None:
+                return Assessment.CONTINUE
+            if not self.started:
+                if time.time() - self._waiting_since > self.device_wait_timeout:
+                    pool = self.servers[0].schedule.pool
+                    reason = (
+                        f"only leaves {sorted(pool.leaves)} of {self.num_leaves} registered devices within "
+                        f"--device-wait-timeout {self.device_wait_timeout:g} s"
+                    )
+                    for server in live:
+                        server.finish("stopped", reason, fl_ctx)
+                    return Assessment.WORKFLOW_DONE
+                return Assessment.CONTINUE
+            lost = self.leaves.newly_lost()
+            for server in live:
+                with server.applier.lock:
+                    if lost:
+                        names = ", ".join(sorted(lost))
+                        reason = f"leaf {names} sent nothing for {self.leaf_timeout:g} s (--leaf-timeout): lost"
+                        server.finish("stopped", reason + " (--on-leaf-loss stop)", fl_ctx)
+                    else:
+                        server.check_end(fl_ctx)
+            done = all(s.outcome is not None for s in self.servers)
+            return Assessment.WORKFLOW_DONE if done else Assessment.CONTINUE

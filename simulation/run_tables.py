@@ -1,0 +1,99 @@
+"""A node's tables of one run of a pack (several runs in one job, ``docs/packs.md``) after the first: the model
+versions its selected devices train, its selection, each selection id's version and release, the tasks handed out
+and the devices the parent awaits. ``simulation.versioned_updater`` keeps run 0's in its own state, exactly as in a
+standalone job, and one ``RunTables`` per later run, filled from that run's section of each reply
+(``common.protocol.RUN_SECTIONS``); a later run's models always travel packed on the wire (the bulk link carries
+run 0's).
+"""
+
+from __future__ import annotations
+
+from nvflare.apis.dxo import DXO, DataKind
+from nvflare.edge.constants import MsgKey
+from nvflare.edge.mud import PropKey
+
+from common.packed_maps import pack_map, unpacked_map
+from common.packed_weights import pack, unpack
+from common.protocol import AWAITED, HELD_VERSIONS, MODELS, SELECTION_RELEASES, SELECTION_VERSIONS
+
+
+def weights_dxo(version: int, weights: dict) -> DXO:
+    """The WEIGHTS DXO of a model version, as a device's task carries it."""
+    dxo = DXO(DataKind.WEIGHTS, data=weights)
+    dxo.set_meta_prop(MsgKey.MODEL_VERSION, version)
+    return dxo
+
+
+def tasks_of(
+    prefix: str,
+    selection: dict[str, int],
+    fetched: set[tuple[str, int]],
+    versions: dict[int, int],
+    releases: dict[int, int],
+    models: dict[int, DXO],
+) -> list[tuple[str, int, int, int | None]]:
+    """The tasks of ``prefix``'s selected devices not handed out yet whose model is here, in device-id order,
+    marked handed out in ``fetched``."""
+    tasks = []
+    for device, sid in sorted(selection.items()):
+        if not device.startswith(prefix) or (device, sid) in fetched:
+            continue
+        version = versions.get(sid)
+        if version not in models:  # not here yet: a later reply brings it (and a new stamp)
+            continue
+        tasks.append((device, sid, version, releases.get(sid)))
+        fetched.add((device, sid))
+    return tasks
+
+
+class RunTables:
+    """What a node holds of one run of a pack after the first (run 0's is the node's ``VersionedState``): the
+    model versions its selected devices train, its selection (and its version), each selection id's version and
+    release, the tasks handed out and the devices the parent awaits."""
+
+    def __init__(self) -> None:
+        self.models: dict[int, DXO] = {}
+        self.selection: dict[str, int] = {}
+        self.selection_version = 0
+        self.selection_versions: dict[int, int] = {}
+        self.selection_releases: dict[int, int] = {}
+        self.fetched: set[tuple[str, int]] = set()
+        self.awaited: set[str] = set()
+
+    def take(self, section: dict) -> bool:
+        """Take the parent's word on this run (its section of a reply); True if the selection or models changed."""
+        models = {v: weights_dxo(v, unpack(p)) for v, p in (section.get(MODELS) or {}).items()}
+        self.models.update(models)
+        changed = bool(models)
+        version = section.get(PropKey.DEVICE_SELECTION_VERSION, self.selection_version)
+        if version != self.selection_version and PropKey.DEVICE_SELECTION in section:
+            self.selection_version = version
+            self.selection = unpacked_map(section[PropKey.DEVICE_SELECTION]) or {}
+            changed = True
+        if SELECTION_VERSIONS in section:
+            self.selection_versions = dict(unpacked_map(section[SELECTION_VERSIONS]))
+        if SELECTION_RELEASES in section:
+            self.selection_releases = dict(unpacked_map(section[SELECTION_RELEASES]))
+        self.awaited = set(section.get(AWAITED) or ())
+        self.fetched.intersection_update(self.selection.items())
+        keep = {self.selection_versions[s] for s in set(self.selection.values()) if s in self.selection_versions}
+        self.models = {v: m for v, m in self.models.items() if v in keep}
+        return changed
+
+    def report(self) -> dict:
+        """This run's section of a report: the versions held, the selection version known."""
+        return {HELD_VERSIONS: sorted(self.models), PropKey.DEVICE_SELECTION_VERSION: self.selection_version}
+
+    def reply(self, section: dict) -> dict:
+        """A child's section of the reply (``section``: the child's section of its report), as a relay answers."""
+        out: dict = {PropKey.DEVICE_SELECTION_VERSION: self.selection_version}
+        if section.get(PropKey.DEVICE_SELECTION_VERSION) != self.selection_version:
+            out[PropKey.DEVICE_SELECTION] = pack_map(self.selection)
+        needed = set(self.selection_versions.values()) - set(section.get(HELD_VERSIONS) or ())
+        models = {v: pack(self.models[v].data) for v in sorted(needed) if v in self.models}
+        if models:
+            out[MODELS] = models
+        out[AWAITED] = sorted(self.awaited)
+        out[SELECTION_VERSIONS] = pack_map(self.selection_versions)
+        out[SELECTION_RELEASES] = pack_map(self.selection_releases)
+        return out

@@ -1,0 +1,168 @@
+"""A pack's server (``scheduling.pack_assessor``): two runs of different methods and seeds in one job, their
+devices on the same two leaves, each run's trace equal to the reference (standalone) trace and its model equal
+to the standalone run's, bit for bit. NVFlare-job free, as ``tests/scheduling/test_exact_assessor.py``: the
+assessors, real global models and persistors run on a stand-in engine; each leaf is the real leaf updater
+(``simulation.versioned_updater``, keyed by run) whose devices "train" at once (a diff made of the device, the
+version and the run's scale), so the whole protocol of a pack travels, run sections included."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import numpy as np
+from nvflare.apis.event_type import EventType
+from nvflare.apis.fl_context import FLContext
+from nvflare.edge.assessor import Assessment
+from nvflare.edge.mud import BaseState, StateUpdateReport
+
+from aggregation.global_model import GlobalModel
+from common.delays import DELAY_PRESETS
+from common.protocol import DEVICE_RANGES, DEVICE_UPDATES, LOCAL_REPORT, RUN_SECTIONS, DeviceUpdate
+from scheduling.event_reference import make_schedule, reference_trace
+from scheduling.exact_assessor import ExactTimeAssessor
+from scheduling.pack_assessor import PackAssessor
+from simulation.versioned_updater import VersionedUpdater
+from tests.fakes.engine import EventEngine, child_reports
+from tests.scheduling.test_exact_assessor import LEAVES, MEAN, ZeroPersistor, device_diff
+
+# two runs: FedBuff-like (B=2, one hole) and FedAvg-like (synchronous rounds of 8), other seeds, other lengths
+RUNS = [
+    dict(selection_size=8, updates_per_version=2, min_hole_to_fill=1, max_model_version=20, seed=4),
+    dict(selection_size=8, updates_per_version=8, min_hole_to_fill=8, max_model_version=6, seed=9),
+]
+SCALES = [1.0, -3.0]  # each run's devices' diffs, scaled: a diff of the wrong run would show in the model
+
+
+class UpdaterLeaf:
+    """A leaf: the real ``VersionedUpdater`` between the server and devices that train at once. Each sync it takes
+    the server's reply, hands out every run's new tasks, and reports a random part of the trained ones (the rest
+    later), so the server sees the updates out of order and bunched."""
+
+    def __init__(self, name: str, scales: list[float]):
+        self.name, self.scales = name, scales
+        self.updater = VersionedUpdater(sum_selections=False)
+        self.updater.start_task(BaseState(0, None, 0, {}).to_shareable(), FLContext())
+        self.trained: list[DeviceUpdate] = []
+        self.first = True
+
+    def sync(self, assessor, engine: EventEngine, rng: random.Random) -> None:
+        local = StateUpdateReport(0, 0, None, None).to_shareable()
+        local.set_header(LOCAL_REPORT, True)
+        if self.first:
+            local[DEVICE_RANGES] = {self.name: [LEAVES[self.name], self.name]}
+            self.first = False
+        rng.shuffle(self.trained)
+        n = rng.randint(0, len(self.trained))
+        local[DEVICE_UPDATES], self.trained = self.trained[:n], self.trained[n:]
+        self.updater.process_child_update(local, FLContext())
+        report = self.updater.prepare_update_for_parent(FLContext())
+        reply = child_reports(assessor, engine, self.name, report)
+        self.updater.process_parent_update_reply(reply, FLContext())
+        prefix = self.name + "#"
+        work = {0: self.updater.take_tasks(prefix)} | self.updater.take_run_tasks(prefix)
+        for run, (tasks, models) in work.items():
+            for device, sid, version, _release in tasks:
+                assert models[version].data["w"].shape == (3,)
+                diff = {"w": device_diff(device, version) * np.float32(self.scales[run])}
+                self.trained.append(DeviceUpdate(device, sid, version, diff, run=run))
+
+
+def drive(assessor, components: dict, scales: list[float], seed: int = 0) -> EventEngine:
+    engine = EventEngine(components | {"wf_assessor": assessor})
+    engine.fire_event(EventType.START_RUN, engine.new_context())
+    rng = random.Random(seed)
+    leaves = [UpdaterLeaf(name, scales) for name in LEAVES]
+    for leaf in leaves:
+        leaf.sync(assessor, engine, rng)
+    deadline = time.time() + 60
+    while assessor.assess(engine.new_context()) != Assessment.WORKFLOW_DONE:
+        assert time.time() < deadline, "the runs must end"
+        rng.choice(leaves).sync(assessor, engine, rng)
+        time.sleep(0.0005)  # the appliers apply on their own threads
+    engine.fire_event(EventType.END_RUN, engine.new_context())
+    return engine
+
+
+def standalone(tmp_path, run: dict, scale: float) -> GlobalModel:
+    manager = GlobalModel(MEAN, strategy_args={"global_lr": 0.5})
+    opts = {k: v for k, v in run.items() if k != "seed"}
+    assessor = ExactTimeAssessor(
+        "persistor",
+        "global_model",
+        num_leaves=2,
+        delays=DELAY_PRESETS["paper"].to_dict(),
+        seed=run["seed"],
+        results_dir=str(tmp_path),
+        bulk="wire",
+        **opts,
+    )
+    drive(assessor, {"persistor": ZeroPersistor(), "global_model": manager}, [scale], seed=1)
+    assert assessor.outcome["status"] == "completed", assessor.outcome
+    return manager
+
+
+def trace_of(folder) -> list[dict]:
+    return [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
+
+
+def test_each_run_of_a_pack_has_its_standalone_trace_and_model(tmp_path):
+    components, runs = {}, []
+    for i, run in enumerate(RUNS):
+        components[f"persistor.r{i}"] = ZeroPersistor()
+        components[f"global_model.r{i}"] = GlobalModel(MEAN, strategy_args={"global_lr": 0.5})
+        runs.append(
+            run
+            | dict(
+                persistor_id=f"persistor.r{i}",
+                global_model_id=f"global_model.r{i}",
+                delays=DELAY_PRESETS["paper"].to_dict(),
+                results_dir=str(tmp_path / f"run{i}"),
+            )
+        )
+    pack = PackAssessor(runs, num_leaves=2)
+    sections = []
+    original = pack.process_child_update
+
+    def watched(update, fl_ctx):  # the later run's part travels in its section, both ways
+        ok, reply = original(update, fl_ctx)
+        sections.append((1 in (update.get(RUN_SECTIONS) or {}), 1 in (reply.get(RUN_SECTIONS) or {})))
+        return ok, reply
+
+    pack.process_child_update = watched
+    drive(pack, components, SCALES)
+    assert [s.outcome["status"] for s in pack.servers] == ["completed", "completed"]
+    assert any(up for up, _ in sections) and any(down for _, down in sections)
+    for i, run in enumerate(RUNS):
+        kw = {k: v for k, v in run.items() if k != "seed"}
+        expected = reference_trace(make_schedule(DELAY_PRESETS["paper"], run["seed"], LEAVES, **kw))
+        assert trace_of(tmp_path / f"run{i}") == expected, f"run {i}'s trace is its standalone trace"
+        alone = standalone(tmp_path / f"alone{i}", run, SCALES[i])
+        assert trace_of(tmp_path / f"alone{i}") == expected
+        packed = components[f"global_model.r{i}"]
+        assert packed.current_version == alone.current_version == run["max_model_version"]
+        assert packed.current_weights["w"].tobytes() == alone.current_weights["w"].tobytes(), f"run {i}'s model"
+
+
+def test_a_pack_ends_when_its_last_run_has_ended(tmp_path):
+    """The shorter run ends first; the job goes on until the longer one is done, and each keeps its outcome."""
+    components, runs = {}, []
+    for i, run in enumerate(RUNS):
+        components[f"p{i}"] = ZeroPersistor()
+        components[f"g{i}"] = GlobalModel(MEAN)
+        runs.append(run | dict(persistor_id=f"p{i}", global_model_id=f"g{i}", results_dir=str(tmp_path / str(i))))
+    pack = PackAssessor(runs, num_leaves=2)
+    seen = []
+    original = pack.assess
+
+    def watched(fl_ctx):
+        verdict = original(fl_ctx)
+        seen.append((verdict, tuple(s.outcome is not None for s in pack.servers)))
+        return verdict
+
+    pack.assess = watched
+    drive(pack, components, SCALES)
+    assert (Assessment.CONTINUE, (False, True)) in seen, "the short run ended while the long one went on"
+    assert seen[-1] == (Assessment.WORKFLOW_DONE, (True, True))
+    assert [s.outcome["version"] for s in pack.servers] == [20, 6]
