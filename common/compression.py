@@ -19,6 +19,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from common.bandwidth import parse_bandwidth
 from common.choices import ConfigError, check_choice
 
 ErrorFeedback = Literal["auto", "on", "off"]
@@ -109,23 +110,25 @@ class CompressionConfig:
         values, with their indices); the server sees exactly what it would decode (docs/communication.md).
     error_feedback: keep what a compressor dropped on the device and add it to its next update (Stich et al.
         2018, Karimireddy et al. 2019): ``auto`` (on for the biased topk and randk), ``on`` or ``off``.
-    uplink_kbps: every device's uplink in kbit/s: an upload takes the update's encoded bytes x 8 / (kbit/s x 1000)
-        simulated seconds instead of the delay model's upload time (default: the delay model's).
-    downlink_kbps: every device's downlink in kbit/s: a download takes the version's float32 bytes x 8 / (kbit/s x
-        1000) instead of the delay model's download time (default: the delay model's).
+    uplink_kbps: each device's uplink in kbit/s: one number for every device, or a distribution each device's
+        own is drawn from once, seeded (lognormal:MEDIAN:SIGMA, uniform:LOW:HIGH, or A,B,... with equal odds;
+        common.bandwidth); an upload takes the update's encoded bytes x 8 / (kbit/s x 1000) simulated seconds
+        instead of the delay model's upload time (default: the delay model's).
+    downlink_kbps: each device's downlink in kbit/s, as ``uplink_kbps``: a download takes the version's float32
+        bytes x 8 / (kbit/s x 1000) instead of the delay model's download time (default: the delay model's).
     """
 
     compress: str = "none"
     error_feedback: ErrorFeedback = "auto"
-    uplink_kbps: float | None = None
-    downlink_kbps: float | None = None
+    uplink_kbps: float | str | None = None
+    downlink_kbps: float | str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compress", str(self.spec))  # one spelling: "TopK:0.010" -> "topk:0.01"
         check_choice("--error-feedback", self.error_feedback, ErrorFeedback)
-        for flag, value in (("--uplink-kbps", self.uplink_kbps), ("--downlink-kbps", self.downlink_kbps)):
-            if value is not None and not (value > 0 and math.isfinite(value)):
-                raise ConfigError(f"{flag} {value}: a bandwidth in kbit/s must be > 0 (or leave it out)")
+        for name in ("uplink_kbps", "downlink_kbps"):
+            if (value := getattr(self, name)) is not None:  # one spelling; a number stays a float
+                object.__setattr__(self, name, parse_bandwidth("--" + name.replace("_", "-"), value))
         if self.error_feedback == "on" and not self.spec.on:
             raise ConfigError("--error-feedback on needs a compressor: add --compress (e.g. topk:0.01)")
 

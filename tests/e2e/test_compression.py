@@ -1,6 +1,7 @@
-"""A real FedBuff run (SimEnv, 2 leaves) with top-k and error feedback on a slow uplink: it completes, each
-update's line of ``events.jsonl`` records its encoded bytes, the trace is the one the dry-run planner plans from
-those bytes, and ``metrics.json`` counts the bytes moved."""
+"""A real FedBuff run (SimEnv, 2 leaves) with top-k and error feedback on slow uplinks, each device's drawn from a
+log-normal: it completes, each update's line of ``events.jsonl`` records its encoded bytes, the trace is the one
+the dry-run planner plans from those bytes over each device's own link, and ``metrics.json`` counts the bytes
+moved."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ VALUES = 62050  # cifar10_convnet's update
 FLAGS = [
     *SMALL_JOB,
     *("--seed", "4", "--method", "fedbuff", "--max-model-version", "5"),
-    *("--compress", "topk:0.1", "--uplink-kbps", "200", "--downlink-kbps", "2000"),
+    *("--compress", "topk:0.1", "--uplink-kbps", "lognormal:200:1", "--downlink-kbps", "2000"),
 ]
 
 

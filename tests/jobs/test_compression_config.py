@@ -35,8 +35,15 @@ def no_nvflare(monkeypatch):
         (["--compress", "fp16:3"], "fp16 takes no setting"),
         (["--error-feedback", "on"], "--error-feedback on needs a compressor"),
         (["--error-feedback", "maybe"], "invalid choice: 'maybe'"),
-        (["--uplink-kbps", "0"], "--uplink-kbps 0.0: a bandwidth"),
-        (["--downlink-kbps", "-5"], "--downlink-kbps -5.0: a bandwidth"),
+        (["--uplink-kbps", "0"], "--uplink-kbps 0: a bandwidth in kbit/s must be > 0"),
+        (["--downlink-kbps", "-5"], "--downlink-kbps -5: a bandwidth in kbit/s must be > 0"),
+        (["--uplink-kbps", "lognormal:500"], "lognormal takes two numbers, lognormal:MEDIAN:SIGMA"),
+        (["--uplink-kbps", "lognormal:-1:1"], "lognormal's median must be > 0"),
+        (["--downlink-kbps", "uniform:900:100"], "uniform:LOW:HIGH needs 0 < LOW <= HIGH"),
+        (["--uplink-kbps", "pareto:1:2"], "unknown distribution 'pareto'"),
+        (["--uplink-kbps", "fast"], "'fast' is not a number"),
+        (["--uplink-kbps", "100,-1"], "every bandwidth in kbit/s must be > 0"),
+        (["--uplink-kbps", "lognormal:500:1", "--capacity-file", "x.json"], "leave out --uplink-kbps"),
         (["--compress", "qsgd:4", "--dp", "central", "--dp-noise-multiplier", "1"], "use topk or randk"),
         (["--compress", "topk:0.1", "--dp", "central", "--dp-noise-multiplier", "1"], "--error-feedback off"),
         (["--uplink-kbps", "500", "--devices", "real", "--env", "poc"], "leave them out with --devices real"),
@@ -69,6 +76,13 @@ def test_the_schedule_gets_the_bytes_of_the_model_under_its_compressor():
     assert cfg.compression.compress == "topk:0.01"
     assert (cfg.delays.upload_bytes, cfg.delays.download_bytes) == (8 * math.ceil(0.01 * values), 4 * values)
     assert (cfg.delays.uplink_bandwidth, cfg.delays.downlink_bandwidth) == (500.0, 0.0)
+    assert JobConfig.from_dict(cfg.to_dict()).validate() == cfg  # metrics.json's config, read back by --resume
+
+
+def test_a_distribution_of_bandwidths_reaches_the_schedule_in_one_spelling():
+    cfg = make_config("fedbuff", compress="topk:0.01", uplink_kbps="LogNormal:500:1", downlink_kbps="2000")
+    assert (cfg.compression.uplink_kbps, cfg.compression.downlink_kbps) == ("lognormal:500.0:1.0", 2000.0)
+    assert (cfg.delays.uplink_bandwidth, cfg.delays.downlink_bandwidth) == ("lognormal:500.0:1.0", 2000.0)
     assert JobConfig.from_dict(cfg.to_dict()).validate() == cfg  # metrics.json's config, read back by --resume
 
 
