@@ -85,4 +85,3 @@ def device_bandwidth(setting: Bandwidth, seed: int, device_id: str, link: str) -
     if name == "lognormal":
         return float(a * math.exp(b * rng.standard_normal()))
     return float(rng.uniform(a, b))
-

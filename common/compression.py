@@ -23,7 +23,9 @@ from common.bandwidth import parse_bandwidth
 from common.choices import ConfigError, check_choice
 
 ErrorFeedback = Literal["auto", "on", "off"]
-COMPRESSORS = ("none", "fp16", "bf16", "qsgd", "topk", "randk")
+COMPRESSORS = ("none", "fp16", "bf16", "qsgd", "topk", "randk", "nvflare")
+NVFLARE_MODES = ("float16", "blockwise8", "float4", "normfloat4", "adaquant")  # ModelQuantizer's quantization_type
+NVFLARE_GPU_MODES = frozenset({"blockwise8", "float4", "normfloat4"})  # its filters run bitsandbytes on CUDA
 BIASED = frozenset({"topk", "randk"})  # error feedback is on for these unless --error-feedback off
 QSGD_BUCKET = 512  # values sharing one scale (Alistarh et al. 2017 bucket their vectors; 512 as in their runs)
 FLOAT_BYTES = 4  # a float32 value or scale
@@ -34,10 +36,11 @@ SEED_BYTES = 8  # random-k's indices are drawn from one 64-bit seed, sent instea
 @dataclass(frozen=True)
 class CompressorSpec:
     """A compressor named by ``--compress NAME[:SETTING]``: ``name`` and its ``setting`` (qsgd: bits per value;
-    topk, randk: the fraction of values kept; None for the others)."""
+    topk, randk: the fraction of values kept; nvflare: the mode of NVFlare's ``ModelQuantizer``; None for the
+    others)."""
 
     name: str
-    setting: float | None = None
+    setting: float | str | None = None
 
     @property
     def on(self) -> bool:
@@ -55,11 +58,15 @@ class CompressorSpec:
     def encoded_bytes(self, n: int) -> int:
         """Bytes of an update of ``n`` float32 values as this compressor sends it: none 4n; fp16 and bf16 2n;
         qsgd ceil(n x bits / 8) for the levels plus 4 per bucket of ``QSGD_BUCKET`` values for its scale; topk 8k
-        (an int32 index and a float32 value each); randk 4k plus the 8-byte seed its indices are drawn from."""
+        (an int32 index and a float32 value each); randk 4k plus the 8-byte seed its indices are drawn from;
+        nvflare:float16 2n (NVFlare's float16 payload, no state). NVFlare's other modes add state per entry of the
+        model: ``processors.nvflare_quantize.payload_bytes`` measures them from the entries' shapes."""
         if self.name == "none":
             return FLOAT_BYTES * n
-        if self.name in ("fp16", "bf16"):
+        if self.name in ("fp16", "bf16") or (self.name == "nvflare" and self.setting == "float16"):
             return 2 * n
+        if self.name == "nvflare":
+            raise ValueError(f"{self}'s bytes depend on the model's entries: processors.nvflare_quantize measures them")
         if self.name == "qsgd":
             return math.ceil(n * int(self.setting) / 8) + FLOAT_BYTES * math.ceil(n / QSGD_BUCKET)
         if self.name == "topk":
@@ -69,6 +76,8 @@ class CompressorSpec:
     def __str__(self) -> str:
         if self.setting is None:
             return self.name
+        if self.name == "nvflare":
+            return f"{self.name}:{self.setting}"
         return f"{self.name}:{int(self.setting) if self.name == 'qsgd' else f'{self.setting:g}'}"
 
 
@@ -78,9 +87,11 @@ def parse_compress(text: str) -> CompressorSpec:
     name = name.lower()
     if name not in COMPRESSORS:
         raise ConfigError(
-            f"--compress {text!r}: unknown compressor; use none, fp16, bf16, qsgd:BITS, topk:FRACTION or "
-            "randk:FRACTION (docs/communication.md)"
+            f"--compress {text!r}: unknown compressor; use none, fp16, bf16, qsgd:BITS, topk:FRACTION, "
+            "randk:FRACTION or nvflare:MODE (docs/communication.md)"
         )
+    if name == "nvflare":
+        return _nvflare_spec(text, setting.strip().lower())
     if name in ("none", "fp16", "bf16"):
         if setting:
             raise ConfigError(f"--compress {text!r}: {name} takes no setting")
@@ -101,13 +112,29 @@ def parse_compress(text: str) -> CompressorSpec:
     return CompressorSpec(name, value)
 
 
+def _nvflare_spec(text: str, mode: str) -> CompressorSpec:
+    if mode not in NVFLARE_MODES:
+        raise ConfigError(
+            f"--compress {text!r}: NVFlare's ModelQuantizer has the modes {', '.join(NVFLARE_MODES)}, e.g. "
+            "--compress nvflare:float16"
+        )
+    if mode == "adaquant":
+        raise ConfigError(
+            f"--compress {text!r}: ADAQUANT's size depends on each update's values (its levels are bz2-compressed), "
+            "and the schedule times an upload before the device trains; use nvflare:float16 or qsgd:BITS"
+        )
+    return CompressorSpec("nvflare", mode)
+
+
 @dataclass(frozen=True)
 class CompressionConfig:
     """Attributes:
     compress: the compressor on each device's upload: ``none``; ``fp16`` or ``bf16`` (half precision, 2 bytes a
         value); ``qsgd:BITS`` (stochastic quantisation to 2^BITS levels per bucket of 512 values, BITS 1-16, seeded
         per device and version); ``topk:FRACTION`` or ``randk:FRACTION`` (the largest, or random, fraction of the
-        values, with their indices); the server sees exactly what it would decode (docs/communication.md).
+        values, with their indices); ``nvflare:MODE`` (NVFlare's own ModelQuantizer and ModelDequantizer filters:
+        float16; blockwise8, float4 or normfloat4 with bitsandbytes on a CUDA GPU); the server sees exactly what
+        it would decode (docs/communication.md).
     error_feedback: keep what a compressor dropped on the device and add it to its next update (Stich et al.
         2018, Karimireddy et al. 2019): ``auto`` (on for the biased topk and randk), ``on`` or ``off``.
     uplink_kbps: each device's uplink in kbit/s: one number for every device, or a distribution each device's

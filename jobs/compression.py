@@ -42,6 +42,16 @@ def check_compression(cfg: JobConfig) -> None:
             "--capacity-file gives every device's bandwidth: leave out --uplink-kbps and --downlink-kbps (its "
             "transfers take the compressed bytes already)"
         )
+    if spec.name == "nvflare":
+        if cfg.engine.devices == "real":
+            raise ConfigError(
+                f"--compress {c.compress} with --devices real: a device would need NVFlare's quantiser to send it; "
+                "use fp16 (NVFlare's float16 values, on the device wire)"
+            )
+        from processors.nvflare_quantize import missing_for  # torch: only for NVFlare's modes
+
+        if problem := missing_for(str(spec.setting)):
+            raise ConfigError(problem)
     if cfg.privacy.central and spec.on:
         if spec.name not in ("topk", "randk"):
             raise ConfigError(

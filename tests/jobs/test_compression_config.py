@@ -35,6 +35,9 @@ def no_nvflare(monkeypatch):
         (["--compress", "fp16:3"], "fp16 takes no setting"),
         (["--error-feedback", "on"], "--error-feedback on needs a compressor"),
         (["--error-feedback", "maybe"], "invalid choice: 'maybe'"),
+        (["--compress", "nvflare:int8"], "NVFlare's ModelQuantizer has the modes float16, blockwise8"),
+        (["--compress", "nvflare:adaquant"], "ADAQUANT's size depends on each update's values"),
+        (["--compress", "nvflare:float16", "--devices", "real", "--env", "poc"], "use fp16 (NVFlare's float16"),
         (["--uplink-kbps", "0"], "--uplink-kbps 0: a bandwidth in kbit/s must be > 0"),
         (["--downlink-kbps", "-5"], "--downlink-kbps -5: a bandwidth in kbit/s must be > 0"),
         (["--uplink-kbps", "lognormal:500"], "lognormal takes two numbers, lognormal:MEDIAN:SIGMA"),
@@ -102,3 +105,33 @@ def test_real_devices_take_a_compressor():
     cfg = make_config("fedavg", compress="topk:0.01", devices="real", env="poc")
     assert cfg.engine.devices == "real"
     assert compression_settings(cfg)["compression"]["compress"] == "topk:0.01"
+
+
+@pytest.mark.parametrize(
+    "compress, lacking, message",
+    [
+        ("nvflare:float16", "bitsandbytes", "which is not installed: pip install bitsandbytes"),
+        ("nvflare:blockwise8", "bitsandbytes", "which is not installed: pip install bitsandbytes"),
+        ("nvflare:normfloat4", "cuda", "on a CUDA GPU, and this machine has none"),
+    ],
+)
+def test_an_nvflare_mode_this_machine_cannot_run_is_refused_naming_the_fix(
+    compress, lacking, message, monkeypatch, capsys
+):
+    import importlib.util
+
+    import torch
+
+    find_spec = importlib.util.find_spec
+    if lacking == "bitsandbytes":
+        monkeypatch.setattr(
+            importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else find_spec(name, *a)
+        )
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    if lacking == "cuda" and find_spec("bitsandbytes") is None:
+        pytest.skip("bitsandbytes is refused first")
+    with pytest.raises(SystemExit) as exit_info:
+        raise SystemExit(main(["--compress", compress]))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
