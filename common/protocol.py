@@ -113,9 +113,11 @@ class DeviceUpdate:
         count: 1, or 0 for a device whose training failed for good (its diff is zeros and counts nothing).
         error: why it failed, when the device (or its leaf) said so (``short_error``); "" for an update that
             counted, and for a failure the server decided (offline, silent past its timeout, its leaf lost).
+        upload_bytes: the bytes a real device sent for its update (encoded, or dense), as its leaf measured them;
+            0 for a simulated device (the schedule knows its encoded size).
     """
 
-    __slots__ = ("device", "selection_id", "base_version", "diff", "count", "group", "error")
+    __slots__ = ("device", "selection_id", "base_version", "diff", "count", "group", "error", "upload_bytes")
 
     def __init__(
         self,
@@ -126,6 +128,7 @@ class DeviceUpdate:
         count: int = 1,
         group: SelectionSum | None = None,
         error: str = "",
+        upload_bytes: int = 0,
     ):
         self.device = device
         self.selection_id = selection_id
@@ -134,6 +137,7 @@ class DeviceUpdate:
         self.count = count
         self.group = group
         self.error = error
+        self.upload_bytes = upload_bytes
 
     def to_dict(self, pack: Callable[[dict | None], dict | None] = packed_or_none) -> dict:
         """As it travels; ``pack``: how its diff does (packed for the wire, or a handle of shared memory)."""
@@ -146,13 +150,18 @@ class DeviceUpdate:
         }
         if self.error:  # only a failed device's: an update that counted carries no extra key
             d["error"] = self.error
+        if self.upload_bytes:  # only a real device's
+            d["upload_bytes"] = self.upload_bytes
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> DeviceUpdate:
         diff = unpacked(d["diff"], writable=False)  # only ever read (summed, blended): no copy
         count = int(d.get("count", 1))
-        return cls(d["device"], int(d["selection_id"]), int(d["base_version"]), diff, count, error=d.get("error", ""))
+        error, size = d.get("error", ""), int(d.get("upload_bytes", 0))
+        return cls(
+            d["device"], int(d["selection_id"]), int(d["base_version"]), diff, count, error=error, upload_bytes=size
+        )
 
 
 class SelectionSum:
@@ -165,6 +174,7 @@ class SelectionSum:
         diff: the sum of their diffs, added in device-id order.
         count: the sum of their counts.
         errors: device id -> why it failed, for its failed devices that said so (``DeviceUpdate.error``).
+        upload_bytes: device id -> the bytes it sent, for real devices (``DeviceUpdate.upload_bytes``).
     """
 
     def __init__(
@@ -175,6 +185,7 @@ class SelectionSum:
         diff: dict,
         count: int,
         errors: dict[str, str] | None = None,
+        upload_bytes: dict[str, int] | None = None,
     ):
         self.selection_id = selection_id
         self.base_version = base_version
@@ -182,6 +193,7 @@ class SelectionSum:
         self.diff = diff
         self.count = count
         self.errors = errors or {}
+        self.upload_bytes = upload_bytes or {}
 
     @classmethod
     def of(cls, updates: list[DeviceUpdate]) -> SelectionSum:
@@ -202,12 +214,22 @@ class SelectionSum:
             diff,
             sum(u.count for u in ordered),
             {u.device: u.error for u in ordered if u.error},
+            {u.device: u.upload_bytes for u in ordered if u.upload_bytes},
         )
 
     def device_updates(self) -> list[DeviceUpdate]:
         """One entry per device, each pointing at this sum (the server applies devices one by one, in its order)."""
         return [
-            DeviceUpdate(d, self.selection_id, self.base_version, None, c, group=self, error=self.errors.get(d, ""))
+            DeviceUpdate(
+                d,
+                self.selection_id,
+                self.base_version,
+                None,
+                c,
+                group=self,
+                error=self.errors.get(d, ""),
+                upload_bytes=self.upload_bytes.get(d, 0),
+            )
             for d, c in self.devices.items()
         ]
 
@@ -222,6 +244,8 @@ class SelectionSum:
         }
         if self.errors:
             d["errors"] = self.errors
+        if self.upload_bytes:
+            d["upload_bytes"] = self.upload_bytes
         return d
 
     @classmethod
@@ -234,6 +258,7 @@ class SelectionSum:
             diff,
             int(d["count"]),
             dict(d.get("errors") or {}),
+            {str(k): int(v) for k, v in (d.get("upload_bytes") or {}).items()},
         )
 
 

@@ -66,13 +66,17 @@ def check_compression(cfg: JobConfig) -> None:
 
 
 def transfer_delays(cfg: JobConfig) -> JobConfig:
-    """The config with the delay model's transfer fields filled (compression or a bandwidth on; else as it is)."""
+    """The config with the delay model's transfer fields filled (compression or a bandwidth on; else as it is).
+    Real devices: only a version's bytes (each task's download, for ``bytes_down``); their leaves measure each
+    upload's bytes as it arrives (``simulation.leaf_executor.upload_bytes``)."""
     c = cfg.compression
-    if not c.on or cfg.engine.devices == "real":
+    if not c.on:
         return cfg
     from processors.compress import transfer_bytes  # imports torch (the model's shapes)
 
     upload, download = transfer_bytes(cfg.training.model, c.compress)
+    if cfg.engine.devices == "real":
+        return replace(cfg, delays=replace(cfg.delays, download_bytes=download))
     delays = replace(
         cfg.delays,
         upload_bytes=upload,

@@ -317,6 +317,12 @@ class CompressionHost:
         return [dict(diff) | split_flat(values[i], names, shapes) for i, diff in enumerate(diffs)]
 
 
+def wire_bytes(wire: dict) -> int:
+    """Bytes of a real device's encoded update (``CompressionHost.encode_one``'s wire form): its payload's arrays, as
+    ``CompressorSpec.encoded_bytes`` counts them (call after ``decode_wire`` accepted it)."""
+    return int(sum(np.asarray(part["values"], dtype=part["dtype"]).nbytes for part in wire["payload"].values()))
+
+
 def decode_wire(wire: dict, expected: str) -> dict[str, np.ndarray]:
     """A real device's compressed update (``CompressionHost.encode_one``'s wire form) as the float32 entries the
     server reads: exactly what ``decode_group`` gives for the same update and seed. ``expected``: the job's

@@ -105,6 +105,8 @@ def test_real_devices_take_a_compressor():
     cfg = make_config("fedavg", compress="topk:0.01", devices="real", env="poc")
     assert cfg.engine.devices == "real"
     assert compression_settings(cfg)["compression"]["compress"] == "topk:0.01"
+    # their uploads' bytes are measured as they arrive; each task's download is the version's float32 bytes
+    assert (cfg.delays.upload_bytes, cfg.delays.download_bytes) == (0, 4 * 62050)
 
 
 @pytest.mark.parametrize(
