@@ -112,6 +112,8 @@ def _flag_type(field: dataclasses.Field, hints: dict):
     hint = hints.get(field.name, type(field.default))
     if typing.get_origin(hint) is tuple:
         return float_list
+    if str in typing.get_args(hint) and float in typing.get_args(hint):
+        return str  # a number or a text (a bandwidth or its distribution): the config part parses it
     for candidate in (int, float, str):
         if hint is candidate or candidate in typing.get_args(hint):
             return candidate

@@ -41,6 +41,7 @@ import numpy as np
 
 from common.availability import NAMED as NAMED_AVAILABILITY
 from common.availability import Availability, check_availability, check_named_availability
+from common.bandwidth import Bandwidth, device_bandwidth, parse_bandwidth
 from common.capacity import device_capacity, load_capacities
 from common.choices import ConfigError, check_choice
 from common.seeds import stable_seed
@@ -84,10 +85,12 @@ class DelayConfig:
             ``--compress`` when compression or a bandwidth is on; 0: none, ``model_bytes`` with a capacity trace).
             Each line of ``events.jsonl`` then records it.
         download_bytes: a version's bytes (set with ``upload_bytes``; 0: ``model_bytes`` with a capacity trace).
-        uplink_bandwidth: every device's uplink in kbit/s (``--uplink-kbps``, set by the jobs): an upload takes ``upload_bytes x
-            8 / (kbit/s x 1000)`` instead of the drawn upload time; 0: the drawn one.
-        downlink_bandwidth: every device's downlink in kbit/s (``--downlink-kbps``): a download takes ``download_bytes x 8 /
-            (kbit/s x 1000)`` instead of ``download_delay``; 0: ``download_delay``.
+        uplink_bandwidth: each device's uplink in kbit/s (``--uplink-kbps``, set by the jobs): a number for every
+            device or a distribution each device's own is drawn from once (``common.bandwidth``); an upload takes
+            ``upload_bytes x 8 / (kbit/s x 1000)`` instead of the drawn upload time; 0: the drawn one.
+        downlink_bandwidth: each device's downlink in kbit/s (``--downlink-kbps``), as ``uplink_bandwidth``: a
+            download takes ``download_bytes x 8 / (kbit/s x 1000)`` instead of ``download_delay``; 0:
+            ``download_delay``.
     """
 
     speed_means: tuple[float, ...] = ()
@@ -103,8 +106,8 @@ class DelayConfig:
     model_bytes: int = 0
     upload_bytes: int = 0
     download_bytes: int = 0
-    uplink_bandwidth: float = 0.0
-    downlink_bandwidth: float = 0.0
+    uplink_bandwidth: Bandwidth = 0.0
+    downlink_bandwidth: Bandwidth = 0.0
     availability: str = "always"
     availability_period: float = 24.0
     availability_online: float = 0.5
@@ -130,8 +133,11 @@ class DelayConfig:
         if self.availability not in NAMED_AVAILABILITY:
             object.__setattr__(self, "availability", os.path.abspath(os.path.expanduser(self.availability)))
         check_named_availability(self.availability, self.availability_period, self.availability_online)
-        if self.uplink_bandwidth < 0 or self.downlink_bandwidth < 0 or self.upload_bytes < 0 or self.download_bytes < 0:
-            raise ConfigError("bandwidths and byte counts must be >= 0")
+        for name in ("uplink_bandwidth", "downlink_bandwidth"):
+            if (value := getattr(self, name)) != 0:  # 0: not set; else one spelling, a number stays a float
+                object.__setattr__(self, name, parse_bandwidth(name, value))
+        if self.upload_bytes < 0 or self.download_bytes < 0:
+            raise ConfigError("byte counts must be >= 0")
         if not self.capacity_cost > 0:
             raise ConfigError(f"--capacity-cost {self.capacity_cost}: must be > 0 (1: the trace's own speeds)")
         if self.capacity_file:
@@ -182,8 +188,8 @@ class DelayConfig:
             or self.download_delay > 0
             or any(self.upload_delays)
             or bool(self.capacity_file)
-            or self.uplink_bandwidth > 0
-            or self.downlink_bandwidth > 0
+            or bool(self.uplink_bandwidth)
+            or bool(self.downlink_bandwidth)
         )
 
     def to_dict(self) -> dict:
@@ -283,6 +289,7 @@ class DeviceDelays:
         self.seed = seed
         self.work = work
         self._traits: dict[str, tuple[int, float]] = {}  # device -> device_traits, for the devices seen lately
+        self._links: dict[str, tuple[float, float]] = {}  # device -> links, for the devices seen lately
         self.availability = Availability(
             config.availability, seed, config.availability_period, config.availability_online
         )
@@ -297,6 +304,21 @@ class DeviceDelays:
                 self._traits.clear()
             traits = self._traits[device_id] = self._draw_traits(device_id)
         return traits
+
+    def links(self, device_id: str) -> tuple[float, float]:
+        """(uplink, downlink) of a device in kbit/s (0: not set), each drawn once from the seed and its id when the
+        setting is a distribution (``common.bandwidth``), kept as ``device_traits`` are."""
+        links = self._links.get(device_id)
+        if links is None:
+            if len(self._links) >= TRAITS_KEPT:
+                self._links.clear()
+            c = self.config
+            up, down = (
+                device_bandwidth(setting, self.seed, device_id, link) if setting else 0.0
+                for setting, link in ((c.uplink_bandwidth, "up"), (c.downlink_bandwidth, "down"))
+            )
+            links = self._links[device_id] = (up, down)
+        return links
 
     def _draw_traits(self, device_id: str) -> tuple[int, float]:
         c = self.config
@@ -331,13 +353,12 @@ class DeviceDelays:
             if self.work is not None:  # drawn for the reference task; this device's own work
                 train *= self.work(device_id) / c.task_samples
         upload = upload_mean
-        if c.uplink_bandwidth:  # the update's encoded bytes over the uplink (common.compression)
-            upload = transfer_seconds(c.upload_bytes, c.uplink_bandwidth)
+        uplink, downlink = self.links(device_id) if c.uplink_bandwidth or c.downlink_bandwidth else (0.0, 0.0)
+        if uplink:  # the update's encoded bytes over the device's uplink (common.compression)
+            upload = transfer_seconds(c.upload_bytes, uplink)
         elif c.upload_jitter:
             upload = float(rng.uniform(max(0.0, upload_mean - c.upload_jitter), upload_mean + c.upload_jitter))
-        download = (
-            transfer_seconds(c.download_bytes, c.downlink_bandwidth) if c.downlink_bandwidth else c.download_delay
-        )
+        download = transfer_seconds(c.download_bytes, downlink) if downlink else c.download_delay
         return TaskDurations(download, train, upload)
 
 

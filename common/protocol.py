@@ -122,10 +122,12 @@ class DeviceUpdate:
         count: 1, or 0 for a device whose training failed for good (its diff is zeros and counts nothing).
         error: why it failed, when the device (or its leaf) said so (``short_error``); "" for an update that
             counted, and for a failure the server decided (offline, silent past its timeout, its leaf lost).
+        upload_bytes: the bytes a real device sent for its update (encoded, or dense), as its leaf measured them;
+            0 for a simulated device (the schedule knows its encoded size).
         run: the run of a pack it belongs to (0: a standalone job's, and a pack's first; it then travels unsaid).
     """
 
-    __slots__ = ("device", "selection_id", "base_version", "diff", "count", "group", "error", "run")
+    __slots__ = ("device", "selection_id", "base_version", "diff", "count", "group", "error", "upload_bytes", "run")
 
     def __init__(
         self,
@@ -136,6 +138,7 @@ class DeviceUpdate:
         count: int = 1,
         group: SelectionSum | None = None,
         error: str = "",
+        upload_bytes: int = 0,
         run: int = 0,
     ):
         self.device = device
@@ -145,6 +148,7 @@ class DeviceUpdate:
         self.count = count
         self.group = group
         self.error = error
+        self.upload_bytes = upload_bytes
         self.run = run
 
     def to_dict(self, pack: Callable[[dict | None], dict | None] = packed_or_none) -> dict:
@@ -158,6 +162,8 @@ class DeviceUpdate:
         }
         if self.error:  # only a failed device's: an update that counted carries no extra key
             d["error"] = self.error
+        if self.upload_bytes:  # only a real device's
+            d["upload_bytes"] = self.upload_bytes
         if self.run:  # only a pack's later runs: run 0 travels as a standalone job's update always did
             d["run"] = self.run
         return d
@@ -166,13 +172,15 @@ class DeviceUpdate:
     def from_dict(cls, d: dict) -> DeviceUpdate:
         diff = unpacked(d["diff"], writable=False)  # only ever read (summed, blended): no copy
         count = int(d.get("count", 1))
+        error, size = d.get("error", ""), int(d.get("upload_bytes", 0))
         return cls(
             d["device"],
             int(d["selection_id"]),
             int(d["base_version"]),
             diff,
             count,
-            error=d.get("error", ""),
+            error=error,
+            upload_bytes=size,
             run=int(d.get("run", 0)),
         )
 
@@ -187,6 +195,7 @@ class SelectionSum:
         diff: the sum of their diffs, added in device-id order.
         count: the sum of their counts.
         errors: device id -> why it failed, for its failed devices that said so (``DeviceUpdate.error``).
+        upload_bytes: device id -> the bytes it sent, for real devices (``DeviceUpdate.upload_bytes``).
         run: the run of a pack they belong to (``DeviceUpdate.run``).
     """
 
@@ -198,6 +207,7 @@ class SelectionSum:
         diff: dict,
         count: int,
         errors: dict[str, str] | None = None,
+        upload_bytes: dict[str, int] | None = None,
         run: int = 0,
     ):
         self.selection_id = selection_id
@@ -206,6 +216,7 @@ class SelectionSum:
         self.diff = diff
         self.count = count
         self.errors = errors or {}
+        self.upload_bytes = upload_bytes or {}
         self.run = run
 
     @classmethod
@@ -227,13 +238,24 @@ class SelectionSum:
             diff,
             sum(u.count for u in ordered),
             {u.device: u.error for u in ordered if u.error},
+            {u.device: u.upload_bytes for u in ordered if u.upload_bytes},
             first.run,
         )
 
     def device_updates(self) -> list[DeviceUpdate]:
         """One entry per device, each pointing at this sum (the server applies devices one by one, in its order)."""
         return [
-            DeviceUpdate(d, self.selection_id, self.base_version, None, c, self, self.errors.get(d, ""), self.run)
+            DeviceUpdate(
+                d,
+                self.selection_id,
+                self.base_version,
+                None,
+                c,
+                group=self,
+                error=self.errors.get(d, ""),
+                upload_bytes=self.upload_bytes.get(d, 0),
+                run=self.run,
+            )
             for d, c in self.devices.items()
         ]
 
@@ -248,6 +270,8 @@ class SelectionSum:
         }
         if self.errors:
             d["errors"] = self.errors
+        if self.upload_bytes:
+            d["upload_bytes"] = self.upload_bytes
         if self.run:
             d["run"] = self.run
         return d
@@ -262,6 +286,7 @@ class SelectionSum:
             diff,
             int(d["count"]),
             dict(d.get("errors") or {}),
+            {str(k): int(v) for k, v in (d.get("upload_bytes") or {}).items()},
             int(d.get("run", 0)),
         )
 

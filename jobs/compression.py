@@ -42,6 +42,16 @@ def check_compression(cfg: JobConfig) -> None:
             "--capacity-file gives every device's bandwidth: leave out --uplink-kbps and --downlink-kbps (its "
             "transfers take the compressed bytes already)"
         )
+    if spec.name == "nvflare":
+        if cfg.engine.devices == "real":
+            raise ConfigError(
+                f"--compress {c.compress} with --devices real: a device would need NVFlare's quantiser to send it; "
+                "use fp16 (NVFlare's float16 values, on the device wire)"
+            )
+        from processors.nvflare_quantize import missing_for  # torch: only for NVFlare's modes
+
+        if problem := missing_for(str(spec.setting)):
+            raise ConfigError(problem)
     if cfg.privacy.central and spec.on:
         if spec.name not in ("topk", "randk"):
             raise ConfigError(
@@ -56,13 +66,17 @@ def check_compression(cfg: JobConfig) -> None:
 
 
 def transfer_delays(cfg: JobConfig) -> JobConfig:
-    """The config with the delay model's transfer fields filled (compression or a bandwidth on; else as it is)."""
+    """The config with the delay model's transfer fields filled (compression or a bandwidth on; else as it is).
+    Real devices: only a version's bytes (each task's download, for ``bytes_down``); their leaves measure each
+    upload's bytes as it arrives (``simulation.leaf_executor.upload_bytes``)."""
     c = cfg.compression
-    if not c.on or cfg.engine.devices == "real":
+    if not c.on:
         return cfg
     from processors.compress import transfer_bytes  # imports torch (the model's shapes)
 
     upload, download = transfer_bytes(cfg.training.model, c.compress)
+    if cfg.engine.devices == "real":
+        return replace(cfg, delays=replace(cfg.delays, download_bytes=download))
     delays = replace(
         cfg.delays,
         upload_bytes=upload,

@@ -26,19 +26,18 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import ClassVar
 
 import numpy as np
 import torch
 
-from common.compression import QSGD_BUCKET, CompressorSpec, parse_compress
+from common.compression import QSGD_BUCKET, parse_compress
 from common.finite import nonfinite_entry
 from common.protocol import DEVICE_EXTRA_PREFIX
 from common.result_files import ERROR_FEEDBACK
 from common.seeds import stable_seed
+from processors.compressor import Compressor, Payload, split_flat
 from processors.device_state import DeviceStateStore
 
-Payload = dict[str, np.ndarray]
 RESIDUAL = "residual"  # the one array of a device's error-feedback state: its flattened residual
 FP16_MAX = 65504.0  # the largest finite float16: larger values are clamped to it, never sent as inf
 _store_lock = threading.Lock()
@@ -54,37 +53,6 @@ def generator_for(seed: int) -> torch.Generator:
 def device_seed(run_seed: int, device_id: str, version: int) -> int:
     """The seed of a device's compression draws for the version it trained."""
     return stable_seed("compress", run_seed, device_id, version)
-
-
-class Compressor:
-    """One compressor (see the module docstring). Subclasses set ``name`` and implement ``decode_group``,
-    ``encode`` and ``decode``; ``spec`` holds the setting."""
-
-    name: ClassVar[str] = ""
-
-    def __init__(self, spec: CompressorSpec):
-        self.spec = spec
-
-    @property
-    def biased(self) -> bool:
-        return self.spec.biased
-
-    def encoded_bytes(self, n: int) -> int:
-        """Bytes one device sends for an update of ``n`` values."""
-        return self.spec.encoded_bytes(n)
-
-    def decode_group(self, flat: torch.Tensor, seeds: list[int]) -> torch.Tensor:
-        """What the server decodes from each of K devices (``flat``: ``[K, n]`` float32, ``seeds``: each device's
-        ``device_seed``)."""
-        raise NotImplementedError
-
-    def encode(self, flat: torch.Tensor, seed: int) -> Payload:
-        """One device's wire form of its update (``flat``: ``[n]``)."""
-        raise NotImplementedError
-
-    def decode(self, payload: Payload, n: int) -> torch.Tensor:
-        """The update ``[n]`` the server reads from ``encode``'s payload."""
-        raise NotImplementedError
 
 
 class HalfPrecision(Compressor):
@@ -216,25 +184,39 @@ COMPRESSOR_CLASSES: dict[str, type[Compressor]] = {
 def make_compressor(text: str) -> Compressor | None:
     """The compressor ``--compress`` names; None for ``none``."""
     spec = parse_compress(text)
+    if spec.name == "nvflare":  # NVFlare's filters (they import bitsandbytes): only when named
+        from processors.nvflare_quantize import NVFlareQuantizer
+
+        return NVFlareQuantizer(spec)
     return COMPRESSOR_CLASSES[spec.name](spec) if spec.on else None
 
 
-def update_values(model_name: str) -> tuple[int, int]:
-    """(values in a device's update: the model's parameters and data statistics, as the engines' diffs hold
-    them; values in a version: its whole state)."""
+def update_layout(model_name: str) -> tuple[list[str], list[tuple[int, ...]], int]:
+    """(a device's update's entries: the model's parameters and data statistics, as the engines' diffs hold
+    them; their shapes; values in a version: its whole state)."""
     from processors.models import build_model, statistic_names
 
     model = build_model(model_name)
     state = model.state_dict()
-    diff = sum(p.numel() for p in model.parameters()) + sum(state[n].numel() for n in statistic_names(model))
-    return int(diff), int(sum(t.numel() for t in state.values()))
+    names = [n for n, _ in model.named_parameters()] + list(statistic_names(model))
+    return names, [tuple(state[n].shape) for n in names], int(sum(t.numel() for t in state.values()))
+
+
+def update_values(model_name: str) -> tuple[int, int]:
+    """(values in a device's update, values in a version)."""
+    _, shapes, version = update_layout(model_name)
+    return int(sum(int(np.prod(s)) for s in shapes)), version
 
 
 def transfer_bytes(model_name: str, compress: str) -> tuple[int, int]:
     """(an update's encoded bytes, a version's float32 bytes) for ``model_name`` under ``--compress``: what the
     driver passes to the schedule (``common.delays.DelayConfig.upload_bytes``, ``download_bytes``)."""
-    diff, version = update_values(model_name)
-    return parse_compress(compress).encoded_bytes(diff), 4 * version
+    names, shapes, version = update_layout(model_name)
+    n = int(sum(int(np.prod(s)) for s in shapes))
+    compressor = make_compressor(compress)
+    if compressor is None:
+        return parse_compress(compress).encoded_bytes(n), 4 * version
+    return compressor.with_layout(names, shapes).encoded_bytes(n), 4 * version
 
 
 class CompressionHost:
@@ -286,8 +268,9 @@ class CompressionHost:
         store = self.store()
         if store is not None and (state := store.get(device_id, selection)) is not None:
             flat += torch.from_numpy(state[RESIDUAL])
-        payload = self.compressor.encode(flat, device_seed(self.seed, device_id, version))
-        decoded = self.compressor.decode(payload, flat.shape[0])
+        compressor = self.compressor.with_layout(names, shapes)
+        payload = compressor.encode(flat, device_seed(self.seed, device_id, version))
+        decoded = compressor.decode(payload, flat.shape[0])
         if store is not None:
             state = {RESIDUAL: (flat - decoded).numpy().copy()}
             if not nonfinite_entry(state):
@@ -323,7 +306,7 @@ class CompressionHost:
                 if state is not None:
                     flat[i] += torch.from_numpy(state[RESIDUAL])
         seeds = [device_seed(self.seed, d, v) for d, v in zip(device_ids, versions, strict=True)]
-        decoded = self.compressor.decode_group(flat, seeds)
+        decoded = self.compressor.with_layout(names, shapes).decode_group(flat, seeds)
         if store is not None:
             residual = (flat - decoded).numpy()
             for i, (d, s) in enumerate(zip(device_ids, selections, strict=True)):
@@ -334,11 +317,10 @@ class CompressionHost:
         return [dict(diff) | split_flat(values[i], names, shapes) for i, diff in enumerate(diffs)]
 
 
-def split_flat(flat: np.ndarray, names: list[str], shapes: list) -> dict[str, np.ndarray]:
-    """A flattened update back into its entries, in the order it was flattened."""
-    sizes = [int(np.prod(s)) for s in shapes]
-    parts = np.split(flat, np.cumsum(sizes)[:-1])
-    return {n: p.reshape(s).copy() for n, p, s in zip(names, parts, shapes, strict=True)}
+def wire_bytes(wire: dict) -> int:
+    """Bytes of a real device's encoded update (``CompressionHost.encode_one``'s wire form): its payload's arrays, as
+    ``CompressorSpec.encoded_bytes`` counts them (call after ``decode_wire`` accepted it)."""
+    return int(sum(np.asarray(part["values"], dtype=part["dtype"]).nbytes for part in wire["payload"].values()))
 
 
 def decode_wire(wire: dict, expected: str) -> dict[str, np.ndarray]:

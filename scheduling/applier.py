@@ -384,7 +384,9 @@ class UpdateApplier:
                 self.slowest = max(self.slowest, took)
             # the selection policy sees this update's own reports (a leaf's sum of a selection carries none)
             reports = reports_of(update.diff) if s.policy is not None and counted else None
-            arrival, selected = s.apply(update.device, counted=counted, at=now, reports=reports)
+            arrival, selected = s.apply(
+                update.device, counted=counted, at=now, reports=reports, sent=update.upload_bytes
+            )
             self.failures.note(update.device, arrival.counted, update.error)
             if arrival.made_version:  # the fleet as the version is made, for its results record
                 fl_ctx.set_prop(FLEET, s.fleet(), private=True, sticky=True)

@@ -142,6 +142,7 @@ class ExactSchedule:
         self.buffered = 0  # counted updates waiting for the next version
         self.applied = 0  # updates applied so far, failed ones included
         self.failed = 0  # of them, failed ones (dropped out, or counted nothing)
+        self.bytes_sent = 0  # real devices' counted updates: their bytes, as their leaves measured them (--compress)
         self.in_flight: dict[str, Dispatch] = {}
         self.task_counts: dict[str, int] = {}
         self.selection_seq = 0  # the last selection id issued
@@ -182,9 +183,9 @@ class ExactSchedule:
         online = self.delays.availability.online_count(self.pool, self.now)
         fleet = {"online": online, "devices": len(self.pool), "updates": self.applied, "failed": self.failed}
         c = self.delays.config  # an update's size known (compression, a bandwidth): the bytes moved so far
-        if c.upload_bytes:
-            up, tasks = (self.applied - self.failed) * c.upload_bytes, sum(self.task_counts.values())
-            fleet |= {"bytes_up": up, "bytes_down": tasks * c.download_bytes}  # counted updates, dispatched tasks
+        if c.upload_bytes or self.bytes_sent:  # a real device's measured bytes when it sent them
+            up = self.bytes_sent or (self.applied - self.failed) * c.upload_bytes
+            fleet |= {"bytes_up": up, "bytes_down": sum(self.task_counts.values()) * c.download_bytes}
         return fleet
 
     def needed_versions(self) -> set[int]:
@@ -209,11 +210,11 @@ class ExactSchedule:
         return self._select_until_one_is_online(self.selection_size)
 
     def apply(
-        self, device: str, counted: bool = True, at: float | None = None, reports: dict | None = None
+        self, device: str, counted: bool = True, at: float | None = None, reports: dict | None = None, sent: int = 0
     ) -> tuple[Arrival, list[Dispatch]]:
         """Apply the arrival of ``device`` (at its scheduled time, or ``at``: the real-time mode's receipt time);
-        returns it and the devices selected in reply. ``reports``: what the device reported with its update (its
-        ``Update.reports``), for the selection policy, which sees them from this arrival on."""
+        returns it and the devices selected in reply. ``reports``: its update's (``Update.reports``), for the
+        selection policy, from this arrival on. ``sent``: a real device's bytes (0: the delay model's size)."""
         dispatch = self.in_flight.pop(device)
         counted = counted and not dispatch.drops  # gone offline: whatever it trained is lost
         self._landed(dispatch)
@@ -223,7 +224,7 @@ class ExactSchedule:
         self.applied += 1
         self.failed += not counted
         if counted:
-            self.buffered += 1
+            self.buffered, self.bytes_sent = self.buffered + 1, self.bytes_sent + sent
         round_over = self.synchronous and not self.in_flight  # a synchronous round ends with its last device
         if self.buffered and (self.buffered >= self.updates_per_version or round_over):
             self.buffered = 0
@@ -246,7 +247,7 @@ class ExactSchedule:
         last = self.max_model_version is not None and self.version >= self.max_model_version
         if holes >= self.min_hole_to_fill and not last:
             selected = self._select_until_one_is_online(holes)
-        size = self.delays.config.upload_bytes
+        size = sent or self.delays.config.upload_bytes
         arrival = Arrival(device, dispatch.base_version, dispatch.arrival, tau, target, made, counted, size)
         return arrival, selected
 
@@ -359,6 +360,7 @@ class ExactSchedule:
             "buffered": self.buffered,
             "applied": self.applied,
             "failed": self.failed,
+            **({"bytes_sent": self.bytes_sent} if self.bytes_sent else {}),
             "in_flight": [d.to_dict() for d in self.in_flight.values()],
             "task_counts": dict(self.task_counts),
             "selection_seq": self.selection_seq,
@@ -379,7 +381,7 @@ class ExactSchedule:
 
     def load_state_dict(self, state: dict) -> None:
         self.now, self.version, self.buffered = state["now"], state["version"], state["buffered"]
-        self.applied, self.failed = state.get("applied", 0), state.get("failed", 0)  # older checkpoints: from 0
+        self.applied, self.failed, self.bytes_sent = (state.get(k, 0) for k in ("applied", "failed", "bytes_sent"))
         self.in_flight = {d["device"]: Dispatch(**d) for d in state["in_flight"]}
         self._base_counts = Counter(d.base_version for d in self.in_flight.values())
         self._maybe_unneeded = set()

@@ -42,5 +42,5 @@ class FiniteUpdates:
             return update
         self.log_error(f"device {update.device} is counted failed: {problem}")
         return DeviceUpdate(
-            update.device, update.selection_id, update.base_version, None, 0, error=short_error(problem)
+            update.device, update.selection_id, update.base_version, None, 0, error=short_error(problem), run=update.run
         )

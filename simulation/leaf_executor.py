@@ -57,6 +57,7 @@ from common.nvflare_private import install_nvflare_fixes
 from common.protocol import (
     AWAITED,
     DEVICE_ERROR_META,
+    DEVICE_EXTRA_PREFIX,
     DEVICE_RANGES,
     DEVICE_UPDATES,
     LOCAL_REPORT,
@@ -113,6 +114,17 @@ def device_diff(data: dict, settings: dict | None) -> dict[str, np.ndarray]:
     if "data_size" in wire:
         decoded = weigh_by_samples(decoded, int(wire["data_size"]))
     return diff | decoded
+
+
+def upload_bytes(data: dict, diff: dict[str, np.ndarray]) -> int:
+    """The bytes a real device's update took (its reports not counted): its encoded payload's arrays when it
+    compressed (``processors.compress.wire_bytes``), else its dense diff's float32 values (4 bytes each)."""
+    from processors.compress import COMPRESSED, wire_bytes
+
+    wire = data.get(COMPRESSED)
+    if wire is not None:
+        return wire_bytes(wire)
+    return int(sum(4 * np.size(v) for k, v in diff.items() if not k.startswith(DEVICE_EXTRA_PREFIX)))
 
 
 def selection_of(cookie: dict | None) -> tuple[int, int] | None:
@@ -358,10 +370,13 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
         sid, version = selection
         diff, count = dxo.data["dict"], int(dxo.data.get("count", 1))
         error = str(dxo.get_meta_prop(DEVICE_ERROR_META, "") or "") if count == 0 else ""
+        size = 0  # a real device's bytes sent (metrics.json's bytes_up); a simulated device's the schedule knows
         if self.real_devices:  # from JSON, and from a device we do not control: checked before it can reach the model
             try:
                 diff = device_diff(dxo.data, self._device_settings)
                 problem = self._diff_problem(diff, version, current_task)
+                compressed = (self._device_settings or {}).get("compression")  # bytes counted with --compress
+                size = upload_bytes(dxo.data, diff) if compressed and not problem else 0
             except ValueError as ex:
                 problem = str(ex)
             if problem:
@@ -370,7 +385,7 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
         elif count > 0 and (problem := nonfinite_reason(diff, "refused at its leaf")):  # a simulated device's
             self.log_warning(fl_ctx, f"device {device} is counted failed: {problem}")
             diff, count, error = zeroed(diff), 0, short_error(problem)
-        update = DeviceUpdate(device, sid, version, diff, count, error=error)
+        update = DeviceUpdate(device, sid, version, diff, count, error=error, upload_bytes=size)
         return self._send_up([update], result_report.task_id, fl_ctx)
 
     @staticmethod

@@ -189,7 +189,8 @@ def make_assessor(
         min_hole_to_fill=f.min_hole_to_fill,
         device_reuse=f.device_reuse,
         max_model_version=f.max_model_version,
-        delays=DelayConfig().to_dict() if real else cfg.delays.to_dict(),  # real devices: no simulated delays
+        # real devices: no simulated delays; with --compress a version's bytes (bytes_down; uploads are measured)
+        delays=DelayConfig(download_bytes=cfg.delays.download_bytes).to_dict() if real else cfg.delays.to_dict(),
         seed=cfg.run.seed,
         time_scale=cfg.engine.time_scale,
         device_wait_timeout=f.device_wait_timeout,

@@ -62,6 +62,7 @@ def test_real_devices_are_applied_as_they_arrive_and_failed_or_silent_ones_never
     assert manager.current_version == 1
 
     sent: list[str] = []  # counted updates, in the order the devices sent them
+    sizes: list[int] = []  # and their bytes
     handled: set[tuple[str, int]] = set()
     silent = failing = None
     started = time.time()
@@ -86,9 +87,16 @@ def test_real_devices_are_applied_as_they_arrive_and_failed_or_silent_ones_never
             # the proxy routes each device to one leaf by its id: here by its last digit
             leaf = LEAVES[int(device[-1]) % 2]
             error = "" if count else "the device reported status ERROR"  # as the leaf words it
-            sync(assessor, engine, leaf, [DeviceUpdate(device, sid, versions[sid], diff, count, error=error)])
+            size = 1000 + 8 * len(sent) if count else 0  # the bytes it sent, as its leaf measured them
+            sync(
+                assessor,
+                engine,
+                leaf,
+                [DeviceUpdate(device, sid, versions[sid], diff, count, error=error, upload_bytes=size)],
+            )
             if count:
                 sent.append(device)
+                sizes.append(size)
             break  # one device finishes at a time, 50 ms apart: the silent one's timeout passes mid-run
         time.sleep(0.05)
     engine.fire_event(EventType.END_RUN, engine.new_context())
@@ -97,6 +105,9 @@ def test_real_devices_are_applied_as_they_arrive_and_failed_or_silent_ones_never
     trace = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     counted = [r["device"] for r in trace if not r.get("failed")]
     assert counted == sent[: len(counted)], "updates must be applied in the order they arrived"
+    # each real device's bytes, as its leaf measured them, in its line and in the fleet's bytes_up (metrics.json)
+    assert [r["upload_bytes"] for r in trace if not r.get("failed")] == sizes[: len(counted)]
+    assert assessor.schedule.fleet()["bytes_up"] == sum(sizes[: len(counted)])
     assert [r["arrival"] for r in trace] == sorted(r["arrival"] for r in trace), "wall-clock arrivals"
     failed = [r for r in trace if r.get("failed")]
     assert failing in {r["device"] for r in failed}, "a failed task counts failed"
@@ -115,3 +126,25 @@ def test_the_derived_device_timeout_starts_at_its_default_then_follows_the_slowe
     applier.slowest = 1.0  # a fast fleet: never below the default (a device may still be downloading)
     assert applier.timeout() == FIRST_DEVICE_TIMEOUT
     assert UpdateApplier(None, None, None, None, time_scale=1.0, device_timeout=7.5).timeout() == 7.5
+
+
+def test_a_real_devices_bytes_travel_with_its_update_and_survive_a_checkpoint():
+    from common.delays import DelayConfig
+    from common.protocol import SelectionSum
+    from scheduling.event_reference import make_schedule
+
+    diff = {"w": np.ones(2, np.float32)}
+    sent = DeviceUpdate("d#1", 3, 2, diff, upload_bytes=77)
+    assert DeviceUpdate.from_dict(sent.to_dict()).upload_bytes == 77
+    assert "upload_bytes" not in DeviceUpdate("d#1", 3, 2, diff).to_dict()  # a simulated device's: as before
+    group = SelectionSum.from_dict(SelectionSum.of([sent, DeviceUpdate("d#2", 3, 2, diff, upload_bytes=5)]).to_dict())
+    assert {u.device: u.upload_bytes for u in group.device_updates()} == {"d#1": 77, "d#2": 5}  # synchronous sums
+
+    schedule = make_schedule(DelayConfig(), 3, {"site-1": 4}, 2, 1, 1)
+    first = schedule.start()[0].device
+    arrival, _ = schedule.apply(first, at=1.0, sent=50)
+    assert arrival.trace_record()["upload_bytes"] == 50 and schedule.fleet()["bytes_up"] == 50
+    resumed = make_schedule(DelayConfig(), 3, {"site-1": 4}, 2, 1, 1)
+    resumed.load_state_dict(schedule.state_dict())
+    assert resumed.fleet()["bytes_up"] == 50  # a resumed run goes on counting from there
+    assert "bytes_up" not in make_schedule(DelayConfig(), 3, {"site-1": 4}, 2, 1, 1).fleet()  # nothing sent

@@ -23,7 +23,7 @@ from processors.device_processor import RealDeviceProcessor
 from processors.models import initial_model
 from processors.task_processor import TrainingTaskProcessor
 from processors.training_config import TrainingConfig
-from simulation.leaf_executor import device_diff, device_settings
+from simulation.leaf_executor import device_diff, device_settings, upload_bytes
 
 DEVICE, VERSION, SEED = "site-1#3", 2, 7
 
@@ -90,6 +90,10 @@ def test_a_topk_device_sends_one_percent_and_the_leaf_decodes_what_the_server_wo
     np.testing.assert_array_equal(np.concatenate([leaf[k].reshape(-1) for k in names]), server)
     assert (tmp_path / "device" / "error_feedback").is_dir()  # the device kept its residual itself
 
+    # the bytes its leaf counts (metrics.json's bytes_up): the encoded payload, as the simulator counts a device's
+    assert upload_bytes(result["data"], leaf) == parse_compress("topk:0.01").encoded_bytes(n)
+    assert upload_bytes(dense["data"], device_diff(dense["data"], settings)) == 4 * n  # a device that sends dense
+
 
 @pytest.mark.parametrize("compress", ["qsgd:4", "fp16"])
 def test_the_leaf_reads_what_a_simulated_device_of_the_same_id_sends(compress, tmp_path):
@@ -98,7 +102,10 @@ def test_the_leaf_reads_what_a_simulated_device_of_the_same_id_sends(compress, t
     job = job_processor(compress, str(tmp_path / "ef"), weighting="samples")
     simulated = job.train(DEVICE, weights(), VERSION)
     settings = device_settings(job)
-    leaf = device_diff(device_result(settings, str(tmp_path / "device"))["data"], settings)
+    data = device_result(settings, str(tmp_path / "device"))["data"]
+    leaf = device_diff(data, settings)
+    n = update_values("cifar10_convnet")[0]
+    assert upload_bytes(data, leaf) == parse_compress(compress).encoded_bytes(n)  # as the simulator counts it
     assert set(leaf) == set(simulated)
     for name, value in simulated.items():
         np.testing.assert_array_equal(leaf[name], value, err_msg=name)
