@@ -122,7 +122,9 @@ def test_each_format_trains_by_user_with_fedavg_and_fedbuff(tmp_path):
     # job's 2 versions of 2 steps are too few to learn, there its accuracy and per-user spread are recorded
     shakespeare = load_user_dataset("shakespeare", data)
     baseline = frequency_baseline(shakespeare.y_train, shakespeare.y_test)
-    learned = {"leaf": 0.5, "leaf-fedbuff": 0.3, "tff": 0.5, "tff-fedavg": 0.5, "text": baseline + 0.1}
+    # text: at least 0.1 above the baseline; metrics.json rounds to 5 decimals, so a run exactly 0.1 above it (seen
+    # on a loaded machine: 0.23333 against 0.1333... + 0.1) must pass too
+    learned = {"leaf": 0.5, "leaf-fedbuff": 0.3, "tff": 0.5, "tff-fedavg": 0.5, "text": baseline + 0.1 - 1e-5}
     for name in runs:
         assert procs[name].returncode == 0, name + outputs[name][-3000:]
         out = tmp_path / name / "out"
