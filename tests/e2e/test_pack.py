@@ -1,5 +1,6 @@
 """The first end-to-end pack (``docs/packs.md``, step 3): two seeds of a small FedBuff run (2 leaves x 4 devices,
-B = 2, 6 versions) as ONE NVFlare job (``python -m jobs.run.pack``), each against the same seed run alone.
+B = 2, 6 versions, a server learning rate of 1 so the model moves) as ONE NVFlare job (``python -m
+jobs.run.pack``), each against the same seed run alone.
 
 * Each run's ``events.jsonl`` equals its standalone run's, line for line: each run has its own schedule and
   applier (``scheduling.run_server``), so its trace is its standalone trace whatever the other run does.
@@ -21,7 +22,7 @@ FLAGS = [
     "--method", "fedbuff", "--num-leaf-nodes", "2", "--devices-per-leaf", "4", "--device-selection-size", "4",
     "--num-updates-for-model", "2", "--min-hole-to-fill", "1", "--max-model-version", "6", "--delays", "paper",
     "--synthetic-size", "600", "--subset-size", "40", "--local-iters", "2", "--local-batch-size", "16",
-    "--local-lr", "0.05", "--eval-backlog", "wait",
+    "--local-lr", "0.05", "--global-lr", "1.0", "--eval-backlog", "wait",
 ]  # fmt: skip
 SEEDS = (3, 4)
 TEST_SAMPLES = 600 // 5  # the synthetic dataset's test split is a fifth of --synthetic-size
