@@ -159,7 +159,9 @@ class FastDeviceRunner(TPORunner):
             reporters.append(self._local_log.write)
         channel = self.make_channel(fl_ctx, job_name, device_id_prefix(site))
         if isinstance(self.tpo, TrainingTaskProcessor):
-            self.tpo.apply_plan(plan.torch_threads, plan.leaves_per_gpu)
+            # every run's processor of a pack (one process, one torch): the leaf's plan, not the job's
+            for tpo in (self.tpo, *getattr(channel, "run_trainers", {}).values()):
+                tpo.apply_plan(plan.torch_threads, plan.leaves_per_gpu)
         else:  # someone else's processor: the leaf's share of the cores, and a word if it forks per task
             torch.set_num_threads(plan.torch_threads)
             self._watch = ChildProcessWatch(self.logger).start()

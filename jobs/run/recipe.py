@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sysconfig
+from dataclasses import replace
 
 from nvflare.app_common.widgets.metrics_artifact_writer import MetricsArtifactWriter
 from nvflare.app_opt.pt.job_config.model import PTModel
@@ -213,8 +214,9 @@ class EdgeSimPackRecipe(Recipe):
         for run, (c, results_dir) in enumerate(zip(cfgs, results_dirs, strict=True)):
             model = PTModel(model=initial_model_config(c.training.model, c.run.seed))
             persistor_id = job.to_server(model, id=run_component_id("persistor", run))["persistor_id"]
+            on_wire = replace(c, engine=replace(c.engine, bulk="wire"))  # a pack's versions travel on the wire
             global_model_id = job.to_server(
-                make_global_model(c, results_dir), id=run_component_id(GLOBAL_MODEL_ALIAS, run)
+                make_global_model(on_wire, results_dir), id=run_component_id(GLOBAL_MODEL_ALIAS, run)
             )
             runs.append(run_options(c, persistor_id, global_model_id, results_dir))
         assessor_id = job.to_server(make_pack_assessor(cfgs, plan.timeouts, runs), id="wf_assessor")
