@@ -76,6 +76,7 @@ from common.protocol import (
     SERVER_WORK,
     SIM_TIME,
 )
+from common.run_scope import mark, scoped
 from evaluation.events import VERSION_EVALUATED, VERSION_MADE_LAST, VERSION_RECORD, VERSION_WEIGHTS
 from evaluation.per_user import per_user_accuracy
 from evaluation.schedule import is_scheduled
@@ -163,6 +164,7 @@ class GlobalModelEvaluator(FLComponent):
     precision: the run's ``--precision``: its TF32 switches on CUDA (``processors.precision``); evaluation itself
         stays float32 (no autocast), so every method's curve is scored alike.
     results_dir: the run's results folder, where the evaluation thread beats ("": the server app's run folder).
+    run: in a pack, the run it evaluates (``common.run_scope``); None: the job's one run.
     """
 
     def __init__(
@@ -176,8 +178,10 @@ class GlobalModelEvaluator(FLComponent):
         backlog: EvalBacklog = "wait",
         precision: str = "fp32",
         results_dir: str = "",
+        run: int | None = None,
     ):
         super().__init__()
+        self.run = run
         self.precision = precision
         self.results_dir = results_dir
         self._out = ""
@@ -203,10 +207,10 @@ class GlobalModelEvaluator(FLComponent):
         self._initial: tuple[dict, tuple, float] | None = None  # weights, scores (``_score``), seconds
         self._ahead = False  # version 1 is being (or was) scored at START_RUN: no newer version supersedes it
         self.register_event_handler(EventType.START_RUN, self._start_run)
-        self.register_event_handler(AppEventType.GLOBAL_WEIGHTS_UPDATED, self._on_version)
-        self.register_event_handler(RUN_OUTCOME, self._on_outcome)
-        self.register_event_handler(RUN_RESUMED, self._on_resume)
-        self.register_event_handler(CHECKPOINT_DUE, self._before_checkpoint)
+        self.register_event_handler(AppEventType.GLOBAL_WEIGHTS_UPDATED, scoped(run, self._on_version))
+        self.register_event_handler(RUN_OUTCOME, scoped(run, self._on_outcome))
+        self.register_event_handler(RUN_RESUMED, scoped(run, self._on_resume))
+        self.register_event_handler(CHECKPOINT_DUE, scoped(run, self._before_checkpoint))
         self.register_event_handler(EventType.END_RUN, self._end_run)
 
     def _start_run(self, _event: str, fl_ctx: FLContext) -> None:
@@ -359,7 +363,7 @@ class GlobalModelEvaluator(FLComponent):
                 record["server"] = server
             if privacy:  # the accountant's inputs and the epsilon they spend, computed here, off the server's path
                 record["privacy"] = with_epsilon(privacy)
-            fl_ctx = self._engine.new_context()
+            fl_ctx = mark(self._engine.new_context(), self.run)
             fl_ctx.set_prop(VERSION_WEIGHTS, weights, private=True, sticky=False)
             self.fire_event_with_data(VERSION_EVALUATED, fl_ctx, VERSION_RECORD, record)
             with self._cond:  # recorded (the recorder writes on VERSION_EVALUATED): nothing owed for it now

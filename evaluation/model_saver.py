@@ -19,6 +19,7 @@ from nvflare.apis.fl_context import FLContext
 
 from common.output import output_dir
 from common.result_files import GLOBAL_MODEL
+from common.run_scope import scoped
 from evaluation.evaluator import load_into
 from evaluation.events import (
     MODEL_SAVED,
@@ -35,16 +36,18 @@ class GlobalModelSaver(FLComponent):
     """Args:
     model: model name (``processors.models``).
     results_dir: where ``global_model.pt`` goes.
+    run: in a pack, the run whose model it saves (``common.run_scope``); None: the job's one run.
     """
 
-    def __init__(self, model: str, results_dir: str):
+    def __init__(self, model: str, results_dir: str, run: int | None = None):
         super().__init__()
+        self.run = run
         self.model = model
         self.results_dir = results_dir
         self._net = None
         self._saved = 0  # the version global_model.pt holds (0: none yet)
-        self.register_event_handler(VERSION_RECORDED, self._save)
-        self.register_event_handler(VERSION_MADE_LAST, self._save)
+        self.register_event_handler(VERSION_RECORDED, scoped(run, self._save))
+        self.register_event_handler(VERSION_MADE_LAST, scoped(run, self._save))
 
     def _save(self, _event: str, fl_ctx: FLContext) -> None:
         version = int((fl_ctx.get_prop(VERSION_RECORD) or {}).get("version") or 0)

@@ -21,6 +21,7 @@ from nvflare.apis.fl_context import FLContext
 from tqdm import tqdm
 
 from common.protocol import LEAF_INFO
+from common.run_scope import scoped
 from evaluation.events import SYSTEM_SAMPLES, SYSTEM_SUMMARY, SYSTEM_SUMMARY_READY, VERSION_RECORD, VERSION_RECORDED
 from evaluation.utilisation import format_status
 
@@ -143,14 +144,16 @@ def bar_postfix(record: dict, stretch: dict | None) -> str:
 class ProgressReporter(FLComponent):
     """Args:
     max_model_version: the last version (the bar's length; shown as ``version v/max``).
+    run: in a pack, the run whose versions it shows (``common.run_scope``); None: the job's one run.
     """
 
-    def __init__(self, max_model_version: int = 0):
+    def __init__(self, max_model_version: int = 0, run: int | None = None):
         super().__init__()
+        self.run = run
         self.max_model_version = max_model_version
         self._bar = None
         self.register_event_handler(EventType.START_RUN, self._start)
-        self.register_event_handler(VERSION_RECORDED, self._report_version)
+        self.register_event_handler(VERSION_RECORDED, scoped(run, self._report_version))
         self.register_event_handler(SYSTEM_SUMMARY_READY, self._report_system)
         self.register_event_handler(EventType.END_RUN, self._close)
         self.register_event_handler(LEAF_INFO, self._report_bulk)

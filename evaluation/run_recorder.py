@@ -53,6 +53,7 @@ from common.jsonio import write_json_atomic
 from common.output import output_dir
 from common.protocol import LEAF_INFO, RUN_OUTCOME, RUN_RESUMED
 from common.result_files import ACCURACY_PLOT, EVENTS, METRICS
+from common.run_scope import scoped
 from evaluation.events import (
     MODEL_SAVED,
     SAVED_VERSION,
@@ -246,6 +247,7 @@ class RunRecorder(FLComponent):
     monitor_id: component id of the run's ``SystemMonitorComponent`` ("": no system figures).
     plot: draw ``accuracy.png`` at END_RUN; False when the driver draws it (a SimEnv run: ``jobs.run.results``'s
         ``PlotAhead`` draws it while NVFlare shuts down, instead of before).
+    run: in a pack, the run it records (``common.run_scope``); None: the job's one run.
     """
 
     def __init__(
@@ -255,8 +257,10 @@ class RunRecorder(FLComponent):
         updates_per_version: int = 0,
         monitor_id: str = "",
         plot: bool = True,
+        run: int | None = None,
     ):
         super().__init__()
+        self.run = run
         self.results_dir = results_dir
         self.plot = plot
         self.run_info = run_info or {}
@@ -274,12 +278,12 @@ class RunRecorder(FLComponent):
         self._groups = {"run": GroupSizes(), "after_first": GroupSizes(), "stretch": GroupSizes()}
         self._lock = threading.Lock()
         self.register_event_handler(EventType.START_RUN, self._start)
-        self.register_event_handler(VERSION_EVALUATED, self._record_version)
+        self.register_event_handler(VERSION_EVALUATED, scoped(run, self._record_version))
         self.register_event_handler(SYSTEM_SUMMARY_READY, self._record_system)
-        self.register_event_handler(RUN_OUTCOME, self._record_outcome)
-        self.register_event_handler(RUN_RESUMED, self._resume)
+        self.register_event_handler(RUN_OUTCOME, scoped(run, self._record_outcome))
+        self.register_event_handler(RUN_RESUMED, scoped(run, self._resume))
         self.register_event_handler(LEAF_INFO, self._record_leaf_info)
-        self.register_event_handler(MODEL_SAVED, self._record_saved)
+        self.register_event_handler(MODEL_SAVED, scoped(run, self._record_saved))
         self.register_event_handler(EventType.END_RUN, self._end)
 
     @property

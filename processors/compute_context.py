@@ -1,7 +1,9 @@
 """Where a device's training runs: the received global weights as tensors on the compute device, converted once per
 model version per process, and the context around each task or group on a GPU (the utilisation profile's memory
 cap, this worker's CUDA stream, the precision's switches, the cache cleanup). Used by the task processor
-(``processors.task_processor``); process-wide state, so every device and worker of a leaf shares it."""
+(``processors.task_processor``); process-wide state, so every device and worker of a leaf shares it. The converted
+weights are keyed by their owner too: in a pack (``docs/packs.md``) each run's processor is an owner of its own,
+and run 1's version 2 is another model than run 0's version 2."""
 
 from __future__ import annotations
 
@@ -16,23 +18,26 @@ from processors.data.device_samples import ready_for_other_streams
 from processors.precision import flushed_denormals, use_precision
 
 _lock = threading.Lock()
-_global_params: dict[tuple, dict[str, torch.Tensor]] = {}  # (model version, device) -> weights on device
+# (model version, device, owner) -> weights on device
+_global_params: dict[tuple, dict[str, torch.Tensor]] = {}
 _memory_capped: set[str] = set()  # CUDA devices whose allocator this process has capped
 _worker = threading.local()  # this worker thread's CUDA streams
 
 
 def global_params_on(
-    model_data: dict, version: int, device: torch.device, keep_versions: int = 3
+    model_data: dict, version: int, device: torch.device, keep_versions: int = 3, owner: int = 0
 ) -> dict[str, torch.Tensor]:
-    """The received global weights as tensors on ``device``, converted once per model version per process; the
+    """The received global weights as tensors on ``device``, converted once per model version and ``owner`` (whose
+    versions they are: a run's task processor, ``processors.task_processor``) per process; each owner's
     ``keep_versions`` newest versions stay converted, for stale tasks."""
-    key = (version, str(device))
+    key = (version, str(device), owner)
     with _lock:
         cached = _global_params.get(key)
         if cached is None:
             cached = {k: _tensor_on(v, device) for k, v in model_data.items()}
             ready_for_other_streams(device)
-            for old in [k for k in _global_params if k[0] <= version - max(1, keep_versions)]:
+            stale = version - max(1, keep_versions)
+            for old in [k for k in _global_params if k[2] == owner and k[0] <= stale]:
                 del _global_params[old]
             _global_params[key] = cached
     return cached

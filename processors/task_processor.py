@@ -12,6 +12,7 @@ GPU, how many global-model versions stay converted there, and when the allocator
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 
 import numpy as np
@@ -38,6 +39,8 @@ from processors.reports import LAST_STEP, check_reports, weigh_by_samples, with_
 from processors.task_wire import device_extras, received_model, weight_diff_result
 from processors.training import TrainingConfig, train_local, worker_model
 from processors.training_vectorized import train_group
+
+_owners = itertools.count(1)  # each processor's key in the converted weights' cache (``weights_owner``)
 
 
 class TrainingTaskProcessor(DeviceTaskProcessor):
@@ -127,6 +130,9 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         self._training = TrainingConfig(**training).resolved(self._data.dataset)
         self._settings = get_profile(profile)
         self.tasks_done = 0
+        # the key of this processor's converted global weights (``global_params_on``): a pack's runs (one processor
+        # each, in one leaf process) number their versions alike; NVFlare's per-device deep copies share it
+        self.weights_owner = next(_owners)
 
     def apply_plan(self, torch_threads: int, leaves_per_gpu: int) -> None:
         """The leaf's own plan, made at run start from its machine (``simulation.leaf_plan``), replaces the
@@ -222,7 +228,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         with self._compute_context():
             device, x, y, generator = self._prepare(device_id, version)
             net = worker_model(self._training.model, device)
-            params = global_params_on(model_data, version, device, settings.cached_versions)
+            params = global_params_on(model_data, version, device, settings.cached_versions, self.weights_owner)
             clip, norms = clip_norm_for(params, version) if self.privacy else None, []
             diff = train_local(
                 net,
@@ -291,7 +297,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
             by_version: dict[int, dict[str, torch.Tensor]] = {}  # each version converted once, one dict per version
             for v, data in zip(versions, models, strict=True):
                 if v not in by_version:
-                    by_version[v] = global_params_on(data, v, device, settings.cached_versions)
+                    by_version[v] = global_params_on(data, v, device, settings.cached_versions, self.weights_owner)
             clips = [clip_norm_for(by_version[v], v) for v in versions] if self.privacy else None
             norms: list[float] = []
             if len(by_version) == 1:  # one version: its weights broadcast to every device, as always

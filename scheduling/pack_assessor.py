@@ -72,12 +72,13 @@ class PackAssessor(Assessor):
     ):
         super().__init__()
         install_nvflare_fixes()
+        self.runs = runs  # NVFlare writes each argument from the attribute of its name
         self.num_leaves = num_leaves
         self.device_wait_timeout = device_wait_timeout
         self.leaf_timeout = leaf_timeout
         self.servers = [
-            RunServer(RunOptions(**opts, leaf_timeout=leaf_timeout), self, self._note_news, self._wake_for)
-            for opts in runs
+            RunServer(RunOptions(**opts, leaf_timeout=leaf_timeout, run=run), self, self._note_news, self._wake_for)
+            for run, opts in enumerate(runs)
         ]
         self.leaves = LeafWatch(leaf_timeout)
         self.started = False

@@ -30,6 +30,7 @@ from common.output import output_dir
 from common.process_settings import settle_process
 from common.protocol import CHECKPOINT_DUE, GLOBAL_MODEL_ALIAS, RUN_OUTCOME, RUN_RESUMED
 from common.result_files import EVENTS
+from common.run_scope import mark
 from processors.local_work import device_work
 from scheduling import checkpoint
 from scheduling.applier import UpdateApplier
@@ -64,6 +65,7 @@ class RunOptions:
     one_update_per_version: bool = False
     max_consecutive_failures: int = 0
     leaf_timeout: float = 60.0  # how long a checkpoint waits for the released devices' updates
+    run: int | None = None  # in a pack, this run's index (its events are marked with it: common.run_scope)
 
 
 class RunServer:
@@ -102,6 +104,7 @@ class RunServer:
         """At the job's START_RUN: the initial model loaded, the schedule built, ``events.jsonl`` opened, and the
         checkpoint restored when resuming; False when a component is missing (the host has panicked)."""
         o = self.options
+        mark(fl_ctx, o.run)
         self._engine = fl_ctx.get_engine()
         persistor = self._engine.get_component(o.persistor_id)
         if not isinstance(persistor, LearnablePersistor):
@@ -137,10 +140,12 @@ class RunServer:
 
     def resume(self, fl_ctx: FLContext) -> None:
         """Continue from the results folder's checkpoint (``--resume``)."""
+        mark(fl_ctx, self.options.run)
         self._restore(checkpoint.read(self.out), fl_ctx)
 
     def start(self, fl_ctx: FLContext) -> None:
         """The first selection, the initial version, and the applier thread started."""
+        mark(fl_ctx, self.options.run)
         selected = self.schedule.start()
         self.global_model.start(self._initial, self.schedule.version, fl_ctx)
         self.on_selected([d.device for d in selected])
@@ -153,7 +158,7 @@ class RunServer:
             self.schedule,
             self.global_model,
             self.events,
-            self._engine.new_context,
+            (lambda: mark(self._engine.new_context(), o.run)) if o.run is not None else self._engine.new_context,
             1.0 if o.real_devices else o.time_scale,
             on_version=lambda: self._on_version(fl_ctx),
             log_error=lambda msg: self.host.log_error(fl_ctx, msg),
@@ -167,6 +172,7 @@ class RunServer:
     # -- the run's end ------------------------------------------------------------------------------------------
     def finish(self, status: str, reason: str, fl_ctx: FLContext) -> None:
         """Record the run's outcome, log it and fire ``RUN_OUTCOME``."""
+        mark(fl_ctx, self.options.run)
         s = self.schedule
         version = s.version if s else 0
         if self.global_model is not None:  # a version the schedule counted but the model never made (DP's budget)
@@ -183,6 +189,7 @@ class RunServer:
 
     def check_end(self, fl_ctx: FLContext) -> None:
         """Finish the run if its applier failed or its schedule is done (called under the applier's lock)."""
+        mark(fl_ctx, self.options.run)
         s, o = self.schedule, self.options
         if self.applier.error:
             self.finish("stopped", self.applier.error, fl_ctx)
@@ -234,6 +241,8 @@ class RunServer:
         applier.start()
 
     def _on_version(self, fl_ctx: FLContext) -> None:
+        if self.options.run is not None:  # on this run's applier thread: a context of its own, not the shared one
+            fl_ctx = mark(self._engine.new_context(), self.options.run)
         version = self.schedule.version
         if not self._policy.due(version):
             return

@@ -92,6 +92,8 @@ class FastDeviceRunner(TPORunner):
         time_scale: 0: report at once; S > 0: hold each result for its delays x S wall seconds.
         send_up: put the plan and report lines in the leaf's outbox for the server.
         leaf_log_dir: also write them into this folder on the leaf ("": not).
+        run_processor_ids: in a pack (``docs/packs.md``), the task processor of each run after the first, in
+            order (run 0's is ``task_processor_id``): each run's devices train with their run's settings.
     """
 
     def __init__(
@@ -105,6 +107,7 @@ class FastDeviceRunner(TPORunner):
         time_scale: float = 0.0,
         send_up: bool = True,
         leaf_log_dir: str = "",
+        run_processor_ids: list[str] | None = None,
     ):
         super().__init__(task_processor_id, job_timeout, num_devices, num_workers=1)
         self.plan_request = plan_request
@@ -113,6 +116,7 @@ class FastDeviceRunner(TPORunner):
         self.time_scale = time_scale
         self.send_up = send_up
         self.leaf_log_dir = leaf_log_dir
+        self.run_processor_ids = list(run_processor_ids or ())
         self.plan: WorkerPlan | None = None
         self._watch: ChildProcessWatch | None = None
         self._local_log: JsonlWriter | None = None
@@ -155,7 +159,9 @@ class FastDeviceRunner(TPORunner):
             reporters.append(self._local_log.write)
         channel = self.make_channel(fl_ctx, job_name, device_id_prefix(site))
         if isinstance(self.tpo, TrainingTaskProcessor):
-            self.tpo.apply_plan(plan.torch_threads, plan.leaves_per_gpu)
+            # every run's processor of a pack (one process, one torch): the leaf's plan, not the job's
+            for tpo in (self.tpo, *getattr(channel, "run_trainers", {}).values()):
+                tpo.apply_plan(plan.torch_threads, plan.leaves_per_gpu)
         else:  # someone else's processor: the leaf's share of the cores, and a word if it forks per task
             torch.set_num_threads(plan.torch_threads)
             self._watch = ChildProcessWatch(self.logger).start()
@@ -186,7 +192,9 @@ class FastDeviceRunner(TPORunner):
             self.fire_event(FIND_GATEWAY, fl_ctx)
         gateway = fl_ctx.get_prop(GATEWAY_PROP)
         if isinstance(gateway, LeafGateway) and isinstance(self.tpo, WeightsTrainer):
-            return GatewayChannel(gateway, self.tpo, prefix, self.num_devices)
+            engine = fl_ctx.get_engine()
+            runs = {run: engine.get_component(pid) for run, pid in enumerate(self.run_processor_ids, start=1)}
+            return GatewayChannel(gateway, self.tpo, prefix, self.num_devices, run_trainers=runs or None)
         trainer = self.tpo if isinstance(self.tpo, GroupTrainer) else None
         factory = PhoneFactory() if trainer is not None else TPODeviceFactory(self.tpo)
         return EdgeRequestChannel(job_name, factory, prefix, self.num_devices, trainer)

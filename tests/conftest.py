@@ -60,8 +60,8 @@ def default_torch_threads(one_torch_thread) -> Iterator[int]:
 @pytest.fixture(autouse=True)
 def fresh_weights_cache(monkeypatch):
     """Each test gets an empty per-process cache of converted global weights (``processors.compute_context``): the
-    cache is keyed by version number only, and tests reuse version numbers with different models. Its cache of
-    devices' sample indices is emptied too: tests replace ``device_indices``."""
+    cache is keyed by version number and processor, and tests reuse version numbers with different models in one
+    processor. Its cache of devices' sample indices is emptied too: tests replace ``device_indices``."""
     compute_context = sys.modules.get("processors.compute_context")
     if compute_context is not None:
         monkeypatch.setattr(compute_context, "_global_params", {})

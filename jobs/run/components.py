@@ -26,6 +26,7 @@ from jobs.tracking.choice import trackers_of
 from processors.data.partition import range_offsets
 from processors.task_processor import TrainingTaskProcessor
 from scheduling.exact_assessor import ExactTimeAssessor
+from scheduling.pack_assessor import PackAssessor
 from simulation.leaf_runner import FastDeviceRunner, StockDeviceRunner
 from simulation.planner import WorkerPlan
 
@@ -128,9 +129,12 @@ def rule_state(cfg: JobConfig) -> dict:
     }
 
 
-def make_leaf_runner(cfg: JobConfig, plan: WorkerPlan | None, processor_id: str):
+def make_leaf_runner(
+    cfg: JobConfig, plan: WorkerPlan | None, processor_id: str, run_processor_ids: list[str] | None = None
+):
     """The widget that starts each leaf's device simulator: ours (each leaf plans its own workers at start), or
-    NVFlare's stock one (the baseline, with the driver's worker count)."""
+    NVFlare's stock one (the baseline, with the driver's worker count). ``run_processor_ids``: in a pack, the task
+    processor of each run after the first."""
     e = cfg.engine
     if e.simulator == "stock":
         return StockDeviceRunner(processor_id, e.job_timeout, cfg.federation.devices_per_leaf, plan.num_workers)
@@ -142,6 +146,7 @@ def make_leaf_runner(cfg: JobConfig, plan: WorkerPlan | None, processor_id: str)
         delays=cfg.delays.to_dict(),
         seed=cfg.run.seed,
         time_scale=e.time_scale,
+        **({"run_processor_ids": run_processor_ids} if run_processor_ids else {}),  # else: the config's bytes
     )
 
 
@@ -224,10 +229,12 @@ def diagnose_context(run_info: dict, cfg: JobConfig) -> dict:
     }
 
 
-def make_result_components(cfg: JobConfig, run_info: dict, results_dir: str) -> dict:
+def make_result_components(cfg: JobConfig, run_info: dict, results_dir: str, run: int | None = None) -> dict:
     """The server's result components by id (``evaluation``): evaluator, monitor, recorder, reporters, saver
-    (TensorBoard's writer with ``--tracking tensorboard``; MLflow and W&B are the driver's: ``jobs.tracking``)."""
+    (TensorBoard's writer with ``--tracking tensorboard``; MLflow and W&B are the driver's: ``jobs.tracking``).
+    ``run``: a pack's run they are for (``common.run_scope``); None: the job's one run."""
     f = cfg.federation
+    scope = {"run": run} if run is not None else {}  # a standalone job's config keeps its bytes
     components = {
         "edgesim_evaluator": GlobalModelEvaluator(
             model=cfg.training.model,
@@ -239,6 +246,7 @@ def make_result_components(cfg: JobConfig, run_info: dict, results_dir: str) -> 
             backlog=cfg.run.eval_backlog,
             precision=cfg.training.precision,
             results_dir=results_dir,
+            **scope,
         ),
         MONITOR_ID: SystemMonitorComponent(diagnose_context(run_info, cfg)),
         # a SimEnv run's driver draws the plot while NVFlare shuts down (jobs.run.results.PlotAhead); an exported
@@ -249,12 +257,78 @@ def make_result_components(cfg: JobConfig, run_info: dict, results_dir: str) -> 
             f.num_updates_for_model,
             monitor_id=MONITOR_ID,
             plot=cfg.run.env != "sim" or bool(cfg.run.export_only),
+            **scope,
         ),
-        "edgesim_progress": ProgressReporter(f.max_model_version),
+        "edgesim_progress": ProgressReporter(f.max_model_version, **scope),
         "edgesim_tensorboard": TensorBoardWriter(results_dir),
-        "edgesim_model_saver": GlobalModelSaver(cfg.training.model, results_dir),
+        "edgesim_model_saver": GlobalModelSaver(cfg.training.model, results_dir, **scope),
         "edgesim_leaf_log": LeafLogWriter(results_dir, resume=bool(cfg.run.resume)),
     }
     if "tensorboard" not in trackers_of(cfg.run.tracking):
         del components["edgesim_tensorboard"]
+    return components
+
+
+# -- a pack: several runs in one job (docs/packs.md) ---------------------------------------------------------------
+# the result components each run has its own of (the monitor and the progress line are the job's)
+PER_RUN_RESULTS = ("edgesim_evaluator", "edgesim_recorder", "edgesim_model_saver", "edgesim_leaf_log")
+
+
+def run_component_id(name: str, run: int) -> str:
+    """A pack's per-run component id: the standalone id suffixed by the run (``model_manager.r1``)."""
+    return f"{name}.r{run}"
+
+
+def run_options(cfg: JobConfig, persistor_id: str, global_model_id: str, results_dir: str) -> dict:
+    """One run's server settings in a pack (``scheduling.run_server.RunOptions``' arguments but the leaf timeout,
+    which is the job's): what ``make_assessor`` gives a standalone job's one run, for simulated devices."""
+    f = cfg.federation
+    return {
+        "persistor_id": persistor_id,
+        "global_model_id": global_model_id,
+        "selection_size": f.device_selection_size,
+        "updates_per_version": f.num_updates_for_model,
+        "min_hole_to_fill": f.min_hole_to_fill,
+        "device_reuse": f.device_reuse,
+        "max_model_version": f.max_model_version,
+        "delays": cfg.delays.to_dict(),
+        "seed": cfg.run.seed,
+        "time_scale": cfg.engine.time_scale,
+        "max_sim_time": f.max_sim_time,
+        "checkpoint_every": cfg.run.checkpoint_every,
+        "resume": bool(cfg.run.resume),
+        "results_dir": results_dir,
+        "selection": cfg.method_spec.selection_path,
+        "selection_args": cfg.method_spec.selection_args(cfg),
+        "work": schedule_work(cfg) if cfg.training.local_epochs else None,
+        "one_update_per_version": cfg.privacy.central,
+        "max_consecutive_failures": f.max_consecutive_failures,
+    }
+
+
+def make_pack_assessor(cfgs: list[JobConfig], timeouts: Timeouts, runs: list[dict]) -> PackAssessor:
+    """A pack's server (``scheduling.pack_assessor``): ``runs`` are each run's ``run_options``; the leaves and
+    their watch are the job's (every run of a pack has the same leaves: ``jobs.pack_check.pack_refusal``)."""
+    f = cfgs[0].federation
+    return PackAssessor(
+        runs,
+        num_leaves=f.num_leaf_nodes,
+        device_wait_timeout=f.device_wait_timeout,
+        leaf_timeout=timeouts.leaf_timeout,
+    )
+
+
+def make_pack_result_components(cfgs: list[JobConfig], run_infos: list[dict], results_dirs: list[str]) -> dict:
+    """A pack's result components by id: each run's evaluator, recorder, model saver and leaf log
+    (``PER_RUN_RESULTS``, ids suffixed by the run, each writing to its run's results folder), and the job's
+    monitor and progress line (run 0's settings)."""
+    components: dict = {}
+    for run, (cfg, info, results_dir) in enumerate(zip(cfgs, run_infos, results_dirs, strict=True)):
+        made = make_result_components(cfg, info, results_dir, run=run)
+        made.pop("edgesim_tensorboard", None)  # not yet per run
+        for comp_id, component in made.items():
+            if comp_id in PER_RUN_RESULTS:
+                components[run_component_id(comp_id, run)] = component
+            elif not run:
+                components[comp_id] = component
     return components

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sysconfig
+from dataclasses import replace
 
 from nvflare.app_common.widgets.metrics_artifact_writer import MetricsArtifactWriter
 from nvflare.app_opt.pt.job_config.model import PTModel
@@ -37,12 +38,17 @@ from common.job_files import SHIPPED_PACKAGES, TARGETS, ship_package, ship_packa
 from common.protocol import GLOBAL_MODEL_ALIAS
 from jobs.config import JobConfig
 from jobs.nvflare_private import INLINE_ARRAYS
+from jobs.pack_check import pack_refusal
 from jobs.run.components import (
     make_assessor,
     make_global_model,
     make_leaf_runner,
+    make_pack_assessor,
+    make_pack_result_components,
     make_result_components,
     make_task_processor,
+    run_component_id,
+    run_options,
 )
 from jobs.run.plan import RunPlan
 from processors.models import initial_model_config
@@ -181,3 +187,69 @@ class EdgeSimRecipe(Recipe):
         processor_id = job.to_clients(make_task_processor(cfg, self.plan.workers), id=PROCESSOR_ID)
         if not real:
             job.to_clients(make_leaf_runner(cfg, self.plan.workers, processor_id), id="device_runner")
+
+
+class EdgeSimPackRecipe(Recipe):
+    """Several runs in one NVFlare job (a pack, ``docs/packs.md``): on the server each run's persistor, global
+    model and result components, ids suffixed by the run (``jobs.run.components.run_component_id``), each writing
+    to its run's results folder, and one ``PackAssessor`` holding every run's server; on every leaf each run's task
+    processor (its data, seed, method and rules), the leaf executor and the device simulator (the job's, from run
+    0's settings). The runs must be able to share the job (``jobs.pack_check.pack_refusal``).
+
+    Args:
+    cfgs: each run's configuration, run 0 first.
+    plans: each run's plan (``jobs.run.plan.prepare``); the job's workers and timeouts are run 0's.
+    results_dirs: each run's results folder.
+    """
+
+    def __init__(self, cfgs: list[JobConfig], plans: list[RunPlan], results_dirs: list[str]):
+        refusal = pack_refusal(cfgs)
+        if refusal:
+            raise ValueError(refusal)
+        self.cfgs, self.plans = cfgs, plans
+        self.cfg, self.plan = cfgs[0], plans[0]
+        cfg, plan = self.cfg, self.plan
+        job = EdgeJob(name=cfg.run.job_name, edge_method="edge")
+        runs = []
+        for run, (c, results_dir) in enumerate(zip(cfgs, results_dirs, strict=True)):
+            model = PTModel(model=initial_model_config(c.training.model, c.run.seed))
+            persistor_id = job.to_server(model, id=run_component_id("persistor", run))["persistor_id"]
+            on_wire = replace(c, engine=replace(c.engine, bulk="wire"))  # a pack's versions travel on the wire
+            global_model_id = job.to_server(
+                make_global_model(on_wire, results_dir), id=run_component_id(GLOBAL_MODEL_ALIAS, run)
+            )
+            runs.append(run_options(c, persistor_id, global_model_id, results_dir))
+        assessor_id = job.to_server(make_pack_assessor(cfgs, plan.timeouts, runs), id="wf_assessor")
+        interval = cfg.engine.update_interval
+        job.to_server(MetricsArtifactWriter(), id="metrics_artifact_writer")
+        job.to_server(
+            ScatterAndGatherForEdge(
+                num_rounds=1,
+                assessor_id=assessor_id,
+                task_name=TASK_NAME,
+                task_check_period=0.5,
+                assess_interval=min(0.5, interval),
+                update_interval=interval,
+            ),
+            id="sage",
+        )
+        infos = [p.run_info for p in plans]
+        for comp_id, component in make_pack_result_components(cfgs, infos, results_dirs).items():
+            registered = job.to_server(component, id=comp_id)
+            if registered != comp_id:  # never build a job that would silently lack a result component
+                raise RuntimeError(f"NVFlare registered {comp_id!r} as {registered!r}")
+        job.to_clients(EdgeTaskReceiver(), id="edge_task_receiver")
+        executor = EdgeSimExecutor(plan.timeouts.update_timeout, cfg.method_spec.leaf_sums(cfg), bulk="wire")
+        job.to_clients(executor, id="executor", tasks=[TASK_NAME])
+        processor_id = job.to_clients(make_task_processor(cfg, plan.workers), id=PROCESSOR_ID)
+        run_processors = [
+            job.to_clients(make_task_processor(c, plan.workers), id=run_component_id(PROCESSOR_ID, run))
+            for run, c in enumerate(cfgs[1:], start=1)
+        ]
+        job.to_clients(make_leaf_runner(cfg, plan.workers, processor_id, run_processors), id="device_runner")
+        job.to_server(dict(INLINE_ARRAYS))
+        job.to_clients(dict(INLINE_ARRAYS))
+        ship_packages(job)
+        for c in cfgs:
+            ship_user_code(job, c)
+        super().__init__(job)

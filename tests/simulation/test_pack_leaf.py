@@ -176,3 +176,32 @@ def test_the_gateway_channel_trains_each_runs_devices_from_its_versions_with_its
     assert first.calls == [["site-1#1"]] and second.calls == [["site-1#1"]]
     results = {r.run: r for group in gateway.reports for r in group}
     assert results[0].diff["w"][0] == 1.0 and results[1].diff["w"][0] == 101.0
+
+
+def test_each_runs_processor_trains_from_its_own_runs_weights_of_a_version_number():
+    """Two runs' processors in one leaf process (a pack): run 1's version 2 is not run 0's version 2, though the
+    process converts each version's weights once (``processors.compute_context.global_params_on``). Run 1's devices
+    trained after run 0's (one version number, two models) equal run 1's devices trained in a process of their own,
+    with either engine (one device: the per-device engine; two: the vectorised one)."""
+    import torch
+
+    from processors import compute_context
+    from processors.models import initial_model
+    from tests.conftest import make_processor
+
+    small = {"subset_size": 40, "local_iters": 2, "local_batch_size": 16}
+    run0, run1 = make_processor(600, seed=3, **small), make_processor(600, seed=4, **small)
+
+    def weights_of(seed: int) -> dict[str, np.ndarray]:
+        return {k: v.numpy().copy() for k, v in initial_model(run0._training.model, seed).state_dict().items()}
+
+    mine, theirs = weights_of(4), weights_of(3)
+    for devices in (["site-1#0"], ["site-1#0", "site-1#1"]):
+        compute_context._global_params.clear()  # run 1 alone: a process of its own
+        alone = run1.train_devices(devices, [mine] * len(devices), [2] * len(devices))
+        compute_context._global_params.clear()
+        run0.train_devices(devices, [theirs] * len(devices), [2] * len(devices))  # run 0 converts version 2 first
+        packed = run1.train_devices(devices, [mine] * len(devices), [2] * len(devices))
+        for a, p in zip(alone, packed, strict=True):
+            assert a.keys() == p.keys() and any(np.any(v != 0) for v in a.values())  # it trained
+            assert all(torch.equal(torch.as_tensor(a[k]), torch.as_tensor(p[k])) for k in a), devices

@@ -1,0 +1,82 @@
+"""The first end-to-end pack (``docs/packs.md``, step 3): two seeds of a small FedBuff run (2 leaves x 4 devices,
+B = 2, 6 versions, a server learning rate of 1 so the model moves) as ONE NVFlare job (``python -m
+jobs.run.pack``), each against the same seed run alone.
+
+* Each run's ``events.jsonl`` equals its standalone run's, line for line: each run has its own schedule and
+  applier (``scheduling.run_server``), so its trace is its standalone trace whatever the other run does.
+* Run 0's model and accuracies equal its standalone run's bit for bit. A later run's accuracies equal its standalone
+  run's within ``ACCURACY_TOLERANCE``, and bit for bit, its model too: the runs of a pack train in groups of their
+  own run and release (``simulation.fast_simulator.make_groups``; cross-run groups are step 4), the groups it has
+  alone, each run's devices from its own run's weights of a version (``processors.compute_context``'s cache is
+  keyed by the run's processor: run 1's version 2 is not run 0's). The tolerance is what cross-run groups will
+  allow: a device's diff summed in another order than standalone, the engine's stated 1e-5 on a diff
+  (``tests/processors/test_mixed_settings.py``), moves the model through a few versions far less than one test
+  sample's worth of accuracy (1 / the test split); it allows two samples.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests.conftest import PYTHON, REPO
+
+FLAGS = [
+    "--method", "fedbuff", "--num-leaf-nodes", "2", "--devices-per-leaf", "4", "--device-selection-size", "4",
+    "--num-updates-for-model", "2", "--min-hole-to-fill", "1", "--max-model-version", "6", "--delays", "paper",
+    "--synthetic-size", "600", "--subset-size", "40", "--local-iters", "2", "--local-batch-size", "16",
+    "--local-lr", "0.02", "--global-lr", "1.0", "--eval-backlog", "wait",
+]  # fmt: skip
+SEEDS = (3, 4)
+TEST_SAMPLES = 600 // 5  # the synthetic dataset's test split is a fifth of --synthetic-size
+ACCURACY_TOLERANCE = 2 / TEST_SAMPLES  # two test samples
+
+
+def run(args: list[str]) -> str:
+    proc = subprocess.run([PYTHON, *args], cwd=REPO, capture_output=True, text=True, timeout=500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def curve(folder) -> list[tuple[int, float]]:
+    versions = json.loads((folder / "metrics.json").read_text())["versions"]
+    return [(v["version"], v["accuracy"]) for v in versions if v.get("accuracy") is not None]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The pack of both seeds (run 0: seed 3, run 1: seed 4) and each seed alone, each job once."""
+    tmp = tmp_path_factory.mktemp("pack")
+    out = run(["-m", "jobs.run.pack", *FLAGS, "--seeds", ",".join(map(str, SEEDS)), "--output", str(tmp / "pack")])
+    assert "a pack of 2 runs in one job" in out
+    for seed in SEEDS:
+        run(["jobs/pt_job_fedrevive.py", *FLAGS, "--seed", str(seed), "--output", str(tmp / f"alone-{seed}")])
+    return {seed: (tmp / "pack" / f"seed-{seed}", tmp / f"alone-{seed}") for seed in SEEDS}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_each_runs_events_equal_its_standalone_runs_line_for_line(runs, seed):
+    packed, alone = runs[seed]
+    events = (packed / "events.jsonl").read_text().splitlines()
+    assert len(events) == 10  # versions 2..6 of B = 2 each (not vacuous)
+    assert events == (alone / "events.jsonl").read_text().splitlines()
+    other = runs[SEEDS[1 - SEEDS.index(seed)]][0]
+    assert events != (other / "events.jsonl").read_text().splitlines()  # two seeds: two schedules
+
+
+def test_the_first_runs_model_and_accuracies_are_its_standalone_runs_bit_for_bit(runs):
+    packed, alone = runs[SEEDS[0]]
+    assert (packed / "global_model.pt").read_bytes() == (alone / "global_model.pt").read_bytes()
+    assert curve(packed) == curve(alone) and len({a for _, a in curve(alone)}) > 1  # the model learns
+
+
+def test_a_later_runs_model_and_accuracies_equal_its_standalone_runs(runs):
+    packed, alone = runs[SEEDS[1]]
+    mine, theirs = curve(packed), curve(alone)
+    assert [v for v, _ in mine] == [v for v, _ in theirs] and len({a for _, a in theirs}) > 1  # the model learns
+    gap = max(abs(a - b) for (_, a), (_, b) in zip(mine, theirs, strict=True))
+    assert gap <= ACCURACY_TOLERANCE, (mine, theirs)
+    # its groups are its standalone ones (one run's, by release): the same bits
+    assert mine == theirs and (packed / "global_model.pt").read_bytes() == (alone / "global_model.pt").read_bytes()
