@@ -99,6 +99,30 @@ def ship_user_code(job: EdgeJob, cfg: JobConfig) -> None:
                 job.add_file_to(spec.origin, target)
 
 
+def add_workflow(job: EdgeJob, assessor_id: str, interval: float) -> None:
+    """The server's workflow (NVFlare's edge scatter-and-gather, asking ``assessor_id``) and its metrics writer."""
+    job.to_server(MetricsArtifactWriter(), id="metrics_artifact_writer")
+    job.to_server(
+        ScatterAndGatherForEdge(
+            num_rounds=1,
+            assessor_id=assessor_id,
+            task_name=TASK_NAME,
+            task_check_period=0.5,
+            assess_interval=min(0.5, interval),
+            update_interval=interval,
+        ),
+        id="sage",
+    )
+
+
+def add_result_components(job: EdgeJob, components: dict) -> None:
+    """The result components on the server, each under its own id: a job never silently lacks one."""
+    for comp_id, component in components.items():
+        registered = job.to_server(component, id=comp_id)
+        if registered != comp_id:
+            raise RuntimeError(f"NVFlare registered {comp_id!r} as {registered!r}")
+
+
 class EdgeSimRecipe(Recipe):
     """Args:
     cfg: the job's configuration.
@@ -116,22 +140,8 @@ class EdgeSimRecipe(Recipe):
             self._add_stock_server(job, persistor_id) if stock else self._add_server(job, persistor_id, results_dir)
         )
         interval = STOCK_UPDATE_INTERVAL if stock else cfg.engine.update_interval
-        job.to_server(MetricsArtifactWriter(), id="metrics_artifact_writer")
-        job.to_server(
-            ScatterAndGatherForEdge(
-                num_rounds=1,
-                assessor_id=assessor_id,
-                task_name=TASK_NAME,
-                task_check_period=0.5,
-                assess_interval=min(0.5, interval),
-                update_interval=interval,
-            ),
-            id="sage",
-        )
-        for comp_id, component in make_result_components(cfg, run_info, results_dir).items():
-            registered = job.to_server(component, id=comp_id)
-            if registered != comp_id:  # never build a job that would silently lack a result component
-                raise RuntimeError(f"NVFlare registered {comp_id!r} as {registered!r}")
+        add_workflow(job, assessor_id, interval)
+        add_result_components(job, make_result_components(cfg, run_info, results_dir))
         self._add_clients(job)
         if not stock:  # numpy arrays inline in each message (see INLINE_ARRAYS), on every site of the job
             job.to_server(dict(INLINE_ARRAYS))
@@ -221,23 +231,9 @@ class EdgeSimPackRecipe(Recipe):
             runs.append(run_options(c, persistor_id, global_model_id, results_dir))
         assessor_id = job.to_server(make_pack_assessor(cfgs, plan.timeouts, runs), id="wf_assessor")
         interval = cfg.engine.update_interval
-        job.to_server(MetricsArtifactWriter(), id="metrics_artifact_writer")
-        job.to_server(
-            ScatterAndGatherForEdge(
-                num_rounds=1,
-                assessor_id=assessor_id,
-                task_name=TASK_NAME,
-                task_check_period=0.5,
-                assess_interval=min(0.5, interval),
-                update_interval=interval,
-            ),
-            id="sage",
-        )
+        add_workflow(job, assessor_id, interval)
         infos = [p.run_info for p in plans]
-        for comp_id, component in make_pack_result_components(cfgs, infos, results_dirs).items():
-            registered = job.to_server(component, id=comp_id)
-            if registered != comp_id:  # never build a job that would silently lack a result component
-                raise RuntimeError(f"NVFlare registered {comp_id!r} as {registered!r}")
+        add_result_components(job, make_pack_result_components(cfgs, infos, results_dirs))
         job.to_clients(EdgeTaskReceiver(), id="edge_task_receiver")
         executor = EdgeSimExecutor(plan.timeouts.update_timeout, cfg.method_spec.leaf_sums(cfg), bulk="wire")
         job.to_clients(executor, id="executor", tasks=[TASK_NAME])
