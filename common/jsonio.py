@@ -2,17 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def replacing(path: str) -> Iterator[str]:
+    """A temporary path beside ``path``, renamed over it when the block ends without error (removed otherwise).
+
+    Each call has its own temporary file: two threads writing ``path`` at once never write one temporary file
+    together, nor rename it from under each other (which of them lands last is the caller's to order)."""
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")  # a writer's own, made as usual
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
 
 
 def write_json_atomic(path: str, payload: dict) -> None:
     """Write ``payload`` to a temporary file beside ``path``, then rename it over ``path``."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
+    with replacing(path) as tmp, open(tmp, "w") as f:
         json.dump(payload, f, indent=2)
-    os.replace(tmp, path)
 
 
 class JsonlWriter:

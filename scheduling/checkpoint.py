@@ -6,9 +6,9 @@ each device's task count, the device pool with its sampling generator), the upda
 the global model's kept versions and the buffer of the next one (FedRevive: teachers, estimates, generator, image
 pool and their generators too), and how many updates were applied (the length of ``events.jsonl`` to keep).
 
-It is written to ``state.pt.tmp`` and renamed over ``state.pt``: a crash mid-write leaves the previous checkpoint.
-After it, ``selection_floor.json`` (also atomic) gives the lowest selection id a resume from it trains again (its
-in-flight devices' selections, or the next one); the leaves' store of per-device state
+It is written to a temporary file beside ``state.pt`` and renamed over it: a crash mid-write leaves the previous
+checkpoint. After it, ``selection_floor.json`` (also atomic) gives the lowest selection id a resume from it trains
+again (its in-flight devices' selections, or the next one); the leaves' store of per-device state
 (``processors.device_state``) keeps what those tasks start from. Written after the checkpoint, the floor is never
 that of a checkpoint not yet on disk: a crash between the two leaves the previous (lower) floor, which keeps more.
 A failed write (a full disk) removes the temporary file, keeps the previous checkpoint and says so; the run goes on.
@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from common.jsonio import write_json_atomic
+from common.jsonio import replacing, write_json_atomic
 from common.protocol import DeviceUpdate, SelectionSum
 from common.result_files import CHECKPOINT, SELECTION_FLOOR
 
@@ -51,16 +51,10 @@ def write(results_dir: str, state: dict) -> float:
     started = time.time()
     path = state_path(results_dir)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp"
-    try:
-        # pickle protocol 4, not torch's default 2: protocol 2 writes every bytes object (a packed diff, each numpy
-        # array's buffer) as a latin-1 string, encoded to UTF-8 on the way (its cost: PERFORMANCE_OPTIMIZATION.md)
+    # pickle protocol 4, not torch's default 2: protocol 2 writes every bytes object (a packed diff, each numpy
+    # array's buffer) as a latin-1 string, encoded to UTF-8 on the way (its cost: PERFORMANCE_OPTIMIZATION.md)
+    with replacing(path) as tmp:
         torch.save(state, tmp, pickle_protocol=PICKLE_PROTOCOL)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
     seconds = time.time() - started
     meta = state["meta"] | {"write_seconds": round(seconds, 4), "bytes": os.path.getsize(path)}
     write_json_atomic(os.path.join(os.path.dirname(path), "meta.json"), meta)  # for people; not read back

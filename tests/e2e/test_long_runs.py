@@ -23,7 +23,7 @@ from common.delays import DELAY_PRESETS
 from jobs.config import JobConfig
 from jobs.run.schedule_plan import schedule_for
 from scheduling.event_reference import reference_trace
-from tests.conftest import DIURNAL, PYTHON, REPO, SMALL_JOB, checkpoint_version, kill_tree, wait_for
+from tests.conftest import DIURNAL, PYTHON, REPO, SMALL_JOB, checkpoint_version, digest, kill_tree, wait_for
 
 PAPER = DELAY_PRESETS["paper"]
 
@@ -169,9 +169,7 @@ def test_a_run_killed_and_resumed_ends_exactly_like_an_uninterrupted_run(tmp_pat
     check_fleet(method, [json.loads(line) for line in events.splitlines()], whole)
     assert accuracy_again == accuracy
     assert again["outcome"]["status"] == "completed" and again["outcome"]["version"] == whole["outcome"]["version"]
-    assert (tmp_path / "killed" / "global_model.pt").read_bytes() == (
-        tmp_path / "whole" / "global_model.pt"
-    ).read_bytes()
+    assert digest(tmp_path / "killed" / "global_model.pt") == digest(tmp_path / "whole" / "global_model.pt")
 
 
 RESNET18_BN = (

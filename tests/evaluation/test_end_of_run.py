@@ -9,18 +9,29 @@ that sleeps.
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import numpy as np
 import torch
 from nvflare.apis.event_type import EventType
+from nvflare.apis.fl_component import FLComponent
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 
 import evaluation.evaluator as evaluator_module
+import evaluation.model_saver as saver_module
 from common.protocol import CHECKPOINT_DUE, RUN_OUTCOME
-from common.result_files import RUN_FILES
+from common.result_files import GLOBAL_MODEL, RUN_FILES
 from evaluation.evaluator import GlobalModelEvaluator
+from evaluation.events import (
+    MODEL_SAVED,
+    SAVED_VERSION,
+    VERSION_MADE_LAST,
+    VERSION_RECORD,
+    VERSION_RECORDED,
+    VERSION_WEIGHTS,
+)
 from evaluation.model_saver import GlobalModelSaver
 from evaluation.progress import ProgressReporter, progress_line, version_ranges
 from evaluation.run_recorder import RunRecorder, record_interruption, versions_made
@@ -245,3 +256,50 @@ def test_the_last_version_is_saved_at_the_outcome_before_it_is_evaluated_and_eva
     assert metrics["saved_version"] == 3 and metrics["summary"]["versions_unevaluated"] == []
     assert all(b is not None and b["what"] == "evaluating" and not b["done"] for b in beats), beats
     assert [b["version"] for b in beats] == [1, 1, 2, 3]  # the initial model scored ahead, then version 1's own
+
+
+def test_an_older_version_saved_at_the_same_moment_never_lands_over_the_last(tmp_path, monkeypatch):
+    """The evaluator's thread saves a recorded version while the assessor's saves the last one: the older save,
+    held mid-write, must neither land over the last version nor be what ``saved_version`` names (a run's model was
+    once version 11 while its ``metrics.json`` said 12)."""
+    writing, release = threading.Event(), threading.Event()
+    real_save = torch.save
+
+    def held_save(obj, path, *args, **kwargs):
+        if threading.current_thread().name != "recorded":
+            return real_save(obj, path, *args, **kwargs)
+        with open(path, "wb") as f:  # the older version stops mid-write, its file open
+            writing.set()
+            release.wait(5)
+            real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(saver_module.torch, "save", held_save)
+    saved = []
+
+    class Listener(FLComponent):
+        def handle_event(self, event_type, fl_ctx):
+            if event_type == MODEL_SAVED:
+                saved.append(fl_ctx.get_prop(SAVED_VERSION))
+
+    engine = EventEngine({"saver": GlobalModelSaver("cifar10_convnet", str(tmp_path)), "listener": Listener()})
+
+    def save(version: int, event: str) -> None:
+        ctx = engine.new_context()
+        ctx.set_prop(VERSION_RECORD, {"version": version}, private=True, sticky=False)
+        ctx.set_prop(VERSION_WEIGHTS, weights_of(version)[0], private=True, sticky=False)
+        engine.fire_event(event, ctx)
+
+    older = threading.Thread(target=save, args=(11, VERSION_RECORDED), name="recorded")
+    older.start()
+    assert writing.wait(5)
+    last = threading.Thread(target=save, args=(12, VERSION_MADE_LAST), name="last")
+    last.start()
+    last.join(0.5)  # the last version's save, racing the older one's
+    release.set()
+    older.join(5)
+    last.join(5)
+    _, first_bias = weights_of(12)
+    on_disk = torch.load(tmp_path / GLOBAL_MODEL)
+    assert on_disk[first_bias].eq(12).all(), on_disk[first_bias][:3]
+    assert saved[-1] == 12 and saved == sorted(saved), saved
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
