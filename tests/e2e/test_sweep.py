@@ -104,9 +104,9 @@ def test_a_sweep_survives_sigkill_prunes_and_its_best_command_reproduces(tmp_pat
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     failed = {t.number: t.params for t in trials if t.state == TrialState.FAIL}
     assert failed, "the kill left running trials, failed and queued again"
-    for t in ended:
+    for t in ended:  # a requeued trial keeps every value its killed one had chosen (none, if killed before)
         if "requeued_from" in t.user_attrs:
-            assert t.params == failed[t.user_attrs["requeued_from"]]
+            assert failed[t.user_attrs["requeued_from"]].items() <= t.params.items()
     pruned = [t for t in ended if t.state == TrialState.PRUNED]
     assert pruned, "some trials are pruned"
     for t in pruned:
