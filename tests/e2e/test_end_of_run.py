@@ -13,33 +13,12 @@ import os
 import pty
 import select
 import subprocess
-import textwrap
 import time
 
 import torch
 
 from tests.conftest import PYTHON, REPO, job_args
-
-SLOW_MODEL = textwrap.dedent(
-    '''
-    import time
-
-    import torch.nn as nn
-
-
-    class SlowToEvaluate(nn.Module):
-        """A small convnet whose forward pass in eval mode (the server's evaluation) sleeps 1.5 s."""
-
-        def __init__(self):
-            super().__init__()
-            self.net = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 15 * 15, 10))
-
-        def forward(self, x):
-            if not self.training:
-                time.sleep(1.5)
-            return self.net(x)
-    '''
-)
+from tests.fakes.slow_model import slow_model_env
 
 
 def run_on_a_terminal(cmd: list[str], env: dict, timeout: float) -> tuple[int, str]:
@@ -70,8 +49,7 @@ def run_on_a_terminal(cmd: list[str], env: dict, timeout: float) -> tuple[int, s
 
 
 def test_a_slow_evaluator_never_loses_the_last_version_and_a_terminal_shows_a_bar(tmp_path):
-    (tmp_path / "slow_model.py").write_text(SLOW_MODEL)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p))
+    env = slow_model_env(tmp_path, seconds=1.5)
     flags = job_args(
         tmp_path,
         *"--method fedbuff --delays none --model slow_model:SlowToEvaluate --max-model-version 14".split(),

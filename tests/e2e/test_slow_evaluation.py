@@ -1,6 +1,6 @@
 """Nothing is lost when evaluation is slow: a real FedAvg job whose every evaluation outlasts the watchdog's grace.
 
-The test double is a real model whose forward pass sleeps in eval mode only (``SLOW_MODEL``: training is
+The test double is a real model whose forward pass sleeps in eval mode only (``tests.fakes.slow_model``: training is
 unaffected, each of the server's evaluations takes 8 s), and the driver's test-only grace hook
 (``jobs.run.driver.GRACE_ENV``) sets the grace to 5 s, so an evaluation outlasts it as a ResNet-18 evaluation on a
 busy 2-core CPU outlasts the real one (over 100 s against 70 s).
@@ -14,44 +14,22 @@ busy 2-core CPU outlasts the real one (over 100 s against 70 s).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import textwrap
 
 import psutil
 import torch
 
 from jobs.run.driver import GRACE_ENV, INCOMPLETE
 from tests.conftest import PYTHON, REPO, job_args, wait_for
+from tests.fakes.slow_model import slow_model_env
 
-SLOW_MODEL = textwrap.dedent(
-    '''
-    import time
-
-    import torch.nn as nn
-
-
-    class SlowToEvaluate(nn.Module):
-        """A small convnet whose forward pass in eval mode (the server's evaluation: one batch) sleeps 8 s."""
-
-        def __init__(self):
-            super().__init__()
-            self.net = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 15 * 15, 10))
-
-        def forward(self, x):
-            if not self.training:
-                time.sleep(8.0)
-            return self.net(x)
-    '''
-)
 BURN = "import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    pass\n"
 
 
 def slow_job(tmp_path) -> tuple[list[str], dict]:
     """The command of a 3-version FedAvg run with the slow model, and its environment (the model importable, the
     watchdog's grace 5 s)."""
-    (tmp_path / "slow_model.py").write_text(SLOW_MODEL)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p))
+    env = slow_model_env(tmp_path, seconds=8.0)
     env[GRACE_ENV] = "5"
     flags = job_args(
         tmp_path,
