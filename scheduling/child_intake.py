@@ -1,10 +1,10 @@
 """The server's intake of its children's reports (``ExactTimeAssessor``'s part): each report's devices registered,
 its updates handed to the applier (diffs copied out of a child's shared memory, ``common.bulk_parent``), its leaves'
-plans and lines passed on to the result components, and the reply built from the applier's last view; and which
-children have news (newly selected devices) to be woken for.
+plans and lines passed on to the result components, and the reply built from the applier's last view (which
+carries the child's news: ``scheduling.child_news``).
 
 A mixin of ``scheduling.exact_assessor.ExactTimeAssessor``, whose constructor and run start set the state it uses
-(``schedule``, ``applier``, ``links``, ``leaves``, ``global_model``, ``_news``, ``_waker``, the locks and counts)."""
+(``schedule``, ``applier``, ``links``, ``leaves``, ``global_model``, ``news``, the locks and counts)."""
 
 from __future__ import annotations
 
@@ -36,24 +36,6 @@ SETTLE_SECONDS = 0.05
 
 class ChildIntake:
     """Each child's report in, its reply out (see the module docstring)."""
-
-    def _note_news(self, devices: list[str]) -> None:
-        """Newly selected ``devices``: the children above their leaves have news (they hear it on their next
-        sync, or are woken when the applier waits)."""
-        pool = self.schedule.pool
-        with self._news_lock:
-            self._news.update(self.leaves.child_of(leaf) for leaf in map(pool.leaf_of, devices) if leaf is not None)
-
-    def _wake_for(self, awaited: str) -> None:
-        """The applier waits for ``awaited``'s update: wake every child that has not heard of its newly selected
-        devices yet, and the one holding ``awaited`` (an idle leaf sleeps until woken; a busy one batches its
-        results, except an awaited device's)."""
-        leaf = self.schedule.pool.leaf_of(awaited)
-        holder = self.leaves.child_of(leaf) if leaf is not None else None
-        with self._news_lock:
-            news, self._news = self._news, set()
-        if self._waker is not None:
-            self._waker.wake(news, holder, awaited)
 
     def process_child_update(self, update: Shareable, fl_ctx: FLContext) -> tuple[bool, Shareable | None]:
         child = fl_ctx.get_peer_context().get_identity_name()
@@ -89,8 +71,7 @@ class ChildIntake:
             self.fire_event_with_data(LEAF_INFO, fl_ctx, LEAF_INFO, info)
         if received:  # answer with what they caused (new selections), unless applying them takes long
             self.applier.wait_settled(SETTLE_SECONDS)
-        with self._news_lock:
-            self._news.discard(child)  # this reply is built from the view as of now: it carries the news
+        self.news.heard(child)
         if self.applier is None:
             reply = StateUpdateReply(0, None, 0, None).to_shareable()
         else:

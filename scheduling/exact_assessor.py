@@ -56,12 +56,12 @@ from common.device_timeout import device_timeout_words
 from common.nvflare_private import install_nvflare_fixes
 from scheduling.applier import UpdateApplier
 from scheduling.child_intake import ChildIntake
+from scheduling.child_news import ChildNews
 from scheduling.leaf_watch import LeafWatch
 from scheduling.nvflare_private import quick_engine_checks
 from scheduling.run_outcome import RunOutcome
 from scheduling.run_server import RunOptions, RunServer
 from scheduling.schedule import ExactSchedule
-from scheduling.waker import Waker
 
 # the server's last word on its traffic (a log line): benchmarks/perf/bench_transport_floor.py reads it
 PROTOCOL_SUMMARY = (
@@ -166,6 +166,8 @@ class ExactTimeAssessor(ChildIntake, RunOutcome, Assessor):
         self.checkpoint_every = checkpoint_every
         self.resume = resume
         self.results_dir = results_dir
+        self.leaves = LeafWatch(leaf_timeout)
+        self.news = ChildNews(self.leaves, lambda device: self.schedule.pool.leaf_of(device))
         self.run_server = RunServer(
             RunOptions(
                 persistor_id,
@@ -192,16 +194,12 @@ class ExactTimeAssessor(ChildIntake, RunOutcome, Assessor):
                 leaf_timeout,
             ),
             self,
-            self._note_news,
-            self._wake_for,
+            self.news.note,
+            self.news.wake_for,
         )
-        self.leaves = LeafWatch(leaf_timeout)
         self._engine = None
-        self._waker: Waker | None = None
-        self._news: set[str] = set()  # children with newly selected devices they have not heard of yet
         self.reports = 0  # reports (syncs) received from children
         self.models_sent = 0  # model versions carried by the replies to them
-        self._news_lock = threading.Lock()
         self._waiting_since = time.time()
         self._lock = threading.Lock()
         self.register_event_handler(EventType.START_RUN, self._start_run)
@@ -233,22 +231,21 @@ class ExactTimeAssessor(ChildIntake, RunOutcome, Assessor):
             return
         self._waiting_since = time.time()
         self.leaves.set_hierarchy(fl_ctx.get_prop(FLContextKey.CLIENT_HIERARCHY))
-        self._waker = Waker(self._engine, self._engine.new_context, lambda msg: self.log_warning(fl_ctx, msg))
+        self.news.start(self._engine, lambda msg: self.log_warning(fl_ctx, msg))
         if self.resume:
             self.run_server.resume(fl_ctx)
 
     def _end_run(self, _event: str, fl_ctx: FLContext) -> None:
         if self.applier is not None:
             self.run_server.stop()
-            wakes = self._waker.sent if self._waker is not None else 0
+            wakes = self.news.wakes_sent
             self.log_info(
                 fl_ctx,
                 PROTOCOL_SUMMARY.format(
                     reports=self.reports, wakes=wakes, applied=self.applier.applied, models=self.models_sent
                 ),
             )
-        if self._waker is not None:
-            self._waker.stop()
+        self.news.stop()
         if self.outcome is None:  # ended by NVFlare (an abort) before the schedule was done
             self._finish("stopped", "the run was aborted before its last version", fl_ctx)
         self.run_server.close()

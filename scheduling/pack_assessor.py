@@ -42,10 +42,10 @@ from common.protocol import (
     sections_of,
 )
 from scheduling.child_intake import SETTLE_SECONDS
+from scheduling.child_news import ChildNews
 from scheduling.child_reply import register_devices, reply_to
 from scheduling.leaf_watch import LeafWatch
 from scheduling.run_server import RunOptions, RunServer
-from scheduling.waker import Waker
 
 # the keys of a reply that concern one run: a later run's section carries these (``simulation.run_tables``), and
 # its selection's version, which run 0's reply carries as a header
@@ -76,16 +76,15 @@ class PackAssessor(Assessor):
         self.num_leaves = num_leaves
         self.device_wait_timeout = device_wait_timeout
         self.leaf_timeout = leaf_timeout
+        self.leaves = LeafWatch(leaf_timeout)
+        # every run's pool holds the same devices on the same leaves: run 0's says where a device is
+        self.news = ChildNews(self.leaves, lambda device: self.servers[0].schedule.pool.leaf_of(device))
         self.servers = [
-            RunServer(RunOptions(**opts, leaf_timeout=leaf_timeout, run=run), self, self._note_news, self._wake_for)
+            RunServer(RunOptions(**opts, leaf_timeout=leaf_timeout, run=run), self, self.news.note, self.news.wake_for)
             for run, opts in enumerate(runs)
         ]
-        self.leaves = LeafWatch(leaf_timeout)
         self.started = False
         self.reports = 0
-        self._waker: Waker | None = None
-        self._news: set[str] = set()
-        self._news_lock = threading.Lock()
         self._lock = threading.Lock()
         self._waiting_since = time.time()
         self.register_event_handler(EventType.START_RUN, self._start_run)
@@ -99,7 +98,7 @@ class PackAssessor(Assessor):
                 return
         self._waiting_since = time.time()
         self.leaves.set_hierarchy(fl_ctx.get_prop(FLContextKey.CLIENT_HIERARCHY))
-        self._waker = Waker(engine, engine.new_context, lambda msg: self.log_warning(fl_ctx, msg))
+        self.news.start(engine, lambda msg: self.log_warning(fl_ctx, msg))
         for server in self.servers:
             if server.options.resume:
                 server.resume(fl_ctx)
@@ -107,8 +106,7 @@ class PackAssessor(Assessor):
     def _end_run(self, _event: str, fl_ctx: FLContext) -> None:
         for server in self.servers:
             server.stop()
-        if self._waker is not None:
-            self._waker.stop()
+        self.news.stop()
         for server in self.servers:
             if server.outcome is None:
                 server.finish("stopped", "the run was aborted before its last version", fl_ctx)
@@ -116,20 +114,6 @@ class PackAssessor(Assessor):
 
     def start_task(self, fl_ctx: FLContext) -> Shareable:
         return BaseState(model_version=0, model=None, device_selection_version=0, device_selection={}).to_shareable()
-
-    # -- news and wakes (the job's, whichever run selected) -------------------------------------------------------
-    def _note_news(self, devices: list[str]) -> None:
-        pool = self.servers[0].schedule.pool  # every run's pool holds the same devices on the same leaves
-        with self._news_lock:
-            self._news.update(self.leaves.child_of(leaf) for leaf in map(pool.leaf_of, devices) if leaf is not None)
-
-    def _wake_for(self, awaited: str) -> None:
-        leaf = self.servers[0].schedule.pool.leaf_of(awaited)
-        holder = self.leaves.child_of(leaf) if leaf is not None else None
-        with self._news_lock:
-            news, self._news = self._news, set()
-        if self._waker is not None:
-            self._waker.wake(news, holder, awaited)
 
     # -- reports in, replies out ------------------------------------------------------------------------------------
     def process_child_update(self, update: Shareable, fl_ctx: FLContext) -> tuple[bool, Shareable | None]:
@@ -161,8 +145,7 @@ class PackAssessor(Assessor):
                     received.append(server)
         for server in {id(s): s for s in received}.values():
             server.applier.wait_settled(SETTLE_SECONDS)
-        with self._news_lock:
-            self._news.discard(child)
+        self.news.heard(child)
         if not self.started:
             return True, StateUpdateReply(0, None, 0, None).to_shareable()
         leaves = self.leaves.leaves_of(child)
