@@ -11,12 +11,17 @@ from collections.abc import Iterator
 
 @contextlib.contextmanager
 def replacing(path: str) -> Iterator[str]:
-    """A temporary path beside ``path``, renamed over it when the block ends without error (removed otherwise).
+    """A temporary path to write ``path``'s new content to, renamed over ``path`` when the block ends without error
+    (removed otherwise).
 
-    Each call has its own temporary file: two threads writing ``path`` at once never write one temporary file
-    together, nor rename it from under each other (which of them lands last is the caller's to order)."""
+    Each writer (process and thread) has a folder of its own beside ``path``, so two threads writing ``path`` at once
+    never share a temporary file nor rename it from under each other (which lands last is the caller's to order).
+    The file keeps the name ``NAME.tmp``: ``torch.save`` names its archive after the file (``NAME/data.pkl``), so the
+    bytes of a saved model do not depend on who wrote it."""
     folder, name = os.path.split(path)
-    tmp = os.path.join(folder, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")  # a writer's own, made as usual
+    own = os.path.join(folder, f".writing-{os.getpid()}-{threading.get_ident()}")
+    os.makedirs(own, exist_ok=True)
+    tmp = os.path.join(own, f"{name}.tmp")
     try:
         yield tmp
         os.replace(tmp, path)
@@ -24,6 +29,9 @@ def replacing(path: str) -> Iterator[str]:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
+    finally:
+        with contextlib.suppress(OSError):
+            os.rmdir(own)
 
 
 def write_json_atomic(path: str, payload: dict) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import zipfile
 
 import numpy as np
 import torch
@@ -302,4 +303,6 @@ def test_an_older_version_saved_at_the_same_moment_never_lands_over_the_last(tmp
     on_disk = torch.load(tmp_path / GLOBAL_MODEL)
     assert on_disk[first_bias].eq(12).all(), on_disk[first_bias][:3]
     assert saved[-1] == 12 and saved == sorted(saved), saved
-    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [GLOBAL_MODEL]  # no temporary file or folder left
+    # torch names the archive after the file it writes: the temporary file's name must not reach the model's bytes
+    assert {n.split("/")[0] for n in zipfile.ZipFile(tmp_path / GLOBAL_MODEL).namelist()} == {GLOBAL_MODEL}
