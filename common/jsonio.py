@@ -8,6 +8,8 @@ import os
 import threading
 from collections.abc import Iterator
 
+WRITING = ".writing-"  # the prefix of a writer's folder (a killed writer's is cleared by the next run's start)
+
 
 @contextlib.contextmanager
 def replacing(path: str) -> Iterator[str]:
@@ -19,7 +21,7 @@ def replacing(path: str) -> Iterator[str]:
     The file keeps the name ``NAME.tmp``: ``torch.save`` names its archive after the file (``NAME/data.pkl``), so the
     bytes of a saved model do not depend on who wrote it."""
     folder, name = os.path.split(path)
-    own = os.path.join(folder, f".writing-{os.getpid()}-{threading.get_ident()}")
+    own = os.path.join(folder, f"{WRITING}{os.getpid()}-{threading.get_ident()}")
     os.makedirs(own, exist_ok=True)
     tmp = os.path.join(own, f"{name}.tmp")
     try:

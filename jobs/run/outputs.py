@@ -14,6 +14,7 @@ import os
 import shutil
 
 from common.choices import ConfigError
+from common.jsonio import WRITING
 from common.result_files import DATASET, HEARTBEAT, METRICS, NVFLARE, run_files
 from jobs.methods import BUILT_IN
 
@@ -22,8 +23,13 @@ INPUT_FILES = (DATASET,)  # the Python API's copy of a user's arrays (jobs.api):
 
 def files_to_clear(method_files: tuple[str, ...] = ()) -> tuple[str, ...]:
     """What a new run clears from the folder of an earlier one: every run's result files, this run's method's own
-    and the built-in methods' (an earlier run may have used another method), and a heartbeat a killed driver left."""
-    return (*run_files((*method_files, *(f for m in BUILT_IN.values() for f in m.result_files))), HEARTBEAT)
+    and the built-in methods' (an earlier run may have used another method), and a heartbeat and half-written files
+    a killed run left."""
+    return (
+        *run_files((*method_files, *(f for m in BUILT_IN.values() for f in m.result_files))),
+        HEARTBEAT,
+        WRITING + "*",
+    )
 
 
 def prepare_output_dir(path: str, resume: bool = False, method_files: tuple[str, ...] = ()) -> str:

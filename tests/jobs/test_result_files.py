@@ -88,6 +88,9 @@ def test_a_new_run_clears_the_files_of_its_method_and_of_the_built_in_ones(tmp_p
     make_entries(tmp_path, result_files_of(WithLog()))
     (tmp_path / FEDREVIVE_LOG).write_text("{}")
     (tmp_path / "dataset.npz").write_text("an input")
+    half_written = tmp_path / ".writing-123-456"  # a killed writer's folder (common.jsonio.replacing)
+    half_written.mkdir()
+    (half_written / "global_model.pt.tmp").write_text("half")
     prepare_output_dir(str(tmp_path), method_files=WithLog.result_files)
     assert sorted(os.listdir(tmp_path)) == ["dataset.npz"]
 
