@@ -13,9 +13,9 @@ evaluated and the leaves are idle, and the drawing at END_RUN finds matplotlib l
 
 from __future__ import annotations
 
-import os
 import threading
 
+from common.jsonio import replacing
 from evaluation.fleet import failure_rate
 
 
@@ -91,6 +91,6 @@ def plot_accuracy(records: list[dict], path: str, title: str) -> None:
         ax.grid(alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(f"{path}.tmp.png", dpi=100)
+    with replacing(path) as tmp:  # the server and the driver may both draw it
+        fig.savefig(tmp, dpi=100, format="png")
     plt.close(fig)
-    os.replace(f"{path}.tmp.png", path)
