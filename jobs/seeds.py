@@ -153,8 +153,9 @@ def mean_std(values: list[float]) -> str:
 
 
 def seeds_table(result: SeedsResult) -> str:
-    """Each seed's final accuracy, versions, outcome and folder, then the mean +- std of the final accuracies."""
-    rows = [f"{'seed':<6} {'final accuracy':<15} {'versions':<9} {'outcome':<12} results"]
+    """Each seed's final accuracy, versions evaluated, outcome and folder, then the mean +- std of the final
+    accuracies."""
+    rows = [f"{'seed':<6} {'final accuracy':<15} {'evaluated':<9} {'outcome':<12} results"]
     for seed, r in result.runs.items():
         accuracy = f"{r.final_accuracy:.4f}" if r.final_accuracy is not None else "-"
         outcome = (r.outcome or {}).get("status") or ("no metrics.json" if not r.metrics else "-")
