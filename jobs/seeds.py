@@ -106,7 +106,8 @@ def seed_configs(
 @dataclass(frozen=True)
 class SeedsResult:
     """Attributes:
-    exit_code: the pack's (``jobs.run.pack.run_pack``): 0 done, 1 the job ended with an error, 2 refused.
+    exit_code: the highest of the seeds' (``seed_exit_code``): 0 every seed completed, 1 the job ended with an
+        error or a seed ended early (the table says which), 2 refused.
     output: the pack's folder (each seed's results in ``seed-N`` inside it).
     runs: each seed's ``RunResult`` (its folder and ``metrics.json``), in the seeds' order.
     """
@@ -142,8 +143,19 @@ def run_seeds(cfgs: list[JobConfig], verbose: bool = False) -> SeedsResult:
     from jobs.run.results import RunResult, read_metrics
 
     code = run_pack(cfgs, verbose=verbose)
-    runs = {c.run.seed: RunResult(code, c.output_dir, read_metrics(c.output_dir)) for c in cfgs}
-    return SeedsResult(code, os.path.dirname(cfgs[0].output_dir), runs)
+    runs = {}
+    for c in cfgs:
+        metrics = read_metrics(c.output_dir)
+        runs[c.run.seed] = RunResult(seed_exit_code(code, metrics), c.output_dir, metrics)
+    return SeedsResult(max(r.exit_code for r in runs.values()), os.path.dirname(cfgs[0].output_dir), runs)
+
+
+def seed_exit_code(pack_code: int, metrics: dict) -> int:
+    """A seed's exit code, as its run alone would give it for how it ended: the pack's when the job failed or was
+    refused, else 0 when the seed's outcome (``metrics.json``) is ``completed`` and 1 when it ended early."""
+    if pack_code:
+        return pack_code
+    return 0 if (metrics.get("outcome") or {}).get("status") == "completed" else 1
 
 
 def mean_std(values: list[float]) -> str:

@@ -11,7 +11,7 @@ import pytest
 from common.choices import ConfigError
 from jobs.run import pack
 from jobs.run.results import RunResult
-from jobs.seeds import SeedsResult, mean_std, parse_seeds, seeds_table
+from jobs.seeds import SeedsResult, mean_std, parse_seeds, seed_exit_code, seeds_table
 
 SMALL = ["--method", "fedbuff", "--devices-per-leaf", "3", "--device-selection-size", "4", "--synthetic-size", "500"]
 
@@ -122,3 +122,9 @@ def test_a_seed_without_an_accuracy_has_no_mean():
     result = SeedsResult(1, "out", runs)
     assert result.mean is None and result.std is None
     assert seeds_table(result).splitlines()[-1] == "final accuracy: no mean +- std (seed(s) 0 evaluated no version)"
+
+
+def test_a_seed_that_ended_early_exits_1_as_its_run_alone_would():
+    completed, early = {"outcome": {"status": "completed"}}, {"outcome": {"status": "stopped", "reason": "budget"}}
+    assert [seed_exit_code(0, m) for m in (completed, early, {})] == [0, 1, 1]
+    assert seed_exit_code(1, completed) == 1 and seed_exit_code(2, {}) == 2  # the job failed, or was refused
