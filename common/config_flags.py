@@ -172,3 +172,13 @@ def _add_flag(group, cls, field, hints, docs, spec: Flag, prefix: str, dest_pref
         kwargs |= {"type": _flag_type(field, hints), "default": default}
         kwargs["metavar"] = spec.metavar or field.name.upper()
     group.add_argument(flag, **kwargs)
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
+    """The destinations of the flags written on the command line (not their defaults)."""
+    given = set()
+    for action in parser._actions:  # argparse has no public list of its actions
+        for option in action.option_strings:
+            if any(arg == option or arg.startswith(option + "=") for arg in argv):
+                given.add(action.dest)
+    return given

@@ -33,20 +33,25 @@ is a thin layer over it: every flag is an option here, with underscores (``--dev
 ``make_config`` is the build step (``jobs.build``): it checks everything (``JobConfig.validate`` too), computes
 every derived value once and returns the frozen, resolved ``JobConfig``; ``run`` runs it (or a config: one made
 otherwise is resolved first) and returns a ``RunResult``. Bad options raise ``ConfigError`` naming the fix.
+
+``run(..., seeds=[0, 1, 2])`` runs those seeds as one NVFlare job (a pack, ``docs/packs.md``) and returns a
+``SeedsResult``: each seed's ``RunResult`` (``runs``) and the mean +- std of the final accuracies (``mean``,
+``std``), which it prints as the job scripts' ``--seeds`` does.
 """
 
 from __future__ import annotations
 
 import inspect
 import sys
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from common.choices import ConfigError
 from common.imports import import_path
 from jobs.build import build_config, resolve
 from jobs.config import JobConfig
 from jobs.methods import BUILT_IN, Method
-from jobs.run.results import read_metrics
+from jobs.run.results import RunResult, read_metrics
+from jobs.seeds import SeedsResult, run_seeds, seed_configs, seeds_table
 from processors.data.sources import DatasetError
 from processors.model_names import AUTO
 
@@ -81,6 +86,20 @@ def model_option(model) -> str:
     )
 
 
+def _options(method, model, data, delays, options: dict) -> tuple[str, dict, object]:
+    """``make_config``'s arguments as the build takes them: the method option, the options, and the user's arrays
+    (``None`` unless ``data`` is arrays)."""
+    options = dict(options, model=model_option(model), delays=delays)
+    arrays = None
+    if isinstance(data, str):
+        options["dataset"] = data
+    elif inspect.isfunction(data):
+        options["dataset"] = _import_path(data, "data function")
+    else:  # saved as dataset.npz in the results folder the build names
+        arrays = data
+    return method_option(method), options, arrays
+
+
 def make_config(
     method="fedavg",
     *,
@@ -92,48 +111,38 @@ def make_config(
 ) -> JobConfig:
     """The run's resolved ``JobConfig`` (``jobs.build.build_config``: checked, validated, every derived value
     computed); see the module docstring for ``method``, ``model``, ``data``, ``delays`` and ``presets``."""
-    method = method_option(method)
-    options = dict(options, model=model_option(model), delays=delays)
-    arrays = None
-    if isinstance(data, str):
-        options["dataset"] = data
-    elif inspect.isfunction(data):
-        options["dataset"] = _import_path(data, "data function")
-    else:  # saved as dataset.npz in the results folder the build names
-        arrays = data
+    method, options, arrays = _options(method, model, data, delays, options)
     return build_config(method, options, presets=presets, model_presets=presets, arrays=arrays)
 
 
-@dataclass(frozen=True)
-class RunResult:
-    """Attributes:
-    exit_code: 0 completed, 1 ended early (``outcome`` says why), 2 refused before start, 3 completed but its last
-        version unevaluated or nothing saved (``python -m jobs.finish``), 130/143 interrupted.
-    output: the results folder.
-    metrics: ``metrics.json`` (empty when the run wrote none).
-    """
-
-    exit_code: int
-    output: str
-    metrics: dict
-
-    @property
-    def accuracies(self) -> list[tuple[int, float]]:
-        return [(r["version"], r["accuracy"]) for r in self.metrics.get("versions", [])]
-
-    @property
-    def final_accuracy(self) -> float | None:
-        return self.accuracies[-1][1] if self.accuracies else None
-
-    @property
-    def outcome(self) -> dict | None:
-        return self.metrics.get("outcome")
-
-
-def run(config_or_method=None, *, verbose: bool = False, method=None, **options) -> RunResult:
+def run(
+    config_or_method=None,
+    *,
+    verbose: bool = False,
+    method=None,
+    seeds: Sequence[int] | None = None,
+    model=AUTO,
+    data="synthetic",
+    delays=None,
+    presets: bool = True,
+    **options,
+) -> RunResult | SeedsResult:
     """Run a job: a ``JobConfig``, or a method (positional or ``method=``: a name, an import path, a ``Method``
     class or instance; default ``fedavg``) and ``make_config``'s options. A config refused before start gives exit
-    code 2, its reason printed in one line."""
+    code 2, its reason printed in one line. ``seeds`` (two or more, e.g. ``[0, 1, 2]``; not with ``seed`` nor a
+    ``JobConfig``): the seeds run as one NVFlare job (a pack, ``jobs.seeds``), each in ``output/seed-N``; each
+    seed's result and the mean +- std of the final accuracies are printed and returned as a ``SeedsResult``
+    (``runs``: each seed's ``RunResult``; ``mean``, ``std``); a refused one raises ``ConfigError``."""
+    if seeds is not None:
+        if isinstance(config_or_method, JobConfig):
+            raise ConfigError(
+                "seeds= with a JobConfig: give the method and its options instead (run(METHOD, seeds=...))"
+            )
+        chosen, options, arrays = _options(method or config_or_method or "fedavg", model, data, delays, options)
+        cfgs = seed_configs(chosen, options, seeds, presets=presets, model_presets=presets, arrays=arrays)
+        result = run_seeds(cfgs, verbose=verbose)
+        print(seeds_table(result))
+        return result
     from jobs.run.driver import run as run_job
 
     if isinstance(config_or_method, JobConfig):
@@ -144,7 +153,9 @@ def run(config_or_method=None, *, verbose: bool = False, method=None, **options)
             print(f"error: {ex}", file=sys.stderr)
             return RunResult(2, cfg.output_dir, {})
     else:
-        cfg = make_config(method or config_or_method or "fedavg", **options)
+        cfg = make_config(
+            method or config_or_method or "fedavg", model=model, data=data, delays=delays, presets=presets, **options
+        )
     code = run_job(cfg, verbose=verbose)
     return RunResult(code, cfg.output_dir, read_metrics(cfg.output_dir))
 

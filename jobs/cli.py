@@ -17,11 +17,12 @@ import typing
 
 from common import startup_gc
 from common.choices import ConfigError, literal_choices
-from common.config_flags import Extra, Flag, add_dataclass_flags, default_words, show
+from common.config_flags import Extra, Flag, add_dataclass_flags, default_words, given_flags, show
 from common.delays import DELAY_PRESET_ORIGINS, DELAY_PRESETS, TRANSFER_FIELDS, DelayConfig, DelayPreset
 from jobs.build import build_config, checked_config, option_names
 from jobs.config import PARTS, FederationConfig, JobConfig
 from jobs.methods import BUILT_IN, Method, method_of
+from jobs.seeds import SEEDS_HELP, run_seeds, seed_configs, seeds_table
 from processors.model_names import PRESET_FIELDS as MODEL_PRESET_FIELDS
 from processors.training_config import TrainingConfig
 
@@ -129,6 +130,9 @@ EXTRAS: dict[str, dict[str, list[Extra]]] = {
 }
 """Per part, the flags with no field of their own, keyed by the field they follow ("": first in the group)."""
 
+SEEDS: Extra = (["--seeds"], {"default": None, "metavar": "S1,S2,..", "help": SEEDS_HELP})
+"""The job scripts' ``--seeds`` (``jobs.seeds``: a pack of seeds; ``jobs.api.run``'s ``seeds``), after ``--seed``."""
+
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """One default per flag: added as ``(default: X)`` unless the help already says it, or the flag has none
@@ -173,12 +177,16 @@ def add_method_choice(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser(description: str, method_choice: bool = False) -> JobArgumentParser:
-    """Every job flag; ``method_choice`` adds ``--method`` (with presets) and the ``--fr-*`` FedRevive flags."""
+def build_parser(description: str, method_choice: bool = False, seeds: bool = False) -> JobArgumentParser:
+    """Every job flag; ``method_choice`` adds ``--method`` (with presets) and the ``--fr-*`` FedRevive flags,
+    ``seeds`` the job scripts' ``--seeds`` (``SEEDS``)."""
     p = JobArgumentParser(description=plain_description(description), formatter_class=HelpFormatter)
     for part, title in GROUPS.items():
         flags = _federation_flags(method_choice) if part == "federation" else FLAGS[part]
-        add_dataclass_flags(p.add_argument_group(title), PARTS[part], flags=flags, extras=EXTRAS.get(part))
+        extras = EXTRAS.get(part)
+        if seeds and part == "run":
+            extras = extras | {"seed": [SEEDS]}
+        add_dataclass_flags(p.add_argument_group(title), PARTS[part], flags=flags, extras=extras)
     if method_choice:
         add_method_choice(p)
         for method in BUILT_IN.values():
@@ -216,12 +224,20 @@ def config_from_args(args: argparse.Namespace, method: str, presets: bool = Fals
     return checked_config(method, options_of(args, method), presets=presets)
 
 
+def _run_seeds(cfgs: list[JobConfig], verbose: bool) -> int:
+    """Run a pack of seeds (``jobs.seeds``) and print each seed's result and their mean +- std."""
+    startup_gc.resume()  # the pack's modules load now (a job script paused it: common.startup_gc)
+    result = run_seeds(cfgs, verbose=verbose)
+    print(seeds_table(result))
+    return result.exit_code
+
+
 def job_main(description: str, argv: list[str] | None, method: str | None = None, hidden: dict | None = None) -> int:
     """An entry point: parse, build (or, with ``--resume``, recover) the config, run. ``method`` None: the
     ``--method`` flag chooses, and the method's presets apply. ``hidden``: options without a flag (a benchmark's
     ``trainer``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(description, method_choice=method is None)
+    parser = build_parser(description, method_choice=method is None, seeds=True)
     if method is None:  # a user's method (--method package.module:Name) brings its own settings' flags
         prescan = argparse.ArgumentParser(add_help=False)  # --help must wait until those flags exist
         add_method_choice(prescan)
@@ -235,16 +251,19 @@ def job_main(description: str, argv: list[str] | None, method: str | None = None
     chosen = method or args.method
     try:
         options = options_of(argparse.Namespace(**vars(args), **(hidden or {})), chosen)
-        given = None
-        if args.resume:  # the saved run's config, with the flags written on the command line that are harmless
-            from jobs.resume import given_flags  # imports torch (the saved model's shapes): only when resuming
-
-            given = given_flags(parser, argv)
-        cfg = build_config(chosen, options, presets=method is None, given=given, announce=print)
+        written = given_flags(parser, argv)
+        if args.seeds is not None:  # one pack of seeds (jobs.seeds): every check before any process starts
+            options = {k: v for k, v in options.items() if k != "seed" or k in written}  # --seed: refused if given
+            cfgs = seed_configs(chosen, options, args.seeds, presets=method is None, announce=print)
+        else:  # with --resume: the saved run's config, with the flags written on the command line that are harmless
+            given = written if args.resume else None
+            cfgs = [build_config(chosen, options, presets=method is None, given=given, announce=print)]
     except ConfigError as ex:
         parser.error(str(ex))
+    if args.seeds is not None:
+        return _run_seeds(cfgs, args.verbose)
     # torch and NVFlare's job API come with the driver: --help and a refused flag answer before importing them
     from jobs.run.driver import run
 
     startup_gc.resume()  # the driver's modules are loaded (a job script paused it: common.startup_gc)
-    return run(cfg, verbose=args.verbose)
+    return run(cfgs[0], verbose=args.verbose)

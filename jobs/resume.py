@@ -9,12 +9,12 @@ workers, sync intervals, timeouts, how often to evaluate or checkpoint) or exten
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
 
 from common.choices import ConfigError
+from common.config_flags import given_flags as given_flags  # re-exported: the tests import it from here
 from common.protocol import GLOBAL_MODEL_ALIAS
 from common.result_files import METRICS
 from jobs.config import HARMLESS, PARTS, JobConfig
@@ -24,16 +24,6 @@ from scheduling import checkpoint
 from scheduling.checkpoint import state_path
 
 NOT_CONFIG = {"verbose"}  # command-line destinations that change nothing of the run
-
-
-def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
-    """The destinations of the flags written on the command line (not their defaults)."""
-    given = set()
-    for action in parser._actions:  # argparse has no public list of its actions
-        for option in action.option_strings:
-            if any(arg == option or arg.startswith(option + "=") for arg in argv):
-                given.add(action.dest)
-    return given
 
 
 def field_of(dest: str) -> tuple[str, str] | None:

@@ -1,6 +1,6 @@
-"""Runs a pack on SimEnv: several resolved configs as one NVFlare job (``docs/packs.md``). Internal for now (no
-user flag yet: the sweep's ``--pack`` and ``jobs.api.run(..., seeds=...)`` are later steps); the tests run it as
-``python -m jobs.run.pack JOB_FLAGS --seeds 0,1 --output DIR``: one run per seed, results in ``DIR/seed-N``.
+"""Runs a pack on SimEnv: several resolved configs as one NVFlare job (``docs/packs.md``). A user runs one through
+a job script's ``--seeds 0,1,2`` or ``jobs.api.run(..., seeds=[0, 1, 2])`` (``jobs.seeds``: one run per seed,
+results in ``OUTPUT/seed-N``); the sweep's ``--pack`` is a later step.
 
 Runs that cannot share a job are refused in one line before NVFlare starts (exit code 2,
 ``jobs.pack_check.pack_refusal``). Each run gets its own results folder (its ``--output``); NVFlare's workspace is
@@ -9,8 +9,6 @@ run 0's. The job's processes are guarded as a standalone run's are (``jobs.run.p
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 import time
 
@@ -58,35 +56,3 @@ def run_pack(cfgs: list[JobConfig], verbose: bool = False) -> int:
     for results_dir in results_dirs:
         finalize(results_dir, time.time() - started)
     return code
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``JOB_FLAGS --seeds S1,S2,.. --output DIR``: the job's flags (a built-in ``--method``), one run per seed."""
-    from jobs.cli import build_from_args, build_parser  # the job's own flags and build
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    seeds_flag = argparse.ArgumentParser(add_help=False)
-    seeds_flag.add_argument("--seeds", required=True)
-    known, rest = seeds_flag.parse_known_args(argv)
-    parser = build_parser("one NVFlare job running one seed per run (internal: docs/packs.md)", method_choice=True)
-    args = parser.parse_args(rest)
-    try:
-        seeds = [int(s) for s in known.seeds.split(",")]
-    except ValueError:
-        parser.error(f"--seeds {known.seeds}: give integers separated by commas, e.g. --seeds 0,1")
-    if not args.output:
-        parser.error("a pack needs --output DIR: each seed's results go to DIR/seed-N")
-    cfgs = []
-    try:
-        for seed in seeds:
-            one = argparse.Namespace(
-                **{**vars(args), "seed": seed, "output": os.path.join(args.output, f"seed-{seed}")}
-            )
-            cfgs.append(build_from_args(one, args.method, presets=True))
-    except ConfigError as ex:
-        parser.error(str(ex))
-    return run_pack(cfgs, verbose=args.verbose)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from dataclasses import dataclass
 
 from common.result_files import ACCURACY_PLOT, METRICS, present, run_files
 from evaluation.plots import plot_accuracy, warm_up
@@ -32,6 +33,32 @@ def read_metrics(results_dir: str) -> dict:
             return json.load(f)
     except (OSError, ValueError):
         return {}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Attributes:
+    exit_code: 0 completed, 1 ended early (``outcome`` says why), 2 refused before start, 3 completed but its last
+        version unevaluated or nothing saved (``python -m jobs.finish``), 130/143 interrupted.
+    output: the results folder.
+    metrics: ``metrics.json`` (empty when the run wrote none).
+    """
+
+    exit_code: int
+    output: str
+    metrics: dict
+
+    @property
+    def accuracies(self) -> list[tuple[int, float]]:
+        return [(r["version"], r["accuracy"]) for r in self.metrics.get("versions", [])]
+
+    @property
+    def final_accuracy(self) -> float | None:
+        return self.accuracies[-1][1] if self.accuracies else None
+
+    @property
+    def outcome(self) -> dict | None:
+        return self.metrics.get("outcome")
 
 
 def finalize(results_dir: str, total_seconds: float, drawn: int | None = None) -> dict:

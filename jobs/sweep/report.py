@@ -9,7 +9,6 @@ budget; Optuna's ``history.png`` and ``importances.png``).
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import warnings
 from collections import defaultdict
@@ -17,6 +16,7 @@ from collections import defaultdict
 import optuna
 from optuna.trial import TrialState
 
+from jobs.seeds import mean_std
 from jobs.sweep.objective import accuracy_by
 from jobs.sweep.spec import SweepSpec, format_value
 from jobs.sweep.study import best_trial, trial_runs
@@ -89,17 +89,12 @@ def cell_summary(study: optuna.Study) -> str:
         if len(values) >= 2:  # a candidate with repeats: its value is their mean
             name = ", ".join(f"{k}={format_value(v)}" for k, v in t.params.items()) or "(all)"
             repeats = ", ".join(sorted({k for r in trial_runs(t) for k in r.get("repeat", {})}))
-            lines.append(
-                f"  trial {t.number} ({name}): {statistics.mean(values):.4f} +- {statistics.stdev(values):.4f} "
-                f"over {len(values)} runs ({repeats})"
-            )
+            lines.append(f"  trial {t.number} ({name}): {mean_std(values)} over {len(values)} runs ({repeats})")
     for key, values in sorted(seed_groups(study).items(), key=lambda kv: str(kv[0])):
         if len(values) < 2:
             continue
         name = ", ".join(f"{k}={format_value(v)}" for k, v in key) or "(all)"
-        lines.append(
-            f"  {name}: {statistics.mean(values):.4f} +- {statistics.stdev(values):.4f} over {len(values)} seeds"
-        )
+        lines.append(f"  {name}: {mean_std(values)} over {len(values)} seeds")
     return "\n".join(["mean +- std per cell:", *lines]) if lines else ""
 
 
