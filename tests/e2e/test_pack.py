@@ -1,20 +1,24 @@
-"""The first end-to-end pack (``docs/packs.md``): two seeds of a small FedBuff run (2 leaves x 4 devices, B = 2, 6
-versions, a server learning rate of 1 so the model moves) as ONE NVFlare job, from the job script's ``--seeds``
-and from ``jobs.api.run(..., seeds=...)``, each seed against the same seed run alone.
+"""Packs end to end (``docs/packs.md``): for FedBuff, FedAvg and FedRevive, two seeds of one small run (2 leaves x 4
+devices, a server learning rate of 1 so the model moves) as ONE NVFlare job from the job script's ``--seeds``, each
+seed against the same seed run alone; FedBuff's from ``jobs.api.run(..., seeds=...)`` too. A pack holds one
+method's seeds: FedAvg's leaves sum a synchronous selection and the buffered methods' do not, which one job's leaves
+cannot do both of (``jobs.pack_check``'s refusal).
 
 * Each seed's results are in ``OUTPUT/seed-N``, and the table printed at the end shows each seed's final accuracy
   and their mean +- std as computed from the seeds' ``metrics.json``; the API's ``SeedsResult`` holds the same.
 
 * Each run's ``events.jsonl`` equals its standalone run's, line for line: each run has its own schedule and
   applier (``scheduling.run_server``), so its trace is its standalone trace whatever the other run does.
-* Run 0's model and accuracies equal its standalone run's bit for bit. A later run's accuracies equal its standalone
-  run's within ``ACCURACY_TOLERANCE``, and bit for bit, its model too: the runs of a pack train in groups of their
-  own run and release (``simulation.fast_simulator.make_groups``; cross-run groups are step 4), the groups it has
-  alone, each run's devices from its own run's weights of a version (``processors.compute_context``'s cache is
-  keyed by the run's processor: run 1's version 2 is not run 0's). The tolerance is what cross-run groups will
-  allow: a device's diff summed in another order than standalone, the engine's stated 1e-5 on a diff
-  (``tests/processors/test_mixed_settings.py``), moves the model through a few versions far less than one test
-  sample's worth of accuracy (1 / the test split); it allows two samples.
+* Each run's model and accuracies equal its standalone run's bit for bit: the runs of a pack train in groups of
+  their own run and release (``simulation.fast_simulator.make_groups``; cross-run groups are step 4, and will need
+  a tolerance), each run's devices from its own run's weights of a version (``processors.compute_context``'s cache
+  is keyed by the run's processor: run 1's version 2 is not run 0's), each run's leaf sums of its own selections
+  (FedAvg: ``simulation.versioned_updater``'s buckets keyed by run), each run's strategy with its own seed and state
+  (FedRevive's teachers, generator and pool) in its own global model.
+* FedRevive's ``fedrevive_log.jsonl``, written by each run's strategy into its run's results folder, equals its
+  standalone run's (but the wall-clock fields, ``fedrevive.config.LOG_WALL_CLOCK``), distillation included.
+
+A method's pack and its two standalone jobs run at once (their results do not depend on it): three jobs a method.
 """
 
 from __future__ import annotations
@@ -22,32 +26,62 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import PYTHON, REPO, digest
+from benchmarks.lib.fedrevive_small import FEDREVIVE_SMALL
+from fedrevive.config import LOG_FILE, LOG_WALL_CLOCK
+from tests.conftest import PYTHON, REPO, digest, kill_tree
 
-FLAGS = [
-    "--method", "fedbuff", "--num-leaf-nodes", "2", "--devices-per-leaf", "4", "--device-selection-size", "4",
-    "--num-updates-for-model", "2", "--min-hole-to-fill", "1", "--max-model-version", "6", "--delays", "paper",
+SMALL = [
+    "--num-leaf-nodes", "2", "--devices-per-leaf", "4", "--device-selection-size", "4", "--delays", "paper",
     "--synthetic-size", "600", "--subset-size", "40", "--local-iters", "2", "--local-batch-size", "16",
     "--local-lr", "0.02", "--global-lr", "1.0", "--eval-backlog", "wait",
 ]  # fmt: skip
+# each method's flags, and the events a run of it has (not vacuous)
+METHODS = {
+    # B = 2: versions 2..6 of two updates each
+    "fedbuff": (["--method", "fedbuff", "--num-updates-for-model", "2", "--min-hole-to-fill", "1",
+                 "--max-model-version", "6"], 10),
+    # every selected device: versions 2..3 of four updates each, summed by each leaf
+    "fedavg": (["--method", "fedavg", "--max-model-version", "3"], 8),
+    # B = 1: versions 2..8, distillation from version 2 and revival from 3 (``FEDREVIVE_SMALL``)
+    "fedrevive": (["--method", "fedrevive", "--num-updates-for-model", "1", "--min-hole-to-fill", "1",
+                   "--max-model-version", "8", *FEDREVIVE_SMALL], 7),
+}  # fmt: skip
 API_OPTIONS = {
     "num_leaf_nodes": 2, "devices_per_leaf": 4, "device_selection_size": 4, "num_updates_for_model": 2,
     "min_hole_to_fill": 1, "max_model_version": 6, "delays": "paper", "synthetic_size": 600, "subset_size": 40,
     "local_iters": 2, "local_batch_size": 16, "local_lr": 0.02, "global_lr": 1.0, "eval_backlog": "wait",
 }  # fmt: skip
-"""``FLAGS`` as ``jobs.api.run``'s options."""
+"""FedBuff's flags (``SMALL`` and ``METHODS["fedbuff"]``) as ``jobs.api.run``'s options."""
 SEEDS = (3, 4)
-TEST_SAMPLES = 600 // 5  # the synthetic dataset's test split is a fifth of --synthetic-size
-ACCURACY_TOLERANCE = 2 / TEST_SAMPLES  # two test samples
 
 
 def run(args: list[str]) -> str:
     proc = subprocess.run([PYTHON, *args], cwd=REPO, capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
+
+
+def start(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([PYTHON, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(procs: list[subprocess.Popen]) -> list[str]:
+    """Each started job's output once it has ended with exit code 0; every job still running when one fails or
+    outlasts its time is killed with its processes."""
+    try:
+        outs = [p.communicate(timeout=500)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                kill_tree(p.pid)
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out[-6000:]
+    return outs
 
 
 def curve(folder) -> list[tuple[int, float]]:
@@ -59,22 +93,55 @@ def final_accuracy(folder) -> float:
     return json.loads((folder / "metrics.json").read_text())["versions"][-1]["accuracy"]
 
 
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    """The job script's pack of both seeds (run 0: seed 3, run 1: seed 4): its folder and what it printed."""
-    tmp = tmp_path_factory.mktemp("pack")
-    out = run(["jobs/pt_job_fedrevive.py", *FLAGS, "--seeds", ",".join(map(str, SEEDS)), "--output", str(tmp)])
-    assert "a pack of 2 runs in one job" in out
-    return tmp, out
+def fedrevive_log(folder) -> list[dict]:
+    lines = (folder / LOG_FILE).read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in LOG_WALL_CLOCK} for line in lines]
+
+
+@dataclass
+class MethodRuns:
+    """A method's pack of both seeds (run 0: seed 3, run 1: seed 4) and each seed alone."""
+
+    pack: Path  # the pack's --output: a folder per seed
+    printed: str  # what the pack's job script printed
+    folders: dict[int, tuple[Path, Path]]  # seed -> (its packed results, its standalone results)
 
 
 @pytest.fixture(scope="module")
-def runs(packed, tmp_path_factory):
-    """The pack's seeds and each seed alone, each job once."""
-    tmp = tmp_path_factory.mktemp("alone")
-    for seed in SEEDS:
-        run(["jobs/pt_job_fedrevive.py", *FLAGS, "--seed", str(seed), "--output", str(tmp / f"alone-{seed}")])
-    return {seed: (packed[0] / f"seed-{seed}", tmp / f"alone-{seed}") for seed in SEEDS}
+def jobs(tmp_path_factory):
+    """Each method's ``MethodRuns``, its three jobs run at once when a test first asks for them, once a module."""
+    made: dict[str, MethodRuns] = {}
+
+    def of(method: str) -> MethodRuns:
+        if method not in made:
+            flags = [*SMALL, *METHODS[method][0]]
+            tmp = tmp_path_factory.mktemp(f"pack-{method}")
+            seeds = ",".join(map(str, SEEDS))
+            procs = [start(["jobs/pt_job_fedrevive.py", *flags, "--seeds", seeds, "--output", str(tmp / "pack")])]
+            procs += [
+                start(["jobs/pt_job_fedrevive.py", *flags, "--seed", str(s), "--output", str(tmp / f"alone-{s}")])
+                for s in SEEDS
+            ]
+            printed = finish(procs)[0]
+            assert "a pack of 2 runs in one job" in printed
+            folders = {s: (tmp / "pack" / f"seed-{s}", tmp / f"alone-{s}") for s in SEEDS}
+            made[method] = MethodRuns(tmp / "pack", printed, folders)
+        return made[method]
+
+    return of
+
+
+@pytest.fixture(scope="module")
+def packed(jobs):
+    """FedBuff's pack from the job script: its folder and what it printed."""
+    fedbuff = jobs("fedbuff")
+    return fedbuff.pack, fedbuff.printed
+
+
+@pytest.fixture(scope="module", params=list(METHODS))
+def runs(request, jobs):
+    """A method and its runs: ``(method, {seed: (packed results, standalone results)})``."""
+    return request.param, jobs(request.param).folders
 
 
 def test_each_seed_has_its_folder_and_the_printed_mean_and_std_are_the_seeds(packed):
@@ -114,25 +181,23 @@ def test_the_api_runs_the_same_pack_and_returns_each_seeds_result_and_mean_and_s
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_each_runs_events_equal_its_standalone_runs_line_for_line(runs, seed):
-    packed, alone = runs[seed]
+    method, folders = runs
+    packed, alone = folders[seed]
     events = (packed / "events.jsonl").read_text().splitlines()
-    assert len(events) == 10  # versions 2..6 of B = 2 each (not vacuous)
+    assert len(events) == METHODS[method][1]  # not vacuous
     assert events == (alone / "events.jsonl").read_text().splitlines()
-    other = runs[SEEDS[1 - SEEDS.index(seed)]][0]
+    other = folders[SEEDS[1 - SEEDS.index(seed)]][0]
     assert events != (other / "events.jsonl").read_text().splitlines()  # two seeds: two schedules
 
 
-def test_the_first_runs_model_and_accuracies_are_its_standalone_runs_bit_for_bit(runs):
-    packed, alone = runs[SEEDS[0]]
+@pytest.mark.parametrize("seed", SEEDS)
+def test_each_runs_model_accuracies_and_log_are_its_standalone_runs_bit_for_bit(runs, seed):
+    method, folders = runs
+    packed, alone = folders[seed]
+    assert len({a for _, a in curve(alone)}) > 1  # the model learns
+    assert curve(packed) == curve(alone)
     assert digest(packed / "global_model.pt") == digest(alone / "global_model.pt")
-    assert curve(packed) == curve(alone) and len({a for _, a in curve(alone)}) > 1  # the model learns
-
-
-def test_a_later_runs_model_and_accuracies_equal_its_standalone_runs(runs):
-    packed, alone = runs[SEEDS[1]]
-    mine, theirs = curve(packed), curve(alone)
-    assert [v for v, _ in mine] == [v for v, _ in theirs] and len({a for _, a in theirs}) > 1  # the model learns
-    gap = max(abs(a - b) for (_, a), (_, b) in zip(mine, theirs, strict=True))
-    assert gap <= ACCURACY_TOLERANCE, (mine, theirs)
-    # its groups are its standalone ones (one run's, by release): the same bits
-    assert mine == theirs and digest(packed / "global_model.pt") == digest(alone / "global_model.pt")
+    if method == "fedrevive":  # its strategy's own log, in its run's folder, distillation and revival included
+        log = fedrevive_log(packed)
+        assert len(log) == METHODS[method][1] and any(r["phase"] == "distill" and r["beta"] > 0 for r in log)
+        assert log == fedrevive_log(alone)
