@@ -14,7 +14,6 @@ import json
 import os
 
 from common.choices import ConfigError
-from common.config_flags import given_flags as given_flags  # re-exported: the tests import it from here
 from common.protocol import GLOBAL_MODEL_ALIAS
 from common.result_files import METRICS
 from jobs.config import HARMLESS, PARTS, JobConfig

@@ -110,7 +110,8 @@ def test_the_start_lines_name_the_chosen_model_and_its_preset(tmp_path, monkeypa
 def test_a_run_recorded_with_an_explicit_model_name_resumes_with_its_command(tmp_path):
     """A char_lstm run recorded before models had presets (batch 32, lr 3e-4) resumes with its own command, with
     --model auto, or without --model: the saved configuration applies, the preset fills nothing."""
-    from jobs.resume import given_flags, resumed_config
+    from common.config_flags import given_flags
+    from jobs.resume import resumed_config
     from processors.models import build_model
     from scheduling import checkpoint
 

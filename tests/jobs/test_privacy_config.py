@@ -173,8 +173,8 @@ def test_a_dp_run_resumes_with_its_computed_noise_and_refuses_a_longer_budget_pa
     longer run, which would spend more than the target with that noise, is refused naming why."""
     import json
 
+    from common.config_flags import given_flags
     from jobs.cli import build_parser
-    from jobs.resume import given_flags
     from processors.models import build_model
     from scheduling import checkpoint
 

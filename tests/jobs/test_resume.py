@@ -8,8 +8,9 @@ import json
 import pytest
 
 from common.choices import ConfigError
+from common.config_flags import given_flags
 from jobs.cli import build_parser, config_from_args
-from jobs.resume import given_flags, resumed_config
+from jobs.resume import resumed_config
 from processors.models import build_model
 from scheduling import checkpoint
 
