@@ -6,7 +6,9 @@ paper's training delays), every device's uplink at ``--uplink-kbps`` (default 20
 its downlink at ``--downlink-kbps`` (default 10,000: a version takes 0.2), until ``--budget`` simulated time units
 have passed. By default on the generated data at difficulty 0 and 2 x 25 devices (``EFFECT``: each device takes
 part about ten times, so an error-feedback residual comes back; ``--cpu-scale`` keeps the scale's hard data and
-2 x 100 devices, where all three stay at chance at this budget). One run per compressor of ``--compressors``
+2 x 100 devices: there, at 500 kbit/s over 200 time units, top-1% learns far less per version than the dense
+update and loses to it, while top-10% with error feedback beats it and top-10% without falls below, the figures in
+PERFORMANCE_OPTIMIZATION.md). One run per compressor of ``--compressors``
 (``none``, ``topk:0.01`` with error feedback, ``topk:0.01`` without: ``topk:0.01/off``; ``qsgd:4`` with
 ``--qsgd``), and one table: the compressor, the bytes per update (``processors.compress.transfer_bytes``), the
 versions made by the budget, the accuracy at the budget (the last version, evaluated at the end) and the best,
@@ -19,7 +21,9 @@ Accuracies are seeded (every version's model is a function of the seed), so the 
 them; the wall seconds do.
 
     python benchmarks/perf/bench_compression.py --seed 0
-    python benchmarks/perf/bench_compression.py --cpu-scale --uplink-kbps 500 --qsgd
+    python benchmarks/perf/bench_compression.py --cpu-scale --uplink-kbps 500 --budget 200
+    python benchmarks/perf/bench_compression.py --cpu-scale --uplink-kbps 500 --budget 200 \
+        --compressors topk:0.1,topk:0.1/off
 
 Extra job flags after ``--`` go to every run, last (e.g. ``-- --global-lr 0.1``).
 """
