@@ -42,6 +42,7 @@ def test_a_candidates_seeds_start_as_one_job_and_score_as_separate_jobs_do(tmp_p
     assert PEAK[0] == 2  # a pack is one slot: two at once, never more
     reset()
     apart = sweep_of(tmp_path, name="apart", pruner="none", pack=1)
+    assert "seeds run as" not in capsys.readouterr().out  # --pack 1: no pack planned, no line
     assert [f["seed"] for f in STARTED] == [1, 2, 3] * 3 and not any("seeds" in f for f in STARTED)
     for one, other in zip(packed.study.get_trials(), apart.study.get_trials(), strict=True):
         assert one.state == other.state == TrialState.COMPLETE
@@ -110,3 +111,25 @@ def test_a_pack_that_is_not_a_number_is_refused_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert ended.value.code == 2 and err.startswith("error: argument --pack: invalid int value: 'all'"), err
     assert len(err.splitlines()) == 1 and not (tmp_path / "sweep").exists()
+
+
+class Ended:
+    """A pack's process that has ended with ``code``."""
+
+    def __init__(self, code: int):
+        self.code, self.started, self.wall_seconds = code, 100.0, 1.0
+
+    def poll(self) -> int:
+        return self.code
+
+
+@pytest.mark.parametrize("code, codes", [(1, [0, 1]), (0, [0, 1]), (143, [143, 143])])
+def test_each_seed_of_a_pack_exits_as_its_job_alone_would(tmp_path, code, codes):
+    from common.jsonio import write_json_atomic
+    from jobs.sweep.pack import PackMember, PackProcess
+
+    pack = PackProcess(Ended(code))
+    for seed, status in ((1, "completed"), (2, "ended_early")):
+        (tmp_path / f"seed-{seed}").mkdir()
+        write_json_atomic(str(tmp_path / f"seed-{seed}" / "metrics.json"), {"outcome": {"status": status}})
+    assert [PackMember(pack, str(tmp_path / f"seed-{s}")).poll() for s in (1, 2)] == codes
