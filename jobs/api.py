@@ -165,7 +165,7 @@ def sweep(
 ) -> int:
     """Run (or continue) a sweep, as ``python -m jobs.sweep SPEC`` does: ``spec`` is the YAML file's path, the other
     options are the command's flags with underscores (``pruner="median"``, ``min_resource=4.0``, ``patience=2``,
-    ``seed=0``, ``bar=False``, ``tensorboard=True`` or a log dir, ``deployment="DIR"``). Returns the exit code (0 done, 2 refused before any trial, 130 / 143 stopped: run
+    ``seed=0``, ``bar=False``, ``tensorboard=True`` or a log dir, ``deployment="DIR"``, ``pack=1``). Returns the exit code (0 done, 2 refused before any trial, 130 / 143 stopped: run
     it again to continue). The trials, the table and the plots are in the sweep's folder (docs/sweeps.md)."""
     from jobs.sweep.cli import main
 

@@ -1,6 +1,6 @@
 """Runs a pack on SimEnv: several resolved configs as one NVFlare job (``docs/packs.md``). A user runs one through
 a job script's ``--seeds 0,1,2`` or ``jobs.api.run(..., seeds=[0, 1, 2])`` (``jobs.seeds``: one run per seed,
-results in ``OUTPUT/seed-N``); the sweep's ``--pack`` is a later step.
+results in ``OUTPUT/seed-N``), and a sweep runs a candidate's seeds so (``jobs.sweep.pack``).
 
 Runs that cannot share a job are refused in one line before NVFlare starts (exit code 2,
 ``jobs.pack_check.pack_refusal``). Each run gets its own results folder (its ``--output``); NVFlare's workspace is

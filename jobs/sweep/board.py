@@ -49,7 +49,7 @@ class Board:
         from torch.utils.tensorboard import SummaryWriter
         from torch.utils.tensorboard.summary import hparams
 
-        path = os.path.join(self.logdir, os.path.basename(run.folder))
+        path = os.path.join(self.logdir, getattr(run, "name", "") or os.path.basename(run.folder))
         hp = {k: hparam_value(v) for k, v in (dict(params) | dict(run.repeat)).items()} | {"status": state}
         # a domain of mixed types (1 and 0.5) is left out: TensorBoard wants each value of the hparam's own type
         domains = {k: v for k, v in self.domains.items() if k in hp and all(isinstance(d, type(hp[k])) for d in v)}

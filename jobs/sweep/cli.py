@@ -63,6 +63,14 @@ def build_parser() -> SweepParser:
         help="run each trial as a job on this running deployment (python -m jobs.deploy up DIR; or an admin's "
         "startup kit) instead of a fresh SimEnv each",
     )
+    p.add_argument(
+        "--pack",
+        type=int,
+        default=SweepOptions.pack,
+        metavar="N",
+        help="a candidate's repeated seeds (repeat: {seed: [..]}) run as one job, N seeds at most a job (default: "
+        "all of them; 1: each seed its own job, as without packs)",
+    )
     return p
 
 
@@ -108,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             bar=args.bar,
             tensorboard=args.tensorboard,
             deployment=args.deployment,
+            pack=args.pack,
         )
         if opts.parallel is not None and opts.parallel < 1:
             raise SpecError(f"--parallel {opts.parallel}: 1 or more trials at once")

@@ -24,8 +24,10 @@ from optuna.trial import TrialState
 
 from common.cores import available_cores
 from evaluation.run_recorder import record_pruned
+from jobs.seeds import seed_folder
 from jobs.sweep import study as studies
 from jobs.sweep.objective import ended_early, mean_score, mean_steps, score
+from jobs.sweep.pack import PackMember, PackProcess, pack_refusal, pack_sizes, packs_seeds
 from jobs.sweep.report import make_bar, say
 from jobs.sweep.spec import SpecError, SweepSpec, check_flags, format_value
 from jobs.sweep.tracking import SweepTracking
@@ -47,6 +49,8 @@ class SweepOptions:
         (TensorBoard's HParams tab); None: none.
     deployment: a ``jobs.deploy`` folder (or an admin's startup kit): each trial runs as a job there
         (``jobs.sweep.deployment``) instead of in a SimEnv of its own.
+    pack: seeds of one candidate (``repeat: {seed: [..]}``) run in one job (``jobs.sweep.pack``): None, all of
+        them; N >= 2, at most N a job; 1, each its own job.
     """
 
     output: str | None = None
@@ -61,6 +65,7 @@ class SweepOptions:
     python: str = sys.executable
     tensorboard: str | None = None
     deployment: str | None = None
+    pack: int | None = None
 
 
 def sweep_dir(spec: SweepSpec, output: str | None) -> str:
@@ -121,12 +126,15 @@ Launcher = Callable[[dict, str, "list[int] | None"], TrialProcess]
 
 @dataclass
 class Run:
-    """One process of a candidate: the candidate's flags with one of its repeats (the only one without repeats)."""
+    """One run of a candidate: the candidate's flags with one of its repeats (the only one without repeats); a
+    process of its own, or one seed of a pack's (``pack``: the pack's folder, its ``--output``)."""
 
     repeat: dict
     folder: str
     flags: dict
-    proc: TrialProcess | None = None
+    name: str = ""  # its TensorBoard run: its trial's number and repeat (0003, 0003-seed1)
+    pack: str | None = None
+    proc: TrialProcess | PackMember | None = None
     slot: int | None = None
     code: int | None = None
     records: list = field(default_factory=list)
@@ -135,6 +143,11 @@ class Run:
     @property
     def running(self) -> bool:
         return self.proc is not None and self.code is None
+
+    @property
+    def log(self) -> str:
+        """Its process's console output, beside its folder (a pack's beside the pack's)."""
+        return f"{self.pack or self.folder}.log"
 
 
 @dataclass
@@ -153,9 +166,12 @@ class Candidate:
             return False
         return self.pruned_at is not None or len(started) == len(self.runs)
 
-    def waiting(self) -> Run | None:
-        """Its next run not started yet (none once it is pruned)."""
-        return None if self.pruned_at is not None else next((r for r in self.runs if r.proc is None), None)
+    def waiting(self) -> list[Run] | None:
+        """Its next runs not started yet, one process's: one run, or a pack's runs (none once it is pruned)."""
+        first = None if self.pruned_at is not None else next((r for r in self.runs if r.proc is None), None)
+        if first is None or first.pack is None:
+            return [first] if first else None
+        return [r for r in self.runs if r.pack == first.pack]
 
 
 def run_label(repeat: dict) -> str:
@@ -177,6 +193,8 @@ class Sweep:
         self.signum: int | None = None
         self.board = None
         self.env_flags: dict = {}  # with --deployment: the flags that send each trial there
+        self.packed = False  # a candidate's seeds share jobs (jobs.sweep.pack)
+        self.pack_note = ""  # the line that says so, or why they do not
 
     def prepare(self) -> None:
         check_flags(self.spec)
@@ -184,6 +202,8 @@ class Sweep:
             raise SpecError(f"--pruner {self.opts.pruner}: use one of {', '.join(studies.PRUNERS)}")
         if self.opts.min_resource < 0 or self.opts.patience < 0:
             raise SpecError("--min-resource and --patience: 0 or more")
+        if self.opts.pack is not None and self.opts.pack < 1:
+            raise SpecError(f"--pack {self.opts.pack}: 1 or more seeds a job (1: each seed its own job)")
         if self.opts.deployment:
             from jobs.sweep.deployment import deployment_flags
 
@@ -199,6 +219,26 @@ class Sweep:
             from jobs.sweep.board import Board
 
             self.board = Board(self.opts.tensorboard or os.path.join(self.folder, "tensorboard"), self.spec)
+        self._plan_packs()
+
+    def _plan_packs(self) -> None:
+        """Whether a candidate's seeds share jobs: checked once, as the job script's ``--seeds`` checks them; a
+        refusal is one line, and the seeds run as separate jobs."""
+        if not packs_seeds(self.spec, self.opts.pack):
+            return
+        extra = self.env_flags | self.tracking.trial_flags()
+        refusal = pack_refusal(self.spec, extra, os.path.join(self.folder, "trials", "pack"))
+        if refusal:
+            self.pack_note = f"a candidate's seeds run as separate jobs: they cannot share one ({refusal})"
+            return
+        self.packed = True
+        sizes = pack_sizes(len(self.spec.repeats()), self.opts.pack)
+        jobs = (
+            f"one job of {sizes[0]} runs"
+            if len(sizes) == 1
+            else f"{len(sizes)} jobs of {', '.join(map(str, sizes))} runs"
+        )
+        self.pack_note = f"a candidate's {sum(sizes)} seeds run as {jobs}: each job one process, one slot (--pack 1: each seed its own)"
 
     @property
     def running(self) -> list[Run]:
@@ -216,10 +256,19 @@ class Sweep:
         trial = self.study.ask()
         params = suggest(trial, self.spec)
         base = os.path.join(self.folder, "trials", f"{trial.number:04d}")
-        runs = [
-            Run(rep, f"{base}-{run_label(rep)}" if rep else base, self.spec.trial_flags(params, rep) | self.env_flags)
-            for rep in self.spec.repeats()
-        ]
+        runs = []
+        for rep in self.spec.repeats():
+            name = f"{trial.number:04d}-{run_label(rep)}" if rep else f"{trial.number:04d}"
+            runs.append(
+                Run(
+                    rep,
+                    os.path.join(os.path.dirname(base), name),
+                    self.spec.trial_flags(params, rep) | self.env_flags,
+                    name,
+                )
+            )
+        if self.packed:
+            self._pack(runs, base)
         for key, value in studies.owner_attrs().items():
             trial.set_user_attr(key, value)
         if self.spec.repeat:
@@ -231,15 +280,38 @@ class Sweep:
         self.candidates.append(candidate)
         return candidate
 
+    def _pack(self, runs: list[Run], base: str) -> None:
+        """Group a candidate's seed runs into packs (``--pack``): each pack's folder is its ``--output`` and each
+        seed's results in it (``seed-N``) its run's folder; a group of one stays a run of its own."""
+        sizes = pack_sizes(len(runs), self.opts.pack)
+        start = 0
+        for k, size in enumerate(sizes):
+            if size >= 2:
+                folder = base if len(sizes) == 1 else f"{base}-pack{k}"
+                for run in runs[start : start + size]:
+                    run.pack, run.folder = folder, seed_folder(folder, run.repeat["seed"])
+            start += size
+
     def _start(self, slot: int) -> bool:
-        """Fill ``slot``: a started candidate's next run first (its mean is known sooner), else a new candidate's."""
-        run = next((r for c in self.candidates if (r := c.waiting())), None)
-        if run is None:
+        """Fill ``slot`` with one process: a started candidate's next run (or pack) first (its mean is known
+        sooner), else a new candidate's."""
+        runs = next((g for c in self.candidates if (g := c.waiting())), None)
+        if runs is None:
             if not self._waiting():
                 return False
-            run = self._ask().runs[0]
-        run.slot = slot
-        run.proc = self.launch(run.flags | self.tracking.trial_flags(), run.folder, self._cores(slot))
+            runs = self._ask().waiting()
+        cores, parent = self._cores(slot), self.tracking.trial_flags()
+        for run in runs:
+            run.slot = slot
+        if runs[0].pack is None:
+            runs[0].proc = self.launch(runs[0].flags | parent, runs[0].folder, cores)
+            return True
+        flags = {k: v for k, v in runs[0].flags.items() if k != "seed"}  # the pack's: its seeds instead
+        proc = PackProcess(
+            self.launch(flags | {"seeds": [r.repeat["seed"] for r in runs]} | parent, runs[0].pack, cores)
+        )
+        for run in runs:
+            run.proc = PackMember(proc, run.folder)
         return True
 
     def _report(self, cand: Candidate) -> None:
@@ -262,6 +334,7 @@ class Sweep:
         """What the study keeps of one run: its folder and command; once it ended, its figures and ``ended_early``."""
         attrs = {"folder": os.path.relpath(run.folder, self.folder), "command": " ".join(command(run.flags))}
         attrs |= {"repeat": run.repeat} if run.repeat else {}
+        attrs |= {"pack": os.path.relpath(run.pack, self.folder)} if run.pack else {}  # the job it shared
         if run.code is None or run.proc is None:
             return attrs
         last = run.records[-1] if run.records else {}
@@ -313,7 +386,7 @@ class Sweep:
             self._board(cand, None, "fail")
             self.study.tell(trial, state=TrialState.FAIL)
             run = failed[0] if failed else started[0]
-            log = os.path.relpath(run.folder, self.folder) + ".log"
+            log = os.path.relpath(run.log, self.folder)
             say(f"[sweep] trial {trial.number} failed (exit {run.code}; its log: {log}) ({shown})")
 
     def _board(self, cand: Candidate, value: float | None, state: str) -> None:
@@ -357,6 +430,8 @@ class Sweep:
     def run(self) -> int:
         print(f"[sweep] {self.spec.study_name}: {self.spec.trials} trial(s); folder {self.folder}")
         print(f"[sweep] {self.n} trial(s) at once: {self.why}")
+        if self.pack_note:
+            print(f"[sweep] {self.pack_note}")
         requeued, planned = self._requeue_orphans(), studies.plan_trials(self.study, self.spec)  # in either order
         if not requeued and not planned:
             print("[sweep] continuing the study found in its storage")

@@ -31,30 +31,49 @@ def reset() -> None:
 
 class FakeTrial:
     """A trial's process that ends after a few polls; its accuracy is highest for a local lr near 1e-2, plus
-    ``seed_bonus`` x its seed."""
+    ``seed_bonus`` x its seed. Given ``seeds`` (a pack, ``jobs.sweep.pack``), it writes each seed's
+    ``seed-N/metrics.json`` as a pack's job does: its versions after every poll, its outcome at the end."""
 
     seed_bonus = 0.0
 
     def __init__(self, flags: dict, folder: str, cores):
-        self.flags, self.folder, self.polls, self.code = flags, folder, 0, None
-        lr = float(flags.get("local-lr", 1e-2))
-        bonus = self.seed_bonus * int(flags.get("seed", 0))
-        self.accuracy = round(max(0.05, 0.9 - abs(math.log10(lr) + 2) / 4) + bonus, 4)
+        self.flags, self.folder, self.polls, self.calls, self.code = flags, folder, 0, 0, None
+        self.seeds = [int(s) for s in flags.get("seeds", [])]
+        self.accuracy = self.accuracy_of(int(flags.get("seed", 0)))
         self.wall_seconds, self.started = 1.0, 100.0
         STARTED.append(flags)
         LIVE.append(self)
         PEAK[0] = max(PEAK[0], len(LIVE))
 
+    def accuracy_of(self, seed: int) -> float:
+        lr = float(self.flags.get("local-lr", 1e-2))
+        return round(max(0.05, 0.9 - abs(math.log10(lr) + 2) / 4) + self.seed_bonus * seed, 4)
+
     def poll(self):
-        self.polls += 1
-        if self.polls > 3 and self.code is None:
-            self.code = 0
-            LIVE.remove(self)
+        self.calls += 1  # a pack's process is polled once per seed in each round of the sweep: one round, one poll
+        if self.code is None and self.calls % max(1, len(self.seeds)) == 0:
+            self.polls += 1
+            if self.polls > 3:
+                self.code = 0
+                LIVE.remove(self)
+            self.write_seeds()
         return self.code
 
-    def records(self):
+    def records(self, accuracy: float | None = None):
         n = min(self.polls, 3)
-        return [{"version": v + 1, "accuracy": self.accuracy * v / 2, "sim_seconds": 4.0 * v} for v in range(n)]
+        accuracy = self.accuracy if accuracy is None else accuracy
+        return [{"version": v + 1, "accuracy": accuracy * v / 2, "sim_seconds": 4.0 * v} for v in range(n)]
+
+    def write_seeds(self) -> None:
+        from common.jsonio import write_json_atomic
+
+        for seed in self.seeds:
+            folder = os.path.join(self.folder, f"seed-{seed}")
+            os.makedirs(folder, exist_ok=True)
+            metrics = {"versions": self.records(self.accuracy_of(seed))}
+            if self.code == 0:
+                metrics["outcome"] = {"status": "completed", "reason": "version 3 (--max-model-version)"}
+            write_json_atomic(os.path.join(folder, "metrics.json"), metrics)
 
     def stop(self):
         STOPPED.append(self.flags)

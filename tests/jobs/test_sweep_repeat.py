@@ -54,10 +54,12 @@ def test_a_candidates_steps_and_score_are_the_mean_over_its_runs():
 
 
 def test_seeds_are_packed_scored_on_their_mean_and_a_pruned_candidate_stops_them_all(tmp_path, capsys):
-    # three candidates x two seeds, two processes at once; the median rule prunes the third (a hopeless lr) on the
-    # mean of its seeds, once the first two are complete
+    # three candidates x two seeds, two processes at once, each seed its own job (--pack 1); the median rule prunes
+    # the third (a hopeless lr) on the mean of its seeds, once the first two are complete
     spec = parse_spec(BASE + "grid: {local-lr: [0.01, 0.011, 1.0e-5]}\nrepeat: {seed: [1, 2]}\n", "p")
-    opts = SweepOptions(output=str(tmp_path / "sweep"), parallel=2, poll_seconds=0.0, bar=False, pruner="median")
+    opts = SweepOptions(
+        output=str(tmp_path / "sweep"), parallel=2, poll_seconds=0.0, bar=False, pruner="median", pack=1
+    )
     sweep = Sweep(spec, opts, launch=SeededFake)
     sweep.prepare()
     assert sweep.run() == 0
