@@ -11,6 +11,7 @@ and a dead server or a job that makes no progress after every run's outcome is s
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import time
@@ -28,6 +29,7 @@ from jobs.run.process_guard import Interrupts, no_orphans
 from jobs.run.recipe import EdgeSimPackRecipe
 from jobs.run.results import finalize
 from jobs.run.watchdog import Watchdog
+from jobs.tracking.run_tracking import RunTracking
 from processors.data.sources import DatasetError
 
 
@@ -41,11 +43,21 @@ def run_pack(cfgs: list[JobConfig], verbose: bool = False) -> int:
         if len({c.output_dir for c in cfgs}) != len(cfgs) or not all(c.output_dir for c in cfgs):
             raise ConfigError("each run of a pack needs a results folder of its own: give each a distinct --output")
         plans = [prepare(c) for c in cfgs]
+        trackings = [RunTracking.for_config(c) for c in cfgs]  # each run's tracker runs, as if it ran alone
+        for tracking in trackings:
+            tracking.connect()
     except (ConfigError, DatasetError, ValueError) as ex:
         print(f"error: {ex}", file=sys.stderr)
         return 2
     results_dirs = [prepare_output_dir(c.output_dir, bool(c.run.resume), c.method_spec.result_files) for c in cfgs]
     print(f"[edgesim] a pack of {len(cfgs)} runs in one job: " + ", ".join(results_dirs))
+    try:  # before NVFlare starts: a tracker that cannot start its run stops the pack here
+        for cfg, tracking, results_dir in zip(cfgs, trackings, results_dirs, strict=True):
+            for line in tracking.start(results_dir, cfg.to_dict(), cfg.method_spec.flag_prefix):
+                print(f"[edgesim] tracking seed {cfg.run.seed}: {line}")
+    except ConfigError as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        return 2
     recipe = EdgeSimPackRecipe(cfgs, plans, results_dirs)
     env = make_env(cfgs[0], nvflare_workspace(results_dirs[0]), verbose)
     started = time.time()
@@ -53,7 +65,11 @@ def run_pack(cfgs: list[JobConfig], verbose: bool = False) -> int:
     interrupts = Interrupts()
     grace = watchdog_grace(max(p.timeouts.update_timeout for p in plans))
     try:
-        with no_orphans() as interrupts, Watchdog(results_dirs, shutdown_grace=grace) as dog:
+        with contextlib.ExitStack() as followed:
+            interrupts = followed.enter_context(no_orphans())
+            dog = followed.enter_context(Watchdog(results_dirs, shutdown_grace=grace))
+            for tracking in trackings:  # each follows its run's metrics.json while the job runs
+                followed.enter_context(tracking)
             try:
                 recipe.run(env)
             except RuntimeError as ex:  # the simulator ended with an error
@@ -72,6 +88,8 @@ def run_pack(cfgs: list[JobConfig], verbose: bool = False) -> int:
             record_interruption(results_dir, plan.run_info, name)
     elif cause:
         print(f"error: the pack's job failed: {cause}", file=sys.stderr)
-    for results_dir in results_dirs:
+    for cfg, tracking, results_dir in zip(cfgs, trackings, results_dirs, strict=True):
         finalize(results_dir, time.time() - started)
+        for line in tracking.finish():  # once metrics.json holds the run's last word
+            print(f"[edgesim] tracked seed {cfg.run.seed}: {line}")
     return interrupts.exit_code if interrupts.signum is not None else int(bool(cause))

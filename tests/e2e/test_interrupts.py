@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from tests.conftest import PYTHON, REPO, job_args, kill_tree
+from tests.tracker_readers import mlflow_runs, mlflow_series
 
 
 def wait_for_version(metrics_path, version: int, proc, timeout: float) -> None:
@@ -123,10 +124,13 @@ def test_a_run_whose_devices_all_fail_stops_in_seconds_naming_the_error(tmp_path
     assert (f"--resume {tmp_path / 'out'}" in err) == resumable
 
 
-def test_interrupting_a_pack_records_every_run_interrupted_and_leaves_no_process(tmp_path):
-    """A pack of two seeds (``--seeds``) stopped with SIGTERM: both runs recorded as interrupted, their results kept,
-    the exit code the signal's, and no process of the job left (NVFlare reports the signal as a failed job)."""
+def test_interrupting_a_tracked_pack_records_every_run_interrupted_and_leaves_no_process(tracker_env, mlflow_store):
+    """A pack of two seeds (``--seeds``), tracked in MLflow, stopped with SIGTERM: both runs recorded as interrupted,
+    their results kept, the exit code the signal's, and no process of the job left (NVFlare reports the signal as a
+    failed job); each seed has its own MLflow run, as if it had run alone, ended with its outcome."""
+    tmp_path = tracker_env
     flags = job_args(tmp_path, "--max-model-version", "500", "--local-iters", "2", "--seeds", "3,4")
+    flags += ["--tracking", "mlflow", "--tracking-uri", mlflow_store]
     proc = subprocess.Popen(
         [PYTHON, "jobs/pt_job_fedavg.py", *flags], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -150,3 +154,10 @@ def test_interrupting_a_pack_records_every_run_interrupted_and_leaves_no_process
         assert outcome["status"] == "interrupted" and outcome["signal"] == "SIGTERM", outcome
         assert metrics["versions"][-1]["version"] >= 2 and (results / "accuracy.png").exists()
         assert metrics["summary"]["last_version"] == outcome["version"]
+    runs = {r.data.params["seed"]: r for r in mlflow_runs(mlflow_store)}
+    assert sorted(runs) == ["3", "4"], sorted(runs)
+    for seed, run in runs.items():
+        metrics = json.loads((tmp_path / "out" / f"seed-{seed}" / "metrics.json").read_text())
+        assert run.info.status == "KILLED" and run.data.tags["outcome"] == "interrupted", run.data.tags
+        accuracy = mlflow_series(mlflow_store, run.info.run_id, "accuracy")
+        assert accuracy == [(r["version"], r["accuracy"]) for r in metrics["versions"]]
