@@ -20,6 +20,7 @@ from nvflare.apis.fl_context import FLContext
 
 from common.output import output_dir
 from common.result_files import TENSORBOARD
+from common.run_scope import scoped
 from evaluation.events import SYSTEM_SAMPLES, VERSION_RECORD, VERSION_RECORDED
 from evaluation.utilisation import write_tensorboard
 
@@ -30,14 +31,16 @@ if TYPE_CHECKING:
 class TensorBoardWriter(FLComponent):
     """Args:
     results_dir: the run's results folder; events go to its ``tensorboard/``.
+    run: in a pack, the run whose versions it writes (``common.run_scope``); None: the job's one run.
     """
 
-    def __init__(self, results_dir: str = ""):
+    def __init__(self, results_dir: str = "", run: int | None = None):
         super().__init__()
         self.results_dir = results_dir
+        self.run = run
         self._writer: SummaryWriter | None = None
         self.register_event_handler(EventType.START_RUN, self._start)
-        self.register_event_handler(VERSION_RECORDED, self._write_version)
+        self.register_event_handler(VERSION_RECORDED, scoped(run, self._write_version))
         self.register_event_handler(EventType.END_RUN, self._close)
 
     def _start(self, _event: str, fl_ctx: FLContext) -> None:

@@ -260,7 +260,7 @@ def make_result_components(cfg: JobConfig, run_info: dict, results_dir: str, run
             **scope,
         ),
         "edgesim_progress": ProgressReporter(f.max_model_version, **scope),
-        "edgesim_tensorboard": TensorBoardWriter(results_dir),
+        "edgesim_tensorboard": TensorBoardWriter(results_dir, **scope),
         "edgesim_model_saver": GlobalModelSaver(cfg.training.model, results_dir, **scope),
         "edgesim_leaf_log": LeafLogWriter(results_dir, resume=bool(cfg.run.resume)),
     }
@@ -271,7 +271,13 @@ def make_result_components(cfg: JobConfig, run_info: dict, results_dir: str, run
 
 # -- a pack: several runs in one job (docs/packs.md) ---------------------------------------------------------------
 # the result components each run has its own of (the monitor and the progress line are the job's)
-PER_RUN_RESULTS = ("edgesim_evaluator", "edgesim_recorder", "edgesim_model_saver", "edgesim_leaf_log")
+PER_RUN_RESULTS = (
+    "edgesim_evaluator",
+    "edgesim_recorder",
+    "edgesim_model_saver",
+    "edgesim_leaf_log",
+    "edgesim_tensorboard",
+)
 
 
 def run_component_id(name: str, run: int) -> str:
@@ -319,13 +325,12 @@ def make_pack_assessor(cfgs: list[JobConfig], timeouts: Timeouts, runs: list[dic
 
 
 def make_pack_result_components(cfgs: list[JobConfig], run_infos: list[dict], results_dirs: list[str]) -> dict:
-    """A pack's result components by id: each run's evaluator, recorder, model saver and leaf log
+    """A pack's result components by id: each run's evaluator, recorder, model saver, leaf log and TensorBoard writer
     (``PER_RUN_RESULTS``, ids suffixed by the run, each writing to its run's results folder), and the job's
     monitor and progress line (run 0's settings)."""
     components: dict = {}
     for run, (cfg, info, results_dir) in enumerate(zip(cfgs, run_infos, results_dirs, strict=True)):
         made = make_result_components(cfg, info, results_dir, run=run)
-        made.pop("edgesim_tensorboard", None)  # not yet per run
         for comp_id, component in made.items():
             if comp_id in PER_RUN_RESULTS:
                 components[run_component_id(comp_id, run)] = component

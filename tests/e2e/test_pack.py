@@ -192,3 +192,17 @@ def test_each_runs_model_accuracies_and_log_are_its_standalone_runs_bit_for_bit(
         log = fedrevive_log(packed)
         assert len(log) == METHODS[method][1] and any(r["phase"] == "distill" and r["beta"] > 0 for r in log)
         assert log == fedrevive_log(alone)
+
+
+def test_each_packed_run_writes_its_own_tensorboard_curve_as_its_standalone_run_does(runs):
+    """TensorBoard is every run's default tracker: each packed run's ``tensorboard/`` holds its own accuracy curve
+    (its ``metrics.json``'s, not another run's), as its standalone run's folder holds its own."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, folders = runs
+    for packed_run, alone in folders.values():
+        for folder in (packed_run, alone):
+            board = EventAccumulator(str(folder / "tensorboard")).Reload()
+            steps, values = zip(*[(e.step, e.value) for e in board.Scalars("accuracy")], strict=True)
+            assert list(steps) == [v for v, _ in curve(folder)]
+            assert list(values) == pytest.approx([a for _, a in curve(folder)], abs=1e-5)  # float32 in TensorBoard
