@@ -101,6 +101,27 @@ print(f"RESULT K={sys.argv[2]}: groups {m.get('groups')}; GPU% mean {sum(gpu) / 
 PY
 }
 
+# issue 59: N seeds of the convnet's FedBuff (K devices each) as one pack (--seeds): is the GPU at least 80% busy?
+# Each seed's metrics.json samples the whole GPU; the line gives seed 0's mean and every seed's devices/s.
+pack_job() {
+  local n=$1 k=$2 versions=$3
+  local name="pack-convnet-n$n-k$k"
+  $PY jobs/pt_job_fedrevive.py --method fedbuff --compute-device "$DEVICE" --num-leaf-nodes 2 \
+    --devices-per-leaf $((k / 2)) --device-selection-size "$k" --max-model-version "$versions" \
+    --model cifar10_convnet --eval-frequency 100 --checkpoint-every -1 --workspace /tmp/edgesim-ws \
+    --seeds "$(seq -s, 0 $((n - 1)))" --output "$OUT/$name" &&
+    $PY - "$OUT/$name" "$n" "$k" <<'PY'
+import json, os, sys
+out, n, k = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+ms = [json.load(open(os.path.join(out, f"seed-{s}", "metrics.json"))) for s in range(n)]
+gpu = [g for v in ms[0]["versions"][1:] if (g := v["system"].get("gpu_util_percent")) is not None]
+rates = [m["summary"].get("devices_per_second") or 0 for m in ms]
+print(f"RESULT pack of {n} seeds, K={k} each: GPU% mean {sum(gpu) / max(1, len(gpu)):.0f} "
+      f"min {min(gpu, default=0):.0f} over {len(gpu)} records (goal: at least 80); devices/s summed "
+      f"{sum(rates):.1f} ({', '.join(f'{r:.1f}' for r in rates)}); wall {ms[0]['versions'][-1].get('wall_seconds')} s")
+PY
+}
+
 # FedAvg at K devices a version, the synchronous side of the same comparison.
 fedavg_job() {
   local k=$1 versions=$2
@@ -156,7 +177,7 @@ print(f"RESULT shared memory vs wire: {rates[0]} vs {rates[1]} devices/s, ratio 
 PY
 }
 
-export -f env_report fedbuff_job fedavg_job worker_ratio engine_precisions engine_levers bulk_ratio
+export -f env_report fedbuff_job fedavg_job worker_ratio engine_precisions engine_levers bulk_ratio pack_job
 export OUT DEVICE PY
 nvidia-smi dmon -s um -o T >"$OUT/dmon.log" 2>&1 &
 DMON=$!
@@ -191,6 +212,7 @@ if [[ $QUICK == 1 ]]; then
   step fedbuff-k8 200 fedbuff_job 8 6 cifar10_convnet
   step fedavg-k8 200 fedavg_job 8 3
   step fedavg-k8-w1 200 fedavg_job 8 3 --num-workers 1
+  step pack-convnet 200 pack_job 2 4 3
 else
   step pytest-cuda 60 $PY -m pytest -q -p no:cacheprovider tests/processors/test_cuda.py
   step engine-convnet 100 $PY benchmarks/perf/bench_engine.py --device "$DEVICE" --ks 1,8,32,100 --iters 25
@@ -202,6 +224,7 @@ else
   step fedrevive-round 60 $PY benchmarks/perf/bench_fedrevive_round.py --model resnet18 --device "$DEVICE" --repeats 2 \
     --fr-synth-every-versions 1 --no-previous
   step fedbuff-k100 60 fedbuff_job 100 1000 cifar10_convnet
+  step pack-convnet 150 pack_job 16 20 60
   # left by the first GPU run: ResNet-18's grouped-vs-alone agreement, and whether fewer workers with larger groups
   # beat the planner's cores-sized plan on a GPU leaf (8 workers of 63 devices at K = 1,000)
   step equivalence-resnet18 90 $PY benchmarks/checks/gpu_equivalence.py --model resnet18

@@ -255,6 +255,20 @@ def kill_tree(pid: int) -> list[psutil.Process]:
     return tree
 
 
+def outputs_when_done(procs: list[subprocess.Popen], timeout: float) -> list[str]:
+    """Each started process's output once it has ended with exit code 0; every one still running when one fails or
+    outlasts ``timeout`` is killed with its descendants."""
+    try:
+        outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                kill_tree(p.pid)
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out[-6000:]
+    return outs
+
+
 def wait_for(predicate, proc: subprocess.Popen, timeout: float, what: str) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:

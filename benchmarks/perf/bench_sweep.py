@@ -4,11 +4,14 @@ its training time (first to last version), for each way of running trials, side 
 
 It runs ``python -m jobs.sweep`` on a small learning-rate search over the hard synthetic data (a spec of its own,
 or ``--spec``), samples the whole machine's CPU busy once a second, then reads the study and each trial's
-``metrics.json``. ``--ways``: ``simenv`` (each trial a fresh SimEnv job) and ``deployment`` (each trial a job on
-one local deployment, ``python -m jobs.deploy up``, started here once: its start-up is printed apart, a cost paid
-once per deployment, not per trial).
+``metrics.json``. ``--ways``: ``simenv`` (each run a fresh SimEnv job: ``--pack 1``), ``deployment`` (each run a
+job on one local deployment, ``python -m jobs.deploy up``, started here once: its start-up is printed apart, a cost
+paid once per deployment, not per trial) and ``pack`` (the sweep's default: a candidate's seeds as one job,
+``docs/sweeps.md``). ``--seeds 0,1,2`` repeats each candidate over those seeds (``repeat: {seed: [...]}``), which
+is what ``pack`` packs; with both ``simenv`` and ``pack`` it prints their ratios.
 
     python benchmarks/perf/bench_sweep.py [--trials 6] [--parallel 2] [--ways simenv,deployment] [--spec SPEC]
+    python benchmarks/perf/bench_sweep.py --trials 2 --seeds 0,1,2 --ways simenv,pack
     python benchmarks/perf/bench_sweep.py --read SWEEP_DIR
 """
 
@@ -41,6 +44,15 @@ search: {{local-lr: {{type: log-float, low: 1.0e-7, high: 0.1}}}}
 objective: {{metric: final_accuracy}}
 trials: {trials}
 """
+WAYS = ("simenv", "deployment", "pack")
+
+
+def spec_text(ws: str, trials: int, seeds: str | None) -> str:
+    """The default spec; with ``seeds``, each candidate repeated over them instead of the base's seed."""
+    text = SPEC.format(ws=ws, trials=trials)
+    if seeds:
+        text = text.replace(" seed: 3,", "") + f"repeat: {{seed: [{seeds}]}}\n"
+    return text
 
 
 def fixed_costs(folder: str, run: dict) -> tuple[float, float, float] | None:
@@ -127,7 +139,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--trials", type=int, default=6)
     p.add_argument("--parallel", type=int, default=None, help="trials at once (default: the sweep's own plan)")
-    p.add_argument("--ways", default="simenv,deployment", help="simenv, deployment or both (comma-separated)")
+    p.add_argument("--ways", default="simenv,deployment", help="simenv, deployment, pack (comma-separated)")
+    p.add_argument("--seeds", default=None, help="repeat each candidate over these seeds (0,1,2): what pack packs")
     p.add_argument("--spec", default=None, help="a spec of your own (default: the small search above)")
     p.add_argument("--read", default=None, metavar="DIR", help="report on a sweep's folder again, without running")
     args = p.parse_args()
@@ -135,16 +148,18 @@ def main() -> int:
         report(args.read, None, [])
         return 0
     ways = [w for w in args.ways.split(",") if w]
-    if set(ways) - {"simenv", "deployment"}:
-        p.error(f"--ways {args.ways}: simenv and/or deployment")
+    if set(ways) - set(WAYS):
+        p.error(f"--ways {args.ways}: any of {', '.join(WAYS)}")
+    if args.seeds and args.spec:
+        p.error("--seeds repeats the default spec's candidates; give a spec of your own its repeat: instead")
     work = tempfile.mkdtemp(prefix="bench_sweep_")
     spec = args.spec or os.path.join(work, "bench.yaml")
     if not args.spec:
         with open(spec, "w") as f:
-            f.write(SPEC.format(ws=os.path.join(work, "ws"), trials=args.trials))
+            f.write(spec_text(os.path.join(work, "ws"), args.trials, args.seeds))
     figures, code = {}, 0
     for way in ways:
-        extra: list[str] = []
+        extra: list[str] = [] if way == "pack" else ["--pack", "1"]
         if way == "deployment":  # one local deployment for the whole study: its start-up is paid once
             deployment = os.path.join(work, "deployment")
             up = [sys.executable, "-m", "jobs.deploy", "up", deployment, "--relays", "1", "--leaves"]
@@ -153,7 +168,7 @@ def main() -> int:
                 print("deployment: python -m jobs.deploy up failed")
                 continue
             print(f"deployment: up in {time.time() - started:.0f} s (once, for every trial)")
-            extra = ["--deployment", deployment]
+            extra += ["--deployment", deployment]
         try:
             wall, busy, exit_code = run_sweep(spec, os.path.join(work, f"sweep-{way}"), args.parallel, extra)
         finally:
@@ -167,6 +182,12 @@ def main() -> int:
         print(
             f"deployment vs simenv: trials per hour x{b['per_hour'] / a['per_hour']:.2f}, fixed cost per trial "
             f"{b['up'] + b['down']:.1f} s vs {a['up'] + a['down']:.1f} s (x{(b['up'] + b['down']) / (a['up'] + a['down']):.2f}), "
+            f"fixed share {b['fixed']:.0%} vs {a['fixed']:.0%}"
+        )
+    if {"simenv", "pack"} <= set(figures) and all(figures[w] for w in ("simenv", "pack")):
+        a, b = figures["simenv"], figures["pack"]
+        print(
+            f"pack / simenv: wall {b['wall'] / a['wall']:.2f}x, trials per hour x{b['per_hour'] / a['per_hour']:.2f}, "
             f"fixed share {b['fixed']:.0%} vs {a['fixed']:.0%}"
         )
     return code

@@ -14,6 +14,9 @@ change of ``metrics.json`` or from the last beat, whichever is latest: a job is 
 recorded nor beaten for ``shutdown_grace`` seconds. A server that dies is noticed at the next look, before or
 after the outcome (after it, unless it had already recorded the run's summary: its normal end).
 
+A pack (several runs in one job, ``jobs.run.pack``) is watched through all its runs' folders: its outcome is
+decided once every run's is, progress in any run counts, and it has finished once every run has.
+
 ``check`` is one look, given the time and whether the server lives, so its rules are tested without waiting.
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Sequence
 
 import psutil
 
@@ -31,25 +35,51 @@ from jobs.run.process_guard import stop_processes
 from jobs.run.results import read_metrics
 
 
+class RunWatch:
+    """What the watchdog knows of one run's results folder, from its last look."""
+
+    def __init__(self, results_dir: str):
+        self.results_dir = results_dir
+        self.mtime = 0.0  # of metrics.json at the last look
+        self.beat: dict | None = None  # the last beat seen
+        self.decided = False  # metrics.json has the outcome
+        self.finished = False  # metrics.json has the run's summary (the server's END_RUN)
+
+    def look(self) -> bool:
+        """Read ``metrics.json`` if it changed since the last look (outcome, summary) and the heartbeat; True if
+        either changed."""
+        beat = read_heartbeat(self.results_dir)
+        beaten = beat is not None and beat != self.beat
+        self.beat = beat if beat is not None else self.beat
+        try:
+            mtime = os.path.getmtime(os.path.join(self.results_dir, METRICS))
+        except OSError:
+            return beaten
+        if mtime == self.mtime:
+            return beaten
+        self.mtime = mtime
+        metrics = read_metrics(self.results_dir)
+        self.decided = self.decided or "outcome" in metrics
+        self.finished = self.finished or "summary" in metrics
+        return True
+
+
 class Watchdog:
     """Args:
     results_dir: the run's results folder (its ``metrics.json`` says when the server decided the outcome and
-        finished; its ``working.json`` that the server is at work).
+        finished; its ``working.json`` that the server is at work); a pack's: every run's folder.
     shutdown_grace: seconds without progress (no record, no beat) the job may take after its outcome.
     interval: seconds between checks.
     """
 
-    def __init__(self, results_dir: str, shutdown_grace: float = 60.0, interval: float = 1.0):
-        self.results_dir = results_dir
+    def __init__(self, results_dir: str | Sequence[str], shutdown_grace: float = 60.0, interval: float = 1.0):
+        folders = [results_dir] if isinstance(results_dir, str) else list(results_dir)
+        self.runs = [RunWatch(folder) for folder in folders]
         self.shutdown_grace = shutdown_grace
         self.interval = interval
         self.reason = ""  # set when the watchdog stopped the job
         self._server: psutil.Process | None = None
         self._progress_at: float | None = None  # the outcome's first sight, or the last progress after it
-        self._mtime = 0.0  # of metrics.json at the last look
-        self._beat: dict | None = None  # the last beat seen
-        self._decided = False  # metrics.json has the outcome
-        self._finished = False  # metrics.json has the run's summary (the server's END_RUN)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
 
@@ -66,37 +96,21 @@ class Watchdog:
         """Seconds the job may make no progress after its outcome before it is stopped."""
         return self.shutdown_grace
 
-    def _look(self) -> bool:
-        """Read ``metrics.json`` if it changed since the last look (outcome, summary) and the heartbeat; True if
-        either changed."""
-        beat = read_heartbeat(self.results_dir)
-        beaten = beat is not None and beat != self._beat
-        self._beat = beat if beat is not None else self._beat
-        try:
-            mtime = os.path.getmtime(os.path.join(self.results_dir, METRICS))
-        except OSError:
-            return beaten
-        if mtime == self._mtime:
-            return beaten
-        self._mtime = mtime
-        metrics = read_metrics(self.results_dir)
-        self._decided = self._decided or "outcome" in metrics
-        self._finished = self._finished or "summary" in metrics
-        return True
-
     def check(self, now: float, server_alive: bool | None) -> str:
-        """One look at the run: why to stop the job now ("": go on). ``server_alive``: None while the server
-        process is not known yet. Called with the server's state sampled first, so an outcome or summary the
-        server wrote just before it ended is seen by this look."""
-        progressed = self._look()
-        if self._decided and (self._progress_at is None or progressed):
+        """One look at the run (every run of a pack): why to stop the job now ("": go on). ``server_alive``: None
+        while the server process is not known yet. Called with the server's state sampled first, so an outcome or
+        summary the server wrote just before it ended is seen by this look."""
+        progressed = [run.look() for run in self.runs]  # every folder looked at, each time
+        decided = all(run.decided for run in self.runs)
+        if decided and (self._progress_at is None or any(progressed)):
             self._progress_at = now  # decided, or still recording or working on its last versions: not hanging
-        if server_alive is False and not self._finished:
-            if self._decided:
+        if server_alive is False and not all(run.finished for run in self.runs):
+            if decided:
                 return "the NVFlare server process died after the run's outcome, before it finished its results"
             return "the NVFlare server process died"
         if self._progress_at is not None and now - self._progress_at > self.grace:
-            what = f" (last at work: {self._beat['what']} version {self._beat['version']})" if self._beat else ""
+            beat = next((run.beat for run in self.runs if run.beat), None)
+            what = f" (last at work: {beat['what']} version {beat['version']})" if beat else ""
             return f"NVFlare's job made no progress for {self.grace:.0f} s after its last record or beat{what}"
         return ""
 

@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from tests.conftest import PYTHON, REPO, job_args, kill_tree
+from tests.tracker_readers import mlflow_runs, mlflow_series
 
 
 def wait_for_version(metrics_path, version: int, proc, timeout: float) -> None:
@@ -121,3 +122,42 @@ def test_a_run_whose_devices_all_fail_stops_in_seconds_naming_the_error(tmp_path
     resumable = (tmp_path / "out" / "checkpoint").exists()
     assert resumable == (method == "fedbuff") and outcome["version"] >= (2 if resumable else 1), outcome
     assert (f"--resume {tmp_path / 'out'}" in err) == resumable
+
+
+def test_interrupting_a_tracked_pack_records_every_run_interrupted_and_leaves_no_process(tracker_env, mlflow_store):
+    """A pack of two seeds (``--seeds``), tracked in MLflow, stopped with SIGTERM: both runs recorded as interrupted,
+    their results kept, the exit code the signal's, and no process of the job left (NVFlare reports the signal as a
+    failed job); each seed has its own MLflow run, as if it had run alone, ended with its outcome."""
+    tmp_path = tracker_env
+    flags = job_args(tmp_path, "--max-model-version", "500", "--local-iters", "2", "--seeds", "3,4")
+    flags += ["--tracking", "mlflow", "--tracking-uri", mlflow_store]
+    proc = subprocess.Popen(
+        [PYTHON, "jobs/pt_job_fedavg.py", *flags], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        for seed in (3, 4):
+            wait_for_version(tmp_path / "out" / f"seed-{seed}" / "metrics.json", 2, proc, timeout=240)
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc.pid)
+    assert proc.returncode == 143, out[-3000:]
+    survivors = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not survivors, [" ".join(p.cmdline()[:4]) for p in survivors]
+    assert "interrupted (SIGTERM)" in out and "the pack's job failed" not in out, out[-3000:]
+    for seed in (3, 4):
+        results = tmp_path / "out" / f"seed-{seed}"
+        metrics = json.loads((results / "metrics.json").read_text())
+        outcome = metrics["outcome"]
+        assert outcome["status"] == "interrupted" and outcome["signal"] == "SIGTERM", outcome
+        assert metrics["versions"][-1]["version"] >= 2 and (results / "accuracy.png").exists()
+        assert metrics["summary"]["last_version"] == outcome["version"]
+    runs = {r.data.params["seed"]: r for r in mlflow_runs(mlflow_store)}
+    assert sorted(runs) == ["3", "4"], sorted(runs)
+    for seed, run in runs.items():
+        metrics = json.loads((tmp_path / "out" / f"seed-{seed}" / "metrics.json").read_text())
+        assert run.info.status == "KILLED" and run.data.tags["outcome"] == "interrupted", run.data.tags
+        accuracy = mlflow_series(mlflow_store, run.info.run_id, "accuracy")
+        assert accuracy == [(r["version"], r["accuracy"]) for r in metrics["versions"]]

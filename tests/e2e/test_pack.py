@@ -38,7 +38,7 @@ import pytest
 
 from benchmarks.lib.fedrevive_small import FEDREVIVE_SMALL
 from fedrevive.config import LOG_FILE, LOG_WALL_CLOCK
-from tests.conftest import PYTHON, REPO, digest, kill_tree
+from tests.conftest import PYTHON, REPO, digest, outputs_when_done
 
 SMALL = [
     "--num-leaf-nodes", "2", "--devices-per-leaf", "4", "--device-selection-size", "4", "--delays", "paper",
@@ -78,17 +78,8 @@ def start(args: list[str]) -> subprocess.Popen:
 
 
 def finish(procs: list[subprocess.Popen]) -> list[str]:
-    """Each started job's output once it has ended with exit code 0; every job still running when one fails or
-    outlasts its time is killed with its processes."""
-    try:
-        outs = [p.communicate(timeout=500)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                kill_tree(p.pid)
-    for p, out in zip(procs, outs, strict=True):
-        assert p.returncode == 0, out[-6000:]
-    return outs
+    """Each started job's output once it has ended with exit code 0 (``outputs_when_done``)."""
+    return outputs_when_done(procs, 500)
 
 
 def curve(folder) -> list[tuple[int, float]]:

@@ -12,7 +12,7 @@ import subprocess
 import optuna
 import pytest
 
-from tests.conftest import PYTHON, REPO, kill_tree
+from tests.conftest import PYTHON, REPO, outputs_when_done
 
 pytestmark = pytest.mark.slow
 
@@ -60,14 +60,7 @@ def test_a_candidates_seeds_run_as_one_job_with_the_results_of_one_job_each(tmp_
     spec = tmp_path / "seeds.yaml"
     spec.write_text(SPEC.format(ws=tmp_path / "ws"))
     procs = [sweep(spec, tmp_path / "packed", "--parallel", "1"), sweep(spec, tmp_path / "apart", "--pack", "1")]
-    try:
-        outs = [p.communicate(timeout=600)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                kill_tree(p.pid)
-    for p, out in zip(procs, outs, strict=True):
-        assert p.returncode == 0, out[-6000:]
+    outs = outputs_when_done(procs, 600)
     assert "[sweep] a candidate's 2 seeds run as one job of 2 runs" in outs[0], outs[0]
     packed, apart = tmp_path / "packed" / "trials", tmp_path / "apart" / "trials"
     assert sorted(p.name for p in packed.iterdir()) == ["0000", "0000.log"]  # one job, one log

@@ -92,6 +92,31 @@ def test_a_server_that_ends_after_its_summary_ended_normally(tmp_path):
     assert dog.check(1.0, server_alive=False) == ""
 
 
+def test_a_pack_is_decided_only_when_every_run_is_and_progress_in_any_run_counts(tmp_path):
+    ended, going = tmp_path / "seed-0", tmp_path / "seed-1"
+    ended.mkdir(), going.mkdir()
+    write_metrics(ended, 1000.0, **DECIDED)  # run 0 decided early; run 1 still training
+    write_metrics(going, 1000.0)
+    dog = Watchdog([str(ended), str(going)], shutdown_grace=GRACE)
+    assert dog.check(0.0, server_alive=True) == ""
+    assert dog.check(10 * GRACE, server_alive=True) == ""  # run 0's silence stops nothing while run 1 goes on
+    write_metrics(going, 1100.0, **DECIDED)  # run 1 decided at 700 s: the pack's grace starts
+    assert dog.check(700.0, server_alive=True) == ""
+    write_metrics(going, 1200.0, **DECIDED, versions=[{"version": 3}])  # run 1 still recording: progress
+    assert dog.check(700.0 + GRACE, server_alive=True) == ""
+    assert "no progress" in dog.check(701.0 + 2 * GRACE, server_alive=True)
+
+
+def test_a_pack_whose_server_dies_after_one_run_finished_is_noticed(tmp_path):
+    done, going = tmp_path / "seed-0", tmp_path / "seed-1"
+    done.mkdir(), going.mkdir()
+    write_metrics(done, 1000.0, **DECIDED, summary={"last_version": 3})
+    write_metrics(going, 1000.0)
+    dog = Watchdog([str(done), str(going)], shutdown_grace=GRACE)
+    assert dog.check(0.0, server_alive=True) == ""
+    assert dog.check(1.0, server_alive=False) == "the NVFlare server process died"
+
+
 def test_a_heartbeat_beats_while_its_block_runs_and_once_more_at_its_end(tmp_path):
     assert read_heartbeat(str(tmp_path)) is None
     with Heartbeat(str(tmp_path), "checkpoint", 4, interval=0.01):
