@@ -70,6 +70,9 @@ DATA_SIZE = "data_size"  # samples it holds (its weight when its method weights 
 DEVICE_REPORTS = (LOSS, LOSS_SQUARED, STEPS, SAMPLES, LABEL_COUNTS, DATA_SIZE)
 SELECTION_VERSIONS = "edgesim_selection_versions"  # {selection id: model version}
 SELECTION_RELEASES = "edgesim_selection_releases"  # {selection id: the release it came in}
+# down, in a pack only: [the run's releases so far, whether it has ended], from the same view as the selection: a
+# leaf trains release n of every run together once each run has made n releases or ended (``docs/packs.md``)
+RELEASES = "edgesim_releases"
 # both ways, in a pack only: {run (1, 2, ...): its section, a dict of the keys above that concern one run}; run 0's
 # keys stay where a standalone job has them, in the message itself
 RUN_SECTIONS = "edgesim_run_sections"

@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,6 +43,35 @@ from processors.training import TrainingConfig, train_local, worker_model
 from processors.training_vectorized import train_group
 
 _owners = itertools.count(1)  # each processor's key in the converted weights' cache (``weights_owner``)
+
+
+@dataclass
+class PreparedGroup:
+    """A group's devices made ready to train (``TrainingTaskProcessor.prepare_group``).
+
+    Attributes:
+        device_ids: the devices, in order.
+        versions: each one's model version.
+        selections: each one's selection id (None each when not given).
+        prepared: each one's (compute device, samples, labels, generator).
+        device: the compute device.
+        params: the start weights: one dict for all (one version), or one per device.
+        extras: their device extras, likewise.
+        clips: each one's clip norm (differential privacy), or None.
+        rule: the training rule's run (None without a rule).
+        last_steps: a list the engine fills with each device's last-step losses, or None when no report needs them.
+    """
+
+    device_ids: list[str]
+    versions: list[int]
+    selections: list[int | None]
+    prepared: list[tuple[torch.device, torch.Tensor, torch.Tensor, torch.Generator]]
+    device: torch.device
+    params: dict[str, torch.Tensor] | list[dict[str, torch.Tensor]]
+    extras: dict | list[dict]
+    clips: list[float] | None
+    rule: Any
+    last_steps: list[dict] | None
 
 
 class TrainingTaskProcessor(DeviceTaskProcessor):
@@ -286,51 +317,83 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
     ) -> list[dict[str, np.ndarray]]:
         """Train several devices in one vectorised call (``train_group``), each from its own version's weights
         (``model_data`` and ``version``: one for all, or one per device); each diff equals what ``train`` gives
-        for that device, up to floating-point summation order."""
+        for that device, up to floating-point summation order. A pack trains several runs' devices in one call
+        through the same two halves (``prepare_group``, ``finish_group``: ``processors.pack_trainer``)."""
+        with self._compute_context():
+            group = self.prepare_group(device_ids, model_data, version, selections)
+            norms: list[float] = []
+            diffs = train_group(
+                self._training.model,
+                group.params,
+                [(x, y) for _, x, y, _ in group.prepared],
+                self._training,
+                [g for *_, g in group.prepared],
+                group.device,
+                self._settings.pinned_streams,
+                self._input_prep(),
+                self._objective,
+                group.extras,
+                group.last_steps,
+                group.rule,
+                group.clips,
+                norms,
+            )
+            return self.finish_group(group, diffs, norms, group.last_steps)
+
+    def prepare_group(
+        self,
+        device_ids: list[str],
+        model_data: dict | list[dict],
+        version: int | list[int],
+        selections: list[int] | None = None,
+    ) -> PreparedGroup:
+        """The first half of ``train_group`` (inside ``compute_context``): each device's samples and generator, its
+        start weights converted from its own version's (keyed by this processor: a pack's runs number their
+        versions alike), their extras, clip norms and the rule's start."""
         settings = self._settings
         k = len(device_ids)
         versions = [version] * k if isinstance(version, int) else list(version)
         models = [model_data] * k if isinstance(model_data, dict) else list(model_data)
-        with self._compute_context():
-            prepared = [self._prepare(d, v) for d, v in zip(device_ids, versions, strict=True)]
-            device = prepared[0][0]
-            by_version: dict[int, dict[str, torch.Tensor]] = {}  # each version converted once, one dict per version
-            for v, data in zip(versions, models, strict=True):
-                if v not in by_version:
-                    by_version[v] = global_params_on(data, v, device, settings.cached_versions, self.weights_owner)
-            clips = [clip_norm_for(by_version[v], v) for v in versions] if self.privacy else None
-            norms: list[float] = []
-            if len(by_version) == 1:  # one version: its weights broadcast to every device, as always
-                params = next(iter(by_version.values()))
-                extras = device_extras(params)
-            else:
-                extras_of = {v: device_extras(p) for v, p in by_version.items()}
-                params = [by_version[v] for v in versions]
-                extras = [extras_of[v] for v in versions]
-            diffs = train_group(
-                self._training.model,
-                params,
-                [(x, y) for _, x, y, _ in prepared],
-                self._training,
-                [g for *_, g in prepared],
-                device,
-                settings.pinned_streams,
-                self._input_prep(),
-                self._objective,
-                extras,
-                last_steps := ([] if self._last_step() is not None else None),
-                rule := self._rules.start(device_ids, selections or [None] * k),
-                clips,
-                norms,
-            )
-            diffs = self._rules.finish(rule, device_ids, selections or [None] * k, diffs)
-            if clips is not None:
-                diffs = [
-                    self._privatized(d, c, n, i, v)
-                    for d, c, n, i, v in zip(diffs, clips, norms, device_ids, versions, strict=True)
-                ]
-            diffs = self._compression.apply(diffs, device_ids, versions, selections or [None] * k)
-            steps = last_steps if last_steps is not None else [None] * len(diffs)
-            return [
-                self._with_reports(d, y, last) for d, (_, _, y, _), last in zip(diffs, prepared, steps, strict=True)
+        chosen = selections or [None] * k
+        prepared = [self._prepare(d, v) for d, v in zip(device_ids, versions, strict=True)]
+        device = prepared[0][0]
+        by_version: dict[int, dict[str, torch.Tensor]] = {}  # each version converted once, one dict per version
+        for v, data in zip(versions, models, strict=True):
+            if v not in by_version:
+                by_version[v] = global_params_on(data, v, device, settings.cached_versions, self.weights_owner)
+        clips = [clip_norm_for(by_version[v], v) for v in versions] if self.privacy else None
+        if len(by_version) == 1:  # one version: its weights broadcast to every device, as always
+            params = next(iter(by_version.values()))
+            extras = device_extras(params)
+        else:
+            extras_of = {v: device_extras(p) for v, p in by_version.items()}
+            params = [by_version[v] for v in versions]
+            extras = [extras_of[v] for v in versions]
+        last_steps = [] if self._last_step() is not None else None
+        rule = self._rules.start(device_ids, chosen)
+        return PreparedGroup(
+            list(device_ids), versions, chosen, prepared, device, params, extras, clips, rule, last_steps
+        )
+
+    def finish_group(
+        self,
+        group: PreparedGroup,
+        diffs: list[dict[str, np.ndarray]],
+        norms: list[float],
+        last_steps: list[dict] | None,
+    ) -> list[dict[str, np.ndarray]]:
+        """The second half of ``train_group``: the engine's diffs of ``group``'s devices through the rule's finish,
+        privatisation, compression and the reports, in that order (``norms``: their norms before clipping;
+        ``last_steps``: their last-step losses, when a report needs them)."""
+        ids, versions, chosen = group.device_ids, group.versions, group.selections
+        diffs = self._rules.finish(group.rule, ids, chosen, diffs)
+        if group.clips is not None:
+            diffs = [
+                self._privatized(d, c, n, i, v)
+                for d, c, n, i, v in zip(diffs, group.clips, norms, ids, versions, strict=True)
             ]
+        diffs = self._compression.apply(diffs, ids, versions, chosen)
+        steps = last_steps if last_steps is not None else [None] * len(diffs)
+        return [
+            self._with_reports(d, y, last) for d, (_, _, y, _), last in zip(diffs, group.prepared, steps, strict=True)
+        ]

@@ -56,6 +56,8 @@ class ChildView:
         selection_versions: selection id -> the model version its devices train, for the ids in ``selection``.
         awaited: the child's devices whose update the server is waiting for now.
         selection_releases: selection id -> the release it came in, for the ids in ``selection``.
+        releases: the run's releases so far (every child's, not only this one's).
+        ended: the run makes no more releases (its schedule is done, or it stopped).
     """
 
     version: int = 0
@@ -64,6 +66,8 @@ class ChildView:
     selection_versions: dict[int, int] = field(default_factory=dict)
     awaited: tuple[str, ...] = ()
     selection_releases: dict[int, int] = field(default_factory=dict)
+    releases: int = 0
+    ended: bool = False
 
 
 class UpdateApplier:
@@ -242,6 +246,8 @@ class UpdateApplier:
                 {sid: known[sid] for sid in sids},
                 (awaited,) if mine else (),
                 {sid: self._release_of[sid] for sid in sids if sid in self._release_of},
+                self.releases,
+                self._stop or self.schedule.done,
             )
 
     def model(self, version: int) -> dict:

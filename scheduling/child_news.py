@@ -36,6 +36,11 @@ class ChildNews:
         with self._lock:
             self._news.update(self.leaves.child_of(leaf) for leaf in map(self.leaf_of, devices) if leaf is not None)
 
+    def note_leaves(self, leaves: set[str]) -> None:
+        """The children above ``leaves`` have news (a pack's release: ``PackAssessor``)."""
+        with self._lock:
+            self._news.update(self.leaves.child_of(leaf) for leaf in leaves)
+
     def heard(self, child: str) -> None:
         """``child``'s reply is being built from the view as of now: it carries the news."""
         with self._lock:

@@ -12,7 +12,7 @@ from nvflare.apis.shareable import Shareable
 from nvflare.edge.mud import PropKey, StateUpdateReply, StateUpdateReport
 
 from common.packed_maps import pack_map
-from common.protocol import AWAITED, DEVICE_RANGES, MODELS, SELECTION_RELEASES, SELECTION_VERSIONS
+from common.protocol import AWAITED, DEVICE_RANGES, MODELS, RELEASES, SELECTION_RELEASES, SELECTION_VERSIONS
 from scheduling.applier import UpdateApplier
 from scheduling.device_pool import DevicePool
 
@@ -34,11 +34,14 @@ def reply_to(
     report: StateUpdateReport,
     held: set[int],
     model: Callable[[int], dict] | None = None,
+    releases: bool = False,
 ) -> Shareable:
     """What a child whose subtree holds ``leaves`` needs, from the applier's view (``held``: the versions it said
     it holds). The newest model itself travels only when a device of the child trains it; ``model`` gives a
     version as this child is sent it (packed, or a handle of shared memory: ``common.bulk_parent``; default
-    packed). A version the run forgot since the view was taken (its last device's update has come) is left out."""
+    packed). A version the run forgot since the view was taken (its last device's update has come) is left out.
+    ``releases``: a pack's reply also says how many releases the run made and whether it ended (``RELEASES``, from
+    the same view), for the leaves' lock-step (``simulation.leaf_channels.GatewayChannel``)."""
     view = applier.child_view(leaves)
     if not view.version:
         return StateUpdateReply(0, None, 0, None).to_shareable()
@@ -60,4 +63,6 @@ def reply_to(
     reply[AWAITED] = list(view.awaited)
     reply[SELECTION_VERSIONS] = pack_map(versions)
     reply[SELECTION_RELEASES] = pack_map(view.selection_releases)
+    if releases:
+        reply[RELEASES] = [view.releases, view.ended]
     return reply

@@ -33,6 +33,7 @@ from common.protocol import (
     HELD_VERSIONS,
     LEAVES_SEEN,
     MODELS,
+    RELEASES,
     SELECTION_RELEASES,
     SELECTION_SUMS,
     SELECTION_VERSIONS,
@@ -55,6 +56,7 @@ RUN_REPLY_KEYS = (
     AWAITED,
     SELECTION_VERSIONS,
     SELECTION_RELEASES,
+    RELEASES,
 )
 
 
@@ -80,7 +82,7 @@ class PackAssessor(Assessor):
         # every run's pool holds the same devices on the same leaves: run 0's says where a device is
         self.news = ChildNews(self.leaves, lambda device: self.servers[0].schedule.pool.leaf_of(device))
         self.servers = [
-            RunServer(RunOptions(**opts, leaf_timeout=leaf_timeout, run=run), self, self.news.note, self.news.wake_for)
+            RunServer(RunOptions(**opts, leaf_timeout=leaf_timeout, run=run), self, self._released, self.news.wake_for)
             for run, opts in enumerate(runs)
         ]
         self.started = False
@@ -89,6 +91,13 @@ class PackAssessor(Assessor):
         self._waiting_since = time.time()
         self.register_event_handler(EventType.START_RUN, self._start_run)
         self.register_event_handler(EventType.END_RUN, self._end_run)
+
+    def _released(self, devices: list[str]) -> None:
+        """A run released ``devices``: every child has news, not only theirs, since each leaf trains release n of
+        every run together once every run has made it (``RELEASES``): a leaf waiting for this run's release count
+        is woken when the applier next waits."""
+        self.news.note(devices)
+        self.news.note_leaves(self.servers[0].schedule.pool.leaves)
 
     # -- the job's start and end ----------------------------------------------------------------------------------
     def _start_run(self, _event: str, fl_ctx: FLContext) -> None:
@@ -158,7 +167,7 @@ class PackAssessor(Assessor):
                 asked = StateUpdateReport(0, selection_version, None, None)
             else:
                 asked = report
-            part = reply_to(server.applier, leaves, asked, set(section.get(HELD_VERSIONS) or ()))
+            part = reply_to(server.applier, leaves, asked, set(section.get(HELD_VERSIONS) or ()), releases=True)
             if not run:
                 reply = part
             else:

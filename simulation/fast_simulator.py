@@ -13,7 +13,9 @@ not (``use_fast_simulator`` on someone else's recipe). Either way:
   worker. Releases are a function of the schedule, not of when the leaf syncs, so the groups, and the bits of
   every diff, are the same in every run with the same workers; each device still reports its own result. A
   channel that cannot tell releases (NVFlare's edge requests) groups the devices of one selection. In a pack
-  (``docs/packs.md``) a group holds one run's devices: each run's groups are those it has alone;
+  (``docs/packs.md``) on exact time the channel hands out release n of every run together once every run has made
+  it (lock-step, ``GatewayChannel``), and the runs that can share a step train release n in cross-run groups
+  (``processors.pack_trainer``); otherwise a group holds one run's devices;
 * nothing waits on simulated time: the server orders the updates (``scheduling.exact_assessor``). Only the
   real-time mode (``time_scale`` > 0, for load tests) holds each result for its delays x ``time_scale`` wall
   seconds after dispatch, on a timer (``due_timer``) so the worker is freed at once;
@@ -52,21 +54,26 @@ def is_out_of_memory(ex: BaseException) -> bool:
     return "out of memory" in str(ex).lower() or type(ex).__name__ == "OutOfMemoryError"
 
 
-def make_groups(tasks: list[DeviceTask], group_size: int, workers: int = 1) -> list[list[DeviceTask]]:
-    """Tasks of one run and release (else of one run and selection), sorted by (selection, device), cut into groups
-    of at most ``group_size``: the same groups whatever order the tasks came in. A release of several selections
-    (an asynchronous run's pending devices, of several model versions) is cut into at least ``workers`` groups of
-    equal size (as far as it has devices), so every worker trains; one selection is cut as it always was. The
-    runs of a pack (``DeviceTask.run``) never share a group, so each run's groups are its standalone ones."""
+def make_groups(
+    tasks: list[DeviceTask], group_size: int, workers: int = 1, run_classes: dict[int, int] | None = None
+) -> list[list[DeviceTask]]:
+    """Tasks of one run and release (else of one run and selection), sorted by (run, selection, device), cut into
+    groups of at most ``group_size``: the same groups whatever order the tasks came in. A release of several
+    selections (an asynchronous run's pending devices, of several model versions) is cut into at least ``workers``
+    groups of equal size (as far as it has devices), so every worker trains; one selection is cut as it always was.
+    ``run_classes`` (a pack in lock-step, ``GatewayChannel``): run -> the first run it shares a step with; release
+    n of the runs of one class is one release here, cut into cross-run groups. Without it a pack's runs never
+    share a group."""
+    classes = run_classes or {}
     by_key: dict[tuple[int, int, int], list[DeviceTask]] = {}
     for t in tasks:
-        key = (t.run, 0, t.release) if t.release is not None else (t.run, 1, t.selection_id)
+        key = (classes.get(t.run, t.run), 0, t.release) if t.release is not None else (t.run, 1, t.selection_id)
         by_key.setdefault(key, []).append(t)
     groups = []
     for key in sorted(by_key):
-        same = sorted(by_key[key], key=lambda t: (t.selection_id, t.device))
+        same = sorted(by_key[key], key=lambda t: (t.run, t.selection_id, t.device))
         size = group_size
-        if len({t.selection_id for t in same}) > 1:
+        if len({(t.run, t.selection_id) for t in same}) > 1:
             parts = max(math.ceil(len(same) / group_size), min(workers, len(same)))
             size = math.ceil(len(same) / parts)
         groups += [same[i : i + size] for i in range(0, len(same), size)]
@@ -142,7 +149,8 @@ class FastSimulator:
 
     def submit(self, tasks: list[DeviceTask]) -> None:
         """Hand tasks to the worker pool, in groups of one release (or selection) each."""
-        for group in make_groups(tasks, self.group_size, self.num_workers):
+        classes = getattr(self.channel, "run_classes", None)
+        for group in make_groups(tasks, self.group_size, self.num_workers, classes):
             self.worker_pool.submit(self._run_group, group)
 
     # -- training -----------------------------------------------------------------------------------------------

@@ -109,6 +109,11 @@ class GatewayChannel:
     prefix: this leaf's device ids are ``<prefix>#0`` ... ``<prefix>#<num_devices - 1>``.
     num_devices: devices on this leaf.
     run_trainers: in a pack, the trainer of each run after the first (run 0's is ``trainer``).
+    lock_step: in a pack on exact time, hand out release n of every run together, once it is complete (each run
+        has made n releases or ended: ``LeafWork.complete``), and let runs that can share a step train in one
+        group (``run_classes``): the groups, hence every diff's bits, are then a function of the runs' schedules,
+        not of when each run's releases reach the leaf. Off: each run's tasks go out as they come, in groups of
+        their own run.
     """
 
     def __init__(
@@ -118,6 +123,7 @@ class GatewayChannel:
         prefix: str,
         num_devices: int,
         run_trainers: dict[int, WeightsTrainer] | None = None,
+        lock_step: bool = False,
     ):
         self.gateway = gateway
         self.trainer = trainer
@@ -125,6 +131,14 @@ class GatewayChannel:
         self.prefix = prefix
         self.num_devices = num_devices
         self._stamp = -1
+        self.lock_step = lock_step and bool(self.run_trainers)
+        self._waiting: list[DeviceTask] = []  # lock-step: tasks of releases not complete yet
+        # run -> the first run it shares a step with (``processors.pack_trainer.step_classes``); {}: none share
+        self.run_classes: dict[int, int] = {}
+        if self.lock_step:
+            from processors.pack_trainer import step_classes  # torch's import, on a leaf only
+
+            self.run_classes = step_classes({0: trainer, **self.run_trainers})
 
     def open(self, timeout: float) -> bool:
         if self.gateway.register_devices(self.prefix, self.num_devices, timeout):
@@ -136,24 +150,56 @@ class GatewayChannel:
         return False
 
     def next_tasks(self, timeout: float) -> list[DeviceTask] | None:
-        work = self.gateway.take_work(self.prefix, self._stamp, timeout)
+        if not self.lock_step:
+            work = self.gateway.take_work(self.prefix, self._stamp, timeout)
+        else:
+            work = self.gateway.take_work(self.prefix, self._stamp, timeout, 1 + len(self.run_trainers))
         self._stamp = work.stamp
         now = time.time()
-        return [
+        tasks = [
             DeviceTask(t.device, t.selection_id, t.version, work.weights(t), now, release=t.release, run=t.run)
             for t in work.tasks
         ]
+        if not self.lock_step:
+            return tasks
+        self._waiting += tasks
+        complete = work.complete or 0
+        ready = [t for t in self._waiting if t.release is None or t.release <= complete]
+        self._waiting = [t for t in self._waiting if not (t.release is None or t.release <= complete)]
+        return ready
 
     def train(self, tasks: list[DeviceTask]) -> list[dict[str, np.ndarray]]:
-        """Each device from its own version's weights (a release may mix versions), by its run's trainer (the
-        tasks of one call are of one run, ``simulation.fast_simulator.make_groups``); a trainer whose method keeps
-        per-device state also gets the selection ids, the key of that state."""
-        run = tasks[0].run
-        trainer = self.run_trainers[run] if run else self.trainer
-        args = [t.device for t in tasks], [t.payload for t in tasks], [t.version for t in tasks]
-        if getattr(trainer, "rule", ""):
-            return trainer.train_devices(*args, [t.selection_id for t in tasks])
-        return trainer.train_devices(*args)
+        """Each device from its own version's weights (a release may mix versions), by its run's trainer; a
+        trainer whose method keeps per-device state also gets the selection ids, the key of that state. Tasks of
+        several runs (a pack's cross-run group, ``run_classes``) train in one call (``processors.pack_trainer``),
+        each run's devices prepared and finished by its own trainer."""
+        runs = sorted({t.run for t in tasks})
+        if len(runs) == 1:
+            trainer = self._trainer(runs[0])
+            args = [t.device for t in tasks], [t.payload for t in tasks], [t.version for t in tasks]
+            if getattr(trainer, "rule", ""):
+                return trainer.train_devices(*args, [t.selection_id for t in tasks])
+            return trainer.train_devices(*args)
+        parts = []
+        for run in runs:
+            mine = [t for t in tasks if t.run == run]
+            selections = [t.selection_id for t in mine]
+            parts.append(
+                (
+                    self._trainer(run),
+                    [t.device for t in mine],
+                    [t.payload for t in mine],
+                    [t.version for t in mine],
+                    selections,
+                )
+            )
+        from processors.pack_trainer import train_runs  # torch's import, on a leaf only
+
+        diffs = {run: iter(d) for run, d in zip(runs, train_runs(parts), strict=True)}
+        return [next(diffs[t.run]) for t in tasks]
+
+    def _trainer(self, run: int) -> WeightsTrainer:
+        return self.run_trainers[run] if run else self.trainer
 
     def failure(self, task: DeviceTask) -> dict[str, np.ndarray]:
         return {k: np.zeros(np.shape(v), dtype=np.float32) for k, v in task.payload.items()}

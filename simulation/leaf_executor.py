@@ -232,15 +232,17 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
         with self._engine.new_context() as fl_ctx:
             return bool(self.accept_alive_device(f"{prefix}{SpecialDeviceId.MAX_INDICATOR}{count}", fl_ctx))
 
-    def take_work(self, prefix: str, stamp: int, timeout: float) -> LeafWork:
+    def take_work(self, prefix: str, stamp: int, timeout: float, runs: int = 0) -> LeafWork:
         updater = self.updater
         if updater is None:  # no task yet
             self._task_ready.wait(timeout)
-            return LeafWork(stamp)
+            return LeafWork(stamp, complete=0 if runs else None)
         stamp, _ = updater.wait_changed(stamp, timeout)
+        # before the tasks: every task of a release it counts complete is taken below, or was before
+        complete = updater.releases_complete(prefix + SpecialDeviceId.NUM_INDICATOR, runs) if runs else None
         tasks, models = updater.take_tasks(prefix + SpecialDeviceId.NUM_INDICATOR)
         work = LeafWork(
-            stamp, [GatewayTask(d, sid, v, r) for d, sid, v, r in tasks], {v: dxo.data for v, dxo in models.items()}
+            stamp, [GatewayTask(*t) for t in tasks], {v: dxo.data for v, dxo in models.items()}, {}, complete
         )
         for run, (tasks, models) in updater.take_run_tasks(prefix + SpecialDeviceId.NUM_INDICATOR).items():
             work.tasks.extend(GatewayTask(d, sid, v, r, run) for d, sid, v, r in tasks)  # a pack's later runs

@@ -46,12 +46,15 @@ class LeafWork:
         tasks: this leaf's newly selected devices (each handed out once), in device-id order.
         models: model version -> its weights, for every version in ``tasks`` of run 0 (a standalone job's).
         run_models: a pack's later runs: run -> model version -> its weights, for their tasks.
+        complete: in a pack's lock-step (``take_work``'s ``runs``), the highest release whose tasks of every run are
+            all known here, taken before ``tasks`` (``VersionedUpdater.releases_complete``); None otherwise.
     """
 
     stamp: int
     tasks: list[GatewayTask] = field(default_factory=list)
     models: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
     run_models: dict[int, dict[int, dict[str, np.ndarray]]] = field(default_factory=dict)
+    complete: int | None = None
 
     def weights(self, task: GatewayTask) -> dict[str, np.ndarray]:
         """The weights ``task`` trains from (its run's version)."""
@@ -79,9 +82,10 @@ class LeafGateway(Protocol):
         the leaf has the job's task (waiting up to ``timeout`` seconds for it); False if it never came."""
         ...
 
-    def take_work(self, prefix: str, stamp: int, timeout: float) -> LeafWork:
+    def take_work(self, prefix: str, stamp: int, timeout: float, runs: int = 0) -> LeafWork:
         """Wait until the leaf's state differs from ``stamp`` (or ``timeout`` seconds pass), then hand out the tasks
-        of the devices of ``prefix`` selected and not handed out yet (possibly none)."""
+        of the devices of ``prefix`` selected and not handed out yet (possibly none); ``runs``: a pack's runs, in
+        lock-step (the work's ``complete``), 0 otherwise."""
         ...
 
     def report(self, results: list[DeviceResult]) -> None:

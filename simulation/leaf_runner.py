@@ -194,7 +194,11 @@ class FastDeviceRunner(TPORunner):
         if isinstance(gateway, LeafGateway) and isinstance(self.tpo, WeightsTrainer):
             engine = fl_ctx.get_engine()
             runs = {run: engine.get_component(pid) for run, pid in enumerate(self.run_processor_ids, start=1)}
-            return GatewayChannel(gateway, self.tpo, prefix, self.num_devices, run_trainers=runs or None)
+            # a pack on exact time trains in lock-step, its runs in shared groups (``docs/packs.md``)
+            lock_step = bool(runs) and self.time_scale <= 0
+            return GatewayChannel(
+                gateway, self.tpo, prefix, self.num_devices, run_trainers=runs or None, lock_step=lock_step
+            )
         trainer = self.tpo if isinstance(self.tpo, GroupTrainer) else None
         factory = PhoneFactory() if trainer is not None else TPODeviceFactory(self.tpo)
         return EdgeRequestChannel(job_name, factory, prefix, self.num_devices, trainer)

@@ -14,7 +14,7 @@ from nvflare.edge.mud import PropKey
 
 from common.packed_maps import pack_map, unpacked_map
 from common.packed_weights import pack, unpack
-from common.protocol import AWAITED, HELD_VERSIONS, MODELS, SELECTION_RELEASES, SELECTION_VERSIONS
+from common.protocol import AWAITED, HELD_VERSIONS, MODELS, RELEASES, SELECTION_RELEASES, SELECTION_VERSIONS
 
 
 def weights_dxo(version: int, weights: dict) -> DXO:
@@ -22,6 +22,23 @@ def weights_dxo(version: int, weights: dict) -> DXO:
     dxo = DXO(DataKind.WEIGHTS, data=weights)
     dxo.set_meta_prop(MsgKey.MODEL_VERSION, version)
     return dxo
+
+
+def first_missing(
+    prefix: str,
+    selection: dict[str, int],
+    fetched: set,
+    versions: dict[int, int],
+    releases: dict[int, int],
+    models: dict,
+) -> float:
+    """The lowest release of ``prefix``'s selected devices not handed out yet whose model is not here yet (inf:
+    none): the lock-step waits for it (``releases_complete``)."""
+    lowest = float("inf")
+    for device, sid in selection.items():
+        if device.startswith(prefix) and (device, sid) not in fetched and versions.get(sid) not in models:
+            lowest = min(lowest, releases.get(sid, 0))
+    return lowest
 
 
 def tasks_of(
@@ -59,6 +76,7 @@ class RunTables:
         self.selection_releases: dict[int, int] = {}
         self.fetched: set[tuple[str, int]] = set()
         self.awaited: set[str] = set()
+        self.releases: tuple[int, bool] | None = None  # the run's releases so far and whether it ended (``RELEASES``)
 
     def take(self, section: dict) -> bool:
         """Take the parent's word on this run (its section of a reply); True if the selection or models changed."""
@@ -75,6 +93,9 @@ class RunTables:
         if SELECTION_RELEASES in section:
             self.selection_releases = dict(unpacked_map(section[SELECTION_RELEASES]))
         self.awaited = set(section.get(AWAITED) or ())
+        if RELEASES in section and tuple(section[RELEASES]) != self.releases:
+            self.releases = (int(section[RELEASES][0]), bool(section[RELEASES][1]))
+            changed = True
         self.fetched.intersection_update(self.selection.items())
         keep = {self.selection_versions[s] for s in set(self.selection.values()) if s in self.selection_versions}
         self.models = {v: m for v, m in self.models.items() if v in keep}
@@ -96,4 +117,6 @@ class RunTables:
         out[AWAITED] = sorted(self.awaited)
         out[SELECTION_VERSIONS] = pack_map(self.selection_versions)
         out[SELECTION_RELEASES] = pack_map(self.selection_releases)
+        if self.releases is not None:
+            out[RELEASES] = list(self.releases)
         return out

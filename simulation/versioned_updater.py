@@ -63,6 +63,7 @@ from common.protocol import (
     LEAVES_SEEN,
     LOCAL_REPORT,
     MODELS,
+    RELEASES,
     RUN_SECTIONS,
     SELECTION_RELEASES,
     SELECTION_SUMS,
@@ -74,7 +75,7 @@ from common.protocol import (
 )
 from simulation.bulk_link import LeafBulk, wire_bytes
 from simulation.bulk_relay import RelayBulk
-from simulation.run_tables import RunTables, tasks_of, weights_dxo
+from simulation.run_tables import RunTables, first_missing, tasks_of, weights_dxo
 from simulation.sync_times import SyncTimes
 
 # a sync carries at most this many bytes of diffs (more go up in the next sync, at once): a message past glibc's
@@ -141,6 +142,7 @@ class VersionedUpdater(Updater):
         self._leaf_reports: dict[str, list] = {}  # to send up: leaf -> its report lines
         self.syncs = SyncTimes()  # each sync's round trip, summed up in the log at the task's end
         self.runs: dict[int, RunTables] = {}  # a pack's runs after the first (run 0's is the state itself)
+        self.releases: tuple[int, bool] | None = None  # run 0's releases so far and whether it ended (a pack's)
 
     # -- state --------------------------------------------------------------------------------------------------
     def start_task(self, task_data: Shareable, fl_ctx: FLContext):
@@ -266,6 +268,9 @@ class VersionedUpdater(Updater):
             if SELECTION_RELEASES in reply:
                 self._selection_releases = dict(unpacked_map(reply[SELECTION_RELEASES]))
             self.awaited = set(reply.get(AWAITED) or ())
+            if RELEASES in reply and tuple(reply[RELEASES]) != self.releases:
+                self.releases = (int(reply[RELEASES][0]), bool(reply[RELEASES][1]))
+                changed = True
             for run, section in sections_of(reply).items():
                 if run:
                     changed = self.runs.setdefault(run, RunTables()).take(section) or changed
@@ -332,6 +337,41 @@ class VersionedUpdater(Updater):
                 self._models,
             )
             return tasks, {t[2]: self._models[t[2]] for t in tasks}
+
+    def releases_complete(self, prefix: str, runs: int) -> int:
+        """In a pack of ``runs`` runs, the highest release n such that ``prefix``'s tasks of release n or earlier are
+        all known here, of every run: each run has made n releases (``RELEASES``) or ended, and none of its
+        selected devices of such a release still waits for its model. The leaf trains release n of every run
+        together once it is complete (``simulation.leaf_channels.GatewayChannel``); 0: none yet."""
+        with self._lock:
+            state = self.current_state
+            if state is None:
+                return 0
+            tables = [
+                (
+                    self.releases,
+                    state.device_selection,
+                    self._fetched,
+                    self._selection_versions,
+                    self._selection_releases,
+                    self._models,
+                )
+            ]
+            for run in range(1, runs):
+                t = self.runs.get(run)
+                if t is None:
+                    return 0
+                tables.append(
+                    (t.releases, t.selection, t.fetched, t.selection_versions, t.selection_releases, t.models)
+                )
+            bound = float("inf")
+            for releases, *rest in tables:
+                if releases is None:
+                    return 0
+                if not releases[1]:
+                    bound = min(bound, releases[0])
+                bound = min(bound, first_missing(prefix, *rest) - 1)
+            return int(min(bound, 2**62))
 
     def take_run_tasks(self, prefix: str) -> dict[int, tuple[list[tuple[str, int, int, int | None]], dict[int, DXO]]]:
         """``take_tasks`` for each of a pack's later runs: run -> (its tasks, their versions' models); runs with
@@ -417,6 +457,8 @@ class VersionedUpdater(Updater):
         reply[SELECTION_VERSIONS] = pack_map(self._selection_versions)
         if self._selection_releases:
             reply[SELECTION_RELEASES] = pack_map(self._selection_releases)
+        if self.releases is not None:
+            reply[RELEASES] = list(self.releases)
         return reply
 
     def end_task(self, fl_ctx: FLContext) -> None:

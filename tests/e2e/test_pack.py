@@ -9,14 +9,19 @@ cannot do both of (``jobs.pack_check``'s refusal).
 
 * Each run's ``events.jsonl`` equals its standalone run's, line for line: each run has its own schedule and
   applier (``scheduling.run_server``), so its trace is its standalone trace whatever the other run does.
-* Each run's model and accuracies equal its standalone run's bit for bit: the runs of a pack train in groups of
-  their own run and release (``simulation.fast_simulator.make_groups``; cross-run groups are step 4, and will need
-  a tolerance), each run's devices from its own run's weights of a version (``processors.compute_context``'s cache
-  is keyed by the run's processor: run 1's version 2 is not run 0's), each run's leaf sums of its own selections
-  (FedAvg: ``simulation.versioned_updater``'s buckets keyed by run), each run's strategy with its own seed and state
-  (FedRevive's teachers, generator and pool) in its own global model.
-* FedRevive's ``fedrevive_log.jsonl``, written by each run's strategy into its run's results folder, equals its
-  standalone run's (but the wall-clock fields, ``fedrevive.config.LOG_WALL_CLOCK``), distillation included.
+* Each run's accuracies equal its standalone run's within ``ACCURACY_TOLERANCE``: release n of both runs trains in
+  one cross-run group (``processors.pack_trainer``, lock-step by release), and a device's diff there equals its
+  standalone group's only up to floating-point summation order (1e-5 on a diff, tests/processors/
+  test_pack_trainer.py), so the models differ in their last bits and an accuracy may flip a test sample or two;
+  the tolerance is a few test samples, far below what a wrong start (another run's weights) or a lost update moves.
+  Each run's devices train from their own run's weights (``processors.compute_context``'s cache is keyed by the
+  run's processor: run 1's version 2 is not run 0's), each run's leaf sums its own selections (FedAvg), each run's
+  strategy keeps its own seed and state (FedRevive's teachers, generator and pool) in its own global model.
+* FedRevive's ``fedrevive_log.jsonl``, written by each run's strategy into its run's results folder, has its
+  standalone run's phases and versions (but the wall-clock fields), distillation included.
+* Two runs of the same pack (the job script's and the API's) are bit for bit the same: each leaf trains release n
+  of every run together once every run has made it, so the groups are a function of the schedules, not of when
+  each run's releases reach a leaf.
 
 A method's pack and its two standalone jobs run at once (their results do not depend on it): three jobs a method.
 """
@@ -58,6 +63,8 @@ API_OPTIONS = {
 }  # fmt: skip
 """FedBuff's flags (``SMALL`` and ``METHODS["fedbuff"]``) as ``jobs.api.run``'s options."""
 SEEDS = (3, 4)
+# accuracies of a run in a pack against alone: a few of the small run's test samples (see the module docstring)
+ACCURACY_TOLERANCE = 0.03
 
 
 def run(args: list[str]) -> str:
@@ -165,9 +172,12 @@ def test_the_api_runs_the_same_pack_and_returns_each_seeds_result_and_mean_and_s
     assert (got["mean"], got["std"]) == (statistics.mean(finals), statistics.stdev(finals))
     printed = out.splitlines()[-2]  # the same table as the job script's
     assert printed == packed[1].splitlines()[-1]
-    for seed in SEEDS:  # the API's pack is the job script's: the same schedules
+    for seed in SEEDS:  # the API's pack is the job script's: the same schedules, and the same bits (lock-step)
         mine = (tmp_path / f"seed-{seed}" / "events.jsonl").read_text()
         assert mine == (packed[0] / f"seed-{seed}" / "events.jsonl").read_text()
+        assert digest(tmp_path / f"seed-{seed}" / "global_model.pt") == digest(
+            packed[0] / f"seed-{seed}" / "global_model.pt"
+        )
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -182,16 +192,20 @@ def test_each_runs_events_equal_its_standalone_runs_line_for_line(runs, seed):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_each_runs_model_accuracies_and_log_are_its_standalone_runs_bit_for_bit(runs, seed):
+def test_each_runs_accuracies_and_log_are_its_standalone_runs_to_summation_order(runs, seed):
     method, folders = runs
     packed, alone = folders[seed]
     assert len({a for _, a in curve(alone)}) > 1  # the model learns
-    assert curve(packed) == curve(alone)
-    assert digest(packed / "global_model.pt") == digest(alone / "global_model.pt")
+    mine, theirs = curve(packed), curve(alone)
+    assert [v for v, _ in mine] == [v for v, _ in theirs]
+    gap = max(abs(a - b) for (_, a), (_, b) in zip(mine, theirs, strict=True))
+    print(f"{method} seed {seed}: largest accuracy gap to its standalone run {gap:.4f}")
+    assert gap <= ACCURACY_TOLERANCE
     if method == "fedrevive":  # its strategy's own log, in its run's folder, distillation and revival included
         log = fedrevive_log(packed)
         assert len(log) == METHODS[method][1] and any(r["phase"] == "distill" and r["beta"] > 0 for r in log)
-        assert log == fedrevive_log(alone)
+        keys = ("client_id", "tau", "phase")  # what the schedule decides; its losses and beta move with the model
+        assert [[r[k] for k in keys] for r in log] == [[r[k] for k in keys] for r in fedrevive_log(alone)]
 
 
 def test_each_packed_run_writes_its_own_tensorboard_curve_as_its_standalone_run_does(runs):

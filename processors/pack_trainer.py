@@ -1,0 +1,107 @@
+"""A pack's cross-run groups: devices of several runs (``docs/packs.md``) trained in one vectorised call.
+
+Each run of a pack has its own ``TrainingTaskProcessor`` (its data, seed, objective, rules, compression, privacy).
+Devices of runs whose settings can share a step (``processors.step_groups``) train together: each run's processor
+prepares its own devices (``prepare_group``: its data and generators, start weights converted from its OWN run's
+versions, keyed by that processor, since the runs number their versions alike), the engine's ``train_group`` runs
+once with each device's learning rate and batched objective settings, and each run gets its devices' diffs back
+for its own finishing steps (``finish_group``: the rule's finish, privatisation, compression, reports). A device's
+diff equals its own run's group's up to floating-point summation order (the engine's stated tolerance).
+
+``step_classes`` says which runs share: runs of equal step settings, no training rule (its state is one run's and
+its hooks one object), the same privacy switch (it sets the compute context) and the same dataset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from processors.step_groups import DeviceSettings, step_groups
+from processors.training_vectorized import train_group
+
+
+def _settings(trainer: Any) -> DeviceSettings | None:
+    """A trainer's step settings, or None when it cannot train beside another run (not ours, or with a rule)."""
+    if not hasattr(trainer, "prepare_group") or getattr(trainer, "rule", ""):
+        return None
+    return DeviceSettings(trainer._training, trainer.objective, trainer.objective_args)
+
+
+def step_classes(trainers: Mapping[int, Any]) -> dict[int, int]:
+    """run -> the lowest run whose devices share its step (itself when none does): runs of one class train in one
+    vectorised call (``train_runs``)."""
+    runs = sorted(trainers)
+    classes = {run: run for run in runs}
+    shareable = [run for run in runs if _settings(trainers[run]) is not None]
+    by_kind: dict[tuple, list[int]] = {}
+    for run in shareable:
+        t = trainers[run]
+        by_kind.setdefault((t._data.dataset, t.privacy is not None, t.profile), []).append(run)
+    for members in by_kind.values():
+        for group in step_groups([_settings(trainers[run]) for run in members]):
+            first = members[group.devices[0]]
+            for i in group.devices:
+                classes[members[i]] = first
+    return classes
+
+
+def train_runs(
+    parts: Sequence[tuple[Any, list[str], list[dict], list[int], list[int] | None]],
+) -> list[list[dict[str, np.ndarray]]]:
+    """Train every run's devices of ``parts`` (each: its run's processor, device ids, each device's weights, its
+    version, its selection ids or None) in one vectorised call; each part's diffs, finished by its own processor,
+    in order. The runs must be of one ``step_classes`` class."""
+    first = parts[0][0]
+    with first._compute_context():
+        groups = [trainer.prepare_group(ids, weights, versions, sel) for trainer, ids, weights, versions, sel in parts]
+        sizes = [len(g.device_ids) for g in groups]
+        params: list = []
+        extras: list = []
+        for g, k in zip(groups, sizes, strict=True):
+            params += [g.params] * k if isinstance(g.params, dict) else list(g.params)
+            extras += [g.extras] * k if isinstance(g.extras, dict) else list(g.extras)
+        if len({tuple(sorted(e)) for e in extras}) > 1:
+            raise ValueError("the runs' devices carry different extras: they cannot share a step")
+        clips = [c for g in groups for c in g.clips] if groups[0].clips is not None else None
+        wants_steps = any(g.last_steps is not None for g in groups)
+        last_steps: list[dict] | None = [] if wants_steps else None
+        lrs = [trainer._training.local_lr for (trainer, *_), k in zip(parts, sizes, strict=True) for _ in range(k)]
+        batched = tuple(getattr(first._objective, "batched", ())) if first._objective is not None else ()
+        values = (
+            [
+                {n: float(trainer.objective_args[n]) for n in batched}
+                for (trainer, *_), k in zip(parts, sizes, strict=True)
+                for _ in range(k)
+            ]
+            if batched
+            else None
+        )
+        norms: list[float] = []
+        diffs = train_group(
+            first._training.model,
+            params,
+            [(x, y) for g in groups for _, x, y, _ in g.prepared],
+            first._training,
+            [gen for g in groups for *_, gen in g.prepared],
+            groups[0].device,
+            first._settings.pinned_streams,
+            first._input_prep(),
+            first._objective,
+            extras,
+            last_steps,
+            None,
+            clips,
+            norms,
+            lrs,
+            values,
+        )
+        out = []
+        at = 0
+        for (trainer, *_), g, k in zip(parts, groups, sizes, strict=True):
+            steps = last_steps[at : at + k] if last_steps is not None and g.last_steps is not None else None
+            out.append(trainer.finish_group(g, diffs[at : at + k], norms[at : at + k], steps))
+            at += k
+        return out
