@@ -224,6 +224,23 @@ def config_from_args(args: argparse.Namespace, method: str, presets: bool = Fals
     return checked_config(method, options_of(args, method), presets=presets)
 
 
+def seeds_from_args(
+    parser: argparse.ArgumentParser,
+    argv: list[str],
+    args: argparse.Namespace,
+    method: str,
+    presets: bool = False,
+    announce=None,
+) -> list[JobConfig]:
+    """A job script's ``--seeds``: one resolved config per seed (``jobs.seeds.seed_configs``), every check made
+    before any process starts. The default ``--seed`` is left out of the options; a written one is refused beside
+    ``--seeds``. Raises ``ConfigError`` naming the fix."""
+    options = options_of(args, method)
+    written = given_flags(parser, argv)
+    options = {k: v for k, v in options.items() if k != "seed" or k in written}
+    return seed_configs(method, options, args.seeds, presets=presets, announce=announce)
+
+
 def _run_seeds(cfgs: list[JobConfig], verbose: bool) -> int:
     """Run a pack of seeds (``jobs.seeds``) and print each seed's result and their mean +- std."""
     startup_gc.resume()  # the pack's modules load now (a job script paused it: common.startup_gc)
@@ -250,14 +267,12 @@ def job_main(description: str, argv: list[str] | None, method: str | None = None
     args = parser.parse_args(argv)
     chosen = method or args.method
     try:
-        options = options_of(argparse.Namespace(**vars(args), **(hidden or {})), chosen)
-        written = given_flags(parser, argv)
+        full = argparse.Namespace(**vars(args), **(hidden or {}))
         if args.seeds is not None:  # one pack of seeds (jobs.seeds): every check before any process starts
-            options = {k: v for k, v in options.items() if k != "seed" or k in written}  # --seed: refused if given
-            cfgs = seed_configs(chosen, options, args.seeds, presets=method is None, announce=print)
+            cfgs = seeds_from_args(parser, argv, full, chosen, presets=method is None, announce=print)
         else:  # with --resume: the saved run's config, with the flags written on the command line that are harmless
-            given = written if args.resume else None
-            cfgs = [build_config(chosen, options, presets=method is None, given=given, announce=print)]
+            given = given_flags(parser, argv) if args.resume else None
+            cfgs = [build_config(chosen, options_of(full, chosen), presets=method is None, given=given, announce=print)]
     except ConfigError as ex:
         parser.error(str(ex))
     if args.seeds is not None:

@@ -33,9 +33,7 @@ def pack_sizes(runs: int, pack: int | None) -> list[int]:
 def seeds_refusal(flags: dict, seeds: list[int], output: str) -> str | None:
     """Why the job script's ``--seeds`` would refuse these seeds of one run's ``flags`` (without ``seed``), in one
     line; None when they can share one job. Built as ``jobs.cli.job_main`` builds them: no file is written."""
-    from common.config_flags import given_flags
-    from jobs.cli import build_parser, options_of
-    from jobs.seeds import seed_configs
+    from jobs.cli import build_parser, seeds_from_args
 
     parser = build_parser("", method_choice=True, seeds=True)
     argv = [*flag_args(flags), "--seeds", ",".join(map(str, seeds)), "--output", output]
@@ -46,10 +44,7 @@ def seeds_refusal(flags: dict, seeds: list[int], output: str) -> str | None:
     parser.error = refuse  # one line, raised here rather than printed with a usage block
     try:
         args = parser.parse_args(argv)
-        options = options_of(args, args.method)
-        written = given_flags(parser, argv)
-        options = {k: v for k, v in options.items() if k != "seed" or k in written}
-        seed_configs(args.method, options, args.seeds, presets=True)
+        seeds_from_args(parser, argv, args, args.method, presets=True)
     except ConfigError as ex:
         return str(ex)
     return None
