@@ -297,3 +297,34 @@ def test_the_docstring_path_check_catches_a_missing_file(tmp_path):
         '"""Measured by ``benchmarks/null_trainer.py``; see benchmarks/bench_engine.py."""\n'
     )
     assert stale_docstring_paths(str(tmp_path)) == ["jobs/api.py: benchmarks/null_trainer.py does not exist"]
+
+
+CONFLICT = re.compile(r"^(?:> )?(?:<{7}|>{7})(?: |$)|^(?:> )?={7}$", re.M)
+
+
+def conflict_markers(text: str) -> list[int]:
+    """The line numbers of a merge's conflict markers (``<<<<<<< HEAD``, ``=======``, ``>>>>>>> branch``), quoted in
+    a block quote or not."""
+    return [text.count("\n", 0, m.start()) + 1 for m in CONFLICT.finditer(text)]
+
+
+def test_no_tracked_file_holds_a_merge_conflict_marker():
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    found = {}
+    for name in tracked:
+        if not name.endswith((".py", ".md", ".sh", ".toml", ".yaml", ".yml", ".cfg", ".txt")):
+            continue
+        with open(os.path.join(REPO, name), encoding="utf-8", errors="replace") as f:
+            lines = conflict_markers(f.read())
+        if lines:
+            found[name] = lines
+    assert not found, f"merge conflict markers left in: {found}"
+
+
+def test_the_conflict_check_catches_markers_quoted_or_not():
+    text = "a\n<<<<<<< HEAD\nb\n=======\nc\n>>>>>>> crossrun\n> <<<<<<< HEAD\n"
+    assert conflict_markers(text) == [2, 4, 6, 7]
+    assert conflict_markers("a heading\n=======\n") == [2]  # a setext underline of 7 is refused too: use #
+    assert conflict_markers("=========\n<<<<<<<<\n") == []
