@@ -182,3 +182,18 @@ def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
             if any(arg == option or arg.startswith(option + "=") for arg in argv):
                 given.add(action.dest)
     return given
+
+
+def flag_args(flags: dict) -> list[str]:
+    """Flags as command-line words: ``True`` an on switch, ``False`` its ``--no-`` form, a list comma-joined."""
+    words = []
+    for name, value in flags.items():
+        if value is True:
+            words.append(f"--{name}")
+        elif value is False:
+            words.append(f"--no-{name}")
+        elif isinstance(value, (list, tuple)):
+            words += [f"--{name}", ",".join(str(v) for v in value)]
+        else:  # repr of a float is the shortest text that reads back as the same float: the command is exact
+            words += [f"--{name}", repr(value) if isinstance(value, float) else str(value)]
+    return words

@@ -311,7 +311,8 @@ def sections_of(message: Mapping) -> dict[int, Mapping]:
 
 
 # fired by the server's assessor when it ends the run; fl_ctx[RUN_OUTCOME] is {"status", "reason", "version",
-# "sim_seconds"} with status "completed" (the last version, or the time budget) or "stopped" (the reason says why)
+# "sim_seconds"} with status "completed" (the last version, or the time budget), "stopped" (the reason says why) or
+# "pruned" (one run of a pack ended on request: scheduling.pack_assessor)
 RUN_OUTCOME = "edgesim.run_outcome"
 
 # fired by the server's assessor at START_RUN when it resumes from a checkpoint; fl_ctx[RUN_RESUMED] is the

@@ -37,6 +37,9 @@ NVFLARE = "nvflare"  # a folder: NVFlare's workspace of each attempt (jobs.run.o
 # the server's sign of life while it works after the outcome (common.heartbeat); read by the driver's watchdog and
 # removed by the driver once the job has ended, so it is no result of the run
 HEARTBEAT = "working.json"
+# a request to end one run of a pack early, with its reason (jobs.sweep.pack writes it when the sweep prunes a trial
+# whose pack goes on; scheduling.pack_assessor reads it and ends that run ``pruned``); an input, cleared by a new run
+STOP_REQUEST = "stop_request.json"
 
 # --dry-run writes the trace and its figures only
 TIMELINE = "timeline.json"  # scheduling.timeline

@@ -22,6 +22,7 @@ from common.delays import DELAY_PRESET_ORIGINS, DELAY_PRESETS, TRANSFER_FIELDS, 
 from jobs.build import build_config, checked_config, option_names
 from jobs.config import PARTS, FederationConfig, JobConfig
 from jobs.methods import BUILT_IN, Method, method_of
+from jobs.pack_runs import RUNS_HELP, run_configs, run_runs, runs_table
 from jobs.seeds import SEEDS_HELP, run_seeds, seed_configs, seeds_table
 from processors.model_names import PRESET_FIELDS as MODEL_PRESET_FIELDS
 from processors.training_config import TrainingConfig
@@ -132,6 +133,8 @@ EXTRAS: dict[str, dict[str, list[Extra]]] = {
 
 SEEDS: Extra = (["--seeds"], {"default": None, "metavar": "S1,S2,..", "help": SEEDS_HELP})
 """The job scripts' ``--seeds`` (``jobs.seeds``: a pack of seeds; ``jobs.api.run``'s ``seeds``), after ``--seed``."""
+RUNS: Extra = (["--runs"], {"default": None, "metavar": "FILE", "help": RUNS_HELP})
+"""The job scripts' ``--runs`` (``jobs.pack_runs``: a pack of runs of different flags), after ``--seeds``."""
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -179,13 +182,13 @@ def add_method_choice(parser: argparse.ArgumentParser) -> None:
 
 def build_parser(description: str, method_choice: bool = False, seeds: bool = False) -> JobArgumentParser:
     """Every job flag; ``method_choice`` adds ``--method`` (with presets) and the ``--fr-*`` FedRevive flags,
-    ``seeds`` the job scripts' ``--seeds`` (``SEEDS``)."""
+    ``seeds`` the job scripts' ``--seeds`` and ``--runs`` (``SEEDS``, ``RUNS``)."""
     p = JobArgumentParser(description=plain_description(description), formatter_class=HelpFormatter)
     for part, title in GROUPS.items():
         flags = _federation_flags(method_choice) if part == "federation" else FLAGS[part]
         extras = EXTRAS.get(part)
         if seeds and part == "run":
-            extras = extras | {"seed": [SEEDS]}
+            extras = extras | {"seed": [SEEDS, RUNS]}
         add_dataclass_flags(p.add_argument_group(title), PARTS[part], flags=flags, extras=extras)
     if method_choice:
         add_method_choice(p)
@@ -249,6 +252,31 @@ def _run_seeds(cfgs: list[JobConfig], verbose: bool) -> int:
     return result.exit_code
 
 
+def _run_runs(cfgs: list[JobConfig], verbose: bool) -> int:
+    """Run a pack of runs of different flags (``jobs.pack_runs``) and print each run's result."""
+    startup_gc.resume()
+    code, results = run_runs(cfgs, verbose=verbose)
+    print(runs_table(results))
+    return code
+
+
+def raising_parse(parser: argparse.ArgumentParser, hidden: dict | None = None):
+    """``parser.parse_args`` (with ``hidden``'s options added) that raises ``ConfigError`` on a bad command line
+    instead of exiting, so the caller can say which of several command lines it was."""
+
+    def parse(words: list[str]) -> argparse.Namespace:
+        def refuse(message: str) -> typing.NoReturn:
+            raise ConfigError(message)
+
+        parser.error = refuse
+        try:
+            return argparse.Namespace(**vars(parser.parse_args(words)), **(hidden or {}))
+        finally:
+            del parser.error
+
+    return parse
+
+
 def job_main(description: str, argv: list[str] | None, method: str | None = None, hidden: dict | None = None) -> int:
     """An entry point: parse, build (or, with ``--resume``, recover) the config, run. ``method`` None: the
     ``--method`` flag chooses, and the method's presets apply. ``hidden``: options without a flag (a benchmark's
@@ -268,8 +296,17 @@ def job_main(description: str, argv: list[str] | None, method: str | None = None
     chosen = method or args.method
     try:
         full = argparse.Namespace(**vars(args), **(hidden or {}))
+        if args.seeds is not None and args.runs is not None:
+            raise ConfigError("--seeds with --runs: give each run its seed in the --runs file, or drop --runs")
         if args.seeds is not None:  # one pack of seeds (jobs.seeds): every check before any process starts
             cfgs = seeds_from_args(parser, argv, full, chosen, presets=method is None, announce=print)
+        elif args.runs is not None:  # one pack of runs of different flags (jobs.pack_runs)
+            parse = raising_parse(parser, hidden)
+
+            def resolve(a: argparse.Namespace) -> tuple[str, dict]:  # each run may choose its own --method
+                return (method or a.method), options_of(a, method or a.method)
+
+            cfgs = run_configs(parse, resolve, argv, args.runs, presets=method is None, announce=print)
         else:  # with --resume: the saved run's config, with the flags written on the command line that are harmless
             given = given_flags(parser, argv) if args.resume else None
             cfgs = [build_config(chosen, options_of(full, chosen), presets=method is None, given=given, announce=print)]
@@ -277,6 +314,8 @@ def job_main(description: str, argv: list[str] | None, method: str | None = None
         parser.error(str(ex))
     if args.seeds is not None:
         return _run_seeds(cfgs, args.verbose)
+    if args.runs is not None:
+        return _run_runs(cfgs, args.verbose)
     # torch and NVFlare's job API come with the driver: --help and a refused flag answer before importing them
     from jobs.run.driver import run
 

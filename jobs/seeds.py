@@ -137,16 +137,24 @@ class SeedsResult:
         return values if len(values) >= 2 and None not in values else None
 
 
-def run_seeds(cfgs: list[JobConfig], verbose: bool = False) -> SeedsResult:
-    """Run ``seed_configs``' configs as one job and read back each seed's results."""
+def run_pack_results(cfgs: list[JobConfig], verbose: bool = False) -> tuple[int, list[RunResult]]:
+    """Run resolved configs as one job and read back each run's results: the pack's exit code and each run's
+    ``RunResult``, its exit code the one its run alone would give (``seed_exit_code``), in the configs' order."""
     from jobs.run.pack import run_pack  # torch and NVFlare's job API: after every check
     from jobs.run.results import RunResult, read_metrics
 
     code = run_pack(cfgs, verbose=verbose)
-    runs = {}
+    results = []
     for c in cfgs:
         metrics = read_metrics(c.output_dir)
-        runs[c.run.seed] = RunResult(seed_exit_code(code, metrics), c.output_dir, metrics)
+        results.append(RunResult(seed_exit_code(code, metrics), c.output_dir, metrics))
+    return code, results
+
+
+def run_seeds(cfgs: list[JobConfig], verbose: bool = False) -> SeedsResult:
+    """Run ``seed_configs``' configs as one job and read back each seed's results."""
+    _, results = run_pack_results(cfgs, verbose=verbose)
+    runs = {c.run.seed: r for c, r in zip(cfgs, results, strict=True)}
     return SeedsResult(max(r.exit_code for r in runs.values()), os.path.dirname(cfgs[0].output_dir), runs)
 
 
@@ -167,11 +175,8 @@ def mean_std(values: list[float]) -> str:
 def seeds_table(result: SeedsResult) -> str:
     """Each seed's final accuracy, versions evaluated, outcome and folder, then the mean +- std of the final
     accuracies."""
-    rows = [f"{'seed':<6} {'final accuracy':<15} {'evaluated':<9} {'outcome':<12} results"]
-    for seed, r in result.runs.items():
-        accuracy = f"{r.final_accuracy:.4f}" if r.final_accuracy is not None else "-"
-        outcome = (r.outcome or {}).get("status") or ("no metrics.json" if not r.metrics else "-")
-        rows.append(f"{seed:<6} {accuracy:<15} {len(r.accuracies):<9} {outcome:<12} {r.output}")
+    rows = [result_row("seed", "final accuracy", "evaluated", "outcome", "results", width=6)]
+    rows += [result_line(str(seed), r, width=6) for seed, r in result.runs.items()]
     values = [a for a in result.final_accuracies.values() if a is not None]
     if result.mean is not None:
         rows.append(f"final accuracy, mean +- std over {len(values)} seeds: {mean_std(values)}")
@@ -179,3 +184,15 @@ def seeds_table(result: SeedsResult) -> str:
         missing = ", ".join(str(s) for s, a in result.final_accuracies.items() if a is None)
         rows.append(f"final accuracy: no mean +- std (seed(s) {missing} evaluated no version)")
     return "\n".join(rows)
+
+
+def result_row(label: str, accuracy: str, evaluated: str, outcome: str, folder: str, width: int) -> str:
+    """One row of a pack's table (``seeds_table``, ``jobs.pack_runs.runs_table``): the run's label in ``width``."""
+    return f"{label:<{width}} {accuracy:<15} {evaluated:<9} {outcome:<12} {folder}"
+
+
+def result_line(label: str, r: RunResult, width: int) -> str:
+    """A run's row: its final accuracy, versions evaluated, outcome (or why none) and results folder."""
+    accuracy = f"{r.final_accuracy:.4f}" if r.final_accuracy is not None else "-"
+    outcome = (r.outcome or {}).get("status") or ("no metrics.json" if not r.metrics else "-")
+    return result_row(label, accuracy, str(len(r.accuracies)), outcome, r.output, width)

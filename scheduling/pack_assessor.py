@@ -7,15 +7,18 @@ parts go to their runs (``common.protocol``: an update names its run; run 1's an
 selection version travel in their sections), and the reply carries each run's part from that run's applier, run 0's
 where a standalone job's is. Each run's applier applies its own updates in its own arrival order, so each run's
 trace is its standalone trace whatever the others do. The job ends when every run has ended; a lost leaf
-(``--on-leaf-loss stop``) or devices that never all registered end every run.
+(``--on-leaf-loss stop``) or devices that never all registered end every run. One run ends early, the others
+going on, when a ``STOP_REQUEST`` file appears in its results folder (a sweep pruning one trial of a pack).
 
 Not yet here (``docs/packs.md``, "Order of work"): the bulk links (a pack's versions and diffs travel on NVFlare's
-wire), ``--on-leaf-loss continue``, real devices, runs joining or leaving a running job, and the per-run components
+wire), ``--on-leaf-loss continue``, real devices, runs joining a running job, and the per-run components
 and recipe that make a pack a job a user can run.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 
@@ -42,6 +45,7 @@ from common.protocol import (
     run_section,
     sections_of,
 )
+from common.result_files import STOP_REQUEST
 from scheduling.child_intake import SETTLE_SECONDS
 from scheduling.child_news import ChildNews
 from scheduling.child_reply import register_devices, reply_to
@@ -204,7 +208,10 @@ class PackAssessor(Assessor):
                     return Assessment.WORKFLOW_DONE
                 return Assessment.CONTINUE
             lost = self.leaves.newly_lost()
+            stopped = [s for s in live if self._stop_requested(s, fl_ctx)]
             for server in live:
+                if server in stopped:
+                    continue
                 with server.applier.lock:
                     if lost:
                         names = ", ".join(sorted(lost))
@@ -213,4 +220,23 @@ class PackAssessor(Assessor):
                     else:
                         server.check_end(fl_ctx)
             done = all(s.outcome is not None for s in self.servers)
-            return Assessment.WORKFLOW_DONE if done else Assessment.CONTINUE
+        for server in stopped:  # its applier's thread joined outside the lock its replies take
+            server.stop()
+        return Assessment.WORKFLOW_DONE if done else Assessment.CONTINUE
+
+    def _stop_requested(self, server: RunServer, fl_ctx: FLContext) -> bool:
+        """Whether a request to end ``server``'s run (``STOP_REQUEST`` in its results folder: the sweep pruned its
+        trial) has come; if so the run is finished ``pruned`` with the request's reason. Its applier stops after
+        (``assess``): it makes no more releases, so the leaves' lock-step no longer waits for it (``RELEASES``' ended),
+        and the other runs go on."""
+        path = os.path.join(server.out, STOP_REQUEST)
+        if not server.out or not os.path.exists(path):
+            return False
+        try:
+            with open(path) as f:
+                reason = str(json.load(f).get("reason") or "")
+        except (OSError, ValueError, AttributeError):
+            reason = ""
+        with server.applier.lock:
+            server.finish("pruned", reason or "stopped on request (its stop_request.json)", fl_ctx)
+        return True

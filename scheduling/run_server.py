@@ -183,7 +183,7 @@ class RunServer:
             "version": version,
             "sim_seconds": round(s.now, 9) if s else 0.0,
         }
-        log = self.host.log_info if status == "completed" else self.host.log_error
+        log = self.host.log_info if status in ("completed", "pruned") else self.host.log_error
         log(fl_ctx, f"run {status}: {reason}")
         self.host.fire_event_with_data(RUN_OUTCOME, fl_ctx, RUN_OUTCOME, self.outcome)
 

@@ -6,12 +6,16 @@ It runs ``python -m jobs.sweep`` on a small learning-rate search over the hard s
 or ``--spec``), samples the whole machine's CPU busy once a second, then reads the study and each trial's
 ``metrics.json``. ``--ways``: ``simenv`` (each run a fresh SimEnv job: ``--pack 1``), ``deployment`` (each run a
 job on one local deployment, ``python -m jobs.deploy up``, started here once: its start-up is printed apart, a cost
-paid once per deployment, not per trial) and ``pack`` (the sweep's default: a candidate's seeds as one job,
-``docs/sweeps.md``). ``--seeds 0,1,2`` repeats each candidate over those seeds (``repeat: {seed: [...]}``), which
-is what ``pack`` packs; with both ``simenv`` and ``pack`` it prints their ratios.
+paid once per deployment, not per trial) and ``pack`` (runs sharing jobs, ``docs/sweeps.md``: with ``--seeds``, a
+candidate's seeds as one job, the sweep's default; without, ``--pack N`` trials a job, default all of them).
+``--seeds 0,1,2`` repeats each candidate over those seeds (``repeat: {seed: [...]}``). With both ``simenv`` and
+``pack`` it prints their ratios. ``--scale cpu`` searches FedBuff's local learning rate at the cpu scale
+(``benchmarks.lib.scales``, to its budget of simulated time) instead of the small FedAvg search: issue 59's
+16-trial goal.
 
     python benchmarks/perf/bench_sweep.py [--trials 6] [--parallel 2] [--ways simenv,deployment] [--spec SPEC]
     python benchmarks/perf/bench_sweep.py --trials 2 --seeds 0,1,2 --ways simenv,pack
+    python benchmarks/perf/bench_sweep.py --trials 16 --ways simenv,pack --scale cpu
     python benchmarks/perf/bench_sweep.py --read SWEEP_DIR
 """
 
@@ -33,6 +37,7 @@ import optuna  # noqa: E402
 import psutil  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 
+from benchmarks.lib.scales import SCALES  # noqa: E402
 from common.result_files import METRICS  # noqa: E402
 from jobs.sweep.study import trial_runs  # noqa: E402
 
@@ -44,12 +49,33 @@ search: {{local-lr: {{type: log-float, low: 1.0e-7, high: 0.1}}}}
 objective: {{metric: final_accuracy}}
 trials: {trials}
 """
+CPU_SPEC = """
+base: {{method: fedbuff, {flags}, max-sim-time: {budget}, max-model-version: 100000, seed: 3, workspace: {ws}}}
+search: {{local-lr: {{type: log-float, low: 1.0e-4, high: 0.1}}}}
+objective: {{metric: final_accuracy}}
+trials: {trials}
+"""
+"""``--scale cpu``: FedBuff at the cpu scale (``SCALES["cpu"]``), its local learning rate searched."""
 WAYS = ("simenv", "deployment", "pack")
 
 
-def spec_text(ws: str, trials: int, seeds: str | None) -> str:
-    """The default spec; with ``seeds``, each candidate repeated over them instead of the base's seed."""
-    text = SPEC.format(ws=ws, trials=trials)
+def cpu_flags() -> str:
+    """The cpu scale's flags as a spec's base entries (``name: value``)."""
+    words, entries = SCALES["cpu"]["flags"], []
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            value = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else "true"
+            entries.append(f"{word[2:]}: {value}")
+    return ", ".join(entries)
+
+
+def spec_text(ws: str, trials: int, seeds: str | None, scale: str = "small") -> str:
+    """The default spec (``scale`` small, or the cpu scale's FedBuff); with ``seeds``, each candidate repeated over
+    them instead of the base's seed."""
+    if scale == "cpu":
+        text = CPU_SPEC.format(ws=ws, trials=trials, flags=cpu_flags(), budget=SCALES["cpu"]["budget"])
+    else:
+        text = SPEC.format(ws=ws, trials=trials)
     if seeds:
         text = text.replace(" seed: 3,", "") + f"repeat: {{seed: [{seeds}]}}\n"
     return text
@@ -67,6 +93,28 @@ def fixed_costs(folder: str, run: dict) -> tuple[float, float, float] | None:
         return None
     first, last = records[0]["epoch"], records[-1]["epoch"]
     return first - run["started"], run["ended"] - last, last - first
+
+
+def job_costs(folder: str, runs: list[dict]) -> list[tuple[float, float, float]]:
+    """(start-up, shut-down, wall) seconds of each job: runs that shared a process (a pack: the same ``started``)
+    count once, from the process's start to the first version any of its runs evaluated, and from the last
+    version any evaluated to the process's exit."""
+    jobs: dict[float, list[dict]] = {}
+    for run in runs:
+        jobs.setdefault(run["started"], []).append(run)
+    found = []
+    for started, members in jobs.items():
+        epochs = []
+        for run in members:
+            try:
+                with open(os.path.join(folder, run["folder"], METRICS)) as f:
+                    epochs += [r["epoch"] for r in json.load(f)["versions"]]
+            except (OSError, KeyError, ValueError):
+                continue
+        if epochs:
+            ended = max(r["ended"] for r in members)
+            found.append((min(epochs) - started, ended - max(epochs), ended - started))
+    return found
 
 
 def report(folder: str, wall: float | None, busy: list[float], way: str = "") -> dict:
@@ -95,6 +143,15 @@ def report(folder: str, wall: float | None, busy: list[float], way: str = "") ->
         print(
             f"  trial {t.number} ({t.state.name.lower()}): start-up {up:.1f} s, shut-down {down:.1f} s, "
             f"training {train:.1f} s ({share:.0%} fixed)"
+        )
+    jobs = job_costs(folder, [r for _, r in runs])
+    if jobs:
+        up, down = sum(j[0] for j in jobs), sum(j[1] for j in jobs)
+        spent = sum(j[2] for j in jobs)
+        out["job_fixed"] = (up + down) / spent
+        print(
+            f"  per job ({len(jobs)} job(s) for {len(runs)} run(s)): start-up {up / len(jobs):.1f} s, shut-down "
+            f"{down / len(jobs):.1f} s, of {spent / len(jobs):.1f} s a job ({out['job_fixed']:.0%} of the jobs' time fixed)"
         )
     if costs:
         up, down, train = (statistics.mean(c[i] for _, c in costs) for i in range(3))
@@ -142,6 +199,9 @@ def main() -> int:
     p.add_argument("--ways", default="simenv,deployment", help="simenv, deployment, pack (comma-separated)")
     p.add_argument("--seeds", default=None, help="repeat each candidate over these seeds (0,1,2): what pack packs")
     p.add_argument("--spec", default=None, help="a spec of your own (default: the small search above)")
+    p.add_argument("--scale", choices=("small", "cpu"), default="small", help="the default spec's scale")
+    p.add_argument("--pack", type=int, default=None, help="way pack without --seeds: trials a job (default: all)")
+    p.add_argument("--pruner", default=None, help="the sweeps' --pruner (default: the sweep's own)")
     p.add_argument("--read", default=None, metavar="DIR", help="report on a sweep's folder again, without running")
     args = p.parse_args()
     if args.read:
@@ -156,10 +216,12 @@ def main() -> int:
     spec = args.spec or os.path.join(work, "bench.yaml")
     if not args.spec:
         with open(spec, "w") as f:
-            f.write(spec_text(os.path.join(work, "ws"), args.trials, args.seeds))
+            f.write(spec_text(os.path.join(work, "ws"), args.trials, args.seeds, args.scale))
     figures, code = {}, 0
     for way in ways:
-        extra: list[str] = [] if way == "pack" else ["--pack", "1"]
+        extra: list[str] = ["--pack", "1"]
+        if way == "pack":  # a candidate's seeds: the sweep's default; trials: --pack N of them a job
+            extra = [] if args.seeds else ["--pack", str(args.pack or args.trials)]
         if way == "deployment":  # one local deployment for the whole study: its start-up is paid once
             deployment = os.path.join(work, "deployment")
             up = [sys.executable, "-m", "jobs.deploy", "up", deployment, "--relays", "1", "--leaves"]
@@ -170,6 +232,7 @@ def main() -> int:
             print(f"deployment: up in {time.time() - started:.0f} s (once, for every trial)")
             extra += ["--deployment", deployment]
         try:
+            extra += ["--pruner", args.pruner] if args.pruner else []
             wall, busy, exit_code = run_sweep(spec, os.path.join(work, f"sweep-{way}"), args.parallel, extra)
         finally:
             if way == "deployment":
@@ -188,7 +251,7 @@ def main() -> int:
         a, b = figures["simenv"], figures["pack"]
         print(
             f"pack / simenv: wall {b['wall'] / a['wall']:.2f}x, trials per hour x{b['per_hour'] / a['per_hour']:.2f}, "
-            f"fixed share {b['fixed']:.0%} vs {a['fixed']:.0%}"
+            f"fixed share of the jobs' time {b['job_fixed']:.0%} vs {a['job_fixed']:.0%}"
         )
     return code
 

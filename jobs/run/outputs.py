@@ -15,7 +15,7 @@ import shutil
 
 from common.choices import ConfigError
 from common.jsonio import WRITING
-from common.result_files import DATASET, HEARTBEAT, METRICS, NVFLARE, run_files
+from common.result_files import DATASET, HEARTBEAT, METRICS, NVFLARE, STOP_REQUEST, run_files
 from jobs.methods import BUILT_IN
 
 INPUT_FILES = (DATASET,)  # the Python API's copy of a user's arrays (jobs.api): an input, kept
@@ -28,6 +28,7 @@ def files_to_clear(method_files: tuple[str, ...] = ()) -> tuple[str, ...]:
     return (
         *run_files((*method_files, *(f for m in BUILT_IN.values() for f in m.result_files))),
         HEARTBEAT,
+        STOP_REQUEST,
         WRITING + "*",
     )
 

@@ -12,6 +12,7 @@ and a dead server or a job that makes no progress after every run's outcome is s
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -54,7 +55,7 @@ def run_pack(cfgs: list[JobConfig], verbose: bool = False) -> int:
     try:  # before NVFlare starts: a tracker that cannot start its run stops the pack here
         for cfg, tracking, results_dir in zip(cfgs, trackings, results_dirs, strict=True):
             for line in tracking.start(results_dir, cfg.to_dict(), cfg.method_spec.flag_prefix):
-                print(f"[edgesim] tracking seed {cfg.run.seed}: {line}")
+                print(f"[edgesim] tracking {os.path.basename(results_dir)}: {line}")
     except ConfigError as ex:
         print(f"error: {ex}", file=sys.stderr)
         return 2
@@ -88,8 +89,8 @@ def run_pack(cfgs: list[JobConfig], verbose: bool = False) -> int:
             record_interruption(results_dir, plan.run_info, name)
     elif cause:
         print(f"error: the pack's job failed: {cause}", file=sys.stderr)
-    for cfg, tracking, results_dir in zip(cfgs, trackings, results_dirs, strict=True):
+    for tracking, results_dir in zip(trackings, results_dirs, strict=True):
         finalize(results_dir, time.time() - started)
         for line in tracking.finish():  # once metrics.json holds the run's last word
-            print(f"[edgesim] tracked seed {cfg.run.seed}: {line}")
+            print(f"[edgesim] tracked {os.path.basename(results_dir)}: {line}")
     return interrupts.exit_code if interrupts.signum is not None else int(bool(cause))

@@ -11,9 +11,16 @@ sweep run them as separate jobs, as before packs (``--pack 1``).
 from __future__ import annotations
 
 import itertools
+import os
+import signal
+import tempfile
+import time
 
 from common.choices import ConfigError
-from jobs.sweep.spec import SweepSpec, flag_args
+from common.config_flags import flag_args
+from common.jsonio import write_json_atomic
+from common.result_files import STOP_REQUEST
+from jobs.sweep.spec import SweepSpec
 from jobs.sweep.trial import read_metrics
 
 
@@ -65,11 +72,53 @@ def pack_refusal(spec: SweepSpec, extra: dict, output: str) -> str | None:
     return None
 
 
+def packs_trials(spec: SweepSpec, pack: int | None) -> bool:
+    """Whether trials may share jobs: the spec repeats nothing (a candidate is one run) and ``--pack`` is 2 or more."""
+    return not spec.repeat and pack is not None and pack >= 2
+
+
+def trials_refusal(spec: SweepSpec, extra: dict, output: str) -> str | None:
+    """Why trials cannot share one job, for any cells of the spec and its searched flags at their probes together
+    (the job script's ``--runs`` check, ``jobs.pack_runs``: no file but a temporary one is written); ``extra``: the
+    flags every trial gets besides. None when they can."""
+    from jobs.cli import build_parser, options_of, raising_parse
+    from jobs.pack_runs import run_configs
+
+    probes = [[(p.name, v) for v in p.probes()] for p in spec.search]
+    flag_sets = [
+        spec.trial_flags(cell | dict(combo)) | extra for cell in spec.cells() for combo in itertools.product(*probes)
+    ]
+    if len(flag_sets) < 2:
+        return None  # one set of flags: nothing differs between the trials' configs but their seeds' draws
+    parser = build_parser("", method_choice=True, seeds=True)
+
+    def resolve(args):
+        return args.method, options_of(args, args.method)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_runs_file(os.path.join(tmp, "runs"), {str(i): f for i, f in enumerate(flag_sets)})
+        try:
+            run_configs(raising_parse(parser), resolve, ["--output", output], path, presets=True)
+        except ConfigError as ex:
+            return str(ex).replace(f"--runs {path}: ", "")
+    return None
+
+
+def write_runs_file(pack: str, runs: dict[str, dict]) -> str:
+    """A pack's ``--runs`` file (``jobs.pack_runs``), ``PACK.json`` beside the pack's folder; its path."""
+    path = f"{pack}.json"
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_json_atomic(path, runs)
+    return path
+
+
 class PackProcess:
-    """A pack's one process, shared by its seeds' ``PackMember``: its exit code kept once known, stopped once."""
+    """A pack's one process, shared by its runs' ``PackMember``: its exit code kept once known, stopped once, and the
+    results folders of the runs still in it (``live``)."""
 
     def __init__(self, proc):
         self.proc, self.code = proc, None
+        self.live: set[str] = set()
 
     def poll(self) -> int | None:
         if self.code is None:
@@ -83,18 +132,37 @@ class PackProcess:
 
 
 class PackMember:
-    """One seed's run in a pack's process: its own folder's records and exit code (as its job alone would give it,
-    ``jobs.seeds.seed_exit_code``); the process, its start and wall time shared with the pack's other seeds.
-    Stopping it stops the pack (once)."""
+    """One run in a pack's process: its own folder's records and exit code (as its job alone would give it,
+    ``jobs.seeds.seed_exit_code``); the process, its start and wall time shared with the pack's other runs. Stopping
+    the last run still in the pack stops the process; stopping another asks the pack's server to end that run alone
+    (``STOP_REQUEST`` in its folder: ``scheduling.pack_assessor``), and the others go on."""
 
     def __init__(self, pack: PackProcess, folder: str):
         self.pack, self.folder = pack, folder
+        pack.live.add(folder)
 
     def poll(self) -> int | None:
         return self._own(self.pack.poll())
 
-    def stop(self) -> int | None:
-        return self._own(self.pack.stop())
+    def leave(self) -> None:
+        """It is about to be stopped together with others (``stop_together``)."""
+        self.pack.live.discard(self.folder)
+
+    def stop(self, reason: str = "", wait_seconds: float = 30.0) -> int | None:
+        """Stop its run: the whole process when no other run is left in it, else its run alone, waiting (up to
+        ``wait_seconds``) for the server to record the run's outcome; then the exit code its job alone would have
+        given, stopped by a signal (143)."""
+        self.leave()
+        if not self.pack.live or self.pack.poll() is not None:
+            return self._own(self.pack.stop())
+        write_json_atomic(os.path.join(self.folder, STOP_REQUEST), {"reason": reason or "stopped by the sweep"})
+        deadline = time.time() + wait_seconds
+        while time.time() < deadline and self.pack.poll() is None and not self._decided():
+            time.sleep(0.2)
+        return self._own(self.pack.poll()) if self.pack.code is not None else 128 + signal.SIGTERM
+
+    def _decided(self) -> bool:
+        return bool(read_metrics(self.folder).get("outcome"))
 
     def _own(self, code: int | None) -> int | None:
         if code not in (0, 1):  # running (None), stopped or refused: the pack's
@@ -111,3 +179,12 @@ class PackMember:
     @property
     def wall_seconds(self) -> float:
         return self.pack.proc.wall_seconds
+
+
+def stop_together(procs: list, reason: str = "") -> list[int | None]:
+    """Stop several runs' processes at once (a pruned candidate's runs, or every running run on Ctrl-C): a pack
+    whose every run is among them is stopped whole, once, instead of run by run. Their exit codes, in order."""
+    for proc in procs:
+        if isinstance(proc, PackMember):
+            proc.leave()
+    return [proc.stop(reason) if isinstance(proc, PackMember) else proc.stop() for proc in procs]

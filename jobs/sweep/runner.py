@@ -27,7 +27,17 @@ from evaluation.run_recorder import record_pruned
 from jobs.seeds import seed_folder
 from jobs.sweep import study as studies
 from jobs.sweep.objective import ended_early, mean_score, mean_steps, score
-from jobs.sweep.pack import PackMember, PackProcess, pack_refusal, pack_sizes, packs_seeds
+from jobs.sweep.pack import (
+    PackMember,
+    PackProcess,
+    pack_refusal,
+    pack_sizes,
+    packs_seeds,
+    packs_trials,
+    stop_together,
+    trials_refusal,
+    write_runs_file,
+)
 from jobs.sweep.report import make_bar, say
 from jobs.sweep.spec import SpecError, SweepSpec, check_flags, format_value
 from jobs.sweep.tracking import SweepTracking
@@ -49,8 +59,9 @@ class SweepOptions:
         (TensorBoard's HParams tab); None: none.
     deployment: a ``jobs.deploy`` folder (or an admin's startup kit): each trial runs as a job there
         (``jobs.sweep.deployment``) instead of in a SimEnv of its own.
-    pack: seeds of one candidate (``repeat: {seed: [..]}``) run in one job (``jobs.sweep.pack``): None, all of
-        them; N >= 2, at most N a job; 1, each its own job.
+    pack: runs sharing one job (``jobs.sweep.pack``). With ``repeat: {seed: [..]}``, a candidate's seeds: None,
+        all of them; N >= 2, at most N a job; 1, each its own job. Without ``repeat``, trials: N >= 2, up to N
+        trials a job (the study's next ones, each pruned alone while the others go on); None or 1, each its own.
     """
 
     output: str | None = None
@@ -174,6 +185,11 @@ class Candidate:
         return [r for r in self.runs if r.pack == first.pack]
 
 
+def pruned_reason(at: float) -> str:
+    """Why a pruned candidate's runs ended, in their ``metrics.json``."""
+    return f"pruned by the sweep at {at:g} simulated seconds (its curve fell behind)"
+
+
 def run_label(repeat: dict) -> str:
     """A repeat's part of its folder's name: ``seed1``, ``seed1-local-iters2``."""
     return "-".join(f"{k}{v}" for k, v in repeat.items()).replace(os.sep, "_")
@@ -194,6 +210,7 @@ class Sweep:
         self.board = None
         self.env_flags: dict = {}  # with --deployment: the flags that send each trial there
         self.packed = False  # a candidate's seeds share jobs (jobs.sweep.pack)
+        self.trial_pack = 1  # trials a job (jobs.sweep.pack: different candidates in one job)
         self.pack_note = ""  # the line that says so, or why they do not
 
     def prepare(self) -> None:
@@ -203,7 +220,7 @@ class Sweep:
         if self.opts.min_resource < 0 or self.opts.patience < 0:
             raise SpecError("--min-resource and --patience: 0 or more")
         if self.opts.pack is not None and self.opts.pack < 1:
-            raise SpecError(f"--pack {self.opts.pack}: 1 or more seeds a job (1: each seed its own job)")
+            raise SpecError(f"--pack {self.opts.pack}: 1 or more runs a job (1: each run its own job)")
         if self.opts.deployment:
             from jobs.sweep.deployment import deployment_flags
 
@@ -222,11 +239,22 @@ class Sweep:
         self._plan_packs()
 
     def _plan_packs(self) -> None:
-        """Whether a candidate's seeds share jobs: checked once, as the job script's ``--seeds`` checks them; a
-        refusal is one line, and the seeds run as separate jobs."""
+        """Whether a candidate's seeds, or several trials, share jobs: checked once, as the job script's ``--seeds``
+        and ``--runs`` check them; a refusal is one line, and the runs go in separate jobs."""
+        extra = self.env_flags | self.tracking.trial_flags()
+        if packs_trials(self.spec, self.opts.pack):
+            refusal = trials_refusal(self.spec, extra, os.path.join(self.folder, "trials", "pack"))
+            if refusal:
+                self.pack_note = f"trials run as separate jobs: they cannot share one ({refusal})"
+                return
+            self.trial_pack = self.opts.pack
+            self.pack_note = (
+                f"up to {self.trial_pack} trials a job, each pruned alone while the others go on "
+                "(--pack 1: each trial its own job)"
+            )
+            return
         if not packs_seeds(self.spec, self.opts.pack):
             return
-        extra = self.env_flags | self.tracking.trial_flags()
         refusal = pack_refusal(self.spec, extra, os.path.join(self.folder, "trials", "pack"))
         if refusal:
             self.pack_note = f"a candidate's seeds run as separate jobs: they cannot share one ({refusal})"
@@ -299,6 +327,8 @@ class Sweep:
         if runs is None:
             if not self._waiting():
                 return False
+            if self.trial_pack > 1 and self._waiting() >= 2:
+                return self._start_trials(slot)
             runs = self._ask().waiting()
         cores, parent = self._cores(slot), self.tracking.trial_flags()
         for run in runs:
@@ -312,6 +342,19 @@ class Sweep:
         )
         for run in runs:
             run.proc = PackMember(proc, run.folder)
+        return True
+
+    def _start_trials(self, slot: int) -> bool:
+        """Fill ``slot`` with one job of the study's next trials (up to ``--pack``): a ``--runs`` file of their
+        flags, each trial's results in its own folder as if it ran alone."""
+        cands = [self._ask() for _ in range(min(self.trial_pack, self._waiting()))]
+        runs = [c.runs[0] for c in cands]
+        folder = os.path.join(self.folder, "trials", f"pack-{cands[0].trial.number:04d}")
+        path = write_runs_file(folder, {os.path.basename(r.folder): r.flags | {"output": r.folder} for r in runs})
+        proc = PackProcess(self.launch({"runs": path} | self.tracking.trial_flags(), folder, self._cores(slot)))
+        for cand, run in zip(cands, runs, strict=True):
+            run.pack, run.slot, run.proc = folder, slot, PackMember(proc, run.folder)
+            cand.trial.set_user_attr("pack", os.path.relpath(folder, self.folder))
         return True
 
     def _report(self, cand: Candidate) -> None:
@@ -365,9 +408,10 @@ class Sweep:
                 trial.set_user_attr(key, round(sum(known) / len(known), 3) if known else None)
             trial.set_user_attr("wall_seconds", max(a["wall_seconds"] for a in ended))
         if cand.pruned_at is not None:
-            reason = f"pruned by the sweep at {cand.pruned_at:g} simulated seconds (its curve fell behind)"
+            reason = pruned_reason(cand.pruned_at)
             for run in started:
-                if run.stopped:  # a repeat that had already ended keeps its own outcome
+                status = (read_metrics(run.folder).get("outcome") or {}).get("status")
+                if run.stopped and status != "pruned":  # a run that had already ended keeps its own outcome
                     record_pruned(run.folder, reason)
             self._board(cand, None, "pruned")  # before the study hears of it: a trial it counts as ended has its board
             self.study.tell(trial, state=TrialState.PRUNED)
@@ -412,10 +456,8 @@ class Sweep:
 
     def _stop_all(self) -> None:
         """Ctrl-C / SIGTERM: stop every running trial, mark it failed and queue it again."""
+        stop_together([run.proc for cand in self.candidates for run in cand.runs if run.running])
         for cand in self.candidates:
-            for run in cand.runs:
-                if run.running:
-                    run.proc.stop()
             self.study.tell(cand.trial, state=TrialState.FAIL, skip_if_finished=True)
             attrs = {"slot": cand.trial.user_attrs.get("slot"), "requeued_from": cand.trial.number}
             self.study.enqueue_trial(cand.trial.params, user_attrs=attrs)
@@ -450,9 +492,10 @@ class Sweep:
                     if cand.pruned_at is None:
                         self._report(cand)
                     if cand.pruned_at is not None:  # every run of a pruned candidate stops
-                        for run in cand.runs:
-                            if run.running:
-                                run.code, run.stopped = run.proc.stop(), True
+                        running = [run for run in cand.runs if run.running]
+                        codes = stop_together([run.proc for run in running], pruned_reason(cand.pruned_at))
+                        for run, code in zip(running, codes, strict=True):
+                            run.code, run.stopped = code, True
                     if cand.done:
                         self._finish(cand)
                         self.candidates.remove(cand)

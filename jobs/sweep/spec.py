@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from common.choices import ConfigError
+from common.config_flags import flag_args
 
 SCRIPT = "jobs/pt_job_fedrevive.py"  # the job every trial runs: --method chooses, the method's presets apply
 SEARCH_TYPES = ("float", "log-float", "int", "choice")
@@ -65,21 +66,6 @@ class SpecError(ConfigError):
 def flag_name(name: str) -> str:
     """``local_lr`` / ``--local-lr`` / ``local-lr`` -> ``local-lr``."""
     return str(name).strip().lstrip("-").replace("_", "-")
-
-
-def flag_args(flags: dict) -> list[str]:
-    """Flags as command-line words: ``True`` an on switch, ``False`` its ``--no-`` form, a list comma-joined."""
-    words = []
-    for name, value in flags.items():
-        if value is True:
-            words.append(f"--{name}")
-        elif value is False:
-            words.append(f"--no-{name}")
-        elif isinstance(value, (list, tuple)):
-            words += [f"--{name}", ",".join(str(v) for v in value)]
-        else:  # repr of a float is the shortest text that reads back as the same float: the command is exact
-            words += [f"--{name}", repr(value) if isinstance(value, float) else str(value)]
-    return words
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,10 @@ import time
 
 import psutil
 
+from common.config_flags import flag_args
 from common.result_files import METRICS
 from jobs.run.process_guard import stop_processes
-from jobs.sweep.spec import SCRIPT, flag_args
+from jobs.sweep.spec import SCRIPT
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PR_SET_PDEATHSIG = 1

@@ -198,7 +198,8 @@ def test_the_grid_as_a_sweep_spec_runs_the_same_jobs(scale, variant):
     """``--sweep``: every (method, seed) trial of the spec resolves to the config of the job ``job_command`` runs
     (extra flags winning in both), so the sweep's table is the same table."""
     from benchmarks.repro.reproduce_fedrevive import sweep_spec
-    from jobs.sweep.spec import check_flags, flag_args, parse_spec
+    from common.config_flags import flag_args
+    from jobs.sweep.spec import check_flags, parse_spec
 
     extra = ["--local-iters", "3"]
     spec = parse_spec(sweep_spec(scale, list(METHODS), [0, 4], 30.0, extra, variant, "/tmp/ws"), "reproduce")

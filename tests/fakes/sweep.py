@@ -4,6 +4,7 @@ fakes started, alive and stopped."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -35,10 +36,16 @@ class FakeTrial:
     ``seed-N/metrics.json`` as a pack's job does: its versions after every poll, its outcome at the end."""
 
     seed_bonus = 0.0
+    polls_to_end = 3  # rounds of polls before it ends (its records stop growing after the third)
 
     def __init__(self, flags: dict, folder: str, cores):
         self.flags, self.folder, self.polls, self.calls, self.code = flags, folder, 0, 0, None
         self.seeds = [int(s) for s in flags.get("seeds", [])]
+        self.runs: dict[str, dict] = {}  # a pack of trials (``--runs FILE``): each run's flags
+        if "runs" in flags:
+            with open(flags["runs"]) as f:
+                self.runs = json.load(f)
+        self.pruned: set[str] = set()  # runs of the pack its server ended on a stop request
         self.accuracy = self.accuracy_of(int(flags.get("seed", 0)))
         self.wall_seconds, self.started = 1.0, 100.0
         STARTED.append(flags)
@@ -50,13 +57,15 @@ class FakeTrial:
         return round(max(0.05, 0.9 - abs(math.log10(lr) + 2) / 4) + self.seed_bonus * seed, 4)
 
     def poll(self):
-        self.calls += 1  # a pack's process is polled once per seed in each round of the sweep: one round, one poll
-        if self.code is None and self.calls % max(1, len(self.seeds)) == 0:
+        self.calls += 1  # a pack's process is polled once per run in each round of the sweep: one round, one poll
+        self.honour_stop_requests()
+        if self.code is None and self.calls % max(1, len(self.seeds), len(self.runs)) == 0:
             self.polls += 1
-            if self.polls > 3:
+            if self.polls > self.polls_to_end:
                 self.code = 0
                 LIVE.remove(self)
             self.write_seeds()
+            self.write_runs()
         return self.code
 
     def records(self, accuracy: float | None = None):
@@ -74,6 +83,38 @@ class FakeTrial:
             if self.code == 0:
                 metrics["outcome"] = {"status": "completed", "reason": "version 3 (--max-model-version)"}
             write_json_atomic(os.path.join(folder, "metrics.json"), metrics)
+
+    def write_runs(self) -> None:
+        """A pack of trials: each run's ``metrics.json`` in its own ``output`` (a run ended on request keeps its
+        outcome)."""
+        from common.jsonio import write_json_atomic
+
+        for name, flags in self.runs.items():
+            if name in self.pruned:
+                continue
+            lr = float(flags.get("local-lr", 1e-2))
+            accuracy = round(max(0.05, 0.9 - abs(math.log10(lr) + 2) / 4), 4)
+            os.makedirs(flags["output"], exist_ok=True)
+            metrics = {"versions": self.records(accuracy)}
+            if self.code == 0:
+                metrics["outcome"] = {"status": "completed", "reason": "version 3 (--max-model-version)"}
+            write_json_atomic(os.path.join(flags["output"], "metrics.json"), metrics)
+
+    def honour_stop_requests(self) -> None:
+        """As a pack's server does (``scheduling.pack_assessor``): a run whose folder holds a stop request ends
+        ``pruned`` with its reason, the others go on."""
+        from common.jsonio import write_json_atomic
+        from common.result_files import STOP_REQUEST
+
+        for name, flags in self.runs.items():
+            request = os.path.join(flags["output"], STOP_REQUEST)
+            if self.code is None and name not in self.pruned and os.path.exists(request):
+                self.pruned.add(name)
+                with open(request) as f:
+                    reason = json.load(f)["reason"]
+                metrics = {"versions": self.records(), "outcome": {"status": "pruned", "reason": reason}}
+                write_json_atomic(os.path.join(flags["output"], "metrics.json"), metrics)
+                STOPPED.append(flags)
 
     def stop(self):
         STOPPED.append(self.flags)

@@ -12,12 +12,13 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from common.config_flags import flag_args
 from jobs.sweep import study as studies
 from jobs.sweep.cli import main
 from jobs.sweep.objective import final_steps, score
 from jobs.sweep.report import cell_summary
 from jobs.sweep.runner import Sweep, SweepOptions, plan_parallel
-from jobs.sweep.spec import Objective, SpecError, check_flags, flag_args, parse_spec
+from jobs.sweep.spec import Objective, SpecError, check_flags, parse_spec
 from tests.fakes.sweep import BASE, ONE_SEED, STARTED, FakeTrial, refused_before_any_trial, reset, write_spec
 
 SPEC = (

@@ -9,8 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from common.config_flags import flag_args
 from jobs.sweep.board import Board
-from jobs.sweep.spec import check_flags, flag_args, parse_spec
+from jobs.sweep.spec import check_flags, parse_spec
 from tests.fakes.sweep import BASE, refused_before_any_trial
 
 COMPRESSORS = BASE + "  method: fedbuff\n  uplink-kbps: 500\n"

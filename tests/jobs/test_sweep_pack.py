@@ -24,10 +24,11 @@ def _fresh():
     reset()
 
 
-def sweep_of(tmp_path, text: str = SEEDS, name: str = "sweep", **options) -> Sweep:
-    """A finished sweep of spec ``text`` with the fake launcher, two processes at once."""
-    opts = SweepOptions(output=str(tmp_path / name), parallel=2, poll_seconds=0.0, bar=False, **options)
-    sweep = Sweep(parse_spec(text, "p"), opts, launch=SeededFake)
+def sweep_of(tmp_path, text: str = SEEDS, name: str = "sweep", launch=SeededFake, **options) -> Sweep:
+    """A finished sweep of spec ``text`` with the fake launcher, two processes at once unless ``parallel`` says."""
+    options = {"parallel": 2} | options
+    opts = SweepOptions(output=str(tmp_path / name), poll_seconds=0.0, bar=False, **options)
+    sweep = Sweep(parse_spec(text, "p"), opts, launch=launch)
     sweep.prepare()
     assert sweep.run() == 0
     sweep.lock.close()
@@ -99,7 +100,7 @@ def test_the_pack_flag_reaches_the_sweep(tmp_path, monkeypatch, args, starts):
     assert [f.get("seeds") for f in STARTED] == starts
 
 
-@pytest.mark.parametrize("value, fix", [("0", "--pack 0: 1 or more seeds a job"), ("-3", "--pack -3: 1 or more")])
+@pytest.mark.parametrize("value, fix", [("0", "--pack 0: 1 or more runs a job"), ("-3", "--pack -3: 1 or more")])
 def test_a_bad_pack_is_refused_in_one_line(tmp_path, capsys, value, fix):
     err = refused_before_any_trial(tmp_path, capsys, SEEDS, "--pack", value)
     assert fix in err, err
@@ -133,3 +134,98 @@ def test_each_seed_of_a_pack_exits_as_its_job_alone_would(tmp_path, code, codes)
         (tmp_path / f"seed-{seed}").mkdir()
         write_json_atomic(str(tmp_path / f"seed-{seed}" / "metrics.json"), {"outcome": {"status": status}})
     assert [PackMember(pack, str(tmp_path / f"seed-{s}")).poll() for s in (1, 2)] == codes
+
+
+TRIALS = BASE + "grid: {local-lr: [0.01, 0.011, 1.0e-5, 0.0099]}\n"  # four candidates, no repeat
+
+
+def runs_files(started: list[dict]) -> list[dict]:
+    """The ``--runs`` file of each pack of trials started, in the order they started."""
+    found = []
+    for flags in started:
+        if "runs" in flags:
+            with open(flags["runs"]) as f:
+                found.append(json.load(f))
+    return found
+
+
+def test_pack_2_runs_two_trials_a_job_each_in_its_own_folder_scored_as_alone(tmp_path, capsys):
+    packed = sweep_of(tmp_path, TRIALS, pruner="none", pack=2, parallel=1)
+    assert "[sweep] up to 2 trials a job, each pruned alone while the others go on" in capsys.readouterr().out
+    assert [sorted(f) for f in STARTED] == [["runs"], ["runs"]]  # two processes, no trial alone
+    sweep = tmp_path / "sweep" / "trials"
+    assert runs_files(STARTED) == [
+        {"0000": {"local-lr": 0.01, "output": str(sweep / "0000")} | BASE_FLAGS,
+         "0001": {"local-lr": 0.011, "output": str(sweep / "0001")} | BASE_FLAGS},
+        {"0002": {"local-lr": 1e-5, "output": str(sweep / "0002")} | BASE_FLAGS,
+         "0003": {"local-lr": 0.0099, "output": str(sweep / "0003")} | BASE_FLAGS},
+    ]  # fmt: skip
+    reset()
+    apart = sweep_of(tmp_path, TRIALS, name="apart", pruner="none", pack=1, parallel=1)
+    assert not any("runs" in f for f in STARTED) and len(STARTED) == 4
+    for one, other in zip(packed.study.get_trials(), apart.study.get_trials(), strict=True):
+        assert one.state == other.state == TrialState.COMPLETE and one.value == other.value
+        assert one.user_attrs["folder"] == other.user_attrs["folder"] == f"trials/{one.number:04d}"
+        assert one.user_attrs["command"] == other.user_attrs["command"]  # each trial's command alone
+        assert one.user_attrs["pack"] == f"trials/pack-{2 * (one.number // 2):04d}" and "pack" not in other.user_attrs
+
+
+BASE_FLAGS = {"num-leaf-nodes": 2, "devices-per-leaf": 4, "device-selection-size": 4, "max-model-version": 5}
+
+
+class LongerFake(SeededFake):
+    """A fake job that goes on for two rounds of polls after its last record (a pruned run's pack still running)."""
+
+    polls_to_end = 5
+
+
+def test_a_pruned_trial_of_a_pack_ends_alone_and_the_pack_goes_on(tmp_path):
+    sweep = sweep_of(tmp_path, TRIALS, pruner="median", pack=2, parallel=1, launch=LongerFake)
+    trials = sweep.study.get_trials()
+    assert [t.state for t in trials] == [
+        TrialState.COMPLETE,
+        TrialState.COMPLETE,
+        TrialState.PRUNED,
+        TrialState.COMPLETE,
+    ]
+    (_, second) = runs_files(STARTED)
+    assert STOPPED == [second["0002"]]  # its run alone, by its stop request: the pack's process was never stopped
+    metrics = json.loads((tmp_path / "sweep" / "trials" / "0002" / "metrics.json").read_text())
+    assert metrics["outcome"]["status"] == "pruned", metrics
+    assert metrics["outcome"]["reason"].startswith("pruned by the sweep at "), metrics
+    assert trials[2].user_attrs["exit_code"] == 143 and trials[3].user_attrs["exit_code"] == 0
+    assert trials[3].value == 0.8989 and trials[3].user_attrs["versions"] == 3  # its curve to the end
+
+
+def test_trials_that_cannot_share_a_job_run_as_separate_jobs_after_one_line(tmp_path, capsys):
+    sweep_of(tmp_path, BASE + "  on-leaf-loss: continue\n" + TRIALS[len(BASE) :], pruner="none", pack=2)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "separate jobs" in line]
+    assert lines == [
+        "[sweep] trials run as separate jobs: they cannot share one (run 0: --on-leaf-loss continue: "
+        "a pack stops every run when a leaf is lost)"
+    ], lines
+    assert len(STARTED) == 4 and not any("runs" in f for f in STARTED)
+
+
+def test_a_stopped_sweep_of_packed_trials_continues_each_trial_once(tmp_path):
+    spec = parse_spec(TRIALS, "k")
+    opts = SweepOptions(output=str(tmp_path / "sweep"), parallel=1, poll_seconds=0.0, bar=False, pack=2, pruner="none")
+    first = Sweep(spec, opts, launch=SeededFake)
+
+    def stopped_once_running(flags, folder, cores):
+        first.signum = 15  # SIGTERM comes while the first pack runs
+        return SeededFake(flags, folder, cores)
+
+    first.launch = stopped_once_running
+    first.prepare()
+    assert first.run() == 143
+    first.lock.close()
+    assert STOPPED == [STARTED[0]]  # the whole pack stopped once, not run by run
+    second = Sweep(spec, opts, launch=SeededFake)
+    second.prepare()
+    assert second.run() == 0
+    second.lock.close()
+    trials = second.study.get_trials()
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert sorted(t.user_attrs["slot"] for t in done) == [0, 1, 2, 3]  # every planned trial once
+    assert sorted(t.number for t in trials if t.state == TrialState.FAIL) == [0, 1]

@@ -8,12 +8,13 @@ from __future__ import annotations
 import optuna
 import pytest
 
+from common.config_flags import flag_args
 from common.jsonio import write_json_atomic
 from evaluation.run_recorder import record_interruption
 from jobs.cli import build_parser, config_from_args
 from jobs.sweep.cli import main
 from jobs.sweep.runner import Sweep, SweepOptions
-from jobs.sweep.spec import flag_args, parse_spec
+from jobs.sweep.spec import parse_spec
 from jobs.tracking.run_tracking import RunTracking
 from tests.fakes.sweep import BASE, FakeTrial, refused_before_any_trial, reset
 from tests.tracker_readers import mlflow_runs, mlflow_series, wandb_runs

@@ -1,0 +1,121 @@
+"""Runs of different flags as one NVFlare job (a pack, ``docs/packs.md``): a job script's ``--runs FILE``.
+
+``FILE`` is a JSON object, one entry per run: its name and its flags (``{"lr-0.01": {"lr": 0.01}, "lr-0.1":
+{"lr": 0.1}}``, each flag as a sweep spec writes it: ``true`` an on switch, ``false`` its ``--no-`` form). Each run is
+the command line with its own flags written after it (they win), its results in ``OUTPUT/NAME`` unless its flags
+give its ``output``. A sweep packs its trials so (``jobs.sweep.pack``): a learning-rate search's trials then share
+one job's start-up and the leaves' vectorised steps. Before any process starts the file is read and checked, each
+run's config built (``jobs.build``) and the configs checked as a pack (``jobs.pack_check``): a refusal is one
+``ConfigError`` naming the fix. ``run_runs`` runs the pack and returns each run's ``RunResult``, and ``runs_table``
+is what the job script prints at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from common.choices import ConfigError
+from common.config_flags import flag_args
+from jobs.build import build_config, checked_config
+from jobs.config import JobConfig
+from jobs.pack_check import check_pack
+from jobs.seeds import REFUSED_WITH, result_line, result_row, run_pack_results
+
+if TYPE_CHECKING:
+    from jobs.run.results import RunResult
+
+RUNS_HELP = (
+    "run the runs of this JSON file ({NAME: {flag: value}}, at least two) as ONE NVFlare job (a pack, docs/packs.md): "
+    "each the command line with its own flags after it, its results in OUTPUT/NAME; then each run's final accuracy"
+)
+"""The help of the job scripts' ``--runs`` flag (``jobs.cli``)."""
+
+NAME = re.compile(r"^[A-Za-z0-9][\w.=+-]*$")
+"""A run's name: its results folder's name inside the pack's folder."""
+
+NOT_PER_RUN = ("runs", "seeds", *(name for name in REFUSED_WITH if name != "seed"))
+"""Flags a run of ``--runs`` may not carry: a run is one new run (no pack inside it, no resume, no dry run); its
+``seed`` it may."""
+
+
+def read_runs(path: str) -> dict[str, dict]:
+    """The runs of a ``--runs`` file: each name and its flags, in the file's order. ``ConfigError`` naming the fix."""
+    try:
+        with open(os.path.expanduser(path)) as f:
+            runs = json.load(f)
+    except OSError as ex:
+        raise ConfigError(f"--runs {path}: cannot read it ({ex.strerror}); give a JSON file's path") from None
+    except ValueError as ex:
+        raise ConfigError(f"--runs {path}: not JSON ({ex}); write {{NAME: {{flag: value}}, ...}}") from None
+    if not isinstance(runs, dict) or not all(isinstance(flags, dict) for flags in runs.values()):
+        raise ConfigError(f"--runs {path}: write a JSON object of runs, {{NAME: {{flag: value}}, ...}}")
+    if len(runs) < 2:
+        raise ConfigError(f"--runs {path}: a pack needs at least 2 runs; for one, give its flags on the command line")
+    for name, flags in runs.items():
+        if not NAME.match(name):
+            raise ConfigError(f"--runs {path}: run name {name!r}: use letters, digits and . _ = + - (a folder's name)")
+        refused = [f for f in flags if f.replace("_", "-") in {n.replace("_", "-") for n in NOT_PER_RUN}]
+        if refused:
+            raise ConfigError(
+                f"--runs {path}: run {name} gives --{refused[0]}: a run of a pack is one new run; leave it out"
+            )
+    return runs
+
+
+def run_configs(
+    parse: Callable[[list[str]], argparse.Namespace],
+    resolve: Callable[[argparse.Namespace], tuple[str, dict]],
+    argv: list[str],
+    path: str,
+    *,
+    presets: bool = False,
+    announce: Callable[[str], None] | None = None,
+) -> list[JobConfig]:
+    """One resolved config per run of the ``--runs`` file at ``path``: ``parse`` reads a command line (the job
+    script's parser), ``resolve`` gives a parsed one's method and its options for the build; each run's command line
+    is ``argv`` with its flags after it. Checked as a pack. ``ConfigError`` naming the fix, before any process
+    starts."""
+    runs = read_runs(path)
+    method, base = resolve(parse(argv))
+    given = [flag for name, flag in REFUSED_WITH.items() if base.get(name) not in (None, False) and name != "seed"]
+    if given:
+        raise ConfigError(f"--runs with {', '.join(given)}: a pack runs each run as a new run; leave out {given[0]}")
+    output = checked_config(method, base, presets=presets).run.output
+    cfgs, lines, folders = [], [], {}
+    for i, (name, flags) in enumerate(runs.items()):
+        try:
+            method, options = resolve(parse([*argv, *flag_args(flags)]))
+            options["output"] = flags.get("output") or os.path.join(output, name)
+            folder = os.path.abspath(os.path.expanduser(options["output"]))
+            if folder in folders:
+                raise ConfigError(f"its results folder {folder} is run {folders[folder]}'s; give each its own output")
+            folders[folder] = name
+            cfgs.append(build_config(method, options, presets=presets, announce=lines.append if i == 0 else None))
+        except ConfigError as ex:
+            raise ConfigError(f"--runs {path}: run {name}: {ex}") from None
+    try:
+        check_pack(cfgs)
+    except ConfigError as ex:  # the check numbers the runs: name them as the file does
+        names = list(runs)
+        raise ConfigError(re.sub(r"\brun (\d+)\b", lambda m: f"run {names[int(m.group(1))]}", str(ex))) from None
+    for line in lines if announce is not None else ():
+        announce(line)
+    return cfgs
+
+
+def run_runs(cfgs: list[JobConfig], verbose: bool = False) -> tuple[int, list[RunResult]]:
+    """Run ``run_configs``' configs as one job: the highest of the runs' exit codes (each the one its run alone
+    would give) and each run's ``RunResult``, in the file's order."""
+    _, results = run_pack_results(cfgs, verbose=verbose)
+    return max(r.exit_code for r in results), results
+
+
+def runs_table(results: list[RunResult]) -> str:
+    """Each run's name, final accuracy, versions evaluated, outcome and results folder."""
+    rows = [result_row("run", "final accuracy", "evaluated", "outcome", "results", width=16)]
+    return "\n".join(rows + [result_line(os.path.basename(r.output), r, width=16) for r in results])

@@ -1,0 +1,61 @@
+"""A pack of runs of different flags, end to end (``jobs.pack_runs``, ``docs/packs.md``): the job script's ``--runs
+FILE`` runs two runs (their own local learning rate, seed and last version) as ONE NVFlare job, and a stop request
+in one run's folder (what the sweep writes when it prunes one trial of a pack) ends that run alone, ``pruned`` with
+the request's reason, while the other completes.
+
+* Each run's ``metrics.json`` holds its own flags (the command line's, with the run's after them).
+* The job exits 1, as a pack of seeds does when one ended early, and its table names the pruned run.
+* The stopped run was made to last (200 versions): it ends long before, so the request was acted on, and the other
+  run reaches its last version: a pack's job goes on after one of its runs has ended.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from common.result_files import METRICS, STOP_REQUEST
+from tests.conftest import PYTHON, REPO, kill_tree, wait_for
+
+SMALL = [
+    "--method", "fedbuff", "--num-leaf-nodes", "2", "--devices-per-leaf", "4", "--device-selection-size", "4",
+    "--delays", "paper", "--synthetic-size", "600", "--subset-size", "40", "--local-iters", "2",
+    "--local-batch-size", "16", "--local-lr", "0.02", "--global-lr", "1.0", "--eval-backlog", "wait",
+    "--num-updates-for-model", "2", "--min-hole-to-fill", "1", "--max-model-version", "6",
+]  # fmt: skip
+RUNS = {"kept": {"local-lr": 0.05}, "pruned": {"local-lr": 0.2, "seed": 5, "max-model-version": 200}}
+REASON = "pruned by the test at version 1"
+
+
+def metrics(folder) -> dict:
+    try:
+        return json.loads((folder / METRICS).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def test_a_stop_request_ends_one_run_of_a_pack_and_the_other_completes(tmp_path):
+    runs = tmp_path / "runs.json"
+    runs.write_text(json.dumps(RUNS))
+    out = tmp_path / "pack"
+    cmd = [PYTHON, "jobs/pt_job_fedrevive.py", *SMALL, "--runs", str(runs), "--output", str(out)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pruned = out / "pruned"
+    wait_for(lambda: len(metrics(pruned).get("versions", [])) >= 1, proc, 300, "the long run's first version")
+    (pruned / STOP_REQUEST).write_text(json.dumps({"reason": REASON}))
+    try:
+        printed = proc.communicate(timeout=300)[0]
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc.pid)
+    assert proc.returncode == 1, printed[-3000:]  # a run ended early, as --seeds says of a seed (the table: which)
+
+    kept, stopped = metrics(out / "kept"), metrics(pruned)
+    assert kept["outcome"]["status"] == "completed" and kept["outcome"]["version"] == 6, kept["outcome"]
+    assert stopped["outcome"]["status"] == "pruned" and stopped["outcome"]["reason"] == REASON, stopped["outcome"]
+    assert stopped["outcome"]["version"] < 200
+    assert (kept["config"]["training"]["local_lr"], kept["config"]["run"]["seed"]) == (0.05, 0)
+    assert (stopped["config"]["training"]["local_lr"], stopped["config"]["run"]["seed"]) == (0.2, 5)
+    assert stopped["config"]["federation"]["max_model_version"] == 200
+    rows = [line.split()[:4] for line in printed.splitlines() if line.startswith(("kept ", "pruned "))]
+    assert [(r[0], r[3]) for r in rows] == [("kept", "completed"), ("pruned", "pruned")], printed[-3000:]

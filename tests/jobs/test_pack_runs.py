@@ -1,0 +1,103 @@
+"""A job script's ``--runs FILE`` (``jobs.pack_runs``): every refusal is one line naming the fix, exit code 2,
+before any process starts; a run's flags come after the command line's and win; and the table shows each run. The
+pack itself runs end to end, one run stopped on request, in ``tests/e2e/test_pack_runs.py``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jobs.cli import build_parser, options_of, raising_parse
+from jobs.pack_runs import run_configs, runs_table
+from jobs.run import pack
+from jobs.run.results import RunResult
+
+SMALL = ["--method", "fedbuff", "--devices-per-leaf", "3", "--device-selection-size", "4", "--synthetic-size", "500"]
+
+
+@pytest.fixture(autouse=True)
+def nothing_starts(monkeypatch):
+    """Fail the test if a refused pack reaches the point where its job would start."""
+
+    def boom(*_a, **_k):
+        raise AssertionError("a refused pack of runs reached run_pack")
+
+    monkeypatch.setattr(pack, "run_pack", boom)
+
+
+def runs_file(tmp_path, runs) -> str:
+    path = tmp_path / "runs.json"
+    path.write_text(runs if isinstance(runs, str) else json.dumps(runs))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "runs, says",
+    [
+        ("{not json", "not JSON"),
+        ([{"lr": 0.1}], "write a JSON object of runs"),
+        ({"a": {"local-lr": 0.1}}, "a pack needs at least 2 runs; for one, give its flags on the command line"),
+        ({"a/b": {}, "c": {}}, "run name 'a/b': use letters, digits"),
+        ({"a": {"seeds": "1,2"}, "b": {}}, "run a gives --seeds: a run of a pack is one new run; leave it out"),
+        ({"a": {}, "b": {"resume": True}}, "run b gives --resume"),
+        ({"a": {"local-lr": "fast"}, "b": {}}, "run a: argument --local-lr: invalid float value: 'fast'"),
+        (
+            {"a": {"num-leaf-nodes": 3}, "b": {}},
+            "run b has --num-leaf-nodes 2, run a has 3: runs of one pack share --num-leaf-nodes",
+        ),
+        ({"a": {"output": "{out}/same"}, "b": {"output": "{out}/same"}}, "run b: its results folder"),
+    ],
+)
+def test_a_bad_runs_file_is_refused_in_one_line_before_anything_starts(tmp_path, capsys, runs, says):
+    from jobs.pt_job_fedrevive import main
+
+    if isinstance(runs, dict):
+        runs = {k: {f: str(v).replace("{out}", str(tmp_path)) for f, v in flags.items()} for k, flags in runs.items()}
+    path = runs_file(tmp_path, runs)
+    with pytest.raises(SystemExit) as ended:
+        raise SystemExit(main([*SMALL, "--runs", path, "--output", str(tmp_path / "out")]))
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert ended.value.code == 2 and len(lines) == 1 and not out.strip(), (out, err)
+    assert lines[0].startswith("error: ") and says in lines[0], lines[0]
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_runs_with_seeds_are_refused_in_one_line(tmp_path, capsys):
+    from jobs.pt_job_fedrevive import main
+
+    path = runs_file(tmp_path, {"a": {}, "b": {}})
+    with pytest.raises(SystemExit) as ended:
+        raise SystemExit(main([*SMALL, "--runs", path, "--seeds", "0,1"]))
+    err = capsys.readouterr().err.strip()
+    assert ended.value.code == 2 and "--seeds with --runs: give each run its seed in the --runs file" in err, err
+
+
+def test_each_runs_flags_follow_the_command_line_and_win(tmp_path):
+    parser = build_parser("", method_choice=True, seeds=True)
+    path = runs_file(
+        tmp_path,
+        {"slow": {"local-lr": 0.001, "seed": 4}, "fast": {"local-lr": 0.1, "output": str(tmp_path / "elsewhere")}},
+    )
+
+    def resolve(args):
+        return args.method, options_of(args, args.method)
+
+    cfgs = run_configs(
+        raising_parse(parser), resolve, [*SMALL, "--local-lr", "0.05", "--output", str(tmp_path / "p")], path
+    )
+    assert [(c.training.local_lr, c.run.seed) for c in cfgs] == [(0.001, 4), (0.1, 0)]
+    assert [c.output_dir for c in cfgs] == [str(tmp_path / "p" / "slow"), str(tmp_path / "elsewhere")]
+    assert {c.federation.device_selection_size for c in cfgs} == {4}  # the command line's, for every run
+    with pytest.raises(SystemExit):  # the parser exits as before once the runs are read
+        parser.parse_args(["--local-lr", "fast"])
+
+
+def test_the_table_names_each_run_and_how_it_ended(tmp_path):
+    done = {"versions": [{"version": 3, "accuracy": 0.5}], "outcome": {"status": "completed"}}
+    pruned = {"versions": [{"version": 1, "accuracy": 0.25}], "outcome": {"status": "pruned"}}
+    table = runs_table([RunResult(0, str(tmp_path / "a"), done), RunResult(1, str(tmp_path / "b"), pruned)])
+    rows = [line.split() for line in table.splitlines()]
+    assert rows[0][:2] == ["run", "final"]
+    assert rows[1][:4] == ["a", "0.5000", "1", "completed"] and rows[2][:4] == ["b", "0.2500", "1", "pruned"]
