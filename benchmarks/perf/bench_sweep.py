@@ -60,10 +60,10 @@ WAYS = ("simenv", "deployment", "pack")
 
 
 def cpu_flags() -> str:
-    """The cpu scale's flags as a spec's base entries (``name: value``)."""
+    """The cpu scale's flags as a spec's base entries (``name: value``), but the searched ``local-lr``."""
     words, entries = SCALES["cpu"]["flags"], []
     for i, word in enumerate(words):
-        if word.startswith("--"):
+        if word.startswith("--") and word != "--local-lr":
             value = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else "true"
             entries.append(f"{word[2:]}: {value}")
     return ", ".join(entries)
@@ -119,6 +119,9 @@ def job_costs(folder: str, runs: list[dict]) -> list[tuple[float, float, float]]
 
 def report(folder: str, wall: float | None, busy: list[float], way: str = "") -> dict:
     """Print a sweep's figures; returns them (trials per hour, CPU busy, mean start-up, shut-down, training)."""
+    if not os.path.exists(os.path.join(folder, "study.db")):
+        print(f"{way}: no study ({folder})")
+        return {}
     storage = f"sqlite:///{os.path.join(folder, 'study.db')}"
     (name,) = [s.study_name for s in optuna.get_all_study_summaries(storage)]
     trials = optuna.load_study(study_name=name, storage=storage).get_trials()

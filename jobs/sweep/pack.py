@@ -1,10 +1,13 @@
-"""A candidate's repeated seeds as ONE job (a pack, ``docs/packs.md``): the job script's ``--seeds 0,1,2``, each
-seed's results in ``OUTPUT/seed-N``, which become the candidate's runs' folders.
+"""Runs of a sweep sharing ONE job (a pack, ``docs/packs.md``): a candidate's repeated seeds (the job script's
+``--seeds 0,1,2``, each seed's results in ``OUTPUT/seed-N``, which become the candidate's runs' folders), or, with
+``--pack N`` and no ``repeat``, up to N trials (the job script's ``--runs FILE``, each trial's results in its own
+folder).
 
-Why here: the sweep keeps one ``Run`` per seed (its records, pruning on the mean, its attributes, board and trackers
-stay per run); only the process is shared. ``PackMember`` is one seed's view of that process, so the runner's loop
-treats it as a trial of its own. ``pack_refusal`` checks, once per sweep, that the seeds can share a job the way
-``jobs.seeds`` checks a job script's ``--seeds`` (the configs built, ``jobs.pack_check``); a refusal makes the
+Why here: the sweep keeps one ``Run`` per seed or trial (its records, pruning, its attributes, board and trackers
+stay per run); only the process is shared. ``PackMember`` is one run's view of that process, so the runner's loop
+treats it as a trial of its own; a pruned trial of a pack ends alone (a stop request in its folder) while its
+pack-mates go on. ``pack_refusal`` and ``trials_refusal`` check, once per sweep, that the runs can share a job the
+way the job script checks ``--seeds`` and ``--runs`` (the configs built, ``jobs.pack_check``); a refusal makes the
 sweep run them as separate jobs, as before packs (``--pack 1``).
 """
 
