@@ -50,13 +50,25 @@ def tasks_of(
     models: dict[int, DXO],
 ) -> list[tuple[str, int, int, int | None]]:
     """The tasks of ``prefix``'s selected devices not handed out yet whose model is here, in device-id order,
-    marked handed out in ``fetched``."""
+    marked handed out in ``fetched``. A release goes out whole: while one of its devices here waits for its model
+    (a version whose shared-memory link was not readable yet comes again in a later reply), none of that release's
+    devices is handed out, so the leaf's groups, cut by release, never depend on when a model arrives."""
+    incomplete = {
+        releases[sid]
+        for device, sid in selection.items()
+        if device.startswith(prefix)
+        and (device, sid) not in fetched
+        and versions.get(sid) not in models
+        and releases.get(sid) is not None
+    }
     tasks = []
     for device, sid in sorted(selection.items()):
         if not device.startswith(prefix) or (device, sid) in fetched:
             continue
         version = versions.get(sid)
         if version not in models:  # not here yet: a later reply brings it (and a new stamp)
+            continue
+        if releases.get(sid) in incomplete:  # with the rest of its release, once every model of it is here
             continue
         tasks.append((device, sid, version, releases.get(sid)))
         fetched.add((device, sid))

@@ -112,6 +112,22 @@ def test_a_leaf_hands_out_the_release_of_each_task_and_a_relay_passes_the_releas
     assert unpacked_map(to_child[SELECTION_RELEASES]) == {11: 1, 12: 1, 13: 2}
 
 
+def test_a_release_goes_out_whole_once_every_model_of_it_is_here():
+    # a reply whose version 4 could not be read yet (a shared-memory link not written yet: the parent sends it
+    # again) must not split release 1: its devices trained in two groups would give other bits than in one
+    updater = started_updater()
+    r = reply(5, {"site-1#0": 11, "site-1#1": 12, "site-1#2": 13}, {11: 3, 12: 4, 13: 5}, extra=(3,))
+    r[SELECTION_RELEASES] = {11: 1, 12: 1, 13: 2}
+    updater.process_parent_update_reply(r, FLContext())
+    tasks, _ = updater.take_tasks("site-1#")
+    assert tasks == [("site-1#2", 13, 5, 2)]  # release 2 is whole; release 1 waits for version 4
+    r = reply(5, {"site-1#0": 11, "site-1#1": 12, "site-1#2": 13}, {11: 3, 12: 4, 13: 5}, extra=(4,))
+    r[SELECTION_RELEASES] = {11: 1, 12: 1, 13: 2}
+    updater.process_parent_update_reply(r, FLContext())
+    tasks, _ = updater.take_tasks("site-1#")
+    assert tasks == [("site-1#0", 11, 3, 1), ("site-1#1", 12, 4, 1)]  # together, as one release
+
+
 def test_each_device_update_and_device_range_goes_up_once_unsummed():
     updater = started_updater()
     local = StateUpdateReport(0, 0, None, None).to_shareable()
