@@ -36,20 +36,22 @@ otherwise is resolved first) and returns a ``RunResult``. Bad options raise ``Co
 
 ``run(..., seeds=[0, 1, 2])`` runs those seeds as one NVFlare job (a pack, ``docs/packs.md``) and returns a
 ``SeedsResult``: each seed's ``RunResult`` (``runs``) and the mean +- std of the final accuracies (``mean``,
-``std``), which it prints as the job scripts' ``--seeds`` does.
+``std``), which it prints as the job scripts' ``--seeds`` does; ``run(..., runs={"a": {"local_lr": 0.01}, "b":
+{"local_lr": 0.1}})`` runs runs of different options as one job (the job scripts' ``--runs``).
 """
 
 from __future__ import annotations
 
 import inspect
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from common.choices import ConfigError
 from common.imports import import_path
 from jobs.build import build_config, resolve
 from jobs.config import JobConfig
 from jobs.methods import BUILT_IN, Method
+from jobs.pack_runs import RunsResult, option_configs, run_runs, runs_table
 from jobs.run.results import RunResult, read_metrics
 from jobs.seeds import SeedsResult, run_seeds, seed_configs, seeds_table
 from processors.data.sources import DatasetError
@@ -121,18 +123,30 @@ def run(
     verbose: bool = False,
     method=None,
     seeds: Sequence[int] | None = None,
+    runs: Mapping[str, Mapping] | None = None,
     model=AUTO,
     data="synthetic",
     delays=None,
     presets: bool = True,
     **options,
-) -> RunResult | SeedsResult:
+) -> RunResult | SeedsResult | RunsResult:
     """Run a job: a ``JobConfig``, or a method (positional or ``method=``: a name, an import path, a ``Method``
     class or instance; default ``fedavg``) and ``make_config``'s options. A config refused before start gives exit
     code 2, its reason printed in one line. ``seeds`` (two or more, e.g. ``[0, 1, 2]``; not with ``seed`` nor a
     ``JobConfig``): the seeds run as one NVFlare job (a pack, ``jobs.seeds``), each in ``output/seed-N``; each
     seed's result and the mean +- std of the final accuracies are printed and returned as a ``SeedsResult``
-    (``runs``: each seed's ``RunResult``; ``mean``, ``std``); a refused one raises ``ConfigError``."""
+    (``runs``: each seed's ``RunResult``; ``mean``, ``std``); a refused one raises ``ConfigError``. ``runs``
+    (``{NAME: {option: value}}``, two or more; not with ``seeds`` nor a ``JobConfig``): runs of different options
+    as one job (``jobs.pack_runs``: each the options with its own after them, in ``output/NAME``), each run's
+    result printed and returned as a ``RunsResult``; a refused one raises ``ConfigError``."""
+    if runs is not None:
+        if seeds is not None or isinstance(config_or_method, JobConfig):
+            raise ConfigError("runs= with seeds= or a JobConfig: give the method, its options and runs= alone")
+        chosen, options, arrays = _options(method or config_or_method or "fedavg", model, data, delays, options)
+        cfgs = option_configs(chosen, options, dict(runs), presets=presets, model_presets=presets, arrays=arrays)
+        result = run_runs(cfgs, list(runs), verbose=verbose)
+        print(runs_table(result))
+        return result
     if seeds is not None:
         if isinstance(config_or_method, JobConfig):
             raise ConfigError(

@@ -255,9 +255,9 @@ def _run_seeds(cfgs: list[JobConfig], verbose: bool) -> int:
 def _run_runs(cfgs: list[JobConfig], verbose: bool) -> int:
     """Run a pack of runs of different flags (``jobs.pack_runs``) and print each run's result."""
     startup_gc.resume()
-    code, results = run_runs(cfgs, verbose=verbose)
-    print(runs_table(results))
-    return code
+    result = run_runs(cfgs, verbose=verbose)
+    print(runs_table(result))
+    return result.exit_code
 
 
 def raising_parse(parser: argparse.ArgumentParser, hidden: dict | None = None):

@@ -17,6 +17,7 @@ import json
 import os
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from common.choices import ConfigError
@@ -52,19 +53,69 @@ def read_runs(path: str) -> dict[str, dict]:
         raise ConfigError(f"--runs {path}: cannot read it ({ex.strerror}); give a JSON file's path") from None
     except ValueError as ex:
         raise ConfigError(f"--runs {path}: not JSON ({ex}); write {{NAME: {{flag: value}}, ...}}") from None
+    return checked_runs(runs, f"--runs {path}", "--")
+
+
+def checked_runs(runs, where: str, mark: str) -> dict[str, dict]:
+    """``runs`` if they are a pack's runs (at least two, each a folder's name and a mapping of its settings, none
+    of ``NOT_PER_RUN``), else ``ConfigError`` naming the fix; ``where`` and ``mark`` (``--`` for a flag, "" for an
+    option) say where they came from."""
     if not isinstance(runs, dict) or not all(isinstance(flags, dict) for flags in runs.values()):
-        raise ConfigError(f"--runs {path}: write a JSON object of runs, {{NAME: {{flag: value}}, ...}}")
+        raise ConfigError(f"{where}: write a JSON object of runs, {{NAME: {{flag: value}}, ...}}")
     if len(runs) < 2:
-        raise ConfigError(f"--runs {path}: a pack needs at least 2 runs; for one, give its flags on the command line")
+        raise ConfigError(f"{where}: a pack needs at least 2 runs; for one, give its settings as a single run's")
     for name, flags in runs.items():
-        if not NAME.match(name):
-            raise ConfigError(f"--runs {path}: run name {name!r}: use letters, digits and . _ = + - (a folder's name)")
+        if not isinstance(name, str) or not NAME.match(name):
+            raise ConfigError(f"{where}: run name {name!r}: use letters, digits and . _ = + - (a folder's name)")
         refused = [f for f in flags if f.replace("_", "-") in {n.replace("_", "-") for n in NOT_PER_RUN}]
         if refused:
             raise ConfigError(
-                f"--runs {path}: run {name} gives --{refused[0]}: a run of a pack is one new run; leave it out"
+                f"{where}: run {name} gives {mark}{refused[0]}: a run of a pack is one new run; leave it out"
             )
     return runs
+
+
+def option_configs(
+    method,
+    options: dict,
+    runs: dict[str, dict],
+    *,
+    presets: bool = False,
+    model_presets: bool = True,
+    arrays=None,
+    announce: Callable[[str], None] | None = None,
+) -> list[JobConfig]:
+    """``jobs.api.run(..., runs={NAME: {option: value}})``: one resolved config per run, ``options`` with the run's
+    after them (they win), results in ``output/NAME`` unless the run gives ``output``; ``arrays``: a user's data,
+    saved once in the pack's folder. Checked as a pack; ``ConfigError`` naming the fix, before any process starts."""
+    runs = checked_runs(runs, "runs=", "")
+    given = [flag for name, flag in REFUSED_WITH.items() if options.get(name) not in (None, False) and name != "seed"]
+    if given:
+        raise ConfigError(f"runs= with {', '.join(given)}: a pack runs each run as a new run; leave out {given[0]}")
+    pack = checked_config(method, options, presets=presets, model_presets=model_presets, arrays=arrays)
+    if arrays is not None:  # every run reads the one dataset.npz (a pack shares its dataset)
+        options = dict(options, dataset=pack.data.dataset)
+    cfgs, lines = [], []
+    for i, (name, own) in enumerate(runs.items()):
+        one = options | dict(own)
+        one["output"] = own.get("output") or os.path.join(pack.run.output, name)
+        say = lines.append if i == 0 else None
+        try:
+            cfgs.append(build_config(method, one, presets=presets, model_presets=model_presets, announce=say))
+        except ConfigError as ex:
+            raise ConfigError(f"runs=: run {name}: {ex}") from None
+    _check_named(cfgs, list(runs))
+    for line in lines if announce is not None else ():
+        announce(line)
+    return cfgs
+
+
+def _check_named(cfgs: list[JobConfig], names: list[str]) -> None:
+    """``jobs.pack_check.check_pack``, its refusal naming the runs as the caller did (it numbers them)."""
+    try:
+        check_pack(cfgs)
+    except ConfigError as ex:
+        raise ConfigError(re.sub(r"\brun (\d+)\b", lambda m: f"run {names[int(m.group(1))]}", str(ex))) from None
 
 
 def run_configs(
@@ -98,24 +149,33 @@ def run_configs(
             cfgs.append(build_config(method, options, presets=presets, announce=lines.append if i == 0 else None))
         except ConfigError as ex:
             raise ConfigError(f"--runs {path}: run {name}: {ex}") from None
-    try:
-        check_pack(cfgs)
-    except ConfigError as ex:  # the check numbers the runs: name them as the file does
-        names = list(runs)
-        raise ConfigError(re.sub(r"\brun (\d+)\b", lambda m: f"run {names[int(m.group(1))]}", str(ex))) from None
+    _check_named(cfgs, list(runs))
     for line in lines if announce is not None else ():
         announce(line)
     return cfgs
 
 
-def run_runs(cfgs: list[JobConfig], verbose: bool = False) -> tuple[int, list[RunResult]]:
-    """Run ``run_configs``' configs as one job: the highest of the runs' exit codes (each the one its run alone
-    would give) and each run's ``RunResult``, in the file's order."""
+@dataclass(frozen=True)
+class RunsResult:
+    """Attributes:
+    exit_code: the highest of the runs' (each the one its run alone would give: 0 completed, 1 the job ended with
+        an error or the run ended early, 2 refused).
+    runs: each run's ``RunResult`` (its folder and ``metrics.json``) by its name, in the runs' order.
+    """
+
+    exit_code: int
+    runs: dict[str, RunResult]
+
+
+def run_runs(cfgs: list[JobConfig], names: list[str] | None = None, verbose: bool = False) -> RunsResult:
+    """Run ``run_configs``' (or ``option_configs``') configs as one job; ``names``: the runs' (default their
+    folders' names)."""
     _, results = run_pack_results(cfgs, verbose=verbose)
-    return max(r.exit_code for r in results), results
+    names = names or [os.path.basename(c.output_dir) for c in cfgs]
+    return RunsResult(max(r.exit_code for r in results), dict(zip(names, results, strict=True)))
 
 
-def runs_table(results: list[RunResult]) -> str:
+def runs_table(result: RunsResult) -> str:
     """Each run's name, final accuracy, versions evaluated, outcome and results folder."""
     rows = [result_row("run", "final accuracy", "evaluated", "outcome", "results", width=16)]
-    return "\n".join(rows + [result_line(os.path.basename(r.output), r, width=16) for r in results])
+    return "\n".join(rows + [result_line(name, r, width=16) for name, r in result.runs.items()])

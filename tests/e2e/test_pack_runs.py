@@ -7,6 +7,9 @@ the request's reason, while the other completes.
 * The job exits 1, as a pack of seeds does when one ended early, and its table names the pruned run.
 * The stopped run was made to last (200 versions): it ends long before, so the request was acted on, and the other
   run reaches its last version: a pack's job goes on after one of its runs has ended.
+
+From Python, ``jobs.api.run(..., runs={NAME: {option: value}})`` runs two runs of different learning rates and
+seeds as one job and returns each run's result by its name.
 """
 
 from __future__ import annotations
@@ -59,3 +62,25 @@ def test_a_stop_request_ends_one_run_of_a_pack_and_the_other_completes(tmp_path)
     assert stopped["config"]["federation"]["max_model_version"] == 200
     rows = [line.split()[:4] for line in printed.splitlines() if line.startswith(("kept ", "pruned "))]
     assert [(r[0], r[3]) for r in rows] == [("kept", "completed"), ("pruned", "pruned")], printed[-3000:]
+
+
+API_OPTIONS = {
+    "num_leaf_nodes": 2, "devices_per_leaf": 4, "device_selection_size": 4, "num_updates_for_model": 2,
+    "min_hole_to_fill": 1, "max_model_version": 6, "delays": "paper", "synthetic_size": 600, "subset_size": 40,
+    "local_iters": 2, "local_batch_size": 16, "local_lr": 0.02, "global_lr": 1.0, "eval_backlog": "wait",
+}  # fmt: skip
+
+
+def test_the_apis_runs_run_as_one_job_each_with_its_own_options(tmp_path, capsys):
+    from jobs.api import run
+
+    result = run("fedbuff", runs={"slow": {"local_lr": 0.01}, "fast": {"local_lr": 0.1, "seed": 2}},
+                 output=str(tmp_path / "pack"), **API_OPTIONS)  # fmt: skip
+    assert result.exit_code == 0 and list(result.runs) == ["slow", "fast"]
+    for name, (lr, seed) in {"slow": (0.01, 0), "fast": (0.1, 2)}.items():
+        r = result.runs[name]
+        assert r.output == str(tmp_path / "pack" / name) and r.outcome["status"] == "completed"
+        assert (r.metrics["config"]["training"]["local_lr"], r.metrics["config"]["run"]["seed"]) == (lr, seed)
+        assert len(r.accuracies) == 6
+    printed = capsys.readouterr().out
+    assert [line.split()[0] for line in printed.splitlines() if line.startswith(("slow ", "fast "))] == ["slow", "fast"]

@@ -8,8 +8,9 @@ import json
 
 import pytest
 
+from common.choices import ConfigError
 from jobs.cli import build_parser, options_of, raising_parse
-from jobs.pack_runs import run_configs, runs_table
+from jobs.pack_runs import RunsResult, option_configs, run_configs, runs_table
 from jobs.run import pack
 from jobs.run.results import RunResult
 
@@ -37,7 +38,7 @@ def runs_file(tmp_path, runs) -> str:
     [
         ("{not json", "not JSON"),
         ([{"lr": 0.1}], "write a JSON object of runs"),
-        ({"a": {"local-lr": 0.1}}, "a pack needs at least 2 runs; for one, give its flags on the command line"),
+        ({"a": {"local-lr": 0.1}}, "a pack needs at least 2 runs; for one, give its settings as a single run's"),
         ({"a/b": {}, "c": {}}, "run name 'a/b': use letters, digits"),
         ({"a": {"seeds": "1,2"}, "b": {}}, "run a gives --seeds: a run of a pack is one new run; leave it out"),
         ({"a": {}, "b": {"resume": True}}, "run b gives --resume"),
@@ -97,7 +98,25 @@ def test_each_runs_flags_follow_the_command_line_and_win(tmp_path):
 def test_the_table_names_each_run_and_how_it_ended(tmp_path):
     done = {"versions": [{"version": 3, "accuracy": 0.5}], "outcome": {"status": "completed"}}
     pruned = {"versions": [{"version": 1, "accuracy": 0.25}], "outcome": {"status": "pruned"}}
-    table = runs_table([RunResult(0, str(tmp_path / "a"), done), RunResult(1, str(tmp_path / "b"), pruned)])
-    rows = [line.split() for line in table.splitlines()]
+    runs = {"a": RunResult(0, str(tmp_path / "x"), done), "b": RunResult(1, str(tmp_path / "y"), pruned)}
+    rows = [line.split() for line in runs_table(RunsResult(1, runs)).splitlines()]
     assert rows[0][:2] == ["run", "final"]
     assert rows[1][:4] == ["a", "0.5000", "1", "completed"] and rows[2][:4] == ["b", "0.2500", "1", "pruned"]
+
+
+def test_the_apis_runs_take_options_the_run_wins_and_refusals_raise(tmp_path):
+    from jobs.api import run
+
+    options = {"devices_per_leaf": 3, "device_selection_size": 4, "synthetic_size": 500, "local_lr": 0.05}
+    runs = {"a": {"local_lr": 0.001, "seed": 4}, "b": {}}
+    cfgs = option_configs("fedbuff", options | {"output": str(tmp_path / "p")}, runs)
+    assert [(c.training.local_lr, c.run.seed) for c in cfgs] == [(0.001, 4), (0.05, 0)]
+    assert [c.output_dir for c in cfgs] == [str(tmp_path / "p" / "a"), str(tmp_path / "p" / "b")]
+    with pytest.raises(ConfigError, match="runs=: a pack needs at least 2 runs"):
+        run("fedbuff", runs={"a": {}}, **options)
+    with pytest.raises(ConfigError, match="runs=: run b gives seeds: a run of a pack is one new run"):
+        run("fedbuff", runs={"a": {}, "b": {"seeds": [1, 2]}}, **options)
+    with pytest.raises(ConfigError, match="runs= with seeds= or a JobConfig"):
+        run("fedbuff", runs={"a": {}, "b": {}}, seeds=[1, 2], **options)
+    with pytest.raises(ConfigError, match="run b has --num-leaf-nodes 3, run a has 2"):
+        run("fedbuff", runs={"a": {}, "b": {"num_leaf_nodes": 3}}, **options)
