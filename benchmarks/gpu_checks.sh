@@ -101,22 +101,26 @@ print(f"RESULT K={sys.argv[2]}: groups {m.get('groups')}; GPU% mean {sum(gpu) / 
 PY
 }
 
-# issue 59: N seeds of the convnet's FedBuff (K devices each) as one pack (--seeds): is the GPU at least 80% busy?
-# Each seed's metrics.json samples the whole GPU; the line gives seed 0's mean and every seed's devices/s.
+# issue 59: N trials of the convnet's FedBuff (K devices each, N local learning rates from 1e-4 to 1e-1) as one
+# pack (the job script's --runs, as the sweep's --pack N runs them): is the GPU at least 80% busy? Each run's
+# metrics.json samples the whole GPU; the line gives run t0's mean and every run's devices/s.
 pack_job() {
   local n=$1 k=$2 versions=$3
   local name="pack-convnet-n$n-k$k"
-  $PY jobs/pt_job_fedrevive.py --method fedbuff --compute-device "$DEVICE" --num-leaf-nodes 2 \
-    --devices-per-leaf $((k / 2)) --device-selection-size "$k" --max-model-version "$versions" \
-    --model cifar10_convnet --eval-frequency 100 --checkpoint-every -1 --workspace /tmp/edgesim-ws \
-    --seeds "$(seq -s, 0 $((n - 1)))" --output "$OUT/$name" &&
+  mkdir -p "$OUT"
+  $PY -c "import json, sys; n = int(sys.argv[1]); json.dump({f't{i}': {'local-lr': 10 ** (-4 + 3 * i / max(1, n - 1))}
+    for i in range(n)}, open(sys.argv[2], 'w'))" "$n" "$OUT/$name.json" &&
+    $PY jobs/pt_job_fedrevive.py --method fedbuff --compute-device "$DEVICE" --num-leaf-nodes 2 \
+      --devices-per-leaf $((k / 2)) --device-selection-size "$k" --max-model-version "$versions" \
+      --model cifar10_convnet --eval-frequency 100 --checkpoint-every -1 --workspace /tmp/edgesim-ws \
+      --runs "$OUT/$name.json" --output "$OUT/$name" &&
     $PY - "$OUT/$name" "$n" "$k" <<'PY'
 import json, os, sys
 out, n, k = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-ms = [json.load(open(os.path.join(out, f"seed-{s}", "metrics.json"))) for s in range(n)]
+ms = [json.load(open(os.path.join(out, f"t{i}", "metrics.json"))) for i in range(n)]
 gpu = [g for v in ms[0]["versions"][1:] if (g := v["system"].get("gpu_util_percent")) is not None]
 rates = [m["summary"].get("devices_per_second") or 0 for m in ms]
-print(f"RESULT pack of {n} seeds, K={k} each: GPU% mean {sum(gpu) / max(1, len(gpu)):.0f} "
+print(f"RESULT pack of {n} trials, K={k} each: GPU% mean {sum(gpu) / max(1, len(gpu)):.0f} "
       f"min {min(gpu, default=0):.0f} over {len(gpu)} records (goal: at least 80); devices/s summed "
       f"{sum(rates):.1f} ({', '.join(f'{r:.1f}' for r in rates)}); wall {ms[0]['versions'][-1].get('wall_seconds')} s")
 PY
