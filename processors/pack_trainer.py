@@ -1,4 +1,5 @@
-"""A pack's cross-run groups: devices of several runs (``docs/packs.md``) trained in one vectorised call.
+"""A leaf's vectorised groups, a run's own or a pack's cross-run ones: devices of one run or of several
+(``docs/packs.md``) trained in one call of the engine (``train_runs``, the one place that calls it for a group).
 
 Each run of a pack has its own ``TrainingTaskProcessor`` (its data, seed, objective, rules, compression, privacy).
 Devices of runs whose settings can share a step (``processors.step_groups``) train together: each run's processor
@@ -49,37 +50,26 @@ def step_classes(trainers: Mapping[int, Any]) -> dict[int, int]:
 
 
 def train_runs(
-    parts: Sequence[tuple[Any, list[str], list[dict], list[int], list[int] | None]],
+    parts: Sequence[tuple[Any, list[str], list[dict] | dict, list[int] | int, list[int] | None]],
 ) -> list[list[dict[str, np.ndarray]]]:
-    """Train every run's devices of ``parts`` (each: its run's processor, device ids, each device's weights, its
-    version, its selection ids or None) in one vectorised call; each part's diffs, finished by its own processor,
-    in order. The runs must be of one ``step_classes`` class."""
+    """Train the devices of ``parts`` (each: its run's processor, device ids, each device's weights or one for all,
+    each one's version or one for all, its selection ids or None) in one vectorised call; each part's diffs,
+    finished by its own processor, in order. The one call to the engine for a leaf's groups: one part is a run's own
+    group (``TrainingTaskProcessor.train_group``, its rule included); several are a pack's cross-run group, whose
+    runs must be of one ``step_classes`` class (no rule; each device at its run's learning rate and objective
+    values)."""
     first = parts[0][0]
     with first._compute_context():
         groups = [trainer.prepare_group(ids, weights, versions, sel) for trainer, ids, weights, versions, sel in parts]
-        sizes = [len(g.device_ids) for g in groups]
-        params: list = []
-        extras: list = []
-        for g, k in zip(groups, sizes, strict=True):
-            params += [g.params] * k if isinstance(g.params, dict) else list(g.params)
-            extras += [g.extras] * k if isinstance(g.extras, dict) else list(g.extras)
-        if len({tuple(sorted(e)) for e in extras}) > 1:
-            raise ValueError("the runs' devices carry different extras: they cannot share a step")
-        clips = [c for g in groups for c in g.clips] if groups[0].clips is not None else None
-        wants_steps = any(g.last_steps is not None for g in groups)
-        last_steps: list[dict] | None = [] if wants_steps else None
-        lrs = [trainer._training.local_lr for (trainer, *_), k in zip(parts, sizes, strict=True) for _ in range(k)]
-        batched = tuple(getattr(first._objective, "batched", ())) if first._objective is not None else ()
-        values = (
-            [
-                {n: float(trainer.objective_args[n]) for n in batched}
-                for (trainer, *_), k in zip(parts, sizes, strict=True)
-                for _ in range(k)
-            ]
-            if batched
-            else None
-        )
         norms: list[float] = []
+        if len(groups) == 1:  # a run's own group: its weights broadcast when of one version, its rule, its lr
+            g = groups[0]
+            params, extras, clips, last_steps, rule, lrs, values = (
+                g.params, g.extras, g.clips, g.last_steps, g.rule, None, None
+            )  # fmt: skip
+        else:
+            params, extras, clips, last_steps, lrs, values = _merged(parts, groups)
+            rule = None
         diffs = train_group(
             first._training.model,
             params,
@@ -92,7 +82,7 @@ def train_runs(
             first._objective,
             extras,
             last_steps,
-            None,
+            rule,
             clips,
             norms,
             lrs,
@@ -100,8 +90,37 @@ def train_runs(
         )
         out = []
         at = 0
-        for (trainer, *_), g, k in zip(parts, groups, sizes, strict=True):
+        for (trainer, *_), g in zip(parts, groups, strict=True):
+            k = len(g.device_ids)
             steps = last_steps[at : at + k] if last_steps is not None and g.last_steps is not None else None
             out.append(trainer.finish_group(g, diffs[at : at + k], norms[at : at + k], steps))
             at += k
         return out
+
+
+def _merged(parts: Sequence[tuple], groups: list) -> tuple:
+    """A cross-run group's engine inputs: every device's start weights, extras, clip norm, last-step slot, learning
+    rate and batched objective values, in the parts' order."""
+    first = parts[0][0]
+    sizes = [len(g.device_ids) for g in groups]
+    params: list = []
+    extras: list = []
+    for g, k in zip(groups, sizes, strict=True):
+        params += [g.params] * k if isinstance(g.params, dict) else list(g.params)
+        extras += [g.extras] * k if isinstance(g.extras, dict) else list(g.extras)
+    if len({tuple(sorted(e)) for e in extras}) > 1:
+        raise ValueError("the runs' devices carry different extras: they cannot share a step")
+    clips = [c for g in groups for c in g.clips] if groups[0].clips is not None else None
+    last_steps: list[dict] | None = [] if any(g.last_steps is not None for g in groups) else None
+    lrs = [trainer._training.local_lr for (trainer, *_), k in zip(parts, sizes, strict=True) for _ in range(k)]
+    batched = tuple(getattr(first._objective, "batched", ())) if first._objective is not None else ()
+    values = (
+        [
+            {n: float(trainer.objective_args[n]) for n in batched}
+            for (trainer, *_), k in zip(parts, sizes, strict=True)
+            for _ in range(k)
+        ]
+        if batched
+        else None
+    )
+    return params, extras, clips, last_steps, lrs, values

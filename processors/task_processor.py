@@ -36,11 +36,11 @@ from processors.data.sources import load_dataset
 from processors.device import resolve_device
 from processors.device_rule import RuleHost
 from processors.objective import DeviceObjective, make_objective
+from processors.pack_trainer import train_runs
 from processors.privatize import clip_norm_for, noise_for, parameter_names, privatized
 from processors.reports import LAST_STEP, check_reports, weigh_by_samples, with_reports
 from processors.task_wire import device_extras, received_model, weight_diff_result
 from processors.training import TrainingConfig, train_local, worker_model
-from processors.training_vectorized import train_group
 
 _owners = itertools.count(1)  # each processor's key in the converted weights' cache (``weights_owner``)
 
@@ -317,28 +317,10 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
     ) -> list[dict[str, np.ndarray]]:
         """Train several devices in one vectorised call (``train_group``), each from its own version's weights
         (``model_data`` and ``version``: one for all, or one per device); each diff equals what ``train`` gives
-        for that device, up to floating-point summation order. A pack trains several runs' devices in one call
-        through the same two halves (``prepare_group``, ``finish_group``: ``processors.pack_trainer``)."""
-        with self._compute_context():
-            group = self.prepare_group(device_ids, model_data, version, selections)
-            norms: list[float] = []
-            diffs = train_group(
-                self._training.model,
-                group.params,
-                [(x, y) for _, x, y, _ in group.prepared],
-                self._training,
-                [g for *_, g in group.prepared],
-                group.device,
-                self._settings.pinned_streams,
-                self._input_prep(),
-                self._objective,
-                group.extras,
-                group.last_steps,
-                group.rule,
-                group.clips,
-                norms,
-            )
-            return self.finish_group(group, diffs, norms, group.last_steps)
+        for that device, up to floating-point summation order. The engine is called in ``processors.pack_trainer``'s
+        ``train_runs``, which a pack's cross-run groups go through too, between the two halves (``prepare_group``,
+        ``finish_group``)."""
+        return train_runs([(self, device_ids, model_data, version, selections)])[0]
 
     def prepare_group(
         self,

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import processors.pack_trainer as pack_trainer
 import processors.task_processor as tp
 from common.privacy import CLIP_NORM
 from common.protocol import DEVICE_EXTRA_PREFIX
@@ -27,14 +28,14 @@ def survives() -> bool:
 def seen(monkeypatch) -> list[bool]:
     """What ``survives`` said inside each training call of the task processor's engines."""
     found: list[bool] = []
-    for name in ("train_local", "train_group"):
-        real = getattr(tp, name)
+    for module, name in ((tp, "train_local"), (pack_trainer, "train_group")):  # the vectorised engine's one caller
+        real = getattr(module, name)
 
         def spy(*args, _real=real, **kwargs):
             found.append(survives())
             return _real(*args, **kwargs)
 
-        monkeypatch.setattr(tp, name, spy)
+        monkeypatch.setattr(module, name, spy)
     return found
 
 
