@@ -22,7 +22,7 @@ from common.delays import DELAY_PRESET_ORIGINS, DELAY_PRESETS, TRANSFER_FIELDS, 
 from jobs.build import build_config, checked_config, option_names
 from jobs.config import PARTS, FederationConfig, JobConfig
 from jobs.methods import BUILT_IN, Method, method_of
-from jobs.pack_runs import RUNS_HELP, run_configs, run_runs, runs_table
+from jobs.pack_runs import RUNS_HELP, read_runs, run_configs, run_runs, runs_table
 from jobs.seeds import SEEDS_HELP, run_seeds, seed_configs, seeds_table
 from processors.model_names import PRESET_FIELDS as MODEL_PRESET_FIELDS
 from processors.training_config import TrainingConfig
@@ -213,6 +213,12 @@ def options_of(args: argparse.Namespace, method: str) -> dict:
     return {k: v for k, v in vars(args).items() if k in known}
 
 
+def method_and_options(args: argparse.Namespace, method: str | None = None) -> tuple[str, dict]:
+    """A parsed command line's method (``method``, or its ``--method``) and its options for the build."""
+    chosen = method or args.method
+    return chosen, options_of(args, chosen)
+
+
 def build_from_args(args: argparse.Namespace, method: str, presets: bool = False) -> JobConfig:
     """The resolved ``JobConfig`` a parsed command line describes, ready to run (``jobs.build.build_config``: the
     flags are its options). ``presets``: the method's federation presets fill every federation flag not given.
@@ -301,12 +307,15 @@ def job_main(description: str, argv: list[str] | None, method: str | None = None
         if args.seeds is not None:  # one pack of seeds (jobs.seeds): every check before any process starts
             cfgs = seeds_from_args(parser, argv, full, chosen, presets=method is None, announce=print)
         elif args.runs is not None:  # one pack of runs of different flags (jobs.pack_runs)
-            parse = raising_parse(parser, hidden)
-
-            def resolve(a: argparse.Namespace) -> tuple[str, dict]:  # each run may choose its own --method
-                return (method or a.method), options_of(a, method or a.method)
-
-            cfgs = run_configs(parse, resolve, argv, args.runs, presets=method is None, announce=print)
+            cfgs = run_configs(
+                raising_parse(parser, hidden),
+                lambda a: method_and_options(a, method),  # each run may choose its own --method
+                argv,
+                read_runs(args.runs),
+                f"--runs {args.runs}",
+                presets=method is None,
+                announce=print,
+            )
         else:  # with --resume: the saved run's config, with the flags written on the command line that are harmless
             given = given_flags(parser, argv) if args.resume else None
             cfgs = [build_config(chosen, options_of(full, chosen), presets=method is None, given=given, announce=print)]

@@ -44,16 +44,15 @@ NOT_PER_RUN = ("runs", "seeds", *(name for name in REFUSED_WITH if name != "seed
 ``seed`` it may."""
 
 
-def read_runs(path: str) -> dict[str, dict]:
-    """The runs of a ``--runs`` file: each name and its flags, in the file's order. ``ConfigError`` naming the fix."""
+def read_runs(path: str):
+    """What a ``--runs`` file holds (``run_configs`` checks it). ``ConfigError`` naming the fix."""
     try:
         with open(os.path.expanduser(path)) as f:
-            runs = json.load(f)
+            return json.load(f)
     except OSError as ex:
         raise ConfigError(f"--runs {path}: cannot read it ({ex.strerror}); give a JSON file's path") from None
     except ValueError as ex:
         raise ConfigError(f"--runs {path}: not JSON ({ex}); write {{NAME: {{flag: value}}, ...}}") from None
-    return checked_runs(runs, f"--runs {path}", "--")
 
 
 def checked_runs(runs, where: str, mark: str) -> dict[str, dict]:
@@ -89,67 +88,75 @@ def option_configs(
     after them (they win), results in ``output/NAME`` unless the run gives ``output``; ``arrays``: a user's data,
     saved once in the pack's folder. Checked as a pack; ``ConfigError`` naming the fix, before any process starts."""
     runs = checked_runs(runs, "runs=", "")
-    given = [flag for name, flag in REFUSED_WITH.items() if options.get(name) not in (None, False) and name != "seed"]
-    if given:
-        raise ConfigError(f"runs= with {', '.join(given)}: a pack runs each run as a new run; leave out {given[0]}")
+    _refuse_beside("runs=", options)
     pack = checked_config(method, options, presets=presets, model_presets=model_presets, arrays=arrays)
     if arrays is not None:  # every run reads the one dataset.npz (a pack shares its dataset)
         options = dict(options, dataset=pack.data.dataset)
-    cfgs, lines = [], []
-    for i, (name, own) in enumerate(runs.items()):
-        one = options | dict(own)
-        one["output"] = own.get("output") or os.path.join(pack.run.output, name)
-        say = lines.append if i == 0 else None
-        try:
-            cfgs.append(build_config(method, one, presets=presets, model_presets=model_presets, announce=say))
-        except ConfigError as ex:
-            raise ConfigError(f"runs=: run {name}: {ex}") from None
-    _check_named(cfgs, list(runs))
-    for line in lines if announce is not None else ():
-        announce(line)
-    return cfgs
-
-
-def _check_named(cfgs: list[JobConfig], names: list[str]) -> None:
-    """``jobs.pack_check.check_pack``, its refusal naming the runs as the caller did (it numbers them)."""
-    try:
-        check_pack(cfgs)
-    except ConfigError as ex:
-        raise ConfigError(re.sub(r"\brun (\d+)\b", lambda m: f"run {names[int(m.group(1))]}", str(ex))) from None
+    return _built(
+        "runs=", runs, lambda own: (method, options | dict(own)), pack.run.output, presets, model_presets, announce
+    )
 
 
 def run_configs(
     parse: Callable[[list[str]], argparse.Namespace],
     resolve: Callable[[argparse.Namespace], tuple[str, dict]],
     argv: list[str],
-    path: str,
+    runs: dict[str, dict],
+    where: str,
     *,
     presets: bool = False,
     announce: Callable[[str], None] | None = None,
 ) -> list[JobConfig]:
-    """One resolved config per run of the ``--runs`` file at ``path``: ``parse`` reads a command line (the job
-    script's parser), ``resolve`` gives a parsed one's method and its options for the build; each run's command line
-    is ``argv`` with its flags after it. Checked as a pack. ``ConfigError`` naming the fix, before any process
-    starts."""
-    runs = read_runs(path)
+    """One resolved config per run of ``runs`` (a ``--runs`` file's, ``read_runs``; ``where`` names them in a
+    refusal): ``parse`` reads a command line (the job script's parser), ``resolve`` gives a parsed one's method and
+    its options for the build; each run's command line is ``argv`` with its flags after it. Checked as a pack.
+    ``ConfigError`` naming the fix, before any process starts."""
+    runs = checked_runs(runs, where, "--")
     method, base = resolve(parse(argv))
-    given = [flag for name, flag in REFUSED_WITH.items() if base.get(name) not in (None, False) and name != "seed"]
-    if given:
-        raise ConfigError(f"--runs with {', '.join(given)}: a pack runs each run as a new run; leave out {given[0]}")
+    _refuse_beside("--runs", base)
     output = checked_config(method, base, presets=presets).run.output
+    return _built(
+        where, runs, lambda flags: resolve(parse([*argv, *flag_args(flags)])), output, presets, True, announce
+    )
+
+
+def _refuse_beside(what: str, options: dict) -> None:
+    """``ConfigError`` when ``options`` hold one of ``REFUSED_WITH`` (but ``seed``): each run of a pack is new."""
+    given = [flag for name, flag in REFUSED_WITH.items() if options.get(name) not in (None, False) and name != "seed"]
+    if given:
+        raise ConfigError(f"{what} with {', '.join(given)}: a pack runs each run as a new run; leave out {given[0]}")
+
+
+def _built(
+    where: str,
+    runs: dict[str, dict],
+    make: Callable[[dict], tuple[str, dict]],
+    output: str,
+    presets: bool,
+    model_presets: bool,
+    announce: Callable[[str], None] | None,
+) -> list[JobConfig]:
+    """Each run's resolved config: ``make`` gives its method and options from its own settings; its results in
+    ``output/NAME`` unless it gives ``output``, no two runs in one folder; a refusal names the run, and the pack
+    check's names the runs as ``runs`` does. The presets' lines go to ``announce`` once every check has passed."""
     cfgs, lines, folders = [], [], {}
-    for i, (name, flags) in enumerate(runs.items()):
+    for i, (name, own) in enumerate(runs.items()):
         try:
-            method, options = resolve(parse([*argv, *flag_args(flags)]))
-            options["output"] = flags.get("output") or os.path.join(output, name)
+            method, options = make(own)
+            options["output"] = own.get("output") or os.path.join(output, name)
             folder = os.path.abspath(os.path.expanduser(options["output"]))
             if folder in folders:
                 raise ConfigError(f"its results folder {folder} is run {folders[folder]}'s; give each its own output")
             folders[folder] = name
-            cfgs.append(build_config(method, options, presets=presets, announce=lines.append if i == 0 else None))
+            say = lines.append if i == 0 else None
+            cfgs.append(build_config(method, options, presets=presets, model_presets=model_presets, announce=say))
         except ConfigError as ex:
-            raise ConfigError(f"--runs {path}: run {name}: {ex}") from None
-    _check_named(cfgs, list(runs))
+            raise ConfigError(f"{where}: run {name}: {ex}") from None
+    try:
+        check_pack(cfgs)
+    except ConfigError as ex:  # the check numbers the runs: name them as the caller did
+        names = list(runs)
+        raise ConfigError(re.sub(r"\brun (\d+)\b", lambda m: f"run {names[int(m.group(1))]}", str(ex))) from None
     for line in lines if announce is not None else ():
         announce(line)
     return cfgs

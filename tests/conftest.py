@@ -72,6 +72,18 @@ def fresh_weights_cache(monkeypatch):
 
 
 @pytest.fixture
+def no_pack_starts(monkeypatch):
+    """Fail the test if a refused pack (``--seeds``, ``--runs``, ``run(seeds=...)``, ``run(runs=...)``) reaches
+    the point where its job would start (``jobs.run.pack.run_pack``)."""
+    from jobs.run import pack
+
+    def boom(*_a, **_k):
+        raise AssertionError("a refused pack reached run_pack")
+
+    monkeypatch.setattr(pack, "run_pack", boom)
+
+
+@pytest.fixture
 def no_data_cache(monkeypatch):
     """Each test parses its own files (``processors.data.cache``: no per-machine cache of parsed arrays)."""
     monkeypatch.setenv("EDGESIM_NO_DATA_CACHE", "1")

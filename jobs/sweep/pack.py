@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import tempfile
 import time
 
 from common.choices import ConfigError
@@ -43,35 +42,33 @@ def pack_sizes(runs: int, pack: int | None) -> list[int]:
 def seeds_refusal(flags: dict, seeds: list[int], output: str) -> str | None:
     """Why the job script's ``--seeds`` would refuse these seeds of one run's ``flags`` (without ``seed``), in one
     line; None when they can share one job. Built as ``jobs.cli.job_main`` builds them: no file is written."""
-    from jobs.cli import build_parser, seeds_from_args
+    from jobs.cli import build_parser, raising_parse, seeds_from_args
 
     parser = build_parser("", method_choice=True, seeds=True)
     argv = [*flag_args(flags), "--seeds", ",".join(map(str, seeds)), "--output", output]
-
-    def refuse(message: str):
-        raise ConfigError(message)
-
-    parser.error = refuse  # one line, raised here rather than printed with a usage block
-    try:
-        args = parser.parse_args(argv)
+    try:  # one line, raised here rather than printed with a usage block
+        args = raising_parse(parser)(argv)
         seeds_from_args(parser, argv, args, args.method, presets=True)
     except ConfigError as ex:
         return str(ex)
     return None
 
 
-def pack_refusal(spec: SweepSpec, extra: dict, output: str) -> str | None:
-    """Why a candidate's seeds cannot share one job, for any cell of the spec (each searched flag at its probes, as
-    ``jobs.sweep.spec.check_flags`` checks them); ``extra``: the flags every trial gets besides (a deployment's).
-    None when every candidate's can."""
-    seeds = [rep["seed"] for rep in spec.repeats()]
+def probe_params(spec: SweepSpec) -> list[dict]:
+    """Every cell of the spec with each searched flag at its probes (as ``jobs.sweep.spec.check_flags`` checks
+    them): the trials' values a pack check builds."""
     probes = [[(p.name, v) for v in p.probes()] for p in spec.search]
-    for cell in spec.cells():
-        for combo in itertools.product(*probes):
-            params = cell | dict(combo)
-            if refusal := seeds_refusal(spec.trial_flags(params) | extra, seeds, output):
-                shown = ", ".join(f"{k}={v}" for k, v in params.items())
-                return f"{refusal} (with {shown})" if shown else refusal
+    return [cell | dict(combo) for cell in spec.cells() for combo in itertools.product(*probes)]
+
+
+def pack_refusal(spec: SweepSpec, extra: dict, output: str) -> str | None:
+    """Why a candidate's seeds cannot share one job, for any of ``probe_params``; ``extra``: the flags every trial
+    gets besides (a deployment's). None when every candidate's can."""
+    seeds = [rep["seed"] for rep in spec.repeats()]
+    for params in probe_params(spec):
+        if refusal := seeds_refusal(spec.trial_flags(params) | extra, seeds, output):
+            shown = ", ".join(f"{k}={v}" for k, v in params.items())
+            return f"{refusal} (with {shown})" if shown else refusal
     return None
 
 
@@ -81,29 +78,20 @@ def packs_trials(spec: SweepSpec, pack: int | None) -> bool:
 
 
 def trials_refusal(spec: SweepSpec, extra: dict, output: str) -> str | None:
-    """Why trials cannot share one job, for any cells of the spec and its searched flags at their probes together
-    (the job script's ``--runs`` check, ``jobs.pack_runs``: no file but a temporary one is written); ``extra``: the
-    flags every trial gets besides. None when they can."""
-    from jobs.cli import build_parser, options_of, raising_parse
+    """Why trials cannot share one job, for ``probe_params`` all in one pack (the job script's ``--runs`` check,
+    ``jobs.pack_runs``, built as ``jobs.cli.job_main`` builds them: no file is written); ``extra``: the flags every
+    trial gets besides. None when they can."""
+    from jobs.cli import build_parser, method_and_options, raising_parse
     from jobs.pack_runs import run_configs
 
-    probes = [[(p.name, v) for v in p.probes()] for p in spec.search]
-    flag_sets = [
-        spec.trial_flags(cell | dict(combo)) | extra for cell in spec.cells() for combo in itertools.product(*probes)
-    ]
-    if len(flag_sets) < 2:
+    runs = {str(i): spec.trial_flags(params) | extra for i, params in enumerate(probe_params(spec))}
+    if len(runs) < 2:
         return None  # one set of flags: nothing differs between the trials' configs but their seeds' draws
-    parser = build_parser("", method_choice=True, seeds=True)
-
-    def resolve(args):
-        return args.method, options_of(args, args.method)
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = write_runs_file(os.path.join(tmp, "runs"), {str(i): f for i, f in enumerate(flag_sets)})
-        try:
-            run_configs(raising_parse(parser), resolve, ["--output", output], path, presets=True)
-        except ConfigError as ex:
-            return str(ex).replace(f"--runs {path}: ", "")
+    parse = raising_parse(build_parser("", method_choice=True, seeds=True))
+    try:
+        run_configs(parse, method_and_options, ["--output", output], runs, "the sweep's trials", presets=True)
+    except ConfigError as ex:
+        return str(ex)
     return None
 
 

@@ -52,8 +52,9 @@ class FakeTrial:
         LIVE.append(self)
         PEAK[0] = max(PEAK[0], len(LIVE))
 
-    def accuracy_of(self, seed: int) -> float:
-        lr = float(self.flags.get("local-lr", 1e-2))
+    def accuracy_of(self, seed: int, flags: dict | None = None) -> float:
+        """The accuracy of a run of ``flags`` (default the fake's own) at ``seed``."""
+        lr = float((flags or self.flags).get("local-lr", 1e-2))
         return round(max(0.05, 0.9 - abs(math.log10(lr) + 2) / 4) + self.seed_bonus * seed, 4)
 
     def poll(self):
@@ -92,8 +93,7 @@ class FakeTrial:
         for name, flags in self.runs.items():
             if name in self.pruned:
                 continue
-            lr = float(flags.get("local-lr", 1e-2))
-            accuracy = round(max(0.05, 0.9 - abs(math.log10(lr) + 2) / 4), 4)
+            accuracy = self.accuracy_of(0, flags)
             os.makedirs(flags["output"], exist_ok=True)
             metrics = {"versions": self.records(accuracy)}
             if self.code == 0:

@@ -9,22 +9,14 @@ import json
 import pytest
 
 from common.choices import ConfigError
-from jobs.cli import build_parser, options_of, raising_parse
-from jobs.pack_runs import RunsResult, option_configs, run_configs, runs_table
-from jobs.run import pack
+from jobs.cli import build_parser, method_and_options, raising_parse
+from jobs.pack_runs import RunsResult, option_configs, read_runs, run_configs, runs_table
 from jobs.run.results import RunResult
 
 SMALL = ["--method", "fedbuff", "--devices-per-leaf", "3", "--device-selection-size", "4", "--synthetic-size", "500"]
 
 
-@pytest.fixture(autouse=True)
-def nothing_starts(monkeypatch):
-    """Fail the test if a refused pack reaches the point where its job would start."""
-
-    def boom(*_a, **_k):
-        raise AssertionError("a refused pack of runs reached run_pack")
-
-    monkeypatch.setattr(pack, "run_pack", boom)
+pytestmark = pytest.mark.usefixtures("no_pack_starts")
 
 
 def runs_file(tmp_path, runs) -> str:
@@ -81,13 +73,8 @@ def test_each_runs_flags_follow_the_command_line_and_win(tmp_path):
         tmp_path,
         {"slow": {"local-lr": 0.001, "seed": 4}, "fast": {"local-lr": 0.1, "output": str(tmp_path / "elsewhere")}},
     )
-
-    def resolve(args):
-        return args.method, options_of(args, args.method)
-
-    cfgs = run_configs(
-        raising_parse(parser), resolve, [*SMALL, "--local-lr", "0.05", "--output", str(tmp_path / "p")], path
-    )
+    argv = [*SMALL, "--local-lr", "0.05", "--output", str(tmp_path / "p")]
+    cfgs = run_configs(raising_parse(parser), method_and_options, argv, read_runs(path), f"--runs {path}")
     assert [(c.training.local_lr, c.run.seed) for c in cfgs] == [(0.001, 4), (0.1, 0)]
     assert [c.output_dir for c in cfgs] == [str(tmp_path / "p" / "slow"), str(tmp_path / "elsewhere")]
     assert {c.federation.device_selection_size for c in cfgs} == {4}  # the command line's, for every run

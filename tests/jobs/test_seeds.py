@@ -9,21 +9,13 @@ import statistics
 import pytest
 
 from common.choices import ConfigError
-from jobs.run import pack
 from jobs.run.results import RunResult
 from jobs.seeds import SeedsResult, mean_std, parse_seeds, seed_exit_code, seeds_table
 
 SMALL = ["--method", "fedbuff", "--devices-per-leaf", "3", "--device-selection-size", "4", "--synthetic-size", "500"]
 
 
-@pytest.fixture(autouse=True)
-def nothing_starts(monkeypatch):
-    """Fail the test if a refused pack reaches the point where its job would start."""
-
-    def boom(*_a, **_k):
-        raise AssertionError("a refused pack of seeds reached run_pack")
-
-    monkeypatch.setattr(pack, "run_pack", boom)
+pytestmark = pytest.mark.usefixtures("no_pack_starts")
 
 
 def refused(flags: list[str], capsys) -> tuple[int, str]:
