@@ -24,6 +24,7 @@ import psutil
 from optuna.pruners import BasePruner, HyperbandPruner, MedianPruner, NopPruner, PatientPruner
 from optuna.trial import TrialState
 
+from common.seeds import stable_seed
 from jobs.sweep.spec import SpecError, SweepSpec
 
 PRUNERS = ("hyperband", "median", "none")
@@ -79,16 +80,26 @@ def pruning_steps(spec: SweepSpec, min_resource: float) -> tuple[int, int | None
     return math.ceil(min_resource / step - 1e-9), (math.ceil(budget / step) if budget else None)
 
 
+def make_sampler(spec: SweepSpec, seed: int) -> optuna.samplers.BaseSampler:
+    return optuna.samplers.TPESampler(seed=seed) if spec.search else optuna.samplers.RandomSampler(seed=seed)
+
+
 def open_study(spec: SweepSpec, storage, pruner: BasePruner, seed: int) -> optuna.Study:
-    sampler = optuna.samplers.TPESampler(seed=seed) if spec.search else optuna.samplers.RandomSampler(seed=seed)
-    return optuna.create_study(
+    """The spec's study, new or continued. A continued one's sampler is seeded from the seed and the trials already
+    in it: seeded as the first sweep was, it would draw that sweep's first values again (a resumed search would
+    run trials it has already run, with the same values)."""
+    study = optuna.create_study(
         study_name=spec.study_name,
         storage=storage,
-        sampler=sampler,
+        sampler=make_sampler(spec, seed),
         pruner=pruner,
         direction=spec.objective.direction,
         load_if_exists=True,
     )
+    earlier = len(study.get_trials(deepcopy=False))
+    if earlier:
+        study.sampler = make_sampler(spec, stable_seed("sweep-sampler", seed, earlier) % 2**32)
+    return study
 
 
 def plan_trials(study: optuna.Study, spec: SweepSpec) -> int:

@@ -240,6 +240,28 @@ def test_a_trial_taken_but_never_stamped_is_queued_again_after_the_grace(tmp_pat
     assert studies.requeue_orphans(study, now=later + studies.datetime.timedelta(hours=1)) == []
 
 
+def test_a_continued_search_draws_new_values_not_the_first_sweeps_again(tmp_path):
+    # seeded as the first sweep was, a continued search's sampler drew that sweep's first values again: the e2e
+    # sweep once ran two trials with the same command, one before and one after its kill
+    spec = parse_spec(BASE + "search: {local-lr: {type: float, low: 0.0, high: 1.0}}\ntrials: 4\n", "s")
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+
+    def draws(n: int) -> list[float]:
+        study = studies.open_study(spec, storage, optuna.pruners.NopPruner(), seed=5)
+        values = []
+        for _ in range(n):
+            trial = study.ask()
+            values.append(trial.suggest_float("local-lr", 0.0, 1.0))
+            study.tell(trial, 0.5)
+        return values
+
+    first = draws(2)
+    fresh = optuna.create_study(sampler=studies.make_sampler(spec, 5), direction="maximize")
+    assert first == [fresh.ask().suggest_float("local-lr", 0.0, 1.0) for _ in range(2)]  # a new study: the seed's
+    again = draws(2)
+    assert not set(again) & set(first), (first, again)
+
+
 def test_two_sweeps_never_share_a_folder(tmp_path):
     spec = parse_spec(BASE + "grid: {seed: [1]}\n", "a")
     opts = SweepOptions(output=str(tmp_path / "sweep"), bar=False)
