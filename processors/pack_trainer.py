@@ -28,7 +28,7 @@ def _settings(trainer: Any) -> DeviceSettings | None:
     """A trainer's step settings, or None when it cannot train beside another run (not ours, or with a rule)."""
     if not hasattr(trainer, "prepare_group") or getattr(trainer, "rule", ""):
         return None
-    return DeviceSettings(trainer._training, trainer.objective, trainer.objective_args)
+    return DeviceSettings(trainer.resolved_training, trainer.objective, trainer.objective_args)
 
 
 def step_classes(trainers: Mapping[int, Any]) -> dict[int, int]:
@@ -40,7 +40,7 @@ def step_classes(trainers: Mapping[int, Any]) -> dict[int, int]:
     by_kind: dict[tuple, list[int]] = {}
     for run in shareable:
         t = trainers[run]
-        by_kind.setdefault((t._data.dataset, t.privacy is not None, t.profile), []).append(run)
+        by_kind.setdefault((t.dataset, t.privacy is not None, t.profile), []).append(run)
     for members in by_kind.values():
         for group in step_groups([_settings(trainers[run]) for run in members]):
             first = members[group.devices[0]]
@@ -59,7 +59,7 @@ def train_runs(
     runs must be of one ``step_classes`` class (no rule; each device at its run's learning rate and objective
     values)."""
     first = parts[0][0]
-    with first._compute_context():
+    with first.compute_context():
         groups = [trainer.prepare_group(ids, weights, versions, sel) for trainer, ids, weights, versions, sel in parts]
         norms: list[float] = []
         if len(groups) == 1:  # a run's own group: its weights broadcast when of one version, its rule, its lr
@@ -71,15 +71,15 @@ def train_runs(
             params, extras, clips, last_steps, lrs, values = _merged(parts, groups)
             rule = None
         diffs = train_group(
-            first._training.model,
+            first.resolved_training.model,
             params,
             [(x, y) for g in groups for _, x, y, _ in g.prepared],
-            first._training,
+            first.resolved_training,
             [gen for g in groups for *_, gen in g.prepared],
             groups[0].device,
-            first._settings.pinned_streams,
-            first._input_prep(),
-            first._objective,
+            first.pinned_streams,
+            first.input_prep(),
+            first.device_objective,
             extras,
             last_steps,
             rule,
@@ -112,8 +112,8 @@ def _merged(parts: Sequence[tuple], groups: list) -> tuple:
         raise ValueError("the runs' devices carry different extras: they cannot share a step")
     clips = [c for g in groups for c in g.clips] if groups[0].clips is not None else None
     last_steps: list[dict] | None = [] if any(g.last_steps is not None for g in groups) else None
-    lrs = [trainer._training.local_lr for (trainer, *_), k in zip(parts, sizes, strict=True) for _ in range(k)]
-    batched = tuple(getattr(first._objective, "batched", ())) if first._objective is not None else ()
+    lrs = [trainer.resolved_training.local_lr for (trainer, *_), k in zip(parts, sizes, strict=True) for _ in range(k)]
+    batched = tuple(getattr(first.device_objective, "batched", ())) if first.device_objective is not None else ()
     values = (
         [
             {n: float(trainer.objective_args[n]) for n in batched}

@@ -165,6 +165,25 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         # each, in one leaf process) number their versions alike; NVFlare's per-device deep copies share it
         self.weights_owner = next(_owners)
 
+    @property
+    def resolved_training(self) -> TrainingConfig:
+        """The training settings, ``auto`` resolved (``training`` is the job's raw dict: its NVFlare argument)."""
+        return self._training
+
+    @property
+    def device_objective(self) -> DeviceObjective | None:
+        """The objective made from ``objective`` and ``objective_args`` (None: the plain loss)."""
+        return self._objective
+
+    @property
+    def dataset(self) -> str:
+        return self._data.dataset
+
+    @property
+    def pinned_streams(self) -> bool:
+        """Whether the profile gives each worker thread its own CUDA stream with pinned copies."""
+        return self._settings.pinned_streams
+
     def apply_plan(self, torch_threads: int, leaves_per_gpu: int) -> None:
         """The leaf's own plan, made at run start from its machine (``simulation.leaf_plan``), replaces the
         values the job was built with."""
@@ -217,7 +236,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         zeros = zeroed({k: v for k, v in weights.items() if not k.startswith(DEVICE_EXTRA_PREFIX)})
         return weight_diff_result(device_id, zeros, count=0, error=short_error(error or "training failed"))
 
-    def _compute_context(self) -> contextlib.AbstractContextManager:
+    def compute_context(self) -> contextlib.AbstractContextManager:
         """``compute_context`` for this processor's device, profile, precision and denormal setting."""
         t = self._training
         flush = t.flushes_denormals(self.privacy is not None)
@@ -243,7 +262,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         """One sample's shape as the model receives it."""
         return load_dataset(self._data.spec(self.seed)).input_shape
 
-    def _input_prep(self):
+    def input_prep(self):
         """How a stored batch becomes the model's input: the dataset's own ``prepare``."""
         return load_dataset(self._data.spec(self.seed)).prepare
 
@@ -256,7 +275,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
         (``processors.compress.CompressionHost.encode_one``, and with ``weighting`` by samples its ``data_size``,
         which the leaf multiplies the decoded update by); the diff returned is then what the server decodes."""
         settings = self._settings
-        with self._compute_context():
+        with self.compute_context():
             device, x, y, generator = self._prepare(device_id, version)
             net = worker_model(self._training.model, device)
             params = global_params_on(model_data, version, device, settings.cached_versions, self.weights_owner)
@@ -269,7 +288,7 @@ class TrainingTaskProcessor(DeviceTaskProcessor):
                 self._training,
                 generator,
                 settings.pinned_streams,
-                self._input_prep(),
+                self.input_prep(),
                 self._objective,
                 device_extras(params),
                 last_step := self._last_step(),

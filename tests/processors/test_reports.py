@@ -68,7 +68,7 @@ def test_the_loss_reported_is_the_last_steps_loss():
     net.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
     net.train()
     with torch.no_grad():
-        per_sample = torch.nn.functional.cross_entropy(net(proc._input_prep()(x)), y, reduction="none")
+        per_sample = torch.nn.functional.cross_entropy(net(proc.input_prep()(x)), y, reduction="none")
     for r in (got, grouped):
         np.testing.assert_allclose(r[LOSS], per_sample.mean().numpy(), rtol=1e-5)
         np.testing.assert_allclose(r[LOSS_SQUARED], (per_sample**2).mean().numpy(), rtol=1e-5)

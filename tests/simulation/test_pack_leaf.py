@@ -193,7 +193,7 @@ def test_each_runs_processor_trains_from_its_own_runs_weights_of_a_version_numbe
     run0, run1 = make_processor(600, seed=3, **small), make_processor(600, seed=4, **small)
 
     def weights_of(seed: int) -> dict[str, np.ndarray]:
-        return {k: v.numpy().copy() for k, v in initial_model(run0._training.model, seed).state_dict().items()}
+        return {k: v.numpy().copy() for k, v in initial_model(run0.resolved_training.model, seed).state_dict().items()}
 
     mine, theirs = weights_of(4), weights_of(3)
     for devices in (["site-1#0"], ["site-1#0", "site-1#1"]):
