@@ -41,7 +41,7 @@ def build_recipe(args) -> EdgeFedBuffRecipe:
             device_selection_size=args.selection, min_hole_to_fill=args.selection
         ),
         simulation_config=SimulationConfig(
-            processor, job_timeout=120.0, num_devices=args.devices_per_leaf, num_workers=10
+            processor, job_timeout=args.job_timeout, num_devices=args.devices_per_leaf, num_workers=10
         ),
     )
 
@@ -61,6 +61,7 @@ def main() -> None:
     p.add_argument("--workspace", help="NVFlare's workspace (default: a new temporary folder)")
     p.add_argument("--results-dir", default="", help="each leaf's plan and report lines (fast only)")
     p.add_argument("--update-interval", type=float, default=None, help="seconds between leaf syncs (fast only)")
+    p.add_argument("--job-timeout", type=float, default=120.0, help="seconds a leaf waits for the job to reach it")
     args = p.parse_args()
     args.workspace = args.workspace or tempfile.mkdtemp(prefix="drop_in_")
     os.makedirs(args.workspace, exist_ok=True)

@@ -40,6 +40,8 @@ def test_a_users_recipe_and_processor_run_to_the_end_on_our_simulator(tmp_path):
             str(leaf_logs),
             "--update-interval",
             "0.3",
+            "--job-timeout",  # the example's 120 s ran out once on a loaded 2-core CI machine: the job exited 0 and
+            "300",  # no version was made
         ],
         cwd=tmp_path,
         capture_output=True,

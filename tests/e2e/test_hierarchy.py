@@ -267,11 +267,12 @@ def check_the_fedbuff_job(deployment: Deployment, folder, code: int, console: st
     assert len(counted) == 2 * 9  # B = 2 updates for each of versions 2..10
     assert [e["arrival"] for e in trace] == sorted(e["arrival"] for e in trace)  # the wall clock
     # applied in the order the devices really finished, up to the path's latency (HTTP client, proxy, leaf, sync):
-    # any two tasks finished over 5 s apart keep it. A device's first report once took over 3 s on a loaded 2-core
-    # CI machine, while both jobs' processes started; the exact order as received is tests/scheduling/test_wall_clock
+    # any two tasks finished over 10 s apart keep it. A device's first report once took over 3 s on a loaded 2-core
+    # CI machine while both jobs' processes started, and 5.1 s on one twice as slow (5 s was the bound then); the
+    # exact order as received is tests/scheduling/test_wall_clock
     finished = finish_times(log)
     when = [finished[(e["device"], e["base_version"])].pop(0) for e in counted]
-    assert all(b > a - 5.0 for i, a in enumerate(when) for b in when[i + 1 :]), when
+    assert all(b > a - 10.0 for i, a in enumerate(when) for b in when[i + 1 :]), when
 
 
 def check_the_fedrevive_job(folder, code: int, console: str, log: str) -> None:
