@@ -18,7 +18,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from common.choices import ConfigError
 from common.config_flags import flag_args
@@ -44,7 +44,7 @@ NOT_PER_RUN = ("runs", "seeds", *(name for name in REFUSED_WITH if name != "seed
 ``seed`` it may."""
 
 
-def read_runs(path: str):
+def read_runs(path: str) -> Any:
     """What a ``--runs`` file holds (``run_configs`` checks it). ``ConfigError`` naming the fix."""
     try:
         with open(os.path.expanduser(path)) as f:
