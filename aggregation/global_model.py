@@ -17,10 +17,11 @@ Version 1 is the initial model. Every version some in-flight device still trains
 stays available: the assessor sends it to leaves that lack it. Weights are float32 numpy arrays (never Python
 lists: NVFlare's debug f-strings would print them whole).
 
-Each new version fires ``GLOBAL_WEIGHTS_UPDATED`` with ``AppConstants.GLOBAL_MODEL``, ``CURRENT_ROUND`` (the
-version), ``SIM_TIME`` (the simulated time it was made at), ``METHOD_STATUS`` (the strategy's ``status``) and
-``SERVER_WORK`` (the wall seconds the strategy has taken so far, ``ServerWork``) in the context, for the evaluator
-and recorder.
+Each new version fires ``GLOBAL_WEIGHTS_UPDATED`` with NVFlare's ``AppConstants.GLOBAL_MODEL`` and
+``CURRENT_ROUND`` (sticky, as NVFlare's components expect) and, not sticky, the run's own copy for the evaluator:
+``NEW_VERSION``, ``NEW_WEIGHTS``, ``SIM_TIME`` (the simulated time it was made at), ``METHOD_STATUS`` (the
+strategy's ``status``) and ``SERVER_WORK`` (the wall seconds the strategy has taken so far, ``ServerWork``). A
+sticky value is one per engine: in a pack, another run's (``common.protocol``).
 
 Differential privacy (``privacy``, ``aggregation.server_privacy``) happens here, the one place every method's
 updates and versions pass: each version carries its clip norm to its devices, each applied update's unclipped bit
@@ -54,6 +55,8 @@ from common.privacy import CLIP_NORM, UNCLIPPED
 from common.protocol import (
     DEVICE_EXTRA_PREFIX,
     METHOD_STATUS,
+    NEW_VERSION,
+    NEW_WEIGHTS,
     PRIVACY,
     SERVER_WORK,
     SIM_TIME,
@@ -362,13 +365,15 @@ class GlobalModel(FLComponent):
         return self.server_strategy.status(self)
 
     def _announce(self, sim_time: float, fl_ctx: FLContext) -> None:
-        fl_ctx.set_prop(
-            AppConstants.GLOBAL_MODEL, make_model_learnable(self.current_weights, {}), private=True, sticky=True
-        )
+        weights = self.current_weights
+        fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, make_model_learnable(weights, {}), private=True, sticky=True)
         fl_ctx.set_prop(AppConstants.CURRENT_ROUND, self.current_version, private=True, sticky=True)
-        fl_ctx.set_prop(SIM_TIME, sim_time, private=True, sticky=True)
-        fl_ctx.set_prop(METHOD_STATUS, self.status(), private=True, sticky=True)
-        fl_ctx.set_prop(SERVER_WORK, self.work.record(), private=True, sticky=True)
+        # the run's own copy, not sticky: in a pack the sticky ones may be another run's (``common.protocol``)
+        fl_ctx.set_prop(NEW_VERSION, self.current_version, private=True, sticky=False)
+        fl_ctx.set_prop(NEW_WEIGHTS, weights, private=True, sticky=False)
+        fl_ctx.set_prop(SIM_TIME, sim_time, private=True, sticky=False)
+        fl_ctx.set_prop(METHOD_STATUS, self.status(), private=True, sticky=False)
+        fl_ctx.set_prop(SERVER_WORK, self.work.record(), private=True, sticky=False)
         if self._privacy is not None:
-            fl_ctx.set_prop(PRIVACY, self._privacy.inputs(self.current_version), private=True, sticky=True)
+            fl_ctx.set_prop(PRIVACY, self._privacy.inputs(self.current_version), private=True, sticky=False)
         self.fire_event(AppEventType.GLOBAL_WEIGHTS_UPDATED, fl_ctx)

@@ -86,17 +86,25 @@ DEVICE_ERROR_META = "edgesim_device_error"  # the same text in a failed result's
 # key in a checkpoint (scheduling.checkpoint). Everywhere else in the code it is the global model.
 GLOBAL_MODEL_ALIAS = "model_manager"
 
-# FLContext key set by the server's global model next to AppConstants.GLOBAL_MODEL: the simulated time at which
-# the version was made
+# A new version's announcement (GLOBAL_WEIGHTS_UPDATED, aggregation.global_model): the server's global model sets
+# NVFlare's AppConstants.GLOBAL_MODEL and CURRENT_ROUND (sticky, for NVFlare's components) and, for its run's own
+# readers (the evaluator), the keys below, all NOT sticky. NVFlare keeps one value of a sticky key per engine, read
+# by every context: in a pack, where several runs' global models announce on one server, a run's evaluator reading
+# the sticky ones took the other run's version and weights when it announced in between.
+# The version's number and its weights (name -> array)
+NEW_VERSION = "edgesim.new_version"
+NEW_WEIGHTS = "edgesim.new_weights"
+# the simulated time at which the version was made
 SIM_TIME = "edgesim.sim_time"
-# FLContext key set next to it: the method's own word on where it stands ("" for none), shown in progress lines
+# the method's own word on where it stands ("" for none), shown in progress lines
 METHOD_STATUS = "edgesim.method_status"
-# fl_ctx prop beside it: the fleet as the version was made, ``ExactSchedule.fleet()`` (devices online, updates, failed)
+# the fleet as the version was made, ``ExactSchedule.fleet()`` (devices online, updates, failed): set by the applier
+# (scheduling.applier) on the context the version is then announced on
 FLEET = "edgesim.fleet"
-# fl_ctx prop beside it: the server's work up to this version, ``aggregation.global_model.ServerWork.record()``
+# the server's work up to this version, ``aggregation.global_model.ServerWork.record()``
 # (wall seconds in the strategy's add_update and make_version, and when the version was made), for the record
 SERVER_WORK = "edgesim.server_work"
-# fl_ctx prop beside it, with differential privacy: the accountant's inputs after the version
+# with differential privacy: the accountant's inputs after the version
 # (``aggregation.server_privacy.ServerPrivacy.inputs``)
 PRIVACY = "edgesim.privacy"
 

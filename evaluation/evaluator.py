@@ -59,7 +59,6 @@ from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_component import FLComponent
 from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
-from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 
 from common.choices import EvalBacklog
@@ -70,6 +69,8 @@ from common.protocol import (
     CHECKPOINT_DUE,
     FLEET,
     METHOD_STATUS,
+    NEW_VERSION,
+    NEW_WEIGHTS,
     PRIVACY,
     RUN_OUTCOME,
     RUN_RESUMED,
@@ -86,12 +87,6 @@ from processors.device import resolve_device
 from processors.models import build_model, initial_model
 from processors.precision import use_precision
 from processors.training import evaluate
-
-
-def global_weights(fl_ctx: FLContext) -> dict:
-    """The new global model's weights (name -> array) from the context of GLOBAL_WEIGHTS_UPDATED."""
-    learnable = fl_ctx.get_prop(AppConstants.GLOBAL_MODEL)
-    return learnable["weights"] if "weights" in learnable else learnable
 
 
 def load_into(net: torch.nn.Module, weights: dict) -> torch.nn.Module:
@@ -231,10 +226,11 @@ class GlobalModelEvaluator(FLComponent):
         self._thread.start()
 
     def _on_version(self, _event: str, fl_ctx: FLContext) -> None:
-        version = int(fl_ctx.get_prop(AppConstants.CURRENT_ROUND) or 0)
+        # the version's own (not sticky) copy: NVFlare's sticky CURRENT_ROUND may be another run's in a pack
+        version = int(fl_ctx.get_prop(NEW_VERSION) or 0)
         self._latest = (
             version,
-            global_weights(fl_ctx),
+            fl_ctx.get_prop(NEW_WEIGHTS),
             fl_ctx.get_prop(SIM_TIME),
             fl_ctx.get_prop(METHOD_STATUS),
             fl_ctx.get_prop(FLEET),

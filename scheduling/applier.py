@@ -395,7 +395,7 @@ class UpdateApplier:
             )
             self.failures.note(update.device, arrival.counted, update.error)
             if arrival.made_version:  # the fleet as the version is made, for its results record
-                fl_ctx.set_prop(FLEET, s.fleet(), private=True, sticky=True)
+                fl_ctx.set_prop(FLEET, s.fleet(), private=True, sticky=False)  # this run's: not sticky
         if counted:
             model.add_update(update, arrival.tau, fl_ctx, sim_time=arrival.arrival)
         if arrival.made_version:

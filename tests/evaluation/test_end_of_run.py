@@ -17,7 +17,6 @@ import numpy as np
 import torch
 from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_component import FLComponent
-from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 
 import evaluation.evaluator as evaluator_module
@@ -38,7 +37,7 @@ from evaluation.progress import ProgressReporter, progress_line, version_ranges
 from evaluation.run_recorder import RunRecorder, record_interruption, versions_made
 from jobs.run.results import finalize, format_summary
 from processors.models import build_model
-from tests.fakes.engine import EventEngine
+from tests.fakes.engine import EventEngine, announce
 
 DATA = {"dataset": "synthetic", "synthetic_size": 200}
 RUN_INFO = {"config": {"federation": {"num_updates_for_model": 2}, "run": {"job_name": "edgesim_test"}}}
@@ -79,8 +78,7 @@ def run_versions(
     engine.fire_event(EventType.START_RUN, ctx)
     for version in range(1, versions + 1):
         weights, _ = weights_of(version)
-        ctx.set_prop(AppConstants.CURRENT_ROUND, version, private=True, sticky=False)
-        ctx.set_prop(AppConstants.GLOBAL_MODEL, {"weights": weights}, private=True, sticky=False)
+        announce(ctx, version, weights)
         engine.fire_event(AppEventType.GLOBAL_WEIGHTS_UPDATED, ctx)
         if version == checkpoint_at:
             ctx.set_prop(CHECKPOINT_DUE, version, private=True, sticky=False)
@@ -240,8 +238,7 @@ def test_the_last_version_is_saved_at_the_outcome_before_it_is_evaluated_and_eva
     ctx = engine.new_context()
     engine.fire_event(EventType.START_RUN, ctx)
     for version in (1, 2, 3):
-        ctx.set_prop(AppConstants.CURRENT_ROUND, version, private=True, sticky=False)
-        ctx.set_prop(AppConstants.GLOBAL_MODEL, {"weights": weights_of(version)[0]}, private=True, sticky=False)
+        announce(ctx, version, weights_of(version)[0])
         engine.fire_event(AppEventType.GLOBAL_WEIGHTS_UPDATED, ctx)
     ctx.set_prop(RUN_OUTCOME, {"status": "completed", "reason": "v3", "version": 3}, private=True, sticky=False)
     engine.fire_event(RUN_OUTCOME, ctx)

@@ -15,7 +15,6 @@ import time
 import pytest
 import torch
 from nvflare.apis.event_type import EventType
-from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 
 from common.result_files import RUN_FILES
@@ -29,7 +28,7 @@ from evaluation.tensorboard_writer import TensorBoardWriter
 from evaluation.utilisation import aggregate, system_fields
 from jobs.run.results import format_summary
 from processors.models import build_model
-from tests.fakes.engine import EventEngine
+from tests.fakes.engine import EventEngine, announce
 from tests.fakes.monitor_fakes import FakeGpuSource, FakeHostSource, NoGpuSource
 
 GPU_FIELDS = ("gpu_util_percent", "vram_used_gb", "vram_total_gb")
@@ -129,8 +128,7 @@ def run_components(tmp_path, gpu, host, diagnose_context: dict, run_info: dict, 
     weights = {k: v.numpy() for k, v in build_model("cifar10_convnet").state_dict().items()}
     for version in versions:
         time.sleep(0.08)  # a few samples per version
-        ctx.set_prop(AppConstants.CURRENT_ROUND, version, private=True, sticky=False)
-        ctx.set_prop(AppConstants.GLOBAL_MODEL, {"weights": weights}, private=True, sticky=False)
+        announce(ctx, version, weights)
         engine.fire_event(AppEventType.GLOBAL_WEIGHTS_UPDATED, ctx)
     engine.fire_event(EventType.END_RUN, ctx)
     assert not sampler.running and monitor._monitor is None  # the thread was joined
@@ -195,9 +193,8 @@ def test_recorder_without_a_monitor_still_records(tmp_path):
     )
     ctx = engine.new_context()
     engine.fire_event(EventType.START_RUN, ctx)
-    ctx.set_prop(AppConstants.CURRENT_ROUND, 1, private=True, sticky=False)
     weights = {k: v.numpy() for k, v in build_model("cifar10_convnet").state_dict().items()}
-    ctx.set_prop(AppConstants.GLOBAL_MODEL, {"weights": weights}, private=True, sticky=False)
+    announce(ctx, 1, weights)
     engine.fire_event(AppEventType.GLOBAL_WEIGHTS_UPDATED, ctx)
     engine.fire_event(EventType.END_RUN, ctx)
     metrics = json.loads((tmp_path / "metrics.json").read_text())

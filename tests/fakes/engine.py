@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from nvflare.apis.fl_component import FLComponent
 from nvflare.apis.fl_constant import ReservedKey
-from nvflare.apis.fl_context import FLContext
+from nvflare.apis.fl_context import FLContext, FLContextManager
 from nvflare.apis.shareable import Shareable
 from nvflare.apis.utils.event import fire_event_to_components
+
+from common.protocol import NEW_VERSION, NEW_WEIGHTS
 
 
 class EventEngine:
@@ -42,3 +44,22 @@ def child_reports(assessor, engine: EventEngine, child: str, report: Shareable) 
     ok, reply = assessor.process_child_update(report, ctx)
     assert ok
     return reply
+
+
+class StickyEngine(EventEngine):
+    """An ``EventEngine`` whose contexts share sticky properties through NVFlare's ``FLContextManager``, as a real
+    engine's do: a sticky property set on one context is what every context then reads."""
+
+    def __init__(self, components: dict[str, FLComponent]):
+        super().__init__(components)
+        self.manager = FLContextManager(engine=self)
+
+    def new_context(self) -> FLContext:
+        return self.manager.new_context()
+
+
+def announce(ctx: FLContext, version: int, weights: dict) -> None:
+    """Put in ``ctx`` what the server's global model announces a version with, for its evaluator (the run's own,
+    not sticky, copy: ``common.protocol``); the caller fires ``GLOBAL_WEIGHTS_UPDATED``."""
+    ctx.set_prop(NEW_VERSION, version, private=True, sticky=False)
+    ctx.set_prop(NEW_WEIGHTS, weights, private=True, sticky=False)
