@@ -1,5 +1,5 @@
 """The fixes to NVFlare 2.9 that every NVFlare process installs (``install_nvflare_fixes``, called by the server's
-assessor, the leaf's executor and ``common.early_start``): fixes 4 and 5 everywhere, and 7, 8, 10 to 13, 17 in
+assessor, the leaf's executor and ``common.early_start``): fixes 4 and 5 everywhere, and 7, 8, 10 to 13, 17, 19 in
 NVFlare's simulator processes only; and the console filter of fix 18. What each fix does and why, by number, and
 what NVFlare would need upstream so that it can go: ``docs/nvflare-upstream.md``.
 
@@ -8,6 +8,9 @@ Each process's own fixes live beside it, in the same name (``simulation``, ``sch
 ``tests/simulation/test_nvflare_private.py`` fails, naming the name, if an NVFlare upgrade renames or reshapes any
 of them; every body a fix copies (``NVFLARE_COPIES``) or relies on (``NVFLARE_RELIED_ON``) has a digest of its
 source in ``TESTED_NVFLARE``, which ``jobs.nvflare_guard`` compares with the installed NVFlare.
+
+Over 400 lines: every process's fixes, each a short function beside the tables the guard reads; private NVFlare
+names live in one ``nvflare_private.py`` per package (``jobs.nvflare_guard.PRIVATE_MODULES``), so they stay here.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+
+from nvflare.apis.fl_component import FLComponent
 
 from common.due_timer import DueTimer
 
@@ -36,7 +41,8 @@ NVFLARE_RELIED_ON = {  # bodies whose behaviour a fix depends on (the fix's numb
     f"{_RUNNER}.SimulatorRunner.client_run": "81a615e0e20e677e",  # 12
     f"{_RUNNER}.SimulatorClientRunner.run_client_thread": "9bc66407f7717d78",  # 10
     f"{_RUNNER}.SimulatorClientRunner._create_connection": "8f524e5aebaf4004",  # 10
-    f"{_RUNNER}.SimulatorClientRunner.do_one_task": "e2d56068a07ad7d9",  # 7, 16
+    f"{_RUNNER}.SimulatorClientRunner.__init__": "d263b7fc56dd0175",  # 19
+    f"{_RUNNER}.SimulatorClientRunner.do_one_task": "e2d56068a07ad7d9",  # 7, 16, 19
     f"{_CLIENT_RUNNER}.init_run": "978a344d246ec91b",  # 10
     f"{_CLIENT_RUNNER}._send_task_result": "5c4591509679bedf",  # 10
     f"{_CLIENT_RUNNER}._try_send_result_once": "907b82638989d9e4",  # 10
@@ -118,7 +124,7 @@ SIMULATOR_WORKFLOW_GRACE = 0.25  # seconds the workflow waits for its leaves aft
 
 
 def install_nvflare_fixes() -> None:
-    """Fixes 4 and 5, and 7, 8 and 10 to 13 in the simulator's processes; once per process.
+    """Fixes 4 and 5, and 7, 8, 10 to 13, 17 and 19 in the simulator's processes; once per process.
     On an NVFlare other than ``TESTED_NVFLARE`` it logs a warning once (a deployment's site may run another
     NVFlare than the machine that submitted the job, whose driver checked its own: ``jobs.nvflare_guard``)."""
     warn_untested_nvflare()
@@ -130,6 +136,7 @@ def install_nvflare_fixes() -> None:
         quick_simulator_polls()
         short_workflow_grace()
         leaves_start_with_server_app()
+        distinct_leaf_names()
         quick_listener_stops()
         load_drivers_on_demand()
 
@@ -207,6 +214,53 @@ def leaves_start_with_server_app() -> None:
 
     runner_class.start_server_app = start_server_app_with_leaves
     runner_class.client_run = client_run_or_wait
+
+
+class PerThreadBuildContext:
+    """``SimulatorClientRunner.build_ctx`` under fix 19: the context the runner was given, as a copy of its own for
+    each thread that reads it (shallow, made at its first read: ``do_one_task`` sets only its ``client_name``)."""
+
+    def __get__(self, runner: object, owner: type | None = None) -> dict | PerThreadBuildContext:
+        if runner is None:
+            return self
+        # a runner built before the fix holds the context as its own attribute: copied from now on
+        given, threads = runner.__dict__.setdefault(_PER_THREAD, (runner.__dict__.get("build_ctx"), threading.local()))
+        if not hasattr(threads, "build_ctx"):
+            threads.build_ctx = dict(given)
+        return threads.build_ctx
+
+    def __set__(self, runner: object, build_ctx: dict) -> None:
+        runner.__dict__[_PER_THREAD] = (build_ctx, threading.local())
+
+
+_PER_THREAD = "_edgesim_build_ctx"  # where a runner keeps the context it was given and its threads' copies
+
+
+def distinct_leaf_names() -> None:
+    """Each thread of NVFlare's simulator that starts leaves' workers names them in a build context of its own (fix
+    19); idempotent, and only where NVFlare's simulator runner is loaded (the simulator's server process).
+
+    Why: ``SimulatorClientRunner.do_one_task`` runs on one thread per leaf; each names its leaf in ``self.build_ctx``,
+    one dict for all of them, copies the deploy arguments, then sends that dict to the leaf's new worker, whose
+    identity it becomes. Two threads there at once (their polls share NVFlare's 1 s tick) can both send the later
+    name: two workers come up as one leaf, the server evicts one of them and the other leaf's updates fail."""
+    import sys
+
+    module = sys.modules.get("nvflare.private.fed.app.simulator.simulator_runner")
+    if module is None or isinstance(module.SimulatorClientRunner.__dict__.get("build_ctx"), PerThreadBuildContext):
+        return
+    module.SimulatorClientRunner.build_ctx = PerThreadBuildContext()
+
+
+class DistinctLeafNames(FLComponent):
+    """A server component that installs fix 19 (``distinct_leaf_names``) as it is built, for a job whose server
+    has no component of ours that installs our fixes (a recipe after ``jobs.drop_in.use_fast_simulator``). In a
+    SimEnv run NVFlare builds the server app's components before it starts the leaves' workers
+    (``SimulatorRunner.simulator_run_main`` waits for the app to have started); elsewhere it does nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        distinct_leaf_names()
 
 
 def quick_listener_stops() -> None:

@@ -9,10 +9,12 @@
 
 What changes: each leaf's ``TPORunner`` (NVFlare's ``Simulator``) becomes our ``FastDeviceRunner``
 (``simulation.leaf_runner``), and NVFlare's stock leaf executor ``EdgeModelExecutor`` becomes the same executor
-without its per-request payload rendering (``QuietEdgeModelExecutor``). The user's task processor, model, server
-components and every other component stay as they are, under the same ids. At each leaf's start the runner plans
-from that leaf's machine and applies the plan to the user's processor: torch threads per leaf, at most
-``num_workers`` devices training at once, a warning if the processor starts DataLoader worker processes per task.
+without its per-request payload rendering (``QuietEdgeModelExecutor``); the server gets one component more,
+``DistinctLeafNames``, without which NVFlare's simulator may start two leaves under one name (fix 19 of
+``docs/nvflare-upstream.md``). The user's task processor, model, server components and every other component stay
+as they are, under the same ids. At each leaf's start the runner plans from that leaf's machine and applies the
+plan to the user's processor: torch threads per leaf, at most ``num_workers`` devices training at once, a warning
+if the processor starts DataLoader worker processes per task.
 
 What stays the recipe's: the server's model and device managers decide when an update is applied, as the updates
 arrive. Simulated device delays therefore need ``time_scale > 0`` (each result is held for its delays x
@@ -38,6 +40,7 @@ from nvflare.recipe.spec import Recipe
 from common.choices import ConfigError
 from common.delays import DelayConfig
 from common.job_files import ship_packages
+from common.nvflare_private import DistinctLeafNames
 from common.profiles import DEFAULT_PROFILE, ProfileName
 from jobs.engine_config import EngineConfig, EngineName
 from jobs.nvflare_private import client_app_config, recipe_job, server_app_config, set_sync_interval
@@ -47,6 +50,7 @@ from simulation.nvflare_private import QuietEdgeModelExecutor
 from simulation.trainer import GroupTrainer
 
 RUNNER_ID = "tpo_runner"  # the id NVFlare's EdgeJob.configure_simulation gives its runner
+LEAF_NAMES_ID = "edgesim_distinct_leaf_names"  # the server component that installs fix 19 (common.nvflare_private)
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,9 @@ def _convert(job: FedJob, opts: DropInOptions) -> None:
         leaf_log_dir=opts.results_dir,
     )
     _replace_component(clients, RUNNER_ID, runner, fast)
+    servers = _server_app(job)
+    if servers is not None:  # two leaves started together by NVFlare's simulator never share a name
+        servers.components[LEAF_NAMES_ID] = DistinctLeafNames()
     if opts.quiet_executor:
         for executor_def in clients.executors:
             if type(executor_def.executor) is EdgeModelExecutor:
@@ -205,8 +212,13 @@ def _replace_component(app_config, cid: str, old, new) -> None:
     app_config.handlers = [new if h is old else h for h in app_config.handlers]
 
 
-def _server_workflows(job: FedJob) -> list:
+def _server_app(job: FedJob):
     try:
-        return list(server_app_config(job).workflows)
-    except ValueError:  # a clients-only job: nothing to set
-        return []
+        return server_app_config(job)
+    except ValueError:  # a clients-only job
+        return None
+
+
+def _server_workflows(job: FedJob) -> list:
+    servers = _server_app(job)
+    return [] if servers is None else list(servers.workflows)  # a clients-only job: nothing to set

@@ -40,8 +40,8 @@ def test_a_users_recipe_and_processor_run_to_the_end_on_our_simulator(tmp_path):
             str(leaf_logs),
             "--update-interval",
             "0.3",
-            "--job-timeout",  # the example's 120 s ran out once on a loaded 2-core CI machine: the job exited 0 and
-            "300",  # no version was made
+            "--job-timeout",  # how long a leaf waits for the job to reach it (the example's default: 120 s), with room
+            "300",  # for a slow machine; a CI failure once blamed on it was fix 19's race (two leaves, one name)
         ],
         cwd=tmp_path,
         capture_output=True,
