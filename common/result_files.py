@@ -41,6 +41,10 @@ HEARTBEAT = "working.json"
 # whose pack goes on; scheduling.pack_assessor reads it and ends that run ``pruned``); an input, cleared by a new run
 STOP_REQUEST = "stop_request.json"
 
+# in a pack's folder (the folder of its runs' folders), not a run's: the runs in it, written as the pack starts
+# (jobs.pack_folder), so that --resume of the pack's folder continues every run of it as one job again
+PACK_MANIFEST = "pack.json"
+
 # --dry-run writes the trace and its figures only
 TIMELINE = "timeline.json"  # scheduling.timeline
 DRY_RUN_FILES = (EVENTS, TIMELINE)

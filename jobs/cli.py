@@ -19,11 +19,13 @@ from common import startup_gc
 from common.choices import ConfigError, literal_choices
 from common.config_flags import Extra, Flag, add_dataclass_flags, default_words, given_flags, show
 from common.delays import DELAY_PRESET_ORIGINS, DELAY_PRESETS, TRANSFER_FIELDS, DelayConfig, DelayPreset
+from common.result_files import PACK_MANIFEST
 from jobs.build import build_config, checked_config, option_names
 from jobs.config import PARTS, FederationConfig, JobConfig
 from jobs.methods import BUILT_IN, Method, method_of
 from jobs.pack_runs import RUNS_HELP, read_runs, run_configs, run_runs, runs_table
-from jobs.seeds import SEEDS_HELP, run_seeds, seed_configs, seeds_table
+from jobs.run.pack_folder import KIND_SEEDS, PackManifest, read_manifest, resumed_configs
+from jobs.seeds import SEEDS_HELP, parse_seeds, run_seeds, seed_configs, seeds_table
 from processors.model_names import PRESET_FIELDS as MODEL_PRESET_FIELDS
 from processors.training_config import TrainingConfig
 
@@ -250,6 +252,37 @@ def seeds_from_args(
     return seed_configs(method, options, args.seeds, presets=presets, announce=announce)
 
 
+def resumed_pack(
+    parser: argparse.ArgumentParser,
+    argv: list[str],
+    args: argparse.Namespace,
+    method: str,
+    pack: PackManifest,
+    presets: bool = False,
+) -> list[JobConfig]:
+    """``--resume PACK_FOLDER``: each run of the pack resumed from its own folder (``jobs.run.pack_folder``), with
+    the harmless flags written on the command line; the original command with ``--resume`` appended works too
+    (``--seeds`` then must name the pack's seeds, in order; ``--runs`` is refused: each run keeps its saved flags,
+    so a pack of ``--runs`` is resumed with ``--resume`` alone). Raises
+    ``ConfigError`` naming the fix."""
+    folder = args.resume
+    if args.runs is not None:
+        raise ConfigError(f"--runs with --resume {folder}: each run of the pack keeps its own flags; leave out --runs")
+    if args.seeds is not None and (pack.kind != KIND_SEEDS or parse_seeds(args.seeds) != list(map(int, pack.runs))):
+        raise ConfigError(
+            f"--seeds {args.seeds} with --resume {folder}: the pack's runs are {','.join(pack.runs)}; leave out --seeds"
+        )
+    written = given_flags(parser, argv) - {"seeds"}
+    options = options_of(args, method)
+
+    def build(run_folder: str) -> JobConfig:
+        return build_config(
+            method, options | {"resume": run_folder, "output": run_folder}, presets=presets, given=written
+        )
+
+    return resumed_configs(folder, pack, build)
+
+
 def _run_seeds(cfgs: list[JobConfig], verbose: bool) -> int:
     """Run a pack of seeds (``jobs.seeds``) and print each seed's result and their mean +- std."""
     startup_gc.resume()  # the pack's modules load now (a job script paused it: common.startup_gc)
@@ -304,6 +337,15 @@ def job_main(description: str, argv: list[str] | None, method: str | None = None
         full = argparse.Namespace(**vars(args), **(hidden or {}))
         if args.seeds is not None and args.runs is not None:
             raise ConfigError("--seeds with --runs: give each run its seed in the --runs file, or drop --runs")
+        pack = read_manifest(args.resume) if args.resume else None
+        if pack is None and args.resume and (args.seeds is not None or args.runs is not None):
+            raise ConfigError(
+                f"--resume {args.resume}: not a pack's folder (no {PACK_MANIFEST} there); give the --output folder "
+                "of the pack to continue, or a run's own folder without --seeds / --runs"
+            )
+        if pack is not None:  # --resume of a pack's folder: every run of it continued, as one job again
+            cfgs = resumed_pack(parser, argv, full, chosen, pack, presets=method is None)
+            return _run_seeds(cfgs, args.verbose) if pack.kind == KIND_SEEDS else _run_runs(cfgs, args.verbose)
         if args.seeds is not None:  # one pack of seeds (jobs.seeds): every check before any process starts
             cfgs = seeds_from_args(parser, argv, full, chosen, presets=method is None, announce=print)
         elif args.runs is not None:  # one pack of runs of different flags (jobs.pack_runs)

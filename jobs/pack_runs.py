@@ -25,6 +25,7 @@ from common.config_flags import flag_args
 from jobs.build import build_config, checked_config
 from jobs.config import JobConfig
 from jobs.pack_check import check_pack
+from jobs.run.pack_folder import KIND_RUNS
 from jobs.seeds import REFUSED_WITH, result_line, result_row, run_pack_results
 
 if TYPE_CHECKING:
@@ -177,8 +178,8 @@ class RunsResult:
 def run_runs(cfgs: list[JobConfig], names: list[str] | None = None, verbose: bool = False) -> RunsResult:
     """Run ``run_configs``' (or ``option_configs``') configs as one job; ``names``: the runs' (default their
     folders' names)."""
-    _, results = run_pack_results(cfgs, verbose=verbose)
     names = names or [os.path.basename(c.output_dir) for c in cfgs]
+    _, results = run_pack_results(cfgs, verbose=verbose, kind=KIND_RUNS, labels=names)
     return RunsResult(max(r.exit_code for r in results), dict(zip(names, results, strict=True)))
 
 

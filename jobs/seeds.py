@@ -22,6 +22,7 @@ from jobs.build import build_config, checked_config
 from jobs.config import JobConfig
 from jobs.methods import Method
 from jobs.pack_check import check_pack
+from jobs.run.pack_folder import KIND_RUNS, KIND_SEEDS
 
 if TYPE_CHECKING:
     from jobs.run.results import RunResult
@@ -137,13 +138,16 @@ class SeedsResult:
         return values if len(values) >= 2 and None not in values else None
 
 
-def run_pack_results(cfgs: list[JobConfig], verbose: bool = False) -> tuple[int, list[RunResult]]:
+def run_pack_results(
+    cfgs: list[JobConfig], verbose: bool = False, kind: str = KIND_RUNS, labels: list[str] | None = None
+) -> tuple[int, list[RunResult]]:
     """Run resolved configs as one job and read back each run's results: the pack's exit code and each run's
-    ``RunResult``, its exit code the one its run alone would give (``seed_exit_code``), in the configs' order."""
+    ``RunResult``, its exit code the one its run alone would give (``seed_exit_code``), in the configs' order.
+    ``kind`` and ``labels``: the pack folder's manifest's (``jobs.run.pack.run_pack``)."""
     from jobs.run.pack import run_pack  # torch and NVFlare's job API: after every check
     from jobs.run.results import RunResult, read_metrics
 
-    code = run_pack(cfgs, verbose=verbose)
+    code = run_pack(cfgs, verbose=verbose, kind=kind, labels=labels)
     results = []
     for c in cfgs:
         metrics = read_metrics(c.output_dir)
@@ -153,7 +157,7 @@ def run_pack_results(cfgs: list[JobConfig], verbose: bool = False) -> tuple[int,
 
 def run_seeds(cfgs: list[JobConfig], verbose: bool = False) -> SeedsResult:
     """Run ``seed_configs``' configs as one job and read back each seed's results."""
-    _, results = run_pack_results(cfgs, verbose=verbose)
+    _, results = run_pack_results(cfgs, verbose=verbose, kind=KIND_SEEDS, labels=[str(c.run.seed) for c in cfgs])
     runs = {c.run.seed: r for c, r in zip(cfgs, results, strict=True)}
     return SeedsResult(max(r.exit_code for r in runs.values()), os.path.dirname(cfgs[0].output_dir), runs)
 

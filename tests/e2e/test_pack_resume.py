@@ -1,0 +1,89 @@
+"""A pack killed and resumed (``jobs.run.pack_folder``): a job script's ``--runs`` pack of two runs, one short (it
+completes before the kill) and one long, is stopped with SIGTERM after the long run's checkpoint at version 4 or
+later; ``--resume`` of the pack's folder, alone, continues both as one job again. Each run's ``events.jsonl`` then
+equals the same pack's uninterrupted run's line for line, and its accuracies equal them to summation order: each run
+restarts at its own checkpoint's release, so releases the two runs trained in one cross-run group before may train
+apart after (the tolerance of ``tests/e2e/test_pack.py``, a few test samples)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+
+from common.result_files import EVENTS, METRICS, PACK_MANIFEST
+from tests.conftest import PYTHON, REPO, checkpoint_version, kill_tree, wait_for
+
+FLAGS = [
+    "--method", "fedbuff", "--num-leaf-nodes", "2", "--devices-per-leaf", "4", "--device-selection-size", "4",
+    "--delays", "paper", "--synthetic-size", "600", "--subset-size", "40", "--local-iters", "2",
+    "--local-batch-size", "16", "--local-lr", "0.02", "--global-lr", "1.0", "--eval-backlog", "wait",
+    "--num-updates-for-model", "2", "--min-hole-to-fill", "1", "--max-model-version", "40", "--checkpoint-every", "2",
+]  # fmt: skip
+RUNS = {"short": {"max-model-version": 4, "seed": 3}, "long": {"local-lr": 0.05}}
+TOLERANCE = 0.03  # tests/e2e/test_pack.py's: cross-run groups change a diff's summation order only
+
+
+def metrics(folder) -> dict:
+    try:
+        return json.loads((folder / METRICS).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def start(tmp_path, name: str) -> subprocess.Popen:
+    cmd = [PYTHON, "jobs/pt_job_fedrevive.py", *FLAGS, "--runs", str(tmp_path / "runs.json"), "--output"]
+    return subprocess.Popen(
+        [*cmd, str(tmp_path / name)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str]:
+    try:
+        return proc.returncode if proc.poll() is not None else proc.wait(400), proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc.pid)
+
+
+def test_a_pack_stopped_and_resumed_from_its_folder_ends_as_the_uninterrupted_pack(tmp_path):
+    (tmp_path / "runs.json").write_text(json.dumps(RUNS))
+    whole, killed = start(tmp_path, "whole"), start(tmp_path, "killed")
+    out = tmp_path / "killed"
+    wait_for(
+        lambda: checkpoint_version(out / "long") >= 4 and (metrics(out / "short").get("outcome") or {}).get("status"),
+        killed,
+        300,
+        "the long run's checkpoint at version 4 and the short run's end",
+    )
+    assert json.loads((out / PACK_MANIFEST).read_text()) == {"kind": "runs", "runs": {"short": "short", "long": "long"}}
+    killed.send_signal(signal.SIGTERM)
+    code, printed = finish(killed)
+    assert code == 143, printed[-3000:]
+    assert metrics(out / "long")["outcome"]["status"] == "interrupted"
+    at = checkpoint_version(out / "long")
+    before = [r for r in metrics(out / "long")["versions"] if r["version"] <= at]  # kept by the resume, as they were
+    assert metrics(out / "short")["outcome"]["status"] == "completed"
+    code, printed = finish(whole)
+    assert code == 0, printed[-3000:]
+
+    resumed = subprocess.run(
+        [PYTHON, "jobs/pt_job_fedrevive.py", "--resume", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert f"{out / 'short'} (resuming), {out / 'long'} (resuming)" in resumed.stdout
+    assert 4 <= at < 40 and metrics(out / "long")["versions"][: len(before)] == before  # continued, not run again
+    rows = [line.split()[:4] for line in resumed.stdout.splitlines() if line.startswith(("short ", "long "))]
+    assert [(r[0], r[3]) for r in rows] == [("short", "completed"), ("long", "completed")], resumed.stdout[-3000:]
+    for name, last in (("short", 4), ("long", 40)):
+        again, alone = metrics(out / name), metrics(tmp_path / "whole" / name)
+        assert again["outcome"]["status"] == "completed" and again["outcome"]["version"] == last, again["outcome"]
+        assert (out / name / EVENTS).read_text() == (tmp_path / "whole" / name / EVENTS).read_text(), name
+        curve = [(r["version"], r["accuracy"]) for r in again["versions"]]
+        expected = [(r["version"], r["accuracy"]) for r in alone["versions"]]
+        assert [v for v, _ in curve] == [v for v, _ in expected] == list(range(1, last + 1)), name
+        assert max(abs(a - b) for (_, a), (_, b) in zip(curve, expected, strict=True)) <= TOLERANCE, (curve, expected)
