@@ -252,15 +252,18 @@ def distinct_leaf_names() -> None:
     module.SimulatorClientRunner.build_ctx = PerThreadBuildContext()
 
 
-class DistinctLeafNames(FLComponent):
-    """A server component that installs fix 19 (``distinct_leaf_names``) as it is built, for a job whose server
+class LeafStartFixes(FLComponent):
+    """A server component that installs, as it is built, the fixes to how NVFlare's simulator starts its leaves'
+    workers: fix 7 (their ports outside the ephemeral range) and fix 19 (each its own name), for a job whose server
     has no component of ours that installs our fixes (a recipe after ``jobs.drop_in.use_fast_simulator``). In a
     SimEnv run NVFlare builds the server app's components before it starts the leaves' workers
     (``SimulatorRunner.simulator_run_main`` waits for the app to have started); elsewhere it does nothing."""
 
     def __init__(self) -> None:
         super().__init__()
-        distinct_leaf_names()
+        if in_simulator():
+            simulator_ports_outside_ephemeral_range()
+            distinct_leaf_names()
 
 
 def quick_listener_stops() -> None:

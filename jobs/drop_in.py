@@ -10,8 +10,8 @@
 What changes: each leaf's ``TPORunner`` (NVFlare's ``Simulator``) becomes our ``FastDeviceRunner``
 (``simulation.leaf_runner``), and NVFlare's stock leaf executor ``EdgeModelExecutor`` becomes the same executor
 without its per-request payload rendering (``QuietEdgeModelExecutor``); the server gets one component more,
-``DistinctLeafNames``, without which NVFlare's simulator may start two leaves under one name (fix 19 of
-``docs/nvflare-upstream.md``). The user's task processor, model, server components and every other component stay
+``LeafStartFixes``, without which NVFlare's simulator may start two leaves under one name or on a port taken
+meanwhile (fixes 19 and 7 of ``docs/nvflare-upstream.md``). The user's task processor, model, server components and every other component stay
 as they are, under the same ids. At each leaf's start the runner plans from that leaf's machine and applies the
 plan to the user's processor: torch threads per leaf, at most ``num_workers`` devices training at once, a warning
 if the processor starts DataLoader worker processes per task.
@@ -40,7 +40,7 @@ from nvflare.recipe.spec import Recipe
 from common.choices import ConfigError
 from common.delays import DelayConfig
 from common.job_files import ship_packages
-from common.nvflare_private import DistinctLeafNames
+from common.nvflare_private import LeafStartFixes
 from common.profiles import DEFAULT_PROFILE, ProfileName
 from jobs.engine_config import EngineConfig, EngineName
 from jobs.nvflare_private import client_app_config, recipe_job, server_app_config, set_sync_interval
@@ -50,7 +50,7 @@ from simulation.nvflare_private import QuietEdgeModelExecutor
 from simulation.trainer import GroupTrainer
 
 RUNNER_ID = "tpo_runner"  # the id NVFlare's EdgeJob.configure_simulation gives its runner
-LEAF_NAMES_ID = "edgesim_distinct_leaf_names"  # the server component that installs fix 19 (common.nvflare_private)
+LEAF_START_FIXES_ID = "edgesim_leaf_start_fixes"  # the server component installing fixes 7, 19 (common.nvflare_private)
 
 
 @dataclass(frozen=True)
@@ -188,8 +188,8 @@ def _convert(job: FedJob, opts: DropInOptions) -> None:
     )
     _replace_component(clients, RUNNER_ID, runner, fast)
     servers = _server_app(job)
-    if servers is not None:  # two leaves started together by NVFlare's simulator never share a name
-        servers.components[LEAF_NAMES_ID] = DistinctLeafNames()
+    if servers is not None:  # the leaves NVFlare's simulator starts: each its own name and a port of its own
+        servers.components[LEAF_START_FIXES_ID] = LeafStartFixes()
     if opts.quiet_executor:
         for executor_def in clients.executors:
             if type(executor_def.executor) is EdgeModelExecutor:

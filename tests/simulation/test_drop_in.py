@@ -26,8 +26,8 @@ from torch import nn
 
 from common.choices import ConfigError
 from common.leaf_outbox import OUTBOX_PROP
-from common.nvflare_private import DistinctLeafNames
-from jobs.drop_in import LEAF_NAMES_ID, use_fast_simulator
+from common.nvflare_private import LeafStartFixes
+from jobs.drop_in import LEAF_START_FIXES_ID, use_fast_simulator
 from jobs.nvflare_private import client_app_config, recipe_job, server_app_config
 from simulation.leaf_channels import EdgeRequestChannel
 from simulation.leaf_plan import PlanRequest
@@ -80,8 +80,8 @@ def test_the_runner_and_executor_are_replaced_and_everything_else_is_kept():
     executor = clients.executors[0].executor
     assert type(executor) is QuietEdgeModelExecutor and executor.aggr_factory_id == "aggr_factory"
     assert sage(recipe)._update_interval == 0.3 and sage(recipe)._assess_interval <= 0.3  # noqa: SLF001
-    added = servers.components.pop(LEAF_NAMES_ID)  # fix 19, installed as the server app is built
-    assert type(added) is DistinctLeafNames and servers.components == server_before
+    added = servers.components.pop(LEAF_START_FIXES_ID)  # fix 19, installed as the server app is built
+    assert type(added) is LeafStartFixes and servers.components == server_before
 
 
 def test_the_converted_job_exports_our_runner_and_ships_our_packages(tmp_path):
@@ -93,7 +93,7 @@ def test_the_converted_job_exports_our_runner_and_ships_our_packages(tmp_path):
     assert "simulation.nvflare_private.QuietEdgeModelExecutor" in client_config
     assert (app / "custom" / "simulation" / "leaf_runner.py").is_file()
     server_config = (app / "config" / "config_fed_server.json").read_text()
-    assert "common.nvflare_private.DistinctLeafNames" in server_config
+    assert "common.nvflare_private.LeafStartFixes" in server_config
     assert (app / "custom" / "common" / "nvflare_private.py").is_file()
 
 

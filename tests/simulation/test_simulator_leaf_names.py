@@ -16,7 +16,9 @@ import types
 
 from nvflare.private.fed.simulator.simulator_const import SimulatorConstants
 
-from common.nvflare_private import distinct_leaf_names
+from common import nvflare_private
+from common.nvflare_private import ORIGINALS, LeafStartFixes, distinct_leaf_names
+from common.ports import listen_ports
 
 LEAVES = ("site-1", "site-2")
 
@@ -136,3 +138,24 @@ def test_nvflares_own_runner_sends_two_leaves_started_together_one_name(monkeypa
     monkeypatch.delattr(simulator_runner.SimulatorClientRunner, "build_ctx", raising=False)  # NVFlare's attribute
     names = run_leaves_together(monkeypatch, tmp_path)
     assert len(set(names.values())) == 1
+
+
+def test_the_drop_ins_server_component_installs_both_leaf_start_fixes_in_the_simulator(monkeypatch, tmp_path):
+    """``LeafStartFixes`` (the server component ``use_fast_simulator`` adds, the one fix-installer of a user's
+    server): built in the simulator's process, each leaf's worker gets its own name (fix 19) and a port from
+    ``listen_ports`` (fix 7); built elsewhere (a deployed site), it changes nothing."""
+    from nvflare.fuel.utils import network_utils
+    from nvflare.private.fed.app.simulator import simulator_runner
+
+    key = f"{simulator_runner.__name__}.get_open_ports"
+    monkeypatch.delattr(simulator_runner.SimulatorClientRunner, "build_ctx", raising=False)  # NVFlare's own, both
+    monkeypatch.setattr(simulator_runner, "get_open_ports", network_utils.get_open_ports)
+    monkeypatch.delitem(ORIGINALS, key, raising=False)
+    monkeypatch.setattr(nvflare_private, "in_simulator", lambda: False)
+    LeafStartFixes()
+    assert simulator_runner.get_open_ports is network_utils.get_open_ports
+    assert "build_ctx" not in simulator_runner.SimulatorClientRunner.__dict__
+    monkeypatch.setattr(nvflare_private, "in_simulator", lambda: True)
+    LeafStartFixes()
+    assert simulator_runner.get_open_ports is listen_ports
+    assert run_leaves_together(monkeypatch, tmp_path) == {"site-1": "site-1", "site-2": "site-2"}
