@@ -37,7 +37,9 @@ otherwise is resolved first) and returns a ``RunResult``. Bad options raise ``Co
 ``run(..., seeds=[0, 1, 2])`` runs those seeds as one NVFlare job (a pack, ``docs/packs.md``) and returns a
 ``SeedsResult``: each seed's ``RunResult`` (``runs``) and the mean +- std of the final accuracies (``mean``,
 ``std``), which it prints as the job scripts' ``--seeds`` does; ``run(..., runs={"a": {"local_lr": 0.01}, "b":
-{"local_lr": 0.1}})`` runs runs of different options as one job (the job scripts' ``--runs``).
+{"local_lr": 0.1}})`` runs runs of different options as one job (the job scripts' ``--runs``). ``run(resume=FOLDER)``
+continues a run from its checkpoint, or, given a pack's folder, every run of the pack as one job again
+(``jobs.run.pack_folder``), returning its ``SeedsResult`` or ``RunsResult``.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from jobs.build import build_config, resolve
 from jobs.config import JobConfig
 from jobs.methods import BUILT_IN, Method
 from jobs.pack_runs import RunsResult, option_configs, run_runs, runs_table
+from jobs.run.pack_folder import KIND_SEEDS, read_manifest, resumed_configs
 from jobs.run.results import RunResult, read_metrics
 from jobs.seeds import SeedsResult, run_seeds, seed_configs, seeds_table
 from processors.data.sources import DatasetError
@@ -138,7 +141,26 @@ def run(
     (``runs``: each seed's ``RunResult``; ``mean``, ``std``); a refused one raises ``ConfigError``. ``runs``
     (``{NAME: {option: value}}``, two or more; not with ``seeds`` nor a ``JobConfig``): runs of different options
     as one job (``jobs.pack_runs``: each the options with its own after them, in ``output/NAME``), each run's
-    result printed and returned as a ``RunsResult``; a refused one raises ``ConfigError``."""
+    result printed and returned as a ``RunsResult``; a refused one raises ``ConfigError``. ``resume`` (an option) of a
+    pack's folder: every run of the pack continued as one job, its ``SeedsResult`` or ``RunsResult`` returned."""
+    pack = read_manifest(options["resume"]) if options.get("resume") else None
+    if pack is not None:  # a pack's folder: every run of it continued, as one job again
+        if seeds is not None or runs is not None or isinstance(config_or_method, JobConfig):
+            raise ConfigError("resume= of a pack's folder with seeds=, runs= or a JobConfig: give resume= alone")
+        chosen = method or config_or_method or "fedavg"
+
+        def resumed(folder: str) -> JobConfig:
+            own = options | {"resume": folder, "output": folder}
+            return make_config(chosen, model=model, data=data, delays=delays, presets=presets, **own)
+
+        cfgs = resumed_configs(options["resume"], pack, resumed)
+        if pack.kind == KIND_SEEDS:
+            result = run_seeds(cfgs, verbose=verbose)
+            print(seeds_table(result))
+        else:
+            result = run_runs(cfgs, list(pack.runs), verbose=verbose)
+            print(runs_table(result))
+        return result
     if runs is not None:
         if seeds is not None or isinstance(config_or_method, JobConfig):
             raise ConfigError("runs= with seeds= or a JobConfig: give the method, its options and runs= alone")

@@ -1,6 +1,7 @@
 """A pack killed and resumed (``jobs.run.pack_folder``): a job script's ``--runs`` pack of two runs, one short (it
 completes before the kill) and one long, is stopped with SIGTERM after the long run's checkpoint at version 4 or
-later; ``--resume`` of the pack's folder, alone, continues both as one job again. Each run's ``events.jsonl`` then
+later; ``--resume`` of the pack's folder, alone, continues both as one job again (and ``jobs.api.run(resume=...)``
+of it once more returns each run, ended, as it was). Each run's ``events.jsonl`` then
 equals the same pack's uninterrupted run's line for line, and its accuracies equal them to summation order: each run
 restarts at its own checkpoint's release, so releases the two runs trained in one cross-run group before may train
 apart after (the tolerance of ``tests/e2e/test_pack.py``, a few test samples)."""
@@ -87,3 +88,12 @@ def test_a_pack_stopped_and_resumed_from_its_folder_ends_as_the_uninterrupted_pa
         expected = [(r["version"], r["accuracy"]) for r in alone["versions"]]
         assert [v for v, _ in curve] == [v for v, _ in expected] == list(range(1, last + 1)), name
         assert max(abs(a - b) for (_, a), (_, b) in zip(curve, expected, strict=True)) <= TOLERANCE, (curve, expected)
+
+    # from Python: resume= of the pack's folder, every run already ended, ends each again at once, as it was
+    from jobs.api import run
+
+    curves = {name: [(r["version"], r["accuracy"]) for r in metrics(out / name)["versions"]] for name in RUNS}
+    again = run(resume=str(out))
+    assert list(again.runs) == ["short", "long"] and again.exit_code == 0
+    for name, r in again.runs.items():
+        assert r.accuracies == curves[name] and r.outcome["status"] == "completed", (name, r.outcome)

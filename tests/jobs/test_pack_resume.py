@@ -62,3 +62,12 @@ def test_a_refused_resume_of_a_pack_exits_2_in_one_line(kind, runs, flags, says,
     folder = pack_folder(tmp_path, kind, runs)
     code, line = refused(["--resume", str(folder), *flags], capsys)
     assert code == 2 and line.startswith("error: ") and says in line, line
+
+
+@pytest.mark.parametrize("extra", [{"seeds": [0, 1]}, {"runs": {"a": {}, "b": {}}}])
+def test_the_api_refuses_resume_of_a_pack_with_seeds_or_runs(extra, tmp_path):
+    from jobs.api import run
+
+    folder = pack_folder(tmp_path, "seeds", {"0": "seed-0", "1": "seed-1"})
+    with pytest.raises(ConfigError, match="resume= of a pack's folder with seeds=, runs= or a JobConfig"):
+        run("fedbuff", resume=str(folder), **extra)
