@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from common.choices import ConfigError
+from common.jsonio import write_json_atomic
 from common.result_files import METRICS, PACK_MANIFEST
 from jobs.config import JobConfig
 
@@ -46,8 +47,7 @@ def write_manifest(kind: str, labels: list[str], results_dirs: list[str]) -> Non
     if any(os.path.dirname(f) != parent for f in folders):
         return
     manifest = {"kind": kind, "runs": {label: os.path.basename(f) for label, f in zip(labels, folders, strict=True)}}
-    with open(os.path.join(parent, PACK_MANIFEST), "w") as f:
-        json.dump(manifest, f, indent=1)
+    write_json_atomic(os.path.join(parent, PACK_MANIFEST), manifest)
 
 
 def read_manifest(folder: str) -> PackManifest | None:
