@@ -6,7 +6,8 @@ manifest of its runs into ``OUTPUT``: which kind of pack it is and each run's la
 ``--resume`` continues one run (its saved config, only harmless flags may change: ``jobs.resume``), and runs them
 as one job again (``jobs.run.pack.run_pack``). A run that ended continues to its end at once; a run that wrote no
 checkpoint is refused in one line, naming it. Runs whose folders do not share one parent (a run of ``--runs`` given
-its own ``output`` elsewhere) make no manifest: each resumes alone.
+its own ``output`` elsewhere), or share one that holds more than the pack (a sweep's trials folder), make no
+manifest: each resumes alone.
 
 A resumed pack's events equal the uninterrupted pack's line for line; its accuracies equal them to summation order
 only, as a pack's equal its standalone runs' (``docs/packs.md``): each run restarts at its own checkpoint's release,
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 from common.choices import ConfigError
 from common.jsonio import write_json_atomic
-from common.result_files import METRICS, PACK_MANIFEST
+from common.result_files import DATASET, METRICS, PACK_MANIFEST
 from jobs.config import JobConfig
 
 KIND_SEEDS, KIND_RUNS = "seeds", "runs"
@@ -41,10 +42,14 @@ class PackManifest:
 
 
 def write_manifest(kind: str, labels: list[str], results_dirs: list[str]) -> None:
-    """Write the manifest of a pack's runs into their common parent folder (nothing when they have none)."""
+    """Write the manifest of a pack's runs into their common parent folder, the pack's folder, when it holds the
+    runs alone (their folders, the manifest, a user's dataset): nothing when they have no common parent, or when it
+    holds more (a sweep's trials folder, where each pack's runs sit beside other trials)."""
     folders = [os.path.abspath(d) for d in results_dirs]
     parent = os.path.dirname(folders[0])
     if any(os.path.dirname(f) != parent for f in folders):
+        return
+    if set(os.listdir(parent)) - {os.path.basename(f) for f in folders} - {PACK_MANIFEST, DATASET}:
         return
     manifest = {"kind": kind, "runs": {label: os.path.basename(f) for label, f in zip(labels, folders, strict=True)}}
     write_json_atomic(os.path.join(parent, PACK_MANIFEST), manifest)

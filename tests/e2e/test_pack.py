@@ -37,6 +37,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.lib.fedrevive_small import FEDREVIVE_SMALL
+from common.result_files import PACK_MANIFEST
 from fedrevive.config import LOG_FILE, LOG_WALL_CLOCK
 from tests.conftest import PYTHON, REPO, digest, outputs_when_done
 
@@ -144,7 +145,11 @@ def runs(request, jobs):
 
 def test_each_seed_has_its_folder_and_the_printed_mean_and_std_are_the_seeds(packed):
     folder, out = packed
-    assert sorted(p.name for p in folder.iterdir()) == [f"seed-{s}" for s in SEEDS]
+    assert sorted(p.name for p in folder.iterdir()) == [PACK_MANIFEST] + [f"seed-{s}" for s in SEEDS]
+    assert json.loads((folder / PACK_MANIFEST).read_text()) == {
+        "kind": "seeds",
+        "runs": {str(s): f"seed-{s}" for s in SEEDS},
+    }
     finals = [final_accuracy(folder / f"seed-{s}") for s in SEEDS]
     assert len(set(finals)) == 2  # two seeds, two results: the mean and std below are not vacuous
     rows = out.splitlines()[-len(SEEDS) - 1 :]

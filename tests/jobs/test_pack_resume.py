@@ -23,7 +23,7 @@ def pack_folder(tmp_path, kind: str, runs: dict[str, str]):
     return folder
 
 
-def test_a_pack_writes_its_runs_into_their_common_folder_and_nothing_when_they_have_none(tmp_path):
+def test_a_pack_writes_its_runs_into_their_folder_and_nothing_where_that_holds_more_or_they_have_none(tmp_path):
     for folder in ("out/seed-0", "out/seed-1", "x/a", "y/b"):  # as the pack makes them before it writes its manifest
         (tmp_path / folder).mkdir(parents=True)
     write_manifest("seeds", ["0", "1"], [str(tmp_path / "out" / "seed-0"), str(tmp_path / "out" / "seed-1")])
@@ -31,6 +31,10 @@ def test_a_pack_writes_its_runs_into_their_common_folder_and_nothing_when_they_h
     assert (manifest.kind, manifest.runs) == ("seeds", {"0": "seed-0", "1": "seed-1"})
     write_manifest("runs", ["a", "b"], [str(tmp_path / "x" / "a"), str(tmp_path / "y" / "b")])
     assert not (tmp_path / "x" / PACK_MANIFEST).exists() and not (tmp_path / PACK_MANIFEST).exists()
+    (tmp_path / "x" / "b").mkdir()
+    (tmp_path / "x" / "0000.log").write_text("")  # a sweep's trials folder: other trials' files beside the pack
+    write_manifest("runs", ["a", "b"], [str(tmp_path / "x" / "a"), str(tmp_path / "x" / "b")])
+    assert not (tmp_path / "x" / PACK_MANIFEST).exists()
 
 
 def test_a_runs_own_folder_is_no_packs_and_a_broken_manifest_is_refused(tmp_path):
