@@ -267,6 +267,25 @@ def kill_tree(pid: int) -> list[psutil.Process]:
     return tree
 
 
+def finish(proc: subprocess.Popen, timeout: float = 400) -> tuple[int, str]:
+    """A started job's exit code and output once it ends (killed with its descendants if it outlasts ``timeout``)."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc.pid)
+    return proc.returncode, out
+
+
+def resume(output, *command: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``command`` (default the job script alone, ``--resume``'s own way) with ``--resume output`` appended, run to
+    its end."""
+    command = command or (PYTHON, "jobs/pt_job_fedrevive.py")
+    return subprocess.run(
+        [*command, "--resume", str(output)], cwd=REPO, env=env, capture_output=True, text=True, timeout=400
+    )
+
+
 def outputs_when_done(procs: list[subprocess.Popen], timeout: float) -> list[str]:
     """Each started process's output once it has ended with exit code 0; every one still running when one fails or
     outlasts ``timeout`` is killed with its descendants."""
@@ -324,9 +343,7 @@ def run_one_killed_and_resumed(
         for proc in procs.values():
             if proc.poll() is None:
                 kill_tree(proc.pid)
-    resumed = subprocess.run(
-        [*commands[killed], "--resume", str(output)], cwd=REPO, env=env, capture_output=True, text=True, timeout=400
-    )
+    resumed = resume(output, *commands[killed], env=env)
     assert resumed.returncode == 0 and "resuming" in resumed.stdout, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     return {name: (procs[name].returncode, out) for name, out in outputs.items()}
 

@@ -23,7 +23,18 @@ from common.delays import DELAY_PRESETS
 from jobs.config import JobConfig
 from jobs.run.schedule_plan import schedule_for
 from scheduling.event_reference import reference_trace
-from tests.conftest import DIURNAL, PYTHON, REPO, SMALL_JOB, checkpoint_version, digest, kill_tree, wait_for
+from tests.conftest import (
+    DIURNAL,
+    PYTHON,
+    REPO,
+    SMALL_JOB,
+    checkpoint_version,
+    digest,
+    finish,
+    kill_tree,
+    resume,
+    wait_for,
+)
 
 PAPER = DELAY_PRESETS["paper"]
 
@@ -44,15 +55,6 @@ def start(tmp_path, name: str, *flags: str) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
         text=True,
     )
-
-
-def finish(proc: subprocess.Popen, timeout: float = 400) -> tuple[int, str]:
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            kill_tree(proc.pid)
-    return proc.returncode, out
 
 
 def shared_memory_of(pids: list[int]) -> set[str]:
@@ -142,22 +144,8 @@ def test_a_run_killed_and_resumed_ends_exactly_like_an_uninterrupted_run(tmp_pat
     assert not [p for p in gone if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     code, out = finish(whole)
     assert code == 0, out[-3000:]
-    resumed = subprocess.run(  # the original command with --resume appended
-        [
-            PYTHON,
-            "jobs/pt_job_fedrevive.py",
-            *SMALL,
-            *flags,
-            "--output",
-            str(tmp_path / "killed"),
-            "--resume",
-            str(tmp_path / "killed"),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+    killed_out = tmp_path / "killed"  # the original command with --resume appended
+    resumed = resume(killed_out, PYTHON, "jobs/pt_job_fedrevive.py", *SMALL, *flags, "--output", str(killed_out))
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "resuming" in resumed.stdout
     # nothing of the killed run is left: no process holds its memory, and none was ever named in /dev/shm
@@ -303,14 +291,9 @@ def test_a_finished_run_resumed_with_a_larger_last_version_goes_on_as_if_it_had_
     code, out = finish(start(tmp_path, "run", *flags, "--max-model-version", "4"))
     assert code == 0, out[-3000:]
     assert checkpoint_version(tmp_path / "run") == 4
-    resumed = subprocess.run(
-        [PYTHON, "jobs/pt_job_fedrevive.py", *SMALL, *flags, "--max-model-version", "9"]
-        + ["--output", str(tmp_path / "run"), "--resume", str(tmp_path / "run")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+    run_out = tmp_path / "run"
+    command = [PYTHON, "jobs/pt_job_fedrevive.py", *SMALL, *flags, "--max-model-version", "9", "--output", str(run_out)]
+    resumed = resume(run_out, *command)
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
     trace_text, accuracies, metrics = results(tmp_path / "run")
     assert metrics["outcome"]["status"] == "completed" and accuracies[-1][0] == 9

@@ -12,8 +12,9 @@ import json
 import signal
 import subprocess
 
-from common.result_files import EVENTS, METRICS, PACK_MANIFEST
-from tests.conftest import PYTHON, REPO, checkpoint_version, kill_tree, wait_for
+from common.result_files import EVENTS, PACK_MANIFEST
+from jobs.run.results import read_metrics
+from tests.conftest import PYTHON, REPO, checkpoint_version, finish, resume, wait_for
 
 FLAGS = [
     "--method", "fedbuff", "--num-leaf-nodes", "2", "--devices-per-leaf", "4", "--device-selection-size", "4",
@@ -25,13 +26,6 @@ RUNS = {"short": {"max-model-version": 4, "seed": 3}, "long": {"local-lr": 0.05}
 TOLERANCE = 0.03  # tests/e2e/test_pack.py's: cross-run groups change a diff's summation order only
 
 
-def metrics(folder) -> dict:
-    try:
-        return json.loads((folder / METRICS).read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def start(tmp_path, name: str) -> subprocess.Popen:
     cmd = [PYTHON, "jobs/pt_job_fedrevive.py", *FLAGS, "--runs", str(tmp_path / "runs.json"), "--output"]
     return subprocess.Popen(
@@ -39,20 +33,14 @@ def start(tmp_path, name: str) -> subprocess.Popen:
     )
 
 
-def finish(proc: subprocess.Popen) -> tuple[int, str]:
-    try:
-        return proc.returncode if proc.poll() is not None else proc.wait(400), proc.communicate(timeout=60)[0]
-    finally:
-        if proc.poll() is None:
-            kill_tree(proc.pid)
-
-
 def test_a_pack_stopped_and_resumed_from_its_folder_ends_as_the_uninterrupted_pack(tmp_path):
     (tmp_path / "runs.json").write_text(json.dumps(RUNS))
     whole, killed = start(tmp_path, "whole"), start(tmp_path, "killed")
     out = tmp_path / "killed"
     wait_for(
-        lambda: checkpoint_version(out / "long") >= 4 and (metrics(out / "short").get("outcome") or {}).get("status"),
+        lambda: (
+            checkpoint_version(out / "long") >= 4 and (read_metrics(out / "short").get("outcome") or {}).get("status")
+        ),
         killed,
         300,
         "the long run's checkpoint at version 4 and the short run's end",
@@ -61,27 +49,23 @@ def test_a_pack_stopped_and_resumed_from_its_folder_ends_as_the_uninterrupted_pa
     killed.send_signal(signal.SIGTERM)
     code, printed = finish(killed)
     assert code == 143, printed[-3000:]
-    assert metrics(out / "long")["outcome"]["status"] == "interrupted"
+    assert read_metrics(out / "long")["outcome"]["status"] == "interrupted"
     at = checkpoint_version(out / "long")
-    before = [r for r in metrics(out / "long")["versions"] if r["version"] <= at]  # kept by the resume, as they were
-    assert metrics(out / "short")["outcome"]["status"] == "completed"
+    before = [
+        r for r in read_metrics(out / "long")["versions"] if r["version"] <= at
+    ]  # kept by the resume, as they were
+    assert read_metrics(out / "short")["outcome"]["status"] == "completed"
     code, printed = finish(whole)
     assert code == 0, printed[-3000:]
 
-    resumed = subprocess.run(
-        [PYTHON, "jobs/pt_job_fedrevive.py", "--resume", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+    resumed = resume(out)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert f"{out / 'short'} (resuming), {out / 'long'} (resuming)" in resumed.stdout
-    assert 4 <= at < 40 and metrics(out / "long")["versions"][: len(before)] == before  # continued, not run again
+    assert 4 <= at < 40 and read_metrics(out / "long")["versions"][: len(before)] == before  # continued, not run again
     rows = [line.split()[:4] for line in resumed.stdout.splitlines() if line.startswith(("short ", "long "))]
     assert [(r[0], r[3]) for r in rows] == [("short", "completed"), ("long", "completed")], resumed.stdout[-3000:]
     for name, last in (("short", 4), ("long", 40)):
-        again, alone = metrics(out / name), metrics(tmp_path / "whole" / name)
+        again, alone = read_metrics(out / name), read_metrics(tmp_path / "whole" / name)
         assert again["outcome"]["status"] == "completed" and again["outcome"]["version"] == last, again["outcome"]
         assert (out / name / EVENTS).read_text() == (tmp_path / "whole" / name / EVENTS).read_text(), name
         curve = [(r["version"], r["accuracy"]) for r in again["versions"]]
@@ -92,7 +76,7 @@ def test_a_pack_stopped_and_resumed_from_its_folder_ends_as_the_uninterrupted_pa
     # from Python: resume= of the pack's folder, every run already ended, ends each again at once, as it was
     from jobs.api import run
 
-    curves = {name: [(r["version"], r["accuracy"]) for r in metrics(out / name)["versions"]] for name in RUNS}
+    curves = {name: [(r["version"], r["accuracy"]) for r in read_metrics(out / name)["versions"]] for name in RUNS}
     again = run(resume=str(out))
     assert list(again.runs) == ["short", "long"] and again.exit_code == 0
     for name, r in again.runs.items():

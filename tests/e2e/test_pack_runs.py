@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 import subprocess
 
-from common.result_files import METRICS, STOP_REQUEST
+from common.result_files import STOP_REQUEST
+from jobs.run.results import read_metrics
 from tests.conftest import PYTHON, REPO, kill_tree, wait_for
 
 SMALL = [
@@ -30,13 +31,6 @@ RUNS = {"kept": {"local-lr": 0.05}, "pruned": {"local-lr": 0.2, "seed": 5, "max-
 REASON = "pruned by the test at version 1"
 
 
-def metrics(folder) -> dict:
-    try:
-        return json.loads((folder / METRICS).read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def test_a_stop_request_ends_one_run_of_a_pack_and_the_other_completes(tmp_path):
     runs = tmp_path / "runs.json"
     runs.write_text(json.dumps(RUNS))
@@ -44,7 +38,7 @@ def test_a_stop_request_ends_one_run_of_a_pack_and_the_other_completes(tmp_path)
     cmd = [PYTHON, "jobs/pt_job_fedrevive.py", *SMALL, "--runs", str(runs), "--output", str(out)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     pruned = out / "pruned"
-    wait_for(lambda: len(metrics(pruned).get("versions", [])) >= 1, proc, 300, "the long run's first version")
+    wait_for(lambda: len(read_metrics(pruned).get("versions", [])) >= 1, proc, 300, "the long run's first version")
     (pruned / STOP_REQUEST).write_text(json.dumps({"reason": REASON}))
     try:
         printed = proc.communicate(timeout=300)[0]
@@ -53,7 +47,7 @@ def test_a_stop_request_ends_one_run_of_a_pack_and_the_other_completes(tmp_path)
             kill_tree(proc.pid)
     assert proc.returncode == 1, printed[-3000:]  # a run ended early, as --seeds says of a seed (the table: which)
 
-    kept, stopped = metrics(out / "kept"), metrics(pruned)
+    kept, stopped = read_metrics(out / "kept"), read_metrics(pruned)
     assert kept["outcome"]["status"] == "completed" and kept["outcome"]["version"] == 6, kept["outcome"]
     assert stopped["outcome"]["status"] == "pruned" and stopped["outcome"]["reason"] == REASON, stopped["outcome"]
     assert stopped["outcome"]["version"] < 200

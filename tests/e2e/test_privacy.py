@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from tests.conftest import PYTHON, REPO, SMALL_JOB, checkpoint_version, digest, kill_tree, wait_for
+from tests.conftest import PYTHON, REPO, SMALL_JOB, checkpoint_version, digest, kill_tree, resume, wait_for
 
 dp_accounting = pytest.importorskip("dp_accounting")
 
@@ -54,13 +54,7 @@ def test_a_dp_fedbuff_run_records_epsilon_per_version_and_resumes_with_the_same_
     out, _ = whole.communicate(timeout=400)
     assert whole.returncode == 0, out[-3000:]
     assert "differential privacy (central)" in out and "epsilon" in out
-    resumed = subprocess.run(
-        [*command(tmp_path / "killed"), "--resume", str(tmp_path / "killed")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+    resumed = resume(tmp_path / "killed", *command(tmp_path / "killed"))
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
 
     metrics = json.loads((tmp_path / "whole" / "metrics.json").read_text())

@@ -11,7 +11,7 @@ import json
 import signal
 import subprocess
 
-from tests.conftest import PYTHON, REPO, SMALL_JOB, checkpoint_version, wait_for
+from tests.conftest import PYTHON, REPO, SMALL_JOB, checkpoint_version, resume, wait_for
 from tests.tracker_readers import mlflow_artifacts, mlflow_runs, mlflow_series, wandb_runs
 
 # the job's own entry point, with W&B's logging in the driver failing on its second call
@@ -58,13 +58,7 @@ def test_a_tracked_run_survives_a_tracker_failure_and_resumes_into_the_same_trac
     (run,) = mlflow_runs(mlflow_store)
     assert run.info.status == "KILLED" and run.data.tags["outcome"] == "interrupted"
 
-    resumed = subprocess.run(
-        [PYTHON, "jobs/pt_job_fedrevive.py", "--resume", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+    resumed = resume(out)
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
     assert "tracking failed" not in resumed.stderr
     metrics = json.loads((out / "metrics.json").read_text())
