@@ -1,4 +1,5 @@
-"""Shared fixtures: small synthetic data, a task processor factory, and helpers to run the real job entry points.
+"""Shared fixtures: small synthetic data, a task processor factory, and helpers to run the real job entry points
+(ending and resuming them: ``tests/e2e/job_runs.py``).
 
 Every test under ``tests/e2e`` runs real NVFlare jobs for tens of seconds each: it is marked ``slow`` here, so
 ``pytest -m "not slow"`` is the fast subset (CI runs everything).
@@ -267,25 +268,6 @@ def kill_tree(pid: int) -> list[psutil.Process]:
     return tree
 
 
-def finish(proc: subprocess.Popen, timeout: float = 400) -> tuple[int, str]:
-    """A started job's exit code and output once it ends (killed with its descendants if it outlasts ``timeout``)."""
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            kill_tree(proc.pid)
-    return proc.returncode, out
-
-
-def resume(output, *command: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``command`` (default the job script alone, ``--resume``'s own way) with ``--resume output`` appended, run to
-    its end."""
-    command = command or (PYTHON, "jobs/pt_job_fedrevive.py")
-    return subprocess.run(
-        [*command, "--resume", str(output)], cwd=REPO, env=env, capture_output=True, text=True, timeout=400
-    )
-
-
 def outputs_when_done(procs: list[subprocess.Popen], timeout: float) -> list[str]:
     """Each started process's output once it has ended with exit code 0; every one still running when one fails or
     outlasts ``timeout`` is killed with its descendants."""
@@ -320,32 +302,6 @@ def checkpoint_version(out) -> int:
 def examples_env() -> dict:
     """This process's environment with ``examples/`` on PYTHONPATH, so ``--method module:Class`` finds them."""
     return os.environ | {"PYTHONPATH": os.pathsep.join(p for p in (EXAMPLES, os.environ.get("PYTHONPATH")) if p)}
-
-
-def run_one_killed_and_resumed(
-    commands: dict[str, list[str]], killed: str, output, env: dict, version: int = 4
-) -> dict[str, tuple[int, str]]:
-    """Start every job of ``commands`` at once (their results do not depend on it: exact time), kill ``killed``'s
-    process tree with SIGKILL once its results folder ``output`` holds a checkpoint of ``version``, wait for the
-    others, then resume it: its own command with ``--resume output`` appended, which must exit 0 and say it
-    resumed. Returns each job that was not killed: its exit code and output."""
-    procs, outputs = {}, {}
-    try:
-        for name, command in commands.items():
-            procs[name] = subprocess.Popen(
-                command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
-        what = f"a checkpoint at version {version}"
-        wait_for(lambda: checkpoint_version(output) >= version, procs[killed], 300, what)
-        kill_tree(procs[killed].pid)
-        outputs = {name: proc.communicate(timeout=400)[0] for name, proc in procs.items() if name != killed}
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                kill_tree(proc.pid)
-    resumed = resume(output, *commands[killed], env=env)
-    assert resumed.returncode == 0 and "resuming" in resumed.stdout, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    return {name: (procs[name].returncode, out) for name, out in outputs.items()}
 
 
 def nudged_alone(proc, device_id: str, weights: dict, version: int) -> list[dict]:

@@ -23,18 +23,8 @@ from common.delays import DELAY_PRESETS
 from jobs.config import JobConfig
 from jobs.run.schedule_plan import schedule_for
 from scheduling.event_reference import reference_trace
-from tests.conftest import (
-    DIURNAL,
-    PYTHON,
-    REPO,
-    SMALL_JOB,
-    checkpoint_version,
-    digest,
-    finish,
-    kill_tree,
-    resume,
-    wait_for,
-)
+from tests.conftest import DIURNAL, PYTHON, REPO, SMALL_JOB, checkpoint_version, digest, kill_tree, wait_for
+from tests.e2e.job_runs import finish, resume
 
 PAPER = DELAY_PRESETS["paper"]
 

@@ -14,7 +14,8 @@ import subprocess
 
 from common.result_files import EVENTS, PACK_MANIFEST
 from jobs.run.results import read_metrics
-from tests.conftest import PYTHON, REPO, checkpoint_version, finish, resume, wait_for
+from tests.conftest import PYTHON, REPO, checkpoint_version, wait_for
+from tests.e2e.job_runs import finish, resume
 
 FLAGS = [
     "--method", "fedbuff", "--num-leaf-nodes", "2", "--devices-per-leaf", "4", "--device-selection-size", "4",

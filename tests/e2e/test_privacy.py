@@ -13,7 +13,8 @@ from collections import Counter
 
 import pytest
 
-from tests.conftest import PYTHON, REPO, SMALL_JOB, checkpoint_version, digest, kill_tree, resume, wait_for
+from tests.conftest import PYTHON, REPO, SMALL_JOB, checkpoint_version, digest, kill_tree, wait_for
+from tests.e2e.job_runs import resume
 
 dp_accounting = pytest.importorskip("dp_accounting")
 

@@ -15,13 +15,8 @@ import json
 
 from common.delays import DELAY_PRESETS
 from scheduling.event_reference import make_schedule, reference_trace
-from tests.conftest import (
-    SMALL_JOB,
-    assert_same_run,
-    examples_env,
-    job_commands,
-    run_one_killed_and_resumed,
-)
+from tests.conftest import SMALL_JOB, assert_same_run, examples_env, job_commands
+from tests.e2e.job_runs import run_one_killed_and_resumed
 
 VERSIONS = 12
 COMMON = [*SMALL_JOB, "--seed", "11", "--max-model-version", str(VERSIONS)]

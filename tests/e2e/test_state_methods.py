@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import os
 
-from tests.conftest import DIURNAL, SMALL_JOB, assert_same_run, examples_env, job_commands, run_one_killed_and_resumed
+from tests.conftest import DIURNAL, SMALL_JOB, assert_same_run, examples_env, job_commands
+from tests.e2e.job_runs import run_one_killed_and_resumed
 
 SMALL = [*SMALL_JOB, "--seed", "5", "--eval-frequency", "4"]
 SGD = ["--optimizer", "sgd", "--local-lr", "0.05", "--max-model-version", "8", "--checkpoint-every", "2"]

@@ -11,7 +11,8 @@ import json
 import signal
 import subprocess
 
-from tests.conftest import PYTHON, REPO, SMALL_JOB, checkpoint_version, resume, wait_for
+from tests.conftest import PYTHON, REPO, SMALL_JOB, checkpoint_version, wait_for
+from tests.e2e.job_runs import resume
 from tests.tracker_readers import mlflow_artifacts, mlflow_runs, mlflow_series, wandb_runs
 
 # the job's own entry point, with W&B's logging in the driver failing on its second call
