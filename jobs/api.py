@@ -127,6 +127,7 @@ def run(
     method=None,
     seeds: Sequence[int] | None = None,
     runs: Mapping[str, Mapping] | None = None,
+    runs_at_once: int | None = None,
     model=AUTO,
     data="synthetic",
     delays=None,
@@ -141,8 +142,14 @@ def run(
     (``runs``: each seed's ``RunResult``; ``mean``, ``std``); a refused one raises ``ConfigError``. ``runs``
     (``{NAME: {option: value}}``, two or more; not with ``seeds`` nor a ``JobConfig``): runs of different options
     as one job (``jobs.pack_runs``: each the options with its own after them, in ``output/NAME``), each run's
-    result printed and returned as a ``RunsResult``; a refused one raises ``ConfigError``. ``resume`` (an option) of a
+    result printed and returned as a ``RunsResult``; a refused one raises ``ConfigError``. ``runs_at_once`` (with
+    ``runs``): that many go at a time, in order, each later one joining the job when one ends (the job scripts'
+    ``--runs-at-once``). ``resume`` (an option) of a
     pack's folder: every run of the pack continued as one job, its ``SeedsResult`` or ``RunsResult`` returned."""
+    if runs_at_once is not None and (
+        runs is None or isinstance(runs_at_once, bool) or not isinstance(runs_at_once, int) or runs_at_once < 1
+    ):
+        raise ConfigError(f"runs_at_once={runs_at_once!r}: give it with runs=, 1 or more runs at a time")
     pack = read_manifest(options["resume"]) if options.get("resume") else None
     if pack is not None:  # a pack's folder: every run of it continued, as one job again
         if seeds is not None or runs is not None or isinstance(config_or_method, JobConfig):
@@ -158,7 +165,7 @@ def run(
             result = run_seeds(cfgs, verbose=verbose)
             print(seeds_table(result))
         else:
-            result = run_runs(cfgs, list(pack.runs), verbose=verbose)
+            result = run_runs(cfgs, list(pack.runs), verbose=verbose, at_once=pack.at_once)
             print(runs_table(result))
         return result
     if runs is not None:
@@ -166,7 +173,7 @@ def run(
             raise ConfigError("runs= with seeds= or a JobConfig: give the method, its options and runs= alone")
         chosen, options, arrays = _options(method or config_or_method or "fedavg", model, data, delays, options)
         cfgs = option_configs(chosen, options, dict(runs), presets=presets, model_presets=presets, arrays=arrays)
-        result = run_runs(cfgs, list(runs), verbose=verbose)
+        result = run_runs(cfgs, list(runs), verbose=verbose, at_once=runs_at_once or 0)
         print(runs_table(result))
         return result
     if seeds is not None:

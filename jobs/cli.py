@@ -23,7 +23,7 @@ from common.result_files import PACK_MANIFEST
 from jobs.build import build_config, checked_config, option_names
 from jobs.config import PARTS, FederationConfig, JobConfig
 from jobs.methods import BUILT_IN, Method, method_of
-from jobs.pack_runs import RUNS_HELP, read_runs, run_configs, run_runs, runs_table
+from jobs.pack_runs import RUNS_AT_ONCE_HELP, RUNS_HELP, read_runs, run_configs, run_runs, runs_table
 from jobs.run.pack_folder import KIND_SEEDS, PackManifest, read_manifest, resumed_configs
 from jobs.seeds import SEEDS_HELP, parse_seeds, run_seeds, seed_configs, seeds_table
 from processors.model_names import PRESET_FIELDS as MODEL_PRESET_FIELDS
@@ -137,6 +137,8 @@ SEEDS: Extra = (["--seeds"], {"default": None, "metavar": "S1,S2,..", "help": SE
 """The job scripts' ``--seeds`` (``jobs.seeds``: a pack of seeds; ``jobs.api.run``'s ``seeds``), after ``--seed``."""
 RUNS: Extra = (["--runs"], {"default": None, "metavar": "FILE", "help": RUNS_HELP})
 """The job scripts' ``--runs`` (``jobs.pack_runs``: a pack of runs of different flags), after ``--seeds``."""
+RUNS_AT_ONCE: Extra = (["--runs-at-once"], {"default": None, "type": int, "metavar": "K", "help": RUNS_AT_ONCE_HELP})
+"""The job scripts' ``--runs-at-once`` (with ``--runs``: K runs at a time, the others joining the job in order)."""
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -190,7 +192,7 @@ def build_parser(description: str, method_choice: bool = False, seeds: bool = Fa
         flags = _federation_flags(method_choice) if part == "federation" else FLAGS[part]
         extras = EXTRAS.get(part)
         if seeds and part == "run":
-            extras = extras | {"seed": [SEEDS, RUNS]}
+            extras = extras | {"seed": [SEEDS, RUNS, RUNS_AT_ONCE]}
         add_dataclass_flags(p.add_argument_group(title), PARTS[part], flags=flags, extras=extras)
     if method_choice:
         add_method_choice(p)
@@ -291,10 +293,11 @@ def _run_seeds(cfgs: list[JobConfig], verbose: bool) -> int:
     return result.exit_code
 
 
-def _run_runs(cfgs: list[JobConfig], verbose: bool) -> int:
-    """Run a pack of runs of different flags (``jobs.pack_runs``) and print each run's result."""
+def _run_runs(cfgs: list[JobConfig], verbose: bool, at_once: int = 0) -> int:
+    """Run a pack of runs of different flags (``jobs.pack_runs``; ``at_once``: ``--runs-at-once``) and print each
+    run's result."""
     startup_gc.resume()
-    result = run_runs(cfgs, verbose=verbose)
+    result = run_runs(cfgs, verbose=verbose, at_once=at_once)
     print(runs_table(result))
     return result.exit_code
 
@@ -337,6 +340,13 @@ def job_main(description: str, argv: list[str] | None, method: str | None = None
         full = argparse.Namespace(**vars(args), **(hidden or {}))
         if args.seeds is not None and args.runs is not None:
             raise ConfigError("--seeds with --runs: give each run its seed in the --runs file, or drop --runs")
+        if args.runs_at_once is not None and (args.runs is None or args.resume):
+            raise ConfigError(
+                "--runs-at-once without --runs: it says how many runs of a --runs pack go at a time"
+                + ("; a resumed pack keeps its own" if args.resume else "")
+            )
+        if args.runs_at_once is not None and args.runs_at_once < 1:
+            raise ConfigError(f"--runs-at-once {args.runs_at_once}: give 1 or more runs at a time")
         pack = read_manifest(args.resume) if args.resume else None
         if pack is None and args.resume and (args.seeds is not None or args.runs is not None):
             raise ConfigError(
@@ -345,7 +355,9 @@ def job_main(description: str, argv: list[str] | None, method: str | None = None
             )
         if pack is not None:  # --resume of a pack's folder: every run of it continued, as one job again
             cfgs = resumed_pack(parser, argv, full, chosen, pack, presets=method is None)
-            return _run_seeds(cfgs, args.verbose) if pack.kind == KIND_SEEDS else _run_runs(cfgs, args.verbose)
+            if pack.kind == KIND_SEEDS:
+                return _run_seeds(cfgs, args.verbose)
+            return _run_runs(cfgs, args.verbose, pack.at_once)
         if args.seeds is not None:  # one pack of seeds (jobs.seeds): every check before any process starts
             cfgs = seeds_from_args(parser, argv, full, chosen, presets=method is None, announce=print)
         elif args.runs is not None:  # one pack of runs of different flags (jobs.pack_runs)
@@ -366,7 +378,7 @@ def job_main(description: str, argv: list[str] | None, method: str | None = None
     if args.seeds is not None:
         return _run_seeds(cfgs, args.verbose)
     if args.runs is not None:
-        return _run_runs(cfgs, args.verbose)
+        return _run_runs(cfgs, args.verbose, args.runs_at_once or 0)
     # torch and NVFlare's job API come with the driver: --help and a refused flag answer before importing them
     from jobs.run.driver import run
 

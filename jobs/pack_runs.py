@@ -37,6 +37,12 @@ RUNS_HELP = (
 )
 """The help of the job scripts' ``--runs`` flag (``jobs.cli``)."""
 
+RUNS_AT_ONCE_HELP = (
+    "with --runs: K of its runs go at a time, in the file's order; when one ends (or a sweep prunes it) the next "
+    "joins the running job, so the job's start-up is paid once (default: all at once)"
+)
+"""The help of the job scripts' ``--runs-at-once`` flag (``jobs.cli``)."""
+
 NAME = re.compile(r"^[A-Za-z0-9][\w.=+-]*$")
 """A run's name: its results folder's name inside the pack's folder."""
 
@@ -175,11 +181,14 @@ class RunsResult:
     runs: dict[str, RunResult]
 
 
-def run_runs(cfgs: list[JobConfig], names: list[str] | None = None, verbose: bool = False) -> RunsResult:
+def run_runs(
+    cfgs: list[JobConfig], names: list[str] | None = None, verbose: bool = False, at_once: int = 0
+) -> RunsResult:
     """Run ``run_configs``' (or ``option_configs``') configs as one job; ``names``: the runs' (default their
-    folders' names)."""
+    folders' names); ``at_once``: runs going at a time, in order, each later one joining the job when one ends
+    (0: all from the start)."""
     names = names or [os.path.basename(c.output_dir) for c in cfgs]
-    _, results = run_pack_results(cfgs, verbose=verbose, kind=KIND_RUNS, labels=names)
+    _, results = run_pack_results(cfgs, verbose=verbose, kind=KIND_RUNS, labels=names, at_once=at_once)
     return RunsResult(max(r.exit_code for r in results), dict(zip(names, results, strict=True)))
 
 

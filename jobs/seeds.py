@@ -139,15 +139,19 @@ class SeedsResult:
 
 
 def run_pack_results(
-    cfgs: list[JobConfig], verbose: bool = False, kind: str = KIND_RUNS, labels: list[str] | None = None
+    cfgs: list[JobConfig],
+    verbose: bool = False,
+    kind: str = KIND_RUNS,
+    labels: list[str] | None = None,
+    at_once: int = 0,
 ) -> tuple[int, list[RunResult]]:
     """Run resolved configs as one job and read back each run's results: the pack's exit code and each run's
     ``RunResult``, its exit code the one its run alone would give (``seed_exit_code``), in the configs' order.
-    ``kind`` and ``labels``: the pack folder's manifest's (``jobs.run.pack.run_pack``)."""
+    ``kind``, ``labels`` and ``at_once``: ``jobs.run.pack.run_pack``'s."""
     from jobs.run.pack import run_pack  # torch and NVFlare's job API: after every check
     from jobs.run.results import RunResult, read_metrics
 
-    code = run_pack(cfgs, verbose=verbose, kind=kind, labels=labels)
+    code = run_pack(cfgs, verbose=verbose, kind=kind, labels=labels, at_once=at_once)
     results = []
     for c in cfgs:
         metrics = read_metrics(c.output_dir)

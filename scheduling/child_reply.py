@@ -34,14 +34,15 @@ def reply_to(
     report: StateUpdateReport,
     held: set[int],
     model: Callable[[int], dict] | None = None,
-    releases: bool = False,
+    release_offset: int | None = None,
 ) -> Shareable:
     """What a child whose subtree holds ``leaves`` needs, from the applier's view (``held``: the versions it said
     it holds). The newest model itself travels only when a device of the child trains it; ``model`` gives a
     version as this child is sent it (packed, or a handle of shared memory: ``common.bulk_parent``; default
     packed). A version the run forgot since the view was taken (its last device's update has come) is left out.
-    ``releases``: a pack's reply also says how many releases the run made and whether it ended (``RELEASES``, from
-    the same view), for the leaves' lock-step (``simulation.leaf_channels.GatewayChannel``)."""
+    ``release_offset``: a pack's reply also says how many releases the run made and whether it ended (``RELEASES``,
+    from the same view), for the leaves' lock-step (``simulation.leaf_channels.GatewayChannel``); the run's releases
+    are numbered from it there (a run that joined a running pack: its release 1 is the lock-step's ``offset + 1``)."""
     view = applier.child_view(leaves)
     if not view.version:
         return StateUpdateReply(0, None, 0, None).to_shareable()
@@ -62,7 +63,10 @@ def reply_to(
         reply[MODELS] = models
     reply[AWAITED] = list(view.awaited)
     reply[SELECTION_VERSIONS] = pack_map(versions)
-    reply[SELECTION_RELEASES] = pack_map(view.selection_releases)
-    if releases:
-        reply[RELEASES] = [view.releases, view.ended]
+    if release_offset:
+        reply[SELECTION_RELEASES] = pack_map({sid: r + release_offset for sid, r in view.selection_releases.items()})
+    else:
+        reply[SELECTION_RELEASES] = pack_map(view.selection_releases)
+    if release_offset is not None:
+        reply[RELEASES] = [view.releases + release_offset, view.ended]
     return reply

@@ -10,9 +10,13 @@ trace is its standalone trace whatever the others do. The job ends when every ru
 (``--on-leaf-loss stop``) or devices that never all registered end every run. One run ends early, the others
 going on, when a ``STOP_REQUEST`` file appears in its results folder (a sweep pruning one trial of a pack).
 
+With ``at_once``, only that many runs go at a time and the rest wait in order: when a run ends (completed, pruned,
+stopped) the next waiting run joins the running job, its schedule starting at simulated time 0 as its own job's
+would, and its releases numbered on the leaves' lock-step from the highest release made so far (``release_offset``),
+so the leaves never wait for a run that has not begun and the newcomer's release 1 trains beside the others' next.
+
 Not yet here (``docs/packs.md``, "Order of work"): the bulk links (a pack's versions and diffs travel on NVFlare's
-wire), ``--on-leaf-loss continue``, real devices, runs joining a running job, and the per-run components
-and recipe that make a pack a job a user can run.
+wire), ``--on-leaf-loss continue`` and real devices.
 """
 
 from __future__ import annotations
@@ -71,10 +75,17 @@ class PackAssessor(Assessor):
     num_leaves: leaves whose devices must all be registered before the first selection.
     device_wait_timeout: seconds to wait for the leaves' devices before stopping every run.
     leaf_timeout: seconds of silence after which a leaf is lost (every run stops: ``--on-leaf-loss stop``).
+    at_once: runs going at a time, the first ones first; each later run waits for one to end, then joins the
+        running job (0: every run from the start).
     """
 
     def __init__(
-        self, runs: list[dict], num_leaves: int, device_wait_timeout: float = 120.0, leaf_timeout: float = 60.0
+        self,
+        runs: list[dict],
+        num_leaves: int,
+        device_wait_timeout: float = 120.0,
+        leaf_timeout: float = 60.0,
+        at_once: int = 0,
     ):
         super().__init__()
         install_nvflare_fixes()
@@ -82,6 +93,7 @@ class PackAssessor(Assessor):
         self.num_leaves = num_leaves
         self.device_wait_timeout = device_wait_timeout
         self.leaf_timeout = leaf_timeout
+        self.at_once = at_once  # NVFlare writes each argument from the attribute of its name
         self.leaves = LeafWatch(leaf_timeout)
         # every run's pool holds the same devices on the same leaves: run 0's says where a device is
         self.news = ChildNews(self.leaves, lambda device: self.servers[0].schedule.pool.leaf_of(device))
@@ -90,6 +102,8 @@ class PackAssessor(Assessor):
             for run, opts in enumerate(runs)
         ]
         self.started = False
+        # each run begun -> where its releases start on the leaves' lock-step (0 for those begun with the job)
+        self.offsets: dict[int, int] = {}
         self.reports = 0
         self._lock = threading.Lock()
         self._waiting_since = time.time()
@@ -121,7 +135,9 @@ class PackAssessor(Assessor):
             server.stop()
         self.news.stop()
         for server in self.servers:
-            if server.outcome is None:
+            if server.outcome is None and server.applier is None:
+                server.finish("stopped", "the job ended before the run had a place to begin", fl_ctx)
+            elif server.outcome is None:
                 server.finish("stopped", "the run was aborted before its last version", fl_ctx)
             server.close()
 
@@ -145,10 +161,12 @@ class PackAssessor(Assessor):
                     with server.applier.lock:
                         register_devices(server.schedule.pool, update, report, self.leaves.lost)
             if not self.started and len(self.servers[0].schedule.pool.leaves) >= self.num_leaves:
-                self.log_info(fl_ctx, f"all {self.num_leaves} leaves registered: starting {len(self.servers)} runs")
+                first = len(self.servers) if self.at_once <= 0 else min(self.at_once, len(self.servers))
+                waiting = f", {len(self.servers) - first} waiting for a place" if first < len(self.servers) else ""
+                self.log_info(fl_ctx, f"all {self.num_leaves} leaves registered: starting {first} runs{waiting}")
                 self.started = True
-                for server in self.servers:
-                    server.start(fl_ctx)
+                for run in range(first):
+                    self._begin(run, 0, fl_ctx)
             if self.started:
                 for u in self._updates_of(update):
                     server = self.servers[u.run]
@@ -166,12 +184,16 @@ class PackAssessor(Assessor):
         reply = None
         for run, server in enumerate(self.servers):
             section = sections.get(run) or {}
+            if run not in self.offsets:  # waiting (or never begun): no release, and no lock-step wait for it
+                run_section(reply, run)[RELEASES] = [0, True]
+                continue
             if run:
                 selection_version = section.get(PropKey.DEVICE_SELECTION_VERSION, 0)
                 asked = StateUpdateReport(0, selection_version, None, None)
             else:
                 asked = report
-            part = reply_to(server.applier, leaves, asked, set(section.get(HELD_VERSIONS) or ()), releases=True)
+            held = set(section.get(HELD_VERSIONS) or ())
+            part = reply_to(server.applier, leaves, asked, held, release_offset=self.offsets[run])
             if not run:
                 reply = part
             else:
@@ -187,6 +209,38 @@ class PackAssessor(Assessor):
         for entry in update.get(SELECTION_SUMS) or ():
             updates += SelectionSum.from_dict(entry).device_updates()
         return updates
+
+    # -- runs begun, with the job or joining it -------------------------------------------------------------------
+    def _begin(self, run: int, offset: int, fl_ctx: FLContext) -> None:
+        """Begin ``run`` (its first selection and version, its applier), its releases numbered on the leaves'
+        lock-step from ``offset``; a resumed run's applier has begun already (``RunServer.resume``)."""
+        server = self.servers[run]
+        self.offsets[run] = offset
+        if server.applier is None:
+            server.start(fl_ctx)
+
+    def _join_waiting(self, fl_ctx: FLContext) -> None:
+        """While fewer than ``at_once`` runs go, the next waiting run joins the running job (called under the
+        lock). Its release 1 is the lock-step's ``offset + 1``, ``offset`` the most releases any run has made: no
+        leaf has handed out a later release of any run yet (a leaf trains release n once every live run has made
+        it), so the newcomer's releases train beside the others' next ones, never behind them."""
+        if self.at_once <= 0:
+            return
+        joined = []
+        while sum(1 for r in self.offsets if self.servers[r].outcome is None) < self.at_once:
+            run = next((r for r, s in enumerate(self.servers) if r not in self.offsets and s.outcome is None), None)
+            if run is None:
+                break
+            offset = max(self.offsets[r] + self.servers[r].applier.releases for r in self.offsets)
+            self.log_info(
+                fl_ctx,
+                f"run {run} joins the running job: a place is free; its release 1 is release "
+                f"{offset + 1} of the leaves' lock-step",
+            )
+            self._begin(run, offset, fl_ctx)
+            joined.append(run)
+        if joined:  # every leaf has news: the newcomer's devices, and its release count for the lock-step
+            self.news.note_leaves(self.servers[0].schedule.pool.leaves)
 
     # -- the job's end: every run's ------------------------------------------------------------------------------
     def assess(self, fl_ctx: FLContext) -> Assessment:
@@ -212,6 +266,11 @@ class PackAssessor(Assessor):
             for server in live:
                 if server in stopped:
                     continue
+                if server.applier is None:  # waiting for a place: it ends with the job's leaves only
+                    if lost:
+                        names = ", ".join(sorted(lost))
+                        server.finish("stopped", f"leaf {names} was lost before the run began", fl_ctx)
+                    continue
                 with server.applier.lock:
                     if lost:
                         names = ", ".join(sorted(lost))
@@ -219,16 +278,18 @@ class PackAssessor(Assessor):
                         server.finish("stopped", reason + " (--on-leaf-loss stop)", fl_ctx)
                     else:
                         server.check_end(fl_ctx)
-            done = all(s.outcome is not None for s in self.servers)
         for server in stopped:  # its applier's thread joined outside the lock its replies take
             server.stop()
+        with self._lock:
+            self._join_waiting(fl_ctx)
+            done = all(s.outcome is not None for s in self.servers)
         return Assessment.WORKFLOW_DONE if done else Assessment.CONTINUE
 
     def _stop_requested(self, server: RunServer, fl_ctx: FLContext) -> bool:
         """Whether a request to end ``server``'s run (``STOP_REQUEST`` in its results folder: the sweep pruned its
         trial) has come; if so the run is finished ``pruned`` with the request's reason. Its applier stops after
         (``assess``): it makes no more releases, so the leaves' lock-step no longer waits for it (``RELEASES``' ended),
-        and the other runs go on."""
+        and the other runs go on, or a waiting run takes its place. A run still waiting for a place ends so too."""
         path = os.path.join(server.out, STOP_REQUEST)
         if not server.out or not os.path.exists(path):
             return False
@@ -237,6 +298,10 @@ class PackAssessor(Assessor):
                 reason = str(json.load(f).get("reason") or "")
         except (OSError, ValueError, AttributeError):
             reason = ""
+        reason = reason or "stopped on request (its stop_request.json)"
+        if server.applier is None:
+            server.finish("pruned", reason, fl_ctx)
+            return True
         with server.applier.lock:
-            server.finish("pruned", reason or "stopped on request (its stop_request.json)", fl_ctx)
+            server.finish("pruned", reason, fl_ctx)
         return True

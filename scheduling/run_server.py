@@ -144,8 +144,10 @@ class RunServer:
         self._restore(checkpoint.read(self.out), fl_ctx)
 
     def start(self, fl_ctx: FLContext) -> None:
-        """The first selection, the initial version, and the applier thread started."""
+        """The first selection, the initial version, and the applier thread started (in a pack, a run waiting for a
+        place starts when it joins: its wall time counts from here)."""
         mark(fl_ctx, self.options.run)
+        self._started_wall = time.time()
         selected = self.schedule.start()
         self.global_model.start(self._initial, self.schedule.version, fl_ctx)
         self.on_selected([d.device for d in selected])

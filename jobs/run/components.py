@@ -312,15 +312,17 @@ def run_options(cfg: JobConfig, persistor_id: str, global_model_id: str, results
     }
 
 
-def make_pack_assessor(cfgs: list[JobConfig], timeouts: Timeouts, runs: list[dict]) -> PackAssessor:
+def make_pack_assessor(cfgs: list[JobConfig], timeouts: Timeouts, runs: list[dict], at_once: int = 0) -> PackAssessor:
     """A pack's server (``scheduling.pack_assessor``): ``runs`` are each run's ``run_options``; the leaves and
-    their watch are the job's (every run of a pack has the same leaves: ``jobs.pack_check.pack_refusal``)."""
+    their watch are the job's (every run of a pack has the same leaves: ``jobs.pack_check.pack_refusal``);
+    ``at_once``: runs going at a time, the others joining as runs end (0: all)."""
     f = cfgs[0].federation
     return PackAssessor(
         runs,
         num_leaves=f.num_leaf_nodes,
         device_wait_timeout=f.device_wait_timeout,
         leaf_timeout=timeouts.leaf_timeout,
+        at_once=at_once,
     )
 
 

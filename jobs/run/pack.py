@@ -25,7 +25,7 @@ from jobs.pack_check import check_pack
 from jobs.run.driver import watchdog_grace
 from jobs.run.environments import make_env
 from jobs.run.outputs import nvflare_workspace, prepare_output_dir
-from jobs.run.pack_folder import KIND_RUNS, write_manifest
+from jobs.run.pack_folder import KIND_RUNS, check_at_once, write_manifest
 from jobs.run.plan import prepare
 from jobs.run.process_guard import Interrupts, no_orphans
 from jobs.run.recipe import EdgeSimPackRecipe
@@ -36,15 +36,21 @@ from processors.data.sources import DatasetError
 
 
 def run_pack(
-    cfgs: list[JobConfig], verbose: bool = False, kind: str = KIND_RUNS, labels: list[str] | None = None
+    cfgs: list[JobConfig],
+    verbose: bool = False,
+    kind: str = KIND_RUNS,
+    labels: list[str] | None = None,
+    at_once: int = 0,
 ) -> int:
     """Run resolved configs (``jobs.build``) as one job; returns a process exit code (2: refused, the reason
     printed, nothing started; 1: the job ended with an error; 130 / 143: interrupted). ``kind`` and ``labels`` (each
     run's seed or name; default its folder's name) go into the pack folder's manifest, which ``--resume`` of that
-    folder reads (``jobs.run.pack_folder``)."""
+    folder reads (``jobs.run.pack_folder``). ``at_once``: runs going at a time, in order, each later one joining
+    the running job when one ends (``scheduling.pack_assessor``; 0: all from the start)."""
     try:
         if not all(c.resolved for c in cfgs):
             raise ConfigError("a pack runs resolved configs only: build each with jobs.build.build_config")
+        check_at_once(at_once, len(cfgs))
         check_pack(cfgs)
         if len({c.output_dir for c in cfgs}) != len(cfgs) or not all(c.output_dir for c in cfgs):
             raise ConfigError("each run of a pack needs a results folder of its own: give each a distinct --output")
@@ -56,9 +62,11 @@ def run_pack(
         print(f"error: {ex}", file=sys.stderr)
         return 2
     results_dirs = [prepare_output_dir(c.output_dir, bool(c.run.resume), c.method_spec.result_files) for c in cfgs]
-    write_manifest(kind, labels or [os.path.basename(d) for d in results_dirs], results_dirs)
+    write_manifest(kind, labels or [os.path.basename(d) for d in results_dirs], results_dirs, at_once)
     folders = [d + (" (resuming)" if c.run.resume else "") for c, d in zip(cfgs, results_dirs, strict=True)]
     print(f"[edgesim] a pack of {len(cfgs)} runs in one job: " + ", ".join(folders))
+    if 0 < at_once < len(cfgs):
+        print(f"[edgesim] {at_once} runs at a time, in order: each later run joins the job when one ends")
     try:  # before NVFlare starts: a tracker that cannot start its run stops the pack here
         for cfg, tracking, results_dir in zip(cfgs, trackings, results_dirs, strict=True):
             for line in tracking.start(results_dir, cfg.to_dict(), cfg.method_spec.flag_prefix):
@@ -66,7 +74,7 @@ def run_pack(
     except ConfigError as ex:
         print(f"error: {ex}", file=sys.stderr)
         return 2
-    recipe = EdgeSimPackRecipe(cfgs, plans, results_dirs)
+    recipe = EdgeSimPackRecipe(cfgs, plans, results_dirs, at_once)
     env = make_env(cfgs[0], nvflare_workspace(results_dirs[0]), verbose)
     started = time.time()
     cause = ""

@@ -35,13 +35,22 @@ class PackManifest:
     """Attributes:
     kind: ``seeds`` or ``runs``.
     runs: each run's label (its seed, or its name) -> its results folder, relative to the pack's folder.
+    at_once: runs going at a time, the others joining as runs end (0: all; ``check_at_once``).
     """
 
     kind: str
     runs: dict[str, str]
+    at_once: int = 0
 
 
-def write_manifest(kind: str, labels: list[str], results_dirs: list[str]) -> None:
+def check_at_once(at_once, runs: int) -> None:
+    """``ConfigError`` naming the fix unless ``at_once`` is a count of runs going at a time in a pack of ``runs``:
+    a whole number from 1 (0: all of them)."""
+    if isinstance(at_once, bool) or not isinstance(at_once, int) or at_once < 0:
+        raise ConfigError(f"--runs-at-once {at_once!r}: give a whole number of runs from 1 (at most {runs} go at once)")
+
+
+def write_manifest(kind: str, labels: list[str], results_dirs: list[str], at_once: int = 0) -> None:
     """Write the manifest of a pack's runs into their common parent folder, the pack's folder, when it holds the
     runs alone (their folders, the manifest, a user's dataset): nothing when they have no common parent, or when it
     holds more (a sweep's trials folder, where each pack's runs sit beside other trials)."""
@@ -52,6 +61,8 @@ def write_manifest(kind: str, labels: list[str], results_dirs: list[str]) -> Non
     if set(os.listdir(parent)) - {os.path.basename(f) for f in folders} - {PACK_MANIFEST, DATASET}:
         return
     manifest = {"kind": kind, "runs": {label: os.path.basename(f) for label, f in zip(labels, folders, strict=True)}}
+    if at_once:
+        manifest["at_once"] = at_once
     write_json_atomic(os.path.join(parent, PACK_MANIFEST), manifest)
 
 
@@ -64,7 +75,8 @@ def read_manifest(folder: str) -> PackManifest | None:
     try:
         with open(path) as f:
             saved = json.load(f)
-        manifest = PackManifest(str(saved["kind"]), {str(k): str(v) for k, v in saved["runs"].items()})
+        runs = {str(k): str(v) for k, v in saved["runs"].items()}
+        manifest = PackManifest(str(saved["kind"]), runs, int(saved.get("at_once", 0)))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as ex:
         raise ConfigError(
             f"--resume {folder}: its {PACK_MANIFEST} cannot be read ({ex}); resume each run alone"

@@ -210,9 +210,10 @@ class EdgeSimPackRecipe(Recipe):
     cfgs: each run's configuration, run 0 first.
     plans: each run's plan (``jobs.run.plan.prepare``); the job's workers and timeouts are run 0's.
     results_dirs: each run's results folder.
+    at_once: runs going at a time, in order; each later run joins the running job when one ends (0: all at once).
     """
 
-    def __init__(self, cfgs: list[JobConfig], plans: list[RunPlan], results_dirs: list[str]):
+    def __init__(self, cfgs: list[JobConfig], plans: list[RunPlan], results_dirs: list[str], at_once: int = 0):
         refusal = pack_refusal(cfgs)
         if refusal:
             raise ValueError(refusal)
@@ -229,7 +230,7 @@ class EdgeSimPackRecipe(Recipe):
                 make_global_model(on_wire, results_dir), id=run_component_id(GLOBAL_MODEL_ALIAS, run)
             )
             runs.append(run_options(c, persistor_id, global_model_id, results_dir))
-        assessor_id = job.to_server(make_pack_assessor(cfgs, plan.timeouts, runs), id="wf_assessor")
+        assessor_id = job.to_server(make_pack_assessor(cfgs, plan.timeouts, runs, at_once), id="wf_assessor")
         interval = cfg.engine.update_interval
         add_workflow(job, assessor_id, interval)
         infos = [p.run_info for p in plans]

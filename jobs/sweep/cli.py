@@ -68,8 +68,18 @@ def build_parser() -> SweepParser:
         type=int,
         default=SweepOptions.pack,
         metavar="N",
-        help="a candidate's repeated seeds (repeat: {seed: [..]}) run as one job, N seeds at most a job (default: "
-        "all of them; 1: each seed its own job, as without packs)",
+        help="runs sharing one job: a candidate's repeated seeds (repeat: {seed: [..]}), N at most a job (default: "
+        "all of them); without repeat, N trials at a time a job, each pruned alone (default: each its own job); "
+        "1: each run its own job, as without packs",
+    )
+    p.add_argument(
+        "--pack-queue",
+        type=int,
+        default=SweepOptions.pack_queue,
+        metavar="Q",
+        help="with --pack N for trials: Q more of the study's next trials go in each job, waiting; when a trial "
+        "ends or is pruned the next joins the running job, so its start-up is paid once (default: N; 0: none). "
+        "They are asked when the job starts, so they are sampled without its trials' results",
     )
     return p
 
@@ -117,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             tensorboard=args.tensorboard,
             deployment=args.deployment,
             pack=args.pack,
+            pack_queue=args.pack_queue,
         )
         if opts.parallel is not None and opts.parallel < 1:
             raise SpecError(f"--parallel {opts.parallel}: 1 or more trials at once")

@@ -62,6 +62,9 @@ class SweepOptions:
     pack: runs sharing one job (``jobs.sweep.pack``). With ``repeat: {seed: [..]}``, a candidate's seeds: None,
         all of them; N >= 2, at most N a job; 1, each its own job. Without ``repeat``, trials: N >= 2, up to N
         trials a job (the study's next ones, each pruned alone while the others go on); None or 1, each its own.
+    pack_queue: with ``pack`` N for trials, how many more of the study's next trials each job holds, waiting: when
+        one of its trials ends or is pruned the next joins the running job (the job script's ``--runs-at-once``);
+        None: N; 0: none. They are asked from the study when the job starts, so sampled without its results.
     """
 
     output: str | None = None
@@ -77,6 +80,7 @@ class SweepOptions:
     tensorboard: str | None = None
     deployment: str | None = None
     pack: int | None = None
+    pack_queue: int | None = None
 
 
 def sweep_dir(spec: SweepSpec, output: str | None) -> str:
@@ -210,7 +214,8 @@ class Sweep:
         self.board = None
         self.env_flags: dict = {}  # with --deployment: the flags that send each trial there
         self.packed = False  # a candidate's seeds share jobs (jobs.sweep.pack)
-        self.trial_pack = 1  # trials a job (jobs.sweep.pack: different candidates in one job)
+        self.trial_pack = 1  # trials at a time a job (jobs.sweep.pack: different candidates in one job)
+        self.pack_queue = 0  # more trials a job holds, waiting for a place (--pack-queue)
         self.pack_note = ""  # the line that says so, or why they do not
 
     def prepare(self) -> None:
@@ -221,6 +226,8 @@ class Sweep:
             raise SpecError("--min-resource and --patience: 0 or more")
         if self.opts.pack is not None and self.opts.pack < 1:
             raise SpecError(f"--pack {self.opts.pack}: 1 or more runs a job (1: each run its own job)")
+        if self.opts.pack_queue is not None and self.opts.pack_queue < 0:
+            raise SpecError(f"--pack-queue {self.opts.pack_queue}: 0 or more trials waiting in a job (0: none)")
         if self.opts.deployment:
             from jobs.sweep.deployment import deployment_flags
 
@@ -248,8 +255,14 @@ class Sweep:
                 self.pack_note = f"trials run as separate jobs: they cannot share one ({refusal})"
                 return
             self.trial_pack = self.opts.pack
+            self.pack_queue = self.trial_pack if self.opts.pack_queue is None else self.opts.pack_queue
+            queued = (
+                f", {self.pack_queue} more waiting in it to take the place of one that ends or is pruned (--pack-queue)"
+                if self.pack_queue
+                else ""
+            )
             self.pack_note = (
-                f"up to {self.trial_pack} trials a job, each pruned alone while the others go on "
+                f"up to {self.trial_pack} trials at a time a job, each pruned alone while the others go on{queued} "
                 "(--pack 1: each trial its own job)"
             )
             return
@@ -345,13 +358,16 @@ class Sweep:
         return True
 
     def _start_trials(self, slot: int) -> bool:
-        """Fill ``slot`` with one job of the study's next trials (up to ``--pack``): a ``--runs`` file of their
-        flags, each trial's results in its own folder as if it ran alone."""
-        cands = [self._ask() for _ in range(min(self.trial_pack, self._waiting()))]
+        """Fill ``slot`` with one job of the study's next trials: ``--pack`` of them at a time and ``--pack-queue``
+        more waiting, each joining the running job when one ends or is pruned (a ``--runs`` file of their flags and
+        ``--runs-at-once``), each trial's results in its own folder as if it ran alone."""
+        cands = [self._ask() for _ in range(min(self.trial_pack + self.pack_queue, self._waiting()))]
         runs = [c.runs[0] for c in cands]
         folder = os.path.join(self.folder, "trials", f"pack-{cands[0].trial.number:04d}")
         path = write_runs_file(folder, {os.path.basename(r.folder): r.flags | {"output": r.folder} for r in runs})
-        proc = PackProcess(self.launch({"runs": path} | self.tracking.trial_flags(), folder, self._cores(slot)))
+        at_once = {"runs-at-once": self.trial_pack} if len(runs) > self.trial_pack else {}
+        flags = {"runs": path} | at_once | self.tracking.trial_flags()
+        proc = PackProcess(self.launch(flags, folder, self._cores(slot)))
         for cand, run in zip(cands, runs, strict=True):
             run.pack, run.slot, run.proc = folder, slot, PackMember(proc, run.folder)
             cand.trial.set_user_attr("pack", os.path.relpath(folder, self.folder))

@@ -67,6 +67,30 @@ def test_runs_with_seeds_are_refused_in_one_line(tmp_path, capsys):
     assert ended.value.code == 2 and "--seeds with --runs: give each run its seed in the --runs file" in err, err
 
 
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--runs-at-once", "2"], "--runs-at-once without --runs: it says how many runs of a --runs pack go at a time"),
+        (["--runs", "{runs}", "--runs-at-once", "0"], "--runs-at-once 0: give 1 or more runs at a time"),
+        (["--runs", "{runs}", "--runs-at-once", "-1"], "--runs-at-once -1: give 1 or more runs at a time"),
+    ],
+)
+def test_a_bad_runs_at_once_is_refused_in_one_line(tmp_path, capsys, flags, says):
+    from jobs.api import run
+    from jobs.pt_job_fedrevive import main
+
+    path = runs_file(tmp_path, {"a": {}, "b": {}})
+    with pytest.raises(SystemExit) as ended:
+        raise SystemExit(main([*SMALL, *(f.replace("{runs}", path) for f in flags), "--output", str(tmp_path / "o")]))
+    err = capsys.readouterr().err.strip()
+    assert ended.value.code == 2 and len(err.splitlines()) == 1 and says in err, err
+    with pytest.raises(ConfigError, match=r"runs_at_once=2: give it with runs=, 1 or more runs at a time"):
+        run("fedbuff", runs_at_once=2, output=str(tmp_path / "api"))
+    with pytest.raises(ConfigError, match=r"runs_at_once=0: give it with runs="):
+        run("fedbuff", runs={"a": {}, "b": {}}, runs_at_once=0, output=str(tmp_path / "api"))
+    assert not (tmp_path / "o").exists() and not (tmp_path / "api").exists()
+
+
 def test_each_runs_flags_follow_the_command_line_and_win(tmp_path):
     parser = build_parser("", method_choice=True, seeds=True)
     path = runs_file(

@@ -150,8 +150,10 @@ def runs_files(started: list[dict]) -> list[dict]:
 
 
 def test_pack_2_runs_two_trials_a_job_each_in_its_own_folder_scored_as_alone(tmp_path, capsys):
-    packed = sweep_of(tmp_path, TRIALS, pruner="none", pack=2, parallel=1)
-    assert "[sweep] up to 2 trials a job, each pruned alone while the others go on" in capsys.readouterr().out
+    packed = sweep_of(tmp_path, TRIALS, pruner="none", pack=2, pack_queue=0, parallel=1)
+    assert (
+        "[sweep] up to 2 trials at a time a job, each pruned alone while the others go on (" in capsys.readouterr().out
+    )
     assert [sorted(f) for f in STARTED] == [["runs"], ["runs"]]  # two processes, no trial alone
     sweep = tmp_path / "sweep" / "trials"
     assert runs_files(STARTED) == [
@@ -170,6 +172,28 @@ def test_pack_2_runs_two_trials_a_job_each_in_its_own_folder_scored_as_alone(tmp
         assert one.user_attrs["pack"] == f"trials/pack-{2 * (one.number // 2):04d}" and "pack" not in other.user_attrs
 
 
+def test_pack_2_holds_2_more_trials_waiting_that_join_its_job_as_trials_end(tmp_path, capsys):
+    """``--pack 2`` (its queue N by default): the four trials go in ONE job, two at a time (``--runs-at-once 2``),
+    in the study's order, each scored as alone; ``--pack-queue 1`` makes jobs of three; a negative queue is refused."""
+    packed = sweep_of(tmp_path, TRIALS, pruner="none", pack=2, parallel=1)
+    out = capsys.readouterr().out
+    assert (
+        "[sweep] up to 2 trials at a time a job, each pruned alone while the others go on, 2 more waiting in it to "
+        "take the place of one that ends or is pruned (--pack-queue)" in out
+    ), out
+    assert [sorted(f) for f in STARTED] == [["runs", "runs-at-once"]] and STARTED[0]["runs-at-once"] == 2
+    assert [list(r) for r in runs_files(STARTED)] == [["0000", "0001", "0002", "0003"]]
+    reset()
+    apart = sweep_of(tmp_path, TRIALS, name="apart", pruner="none", pack=1, parallel=1)
+    assert [t.value for t in packed.study.get_trials()] == [t.value for t in apart.study.get_trials()]
+    reset()
+    sweep_of(tmp_path, TRIALS, name="three", pruner="none", pack=2, pack_queue=1, parallel=1)
+    assert [list(r) for r in runs_files(STARTED)] == [["0000", "0001", "0002"]]  # the last trial alone
+    assert STARTED[0]["runs-at-once"] == 2 and "runs" not in STARTED[1]
+    with pytest.raises(runner.SpecError, match=r"--pack-queue -1: 0 or more"):
+        Sweep(parse_spec(TRIALS, "q"), SweepOptions(output=str(tmp_path / "q"), pack=2, pack_queue=-1)).prepare()
+
+
 BASE_FLAGS = {"num-leaf-nodes": 2, "devices-per-leaf": 4, "device-selection-size": 4, "max-model-version": 5}
 
 
@@ -180,7 +204,7 @@ class LongerFake(SeededFake):
 
 
 def test_a_pruned_trial_of_a_pack_ends_alone_and_the_pack_goes_on(tmp_path):
-    sweep = sweep_of(tmp_path, TRIALS, pruner="median", pack=2, parallel=1, launch=LongerFake)
+    sweep = sweep_of(tmp_path, TRIALS, pruner="median", pack=2, pack_queue=0, parallel=1, launch=LongerFake)
     trials = sweep.study.get_trials()
     assert [t.state for t in trials] == [
         TrialState.COMPLETE,
@@ -209,7 +233,9 @@ def test_trials_that_cannot_share_a_job_run_as_separate_jobs_after_one_line(tmp_
 
 def test_a_stopped_sweep_of_packed_trials_continues_each_trial_once(tmp_path):
     spec = parse_spec(TRIALS, "k")
-    opts = SweepOptions(output=str(tmp_path / "sweep"), parallel=1, poll_seconds=0.0, bar=False, pack=2, pruner="none")
+    opts = SweepOptions(
+        output=str(tmp_path / "sweep"), parallel=1, poll_seconds=0.0, bar=False, pack=2, pack_queue=0, pruner="none"
+    )
     first = Sweep(spec, opts, launch=SeededFake)
 
     def stopped_once_running(flags, folder, cores):

@@ -19,7 +19,7 @@ from nvflare.edge.mud import BaseState, StateUpdateReport
 
 from aggregation.global_model import GlobalModel
 from common.delays import DELAY_PRESETS
-from common.protocol import DEVICE_RANGES, DEVICE_UPDATES, LOCAL_REPORT, RUN_SECTIONS, DeviceUpdate
+from common.protocol import DEVICE_RANGES, DEVICE_UPDATES, LOCAL_REPORT, RELEASES, RUN_SECTIONS, DeviceUpdate
 from scheduling.event_reference import make_schedule, reference_trace
 from scheduling.exact_assessor import ExactTimeAssessor
 from scheduling.pack_assessor import PackAssessor
@@ -166,3 +166,55 @@ def test_a_pack_ends_when_its_last_run_has_ended(tmp_path):
     assert (Assessment.CONTINUE, (False, True)) in seen, "the short run ended while the long one went on"
     assert seen[-1] == (Assessment.WORKFLOW_DONE, (True, True))
     assert [s.outcome["version"] for s in pack.servers] == [20, 6]
+
+
+def test_a_waiting_run_joins_when_a_place_is_free_after_every_release_so_far_with_its_standalone_trace(tmp_path):
+    """``at_once``: two runs go, the third waits. Until it joins, every reply says it makes no release and has ended
+    (so a leaf's lock-step never waits for it); it joins once the short run ends, its releases numbered from the
+    most any run had made (a leaf's next lock-step release, never one behind it); and its trace and model are its
+    standalone run's, bit for bit, its schedule starting at simulated time 0 as its own job's would."""
+    waiting = dict(selection_size=8, updates_per_version=2, min_hole_to_fill=1, max_model_version=8, seed=11)
+    order = [RUNS[1], RUNS[0], waiting]  # the short FedAvg-like run first: its end frees the place
+    scales = [SCALES[1], SCALES[0], 2.0]
+    components, runs = {}, []
+    for i, run in enumerate(order):
+        components[f"p{i}"] = ZeroPersistor()
+        components[f"g{i}"] = GlobalModel(MEAN, strategy_args={"global_lr": 0.5})
+        runs.append(
+            run
+            | dict(
+                persistor_id=f"p{i}",
+                global_model_id=f"g{i}",
+                delays=DELAY_PRESETS["paper"].to_dict(),
+                results_dir=str(tmp_path / f"run{i}"),
+            )
+        )
+    pack = PackAssessor(runs, num_leaves=2, at_once=2)
+    said: list[tuple[list, list, bool]] = []  # each reply: run 0's and 1's RELEASES, run 2's, run 0 ended
+    original = pack.process_child_update
+
+    def watched(update, fl_ctx):
+        ok, reply = original(update, fl_ctx)
+        sections = reply.get(RUN_SECTIONS) or {}
+        if RELEASES in reply:
+            said.append(([reply[RELEASES], sections[1][RELEASES]], sections[2][RELEASES], pack.servers[0].outcome))
+        return ok, reply
+
+    pack.process_child_update = watched
+    drive(pack, components, scales)
+    assert [s.outcome["status"] for s in pack.servers] == ["completed"] * 3
+    before = [s for s in said if s[1] == [0, True]]
+    after = [s for s in said if s[1] != [0, True]]
+    assert before and after and said.index(after[0]) == len(before), "waiting, then joined: never back"
+    assert all(not s[2] or s[2]["status"] == "completed" for s in before)
+    assert after[0][2] is not None, "it joined only once the short run had ended"
+    made = max(r[0] for s in before for r in s[0])
+    assert after[0][1][0] >= made, "its releases start after every release a leaf was told of"
+    assert pack.offsets[2] >= made
+    kw = {k: v for k, v in waiting.items() if k != "seed"}
+    expected = reference_trace(make_schedule(DELAY_PRESETS["paper"], waiting["seed"], LEAVES, **kw))
+    assert trace_of(tmp_path / "run2") == expected, "the joined run's trace is its standalone trace"
+    alone = standalone(tmp_path / "alone", waiting, 2.0)
+    joined = components["g2"]
+    assert joined.current_version == alone.current_version == 8
+    assert joined.current_weights["w"].tobytes() == alone.current_weights["w"].tobytes()
