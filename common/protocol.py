@@ -323,6 +323,11 @@ def sections_of(message: Mapping) -> dict[int, Mapping]:
 # "pruned" (one run of a pack ended on request: scheduling.pack_assessor)
 RUN_OUTCOME = "edgesim.run_outcome"
 
+# fired by a pack's server when a run that waited for a place begins inside the running job (``--runs-at-once``),
+# on a context marked with that run (``common.run_scope``); fl_ctx[RUN_JOINED] is {"offset": its releases' start
+# on the leaves' lock-step}
+RUN_JOINED = "edgesim.run_joined"
+
 # fired by the server's assessor at START_RUN when it resumes from a checkpoint; fl_ctx[RUN_RESUMED] is the
 # checkpoint's meta: {"version", "sim_seconds", "applied", "wall_seconds"}
 RUN_RESUMED = "edgesim.run_resumed"

@@ -20,8 +20,8 @@ from nvflare.apis.fl_component import FLComponent
 from nvflare.apis.fl_context import FLContext
 from tqdm import tqdm
 
-from common.protocol import LEAF_INFO
-from common.run_scope import scoped
+from common.protocol import LEAF_INFO, RUN_JOINED, RUN_OUTCOME
+from common.run_scope import PACK_RUN, scoped
 from evaluation.events import SYSTEM_SAMPLES, SYSTEM_SUMMARY, SYSTEM_SUMMARY_READY, VERSION_RECORD, VERSION_RECORDED
 from evaluation.utilisation import format_status
 
@@ -145,11 +145,14 @@ class ProgressReporter(FLComponent):
     """Args:
     max_model_version: the last version (the bar's length; shown as ``version v/max``).
     run: in a pack, the run whose versions it shows (``common.run_scope``); None: the job's one run.
+    run_names: in a pack, every run's name: a line says when a run begins inside the running job (it waited for a
+        place: ``--runs-at-once``) and when a run ends, so the console is not silent once the shown run has ended.
     """
 
-    def __init__(self, max_model_version: int = 0, run: int | None = None):
+    def __init__(self, max_model_version: int = 0, run: int | None = None, run_names: list[str] | None = None):
         super().__init__()
         self.run = run
+        self.run_names = run_names
         self.max_model_version = max_model_version
         self._bar = None
         self.register_event_handler(EventType.START_RUN, self._start)
@@ -157,7 +160,28 @@ class ProgressReporter(FLComponent):
         self.register_event_handler(SYSTEM_SUMMARY_READY, self._report_system)
         self.register_event_handler(EventType.END_RUN, self._close)
         self.register_event_handler(LEAF_INFO, self._report_bulk)
+        if run_names:
+            self.register_event_handler(RUN_JOINED, self._report_joined)
+            self.register_event_handler(RUN_OUTCOME, self._report_outcome)
         self._bulk: dict[str, str] = {}
+
+    def _run_name(self, fl_ctx: FLContext) -> str:
+        run = fl_ctx.get_prop(PACK_RUN)
+        return self.run_names[run] if isinstance(run, int) and 0 <= run < len(self.run_names) else f"{run}"
+
+    def _report_joined(self, _event: str, fl_ctx: FLContext) -> None:
+        offset = (fl_ctx.get_prop(RUN_JOINED) or {}).get("offset", 0)
+        self.say(
+            f"[edgesim] run {self._run_name(fl_ctx)} begins: a place in the job is free (its release 1 is the "
+            f"leaves' release {offset + 1})"
+        )
+
+    def _report_outcome(self, _event: str, fl_ctx: FLContext) -> None:
+        o = fl_ctx.get_prop(RUN_OUTCOME) or {}
+        self.say(
+            f"[edgesim] run {self._run_name(fl_ctx)} {o.get('status')} at version {o.get('version')}, simulated "
+            f"{float(o.get('sim_seconds') or 0):.1f} s: {o.get('reason')}"
+        )
 
     def _report_bulk(self, _event: str, fl_ctx: FLContext) -> None:
         """Each leaf's bulk link, when it is settled or changes (``metrics.json`` records it too)."""

@@ -41,6 +41,7 @@ from common.protocol import (
     LEAVES_SEEN,
     MODELS,
     RELEASES,
+    RUN_JOINED,
     SELECTION_RELEASES,
     SELECTION_SUMS,
     SELECTION_VERSIONS,
@@ -50,6 +51,7 @@ from common.protocol import (
     sections_of,
 )
 from common.result_files import STOP_REQUEST
+from common.run_scope import mark
 from scheduling.child_intake import SETTLE_SECONDS
 from scheduling.child_news import ChildNews
 from scheduling.child_reply import register_devices, reply_to
@@ -232,6 +234,8 @@ class PackAssessor(Assessor):
             if run is None:
                 break
             offset = max(self.offsets[r] + self.servers[r].applier.releases for r in self.offsets)
+            mark(fl_ctx, run)
+            self.fire_event_with_data(RUN_JOINED, fl_ctx, RUN_JOINED, {"offset": offset})
             self.log_info(
                 fl_ctx,
                 f"run {run} joins the running job: a place is free; its release 1 is release "

@@ -229,10 +229,13 @@ def diagnose_context(run_info: dict, cfg: JobConfig) -> dict:
     }
 
 
-def make_result_components(cfg: JobConfig, run_info: dict, results_dir: str, run: int | None = None) -> dict:
+def make_result_components(
+    cfg: JobConfig, run_info: dict, results_dir: str, run: int | None = None, run_names: list[str] | None = None
+) -> dict:
     """The server's result components by id (``evaluation``): evaluator, monitor, recorder, reporters, saver
     (TensorBoard's writer with ``--tracking tensorboard``; MLflow and W&B are the driver's: ``jobs.tracking``).
-    ``run``: a pack's run they are for (``common.run_scope``); None: the job's one run."""
+    ``run``: a pack's run they are for (``common.run_scope``); None: the job's one run. ``run_names``: a pack's
+    runs' names, for the console's line when one begins inside the job or ends."""
     f = cfg.federation
     scope = {"run": run} if run is not None else {}  # a standalone job's config keeps its bytes
     components = {
@@ -259,7 +262,9 @@ def make_result_components(cfg: JobConfig, run_info: dict, results_dir: str, run
             plot=cfg.run.env != "sim" or bool(cfg.run.export_only),
             **scope,
         ),
-        "edgesim_progress": ProgressReporter(f.max_model_version, **scope),
+        "edgesim_progress": ProgressReporter(
+            f.max_model_version, **scope, **({"run_names": run_names} if run_names else {})
+        ),
         "edgesim_tensorboard": TensorBoardWriter(results_dir, **scope),
         "edgesim_model_saver": GlobalModelSaver(cfg.training.model, results_dir, **scope),
         "edgesim_leaf_log": LeafLogWriter(results_dir, resume=bool(cfg.run.resume)),
@@ -331,8 +336,9 @@ def make_pack_result_components(cfgs: list[JobConfig], run_infos: list[dict], re
     (``PER_RUN_RESULTS``, ids suffixed by the run, each writing to its run's results folder), and the job's
     monitor and progress line (run 0's settings)."""
     components: dict = {}
+    names = [os.path.basename(d) for d in results_dirs]
     for run, (cfg, info, results_dir) in enumerate(zip(cfgs, run_infos, results_dirs, strict=True)):
-        made = make_result_components(cfg, info, results_dir, run=run)
+        made = make_result_components(cfg, info, results_dir, run=run, run_names=None if run else names)
         for comp_id, component in made.items():
             if comp_id in PER_RUN_RESULTS:
                 components[run_component_id(comp_id, run)] = component

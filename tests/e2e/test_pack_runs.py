@@ -75,6 +75,15 @@ def test_a_stop_request_ends_one_run_of_a_pack_the_other_completes_and_waiting_r
         ("kept", "completed"), ("pruned", "pruned"), ("late", "completed"), ("last", "completed")
     ], printed[-3000:]  # fmt: skip
     assert "[edgesim] 2 runs at a time, in order: each later run joins the job when one ends" in printed
+    said = [line for line in printed.splitlines() if line.startswith("[edgesim] run ")]  # each run's begin, end
+    ends = [("kept", "completed"), ("pruned", "pruned"), ("late", "completed"), ("last", "completed")]
+    assert len(said) == 6 and all(
+        sum(line.startswith(f"[edgesim] run {name} {status} at version ") for line in said) == 1
+        for name, status in ends
+    ), said
+    assert [line.split(":")[0] for line in said if " begins: " in line] == ["[edgesim] run late begins"] + [
+        "[edgesim] run last begins"
+    ], said
 
     server_log = next(out.glob("kept/nvflare/*/*/server/log.txt")).read_text()
     assert "starting 2 runs, 2 waiting for a place" in server_log
