@@ -3,9 +3,10 @@ script's ``--seeds``, ``jobs.sweep.pack``), each seed's results in its run's fol
 ``--pack 1`` each seed is a job of its own (``trials/0000-seedN``), as before packs. Each seed's ``events.jsonl``
 is the same line for line both ways and its accuracies are the same bit for bit (a pack's run is its standalone
 run: ``tests/e2e/test_pack.py``), so the candidate's objective is too. The two sweeps run at once (three jobs).
-A sweep of two trials (two learning rates, no repeat) with ``--pack 2`` runs them as one job (the job script's
-``--runs``), each trial's results in its own folder with its job alone's events and, to summation order, its
-accuracies."""
+A sweep of three trials (three learning rates, no repeat) with ``--pack 2 --pack-queue 1`` runs them as one job
+(the job script's ``--runs`` and ``--runs-at-once 2``): the third trial begins inside the running job when one of
+the first two ends, and each trial's results are in its own folder with its job alone's events and, to summation
+order, its accuracies."""
 
 from __future__ import annotations
 
@@ -82,33 +83,35 @@ def test_a_candidates_seeds_run_as_one_job_with_the_results_of_one_job_each(tmp_
 
 
 TRIALS_SPEC = SPEC.replace("  local-lr: 0.02\n", "").replace(
-    "repeat: {{seed: [3, 4]}}", "grid: {{local-lr: [0.02, 0.05]}}"
+    "repeat: {{seed: [3, 4]}}", "grid: {{local-lr: [0.02, 0.05, 0.03]}}"
 )
-# two trials of different learning rates in one job: their devices train in shared groups, each at its own rate,
-# so each trial's accuracies equal its job alone's only to summation order (tests/e2e/test_pack.py's tolerance)
+# three trials of different learning rates in one job, two at a time, the third joining it when one ends: their
+# devices train in shared groups, each at its own rate, so each trial's accuracies equal its job alone's only to
+# summation order (tests/e2e/test_pack.py's tolerance)
 ACCURACY_TOLERANCE = 0.03
 
 
-def test_two_trials_packed_run_as_one_job_each_as_its_job_alone(tmp_path):
+def test_three_trials_packed_two_at_a_time_run_as_one_job_each_as_its_job_alone(tmp_path):
     spec = tmp_path / "trials.yaml"
     spec.write_text(TRIALS_SPEC.format(ws=tmp_path / "ws"))
-    packed_sweep = sweep(spec, tmp_path / "packed", "--parallel", "1", "--pack", "2")
+    packed_sweep = sweep(spec, tmp_path / "packed", "--parallel", "1", "--pack", "2", "--pack-queue", "1")
     procs = [packed_sweep, sweep(spec, tmp_path / "apart", "--parallel", "1")]
     outs = outputs_when_done(procs, 600)
-    assert "[sweep] up to 2 trials a job, each pruned alone while the others go on" in outs[0], outs[0]
+    assert "[sweep] up to 2 trials at a time a job, each pruned alone while the others go on, 1 more" in outs[0]
     packed, apart = tmp_path / "packed" / "trials", tmp_path / "apart" / "trials"
-    assert sorted(p.name for p in packed.iterdir()) == ["0000", "0001", "pack-0000.json", "pack-0000.log"]
-    assert "a pack of 2 runs in one job" in (packed / "pack-0000.log").read_text()
-    for number in ("0000", "0001"):
+    assert sorted(p.name for p in packed.iterdir()) == ["0000", "0001", "0002", "pack-0000.json", "pack-0000.log"]
+    log = (packed / "pack-0000.log").read_text()
+    assert "a pack of 3 runs in one job" in log and "[edgesim] run 0002 begins: a place in the job is free" in log
+    for number in ("0000", "0001", "0002"):
         mine, alone = packed / number, apart / number
         events = (mine / "events.jsonl").read_text().splitlines()
         assert len(events) == 10 and events == (alone / "events.jsonl").read_text().splitlines()
         pairs = list(zip(accuracies(mine), accuracies(alone), strict=True))
         assert all(v == w and abs(a - b) <= ACCURACY_TOLERANCE for (v, a), (w, b) in pairs), pairs
         config = json.loads((mine / "metrics.json").read_text())["config"]["training"]
-        assert config["local_lr"] == {"0000": 0.02, "0001": 0.05}[number]
+        assert config["local_lr"] == {"0000": 0.02, "0001": 0.05, "0002": 0.03}[number]
     storage = f"sqlite:///{tmp_path / 'packed' / 'study.db'}"
     (name,) = optuna.study.get_all_study_names(storage)
     trials = optuna.load_study(study_name=name, storage=storage).get_trials()
-    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2
-    assert [t.user_attrs["pack"] for t in trials] == ["trials/pack-0000"] * 2
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 3
+    assert [t.user_attrs["pack"] for t in trials] == ["trials/pack-0000"] * 3
