@@ -16,6 +16,7 @@ candidate's seeds as one job, the sweep's default; without, ``--pack N`` trials 
     python benchmarks/perf/bench_sweep.py [--trials 6] [--parallel 2] [--ways simenv,deployment] [--spec SPEC]
     python benchmarks/perf/bench_sweep.py --trials 2 --seeds 0,1,2 --ways simenv,pack
     python benchmarks/perf/bench_sweep.py --trials 16 --ways simenv,pack --scale cpu
+    python benchmarks/perf/bench_sweep.py --trials 16 --ways pack,simenv --scale cpu --pack 4 --pack-queue 12
     python benchmarks/perf/bench_sweep.py --read SWEEP_DIR
 """
 
@@ -204,6 +205,7 @@ def main() -> int:
     p.add_argument("--spec", default=None, help="a spec of your own (default: the small search above)")
     p.add_argument("--scale", choices=("small", "cpu"), default="small", help="the default spec's scale")
     p.add_argument("--pack", type=int, default=None, help="way pack without --seeds: trials a job (default: all)")
+    p.add_argument("--pack-queue", type=int, default=None, help="way pack: the sweep's --pack-queue (its default: N)")
     p.add_argument("--pruner", default=None, help="the sweeps' --pruner (default: the sweep's own)")
     p.add_argument("--read", default=None, metavar="DIR", help="report on a sweep's folder again, without running")
     args = p.parse_args()
@@ -225,6 +227,7 @@ def main() -> int:
         extra: list[str] = ["--pack", "1"]
         if way == "pack":  # a candidate's seeds: the sweep's default; trials: --pack N of them a job
             extra = [] if args.seeds else ["--pack", str(args.pack or args.trials)]
+            extra += ["--pack-queue", str(args.pack_queue)] if args.pack_queue is not None else []
         if way == "deployment":  # one local deployment for the whole study: its start-up is paid once
             deployment = os.path.join(work, "deployment")
             up = [sys.executable, "-m", "jobs.deploy", "up", deployment, "--relays", "1", "--leaves"]

@@ -28,7 +28,9 @@ def test_a_pack_writes_its_runs_into_their_folder_and_nothing_where_that_holds_m
         (tmp_path / folder).mkdir(parents=True)
     write_manifest("seeds", ["0", "1"], [str(tmp_path / "out" / "seed-0"), str(tmp_path / "out" / "seed-1")])
     manifest = read_manifest(str(tmp_path / "out"))
-    assert (manifest.kind, manifest.runs) == ("seeds", {"0": "seed-0", "1": "seed-1"})
+    assert (manifest.kind, manifest.runs, manifest.at_once) == ("seeds", {"0": "seed-0", "1": "seed-1"}, 0)
+    write_manifest("seeds", ["0", "1"], [str(tmp_path / "out" / "seed-0"), str(tmp_path / "out" / "seed-1")], 1)
+    assert read_manifest(str(tmp_path / "out")).at_once == 1  # --runs-at-once: a resume keeps it
     write_manifest("runs", ["a", "b"], [str(tmp_path / "x" / "a"), str(tmp_path / "y" / "b")])
     assert not (tmp_path / "x" / PACK_MANIFEST).exists() and not (tmp_path / PACK_MANIFEST).exists()
     (tmp_path / "x" / "b").mkdir()
