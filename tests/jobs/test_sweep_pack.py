@@ -231,10 +231,13 @@ def test_trials_that_cannot_share_a_job_run_as_separate_jobs_after_one_line(tmp_
     assert len(STARTED) == 4 and not any("runs" in f for f in STARTED)
 
 
-def test_a_stopped_sweep_of_packed_trials_continues_each_trial_once(tmp_path):
+@pytest.mark.parametrize("queue, failed", [(0, [0, 1]), (2, [0, 1, 2, 3])])
+def test_a_stopped_sweep_of_packed_trials_continues_each_trial_once(tmp_path, queue, failed):
+    """Stopped while its first job runs (with ``--pack-queue 2`` that job holds all four trials, two waiting), the
+    sweep marks every trial of the job failed and queues it again; continued, each planned trial completes once."""
     spec = parse_spec(TRIALS, "k")
     opts = SweepOptions(
-        output=str(tmp_path / "sweep"), parallel=1, poll_seconds=0.0, bar=False, pack=2, pack_queue=0, pruner="none"
+        output=str(tmp_path / "sweep"), parallel=1, poll_seconds=0.0, bar=False, pack=2, pack_queue=queue, pruner="none"
     )
     first = Sweep(spec, opts, launch=SeededFake)
 
@@ -254,4 +257,4 @@ def test_a_stopped_sweep_of_packed_trials_continues_each_trial_once(tmp_path):
     trials = second.study.get_trials()
     done = [t for t in trials if t.state == TrialState.COMPLETE]
     assert sorted(t.user_attrs["slot"] for t in done) == [0, 1, 2, 3]  # every planned trial once
-    assert sorted(t.number for t in trials if t.state == TrialState.FAIL) == [0, 1]
+    assert sorted(t.number for t in trials if t.state == TrialState.FAIL) == failed
