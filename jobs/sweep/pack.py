@@ -126,14 +126,27 @@ class PackMember:
     """One run in a pack's process: its own folder's records and exit code (as its job alone would give it,
     ``jobs.seeds.seed_exit_code``); the process, its start and wall time shared with the pack's other runs. Stopping
     the last run still in the pack stops the process; stopping another asks the pack's server to end that run alone
-    (``STOP_REQUEST`` in its folder: ``scheduling.pack_assessor``), and the others go on."""
+    (``STOP_REQUEST`` in its folder: ``scheduling.pack_assessor``), and the others go on. A run whose outcome and
+    last version are recorded has ended while the pack goes on (``final``): the sweep tells the study then, so a
+    pack's early trials count for the pruner and the sampler before the pack's last run ends."""
 
     def __init__(self, pack: PackProcess, folder: str):
         self.pack, self.folder = pack, folder
         pack.live.add(folder)
 
     def poll(self) -> int | None:
-        return self._own(self.pack.poll())
+        code = self.pack.poll()
+        if code is None and self.final():
+            self.leave()
+            return self._own(0)
+        return self._own(code)
+
+    def final(self) -> bool:
+        """Whether its run's records are final while the pack runs on: its outcome is recorded and so is its last
+        version's score (the evaluator always scores a run's last version, after every version it owes before)."""
+        metrics = read_metrics(self.folder)
+        last = (metrics.get("outcome") or {}).get("version") or 0
+        return last >= 1 and any(r.get("version") == last for r in metrics.get("versions", ()))
 
     def leave(self) -> None:
         """It is about to be stopped together with others (``stop_together``)."""

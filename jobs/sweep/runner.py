@@ -210,6 +210,9 @@ class Sweep:
         )
         self.folder = sweep_dir(spec, opts.output)
         self.candidates: list[Candidate] = []
+        # each pack's process by its slot: its slot stays taken until the process ends, though its runs may have
+        # ended before (``PackMember.final``: their trials told to the study as they end)
+        self.packs: dict[int, PackProcess] = {}
         self.signum: int | None = None
         self.board = None
         self.env_flags: dict = {}  # with --deployment: the flags that send each trial there
@@ -350,7 +353,7 @@ class Sweep:
             runs[0].proc = self.launch(runs[0].flags | parent, runs[0].folder, cores)
             return True
         flags = {k: v for k, v in runs[0].flags.items() if k != "seed"}  # the pack's: its seeds instead
-        proc = PackProcess(
+        proc = self.packs[slot] = PackProcess(
             self.launch(flags | {"seeds": [r.repeat["seed"] for r in runs]} | parent, runs[0].pack, cores)
         )
         for run in runs:
@@ -367,7 +370,7 @@ class Sweep:
         path = write_runs_file(folder, {os.path.basename(r.folder): r.flags | {"output": r.folder} for r in runs})
         at_once = {"runs-at-once": self.trial_pack} if len(runs) > self.trial_pack else {}
         flags = {"runs": path} | at_once | self.tracking.trial_flags()
-        proc = PackProcess(self.launch(flags, folder, self._cores(slot)))
+        proc = self.packs[slot] = PackProcess(self.launch(flags, folder, self._cores(slot)))
         for cand, run in zip(cands, runs, strict=True):
             run.pack, run.slot, run.proc = folder, slot, PackMember(proc, run.folder)
             cand.trial.set_user_attr("pack", os.path.relpath(folder, self.folder))
@@ -460,6 +463,11 @@ class Sweep:
     def _waiting(self) -> int:
         return len(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
+    def _live_packs(self) -> set[int]:
+        """The slots of packs whose process still runs (forgetting those that ended)."""
+        self.packs = {slot: proc for slot, proc in self.packs.items() if proc.poll() is None}
+        return set(self.packs)
+
     def _requeue_orphans(self) -> list[int]:
         """Trials a gone sweep left RUNNING (``study.requeue_orphans``): marked failed, queued again, and said so."""
         if requeued := studies.requeue_orphans(self.study):
@@ -497,7 +505,7 @@ class Sweep:
         bar = make_bar(self.spec.trials, self.opts.bar)
         try:
             while self.signum is None:
-                busy = {r.slot for r in self.running}
+                busy = {r.slot for r in self.running} | self._live_packs()
                 for slot in range(self.n):
                     if slot not in busy and self._start(slot):
                         busy.add(slot)
@@ -519,13 +527,15 @@ class Sweep:
                 bar.n = c["complete"] + c["pruned"]
                 bar.set_postfix_str(self._bar_text(), refresh=True)
                 # done, unless a gone sweep's trials were queued again or one taken is not yet stamped (its grace)
-                idle = not self.candidates and not self._waiting()
+                idle = not self.candidates and not self._waiting() and not self._live_packs()
                 if idle and not self._requeue_orphans() and not studies.unclaimed(self.study):
                     break
                 time.sleep(self.opts.poll_seconds)
         finally:
             if self.candidates:
                 self._stop_all()
+            for proc in self.packs.values():  # a pack whose runs had all ended, still shutting down
+                proc.stop()
             bar.close()
             for s, handler in previous.items():
                 signal.signal(s, handler)

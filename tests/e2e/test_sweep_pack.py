@@ -115,3 +115,5 @@ def test_three_trials_packed_two_at_a_time_run_as_one_job_each_as_its_job_alone(
     trials = optuna.load_study(study_name=name, storage=storage).get_trials()
     assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 3
     assert [t.user_attrs["pack"] for t in trials] == ["trials/pack-0000"] * 3
+    ended = [t.user_attrs["ended"] for t in trials]  # each told to the study once its run ended, not at the pack's end
+    assert min(ended[:2]) < ended[2], ended

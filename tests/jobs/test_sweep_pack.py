@@ -6,6 +6,7 @@ candidate's one process stopped, the one-line fallback when the seeds cannot sha
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from optuna.trial import TrialState
@@ -14,7 +15,17 @@ import jobs.sweep.runner as runner
 from jobs.sweep.cli import main
 from jobs.sweep.runner import Sweep, SweepOptions
 from jobs.sweep.spec import parse_spec
-from tests.fakes.sweep import BASE, PEAK, STARTED, STOPPED, SeededFake, refused_before_any_trial, reset, write_spec
+from tests.fakes.sweep import (
+    BASE,
+    PEAK,
+    STARTED,
+    STOPPED,
+    FakeTrial,
+    SeededFake,
+    refused_before_any_trial,
+    reset,
+    write_spec,
+)
 
 SEEDS = BASE + "grid: {local-lr: [0.01, 0.011, 1.0e-5]}\nrepeat: {seed: [1, 2, 3]}\n"
 
@@ -192,6 +203,47 @@ def test_pack_2_holds_2_more_trials_waiting_that_join_its_job_as_trials_end(tmp_
     assert STARTED[0]["runs-at-once"] == 2 and "runs" not in STARTED[1]
     with pytest.raises(runner.SpecError, match=r"--pack-queue -1: 0 or more"):
         Sweep(parse_spec(TRIALS, "q"), SweepOptions(output=str(tmp_path / "q"), pack=2, pack_queue=-1)).prepare()
+
+
+class EarlyRunsFake(FakeTrial):
+    """A pack of trials whose runs end (each its outcome and its last version recorded, as the pack's server records
+    them), the first at the third round of polls and the second at the fourth, before the pack's process ends at
+    the sixth (its shut-down); ``ORDER`` hears when the process ends."""
+
+    polls_to_end = 5
+
+    def write_runs(self) -> None:
+        from common.jsonio import write_json_atomic
+
+        super().write_runs()
+        for i, flags in enumerate(self.runs.values()):
+            if self.code is None and self.polls >= 3 + i:
+                metrics = {"versions": self.records(self.accuracy_of(0, flags))}
+                metrics["outcome"] = {"status": "completed", "reason": "version 3 (--max-model-version)", "version": 3}
+                write_json_atomic(os.path.join(flags["output"], "metrics.json"), metrics)
+        if self.code is not None:
+            ORDER.append(f"pack of {next(iter(self.runs))} ended")
+
+
+ORDER: list[str] = []
+
+
+def test_a_packs_trial_that_has_ended_is_told_before_the_pack_ends_and_its_slot_stays_taken(tmp_path, monkeypatch):
+    """A trial of a pack whose run has ended (``PackMember.final``) is scored and told to the study then, not when
+    the pack's last run ends, so the pruner and the sampler count it; the pack keeps its slot until its process
+    ends (one process at a time with ``--parallel 1``), and each trial's value is its job alone's."""
+    ORDER.clear()
+    monkeypatch.setattr(runner, "say", ORDER.append)
+    packed = sweep_of(tmp_path, TRIALS, pruner="none", pack=2, pack_queue=0, parallel=1, launch=EarlyRunsFake)
+    told = [line.split(":")[0] for line in ORDER if line.startswith(("[sweep] trial", "pack of"))]
+    assert told == [
+        "[sweep] trial 0 complete", "[sweep] trial 1 complete", "pack of 0000 ended",
+        "[sweep] trial 2 complete", "[sweep] trial 3 complete", "pack of 0002 ended",
+    ], told  # fmt: skip
+    assert PEAK[0] == 1  # the second pack started only once the first's process had ended
+    reset()
+    apart = sweep_of(tmp_path, TRIALS, name="apart", pruner="none", pack=1, parallel=1)
+    assert [t.value for t in packed.study.get_trials()] == [t.value for t in apart.study.get_trials()]
 
 
 BASE_FLAGS = {"num-leaf-nodes": 2, "devices-per-leaf": 4, "device-selection-size": 4, "max-model-version": 5}
