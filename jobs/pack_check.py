@@ -46,11 +46,6 @@ def pack_refusal(cfgs: list[JobConfig]) -> str | None:
             return f"run {i}: --bulk shm: a pack's arrays travel on NVFlare's wire; use --bulk wire (or auto)"
         if cfg.run.env != "sim" or cfg.run.export_only:
             return f"run {i}: --env {cfg.run.env}: a pack runs on SimEnv only; leave out --env and --export-only"
-        if cfg.method_spec.leaf_sums(cfg) != first.method_spec.leaf_sums(first):
-            return (
-                f"run {i} ({cfg.method}) and run 0 ({first.method}) differ in whether leaves sum a synchronous "
-                "selection: pack synchronous runs with synchronous ones"
-            )
         if cfg.federation.on_leaf_loss != "stop":
             return f"run {i}: --on-leaf-loss {cfg.federation.on_leaf_loss}: a pack stops every run when a leaf is lost"
     return None

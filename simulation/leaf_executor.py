@@ -7,7 +7,7 @@ with ``VersionedUpdater`` as its updater, and these changes:
 * a task carries the model version of the device's selection id, not the leaf's newest model (a device selected
   at version v trains v, even if the leaf already holds v + 3);
 * a result becomes a ``DeviceUpdate`` (device, selection id, base version, diff, count) for the server, which
-  applies it in arrival order;
+  applies it in arrival order (a synchronous run's leaf sends one sum a selection instead; in a pack, per run);
 * a simulated leaf's device range (``site-1?100``) is registered once, as a range;
 * no request or reply is ever rendered as text (``simulation.nvflare_private.NoPayloadRendering``: NVFlare
   renders whole models with numpy's ``repr`` for every device request);
@@ -142,14 +142,18 @@ def retry(job_id: str, message: str) -> TaskResponse:
 class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
     """Args:
     update_timeout: seconds to wait for the parent to take an update.
-    sum_selections: a synchronous run: the leaf sends one sum per selection (``VersionedUpdater``).
+    sum_selections: a synchronous run (a pack's: one flag a run): one sum per selection (``VersionedUpdater``).
     real_devices: "" for simulated devices; with real ones, the id of the job's task processor (its settings go
         to each device with its task) and tasks and results travel JSON-safe.
     bulk: ``--bulk``: how diffs and versions travel to and from the parent (``simulation.bulk_link``).
     """
 
     def __init__(
-        self, update_timeout: float = 10.0, sum_selections: bool = False, real_devices: str = "", bulk: str = "auto"
+        self,
+        update_timeout: float = 10.0,
+        sum_selections: bool | list = False,
+        real_devices: str = "",
+        bulk: str = "auto",
     ):
         super().__init__(aggr_factory_id="", max_model_versions=None, update_timeout=update_timeout)
         install_nvflare_fixes()  # one thread for finished streams, no payload rendering (nvflare_private)
@@ -257,16 +261,13 @@ class EdgeSimExecutor(EventDrivenSync, NoPayloadRendering, EdgeModelExecutor):
         report[DEVICE_UPDATES] = [self._checked(r) for r in results]
         with self._engine.new_context() as fl_ctx:
             self.accept_update("", report, fl_ctx)  # the current task's
-        # a sync is a message each way, dearer than a device at near-zero training: results the server waits for
-        # go up at once (an awaited device's, a synchronous selection's complete sum); others wait up to
-        # BATCH_WINDOW seconds for more to join them
+        # a sync is a message each way, dearer than a near-zero training: what the server waits for (an awaited
+        # device's update, a synchronous selection's whole sum) goes up at once, the rest within BATCH_WINDOW
         updater = self.updater
-        if updater.sum_selections:
-            if updater.has_sums():
-                self.sync_now()
-        elif any(updater.is_awaited(r.run, r.device) for r in results):
+        buffered = [r for r in results if not updater.sums(r.run)]  # a synchronous run's wait for their selection
+        if (updater.sums_any() and updater.has_sums()) or any(updater.is_awaited(r.run, r.device) for r in buffered):
             self.sync_now()
-        else:
+        elif buffered:
             self.sync_soon(BATCH_WINDOW)
 
     def _checked(self, r: DeviceResult) -> DeviceUpdate:

@@ -16,7 +16,8 @@ each device's update on its own (``scheduling.exact_assessor``), so ``VersionedU
   one's device, selection and base version, and sums in the schedule's order (the same bits every run). In a
   synchronous run (``sum_selections``) every device of a selection goes into the same version, so the leaf sends
   one sum per selection instead, once all its devices of that selection have reported, added in device-id order
-  (``SELECTION_SUMS``): the same bits every run, and one model-sized message instead of one per device;
+  (``SELECTION_SUMS``): the same bits every run, and one model-sized message instead of one per device; in a
+  pack, per run (a synchronous run's selections summed, a buffered run's updates forwarded);
 * sends each diff packed (``common.packed_weights``: its blob a datum beside the message body), at most
   ``MAX_SYNC_BYTES`` of them per sync, the rest in the next sync at once; or, through its bulk link
   (``simulation.bulk_link``, when the parent shares its machine), written once into its ring of shared memory, as
@@ -41,7 +42,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from nvflare.apis.dxo import DXO
 from nvflare.apis.fl_context import FLContext
@@ -110,11 +111,15 @@ class VersionedState(BaseState):
 
 class VersionedUpdater(Updater):
     """Args:
-    sum_selections: a synchronous run: send one sum per selection (see the module docstring).
+    sum_selections: a synchronous run: send one sum per selection (see the module docstring); a pack of
+        synchronous and buffered runs: one flag per run (``sums``).
     """
 
     def __init__(
-        self, sum_selections: bool = False, on_work: Callable[[], None] | None = None, bulk: LeafBulk | None = None
+        self,
+        sum_selections: bool | Sequence[bool] = False,
+        on_work: Callable[[], None] | None = None,
+        bulk: LeafBulk | None = None,
     ):
         super().__init__()
         self.sum_selections = sum_selections
@@ -148,6 +153,16 @@ class VersionedUpdater(Updater):
     def start_task(self, task_data: Shareable, fl_ctx: FLContext):
         self.current_state = VersionedState(BaseState.from_shareable(task_data), {}, {}, self._fetched)
         return self.current_state
+
+    def sums(self, run: int) -> bool:
+        """Whether this leaf sums ``run``'s selections (a synchronous run's) rather than sending each update."""
+        flags = self.sum_selections
+        return flags if isinstance(flags, bool) else bool(flags[run])
+
+    def sums_any(self) -> bool:
+        """Whether any run's selections are summed here."""
+        flags = self.sum_selections
+        return flags if isinstance(flags, bool) else any(flags)
 
     def mark_fetched(self, device_id: str, selection_id: int) -> None:
         """The leaf handed ``device_id`` its task for ``selection_id``: its version is no longer needed here."""
@@ -396,10 +411,16 @@ class VersionedUpdater(Updater):
                 self.relay = RelayBulk(self.bulk, self.bulk.mode)
             word = self.relay.on_child_report(child, update)
         with self._lock:
-            if self.sum_selections and local:
+            summing = local and self.sums_any()
+            unsummed = False  # a buffered run's update of this leaf, in a pack beside a synchronous run
+            if summing:
                 for entry in update.get(DEVICE_UPDATES) or ():
                     u = entry if isinstance(entry, DeviceUpdate) else DeviceUpdate.from_dict(entry)
-                    self._buckets.setdefault((u.run, u.selection_id), []).append(u)
+                    if self.sums(u.run):
+                        self._buckets.setdefault((u.run, u.selection_id), []).append(u)
+                    else:
+                        self._pending.append(entry)
+                        unsummed = True
             else:
                 self._pending.extend(update.get(DEVICE_UPDATES) or ())
             self._sums.extend(update.get(SELECTION_SUMS) or ())  # from children: forwarded as they are
@@ -409,9 +430,10 @@ class VersionedUpdater(Updater):
             self._devices_unsent.update(report.available_devices or {})
             self._merge_leaf_info(update.get(LEAF_PLANS) or {}, update.get(LEAF_REPORTS) or {})
             work = bool(update.get(DEVICE_UPDATES) or update.get(SELECTION_SUMS) or update.get(DEVICE_RANGES))
-            if self.sum_selections and local:
+            if summing:
                 self._complete_sums()
-                work = bool(self._sums)  # a synchronous leaf has work to send once a selection's sum is complete
+                # a synchronous run has work to send once a selection's sum is complete
+                work = bool(self._sums) or unsummed
         if work and self.on_work is not None and not update.get_header(DEFER_SYNC):
             self.on_work()
         with self._lock:

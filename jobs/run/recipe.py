@@ -208,7 +208,8 @@ class EdgeSimPackRecipe(Recipe):
 
     Args:
     cfgs: each run's configuration, run 0 first.
-    plans: each run's plan (``jobs.run.plan.prepare``); the job's workers and timeouts are run 0's.
+    plans: each run's plan (``jobs.run.plan.prepare``); the job's workers are run 0's, its timeouts the run's with
+        the largest reports (a buffered run's leaves send every device, a synchronous run's one sum a selection).
     results_dirs: each run's results folder.
     at_once: runs going at a time, in order; each later run joins the running job when one ends (0: all at once).
     """
@@ -230,13 +231,15 @@ class EdgeSimPackRecipe(Recipe):
                 make_global_model(on_wire, results_dir), id=run_component_id(GLOBAL_MODEL_ALIAS, run)
             )
             runs.append(run_options(c, persistor_id, global_model_id, results_dir))
-        assessor_id = job.to_server(make_pack_assessor(cfgs, plan.timeouts, runs, at_once), id="wf_assessor")
+        timeouts = max((p.timeouts for p in plans), key=lambda t: (t.update_timeout, t.leaf_timeout))
+        assessor_id = job.to_server(make_pack_assessor(cfgs, timeouts, runs, at_once), id="wf_assessor")
         interval = cfg.engine.update_interval
         add_workflow(job, assessor_id, interval)
         infos = [p.run_info for p in plans]
         add_result_components(job, make_pack_result_components(cfgs, infos, results_dirs))
         job.to_clients(EdgeTaskReceiver(), id="edge_task_receiver")
-        executor = EdgeSimExecutor(plan.timeouts.update_timeout, cfg.method_spec.leaf_sums(cfg), bulk="wire")
+        sums = [c.method_spec.leaf_sums(c) for c in cfgs]  # per run: FedAvg's leaves sum a selection, FedBuff's not
+        executor = EdgeSimExecutor(timeouts.update_timeout, sums, bulk="wire")
         job.to_clients(executor, id="executor", tasks=[TASK_NAME])
         processor_id = job.to_clients(make_task_processor(cfg, plan.workers), id=PROCESSOR_ID)
         run_processors = [

@@ -1,8 +1,10 @@
-"""Packs end to end (``docs/packs.md``): for FedBuff, FedAvg and FedRevive, two seeds of one small run (2 leaves x 4
-devices, a server learning rate of 1 so the model moves) as ONE NVFlare job from the job script's ``--seeds``, each
-seed against the same seed run alone; FedBuff's from ``jobs.api.run(..., seeds=...)`` too. A pack holds one
-method's seeds: FedAvg's leaves sum a synchronous selection and the buffered methods' do not, which one job's leaves
-cannot do both of (``jobs.pack_check``'s refusal).
+"""Packs end to end (``docs/packs.md``), on one small run (2 leaves x 4 devices, a server learning rate of 1 so the
+model moves), each packed run against the same run alone:
+
+* FedBuff's two seeds as ONE NVFlare job from the job script's ``--seeds``, and from ``jobs.api.run(..., seeds=...)``;
+* FedAvg, FedBuff and FedRevive, two seeds each, as ONE job from the job script's ``--runs``: each leaf sums the
+  synchronous FedAvg runs' selections and forwards the buffered runs' updates one by one, per run
+  (``simulation.versioned_updater``'s ``sums``), and the runs' devices train in the leaves' shared groups.
 
 * Each seed's results are in ``OUTPUT/seed-N``, and the table printed at the end shows each seed's final accuracy
   and their mean +- std as computed from the seeds' ``metrics.json``; the API's ``SeedsResult`` holds the same.
@@ -23,7 +25,8 @@ cannot do both of (``jobs.pack_check``'s refusal).
   of every run together once every run has made it, so the groups are a function of the schedules, not of when
   each run's releases reach a leaf.
 
-A method's pack and its two standalone jobs run at once (their results do not depend on it): three jobs a method.
+Each pack and the standalone jobs it is checked against run at once (their results do not depend on it): the seeds'
+pack and FedBuff's two seeds alone, then the mixed pack and FedAvg's and FedRevive's seeds alone.
 """
 
 from __future__ import annotations
@@ -99,48 +102,84 @@ def fedrevive_log(folder) -> list[dict]:
 
 @dataclass
 class MethodRuns:
-    """A method's pack of both seeds (run 0: seed 3, run 1: seed 4) and each seed alone."""
+    """A method's runs in one pack (seed 3 and seed 4) and each seed alone."""
 
-    pack: Path  # the pack's --output: a folder per seed
+    pack: Path  # the pack's --output: a folder per run
     printed: str  # what the pack's job script printed
     folders: dict[int, tuple[Path, Path]]  # seed -> (its packed results, its standalone results)
 
 
-@pytest.fixture(scope="module")
-def jobs(tmp_path_factory):
-    """Each method's ``MethodRuns``, its three jobs run at once when a test first asks for them, once a module."""
-    made: dict[str, MethodRuns] = {}
+def alone(tmp: Path, method: str) -> tuple[list[subprocess.Popen], dict[int, Path]]:
+    """Each seed of ``method`` run alone, started: the processes and each seed's results folder."""
+    folders = {s: tmp / f"alone-{method}-{s}" for s in SEEDS}
+    flags = [*SMALL, *METHODS[method][0]]
+    return [
+        start(["jobs/pt_job_fedrevive.py", *flags, "--seed", str(s), "--output", str(f)]) for s, f in folders.items()
+    ], folders
 
-    def of(method: str) -> MethodRuns:
-        if method not in made:
-            flags = [*SMALL, *METHODS[method][0]]
-            tmp = tmp_path_factory.mktemp(f"pack-{method}")
-            seeds = ",".join(map(str, SEEDS))
-            procs = [start(["jobs/pt_job_fedrevive.py", *flags, "--seeds", seeds, "--output", str(tmp / "pack")])]
-            procs += [
-                start(["jobs/pt_job_fedrevive.py", *flags, "--seed", str(s), "--output", str(tmp / f"alone-{s}")])
-                for s in SEEDS
-            ]
-            printed = finish(procs)[0]
-            assert "a pack of 2 runs in one job" in printed
-            folders = {s: (tmp / "pack" / f"seed-{s}", tmp / f"alone-{s}") for s in SEEDS}
-            made[method] = MethodRuns(tmp / "pack", printed, folders)
-        return made[method]
 
-    return of
+def run_flags(flags: list[str]) -> dict[str, str]:
+    """A run of ``--runs FILE``: its ``--flag value`` pairs as the file's ``{flag: value}``."""
+    return {flag.removeprefix("--"): value for flag, value in zip(flags[::2], flags[1::2], strict=True)}
 
 
 @pytest.fixture(scope="module")
-def packed(jobs):
-    """FedBuff's pack from the job script: its folder and what it printed."""
-    fedbuff = jobs("fedbuff")
-    return fedbuff.pack, fedbuff.printed
+def seeds_pack(tmp_path_factory) -> MethodRuns:
+    """FedBuff's two seeds as one job from the job script's ``--seeds``, and each seed alone: three jobs at once."""
+    tmp = tmp_path_factory.mktemp("pack-seeds")
+    seeds = ",".join(map(str, SEEDS))
+    flags = [*SMALL, *METHODS["fedbuff"][0]]
+    procs, folders = alone(tmp, "fedbuff")
+    procs.insert(0, start(["jobs/pt_job_fedrevive.py", *flags, "--seeds", seeds, "--output", str(tmp / "pack")]))
+    printed = finish(procs)[0]
+    assert "a pack of 2 runs in one job" in printed
+    return MethodRuns(tmp / "pack", printed, {s: (tmp / "pack" / f"seed-{s}", f) for s, f in folders.items()})
 
 
-@pytest.fixture(scope="module", params=list(METHODS))
-def runs(request, jobs):
-    """A method and its runs: ``(method, {seed: (packed results, standalone results)})``."""
-    return request.param, jobs(request.param).folders
+@pytest.fixture(scope="module")
+def mixed_pack(seeds_pack, tmp_path_factory) -> dict[str, MethodRuns]:
+    """FedAvg, FedBuff and FedRevive, two seeds each, as ONE job from the job script's ``--runs`` (six runs named
+    ``METHOD-SEED``), and FedAvg's and FedRevive's seeds alone (FedBuff's are ``seeds_pack``'s): five jobs at once."""
+    tmp = tmp_path_factory.mktemp("pack-mixed")
+    runs = {f"{m}-{s}": {**run_flags(METHODS[m][0]), "seed": s} for m in METHODS for s in SEEDS}
+    (tmp / "runs.json").write_text(json.dumps(runs))
+    procs = [
+        start(["jobs/pt_job_fedrevive.py", *SMALL, "--runs", str(tmp / "runs.json"), "--output", str(tmp / "pack")])
+    ]
+    standalone = {"fedbuff": {s: f for s, (_, f) in seeds_pack.folders.items()}}
+    for method in ("fedavg", "fedrevive"):
+        started, standalone[method] = alone(tmp, method)
+        procs += started
+    printed = finish(procs)[0]
+    assert "a pack of 6 runs in one job" in printed
+    table = {
+        line.split()[0]: line.split()[3]
+        for line in printed.splitlines()
+        if line.split()[:1] and line.split()[0] in runs
+    }
+    assert table == dict.fromkeys(runs, "completed"), printed[-3000:]
+    return {
+        m: MethodRuns(tmp / "pack", printed, {s: (tmp / "pack" / f"{m}-{s}", standalone[m][s]) for s in SEEDS})
+        for m in METHODS
+    }
+
+
+@pytest.fixture(scope="module")
+def packed(seeds_pack):
+    """FedBuff's pack of seeds from the job script: its folder and what it printed."""
+    return seeds_pack.pack, seeds_pack.printed
+
+
+# each packed run against its standalone run: FedBuff's seeds from --seeds, and every method's in the mixed pack
+PACKED = [("seeds", "fedbuff"), *(("mixed", m) for m in METHODS)]
+
+
+@pytest.fixture(scope="module", params=PACKED, ids=[f"{p}-{m}" for p, m in PACKED])
+def runs(request):
+    """A method and its runs in one of the packs: ``(method, {seed: (packed results, standalone results)})``."""
+    pack, method = request.param
+    made = request.getfixturevalue("seeds_pack") if pack == "seeds" else request.getfixturevalue("mixed_pack")[method]
+    return method, made.folders
 
 
 def test_each_seed_has_its_folder_and_the_printed_mean_and_std_are_the_seeds(packed):

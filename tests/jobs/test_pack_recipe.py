@@ -42,9 +42,9 @@ def test_a_pack_refuses_runs_that_cannot_share_a_job_in_one_line(flags, flag):
     assert refusal.startswith(f"run 1 has {flag} ")
 
 
-def test_a_pack_refuses_a_synchronous_run_beside_an_asynchronous_one():
-    refusal = pack_refusal([checked(), checked(method="fedavg")])
-    assert refusal is not None and "synchronous" in refusal
+def test_a_pack_takes_a_synchronous_run_beside_buffered_ones():
+    # each leaf sums the synchronous run's selections and forwards the buffered runs' updates (per run)
+    assert pack_refusal([checked(), checked(method="fedavg"), checked(method="fedrevive")]) is None
 
 
 def test_run_pack_refuses_before_nvflare_starts(tmp_path, capsys):

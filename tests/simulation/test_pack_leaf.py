@@ -129,6 +129,31 @@ def test_a_synchronous_leaf_sums_each_runs_selection_apart():
     assert unpack(second[0]["diff"])["w"].tolist() == [4.0, 4.0]
 
 
+def test_a_mixed_pack_leaf_sums_the_synchronous_runs_selection_and_forwards_the_buffered_runs_updates():
+    """Run 0 synchronous (FedAvg), run 1 buffered (FedBuff): run 0's updates wait for their selection and go up as
+    one sum; run 1's go up each on its own at once, as its standalone leaf's do, and ask for a sync."""
+    synced = []
+    updater = started_updater()
+    updater.sum_selections, updater.on_work = [True, False], lambda: synced.append(1)
+    mine = {"site-1#0": 11, "site-1#1": 11}
+    later = {"site-1#0": 11, "site-1#1": 11}
+    updater.process_parent_update_reply(with_run(reply(5, mine, {11: 5}), 1, later, {11: 2}), FLContext())
+    w = {"w": np.ones(2, np.float32)}
+    updater.process_child_update(
+        local([DeviceUpdate("site-1#0", 11, 5, w), DeviceUpdate("site-1#1", 11, 2, w, run=1)]), None
+    )
+    assert synced and updater.sums(0) and not updater.sums(1)  # run 1's update is work to send now
+    up = updater.prepare_update_for_parent(FLContext())
+    assert SELECTION_SUMS not in up  # run 0's selection waits for site-1#1
+    assert [(u["run"], u["device"]) for u in up[DEVICE_UPDATES]] == [(1, "site-1#1")]
+    updater.process_child_update(local([DeviceUpdate("site-1#1", 11, 5, {"w": np.full(2, 3, np.float32)})]), None)
+    up = updater.prepare_update_for_parent(FLContext())
+    assert DEVICE_UPDATES not in up
+    (total,) = up[SELECTION_SUMS]
+    assert total.get("run", 0) == 0 and total["devices"] == dict.fromkeys(mine, 1)
+    assert unpack(total["diff"])["w"].tolist() == [4.0, 4.0]
+
+
 def test_a_relay_answers_each_child_with_its_part_of_each_run():
     relay = started_updater()
     r = with_run(reply(5, {"site-1#0": 11}, {11: 5}), 1, {"site-1#0": 12}, {12: 2}, (2,), {12: 3})
