@@ -21,23 +21,26 @@ from common.jsonio import JsonlWriter
 from common.output import output_dir
 from common.protocol import LEAF_INFO
 from common.result_files import LEAF_LOGS, leaf_log
+from common.run_scope import scoped
 
 
 class LeafLogWriter(FLComponent):
     """Args:
     results_dir: the results folder ("": the server app's run folder).
     resume: the run continues an earlier one (keep its lines).
+    run: in a pack, the run whose lines it writes (``common.run_scope``); None: a standalone job's.
     """
 
-    def __init__(self, results_dir: str = "", resume: bool = False):
+    def __init__(self, results_dir: str = "", resume: bool = False, run: int | None = None):
         super().__init__()
         self.results_dir = results_dir
         self.resume = resume
+        self.run = run  # NVFlare writes each argument from the attribute of its name
         self._out = ""
         self._writers: dict[str, JsonlWriter] = {}
         self._lock = threading.Lock()  # leaves report on several threads at once
         self.register_event_handler(EventType.START_RUN, self._start)
-        self.register_event_handler(LEAF_INFO, self._write)
+        self.register_event_handler(LEAF_INFO, scoped(run, self._write))
         self.register_event_handler(EventType.END_RUN, self._close)
 
     def _start(self, _event: str, fl_ctx: FLContext) -> None:

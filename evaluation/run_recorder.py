@@ -282,7 +282,7 @@ class RunRecorder(FLComponent):
         self.register_event_handler(SYSTEM_SUMMARY_READY, self._record_system)
         self.register_event_handler(RUN_OUTCOME, scoped(run, self._record_outcome))
         self.register_event_handler(RUN_RESUMED, scoped(run, self._resume))
-        self.register_event_handler(LEAF_INFO, self._record_leaf_info)
+        self.register_event_handler(LEAF_INFO, scoped(run, self._record_leaf_info))
         self.register_event_handler(MODEL_SAVED, scoped(run, self._record_saved))
         self.register_event_handler(EventType.END_RUN, self._end)
 

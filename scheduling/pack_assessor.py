@@ -38,6 +38,9 @@ from common.protocol import (
     AWAITED,
     DEVICE_UPDATES,
     HELD_VERSIONS,
+    LEAF_INFO,
+    LEAF_PLANS,
+    LEAF_REPORTS,
     LEAVES_SEEN,
     MODELS,
     RELEASES,
@@ -107,6 +110,7 @@ class PackAssessor(Assessor):
         # each run begun -> where its releases start on the leaves' lock-step (0 for those begun with the job)
         self.offsets: dict[int, int] = {}
         self.reports = 0
+        self.leaf_plans: dict[str, dict] = {}  # each leaf's plan, for a run's recorder when it begins
         self._lock = threading.Lock()
         self._waiting_since = time.time()
         self.register_event_handler(EventType.START_RUN, self._start_run)
@@ -169,6 +173,7 @@ class PackAssessor(Assessor):
                 self.started = True
                 for run in range(first):
                     self._begin(run, 0, fl_ctx)
+            self._leaf_info(update.get(LEAF_PLANS) or {}, update.get(LEAF_REPORTS) or {}, fl_ctx)
             if self.started:
                 for u in self._updates_of(update):
                     server = self.servers[u.run]
@@ -212,6 +217,21 @@ class PackAssessor(Assessor):
             updates += SelectionSum.from_dict(entry).device_updates()
         return updates
 
+    def _leaf_info(self, plans: dict[str, dict], lines: dict[str, list[dict]], fl_ctx: FLContext) -> None:
+        """Each begun run's share of the leaves' report lines (a line names its run; run 0's none) with the leaves'
+        plans, as ``LEAF_INFO`` marked with the run: its leaf log and recorder write them as a standalone run's
+        do (called under the lock)."""
+        self.leaf_plans.update(plans)
+        by_run: dict[int, dict[str, list[dict]]] = {}
+        for leaf, leaf_lines in lines.items():
+            for line in leaf_lines:
+                run = line.pop("run", 0)
+                by_run.setdefault(run, {}).setdefault(leaf, []).append(line)
+        for run in sorted(self.offsets):
+            if plans or run in by_run:
+                info = {"plans": plans, "reports": by_run.get(run, {}), "bulk": {}}
+                self.fire_event_with_data(LEAF_INFO, mark(fl_ctx, run), LEAF_INFO, info)
+
     # -- runs begun, with the job or joining it -------------------------------------------------------------------
     def _begin(self, run: int, offset: int, fl_ctx: FLContext) -> None:
         """Begin ``run`` (its first selection and version, its applier), its releases numbered on the leaves'
@@ -220,6 +240,9 @@ class PackAssessor(Assessor):
         self.offsets[run] = offset
         if server.applier is None:
             server.start(fl_ctx)
+        if self.leaf_plans:  # the leaves planned before this run began: its recorder records their plans too
+            info = {"plans": dict(self.leaf_plans), "reports": {}, "bulk": {}}
+            self.fire_event_with_data(LEAF_INFO, mark(fl_ctx, run), LEAF_INFO, info)
 
     def _join_waiting(self, fl_ctx: FLContext) -> None:
         """While fewer than ``at_once`` runs go, the next waiting run joins the running job (called under the

@@ -229,17 +229,18 @@ class FastSimulator:
         if self._on_report is not None:  # before the updates go up: the lines travel with them or earlier
             now = time.time()
             for t, result in finished:
-                self._on_report(
-                    {
-                        "wall": now,
-                        "device": t.device,
-                        "version": t.version,
-                        "selection": t.selection_id,
-                        "ok": result is not None and not t.failed,
-                        "group": t.trained_with,
-                        "train_seconds": round(t.train_seconds, 6),
-                    }
-                )
+                line = {
+                    "wall": now,
+                    "device": t.device,
+                    "version": t.version,
+                    "selection": t.selection_id,
+                    "ok": result is not None and not t.failed,
+                    "group": t.trained_with,
+                    "train_seconds": round(t.train_seconds, 6),
+                }
+                if t.run:  # a pack's later run: the server files the line in that run's leaf log
+                    line["run"] = t.run
+                self._on_report(line)
         self.channel.report(finished)
 
     def drain(self, timeout: float = 60.0) -> bool:

@@ -267,7 +267,7 @@ def make_result_components(
         ),
         "edgesim_tensorboard": TensorBoardWriter(results_dir, **scope),
         "edgesim_model_saver": GlobalModelSaver(cfg.training.model, results_dir, **scope),
-        "edgesim_leaf_log": LeafLogWriter(results_dir, resume=bool(cfg.run.resume)),
+        "edgesim_leaf_log": LeafLogWriter(results_dir, resume=bool(cfg.run.resume), **scope),
     }
     if "tensorboard" not in trackers_of(cfg.run.tracking):
         del components["edgesim_tensorboard"]

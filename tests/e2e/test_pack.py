@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -250,6 +251,36 @@ def test_each_runs_accuracies_and_log_are_its_standalone_runs_to_summation_order
         assert len(log) == METHODS[method][1] and any(r["phase"] == "distill" and r["beta"] > 0 for r in log)
         keys = ("client_id", "tau", "phase")  # what the schedule decides; its losses and beta move with the model
         assert [[r[k] for k in keys] for r in log] == [[r[k] for k in keys] for r in fedrevive_log(alone)]
+
+
+def leaf_logs(folder) -> dict[str, list[tuple]]:
+    """Each leaf's report lines (``leaf_<leaf>.jsonl``) as what the schedule decides: device, version, selection,
+    success (the wall clock, group and seconds are the leaf's timing)."""
+    found = {}
+    for path in sorted(folder.glob("leaf_*.jsonl")):
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        found[path.name] = sorted((r["device"], r["version"], r["selection"], r["ok"]) for r in lines)
+    return found
+
+
+def test_each_packed_run_has_its_standalone_runs_leaf_logs_and_the_leaves_plans(runs):
+    """The leaves' report lines of a pack name their run: each run's ``leaf_<leaf>.jsonl`` has the same line for
+    every update its standalone run applied, and its ``metrics.json`` the leaves' plans. Lines of updates never
+    applied (devices training when the run ended) may differ: a standalone job ends with its run, a pack goes on."""
+    _, folders = runs
+    for packed_run, alone in folders.values():
+        mine, theirs = leaf_logs(packed_run), leaf_logs(alone)
+        assert sorted(mine) == sorted(theirs) == ["leaf_site-1.jsonl", "leaf_site-2.jsonl"]
+        events = [json.loads(line) for line in (alone / "events.jsonl").read_text().splitlines()]
+        applied = {(r["device"], r["base_version"]) for r in events}
+        for logs in (mine, theirs):  # every applied update's device logged its training
+            assert applied <= {(d, v) for lines in logs.values() for d, v, _, ok in lines if ok}
+        for leaf, lines in theirs.items():
+            differ = (Counter(mine[leaf]) - Counter(lines)) + (Counter(lines) - Counter(mine[leaf]))
+            assert not {(d, v) for d, v, _, _ in differ} & applied, (leaf, differ)  # only updates never applied
+        metrics, standalone = (json.loads((f / "metrics.json").read_text()) for f in (packed_run, alone))
+        assert metrics["leaf_plans"].keys() == standalone["leaf_plans"].keys() == {"site-1", "site-2"}
+        assert metrics["groups"]["devices"] >= len(events)
 
 
 def test_each_packed_run_writes_its_own_tensorboard_curve_as_its_standalone_run_does(runs):

@@ -98,6 +98,9 @@ def test_a_stop_request_ends_one_run_of_a_pack_the_other_completes_and_waiting_r
         assert [r["version"] for r in packed] == [r["version"] for r in own]
         gap = max(abs(a["accuracy"] - b["accuracy"]) for a, b in zip(packed, own, strict=True))
         assert gap <= ACCURACY_TOLERANCE, (name, gap)
+        # a joined run records the leaves' plans (made before it began) and its own leaf logs, as alone
+        assert read_metrics(out / name)["leaf_plans"].keys() == {"site-1", "site-2"}, name
+        assert sorted(p.name for p in (out / name).glob("leaf_*.jsonl")) == ["leaf_site-1.jsonl", "leaf_site-2.jsonl"]
 
 
 def flags_of(run: dict) -> list[str]:
