@@ -156,9 +156,10 @@ def run(
             raise ConfigError("resume= of a pack's folder with seeds=, runs= or a JobConfig: give resume= alone")
         chosen = method or config_or_method or "fedavg"
 
-        def resumed(folder: str) -> JobConfig:
+        def resumed(folder: str) -> JobConfig:  # a run without a checkpoint starts anew (``jobs.resume``)
             own = options | {"resume": folder, "output": folder}
-            return make_config(chosen, model=model, data=data, delays=delays, presets=presets, **own)
+            method_option, own, arrays = _options(chosen, model, data, delays, own)
+            return build_config(method_option, own, presets=presets, model_presets=presets, arrays=arrays, restart=True)
 
         cfgs = resumed_configs(options["resume"], pack, resumed)
         if pack.kind == KIND_SEEDS:

@@ -106,13 +106,15 @@ def build_config(
     arrays=None,
     given: set[str] | None = None,
     announce: Callable[[str], None] | None = None,
+    restart: bool = False,
 ) -> JobConfig:
     """The resolved ``JobConfig`` of ``method`` and flat ``options`` (``None`` means not given; see the module
     docstring). ``presets``: the method's presets fill the federation options and the delay model not given;
     ``model_presets``: the model's the local-training options not given. ``arrays``: a user's data, saved into
     the results folder as the dataset. With a ``resume`` option, ``given`` names the options written (the command
-    line's flags): the saved run's config with those of them that are harmless (``jobs.resume``). ``announce``
-    gets the lines that say which presets and model were chosen. ``ConfigError`` names the fix."""
+    line's flags): the saved run's config with those of them that are harmless (``jobs.resume``); ``restart``: a
+    saved run without a checkpoint starts anew from its saved config (a pack's resume). ``announce`` gets the lines
+    that say which presets and model were chosen. ``ConfigError`` names the fix."""
     cfg = checked_config(method, options, presets=presets, model_presets=model_presets, arrays=arrays)
     if announce is not None and not cfg.run.resume:
         for line in _choices(cfg, options, presets, model_presets):
@@ -124,7 +126,7 @@ def build_config(
         flags = cfg.validate()
         saved = os.path.abspath(os.path.expanduser(cfg.run.resume))
         written = given if given is not None else {k for k, v in options.items() if v is not None}
-        return resolve(resumed_config(saved, flags, set(written)))
+        return resolve(resumed_config(saved, flags, set(written), restart=restart))
     return _resolved(cfg)
 
 

@@ -278,9 +278,8 @@ def resumed_pack(
     options = options_of(args, method)
 
     def build(run_folder: str) -> JobConfig:
-        return build_config(
-            method, options | {"resume": run_folder, "output": run_folder}, presets=presets, given=written
-        )
+        own = options | {"resume": run_folder, "output": run_folder}
+        return build_config(method, own, presets=presets, given=written, restart=True)
 
     return resumed_configs(folder, pack, build)
 

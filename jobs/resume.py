@@ -61,13 +61,16 @@ def value_of(dest: str, cfg: JobConfig):
     return cfg.delays
 
 
-def resumed_config(results_dir: str, flags_cfg: JobConfig, given: set[str]) -> JobConfig:
+def resumed_config(results_dir: str, flags_cfg: JobConfig, given: set[str], restart: bool = False) -> JobConfig:
     """The saved run's config with the harmless flags of ``flags_cfg`` that were ``given``; ``ConfigError`` for a
-    folder that cannot be resumed or a flag that would change the result."""
+    folder that cannot be resumed or a flag that would change the result. ``restart``: a run that wrote no
+    checkpoint (a pack's run that never began, or was killed before its first) starts anew in its folder, from its
+    saved config, instead of being refused."""
     metrics = os.path.join(results_dir, METRICS)
     if not os.path.exists(metrics):
         raise ConfigError(f"--resume {results_dir}: no {METRICS} there; give the --output folder of the run to resume")
-    if not os.path.exists(state_path(results_dir)):
+    anew = not os.path.exists(state_path(results_dir))
+    if anew and not restart:
         raise ConfigError(f"--resume {results_dir}: the run wrote no checkpoint before it ended; run it again")
     with open(metrics) as f:
         saved = JobConfig.from_dict(json.load(f)["config"])
@@ -86,10 +89,11 @@ def resumed_config(results_dir: str, flags_cfg: JobConfig, given: set[str]) -> J
             )
         part, name = where
         changes.setdefault(part, {})[name] = getattr(getattr(flags_cfg, part), name)
-    changes.setdefault("run", {}).update(output=results_dir, resume=results_dir)
+    changes.setdefault("run", {}).update(output=results_dir, resume=None if anew else results_dir)
     parts = {part: dataclasses.replace(getattr(saved, part), **values) for part, values in changes.items()}
     resumed = dataclasses.replace(saved, **parts)
-    check_checkpoint_model(results_dir, resumed.training.model)
+    if not anew:
+        check_checkpoint_model(results_dir, resumed.training.model)
     return resumed
 
 

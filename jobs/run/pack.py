@@ -63,7 +63,11 @@ def run_pack(
         return 2
     results_dirs = [prepare_output_dir(c.output_dir, bool(c.run.resume), c.method_spec.result_files) for c in cfgs]
     write_manifest(kind, labels or [os.path.basename(d) for d in results_dirs], results_dirs, at_once)
-    folders = [d + (" (resuming)" if c.run.resume else "") for c, d in zip(cfgs, results_dirs, strict=True)]
+    resuming = any(c.run.resume for c in cfgs)  # a resumed pack's run without a checkpoint starts anew
+    folders = [
+        d + (" (resuming)" if c.run.resume else " (anew: it wrote no checkpoint)" if resuming else "")
+        for c, d in zip(cfgs, results_dirs, strict=True)
+    ]
     print(f"[edgesim] a pack of {len(cfgs)} runs in one job: " + ", ".join(folders))
     if 0 < at_once < len(cfgs):
         print(f"[edgesim] {at_once} runs at a time, in order: each later run joins the job when one ends")

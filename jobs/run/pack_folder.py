@@ -5,7 +5,9 @@ manifest of its runs into ``OUTPUT``: which kind of pack it is and each run's la
 ``--resume OUTPUT`` (or ``jobs.api.run(..., resume=OUTPUT)``) then continues every run from its own checkpoint, as
 ``--resume`` continues one run (its saved config, only harmless flags may change: ``jobs.resume``), and runs them
 as one job again (``jobs.run.pack.run_pack``). A run that ended continues to its end at once; a run that wrote no
-checkpoint is refused in one line, naming it. Runs whose folders do not share one parent (a run of ``--runs`` given
+checkpoint (one that was still waiting for a place, or was killed before its first checkpoint) starts anew from its
+saved config, in its folder, as the killed run would have gone (``jobs.resume``'s ``restart``; the pack's builders
+ask for it). Runs whose folders do not share one parent (a run of ``--runs`` given
 its own ``output`` elsewhere), or share one that holds more than the pack (a sweep's trials folder), make no
 manifest: each resumes alone.
 

@@ -4,6 +4,7 @@ with another value that would change the trajectory is refused with its name; ha
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -89,3 +90,22 @@ def test_the_original_command_of_a_capacity_trace_run_resumes(tmp_path, monkeypa
     monkeypatch.setattr(jobs.run.driver, "run", lambda c, verbose=False: started.append(c) or 0)
     assert job_main("test", [*argv, "--resume", str(run_dir)]) == 0
     assert started[0].delays == cfg.delays and started[0].run.resume == str(run_dir)
+
+
+def test_a_run_without_a_checkpoint_is_refused_alone_and_starts_anew_in_a_packs_resume(tmp_path):
+    """A run that wrote no checkpoint (a pack's run still waiting for its place when the pack was killed): ``--resume``
+    of it alone is refused; a pack's resume (``restart``) starts it anew from its saved config, in its folder, with
+    the harmless flags given, and still refuses one that would change its result."""
+    folder = saved_run(tmp_path)
+    shutil.rmtree(tmp_path / "checkpoint")  # what a run that never began leaves: its config, no state
+    with pytest.raises(ConfigError, match="wrote no checkpoint"):
+        resume(folder, ORIGINAL)
+    parser = build_parser("test", method_choice=True)
+    argv = [*ORIGINAL, "--num-workers", "3", "--resume", folder]
+    flags = config_from_args(parser.parse_args(argv), "fedrevive", True)
+    cfg = resumed_config(folder, flags, given_flags(parser, argv), restart=True)
+    assert cfg.run.resume is None and cfg.run.output == folder  # a new run, into the same folder
+    assert (cfg.run.seed, cfg.method_settings.s_max, cfg.engine.num_workers) == (1, 20, 3)
+    argv = [*ORIGINAL, "--seed", "2", "--resume", folder]
+    with pytest.raises(ConfigError, match="--seed would change the result"):
+        resumed_config(folder, parsed(argv), given_flags(parser, argv), restart=True)
