@@ -166,7 +166,8 @@ class PackAssessor(Assessor):
                 else:
                     with server.applier.lock:
                         register_devices(server.schedule.pool, update, report, self.leaves.lost)
-            if not self.started and len(self.servers[0].schedule.pool.leaves) >= self.num_leaves:
+            # every run's pool: a resumed run's is restored with the leaves it had, a new run's holds those heard
+            if not self.started and all(len(s.schedule.pool.leaves) >= self.num_leaves for s in self.servers):
                 first = len(self.servers) if self.at_once <= 0 else min(self.at_once, len(self.servers))
                 waiting = f", {len(self.servers) - first} waiting for a place" if first < len(self.servers) else ""
                 self.log_info(fl_ctx, f"all {self.num_leaves} leaves registered: starting {first} runs{waiting}")

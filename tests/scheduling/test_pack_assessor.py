@@ -218,3 +218,25 @@ def test_a_waiting_run_joins_when_a_place_is_free_after_every_release_so_far_wit
     joined = components["g2"]
     assert joined.current_version == alone.current_version == 8
     assert joined.current_weights["w"].tobytes() == alone.current_weights["w"].tobytes()
+
+
+def test_a_pack_starts_once_every_runs_pool_has_every_leaf_not_when_a_resumed_runs_restored_pool_has(tmp_path):
+    """A resumed run's pool comes back from its checkpoint with every leaf's devices; a new run's (one that never
+    began before the pack was stopped) holds only the leaves heard in this job. Started on the resumed pool alone,
+    the new run would draw its first selection from one leaf's devices: another schedule than its own job's."""
+    components, runs = {}, []
+    for i, run in enumerate(RUNS):
+        components[f"p{i}"] = ZeroPersistor()
+        components[f"g{i}"] = GlobalModel(MEAN, strategy_args={"global_lr": 0.5})
+        delays = DELAY_PRESETS["paper"].to_dict()
+        runs.append(run | dict(persistor_id=f"p{i}", global_model_id=f"g{i}", delays=delays, results_dir=str(tmp_path)))
+    pack = PackAssessor(runs, num_leaves=2)
+    engine = EventEngine(components | {"wf_assessor": pack})
+    engine.fire_event(EventType.START_RUN, engine.new_context())
+    for name, count in LEAVES.items():  # what a resume restores into run 0's pool
+        pack.servers[0].schedule.pool.register_range(name, count, name)
+    first, second = (UpdaterLeaf(name, SCALES) for name in LEAVES)
+    first.sync(pack, engine, random.Random(0))
+    assert not pack.started and not pack.offsets, "one leaf heard: run 1's pool lacks the other's devices"
+    second.sync(pack, engine, random.Random(0))
+    assert pack.started and sorted(pack.offsets) == [0, 1]
