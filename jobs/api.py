@@ -116,8 +116,13 @@ def make_config(
 ) -> JobConfig:
     """The run's resolved ``JobConfig`` (``jobs.build.build_config``: checked, validated, every derived value
     computed); see the module docstring for ``method``, ``model``, ``data``, ``delays`` and ``presets``."""
+    return _built(method, model, data, delays, presets, options)
+
+
+def _built(method, model, data, delays, presets: bool, options: dict, restart: bool = False) -> JobConfig:
+    """``make_config``'s build; ``restart``: a resumed run without a checkpoint starts anew (a pack's resume)."""
     method, options, arrays = _options(method, model, data, delays, options)
-    return build_config(method, options, presets=presets, model_presets=presets, arrays=arrays)
+    return build_config(method, options, presets=presets, model_presets=presets, arrays=arrays, restart=restart)
 
 
 def run(
@@ -158,8 +163,7 @@ def run(
 
         def resumed(folder: str) -> JobConfig:  # a run without a checkpoint starts anew (``jobs.resume``)
             own = options | {"resume": folder, "output": folder}
-            method_option, own, arrays = _options(chosen, model, data, delays, own)
-            return build_config(method_option, own, presets=presets, model_presets=presets, arrays=arrays, restart=True)
+            return _built(chosen, model, data, delays, presets, own, restart=True)
 
         cfgs = resumed_configs(options["resume"], pack, resumed)
         if pack.kind == KIND_SEEDS:

@@ -174,7 +174,7 @@ class PackAssessor(Assessor):
                 self.started = True
                 for run in range(first):
                     self._begin(run, 0, fl_ctx)
-            self._leaf_info(update.get(LEAF_PLANS) or {}, update.get(LEAF_REPORTS) or {}, fl_ctx)
+            leaf_info = self._leaf_info(update.get(LEAF_PLANS) or {}, update.get(LEAF_REPORTS) or {})
             if self.started:
                 for u in self._updates_of(update):
                     server = self.servers[u.run]
@@ -182,6 +182,8 @@ class PackAssessor(Assessor):
                     if refused:
                         self.log_warning(fl_ctx, f"run {u.run}: dropped an update: {refused}")
                     received.append(server)
+        for run, info in leaf_info:  # written by the run's leaf log and recorder: outside the lock, as standalone
+            self.fire_event_with_data(LEAF_INFO, mark(fl_ctx, run), LEAF_INFO, info)
         for server in {id(s): s for s in received}.values():
             server.applier.wait_settled(SETTLE_SECONDS)
         self.news.heard(child)
@@ -218,20 +220,21 @@ class PackAssessor(Assessor):
             updates += SelectionSum.from_dict(entry).device_updates()
         return updates
 
-    def _leaf_info(self, plans: dict[str, dict], lines: dict[str, list[dict]], fl_ctx: FLContext) -> None:
+    def _leaf_info(self, plans: dict[str, dict], lines: dict[str, list[dict]]) -> list[tuple[int, dict]]:
         """Each begun run's share of the leaves' report lines (a line names its run; run 0's none) with the leaves'
-        plans, as ``LEAF_INFO`` marked with the run: its leaf log and recorder write them as a standalone run's
-        do (called under the lock)."""
+        plans: the ``LEAF_INFO`` each run's leaf log and recorder take, as a standalone run's do (called under the
+        lock; fired after it)."""
         self.leaf_plans.update(plans)
         by_run: dict[int, dict[str, list[dict]]] = {}
         for leaf, leaf_lines in lines.items():
             for line in leaf_lines:
                 run = line.pop("run", 0)
                 by_run.setdefault(run, {}).setdefault(leaf, []).append(line)
-        for run in sorted(self.offsets):
-            if plans or run in by_run:
-                info = {"plans": plans, "reports": by_run.get(run, {}), "bulk": {}}
-                self.fire_event_with_data(LEAF_INFO, mark(fl_ctx, run), LEAF_INFO, info)
+        return [
+            (run, {"plans": plans, "reports": by_run.get(run, {}), "bulk": {}})
+            for run in sorted(self.offsets)
+            if plans or run in by_run
+        ]
 
     # -- runs begun, with the job or joining it -------------------------------------------------------------------
     def _begin(self, run: int, offset: int, fl_ctx: FLContext) -> None:
