@@ -1,6 +1,6 @@
 """Which runs can share one NVFlare job (a pack, ``docs/packs.md``): the same model, dataset, leaves and devices per
-leaf, and the leaves' engine; ``pack_refusal`` says why not in one line naming the fix (``jobs.run.pack`` exits 2
-with it, before NVFlare starts). Beside ``jobs.config``, whose ``JobConfig`` it compares.
+leaf, policy when a leaf is lost, and the leaves' engine; ``pack_refusal`` says why not in one line naming the fix
+(``jobs.run.pack`` exits 2 with it, before NVFlare starts). Beside ``jobs.config``, whose ``JobConfig`` it compares.
 """
 
 from __future__ import annotations
@@ -10,20 +10,23 @@ from dataclasses import asdict
 from common.choices import ConfigError
 from jobs.config import JobConfig
 
-# what every run of a pack shares (``docs/packs.md``): one model architecture and dataset on one set of leaves
+# what every run of a pack shares (``docs/packs.md``): one model architecture and dataset on one set of leaves,
+# and one policy when one of them is lost
 PACK_SHARED = (
     ("training", "model", "--model"),
     ("data", "dataset", "--dataset"),
     ("federation", "num_leaf_nodes", "--num-leaf-nodes"),
     ("federation", "devices_per_leaf", "--devices-per-leaf"),
+    ("federation", "on_leaf_loss", "--on-leaf-loss"),
 )
 
 
 def pack_refusal(cfgs: list[JobConfig]) -> str | None:
     """Why these runs cannot share one NVFlare job (a pack, ``docs/packs.md``), in one line naming the fix; None
-    when they can. They share the model, the dataset, the leaves and their devices, and the leaves' engine (one set
-    of processes); a pack runs on SimEnv, on exact simulated time, with simulated devices on our simulator, and its
-    versions and diffs travel on NVFlare's wire (``--bulk wire``: the pack's bulk links are not built yet)."""
+    when they can. They share the model, the dataset, the leaves and their devices, the policy when a leaf is lost,
+    and the leaves' engine (one set of processes); a pack runs on SimEnv, on exact simulated time, with simulated
+    devices on our simulator, and its versions and diffs travel on NVFlare's wire (``--bulk wire``: the pack's bulk
+    links are not built yet)."""
     if len(cfgs) < 2:
         return f"a pack needs at least 2 runs, got {len(cfgs)}: run a single config as a job of its own"
     first = cfgs[0]
@@ -46,8 +49,6 @@ def pack_refusal(cfgs: list[JobConfig]) -> str | None:
             return f"run {i}: --bulk shm: a pack's arrays travel on NVFlare's wire; use --bulk wire (or auto)"
         if cfg.run.env != "sim" or cfg.run.export_only:
             return f"run {i}: --env {cfg.run.env}: a pack runs on SimEnv only; leave out --env and --export-only"
-        if cfg.federation.on_leaf_loss != "stop":
-            return f"run {i}: --on-leaf-loss {cfg.federation.on_leaf_loss}: a pack stops every run when a leaf is lost"
     return None
 
 

@@ -6,9 +6,11 @@ once: the leaves (every run's pool holds every leaf's devices), their watch and 
 parts go to their runs (``common.protocol``: an update names its run; run 1's and later runs' held versions and
 selection version travel in their sections), and the reply carries each run's part from that run's applier, run 0's
 where a standalone job's is. Each run's applier applies its own updates in its own arrival order, so each run's
-trace is its standalone trace whatever the others do. The job ends when every run has ended; a lost leaf
-(``--on-leaf-loss stop``) or devices that never all registered end every run. One run ends early, the others
-going on, when a ``STOP_REQUEST`` file appears in its results folder (a sweep pruning one trial of a pack).
+trace is its standalone trace whatever the others do. The job ends when every run has ended; devices that never
+all registered end every run, and so does a lost leaf with ``--on-leaf-loss stop``; with ``continue`` every run
+goes on without it (``RunServer.lose_leaves``: a run waiting for a place begins on the living leaves). One run ends
+early, the others going on, when a ``STOP_REQUEST`` file appears in its results folder (a sweep pruning one trial
+of a pack).
 
 With ``at_once``, only that many runs go at a time and the rest wait in order: when a run ends (completed, pruned,
 stopped) the next waiting run joins the running job, its schedule starting at simulated time 0 as its own job's
@@ -16,7 +18,7 @@ would, and its releases numbered on the leaves' lock-step from the highest relea
 so the leaves never wait for a run that has not begun and the newcomer's release 1 trains beside the others' next.
 
 Not yet here (``docs/packs.md``, "Order of work"): the bulk links (a pack's versions and diffs travel on NVFlare's
-wire), ``--on-leaf-loss continue`` and real devices.
+wire) and real devices.
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ class PackAssessor(Assessor):
         persistor, global model and results folder.
     num_leaves: leaves whose devices must all be registered before the first selection.
     device_wait_timeout: seconds to wait for the leaves' devices before stopping every run.
-    leaf_timeout: seconds of silence after which a leaf is lost (every run stops: ``--on-leaf-loss stop``).
+    leaf_timeout: seconds of silence after which a leaf is lost.
+    on_leaf_loss: ``stop`` (every run ends) or ``continue`` (every run goes on with the living leaves).
     at_once: runs going at a time, the first ones first; each later run waits for one to end, then joins the
         running job (0: every run from the start).
     """
@@ -91,6 +94,7 @@ class PackAssessor(Assessor):
         device_wait_timeout: float = 120.0,
         leaf_timeout: float = 60.0,
         at_once: int = 0,
+        on_leaf_loss: str = "stop",
     ):
         super().__init__()
         install_nvflare_fixes()
@@ -99,6 +103,7 @@ class PackAssessor(Assessor):
         self.device_wait_timeout = device_wait_timeout
         self.leaf_timeout = leaf_timeout
         self.at_once = at_once  # NVFlare writes each argument from the attribute of its name
+        self.on_leaf_loss = on_leaf_loss
         self.leaves = LeafWatch(leaf_timeout)
         # every run's pool holds the same devices on the same leaves: run 0's says where a device is
         self.news = ChildNews(self.leaves, lambda device: self.servers[0].schedule.pool.leaf_of(device))
@@ -293,22 +298,32 @@ class PackAssessor(Assessor):
                     return Assessment.WORKFLOW_DONE
                 return Assessment.CONTINUE
             lost = self.leaves.newly_lost()
+            names = ", ".join(sorted(lost))
+            go_on = self.on_leaf_loss == "continue"
+            if lost and go_on:
+                self.log_error(
+                    fl_ctx,
+                    f"leaf {names} lost: every run goes on without it, its in-flight devices count as failed, its "
+                    "devices are never selected again (--on-leaf-loss continue)",
+                )
             stopped = [s for s in live if self._stop_requested(s, fl_ctx)]
             for server in live:
                 if server in stopped:
                     continue
-                if server.applier is None:  # waiting for a place: it ends with the job's leaves only
-                    if lost:
-                        names = ", ".join(sorted(lost))
+                if server.applier is None:  # waiting for a place: it begins on the living leaves, or not at all
+                    if lost and go_on:
+                        server.lose_leaves(lost)
+                    elif lost:
                         server.finish("stopped", f"leaf {names} was lost before the run began", fl_ctx)
                     continue
                 with server.applier.lock:
-                    if lost:
-                        names = ", ".join(sorted(lost))
+                    if lost and not go_on:
                         reason = f"leaf {names} sent nothing for {self.leaf_timeout:g} s (--leaf-timeout): lost"
                         server.finish("stopped", reason + " (--on-leaf-loss stop)", fl_ctx)
-                    else:
-                        server.check_end(fl_ctx)
+                        continue
+                    if lost:
+                        server.lose_leaves(lost)
+                    server.check_end(fl_ctx)
         for server in stopped:  # its applier's thread joined outside the lock its replies take
             server.stop()
         with self._lock:

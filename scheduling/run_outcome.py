@@ -16,8 +16,6 @@ import time
 from nvflare.apis.fl_context import FLContext
 from nvflare.edge.assessor import Assessment
 
-from common.protocol import DeviceUpdate
-
 
 class RunOutcome:
     """``assess`` and the run's end (see the module docstring)."""
@@ -78,11 +76,5 @@ class RunOutcome:
             "selected again (--on-leaf-loss continue)",
         )
         for leaf in lost:
-            self.applier.forget_leaf(leaf)
             self.links.forget(leaf)
-            self.global_model.held_by(leaf, set())  # its leases of versions end with it
-            for device in self.schedule.pool.remove_leaf(leaf):
-                if device in self.applier.received:  # it reported before the leaf went silent
-                    continue
-                flight = self.schedule.in_flight[device]
-                self.applier.receive(DeviceUpdate(device, flight.selection_id, flight.base_version, None, count=0))
+        self.run_server.lose_leaves(lost)

@@ -28,7 +28,7 @@ from common.heartbeat import Heartbeat
 from common.jsonio import JsonlWriter
 from common.output import output_dir
 from common.process_settings import settle_process
-from common.protocol import CHECKPOINT_DUE, GLOBAL_MODEL_ALIAS, RUN_OUTCOME, RUN_RESUMED
+from common.protocol import CHECKPOINT_DUE, GLOBAL_MODEL_ALIAS, RUN_OUTCOME, RUN_RESUMED, DeviceUpdate
 from common.result_files import EVENTS
 from common.run_scope import mark
 from processors.local_work import device_work
@@ -207,6 +207,24 @@ class RunServer:
                     "exhausted: --no-device-reuse, or every leaf lost)",
                     fl_ctx,
                 )
+
+    def lose_leaves(self, lost: set[str]) -> None:
+        """Go on without the ``lost`` leaves (``--on-leaf-loss continue``; called under the applier's lock when the
+        run has begun): their devices leave the pool, so they are never selected again, and each of them still in
+        flight fails (an update of no weight, in its turn), as a device that never reports; the leaves' leases of
+        versions end with them. A run still waiting for a place only drops their devices from its pool."""
+        for leaf in sorted(lost):
+            if self.applier is None:
+                self.schedule.pool.remove_leaf(leaf)
+                continue
+            self.applier.forget_leaf(leaf)
+            self.global_model.held_by(leaf, set())
+            for device in self.schedule.pool.remove_leaf(leaf):
+                if device in self.applier.received:  # it reported before the leaf went silent
+                    continue
+                flight = self.schedule.in_flight[device]
+                run = self.options.run or 0
+                self.applier.receive(DeviceUpdate(device, flight.selection_id, flight.base_version, None, 0, run=run))
 
     def stop(self) -> None:
         """At the job's END_RUN: the applier stopped (the outcome is the host's to record first)."""

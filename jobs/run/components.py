@@ -319,7 +319,8 @@ def run_options(cfg: JobConfig, persistor_id: str, global_model_id: str, results
 
 def make_pack_assessor(cfgs: list[JobConfig], timeouts: Timeouts, runs: list[dict], at_once: int = 0) -> PackAssessor:
     """A pack's server (``scheduling.pack_assessor``): ``runs`` are each run's ``run_options``; the leaves and
-    their watch are the job's (every run of a pack has the same leaves: ``jobs.pack_check.pack_refusal``);
+    their watch and the policy when one is lost are the job's (every run of a pack has the same leaves and
+    ``--on-leaf-loss``: ``jobs.pack_check.pack_refusal``);
     ``at_once``: runs going at a time, the others joining as runs end (0: all)."""
     f = cfgs[0].federation
     return PackAssessor(
@@ -328,6 +329,7 @@ def make_pack_assessor(cfgs: list[JobConfig], timeouts: Timeouts, runs: list[dic
         device_wait_timeout=f.device_wait_timeout,
         leaf_timeout=timeouts.leaf_timeout,
         at_once=at_once,
+        on_leaf_loss=f.on_leaf_loss,
     )
 
 

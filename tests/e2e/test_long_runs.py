@@ -231,9 +231,18 @@ def test_a_dead_server_is_noticed_and_the_run_ends_non_zero_with_nothing_left(tm
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
-@pytest.mark.parametrize("policy", ["stop", "continue"])
+@pytest.mark.parametrize("policy", ["stop", "continue", "continue-pack"])
 def test_a_lost_leaf_ends_in_its_policys_outcome(tmp_path, policy):
+    """``continue-pack``: a pack of three runs, two at a time (``--runs``, ``--runs-at-once 2``), goes on without the
+    lost leaf: each running run fails the leaf's devices in flight and never selects them again, and the third run,
+    joining after the loss, never selects them at all."""
     versions = "5000" if policy == "stop" else "40"
+    pack = policy == "continue-pack"
+    extra = []
+    if pack:
+        runs = {"a": {}, "b": {"seed": 6, "max-model-version": 60}, "c": {"seed": 7, "max-model-version": 12}}
+        (tmp_path / "runs.json").write_text(json.dumps(runs))
+        extra = ["--runs", str(tmp_path / "runs.json"), "--runs-at-once", "2"]
     proc = start(
         tmp_path,
         "out",
@@ -243,9 +252,10 @@ def test_a_lost_leaf_ends_in_its_policys_outcome(tmp_path, policy):
         "--leaf-timeout",
         "8",
         "--on-leaf-loss",
-        policy,
+        policy.removesuffix("-pack"),
+        *extra,
     )
-    out_dir = tmp_path / "out"
+    out_dir = tmp_path / "out" / "a" if pack else tmp_path / "out"
     wait_for(
         lambda: (out_dir / "events.jsonl").exists() and len((out_dir / "events.jsonl").read_text().splitlines()) > 6,
         proc,
@@ -262,15 +272,23 @@ def test_a_lost_leaf_ends_in_its_policys_outcome(tmp_path, policy):
         assert code == 1, out[-3000:]
         assert metrics["outcome"]["status"] == "stopped" and "site-2" in metrics["outcome"]["reason"]
         assert "site-2" in out and metrics["versions"], out[-2000:]
-    else:
-        assert code == 0, out[-3000:]
-        assert metrics["outcome"]["status"] == "completed"
-        events = [json.loads(line) for line in (out_dir / "events.jsonl").read_text().splitlines()]
+        return
+    assert code == 0, out[-3000:]
+    for folder in [out_dir, tmp_path / "out" / "b"] if pack else [out_dir]:
+        assert json.loads((folder / "metrics.json").read_text())["outcome"]["status"] == "completed"
+        events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
         lost = [e for e in events if e.get("failed")]
         assert lost and all(e["device"].startswith("site-2#") for e in lost)
         lost_at = max(e["base_version"] for e in lost)
         later = [e for e in events if e["base_version"] > lost_at]
         assert later and not any(e["device"].startswith("site-2#") for e in later)  # never selected again
+    if pack:
+        joined = tmp_path / "out" / "c"
+        outcome = json.loads((joined / "metrics.json").read_text())["outcome"]
+        assert (outcome["status"], outcome["version"]) == ("completed", 12), outcome
+        events = [json.loads(line) for line in (joined / "events.jsonl").read_text().splitlines()]
+        assert events and not any(e["device"].startswith("site-2#") for e in events)
+        assert "run c begins" in out, out[-3000:]
 
 
 def test_a_finished_run_resumed_with_a_larger_last_version_goes_on_as_if_it_had_never_stopped(tmp_path):

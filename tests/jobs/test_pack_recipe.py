@@ -34,12 +34,28 @@ def test_runs_of_one_model_dataset_and_leaves_make_a_pack():
         (["--dataset", "cifar10"], "--dataset"),
         (["--num-leaf-nodes", "3"], "--num-leaf-nodes"),
         (["--devices-per-leaf", "4", "--device-selection-size", "4"], "--devices-per-leaf"),
+        (["--on-leaf-loss", "continue"], "--on-leaf-loss"),
     ],
 )
 def test_a_pack_refuses_runs_that_cannot_share_a_job_in_one_line(flags, flag):
     refusal = pack_refusal([checked(), checked(*flags)])
     assert refusal is not None and "\n" not in refusal
     assert refusal.startswith(f"run 1 has {flag} ")
+
+
+def test_runs_that_all_go_on_without_a_lost_leaf_make_a_pack_whose_server_does_so(tmp_path):
+    cfgs = [
+        build_config(
+            "fedbuff", {"output": str(tmp_path / f"s{s}"), "seed": s, "on_leaf_loss": "continue"}, presets=True
+        )
+        for s in (1, 2)
+    ]
+    assert pack_refusal(cfgs) is None
+    dirs = [str(tmp_path / f"s{s}") for s in (1, 2)]
+    EdgeSimPackRecipe(cfgs, [prepare(c) for c in cfgs], dirs).export(job_dir=str(tmp_path / "job"))
+    app = tmp_path / "job" / cfgs[0].run.job_name / "app" / "config"
+    server = {c["id"]: c for c in json.loads((app / "config_fed_server.json").read_text())["components"]}
+    assert server["wf_assessor"]["args"]["on_leaf_loss"] == "continue"
 
 
 def test_a_pack_takes_a_synchronous_run_beside_buffered_ones():

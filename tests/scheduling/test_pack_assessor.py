@@ -240,3 +240,51 @@ def test_a_pack_starts_once_every_runs_pool_has_every_leaf_not_when_a_resumed_ru
     assert not pack.started and not pack.offsets, "one leaf heard: run 1's pool lacks the other's devices"
     second.sync(pack, engine, random.Random(0))
     assert pack.started and sorted(pack.offsets) == [0, 1]
+
+
+def test_with_on_leaf_loss_continue_every_run_goes_on_without_a_lost_leaf_and_a_waiting_run_begins_without_it(
+    tmp_path,
+):
+    """``on_leaf_loss="continue"``: site-2 goes silent once both running runs have made versions. Both go on and
+    complete: its devices in flight fail (updates of no weight), and none of them is selected again. The run waiting
+    for a place begins after the loss on site-1 alone: its trace is the reference trace of a fleet of site-1 only."""
+    waiting = dict(selection_size=4, updates_per_version=2, min_hole_to_fill=1, max_model_version=8, seed=11)
+    order = [RUNS[1], RUNS[0], waiting]  # the short FedAvg-like run first: its end frees the place
+    components, runs = {}, []
+    for i, run in enumerate(order):
+        components[f"p{i}"] = ZeroPersistor()
+        components[f"g{i}"] = GlobalModel(MEAN, strategy_args={"global_lr": 0.5})
+        delays = DELAY_PRESETS["paper"].to_dict()
+        runs.append(
+            run
+            | dict(persistor_id=f"p{i}", global_model_id=f"g{i}", delays=delays, results_dir=str(tmp_path / f"run{i}"))
+        )
+    pack = PackAssessor(runs, num_leaves=2, at_once=2, leaf_timeout=1.0, on_leaf_loss="continue")
+    engine = EventEngine(components | {"wf_assessor": pack})
+    engine.fire_event(EventType.START_RUN, engine.new_context())
+    rng = random.Random(0)
+    first, second = (UpdaterLeaf(name, [SCALES[1], SCALES[0], 2.0]) for name in LEAVES)
+    deadline = time.time() + 60
+    while not (pack.started and min(pack.servers[r].schedule.version for r in (0, 1)) >= 2):
+        assert time.time() < deadline
+        rng.choice([first, second]).sync(pack, engine, rng)
+        assert pack.assess(engine.new_context()) == Assessment.CONTINUE
+    assert 2 not in pack.offsets, "the third run still waits when site-2 goes silent"
+    while pack.assess(engine.new_context()) != Assessment.WORKFLOW_DONE:
+        assert time.time() < deadline, "the runs must end"
+        first.sync(pack, engine, rng)
+        time.sleep(0.0005)
+    engine.fire_event(EventType.END_RUN, engine.new_context())
+    assert "site-2" in pack.leaves.lost
+    assert [s.outcome["status"] for s in pack.servers] == ["completed"] * 3, [s.outcome for s in pack.servers]
+    for run in (0, 1):
+        events = trace_of(tmp_path / f"run{run}")
+        failed = [e for e in events if e.get("failed")]
+        assert failed and all(e["device"].startswith("site-2#") for e in failed), run
+        lost_at = max(e["base_version"] for e in failed)
+        later = [e for e in events if e["base_version"] > lost_at]
+        assert later and not any(e["device"].startswith("site-2#") for e in later), run
+    kw = {k: v for k, v in waiting.items() if k != "seed"}
+    site_1 = {"site-1": LEAVES["site-1"]}
+    expected = reference_trace(make_schedule(DELAY_PRESETS["paper"], waiting["seed"], site_1, **kw))
+    assert trace_of(tmp_path / "run2") == expected, "the waiting run began on the living leaf alone"
