@@ -90,17 +90,28 @@ def no_data_cache(monkeypatch):
     monkeypatch.setenv("EDGESIM_NO_DATA_CACHE", "1")
 
 
+WANDB_SERVICE = "WANDB_SERVICE"  # W&B's variable naming its service's socket (``wandb.env.SERVICE``)
+
+
 @pytest.fixture
-def tracker_env(tmp_path, monkeypatch):
+def tracker_env(tmp_path, monkeypatch) -> Iterator:
     """Trackers that touch nothing outside ``tmp_path`` and no network: MLflow's and W&B's variables cleared (W&B
-    then runs offline, ``jobs.tracking.wandb_run``), W&B's caches, staging and settings under ``tmp_path``."""
+    then runs offline, ``jobs.tracking.wandb_run``), W&B's caches, staging and settings under ``tmp_path``.
+
+    W&B's service outlives its runs: started in this process (a sweep's parent run), it stays a child of the test
+    process, and its socket stays in ``WANDB_SERVICE``, which every job started later inherits. So the test ends
+    with W&B torn down here: a later test in this worker neither finds its process among its own descendants
+    (``tests/jobs/test_process_guard.py`` stops those) nor starts a job that dials a service another test stopped."""
     for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_MODE", "WANDB_API_KEY", "WANDB_DIR"):
         monkeypatch.delenv(name, raising=False)
-    for name in ("WANDB_PROJECT", "WANDB_ENTITY", "WANDB_RUN_GROUP", "WANDB_BASE_URL"):
+    for name in ("WANDB_PROJECT", "WANDB_ENTITY", "WANDB_RUN_GROUP", "WANDB_BASE_URL", WANDB_SERVICE):
         monkeypatch.delenv(name, raising=False)
     for name, folder in (("WANDB_DATA_DIR", "data"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_CONFIG_DIR", "config")):
         monkeypatch.setenv(name, str(tmp_path / "wandb-home" / folder))
-    return tmp_path
+    yield tmp_path
+    if "wandb" in sys.modules:
+        sys.modules["wandb"].teardown()
+    os.environ.pop(WANDB_SERVICE, None)
 
 
 @pytest.fixture(scope="session")
