@@ -213,6 +213,7 @@ class RunServer:
         run has begun): their devices leave the pool, so they are never selected again, and each of them still in
         flight fails (an update of no weight, in its turn), as a device that never reports; the leaves' leases of
         versions end with them. A run still waiting for a place only drops their devices from its pool."""
+        run = self.options.run or 0
         for leaf in sorted(lost):
             if self.applier is None:
                 self.schedule.pool.remove_leaf(leaf)
@@ -223,7 +224,6 @@ class RunServer:
                 if device in self.applier.received:  # it reported before the leaf went silent
                     continue
                 flight = self.schedule.in_flight[device]
-                run = self.options.run or 0
                 self.applier.receive(DeviceUpdate(device, flight.selection_id, flight.base_version, None, 0, run=run))
 
     def stop(self) -> None:
