@@ -5,6 +5,8 @@ follows Andrew et al."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from common.choices import ConfigError
@@ -17,7 +19,9 @@ from common.privacy_accounting import (
     with_epsilon,
 )
 
-dp_accounting = pytest.importorskip("dp_accounting")
+# dp-accounting (and the SciPy it imports) takes seconds to import: looked for here, imported by the tests that
+# use it, so a worker that runs none of them never pays for it
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("dp_accounting") is None, reason="needs dp-accounting")
 
 CASES = [  # noise multiplier, sampling probability, compositions, delta
     (1.1, 0.01, 500, 1e-5),
@@ -29,6 +33,8 @@ CASES = [  # noise multiplier, sampling probability, compositions, delta
 
 def library_epsilon(accountant: str, z: float, q: float, t: int, delta: float) -> float:
     """The library on its own: the event built from its own classes, a fresh accountant, no code of ours."""
+    import dp_accounting
+
     event = dp_accounting.GaussianDpEvent(z)
     if q < 1:
         event = dp_accounting.PoissonSampledDpEvent(q, event)

@@ -5,12 +5,14 @@ candidate's one process stopped, the one-line fallback when the seeds cannot sha
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
 import pytest
 from optuna.trial import TrialState
 
+import jobs.sweep.cli as cli
 import jobs.sweep.runner as runner
 from jobs.sweep.cli import main
 from jobs.sweep.runner import Sweep, SweepOptions
@@ -96,6 +98,13 @@ def test_pack_2_puts_at_most_two_seeds_in_a_job_and_the_last_alone(tmp_path):
     assert [r["folder"] for r in runs] == ["trials/0000-pack0/seed-1", "trials/0000-pack0/seed-2", "trials/0000-seed3"]
 
 
+@dataclasses.dataclass
+class QuickPoll(SweepOptions):
+    """The command line's options, its trials polled without a pause (the fakes end at once)."""
+
+    poll_seconds: float = 0.0
+
+
 class Launched(SeededFake):
     """The real launcher's signature (``jobs.sweep.trial.TrialProcess``), for the command line's sweeps."""
 
@@ -106,6 +115,7 @@ class Launched(SeededFake):
 @pytest.mark.parametrize("args, starts", [([], [[1, 2, 3]]), (["--pack", "1"], [None, None, None])])
 def test_the_pack_flag_reaches_the_sweep(tmp_path, monkeypatch, args, starts):
     monkeypatch.setattr(runner, "TrialProcess", Launched)
+    monkeypatch.setattr(cli, "SweepOptions", QuickPoll)
     spec = write_spec(tmp_path, BASE + "grid: {local-lr: [0.01]}\nrepeat: {seed: [1, 2, 3]}\n")
     assert main([spec, "--output", str(tmp_path / "sweep"), "--no-bar", *args]) == 0
     assert [f.get("seeds") for f in STARTED] == starts

@@ -4,6 +4,9 @@ NVFlare's quantized payload, and a mode this machine cannot run is refused in on
 
 from __future__ import annotations
 
+import importlib.util
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pytest
 import torch
@@ -11,12 +14,12 @@ import torch
 from common.compression import parse_compress
 from processors.compress import CompressionHost, make_compressor, split_flat, transfer_bytes
 
-pytest.importorskip("bitsandbytes")  # NVFlare's quantization filters import it (pip install bitsandbytes)
+if TYPE_CHECKING:
+    from nvflare.apis.dxo import DXO
 
-from nvflare.apis.dxo import DXO, DataKind, from_shareable  # noqa: E402
-from nvflare.apis.fl_context import FLContext  # noqa: E402
-from nvflare.app_opt.pt.quantization.dequantizer import ModelDequantizer  # noqa: E402
-from nvflare.app_opt.pt.quantization.quantizer import ModelQuantizer  # noqa: E402
+# NVFlare's quantization filters import bitsandbytes (pip install bitsandbytes), which takes seconds to import:
+# looked for here, imported by the first test that calls the filters
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None, reason="needs bitsandbytes")
 
 NAMES = ["conv.weight", "conv.bias", "fc.weight", "bn.running_mean"]
 SHAPES = [(4, 3, 3, 3), (4,), (10, 36), (4,)]
@@ -34,6 +37,11 @@ def update(seed: int) -> dict[str, np.ndarray]:
 
 def nvflare_roundtrip(entries: dict[str, np.ndarray], mode: str) -> tuple[dict[str, np.ndarray], DXO]:
     """NVFlare's filters called directly, as a job's filter chain calls them."""
+    from nvflare.apis.dxo import DXO, DataKind, from_shareable
+    from nvflare.apis.fl_context import FLContext
+    from nvflare.app_opt.pt.quantization.dequantizer import ModelDequantizer
+    from nvflare.app_opt.pt.quantization.quantizer import ModelQuantizer
+
     shareable = DXO(DataKind.WEIGHT_DIFF, data={k: v.copy() for k, v in entries.items()}).to_shareable()
     shareable = ModelQuantizer(quantization_type=mode).process(shareable, FLContext())
     sent = from_shareable(shareable)

@@ -13,13 +13,6 @@ import torch
 from nvflare.apis.fl_constant import FLContextKey, ReservedKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.edge.executors.edge_model_executor import EdgeModelExecutor
-from nvflare.edge.tools.edge_fed_buff_recipe import (
-    DEVICE_SIMULATION_ENV_KEY,
-    DeviceManagerConfig,
-    EdgeFedBuffRecipe,
-    ModelManagerConfig,
-    SimulationConfig,
-)
 from nvflare.edge.widgets.tpo_runner import TPORunner
 from nvflare.recipe.sim_env import SimEnv
 from torch import nn
@@ -47,13 +40,23 @@ class UsersModel(nn.Module):  # the user's own class (NVFlare would copy torch's
         return self.fc(x)
 
 
-def users_recipe(simulation: bool = True) -> EdgeFedBuffRecipe:
-    return EdgeFedBuffRecipe(
+def fed_buff_recipe():
+    """NVFlare's FedBuff edge recipe module, imported by the tests that use it: it imports torchvision (seconds of
+    every worker's collection otherwise)."""
+    import nvflare.edge.tools.edge_fed_buff_recipe as module
+
+    return module
+
+
+def users_recipe(simulation: bool = True):
+    """A user's own ``EdgeFedBuffRecipe``, with or without its device simulation."""
+    r = fed_buff_recipe()
+    return r.EdgeFedBuffRecipe(
         job_name="users_job",
         model=UsersModel(),
-        model_manager_config=ModelManagerConfig(num_updates_for_model=4, max_model_version=3),
-        device_manager_config=DeviceManagerConfig(device_selection_size=4),
-        simulation_config=SimulationConfig(UsersProcessor(), job_timeout=33.0, num_devices=7) if simulation else None,
+        model_manager_config=r.ModelManagerConfig(num_updates_for_model=4, max_model_version=3),
+        device_manager_config=r.DeviceManagerConfig(device_selection_size=4),
+        simulation_config=r.SimulationConfig(UsersProcessor(), job_timeout=33.0, num_devices=7) if simulation else None,
     )
 
 
@@ -99,7 +102,10 @@ def test_the_converted_job_exports_our_runner_and_ships_our_packages(tmp_path):
 
 def test_a_simulation_given_by_the_environment_is_converted_when_the_recipe_processes_it():
     recipe = use_fast_simulator(users_recipe(simulation=False))
-    env = SimEnv(num_clients=2, extra={DEVICE_SIMULATION_ENV_KEY: SimulationConfig(UsersProcessor(), num_devices=5)})
+    r = fed_buff_recipe()
+    env = SimEnv(
+        num_clients=2, extra={r.DEVICE_SIMULATION_ENV_KEY: r.SimulationConfig(UsersProcessor(), num_devices=5)}
+    )
     recipe.process_env(env)
     runner = client_app_config(recipe_job(recipe)).components["tpo_runner"]
     assert isinstance(runner, FastDeviceRunner) and runner.num_devices == 5
