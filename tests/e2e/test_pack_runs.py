@@ -53,14 +53,18 @@ def test_a_stop_request_ends_one_run_of_a_pack_the_other_completes_and_waiting_r
     runs.write_text(json.dumps(RUNS))
     out = tmp_path / "pack"
     proc = start("--runs", str(runs), "--runs-at-once", "2", "--output", str(out))
+    # the joining runs' standalone jobs, started beside the pack (exact time: what they record does not depend on it)
+    alone = {name: start(*flags_of(RUNS[name]), "--output", str(tmp_path / name)) for name in ("late", "last")}
     pruned = out / "pruned"
-    wait_for(lambda: len(read_metrics(pruned).get("versions", [])) >= 1, proc, 300, "the long run's first version")
-    (pruned / STOP_REQUEST).write_text(json.dumps({"reason": REASON}))
     try:
+        wait_for(lambda: len(read_metrics(pruned).get("versions", [])) >= 1, proc, 300, "the long run's first version")
+        (pruned / STOP_REQUEST).write_text(json.dumps({"reason": REASON}))
         printed = proc.communicate(timeout=300)[0]
+        ended_alone = {name: finish(job) for name, job in alone.items()}
     finally:
-        if proc.poll() is None:
-            kill_tree(proc.pid)
+        for job in (proc, *alone.values()):
+            if job.poll() is None:
+                kill_tree(job.pid)
     assert proc.returncode == 1, printed[-3000:]  # a run ended early, as --seeds says of a seed (the table: which)
 
     kept, stopped = read_metrics(out / "kept"), read_metrics(pruned)
@@ -89,9 +93,7 @@ def test_a_stop_request_ends_one_run_of_a_pack_the_other_completes_and_waiting_r
     assert "starting 2 runs, 2 waiting for a place" in server_log
     joins = [line.split(" - ")[-1] for line in server_log.splitlines() if "joins the running job" in line]
     assert [j.split(":")[0] for j in joins] == ["run 2 joins the running job", "run 3 joins the running job"], joins
-    alone = {name: start(*flags_of(RUNS[name]), "--output", str(tmp_path / name)) for name in ("late", "last")}
-    for name, job in alone.items():
-        code, printed = finish(job)
+    for name, (code, printed) in ended_alone.items():
         assert code == 0, printed[-3000:]
         assert (out / name / EVENTS).read_text() == (tmp_path / name / EVENTS).read_text(), name
         packed, own = read_metrics(out / name)["versions"], read_metrics(tmp_path / name)["versions"]

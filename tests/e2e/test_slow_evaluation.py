@@ -9,18 +9,24 @@ busy 2-core CPU outlasts the real one (over 100 s against 70 s).
   server's heartbeat keeps the watchdog off it. Its console shows no AuxRunner ERROR line (fix 18).
 - The server killed while it evaluates the last version: the run exits 3, its last version is on disk, and
   ``python -m jobs.finish`` completes ``metrics.json``.
+
+The two jobs start at once (``slow_runs``), so their evaluations' sleeps overlap.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
+import pytest
 import torch
 
 from jobs.run.driver import GRACE_ENV, INCOMPLETE
-from tests.conftest import PYTHON, REPO, job_args, wait_for
+from tests.conftest import PYTHON, REPO, job_args
 from tests.fakes.slow_model import slow_model_env
 
 BURN = "import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    pass\n"
@@ -39,30 +45,6 @@ def slow_job(tmp_path) -> tuple[list[str], dict]:
     return [PYTHON, "jobs/pt_job_fedavg.py", *flags], env
 
 
-def test_a_slow_evaluation_under_load_keeps_every_version_and_the_console_clean(tmp_path):
-    command, env = slow_job(tmp_path)
-    burners = [subprocess.Popen([PYTHON, "-c", BURN.format(seconds=240)]) for _ in range(2)]
-    try:
-        proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
-    finally:
-        for burner in burners:
-            burner.kill()
-            burner.wait()
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-3000:]
-    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
-    assert [r["version"] for r in metrics["versions"]] == [1, 2, 3]
-    assert max(r["eval_seconds"] for r in metrics["versions"][1:]) > 5  # each outlasted the grace
-    assert metrics["saved_version"] == 3 and metrics["summary"]["versions_unevaluated"] == []
-    assert set(torch.load(tmp_path / "out" / "global_model.pt")) >= {"net.0.weight", "net.3.bias"}
-    assert not (tmp_path / "out" / "working.json").exists()  # the driver clears the heartbeat
-    assert "no progress" not in output and "[edgesim] warning" not in output.lower()
-    assert "__sync_runner__" not in output  # fix 18: kept in NVFlare's log files only
-    assert [line for line in output.splitlines() if "AuxRunner - ERROR" in line] == []
-    logs = "".join(p.read_text() for p in (tmp_path / "out" / "nvflare").rglob("log.txt"))
-    assert "__sync_runner__" in logs or "synced to parent" in logs  # the log files hold NVFlare's own lines
-
-
 def server_of(job: psutil.Process) -> psutil.Process | None:
     """The NVFlare server process of a SimEnv job: the parent of its leaves' ``simulator_worker`` processes."""
     for p in job.children(recursive=True):
@@ -74,30 +56,83 @@ def server_of(job: psutil.Process) -> psutil.Process | None:
     return None
 
 
-def test_a_server_killed_while_evaluating_exits_3_with_its_last_version_saved_and_finishes(tmp_path):
-    command, env = slow_job(tmp_path)
-    out = tmp_path / "out"
-    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def evaluating_the_last_version(out) -> bool:
+    """Whether the run in ``out`` has decided its outcome and its server is evaluating version 3 (its heartbeat)."""
     try:
-        job, server = psutil.Process(proc.pid), None
+        beat = json.loads((out / "working.json").read_text())
+        decided = "outcome" in json.loads((out / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return decided and beat["what"] == "evaluating" and beat["version"] == 3 and not beat["done"]
 
-        def evaluating_the_last_version() -> bool:
-            nonlocal server
+
+@dataclass
+class Ended:
+    """A job of this module that has ended: its exit code, console, folder and environment."""
+
+    code: int
+    output: str
+    folder: Path
+    env: dict
+
+
+@pytest.fixture(scope="module")
+def slow_runs(tmp_path_factory) -> dict[str, Ended]:
+    """Both tests' jobs, started at once: most of each is its evaluations' sleep, so the two waits overlap (one job
+    after the other took 84 s of the suite). ``loaded`` runs beside two CPU-burning processes to its end;
+    ``killed`` has its server killed while it evaluates the last version. Consoles go to files, so neither job
+    blocks on a full pipe while the other is watched."""
+    started = {}
+    for name in ("killed", "loaded"):
+        root = tmp_path_factory.mktemp(name)
+        command, env = slow_job(root)
+        console = open(root / "console.txt", "w")  # noqa: SIM115 (closed when the job has ended)
+        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=console, stderr=subprocess.STDOUT, text=True)
+        started[name] = (proc, console, root, env)
+    burners = [subprocess.Popen([PYTHON, "-c", BURN.format(seconds=240)]) for _ in range(2)]
+    ended = {}
+    try:
+        proc, console, root, env = started["killed"]
+        job, server, deadline = psutil.Process(proc.pid), None, time.time() + 300
+        while not evaluating_the_last_version(root / "out"):
+            assert proc.poll() is None, "the job ended before the last version's evaluation"
+            assert time.time() < deadline, "no evaluation of the last version within 300 s"
             server = server or server_of(job)
-            try:
-                beat = json.loads((out / "working.json").read_text())
-                decided = "outcome" in json.loads((out / "metrics.json").read_text())
-            except (OSError, ValueError):
-                return False
-            return decided and beat["what"] == "evaluating" and beat["version"] == 3 and not beat["done"]
-
-        wait_for(evaluating_the_last_version, proc, 300, "the last version's evaluation")
+            time.sleep(0.3)
         server.kill()
-        output = proc.communicate(timeout=120)[0]
+        for name, (proc, console, root, env) in started.items():
+            proc.wait(timeout=400)
+            console.close()
+            ended[name] = Ended(proc.returncode, (root / "console.txt").read_text(), root / "out", env)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == INCOMPLETE, output[-3000:]
+        for proc in [p for p, *_ in started.values()] + burners:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return ended
+
+
+def test_a_slow_evaluation_under_load_keeps_every_version_and_the_console_clean(slow_runs):
+    run = slow_runs["loaded"]
+    output, out = run.output, run.folder
+    assert run.code == 0, output[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert [r["version"] for r in metrics["versions"]] == [1, 2, 3]
+    assert max(r["eval_seconds"] for r in metrics["versions"][1:]) > 5  # each outlasted the grace
+    assert metrics["saved_version"] == 3 and metrics["summary"]["versions_unevaluated"] == []
+    assert set(torch.load(out / "global_model.pt")) >= {"net.0.weight", "net.3.bias"}
+    assert not (out / "working.json").exists()  # the driver clears the heartbeat
+    assert "no progress" not in output and "[edgesim] warning" not in output.lower()
+    assert "__sync_runner__" not in output  # fix 18: kept in NVFlare's log files only
+    assert [line for line in output.splitlines() if "AuxRunner - ERROR" in line] == []
+    logs = "".join(p.read_text() for p in (out / "nvflare").rglob("log.txt"))
+    assert "__sync_runner__" in logs or "synced to parent" in logs  # the log files hold NVFlare's own lines
+
+
+def test_a_server_killed_while_evaluating_exits_3_with_its_last_version_saved_and_finishes(slow_runs):
+    run = slow_runs["killed"]
+    output, out = run.output, run.folder
+    assert run.code == INCOMPLETE, output[-3000:]
     last_line = output.strip().splitlines()[-1]
     assert "version 3 was made and saved" in last_line and f"python -m jobs.finish {out}" in last_line
     metrics = json.loads((out / "metrics.json").read_text())
@@ -105,7 +140,7 @@ def test_a_server_killed_while_evaluating_exits_3_with_its_last_version_saved_an
     assert (out / "global_model.pt").exists()
 
     finished = subprocess.run(
-        [PYTHON, "-m", "jobs.finish", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        [PYTHON, "-m", "jobs.finish", str(out)], cwd=REPO, env=run.env, capture_output=True, text=True, timeout=120
     )
     assert finished.returncode == 0, finished.stdout + finished.stderr
     metrics = json.loads((out / "metrics.json").read_text())
