@@ -1,7 +1,9 @@
 """Packs end to end (``docs/packs.md``), on one small run (2 leaves x 4 devices, a server learning rate of 1 so the
 model moves), each packed run against the same run alone:
 
-* FedBuff's two seeds as ONE NVFlare job from the job script's ``--seeds``, and from ``jobs.api.run(..., seeds=...)``;
+* FedBuff's two seeds as ONE NVFlare job from a sweep whose candidate repeats them (the sweep runs the job script's
+  ``--seeds``), and from ``jobs.api.run(..., seeds=...)``; the same sweep with ``--pack 1`` runs each seed as a job
+  of its own, as before packs, and gives the candidate the same objective;
 * FedAvg, FedBuff and FedRevive, two seeds each, as ONE job from the job script's ``--runs``: each leaf sums the
   synchronous FedAvg runs' selections and forwards the buffered runs' updates one by one, per run
   (``simulation.versioned_updater``'s ``sums``), and the runs' devices train in the leaves' shared groups.
@@ -25,8 +27,9 @@ model moves), each packed run against the same run alone:
   of every run together once every run has made it, so the groups are a function of the schedules, not of when
   each run's releases reach a leaf.
 
-Each pack and the standalone jobs it is checked against run at once (their results do not depend on it): the seeds'
-pack and FedBuff's two seeds alone, then the mixed pack and FedAvg's and FedRevive's seeds alone.
+Each pack and the standalone jobs it is checked against run at once (their results do not depend on it): the two
+sweeps (the seeds' pack, and FedBuff's two seeds alone), then the mixed pack and FedAvg's and FedRevive's seeds
+alone.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import optuna
 import pytest
+import yaml
 
 from benchmarks.lib.fedrevive_small import FEDREVIVE_SMALL
 from common.result_files import PACK_MANIFEST
@@ -124,17 +129,47 @@ def run_flags(flags: list[str]) -> dict[str, str]:
     return {flag.removeprefix("--"): value for flag, value in zip(flags[::2], flags[1::2], strict=True)}
 
 
+def seeds_spec(workspace: Path) -> str:
+    """A sweep of one candidate, FedBuff's flags (``SMALL`` and ``METHODS["fedbuff"]``), repeated over ``SEEDS``."""
+    base = {k: yaml.safe_load(v) for k, v in run_flags([*SMALL, *METHODS["fedbuff"][0]]).items()}
+    spec = {"base": base | {"workspace": str(workspace)}, "repeat": {"seed": list(SEEDS)}}
+    return json.dumps(spec | {"objective": {"metric": "final_accuracy"}})  # JSON is YAML
+
+
+def sweep(spec: Path, folder: Path, *args: str) -> subprocess.Popen:
+    cmd = [PYTHON, "-m", "jobs.sweep", str(spec), "--output", str(folder), "--no-bar", "--pruner", "none", *args]
+    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@dataclass
+class SeedSweeps:
+    """The seeds' sweep both ways: packed (its candidate's seeds one job) and apart (``--pack 1``)."""
+
+    packed: Path  # the packed sweep's --output
+    apart: Path  # the --pack 1 sweep's --output
+    printed: list[str]  # what each sweep printed (packed, apart)
+
+
 @pytest.fixture(scope="module")
-def seeds_pack(tmp_path_factory) -> MethodRuns:
-    """FedBuff's two seeds as one job from the job script's ``--seeds``, and each seed alone: three jobs at once."""
+def seed_sweeps(tmp_path_factory) -> SeedSweeps:
+    """One sweep whose candidate repeats FedBuff's two seeds, run twice at once (three jobs): packed, its seeds as
+    one job (the job script's ``--seeds``), and with ``--pack 1``, each seed its own job."""
     tmp = tmp_path_factory.mktemp("pack-seeds")
-    seeds = ",".join(map(str, SEEDS))
-    flags = [*SMALL, *METHODS["fedbuff"][0]]
-    procs, folders = alone(tmp, "fedbuff")
-    procs.insert(0, start(["jobs/pt_job_fedrevive.py", *flags, "--seeds", seeds, "--output", str(tmp / "pack")]))
-    printed = finish(procs)[0]
+    spec = tmp / "seeds.yaml"
+    spec.write_text(seeds_spec(tmp / "ws"))
+    procs = [sweep(spec, tmp / "packed", "--parallel", "1"), sweep(spec, tmp / "apart", "--pack", "1")]
+    return SeedSweeps(tmp / "packed", tmp / "apart", outputs_when_done(procs, 600))
+
+
+@pytest.fixture(scope="module")
+def seeds_pack(seed_sweeps) -> MethodRuns:
+    """FedBuff's two seeds as one job (the packed sweep's only trial, ``trials/0000``: what its job script printed
+    is the trial's log), and each seed alone (the ``--pack 1`` sweep's trials)."""
+    trials = seed_sweeps.packed / "trials"
+    printed = (trials / "0000.log").read_text()
     assert "a pack of 2 runs in one job" in printed
-    return MethodRuns(tmp / "pack", printed, {s: (tmp / "pack" / f"seed-{s}", f) for s, f in folders.items()})
+    folders = {s: (trials / "0000" / f"seed-{s}", seed_sweeps.apart / "trials" / f"0000-seed{s}") for s in SEEDS}
+    return MethodRuns(trials / "0000", printed, folders)
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +202,7 @@ def mixed_pack(seeds_pack, tmp_path_factory) -> dict[str, MethodRuns]:
 
 @pytest.fixture(scope="module")
 def packed(seeds_pack):
-    """FedBuff's pack of seeds from the job script: its folder and what it printed."""
+    """FedBuff's pack of seeds from the job script (launched by the sweep): its folder and what it printed."""
     return seeds_pack.pack, seeds_pack.printed
 
 
@@ -223,6 +258,34 @@ def test_the_api_runs_the_same_pack_and_returns_each_seeds_result_and_mean_and_s
         assert digest(tmp_path / f"seed-{seed}" / "global_model.pt") == digest(
             packed[0] / f"seed-{seed}" / "global_model.pt"
         )
+
+
+def only_trial(folder: Path) -> optuna.trial.FrozenTrial:
+    names = optuna.study.get_all_study_names(f"sqlite:///{folder / 'study.db'}")
+    (trial,) = optuna.load_study(study_name=names[0], storage=f"sqlite:///{folder / 'study.db'}").get_trials()
+    return trial
+
+
+def test_a_sweeps_candidate_runs_its_seeds_as_one_job_with_the_results_of_one_job_each(seed_sweeps):
+    """By default a candidate's seeds run as ONE job (the job script's ``--seeds``, ``jobs.sweep.pack``), each seed's
+    results in its run's folder (``trials/0000/seed-N``); with ``--pack 1`` each seed is a job of its own
+    (``trials/0000-seedN``). Each seed's events are the same line for line both ways, and its accuracies are the
+    same (this pair's, bit for bit; in general to summation order, ``ACCURACY_TOLERANCE``), so the candidate's
+    objective is too."""
+    assert "[sweep] a candidate's 2 seeds run as one job of 2 runs" in seed_sweeps.printed[0], seed_sweeps.printed[0]
+    packed, apart = seed_sweeps.packed / "trials", seed_sweeps.apart / "trials"
+    assert sorted(p.name for p in packed.iterdir()) == ["0000", "0000.log"]  # one job, one log
+    assert sorted(p.name for p in apart.iterdir()) == ["0000-seed3", "0000-seed3.log", "0000-seed4", "0000-seed4.log"]
+    for seed in SEEDS:
+        mine, alone = packed / "0000" / f"seed-{seed}", apart / f"0000-seed{seed}"
+        events = (mine / "events.jsonl").read_text().splitlines()
+        assert len(events) == METHODS["fedbuff"][1] and events == (alone / "events.jsonl").read_text().splitlines()
+        assert len({a for _, a in curve(mine)}) > 1 and curve(mine) == curve(alone)
+    one, other = only_trial(seed_sweeps.packed), only_trial(seed_sweeps.apart)
+    assert one.state == other.state == optuna.trial.TrialState.COMPLETE
+    assert one.value == other.value and one.user_attrs["values"] == other.user_attrs["values"]
+    assert [r["folder"] for r in one.user_attrs["runs"]] == ["trials/0000/seed-3", "trials/0000/seed-4"]
+    assert [r["command"] for r in one.user_attrs["runs"]] == [r["command"] for r in other.user_attrs["runs"]]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
