@@ -25,9 +25,15 @@ EXAMPLES = os.path.join(REPO, "examples")
 
 
 def pytest_collection_modifyitems(config, items):
+    """Every test under ``tests/e2e`` is marked ``slow``; then the files holding a slow test go first, whole and in
+    their order, the rest after them. ``-n 2`` hands each worker a file at a time in this order (``pyproject.toml``
+    keeps xdist from reordering files by their number of tests, which put the e2e files, few tests of a minute
+    each, last): the long files start early and the short ones fill the gaps, so neither worker waits at the end."""
     for item in items:
         if str(item.path).startswith(E2E_DIR):
             item.add_marker(pytest.mark.slow)
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: each file's tests keep their order
 
 
 # torch's intra-op thread count when this process first imported it (``one_torch_thread``)
