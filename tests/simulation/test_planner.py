@@ -116,6 +116,9 @@ def test_a_models_mflops_are_counted_once_per_machine_and_again_when_its_source_
         "        super().__init__(nn.Flatten(), nn.Linear(12, 4))\n"
     )
 
+    # read from its source each time: a cached .pyc of the same size and second would hide the change below
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+
     def load():
         spec = importlib.util.spec_from_file_location("tiny_model", source)
         module = importlib.util.module_from_spec(spec)
