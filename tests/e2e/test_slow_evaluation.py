@@ -1,7 +1,7 @@
 """Nothing is lost when evaluation is slow: a real FedAvg job whose every evaluation outlasts the watchdog's grace.
 
 The test double is a real model whose forward pass sleeps in eval mode only (``tests.fakes.slow_model``: training is
-unaffected, each of the server's evaluations takes 8 s), and the driver's test-only grace hook
+unaffected, each of the server's evaluations takes 6 s), and the driver's test-only grace hook
 (``jobs.run.driver.GRACE_ENV``) sets the grace to 5 s, so an evaluation outlasts it as a ResNet-18 evaluation on a
 busy 2-core CPU outlasts the real one (over 100 s against 70 s).
 
@@ -35,7 +35,7 @@ BURN = "import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n  
 def slow_job(tmp_path) -> tuple[list[str], dict]:
     """The command of a 3-version FedAvg run with the slow model, and its environment (the model importable, the
     watchdog's grace 5 s)."""
-    env = slow_model_env(tmp_path, seconds=8.0)
+    env = slow_model_env(tmp_path, seconds=6.0)
     env[GRACE_ENV] = "5"
     flags = job_args(
         tmp_path,
@@ -95,7 +95,10 @@ def slow_runs(tmp_path_factory) -> dict[str, Ended]:
         proc, console, root, env = started["killed"]
         job, server, deadline = psutil.Process(proc.pid), None, time.time() + 300
         while not evaluating_the_last_version(root / "out"):
-            assert proc.poll() is None, "the job ended before the last version's evaluation"
+            if proc.poll() is not None:  # its console, written by the job itself, says why
+                pytest.fail(
+                    f"the job ended before the last version's evaluation: {(root / 'console.txt').read_text()[-3000:]}"
+                )
             assert time.time() < deadline, "no evaluation of the last version within 300 s"
             server = server or server_of(job)
             time.sleep(0.3)
