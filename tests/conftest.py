@@ -299,10 +299,18 @@ def outputs_when_done(procs: list[subprocess.Popen], timeout: float) -> list[str
     return outs
 
 
-def wait_for(predicate, proc: subprocess.Popen, timeout: float, what: str) -> None:
+def wait_for(predicate, proc: subprocess.Popen, timeout: float, what: str, console: str | None = None) -> None:
+    """Poll ``predicate`` until it holds; fail if ``proc`` ends first (with its output: its stdout pipe, or the file
+    ``console`` its output goes to) or ``timeout`` passes."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        assert proc.poll() is None, f"the job ended before {what}: {proc.stdout.read()[-3000:]}"
+        if proc.poll() is not None:
+            if console:
+                with open(console) as f:
+                    output = f.read()
+            else:
+                output = proc.stdout.read()
+            pytest.fail(f"the job ended before {what}: {output[-3000:]}")
         if predicate():
             return
         time.sleep(0.3)

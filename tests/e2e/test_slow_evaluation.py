@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import pytest
 import torch
 
 from jobs.run.driver import GRACE_ENV, INCOMPLETE
-from tests.conftest import PYTHON, REPO, job_args
+from tests.conftest import PYTHON, REPO, job_args, wait_for
 from tests.fakes.slow_model import slow_model_env
 
 BURN = "import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    pass\n"
@@ -56,7 +55,7 @@ def server_of(job: psutil.Process) -> psutil.Process | None:
     return None
 
 
-def evaluating_the_last_version(out) -> bool:
+def evaluating_the_last_version_in(out) -> bool:
     """Whether the run in ``out`` has decided its outcome and its server is evaluating version 3 (its heartbeat)."""
     try:
         beat = json.loads((out / "working.json").read_text())
@@ -93,15 +92,14 @@ def slow_runs(tmp_path_factory) -> dict[str, Ended]:
     ended = {}
     try:
         proc, console, root, env = started["killed"]
-        job, server, deadline = psutil.Process(proc.pid), None, time.time() + 300
-        while not evaluating_the_last_version(root / "out"):
-            if proc.poll() is not None:  # its console, written by the job itself, says why
-                pytest.fail(
-                    f"the job ended before the last version's evaluation: {(root / 'console.txt').read_text()[-3000:]}"
-                )
-            assert time.time() < deadline, "no evaluation of the last version within 300 s"
+        job, server = psutil.Process(proc.pid), None
+
+        def evaluating_the_last_version() -> bool:
+            nonlocal server
             server = server or server_of(job)
-            time.sleep(0.3)
+            return evaluating_the_last_version_in(root / "out")
+
+        wait_for(evaluating_the_last_version, proc, 300, "the last version's evaluation", str(root / "console.txt"))
         server.kill()
         for name, (proc, console, root, env) in started.items():
             proc.wait(timeout=400)
