@@ -24,7 +24,7 @@ COMMON = [*SMALL_JOB, "--seed", "11"]
 METHODS = {  # B, min hole, versions
     "fedavg": (8, 8, 4),
     "fedbuff": (2, 1, 12),
-    "fedrevive": (1, 1, 12),
+    "fedrevive": (1, 1, 8),
 }
 
 

@@ -23,7 +23,7 @@ from tests.e2e.test_exact_time import COMMON, METHODS, reference
 
 EXAMPLES = os.path.join(REPO, "examples")
 RUNS = {  # name: (flags, the reference schedule it must follow)
-    "fedasync": (["--method", "fedasync:FedAsync", "--fa-alpha", "0.8", "--max-model-version", "12"], "fedrevive"),
+    "fedasync": (["--method", "fedasync:FedAsync", "--fa-alpha", "0.8", "--max-model-version", "8"], "fedrevive"),
     "nvflare_weighting": (
         ["--method", "fedbuff_nvflare_weighting:NVFlareWeightedFedBuff", "--max-model-version", "12"]
         + "--num-updates-for-model 2 --min-hole-to-fill 1 --global-lr 0.5".split(),
