@@ -32,7 +32,7 @@ then carries the accountant's inputs.
 
 from __future__ import annotations
 
-import os
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 
@@ -146,10 +146,10 @@ class GlobalModel(FLComponent):
         self.privacy = privacy
         self._privacy = ServerPrivacy(**privacy, seed=seed) if privacy else None
         self.bulk = bulk
-        self._spill_folder = ""  # under the run's folder, once known (START_RUN)
+        self._app_root = ""  # the server app's folder, once known (START_RUN): spilled versions go under it
         self.statistics: frozenset[str] = frozenset(statistic_names(build_model(model))) if model else frozenset()
         self._current = 0  # the version the schedule last made (0 before the start)
-        self._versions = VersionStore(version_memory_mb * 2**20, lambda: self._spill_folder, shared=bulk != "wire")
+        self._versions = VersionStore(version_memory_mb * 2**20, self._spill_folder, shared=bulk != "wire")
         self._extras: dict[int, Weights] = {}  # the strategy's device_extras of each version that has any
         self._packed: dict[int, dict] = {}
         self._spared: set[int] = set()  # versions ``forget`` was told of that the strategy still needed
@@ -172,9 +172,15 @@ class GlobalModel(FLComponent):
             results_dir=output_dir(self.results_dir, fl_ctx) if has_folder else "",
         )
         self.server_strategy.setup(context)
-        app_root = fl_ctx.get_prop(FLContextKey.APP_ROOT)
-        self._spill_folder = os.path.join(app_root, "spilled_versions") if app_root else ""
+        self._app_root = fl_ctx.get_prop(FLContextKey.APP_ROOT) or ""
         self._set_up = True
+
+    def _spill_folder(self) -> str:
+        """A new folder of this model's own in the server app's folder, for the versions it spills (the version
+        store asks once, at its first spill): the runs of a pack share the app folder and number their versions
+        alike, so a shared folder would mix their files and one run's end would remove the others'. "": none
+        known (the store makes a temporary one)."""
+        return tempfile.mkdtemp(prefix="spilled_versions-", dir=self._app_root) if self._app_root else ""
 
     @property
     def current_version(self) -> int:

@@ -288,3 +288,27 @@ def test_with_on_leaf_loss_continue_every_run_goes_on_without_a_lost_leaf_and_a_
     site_1 = {"site-1": LEAVES["site-1"]}
     expected = reference_trace(make_schedule(DELAY_PRESETS["paper"], waiting["seed"], site_1, **kw))
     assert trace_of(tmp_path / "run2") == expected, "the waiting run began on the living leaf alone"
+
+
+def test_each_runs_global_model_spills_its_versions_to_a_folder_of_its_own_in_the_shared_app_folder(tmp_path):
+    """The runs of a pack share the server app's folder and number their versions alike. A ResNet-18 pack's runs
+    once spilled to one ``spilled_versions/`` folder: run 1's version 3 overwrote run 0's file, and the first run
+    to end removed the folder under the others ("mmap length is greater than file size", then "No such file").
+    Each global model now spills to a folder of its own: its old versions read back as made, after the other ends."""
+    from nvflare.apis.fl_constant import FLContextKey
+
+    engine = EventEngine({})
+    ctx = engine.new_context()
+    ctx.set_prop(FLContextKey.APP_ROOT, str(tmp_path), private=True, sticky=False)
+    models = [GlobalModel(MEAN, strategy_args={"global_lr": 1.0}, bulk="wire", version_memory_mb=1e-5) for _ in SCALES]
+    for scale, model in zip(SCALES, models, strict=True):
+        model.start({"w": np.zeros(3, np.float32)}, 1, ctx)
+        for version in range(2, 6):  # a version is 12 bytes: every one but the newest is spilled
+            diff = {"w": np.full(3, scale * version, np.float32)}
+            model.add_update(DeviceUpdate("site-1#0", version, version - 1, diff), 0, ctx)
+            model.make_version(version, float(version), ctx)
+    folders = sorted(p.name for p in tmp_path.iterdir())
+    assert len(folders) == 2 and all(f.startswith("spilled_versions-") for f in folders), folders
+    models[1].start({"w": np.zeros(3, np.float32)}, 1, ctx)  # run 1 begins anew: its spilled versions removed
+    expected = np.float32(SCALES[0]) * np.float32(2 + 3)  # run 0's version 3: the initial zeros plus its diffs
+    assert np.asarray(models[0].weights_of(3)["w"]).tolist() == [expected] * 3
