@@ -14,6 +14,10 @@ maps that one in turn and says whether it could. A relay whose own link to its p
   until a report says it holds that version no more (``GlobalModel.held_by``, from ``HELD_VERSIONS``; a relay
   reports the versions its children view as its own).
 
+A pack's server (``scheduling.pack_assessor``) keeps no ring of versions: each run's global model sends its own,
+on the wire. Its links carry diffs up only (``versions=False``): the reply to an offer says ``{"ring": None}``, and
+the child sends its diffs through its ring and takes every version off the wire.
+
 Every other child (it offered nothing: NVFlare's own executor; a site with ``EDGESIM_BULK=wire``; its ring could
 not be mapped; it could not map the versions' ring) uses the wire as before. Each child's choice is logged once and
 recorded (``choices``; the server's go into ``metrics.json``'s ``bulk``, a relay's up to it with its reports).
@@ -72,11 +76,14 @@ class BulkLinks:
     """Args:
     mode: the run's ``--bulk``: ``auto``, ``shm`` or ``wire``.
     log: logs one line (a child's choice).
+    versions: whether versions go down as handles of the server's memory; False: diffs up only (a pack's server,
+        whose runs' versions travel on the wire).
     """
 
-    def __init__(self, mode: str = "auto", log: Callable[[str], None] = print):
+    def __init__(self, mode: str = "auto", log: Callable[[str], None] = print, versions: bool = True):
         self.mode = mode
         self.log = log
+        self.versions = versions
         self._peers: dict[str, PeerRing] = {}  # child -> its ring, mapped here
         self._ready: set[str] = set()  # children that map the server's ring: versions go as handles
         self.choices: dict[str, str] = {}  # child -> "shm", or "wire: why"
@@ -87,19 +94,19 @@ class BulkLinks:
 
     def on_report(self, child: str, word: dict | None, model) -> dict | None:
         """Take a child's word on its link (``BULK``, None for none); the word of the reply (None: nothing to say).
-        ``model``: the run's global model (its ``bulk_locator``, ``bulk_error``)."""
+        ``model``: the run's global model (its ``bulk_locator``, ``bulk_error``; unused without ``versions``)."""
         if not word:
             if child not in self.choices:
                 self._choose(child, "wire: it offers no shared memory (NVFlare's own executor)")
             return None
         if "offer" in word:
-            if model.bulk_locator() is None and getattr(model, "bulk_pending", False):
+            if self.versions and model.bulk_locator() is None and getattr(model, "bulk_pending", False):
                 return {"later": True}  # a relay still settling its own link: the child offers again
             why = self._refusal(child, word["offer"], model)
             if why:
                 self._choose(child, f"wire: {why}")
                 return {"refused": why}
-            return {"ring": model.bulk_locator()}
+            return {"ring": model.bulk_locator() if self.versions else None}
         if word.get("ready"):
             with self._lock:
                 self._ready.add(child)
@@ -114,7 +121,7 @@ class BulkLinks:
         """Why the server will not share memory with ``child`` ("": it will, its ring mapped here)."""
         if self.mode == "wire":
             return "--bulk wire"
-        if model.bulk_locator() is None:
+        if self.versions and model.bulk_locator() is None:
             return model.bulk_error or "the server keeps no shared memory"
         try:
             peer = attach(locator)
@@ -129,10 +136,15 @@ class BulkLinks:
             changed = self.choices.get(child) != choice
             self.choices[child] = choice
         if changed:
-            word = "shared memory (diffs up, versions down)" if choice == "shm" else f"NVFlare's {choice}"
+            word = f"shared memory ({self.carried})" if choice == "shm" else f"NVFlare's {choice}"
             self.log(f"bulk arrays of {child}: {word}")
         if choice != "shm" and self.mode == "shm" and not self.required_failure:
             self.required_failure = f"--bulk shm, but {child} cannot share memory with the server ({choice[6:]})"
+
+    @property
+    def carried(self) -> str:
+        """What shared memory carries on these links, as the log says it."""
+        return "diffs up, versions down" if self.versions else "diffs up; versions on NVFlare's wire"
 
     def _drop(self, child: str) -> None:
         with self._lock:

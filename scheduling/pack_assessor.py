@@ -17,12 +17,15 @@ stopped) the next waiting run joins the running job, its schedule starting at si
 would, and its releases numbered on the leaves' lock-step from the highest release made so far (``release_offset``),
 so the leaves never wait for a run that has not begun and the newcomer's release 1 trains beside the others' next.
 
-Not yet here (``docs/packs.md``, "Order of work"): the bulk links (a pack's versions and diffs travel on NVFlare's
-wire) and real devices.
+A leaf on this machine sends its diffs through shared memory (``common.bulk_parent``'s links, diffs up only: a
+handle is copied out of the leaf's ring as its report is read, whichever run the update is of); each run's versions
+travel on NVFlare's wire. Not yet here (``docs/packs.md``, "Order of work"): versions through shared memory, and
+real devices.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -35,9 +38,12 @@ from nvflare.apis.shareable import Shareable
 from nvflare.edge.assessor import Assessment, Assessor
 from nvflare.edge.mud import BaseState, PropKey, StateUpdateReply, StateUpdateReport
 
+from common.bulk_parent import BulkError, BulkLinks
 from common.nvflare_private import install_nvflare_fixes
 from common.protocol import (
     AWAITED,
+    BULK,
+    BULK_BELOW,
     DEVICE_UPDATES,
     HELD_VERSIONS,
     LEAF_INFO,
@@ -85,6 +91,8 @@ class PackAssessor(Assessor):
     on_leaf_loss: ``stop`` (every run ends) or ``continue`` (every run goes on with the living leaves).
     at_once: runs going at a time, the first ones first; each later run waits for one to end, then joins the
         running job (0: every run from the start).
+    bulk: the runs' ``--bulk``: ``auto`` (a leaf that shares this machine and user sends its diffs through shared
+        memory) or ``wire``; versions travel on the wire either way.
     """
 
     def __init__(
@@ -95,6 +103,7 @@ class PackAssessor(Assessor):
         leaf_timeout: float = 60.0,
         at_once: int = 0,
         on_leaf_loss: str = "stop",
+        bulk: str = "auto",
     ):
         super().__init__()
         install_nvflare_fixes()
@@ -104,6 +113,9 @@ class PackAssessor(Assessor):
         self.leaf_timeout = leaf_timeout
         self.at_once = at_once  # NVFlare writes each argument from the attribute of its name
         self.on_leaf_loss = on_leaf_loss
+        self.bulk = bulk
+        self.links = BulkLinks(bulk, self.logger.info, versions=False)
+        self._bulk_error = ""  # a diff that could not be read from a leaf's shared memory: every run stops
         self.leaves = LeafWatch(leaf_timeout)
         # every run's pool holds the same devices on the same leaves: run 0's says where a device is
         self.news = ChildNews(self.leaves, lambda device: self.servers[0].schedule.pool.leaf_of(device))
@@ -159,6 +171,10 @@ class PackAssessor(Assessor):
     def process_child_update(self, update: Shareable, fl_ctx: FLContext) -> tuple[bool, Shareable | None]:
         child = fl_ctx.get_peer_context().get_identity_name()
         received = []
+        bulk_word, chosen = None, dict(self.links.choices)
+        if self.servers[0].schedule is not None:
+            bulk_word = self.links.on_report(child, update.get(BULK), None)
+            self.links.note_below(update.get(BULK_BELOW))
         with self._lock:
             self.reports += 1
             if self.servers[0].schedule is None:
@@ -179,9 +195,10 @@ class PackAssessor(Assessor):
                 self.started = True
                 for run in range(first):
                     self._begin(run, 0, fl_ctx)
-            leaf_info = self._leaf_info(update.get(LEAF_PLANS) or {}, update.get(LEAF_REPORTS) or {})
+            bulk = self.links.choices if self.links.choices != chosen else {}
+            leaf_info = self._leaf_info(update.get(LEAF_PLANS) or {}, update.get(LEAF_REPORTS) or {}, bulk)
             if self.started:
-                for u in self._updates_of(update):
+                for u in self._updates_of(child, update, fl_ctx):
                     server = self.servers[u.run]
                     refused = server.applier.receive(u)
                     if refused:
@@ -193,7 +210,10 @@ class PackAssessor(Assessor):
             server.applier.wait_settled(SETTLE_SECONDS)
         self.news.heard(child)
         if not self.started:
-            return True, StateUpdateReply(0, None, 0, None).to_shareable()
+            reply = StateUpdateReply(0, None, 0, None).to_shareable()
+            if bulk_word:
+                reply[BULK] = bulk_word
+            return True, reply
         leaves = self.leaves.leaves_of(child)
         sections = sections_of(update)
         reply = None
@@ -215,20 +235,31 @@ class PackAssessor(Assessor):
                 out = run_section(reply, run)
                 out.update({k: part[k] for k in RUN_REPLY_KEYS if k in part})
                 out[PropKey.DEVICE_SELECTION_VERSION] = part.get_header(PropKey.DEVICE_SELECTION_VERSION)
+        if bulk_word:
+            reply[BULK] = bulk_word
         return True, reply
 
-    def _updates_of(self, update: Shareable) -> list[DeviceUpdate]:
+    def _updates_of(self, child: str, update: Shareable, fl_ctx: FLContext) -> list[DeviceUpdate]:
+        """The device updates of every run a report brings (a synchronous run's sums as one per device), their diffs
+        copied out of the leaf's shared memory when they came as handles; a diff that cannot be read stops every
+        run (``assess``)."""
         updates: list[DeviceUpdate] = []
-        for entry in update.get(DEVICE_UPDATES) or ():
-            updates.append(DeviceUpdate.from_dict(entry))
-        for entry in update.get(SELECTION_SUMS) or ():
-            updates += SelectionSum.from_dict(entry).device_updates()
+        try:
+            for entry in update.get(DEVICE_UPDATES) or ():
+                updates.append(DeviceUpdate.from_dict(self.links.resolve(child, entry)))
+            for entry in update.get(SELECTION_SUMS) or ():
+                updates += SelectionSum.from_dict(self.links.resolve(child, entry)).device_updates()
+        except BulkError as ex:
+            self._bulk_error = str(ex)
+            self.log_error(fl_ctx, self._bulk_error)
         return updates
 
-    def _leaf_info(self, plans: dict[str, dict], lines: dict[str, list[dict]]) -> list[tuple[int, dict]]:
+    def _leaf_info(
+        self, plans: dict[str, dict], lines: dict[str, list[dict]], bulk: dict[str, str]
+    ) -> list[tuple[int, dict]]:
         """Each begun run's share of the leaves' report lines (a line names its run; run 0's none) with the leaves'
-        plans: the ``LEAF_INFO`` each run's leaf log and recorder take, as a standalone run's do (called under the
-        lock; fired after it)."""
+        plans and the leaves' bulk links, when they changed: the ``LEAF_INFO`` each run's leaf log and recorder take,
+        as a standalone run's do (called under the lock; fired after it)."""
         self.leaf_plans.update(plans)
         by_run: dict[int, dict[str, list[dict]]] = {}
         for leaf, leaf_lines in lines.items():
@@ -236,9 +267,9 @@ class PackAssessor(Assessor):
                 run = line.pop("run", 0)
                 by_run.setdefault(run, {}).setdefault(leaf, []).append(line)
         return [
-            (run, {"plans": plans, "reports": by_run.get(run, {}), "bulk": {}})
+            (run, {"plans": plans, "reports": by_run.get(run, {}), "bulk": dict(bulk)})
             for run in sorted(self.offsets)
-            if plans or run in by_run
+            if plans or bulk or run in by_run
         ]
 
     # -- runs begun, with the job or joining it -------------------------------------------------------------------
@@ -249,8 +280,8 @@ class PackAssessor(Assessor):
         self.offsets[run] = offset
         if server.applier is None:
             server.start(fl_ctx)
-        if self.leaf_plans:  # the leaves planned before this run began: its recorder records their plans too
-            info = {"plans": dict(self.leaf_plans), "reports": {}, "bulk": {}}
+        if self.leaf_plans or self.links.choices:  # settled before this run began: its recorder records them too
+            info = {"plans": dict(self.leaf_plans), "reports": {}, "bulk": dict(self.links.choices)}
             self.fire_event_with_data(LEAF_INFO, mark(fl_ctx, run), LEAF_INFO, info)
 
     def _join_waiting(self, fl_ctx: FLContext) -> None:
@@ -297,7 +328,14 @@ class PackAssessor(Assessor):
                         server.finish("stopped", reason, fl_ctx)
                     return Assessment.WORKFLOW_DONE
                 return Assessment.CONTINUE
+            if self._bulk_error:  # an update lost: no run can go on exactly
+                for server in live:
+                    with server.applier.lock if server.applier is not None else contextlib.nullcontext():
+                        server.finish("stopped", self._bulk_error, fl_ctx)
+                return Assessment.WORKFLOW_DONE
             lost = self.leaves.newly_lost()
+            for leaf in lost:  # its ring unmapped here
+                self.links.forget(leaf)
             names = ", ".join(sorted(lost))
             go_on = self.on_leaf_loss == "continue"
             if lost and go_on:

@@ -4,7 +4,8 @@ memory when the parent shares this machine and user (``common.shared_ring``); NV
 Detected, not configured (``--bulk auto``): with its first report the node offers its ring (``BULK``: its
 locator, with the ring's nonce). A parent that maps it and reads the same nonce answers with its own ring's
 locator (a relay client still settling its own link answers ``later``: the node offers again); the node maps that one
-and checks its nonce too, and says so in its next report (``ready``). From then on:
+and checks its nonce too, and says so in its next report (``ready``). A pack's server answers ``None`` for its ring:
+diffs go up through shared memory, versions come on the wire (``common.bulk_parent``). From then on:
 
 * **up**: each diff is written once, into a slot of the node's ring, as the report is made (``pack_diff``); the
   report carries the slot's handle. The parent copies it on receipt, so the slots of a report are free again once
@@ -185,6 +186,10 @@ class LeafBulk:
             self.state = "again"
         elif "refused" in word:
             self._to_wire(f"the parent refused: {word['refused']}")
+        elif word.get("ring") is None:  # a pack's server: it keeps no ring of versions
+            self.state = "up"
+            self._word = {"ready": True}
+            self.log("bulk arrays: shared memory with the parent (diffs up; versions on NVFlare's wire)")
         else:
             try:
                 self._parent = attach(word["ring"])

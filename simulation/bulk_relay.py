@@ -45,6 +45,8 @@ class RelayBulk:
 
     @property
     def bulk_error(self) -> str:
+        if self.own.up:  # diffs up only (a pack's server): no ring of versions to pass on
+            return "the relay's versions come on NVFlare's wire"
         return f"the relay shares no memory with its parent ({self.own.reason})"
 
     def model_handle(self, version: int, child: str) -> dict | None:

@@ -321,7 +321,8 @@ def make_pack_assessor(cfgs: list[JobConfig], timeouts: Timeouts, runs: list[dic
     """A pack's server (``scheduling.pack_assessor``): ``runs`` are each run's ``run_options``; the leaves and
     their watch and the policy when one is lost are the job's (every run of a pack has the same leaves and
     ``--on-leaf-loss``: ``jobs.pack_check.pack_refusal``);
-    ``at_once``: runs going at a time, the others joining as runs end (0: all)."""
+    ``at_once``: runs going at a time, the others joining as runs end (0: all); ``--bulk`` is the job's too (one
+    engine)."""
     f = cfgs[0].federation
     return PackAssessor(
         runs,
@@ -330,6 +331,7 @@ def make_pack_assessor(cfgs: list[JobConfig], timeouts: Timeouts, runs: list[dic
         leaf_timeout=timeouts.leaf_timeout,
         at_once=at_once,
         on_leaf_loss=f.on_leaf_loss,
+        bulk=cfgs[0].engine.bulk,
     )
 
 

@@ -239,7 +239,8 @@ class EdgeSimPackRecipe(Recipe):
         add_result_components(job, make_pack_result_components(cfgs, infos, results_dirs))
         job.to_clients(EdgeTaskReceiver(), id="edge_task_receiver")
         sums = [c.method_spec.leaf_sums(c) for c in cfgs]  # per run: FedAvg's leaves sum a selection, FedBuff's not
-        executor = EdgeSimExecutor(timeouts.update_timeout, sums, bulk="wire")
+        # a leaf's diffs go up through shared memory (--bulk auto), every run's versions come on the wire
+        executor = EdgeSimExecutor(timeouts.update_timeout, sums, bulk=cfg.engine.bulk)
         job.to_clients(executor, id="executor", tasks=[TASK_NAME])
         processor_id = job.to_clients(make_task_processor(cfg, plan.workers), id=PROCESSOR_ID)
         run_processors = [

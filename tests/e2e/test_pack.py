@@ -328,7 +328,7 @@ def leaf_logs(folder) -> dict[str, list[tuple]]:
 
 def test_each_packed_run_has_its_standalone_runs_leaf_logs_and_the_leaves_plans(runs):
     """The leaves' report lines of a pack name their run: each run's ``leaf_<leaf>.jsonl`` has the same line for
-    every update its standalone run applied, and its ``metrics.json`` the leaves' plans. Lines of updates never
+    every update its standalone run applied, and its ``metrics.json`` the leaves' plans and bulk links. Lines of updates never
     applied (devices training when the run ended) may differ: a standalone job ends with its run, a pack goes on."""
     _, folders = runs
     for packed_run, alone in folders.values():
@@ -344,6 +344,8 @@ def test_each_packed_run_has_its_standalone_runs_leaf_logs_and_the_leaves_plans(
         metrics, standalone = (json.loads((f / "metrics.json").read_text()) for f in (packed_run, alone))
         assert metrics["leaf_plans"].keys() == standalone["leaf_plans"].keys() == {"site-1", "site-2"}
         assert metrics["groups"]["devices"] >= len(events)
+        # --bulk auto: each leaf's diffs through shared memory, in the pack (versions on the wire) as alone
+        assert metrics["bulk"] == standalone["bulk"] == {"site-1": "shm", "site-2": "shm"}
 
 
 def test_each_packed_run_writes_its_own_tensorboard_curve_as_its_standalone_run_does(runs):

@@ -86,7 +86,8 @@ def test_seeds_that_cannot_share_a_job_run_as_separate_jobs_after_one_line(tmp_p
     lines = [line for line in capsys.readouterr().out.splitlines() if "separate jobs" in line]
     assert lines == [
         "[sweep] a candidate's seeds run as separate jobs: they cannot share one (run 0: --bulk shm: a pack's "
-        "arrays travel on NVFlare's wire; use --bulk wire (or auto) (with local-lr=0.01))"
+        "versions travel on NVFlare's wire (its diffs through shared memory); use --bulk auto (or wire) "
+        "(with local-lr=0.01))"
     ], lines
     assert [f["seed"] for f in STARTED] == [1, 2, 3] * 3 and not any("seeds" in f for f in STARTED)
 
@@ -287,8 +288,8 @@ def test_trials_that_cannot_share_a_job_run_as_separate_jobs_after_one_line(tmp_
     sweep_of(tmp_path, BASE + "  bulk: shm\n" + TRIALS[len(BASE) :], pruner="none", pack=2)
     lines = [line for line in capsys.readouterr().out.splitlines() if "separate jobs" in line]
     assert lines == [
-        "[sweep] trials run as separate jobs: they cannot share one (run 0: --bulk shm: a pack's arrays travel "
-        "on NVFlare's wire; use --bulk wire (or auto))"
+        "[sweep] trials run as separate jobs: they cannot share one (run 0: --bulk shm: a pack's versions travel "
+        "on NVFlare's wire (its diffs through shared memory); use --bulk auto (or wire))"
     ], lines
     assert len(STARTED) == 4 and not any("runs" in f for f in STARTED)
 

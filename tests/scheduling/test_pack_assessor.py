@@ -19,10 +19,12 @@ from nvflare.edge.mud import BaseState, StateUpdateReport
 
 from aggregation.global_model import GlobalModel
 from common.delays import DELAY_PRESETS
-from common.protocol import DEVICE_RANGES, DEVICE_UPDATES, LOCAL_REPORT, RELEASES, RUN_SECTIONS, DeviceUpdate
+from common.protocol import BULK, DEVICE_RANGES, DEVICE_UPDATES, LOCAL_REPORT, RELEASES, RUN_SECTIONS, DeviceUpdate
+from common.shared_ring import is_handle
 from scheduling.event_reference import make_schedule, reference_trace
 from scheduling.exact_assessor import ExactTimeAssessor
 from scheduling.pack_assessor import PackAssessor
+from simulation.bulk_link import LeafBulk
 from simulation.versioned_updater import VersionedUpdater
 from tests.fakes.engine import EventEngine, child_reports
 from tests.scheduling.test_exact_assessor import LEAVES, MEAN, ZeroPersistor, device_diff
@@ -40,9 +42,10 @@ class UpdaterLeaf:
     the server's reply, hands out every run's new tasks, and reports a random part of the trained ones (the rest
     later), so the server sees the updates out of order and bunched."""
 
-    def __init__(self, name: str, scales: list[float]):
+    def __init__(self, name: str, scales: list[float], bulk: bool = False):
         self.name, self.scales = name, scales
-        self.updater = VersionedUpdater(sum_selections=False)
+        link = LeafBulk("auto", log=lambda _: None) if bulk else None  # --bulk auto: its diffs through its ring
+        self.updater = VersionedUpdater(sum_selections=False, bulk=link)
         self.updater.start_task(BaseState(0, None, 0, {}).to_shareable(), FLContext())
         self.trained: list[DeviceUpdate] = []
         self.first = True
@@ -69,11 +72,11 @@ class UpdaterLeaf:
                 self.trained.append(DeviceUpdate(device, sid, version, diff, run=run))
 
 
-def drive(assessor, components: dict, scales: list[float], seed: int = 0) -> EventEngine:
+def drive(assessor, components: dict, scales: list[float], seed: int = 0, bulk: bool = False) -> EventEngine:
     engine = EventEngine(components | {"wf_assessor": assessor})
     engine.fire_event(EventType.START_RUN, engine.new_context())
     rng = random.Random(seed)
-    leaves = [UpdaterLeaf(name, scales) for name in LEAVES]
+    leaves = [UpdaterLeaf(name, scales, bulk) for name in LEAVES]
     for leaf in leaves:
         leaf.sync(assessor, engine, rng)
     deadline = time.time() + 60
@@ -107,7 +110,8 @@ def trace_of(folder) -> list[dict]:
     return [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
 
 
-def test_each_run_of_a_pack_has_its_standalone_trace_and_model(tmp_path):
+def pack_of(tmp_path, **kwargs) -> tuple[PackAssessor, dict]:
+    """A pack of ``RUNS`` (FedBuff-like and FedAvg-like), and its server components by id."""
     components, runs = {}, []
     for i, run in enumerate(RUNS):
         components[f"persistor.r{i}"] = ZeroPersistor()
@@ -121,7 +125,11 @@ def test_each_run_of_a_pack_has_its_standalone_trace_and_model(tmp_path):
                 results_dir=str(tmp_path / f"run{i}"),
             )
         )
-    pack = PackAssessor(runs, num_leaves=2)
+    return PackAssessor(runs, num_leaves=2, **kwargs), components
+
+
+def test_each_run_of_a_pack_has_its_standalone_trace_and_model(tmp_path):
+    pack, components = pack_of(tmp_path, bulk="wire")
     sections = []
     original = pack.process_child_update
 
@@ -134,6 +142,36 @@ def test_each_run_of_a_pack_has_its_standalone_trace_and_model(tmp_path):
     drive(pack, components, SCALES)
     assert [s.outcome["status"] for s in pack.servers] == ["completed", "completed"]
     assert any(up for up, _ in sections) and any(down for _, down in sections)
+    runs_match_their_standalone_runs(tmp_path, components)
+
+
+def test_a_packs_leaves_send_every_runs_diffs_through_shared_memory_and_each_run_keeps_its_model(tmp_path):
+    """``--bulk auto``: each leaf offers its ring, the pack's server maps it and answers with no ring of its own
+    (every run's versions travel on the wire), and from then on every diff of every run comes up as a handle of the
+    leaf's ring, copied out for its run's applier: each run's trace and model are its standalone run's, bit for
+    bit, as on the wire."""
+    pack, components = pack_of(tmp_path)
+    diffs: list[tuple[int, bool]] = []  # each diff that came up: its run, and whether it came as a handle
+    answers = []
+    original = pack.process_child_update
+
+    def watched(update, fl_ctx):
+        diffs.extend((e.get("run", 0), is_handle(e.get("diff"))) for e in update.get(DEVICE_UPDATES) or ())
+        ok, reply = original(update, fl_ctx)
+        answers.append(reply.get(BULK))
+        return ok, reply
+
+    pack.process_child_update = watched
+    drive(pack, components, SCALES, bulk=True)
+    assert [s.outcome["status"] for s in pack.servers] == ["completed", "completed"]
+    assert pack.links.choices == {"site-1": "shm", "site-2": "shm"}
+    assert [a for a in answers if a] == [{"ring": None}] * 2  # one answer to each leaf's offer: diffs up only
+    assert {run for run, _ in diffs} == {0, 1} and all(handle for _, handle in diffs), diffs
+    runs_match_their_standalone_runs(tmp_path, components)
+
+
+def runs_match_their_standalone_runs(tmp_path, components: dict) -> None:
+    """Each run of the pack driven in ``tmp_path``: its trace the reference's, its model the standalone run's."""
     for i, run in enumerate(RUNS):
         kw = {k: v for k, v in run.items() if k != "seed"}
         expected = reference_trace(make_schedule(DELAY_PRESETS["paper"], run["seed"], LEAVES, **kw))

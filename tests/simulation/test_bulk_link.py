@@ -12,6 +12,7 @@ from nvflare.edge.mud import BaseState, StateUpdateReply
 
 from aggregation.version_store import VersionStore
 from common.bulk_parent import BulkError, BulkLinks
+from common.packed_weights import pack
 from common.protocol import BULK, DEVICE_UPDATES, DeviceUpdate
 from common.shared_ring import HANDLE, is_handle
 from simulation.bulk_link import SITE_OVERRIDE, LeafBulk
@@ -120,6 +121,34 @@ def test_with_bulk_shm_a_leaf_that_cannot_share_memory_is_the_runs_failure():
     assert links.required_failure == (
         "--bulk shm, but site-2 cannot share memory with the server (the parent's ring cannot be mapped here: x)"
     )
+
+
+def test_a_parent_without_versions_in_shared_memory_takes_diffs_through_it_and_sends_versions_on_the_wire():
+    """A pack's server (``versions=False``): it maps the leaf's ring and answers with no ring of its own, so the
+    leaf's diffs go up as handles, each version comes packed; a handle that came anyway puts the link on the wire
+    (the server sends the version again), said once."""
+    said = []
+    leaf, links = LeafBulk("auto", log=said.append), BulkLinks("auto", log=said.append, versions=False)
+    answer = links.on_report("site-1", leaf.report_word(), None)
+    assert answer == {"ring": None}
+    leaf.on_reply(answer)
+    assert leaf.up and links.on_report("site-1", leaf.report_word(), None) is None
+    assert links.choices == {"site-1": "shm"}
+    entry = DeviceUpdate("site-1#3", 7, 1, diff(3)).to_dict(leaf.pack_diff)
+    assert is_handle(entry["diff"])
+    received = DeviceUpdate.from_dict(links.resolve("site-1", entry))
+    assert received.diff["w"].tobytes() == diff(3)["w"].tobytes()
+    weights = leaf.weights(5, pack(diff(5)))
+    assert weights["w"].tobytes() == diff(5)["w"].tobytes() and leaf.held(set()) == []
+    model = Model()
+    model.store.put(6, diff(6))
+    assert leaf.weights(6, model.model_handle(6, "site-1")) is None and not leaf.up
+    assert said == [
+        "bulk arrays: shared memory with the parent (diffs up; versions on NVFlare's wire)",
+        "bulk arrays of site-1: shared memory (diffs up; versions on NVFlare's wire)",
+        "bulk arrays: back on the wire: version 6 could not be mapped: a handle came before the parent's ring was "
+        "mapped",
+    ]
 
 
 def test_a_parent_that_never_answers_the_offer_leaves_the_leaf_on_the_wire():

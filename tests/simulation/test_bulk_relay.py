@@ -103,3 +103,18 @@ def test_a_relay_on_the_wire_keeps_its_children_on_the_wire_saying_why():
     assert "refused" in answer and "the relay shares no memory with its parent" in answer["refused"]
     leaf.on_reply(answer)
     assert not leaf.up and relay.links.choices["C12"].startswith("wire: the relay shares no memory")
+
+
+def test_a_relay_whose_parent_takes_diffs_only_keeps_its_children_on_the_wire_saying_why():
+    """A pack's server answers the relay's offer with no ring of versions: the relay sends its own diffs through
+    shared memory, and has no versions' ring to pass on, so a child's offer is refused with that reason."""
+    quiet = dict(log=lambda _: None)
+    relay_own, leaf = LeafBulk("auto", **quiet), LeafBulk("auto", **quiet)
+    relay = RelayBulk(relay_own, "auto")
+    relay_own.report_word()
+    relay_own.on_reply({"ring": None})
+    assert relay_own.up and relay.bulk_locator() is None and not relay.bulk_pending
+    answer = relay.on_child_report("C12", child_report(leaf, set()))
+    assert answer == {"refused": "the relay's versions come on NVFlare's wire"}
+    leaf.on_reply(answer)
+    assert not leaf.up and relay.links.choices["C12"] == "wire: the relay's versions come on NVFlare's wire"
