@@ -14,9 +14,9 @@ maps that one in turn and says whether it could. A relay whose own link to its p
   until a report says it holds that version no more (``GlobalModel.held_by``, from ``HELD_VERSIONS``; a relay
   reports the versions its children view as its own).
 
-A pack's server (``scheduling.pack_assessor``) keeps no ring of versions: each run's global model sends its own,
-on the wire. Its links carry diffs up only (``versions=False``): the reply to an offer says ``{"ring": None}``, and
-the child sends its diffs through its ring and takes every version off the wire.
+A pack's server (``scheduling.pack_links``) names each run's ring in its answer. When one of its runs keeps no
+ring, its links carry diffs up only (``versions=False``): the answer says ``{"ring": None}``, and the child sends
+its diffs through its ring and takes every version off the wire.
 
 Every other child (it offered nothing: NVFlare's own executor; a site with ``EDGESIM_BULK=wire``; its ring could
 not be mapped; it could not map the versions' ring) uses the wire as before. Each child's choice is logged once and
@@ -76,8 +76,8 @@ class BulkLinks:
     """Args:
     mode: the run's ``--bulk``: ``auto``, ``shm`` or ``wire``.
     log: logs one line (a child's choice).
-    versions: whether versions go down as handles of the server's memory; False: diffs up only (a pack's server,
-        whose runs' versions travel on the wire).
+    versions: whether versions go down as handles of the server's memory; False: diffs up only (a pack one of
+        whose runs keeps no ring: every version travels on the wire).
     """
 
     def __init__(self, mode: str = "auto", log: Callable[[str], None] = print, versions: bool = True):
@@ -176,7 +176,7 @@ class BulkLinks:
     def model(self, child: str, version: int, model, packed: Callable[[int], dict]) -> dict:
         """A version as ``child`` is sent it: a handle when it maps the server's ring and the version is kept
         there, else ``packed(version)``."""
-        if child in self._ready:
+        if child in self._ready and self.versions:
             found = model.model_handle(version, child)
             if found is not None:
                 return found

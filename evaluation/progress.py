@@ -188,13 +188,8 @@ class ProgressReporter(FLComponent):
         for leaf, choice in sorted((fl_ctx.get_prop(LEAF_INFO).get("bulk") or {}).items()):
             if self._bulk.get(leaf) != choice:
                 self._bulk[leaf] = choice
-                if choice != "shm":
-                    what = f"diffs and versions on NVFlare's {choice.replace(': ', ' (', 1)})"
-                elif self.run_names:  # a pack: diffs only (``scheduling.pack_assessor``)
-                    what = "diffs through shared memory, versions on NVFlare's wire"
-                else:
-                    what = "diffs and versions through shared memory"
-                self.say(f"[edgesim] {leaf}: {what}")
+                how = "through shared memory" if choice == "shm" else f"on NVFlare's {choice.replace(': ', ' (', 1)})"
+                self.say(f"[edgesim] {leaf}: diffs and versions {how}")
 
     def say(self, line: str) -> None:
         """A line in the server's log, and printed unless the console already shows that log (each line once)."""

@@ -25,8 +25,7 @@ def pack_refusal(cfgs: list[JobConfig]) -> str | None:
     """Why these runs cannot share one NVFlare job (a pack, ``docs/packs.md``), in one line naming the fix; None
     when they can. They share the model, the dataset, the leaves and their devices, the policy when a leaf is lost,
     and the leaves' engine (one set of processes); a pack runs on SimEnv, on exact simulated time, with simulated
-    devices on our simulator, and its versions travel on NVFlare's wire (its diffs through shared memory with
-    ``--bulk auto``: the pack's links carry diffs up only, ``common.bulk_parent``)."""
+    devices on our simulator (its diffs and versions through shared memory as a job's: ``scheduling.pack_links``)."""
     if len(cfgs) < 2:
         return f"a pack needs at least 2 runs, got {len(cfgs)}: run a single config as a job of its own"
     first = cfgs[0]
@@ -45,11 +44,6 @@ def pack_refusal(cfgs: list[JobConfig]) -> str | None:
         e = cfg.engine
         if e.simulator != "fast" or e.devices != "simulated" or e.time_scale > 0:
             return f"run {i}: a pack runs simulated devices on exact time: leave out --simulator, --devices and --time-scale"
-        if e.bulk == "shm":
-            return (
-                f"run {i}: --bulk shm: a pack's versions travel on NVFlare's wire (its diffs through shared memory); "
-                "use --bulk auto (or wire)"
-            )
         if cfg.run.env != "sim" or cfg.run.export_only:
             return f"run {i}: --env {cfg.run.env}: a pack runs on SimEnv only; leave out --env and --export-only"
     return None

@@ -17,10 +17,12 @@ stopped) the next waiting run joins the running job, its schedule starting at si
 would, and its releases numbered on the leaves' lock-step from the highest release made so far (``release_offset``),
 so the leaves never wait for a run that has not begun and the newcomer's release 1 trains beside the others' next.
 
-A leaf on this machine sends its diffs through shared memory (``common.bulk_parent``'s links, diffs up only: a
-handle is copied out of the leaf's ring as its report is read, whichever run the update is of); each run's versions
-travel on NVFlare's wire. Not yet here (``docs/packs.md``, "Order of work"): versions through shared memory, and
-real devices.
+A leaf on this machine shares memory with the pack's server (``common.bulk_parent``'s links): its diffs of every run
+are copied out of its ring as its report is read, and each run's global model keeps its versions in a ring of its
+own, which the leaf maps (the answer to its offer names run 0's ring as a standalone job's does and the later runs'
+in ``runs``); a version goes down as a handle of its run's ring, leased to the leaf until the run's section of a
+report says it holds it no more. When a run's model keeps no ring, the links carry diffs up only and every version
+travels on NVFlare's wire. Not yet here (``docs/packs.md``, "Order of work"): real devices.
 """
 
 from __future__ import annotations
@@ -38,13 +40,11 @@ from nvflare.apis.shareable import Shareable
 from nvflare.edge.assessor import Assessment, Assessor
 from nvflare.edge.mud import BaseState, PropKey, StateUpdateReply, StateUpdateReport
 
-from common.bulk_parent import BulkError, BulkLinks
 from common.nvflare_private import install_nvflare_fixes
 from common.protocol import (
     AWAITED,
     BULK,
     BULK_BELOW,
-    DEVICE_UPDATES,
     HELD_VERSIONS,
     LEAF_INFO,
     LEAF_PLANS,
@@ -54,10 +54,7 @@ from common.protocol import (
     RELEASES,
     RUN_JOINED,
     SELECTION_RELEASES,
-    SELECTION_SUMS,
     SELECTION_VERSIONS,
-    DeviceUpdate,
-    SelectionSum,
     run_section,
     sections_of,
 )
@@ -67,6 +64,7 @@ from scheduling.child_intake import SETTLE_SECONDS
 from scheduling.child_news import ChildNews
 from scheduling.child_reply import register_devices, reply_to
 from scheduling.leaf_watch import LeafWatch
+from scheduling.pack_links import PackLinks
 from scheduling.run_server import RunOptions, RunServer
 
 # the keys of a reply that concern one run: a later run's section carries these (``simulation.run_tables``), and
@@ -91,8 +89,8 @@ class PackAssessor(Assessor):
     on_leaf_loss: ``stop`` (every run ends) or ``continue`` (every run goes on with the living leaves).
     at_once: runs going at a time, the first ones first; each later run waits for one to end, then joins the
         running job (0: every run from the start).
-    bulk: the runs' ``--bulk``: ``auto`` (a leaf that shares this machine and user sends its diffs through shared
-        memory) or ``wire``; versions travel on the wire either way.
+    bulk: the runs' ``--bulk``: ``auto`` (a leaf that shares this machine and user sends its diffs and gets its
+        versions through shared memory), ``shm`` (the same, and a leaf that cannot stops every run) or ``wire``.
     """
 
     def __init__(
@@ -114,8 +112,6 @@ class PackAssessor(Assessor):
         self.at_once = at_once  # NVFlare writes each argument from the attribute of its name
         self.on_leaf_loss = on_leaf_loss
         self.bulk = bulk
-        self.links = BulkLinks(bulk, self.logger.info, versions=False)
-        self._bulk_error = ""  # a diff that could not be read from a leaf's shared memory: every run stops
         self.leaves = LeafWatch(leaf_timeout)
         # every run's pool holds the same devices on the same leaves: run 0's says where a device is
         self.news = ChildNews(self.leaves, lambda device: self.servers[0].schedule.pool.leaf_of(device))
@@ -123,6 +119,7 @@ class PackAssessor(Assessor):
             RunServer(RunOptions(**opts, leaf_timeout=leaf_timeout, run=run), self, self._released, self.news.wake_for)
             for run, opts in enumerate(runs)
         ]
+        self.links = PackLinks(bulk, self.logger.info, self.servers)
         self.started = False
         # each run begun -> where its releases start on the leaves' lock-step (0 for those begun with the job)
         self.offsets: dict[int, int] = {}
@@ -173,7 +170,7 @@ class PackAssessor(Assessor):
         received = []
         bulk_word, chosen = None, dict(self.links.choices)
         if self.servers[0].schedule is not None:
-            bulk_word = self.links.on_report(child, update.get(BULK), None)
+            bulk_word = self.links.take(child, update.get(BULK))
             self.links.note_below(update.get(BULK_BELOW))
         with self._lock:
             self.reports += 1
@@ -198,7 +195,11 @@ class PackAssessor(Assessor):
             bulk = self.links.choices if self.links.choices != chosen else {}
             leaf_info = self._leaf_info(update.get(LEAF_PLANS) or {}, update.get(LEAF_REPORTS) or {}, bulk)
             if self.started:
-                for u in self._updates_of(child, update, fl_ctx):
+                was = self.links.error
+                updates = self.links.updates_of(child, update)
+                if self.links.error != was:
+                    self.log_error(fl_ctx, self.links.error)
+                for u in updates:
                     server = self.servers[u.run]
                     refused = server.applier.receive(u)
                     if refused:
@@ -228,7 +229,10 @@ class PackAssessor(Assessor):
             else:
                 asked = report
             held = set(section.get(HELD_VERSIONS) or ())
-            part = reply_to(server.applier, leaves, asked, held, release_offset=self.offsets[run])
+            if self.links.ready(child):  # the versions it no longer views may be spilled, or their memory reused
+                server.global_model.held_by(child, held)
+            model = self.links.model_of(child, server)
+            part = reply_to(server.applier, leaves, asked, held, model, release_offset=self.offsets[run])
             if not run:
                 reply = part
             else:
@@ -238,21 +242,6 @@ class PackAssessor(Assessor):
         if bulk_word:
             reply[BULK] = bulk_word
         return True, reply
-
-    def _updates_of(self, child: str, update: Shareable, fl_ctx: FLContext) -> list[DeviceUpdate]:
-        """The device updates of every run a report brings (a synchronous run's sums as one per device), their diffs
-        copied out of the leaf's shared memory when they came as handles; a diff that cannot be read stops every
-        run (``assess``)."""
-        updates: list[DeviceUpdate] = []
-        try:
-            for entry in update.get(DEVICE_UPDATES) or ():
-                updates.append(DeviceUpdate.from_dict(self.links.resolve(child, entry)))
-            for entry in update.get(SELECTION_SUMS) or ():
-                updates += SelectionSum.from_dict(self.links.resolve(child, entry)).device_updates()
-        except BulkError as ex:
-            self._bulk_error = str(ex)
-            self.log_error(fl_ctx, self._bulk_error)
-        return updates
 
     def _leaf_info(
         self, plans: dict[str, dict], lines: dict[str, list[dict]], bulk: dict[str, str]
@@ -328,10 +317,12 @@ class PackAssessor(Assessor):
                         server.finish("stopped", reason, fl_ctx)
                     return Assessment.WORKFLOW_DONE
                 return Assessment.CONTINUE
-            if self._bulk_error:  # an update lost: no run can go on exactly
+            # an update lost (no run can go on exactly), or with --bulk shm a leaf that cannot share memory
+            bulk = self.links.error or self.links.required_failure
+            if bulk:
                 for server in live:
                     with server.applier.lock if server.applier is not None else contextlib.nullcontext():
-                        server.finish("stopped", self._bulk_error, fl_ctx)
+                        server.finish("stopped", bulk, fl_ctx)
                 return Assessment.WORKFLOW_DONE
             lost = self.leaves.newly_lost()
             for leaf in lost:  # its ring unmapped here

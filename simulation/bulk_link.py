@@ -4,8 +4,9 @@ memory when the parent shares this machine and user (``common.shared_ring``); NV
 Detected, not configured (``--bulk auto``): with its first report the node offers its ring (``BULK``: its
 locator, with the ring's nonce). A parent that maps it and reads the same nonce answers with its own ring's
 locator (a relay client still settling its own link answers ``later``: the node offers again); the node maps that one
-and checks its nonce too, and says so in its next report (``ready``). A pack's server answers ``None`` for its ring:
-diffs go up through shared memory, versions come on the wire (``common.bulk_parent``). From then on:
+and checks its nonce too, and says so in its next report (``ready``). A pack's server answers with each run's ring
+(run 0's as ``ring``, a later run's in ``runs``), each mapped here, or with ``None`` for its ring: diffs go up through
+shared memory, versions come on the wire (``common.bulk_parent``). From then on:
 
 * **up**: each diff is written once, into a slot of the node's ring, as the report is made (``pack_diff``); the
   report carries the slot's handle. The parent copies it on receipt, so the slots of a report are free again once
@@ -13,8 +14,9 @@ diffs go up through shared memory, versions come on the wire (``common.bulk_pare
   report, at once (``VersionedUpdater``). A diff that finds no slot because the ring cannot grow (a memory limit)
   goes on the wire, and the link says so once;
 * **down**: a version the parent sends as a handle is mapped read-only where the server keeps it (a slot of its
-  ring, or a file of its run folder): no copy (``weights``). The node reports every version it still views,
-  besides those it holds (``held``): the parent never reuses their memory before.
+  ring, or a file of its run folder): no copy (``weights``; in a pack, from the ring of the version's run). The
+  node reports every version it still views, besides those it holds (``held``, by run): the parent never reuses
+  their memory before.
 
 Whatever fails (the parent does not answer the offer: NVFlare's own; a ring that cannot be mapped; a handle that
 cannot be read) puts the link on the wire for the rest of the run, said once, and tells the parent
@@ -92,10 +94,10 @@ class LeafBulk:
         if self.state == "wire":
             self._word = {"ready": False, "reason": self.reason or "--bulk wire"}
         self._ring: SharedRing | None = None
-        self._parent: PeerRing | None = None
-        self.parent_locator: dict | None = None  # the ring the versions come from (a relay passes it on)
+        self._parents: dict[int, PeerRing] = {}  # run -> the ring its versions come from (run 0: a standalone job's)
+        self.parent_locator: dict | None = None  # run 0's ring (a relay passes it on)
         self._sent: list[Slot] = []  # the slots of the last report's diffs: free once its reply has come
-        self._viewed: dict[int, weakref.ref] = {}  # version -> its mapping here (alive: still viewed)
+        self._viewed: dict[tuple[int, int], weakref.ref] = {}  # (run, version) -> its mapping (alive: still viewed)
         self._said: set[str] = set()
 
     @property
@@ -166,11 +168,11 @@ class LeafBulk:
         at once, rather than going on the wire)."""
         return self.up and self._ring.has_room()
 
-    def held(self, models: set[int]) -> list[int]:
-        """The versions to report held: ``models``, and every version whose mapping something here still views."""
-        alive = {v for v, ref in self._viewed.items() if ref() is not None}
-        self._viewed = {v: self._viewed[v] for v in alive}
-        return sorted(models | alive)
+    def held(self, models: set[int], run: int = 0) -> list[int]:
+        """The versions of ``run`` to report held: ``models``, and every one whose mapping something here still
+        views."""
+        self._viewed = {key: ref for key, ref in self._viewed.items() if ref() is not None}
+        return sorted(models | {v for r, v in self._viewed if r == run})
 
     # -- the reply ------------------------------------------------------------------------------------------------
     def on_reply(self, word: dict | None) -> None:
@@ -191,30 +193,37 @@ class LeafBulk:
             self._word = {"ready": True}
             self.log("bulk arrays: shared memory with the parent (diffs up; versions on NVFlare's wire)")
         else:
+            rings = {0: word["ring"], **{int(run): ring for run, ring in (word.get("runs") or {}).items()}}
+            parents: dict[int, PeerRing] = {}
             try:
-                self._parent = attach(word["ring"])
-                self.parent_locator = word["ring"]
+                for run, ring in rings.items():
+                    parents[run] = attach(ring)
             except BulkUnavailable as ex:
+                for peer in parents.values():
+                    peer.close()
                 self._to_wire(f"the parent's ring cannot be mapped here: {ex}")
             else:
+                self._parents = parents
+                self.parent_locator = word["ring"]
                 self.state = "up"
                 self._word = {"ready": True}
                 self.log("bulk arrays: shared memory with the parent (diffs up, versions down)")
 
-    def weights(self, version: int, value: dict) -> dict:
-        """A version the reply carries: mapped where the parent keeps it (a handle), else unpacked from the wire
-        (a copy of its own); None when a handle cannot be read (the link is then on the wire: the parent sends
-        the version again)."""
+    def weights(self, version: int, value: dict, run: int = 0) -> dict:
+        """A version of ``run`` the reply carries: mapped where the parent keeps it (a handle, of that run's ring),
+        else unpacked from the wire (a copy of its own); None when a handle cannot be read (the link is then on
+        the wire: the parent sends the version again)."""
         if not is_handle(value):
             return unpack(value)
         try:
-            if self._parent is None:
+            parent = self._parents.get(run)
+            if parent is None:
                 raise BulkUnavailable("a handle came before the parent's ring was mapped")
-            blob = map_file(value) if value[HANDLE] == FILE_KIND else self._parent.view(value)
+            blob = map_file(value) if value[HANDLE] == FILE_KIND else parent.view(value)
         except (BulkUnavailable, StaleHandle, OSError) as ex:
             self._to_wire(f"version {version} could not be mapped: {ex}")
             return None
-        self._viewed[version] = weakref.ref(blob.obj)
+        self._viewed[run, version] = weakref.ref(blob.obj)
         return views({PACKED: 1, LAYOUT: value["layout"]}, blob)
 
     # -- fallbacks ------------------------------------------------------------------------------------------------

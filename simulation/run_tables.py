@@ -2,11 +2,13 @@
 versions its selected devices train, its selection, each selection id's version and release, the tasks handed out
 and the devices the parent awaits. ``simulation.versioned_updater`` keeps run 0's in its own state, exactly as in a
 standalone job, and one ``RunTables`` per later run, filled from that run's section of each reply
-(``common.protocol.RUN_SECTIONS``); a later run's models always travel packed on the wire (the bulk link carries
-run 0's).
+(``common.protocol.RUN_SECTIONS``); a later run's models come as run 0's do, packed or as handles of that run's
+ring in shared memory (the node's bulk link, ``simulation.bulk_link``, maps them).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from nvflare.apis.dxo import DXO, DataKind
 from nvflare.edge.constants import MsgKey
@@ -15,6 +17,11 @@ from nvflare.edge.mud import PropKey
 from common.packed_maps import pack_map, unpacked_map
 from common.packed_weights import pack, unpack
 from common.protocol import AWAITED, HELD_VERSIONS, MODELS, RELEASES, SELECTION_RELEASES, SELECTION_VERSIONS
+
+
+def unpack_version(version: int, value: dict) -> dict:
+    """A model version off the wire: its arrays, unpacked (a copy of its own)."""
+    return unpack(value)
 
 
 def weights_dxo(version: int, weights: dict) -> DXO:
@@ -90,9 +97,14 @@ class RunTables:
         self.awaited: set[str] = set()
         self.releases: tuple[int, bool] | None = None  # the run's releases so far and whether it ended (``RELEASES``)
 
-    def take(self, section: dict) -> bool:
-        """Take the parent's word on this run (its section of a reply); True if the selection or models changed."""
-        models = {v: weights_dxo(v, unpack(p)) for v, p in (section.get(MODELS) or {}).items()}
+    def take(self, section: dict, weights: Callable[[int, dict], dict | None] = unpack_version) -> bool:
+        """Take the parent's word on this run (its section of a reply); True if the selection or models changed.
+        ``weights(version, value)``: a model as it came, unpacked or mapped (None: not readable, it comes again)."""
+        models = {}
+        for v, p in (section.get(MODELS) or {}).items():
+            arrays = weights(v, p)
+            if arrays is not None:
+                models[v] = weights_dxo(v, arrays)
         self.models.update(models)
         changed = bool(models)
         version = section.get(PropKey.DEVICE_SELECTION_VERSION, self.selection_version)
@@ -113,9 +125,10 @@ class RunTables:
         self.models = {v: m for v, m in self.models.items() if v in keep}
         return changed
 
-    def report(self) -> dict:
-        """This run's section of a report: the versions held, the selection version known."""
-        return {HELD_VERSIONS: sorted(self.models), PropKey.DEVICE_SELECTION_VERSION: self.selection_version}
+    def report(self, held: Callable[[set[int]], list[int]] = sorted) -> dict:
+        """This run's section of a report: the versions held (``held``: with those still viewed in shared memory),
+        the selection version known."""
+        return {HELD_VERSIONS: held(set(self.models)), PropKey.DEVICE_SELECTION_VERSION: self.selection_version}
 
     def reply(self, section: dict) -> dict:
         """A child's section of the reply (``section``: the child's section of its report), as a relay answers."""

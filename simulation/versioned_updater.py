@@ -76,7 +76,7 @@ from common.protocol import (
 )
 from simulation.bulk_link import LeafBulk, wire_bytes
 from simulation.bulk_relay import RelayBulk
-from simulation.run_tables import RunTables, first_missing, tasks_of, weights_dxo
+from simulation.run_tables import RunTables, first_missing, tasks_of, unpack_version, weights_dxo
 from simulation.sync_times import SyncTimes
 
 # a sync carries at most this many bytes of diffs (more go up in the next sync, at once): a message past glibc's
@@ -225,8 +225,9 @@ class VersionedUpdater(Updater):
             word = self.bulk.report_word() if self.bulk is not None else None
             if word:
                 report[BULK] = word
-            for run, tables in self.runs.items():  # a pack's later runs: each its own section, on the wire
-                run_section(report, run).update(tables.report())
+            for run, tables in self.runs.items():  # a pack's later runs: each its own section
+                held_of = (lambda models, r=run: self.bulk.held(models, r)) if self.bulk is not None else sorted
+                run_section(report, run).update(tables.report(held_of))
             if self._ranges_unsent:
                 report[DEVICE_RANGES] = dict(self._ranges_unsent)
                 self._ranges_sent, self._ranges_unsent = self._ranges_unsent, {}
@@ -288,7 +289,10 @@ class VersionedUpdater(Updater):
                 changed = True
             for run, section in sections_of(reply).items():
                 if run:
-                    changed = self.runs.setdefault(run, RunTables()).take(section) or changed
+                    weights = (
+                        (lambda v, p, r=run: self.bulk.weights(v, p, r)) if self.bulk is not None else unpack_version
+                    )
+                    changed = self.runs.setdefault(run, RunTables()).take(section, weights) or changed
             selection = state.device_selection
             self._fetched.intersection_update(selection.items())
             keep = self._needed(selection)

@@ -1,6 +1,7 @@
-"""A pack's diffs through shared memory against NVFlare's wire: the seeds of a null-training FedBuff run with
-ResNet-18's shapes (every device returns a fixed diff at once, ``benchmarks.lib.null_training``), as one pack, with
-``--bulk auto`` (each leaf's diffs through its ring, ``scheduling.pack_assessor``) and ``--bulk wire``.
+"""A pack's diffs and versions through shared memory against NVFlare's wire: the seeds of a null-training FedBuff run
+with ResNet-18's shapes (every device returns a fixed diff at once, ``benchmarks.lib.null_training``), as one pack,
+with ``--bulk auto`` (each leaf's diffs up through its ring and each run's versions down through the run's own,
+``scheduling.pack_links``) and ``--bulk wire``.
 
 The sides alternate, ``--repeat`` times each, one job command at a time, timed from its start to its exit. It
 prints each job's wall seconds and updates applied per second (every run's ``events.jsonl`` lines over the wall:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import sysconfig
-from dataclasses import replace
 
 from nvflare.app_common.widgets.metrics_artifact_writer import MetricsArtifactWriter
 from nvflare.app_opt.pt.job_config.model import PTModel
@@ -226,9 +225,8 @@ class EdgeSimPackRecipe(Recipe):
         for run, (c, results_dir) in enumerate(zip(cfgs, results_dirs, strict=True)):
             model = PTModel(model=initial_model_config(c.training.model, c.run.seed))
             persistor_id = job.to_server(model, id=run_component_id("persistor", run))["persistor_id"]
-            on_wire = replace(c, engine=replace(c.engine, bulk="wire"))  # a pack's versions travel on the wire
             global_model_id = job.to_server(
-                make_global_model(on_wire, results_dir), id=run_component_id(GLOBAL_MODEL_ALIAS, run)
+                make_global_model(c, results_dir), id=run_component_id(GLOBAL_MODEL_ALIAS, run)
             )
             runs.append(run_options(c, persistor_id, global_model_id, results_dir))
         timeouts = max((p.timeouts for p in plans), key=lambda t: (t.update_timeout, t.leaf_timeout))
@@ -239,7 +237,7 @@ class EdgeSimPackRecipe(Recipe):
         add_result_components(job, make_pack_result_components(cfgs, infos, results_dirs))
         job.to_clients(EdgeTaskReceiver(), id="edge_task_receiver")
         sums = [c.method_spec.leaf_sums(c) for c in cfgs]  # per run: FedAvg's leaves sum a selection, FedBuff's not
-        # a leaf's diffs go up through shared memory (--bulk auto), every run's versions come on the wire
+        # a leaf's diffs go up and every run's versions come down through shared memory (--bulk auto)
         executor = EdgeSimExecutor(timeouts.update_timeout, sums, bulk=cfg.engine.bulk)
         job.to_clients(executor, id="executor", tasks=[TASK_NAME])
         processor_id = job.to_clients(make_task_processor(cfg, plan.workers), id=PROCESSOR_ID)

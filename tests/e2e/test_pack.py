@@ -344,7 +344,7 @@ def test_each_packed_run_has_its_standalone_runs_leaf_logs_and_the_leaves_plans(
         metrics, standalone = (json.loads((f / "metrics.json").read_text()) for f in (packed_run, alone))
         assert metrics["leaf_plans"].keys() == standalone["leaf_plans"].keys() == {"site-1", "site-2"}
         assert metrics["groups"]["devices"] >= len(events)
-        # --bulk auto: each leaf's diffs through shared memory, in the pack (versions on the wire) as alone
+        # --bulk auto: each leaf's diffs and versions through shared memory, in the pack as alone
         assert metrics["bulk"] == standalone["bulk"] == {"site-1": "shm", "site-2": "shm"}
 
 

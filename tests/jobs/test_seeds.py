@@ -42,7 +42,7 @@ def refused(flags: list[str], capsys) -> tuple[int, str]:
         (["--seeds", "0,1", "--seed=2"], "--seeds with --seed: "),
         (["--seeds", "0,1", "--dry-run"], "--seeds with --dry-run: "),
         (["--seeds", "0,1", "--env", "poc"], "run 0: --env poc: a pack runs on SimEnv only"),  # jobs.pack_check's
-        (["--seeds", "0,1", "--bulk", "shm"], "run 0: --bulk shm: "),
+        (["--seeds", "0,1", "--time-scale", "1"], "run 0: a pack runs simulated devices on exact time"),
     ],
 )
 def test_a_refused_pack_of_seeds_exits_2_in_one_line_before_anything_starts(flags, says, tmp_path, capsys):

@@ -82,12 +82,11 @@ def test_a_pruned_candidate_stops_its_one_process_and_every_run_is_marked_pruned
 
 
 def test_seeds_that_cannot_share_a_job_run_as_separate_jobs_after_one_line(tmp_path, capsys):
-    sweep_of(tmp_path, BASE + "  bulk: shm\n" + SEEDS[len(BASE) :], pruner="none")
+    sweep_of(tmp_path, BASE + "  time-scale: 1\n" + SEEDS[len(BASE) :], pruner="none")
     lines = [line for line in capsys.readouterr().out.splitlines() if "separate jobs" in line]
     assert lines == [
-        "[sweep] a candidate's seeds run as separate jobs: they cannot share one (run 0: --bulk shm: a pack's "
-        "versions travel on NVFlare's wire (its diffs through shared memory); use --bulk auto (or wire) "
-        "(with local-lr=0.01))"
+        "[sweep] a candidate's seeds run as separate jobs: they cannot share one (run 0: a pack runs simulated "
+        "devices on exact time: leave out --simulator, --devices and --time-scale (with local-lr=0.01))"
     ], lines
     assert [f["seed"] for f in STARTED] == [1, 2, 3] * 3 and not any("seeds" in f for f in STARTED)
 
@@ -285,11 +284,11 @@ def test_a_pruned_trial_of_a_pack_ends_alone_and_the_pack_goes_on(tmp_path):
 
 
 def test_trials_that_cannot_share_a_job_run_as_separate_jobs_after_one_line(tmp_path, capsys):
-    sweep_of(tmp_path, BASE + "  bulk: shm\n" + TRIALS[len(BASE) :], pruner="none", pack=2)
+    sweep_of(tmp_path, BASE + "  time-scale: 1\n" + TRIALS[len(BASE) :], pruner="none", pack=2)
     lines = [line for line in capsys.readouterr().out.splitlines() if "separate jobs" in line]
     assert lines == [
-        "[sweep] trials run as separate jobs: they cannot share one (run 0: --bulk shm: a pack's versions travel "
-        "on NVFlare's wire (its diffs through shared memory); use --bulk auto (or wire))"
+        "[sweep] trials run as separate jobs: they cannot share one (run 0: a pack runs simulated devices on exact "
+        "time: leave out --simulator, --devices and --time-scale)"
     ], lines
     assert len(STARTED) == 4 and not any("runs" in f for f in STARTED)
 

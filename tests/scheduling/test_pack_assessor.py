@@ -12,6 +12,7 @@ import random
 import time
 
 import numpy as np
+import pytest
 from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_context import FLContext
 from nvflare.edge.assessor import Assessment
@@ -19,8 +20,17 @@ from nvflare.edge.mud import BaseState, StateUpdateReport
 
 from aggregation.global_model import GlobalModel
 from common.delays import DELAY_PRESETS
-from common.protocol import BULK, DEVICE_RANGES, DEVICE_UPDATES, LOCAL_REPORT, RELEASES, RUN_SECTIONS, DeviceUpdate
-from common.shared_ring import is_handle
+from common.protocol import (
+    BULK,
+    DEVICE_RANGES,
+    DEVICE_UPDATES,
+    LOCAL_REPORT,
+    MODELS,
+    RELEASES,
+    RUN_SECTIONS,
+    DeviceUpdate,
+)
+from common.shared_ring import HANDLE, is_handle
 from scheduling.event_reference import make_schedule, reference_trace
 from scheduling.exact_assessor import ExactTimeAssessor
 from scheduling.pack_assessor import PackAssessor
@@ -42,9 +52,9 @@ class UpdaterLeaf:
     the server's reply, hands out every run's new tasks, and reports a random part of the trained ones (the rest
     later), so the server sees the updates out of order and bunched."""
 
-    def __init__(self, name: str, scales: list[float], bulk: bool = False):
+    def __init__(self, name: str, scales: list[float], bulk: str | None = None):
         self.name, self.scales = name, scales
-        link = LeafBulk("auto", log=lambda _: None) if bulk else None  # --bulk auto: its diffs through its ring
+        link = LeafBulk(bulk, log=lambda _: None) if bulk else None  # its bulk link (None: the wire, unsaid)
         self.updater = VersionedUpdater(sum_selections=False, bulk=link)
         self.updater.start_task(BaseState(0, None, 0, {}).to_shareable(), FLContext())
         self.trained: list[DeviceUpdate] = []
@@ -68,15 +78,20 @@ class UpdaterLeaf:
         for run, (tasks, models) in work.items():
             for device, sid, version, _release in tasks:
                 assert models[version].data["w"].shape == (3,)
-                diff = {"w": device_diff(device, version) * np.float32(self.scales[run])}
+                # the model a device got goes into its diff: a wrong version, or another run's, changes the result
+                weights = np.asarray(models[version].data["w"], np.float32)
+                diff = {"w": device_diff(device, version) * np.float32(self.scales[run]) + np.float32(0.25) * weights}
                 self.trained.append(DeviceUpdate(device, sid, version, diff, run=run))
 
 
-def drive(assessor, components: dict, scales: list[float], seed: int = 0, bulk: bool = False) -> EventEngine:
+def drive(
+    assessor, components: dict, scales: list[float], seed: int = 0, bulk: dict[str, str] | None = None
+) -> EventEngine:
+    """Run ``assessor`` with the two leaves to its end; ``bulk``: each leaf's ``--bulk`` (None: no bulk link)."""
     engine = EventEngine(components | {"wf_assessor": assessor})
     engine.fire_event(EventType.START_RUN, engine.new_context())
     rng = random.Random(seed)
-    leaves = [UpdaterLeaf(name, scales, bulk) for name in LEAVES]
+    leaves = [UpdaterLeaf(name, scales, (bulk or {}).get(name)) for name in LEAVES]
     for leaf in leaves:
         leaf.sync(assessor, engine, rng)
     deadline = time.time() + 60
@@ -110,12 +125,17 @@ def trace_of(folder) -> list[dict]:
     return [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
 
 
-def pack_of(tmp_path, **kwargs) -> tuple[PackAssessor, dict]:
-    """A pack of ``RUNS`` (FedBuff-like and FedAvg-like), and its server components by id."""
+def pack_of(
+    tmp_path, models_bulk: tuple[str, ...] = ("auto", "auto"), version_mb: float = 256.0, **kwargs
+) -> tuple[PackAssessor, dict]:
+    """A pack of ``RUNS`` (FedBuff-like and FedAvg-like), and its server components by id; ``models_bulk``: each
+    run's global model's ``bulk`` (``wire``: it keeps no ring of versions); ``version_mb``: their rings' MiB."""
     components, runs = {}, []
     for i, run in enumerate(RUNS):
         components[f"persistor.r{i}"] = ZeroPersistor()
-        components[f"global_model.r{i}"] = GlobalModel(MEAN, strategy_args={"global_lr": 0.5})
+        components[f"global_model.r{i}"] = GlobalModel(
+            MEAN, strategy_args={"global_lr": 0.5}, bulk=models_bulk[i], version_memory_mb=version_mb
+        )
         runs.append(
             run
             | dict(
@@ -145,29 +165,57 @@ def test_each_run_of_a_pack_has_its_standalone_trace_and_model(tmp_path):
     runs_match_their_standalone_runs(tmp_path, components)
 
 
-def test_a_packs_leaves_send_every_runs_diffs_through_shared_memory_and_each_run_keeps_its_model(tmp_path):
-    """``--bulk auto``: each leaf offers its ring, the pack's server maps it and answers with no ring of its own
-    (every run's versions travel on the wire), and from then on every diff of every run comes up as a handle of the
-    leaf's ring, copied out for its run's applier: each run's trace and model are its standalone run's, bit for
-    bit, as on the wire."""
-    pack, components = pack_of(tmp_path)
+@pytest.mark.parametrize("ring_of_run_1", [True, False])
+def test_a_packs_leaves_share_memory_with_every_run_and_each_run_keeps_its_standalone_model(tmp_path, ring_of_run_1):
+    """``--bulk auto``: each leaf offers its ring and the pack's server maps it. Every diff of every run then comes
+    up as a handle of the leaf's ring, copied out for its run's applier. Each run's global model keeps its versions
+    in a ring of its own, named in the answer (run 0's as ``ring``, run 1's in ``runs``), and every version of both
+    runs goes down as a handle of its run's ring. When run 1's model keeps no ring, the answer says so
+    (``{"ring": None}``: diffs up only) and every version travels packed. Either way each run's trace and model are
+    its standalone run's, bit for bit."""
+    # rings of a few slots: a version a leaf holds no more must be released (its lease ended) for the next to fit
+    pack, components = pack_of(tmp_path, ("auto", "auto" if ring_of_run_1 else "wire"), version_mb=0.03)
     diffs: list[tuple[int, bool]] = []  # each diff that came up: its run, and whether it came as a handle
-    answers = []
+    versions: list[tuple[int, bool]] = []  # each version that went down: its run, and whether it went as a handle
+    answers, kinds = [], set()
     original = pack.process_child_update
 
     def watched(update, fl_ctx):
         diffs.extend((e.get("run", 0), is_handle(e.get("diff"))) for e in update.get(DEVICE_UPDATES) or ())
         ok, reply = original(update, fl_ctx)
         answers.append(reply.get(BULK))
+        for run, part in [(0, reply), *(reply.get(RUN_SECTIONS) or {}).items()]:
+            for value in (part.get(MODELS) or {}).values():
+                versions.append((run, is_handle(value)))
+                kinds.add(value[HANDLE] if is_handle(value) else "packed")
         return ok, reply
 
     pack.process_child_update = watched
-    drive(pack, components, SCALES, bulk=True)
+    drive(pack, components, SCALES, bulk={leaf: "auto" for leaf in LEAVES})
     assert [s.outcome["status"] for s in pack.servers] == ["completed", "completed"]
     assert pack.links.choices == {"site-1": "shm", "site-2": "shm"}
-    assert [a for a in answers if a] == [{"ring": None}] * 2  # one answer to each leaf's offer: diffs up only
+    said = [a for a in answers if a]  # one answer to each leaf's offer
     assert {run for run, _ in diffs} == {0, 1} and all(handle for _, handle in diffs), diffs
+    assert {run for run, _ in versions} == {0, 1}
+    if ring_of_run_1:
+        rings = [components[f"global_model.r{i}"].bulk_locator() for i in range(2)]
+        assert said == [{"ring": rings[0], "runs": {1: rings[1]}}] * 2 and rings[0] != rings[1]
+        assert {run for run, handle in versions if handle} == {0, 1}, versions
+        # packed only before a leaf has said it maps the rings: its first reply, for each run
+        assert sum(not handle for _, handle in versions) <= 4, versions
+        # each in a slot of its run's ring, none spilled to a file: a version no leaf holds frees its slot
+        assert kinds == {"packed", "memfd"}, kinds
+    else:
+        assert said == [{"ring": None}] * 2
+        assert not any(handle for _, handle in versions), versions
     runs_match_their_standalone_runs(tmp_path, components)
+
+
+def test_with_bulk_shm_a_leaf_that_cannot_share_memory_stops_every_run_of_the_pack(tmp_path):
+    pack, components = pack_of(tmp_path, bulk="shm")
+    drive(pack, components, SCALES, bulk={"site-1": "auto", "site-2": "wire"})
+    why = "--bulk shm, but site-2 cannot share memory with the server (--bulk wire)"
+    assert [(s.outcome["status"], s.outcome["reason"]) for s in pack.servers] == [("stopped", why)] * 2
 
 
 def runs_match_their_standalone_runs(tmp_path, components: dict) -> None:
