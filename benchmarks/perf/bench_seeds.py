@@ -15,6 +15,7 @@ simulated time; ``--scale small`` is a seconds-long stand-in for trying the benc
 
     python benchmarks/perf/bench_seeds.py --seeds 0,1,2,3,4
     python benchmarks/perf/bench_seeds.py --scale small --seeds 0,1 --no-apart
+    python benchmarks/perf/bench_seeds.py --no-apart --bulk wire    # every job on NVFlare's wire
 """
 
 from __future__ import annotations
@@ -65,11 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale", choices=("cpu", "small"), default="cpu")
     p.add_argument("--no-apart", action="store_true", help="leave out running each seed alone in turn")
     p.add_argument("--output", default=None, help="where the runs' results go (default: a temporary folder)")
+    p.add_argument("--bulk", choices=("auto", "shm", "wire"), default="auto", help="every job's data plane")
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
-    base = ["--method", "fedbuff", *scale_flags(args.scale)]
+    base = ["--method", "fedbuff", *scale_flags(args.scale), "--bulk", args.bulk]
     root = args.output or tempfile.mkdtemp(prefix="bench_seeds_")
-    print(f"FedBuff at the {args.scale} scale, seeds {args.seeds}; results in {root}", flush=True)
+    print(f"FedBuff at the {args.scale} scale, seeds {args.seeds}, --bulk {args.bulk}; results in {root}", flush=True)
 
     one = timed([*base, "--seed", str(seeds[0])], os.path.join(root, "one"))
     print(f"one   ({seeds[0]} alone): {one:.1f} s, version {final(os.path.join(root, 'one'))}", flush=True)
