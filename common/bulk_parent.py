@@ -29,9 +29,10 @@ from __future__ import annotations
 import mmap
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from common.packed_weights import LAYOUT, PACKED
+from common.protocol import DEVICE_UPDATES, SELECTION_SUMS, DeviceUpdate, SelectionSum
 from common.shared_ring import BulkUnavailable, PeerRing, StaleHandle, attach, is_handle
 
 POOLED_BYTES = 8 * 2**20  # a diff at least this large is copied into a buffer reused once nothing reads it
@@ -88,6 +89,7 @@ class BulkLinks:
         self._ready: set[str] = set()  # children that map the server's ring: versions go as handles
         self.choices: dict[str, str] = {}  # child -> "shm", or "wire: why"
         self.required_failure = ""  # with --bulk shm, why a child cannot share memory ("": none)
+        self.error = ""  # the last diff that could not be read from a child's shared memory ("": none): the run stops
         self._said: set[str] = set()
         self._buffers = ReceiveBuffers()
         self._lock = threading.Lock()
@@ -172,6 +174,21 @@ class BulkLinks:
         except (StaleHandle, OSError, ValueError) as ex:
             raise BulkError(f"{child}'s diff could not be read from its shared memory: {ex}") from ex
         return entry | {"diff": {PACKED: 1, LAYOUT: diff["layout"], "data": data}}
+
+    def updates_of(self, child: str, report: Mapping) -> tuple[list[DeviceUpdate], str]:
+        """The device updates a child's report brings (a synchronous leaf's sums as one per device), their diffs
+        copied out of the child's ring when they came as handles; and why a diff could not be read ("": each
+        could), kept in ``error`` too (the run stops: an update is lost), the rest of the report dropped."""
+        updates: list[DeviceUpdate] = []
+        try:
+            for entry in report.get(DEVICE_UPDATES) or ():
+                updates.append(DeviceUpdate.from_dict(self.resolve(child, entry)))
+            for entry in report.get(SELECTION_SUMS) or ():
+                updates += SelectionSum.from_dict(self.resolve(child, entry)).device_updates()
+        except BulkError as ex:
+            self.error = str(ex)
+            return updates, self.error
+        return updates, ""
 
     def model(self, child: str, version: int, model, packed: Callable[[int], dict]) -> dict:
         """A version as ``child`` is sent it: a handle when it maps the server's ring and the version is kept

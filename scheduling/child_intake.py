@@ -12,20 +12,15 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import Shareable
 from nvflare.edge.mud import StateUpdateReply, StateUpdateReport
 
-from common.bulk_parent import BulkError
 from common.protocol import (
     BULK,
     BULK_BELOW,
-    DEVICE_UPDATES,
     HELD_VERSIONS,
     LEAF_INFO,
     LEAF_PLANS,
     LEAF_REPORTS,
     LEAVES_SEEN,
     MODELS,
-    SELECTION_SUMS,
-    DeviceUpdate,
-    SelectionSum,
 )
 from scheduling.child_reply import register_devices, reply_to
 
@@ -58,7 +53,9 @@ class ChildIntake:
                 with self.applier.lock:
                     register_devices(self.schedule.pool, update, report, self.leaves.lost)
             if self.applier is not None:
-                updates = self._updates_of(child, update, fl_ctx)
+                updates, error = self.links.updates_of(child, update)
+                if error:
+                    self.log_error(fl_ctx, error)
                 for u in updates:
                     refused = self.applier.receive(u)
                     if refused:
@@ -89,17 +86,3 @@ class ChildIntake:
         if bulk_word:
             reply[BULK] = bulk_word
         return True, reply
-
-    def _updates_of(self, child: str, update: Shareable, fl_ctx: FLContext) -> list[DeviceUpdate]:
-        """The device updates a report brings (a synchronous leaf's sums as one per device), their diffs copied out
-        of the child's shared memory when they came as handles; a diff that cannot be read stops the run."""
-        updates: list[DeviceUpdate] = []
-        try:
-            for entry in update.get(DEVICE_UPDATES) or ():
-                updates.append(DeviceUpdate.from_dict(self.links.resolve(child, entry)))
-            for entry in update.get(SELECTION_SUMS) or ():
-                updates += SelectionSum.from_dict(self.links.resolve(child, entry)).device_updates()
-        except BulkError as ex:
-            self._bulk_error = str(ex)
-            self.log_error(fl_ctx, self._bulk_error)
-        return updates

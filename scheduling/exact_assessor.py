@@ -139,7 +139,6 @@ class ExactTimeAssessor(ChildIntake, RunOutcome, Assessor):
         super().__init__()
         self.bulk = bulk
         self.links = BulkLinks(bulk, self.logger.info)
-        self._bulk_error = ""  # a diff that could not be read from a child's shared memory: the run stops
         self.max_consecutive_failures = max_consecutive_failures
         self.selection = selection
         self.selection_args = selection_args or {}

@@ -195,10 +195,9 @@ class PackAssessor(Assessor):
             bulk = self.links.choices if self.links.choices != chosen else {}
             leaf_info = self._leaf_info(update.get(LEAF_PLANS) or {}, update.get(LEAF_REPORTS) or {}, bulk)
             if self.started:
-                was = self.links.error
-                updates = self.links.updates_of(child, update)
-                if self.links.error != was:
-                    self.log_error(fl_ctx, self.links.error)
+                updates, error = self.links.updates_of(child, update)
+                if error:
+                    self.log_error(fl_ctx, error)
                 for u in updates:
                     server = self.servers[u.run]
                     refused = server.applier.receive(u)

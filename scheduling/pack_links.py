@@ -13,10 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from nvflare.apis.shareable import Shareable
-
-from common.bulk_parent import BulkError, BulkLinks
-from common.protocol import DEVICE_UPDATES, SELECTION_SUMS, DeviceUpdate, SelectionSum
+from common.bulk_parent import BulkLinks
 
 
 class PackLinks(BulkLinks):
@@ -29,7 +26,6 @@ class PackLinks(BulkLinks):
     def __init__(self, mode: str, log: Callable[[str], None], servers: list):
         super().__init__(mode, log)
         self.servers = servers
-        self.error = ""  # a diff that could not be read from a leaf's shared memory: every run stops
 
     def take(self, child: str, word: dict | None) -> dict | None:
         """Take a leaf's word on its link (``BULK``); the reply's word (None: nothing to say)."""
@@ -49,17 +45,3 @@ class PackLinks(BulkLinks):
 
     def _model_of(self, child: str, server, version: int) -> dict:
         return self.model(child, version, server.global_model, server.applier.model)
-
-    def updates_of(self, child: str, update: Shareable) -> list[DeviceUpdate]:
-        """The device updates of every run a report brings (a synchronous run's sums as one per device), their
-        diffs copied out of the leaf's ring when they came as handles. A diff that cannot be read sets ``error``
-        (the pack stops every run) and drops the rest of the report."""
-        updates: list[DeviceUpdate] = []
-        try:
-            for entry in update.get(DEVICE_UPDATES) or ():
-                updates.append(DeviceUpdate.from_dict(self.resolve(child, entry)))
-            for entry in update.get(SELECTION_SUMS) or ():
-                updates += SelectionSum.from_dict(self.resolve(child, entry)).device_updates()
-        except BulkError as ex:
-            self.error = str(ex)
-        return updates

@@ -39,7 +39,7 @@ class RunOutcome:
                 self._check_leaves(fl_ctx)
                 if self.outcome is not None:
                     return Assessment.WORKFLOW_DONE
-                bulk = self._bulk_error or self.links.required_failure
+                bulk = self.links.error or self.links.required_failure
                 if bulk:
                     self._finish("stopped", bulk, fl_ctx)
                 else:

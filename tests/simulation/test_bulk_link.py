@@ -80,6 +80,22 @@ def test_a_diff_is_the_servers_own_copy_once_read_whatever_the_leaf_does_with_it
         links.resolve("site-1", entry)
 
 
+def test_a_report_whose_diff_cannot_be_read_gives_the_updates_before_it_and_why_and_keeps_the_error():
+    model = Model()
+    leaf, links = LeafBulk("auto", log=lambda _: None), BulkLinks("auto", log=lambda _: None)
+    handshake(leaf, links, model)
+    stale = DeviceUpdate("site-1#3", 7, 1, diff(3)).to_dict(leaf.pack_diff)
+    leaf.on_reply(None)  # the leaf takes its slot back and writes another diff in it: the first handle is stale
+    fresh = DeviceUpdate("site-1#4", 7, 1, diff(4)).to_dict(leaf.pack_diff)
+    updates, why = links.updates_of("site-1", {DEVICE_UPDATES: [fresh, stale, fresh]})
+    assert [u.device for u in updates] == ["site-1#4"]  # the rest of the report is dropped
+    assert updates[0].diff["w"].tobytes() == diff(4)["w"].tobytes()
+    assert "generation" in why and links.error == why
+    later, none = links.updates_of("site-1", {DEVICE_UPDATES: [fresh]})
+    assert none == "" and [u.device for u in later] == ["site-1#4"]
+    assert links.error == why  # a later readable report does not undo the loss: the run still stops
+
+
 def test_a_version_is_mapped_by_the_leaf_and_reported_held_while_it_views_it():
     model = Model()
     leaf, links = LeafBulk("auto", log=lambda _: None), BulkLinks("auto", log=lambda _: None)
